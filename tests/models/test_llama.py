@@ -1,0 +1,195 @@
+"""Parity of vlarun's decoder with transformers, and its cache modes against a full forward."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from vlarun.models.llama import AttnProbe, LlamaConfig, LlamaLM, RopeScaling
+from vlarun.models.token_plan import Decision, TokenPlan
+
+transformers = pytest.importorskip("transformers")
+
+SHAPES = {
+    "mha": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_layers=3,
+                       num_heads=4, num_kv_heads=4, max_positions=128),
+    "gqa": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_layers=3,
+                       num_heads=8, num_kv_heads=2, max_positions=128),
+    "mqa-llama3-rope": LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+        num_kv_heads=1, max_positions=128, rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32)),
+    "linear-rope": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
+                               num_layers=2, num_heads=4, num_kv_heads=2, max_positions=128,
+                               rope_scaling=RopeScaling("linear", 2.0)),
+    "gemma": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=4, num_kv_heads=1, head_dim=32, max_positions=128,
+                         rms_norm_eps=1e-6, mlp_act="gelu_tanh", gemma_norm=True,
+                         tie_embeddings=True),
+}  # fmt: skip
+
+
+def hf_model(cfg: LlamaConfig):
+    hf_cfg = cfg.to_hf()
+    cls = transformers.GemmaConfig if cfg.gemma_norm else transformers.LlamaConfig
+    model_cls = transformers.GemmaForCausalLM if cfg.gemma_norm else transformers.LlamaForCausalLM
+    config = cls(**{k: v for k, v in hf_cfg.items() if k not in ("model_type", "architectures")})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    # Random norms so a (1 + w) vs w mistake cannot hide behind all-ones init.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.2).add_(0.0 if cfg.gemma_norm else 1.0)
+    return model
+
+
+def ours_from(hf, cfg: LlamaConfig) -> LlamaLM:
+    model = LlamaLM(cfg).eval()
+    missing, unexpected = model.load_state_dict(hf.state_dict(), strict=False)
+    assert not unexpected, unexpected
+    assert not [m for m in missing if "lm_head" not in m or not cfg.tie_embeddings], missing
+    return model
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_logits_match_transformers(name):
+    cfg = SHAPES[name]
+    hf = hf_model(cfg)
+    ours = ours_from(hf, cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 37))
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+        got = ours.logits(ours(ours.embed(ids)).hidden)
+    diff = (ref - got).abs().max().item()
+    assert diff <= 1e-4, f"{name}: max abs diff {diff}"
+
+
+def _model(name="gqa", seed=0) -> LlamaLM:
+    torch.manual_seed(seed)
+    return LlamaLM(SHAPES[name]).eval()
+
+
+@pytest.mark.parametrize("name", ["mha", "gqa", "gemma"])
+def test_prefill_then_decode_matches_full_forward(name):
+    model = _model(name)
+    ids = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        full = model(model.embed(ids)).hidden
+        cache = model.new_cache(2, 64)
+        pre = model(model.embed(ids[:, :12]), torch.arange(12), cache).hidden
+        steps = [model(model.embed(ids[:, p : p + 1]), torch.tensor([p]), cache).hidden
+                 for p in range(12, 20)]  # fmt: skip
+        multi_cache = model.new_cache(2, 64)
+        model(model.embed(ids[:, :12]), torch.arange(12), multi_cache)
+        multi = model(model.embed(ids[:, 12:]), torch.arange(12, 20), multi_cache).hidden
+    got = torch.cat([pre, *steps], dim=1)
+    assert (got - full).abs().max().item() <= 1e-5
+    assert (multi - full[:, 12:]).abs().max().item() <= 1e-5
+
+
+def test_left_padding_matches_unpadded_row():
+    model = _model()
+    ids = torch.randint(0, 97, (1, 10))
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+    pad = torch.cat([torch.zeros(1, 4, dtype=torch.bool), torch.ones(1, 10, dtype=torch.bool)], 1)
+    with torch.no_grad():
+        ref = model(model.embed(ids)).hidden[:, -1]
+        cache = model.new_cache(1, 32)
+        got = model(model.embed(padded), torch.arange(14), cache, pad_mask=pad).hidden[:, -1]
+        nxt = torch.randint(0, 97, (1, 1))
+        ref2 = model(model.embed(torch.cat([ids, nxt], 1))).hidden[:, -1]
+        got2 = model(model.embed(nxt), torch.tensor([14]), cache).hidden[:, -1]
+    assert (ref - got).abs().max().item() <= 1e-5
+    assert (ref2 - got2).abs().max().item() <= 1e-5
+
+
+def test_full_token_plan_matches_plain_forward():
+    model = _model()
+    ids = torch.randint(0, 97, (2, 30))
+    with torch.no_grad():
+        plain = model(model.embed(ids), torch.arange(30), model.new_cache(2, 64)).hidden
+        plan = TokenPlan.full(batch=2, vis_start=1, num_visual=20, last_shared_layer=0)
+        out = model(model.embed(ids), torch.arange(30), model.new_cache(2, 64), plan=plan)
+    assert out.index.shape == (2, 30)
+    assert (out.hidden - plain).abs().max().item() <= 1e-5
+
+
+def test_reuse_and_prune_plan_semantics():
+    """Reusing a token whose input did not change equals recomputing it; pruning equals
+    removing the token from deep layers only."""
+    model = _model()
+    ids = torch.randint(0, 97, (1, 24))
+    vis = slice(2, 14)
+    with torch.no_grad():
+        cache = model.new_cache(1, 64)
+        first = model(model.embed(ids), torch.arange(24), cache).hidden
+        decisions = torch.zeros(1, 12, dtype=torch.int8)
+        decisions[0, :6] = Decision.REUSE
+        plan = TokenPlan(vis.start, decisions, last_shared_layer=1)
+        out = model(model.embed(ids), torch.arange(24), cache, plan=plan)
+        assert out.hidden.shape[1] == 24 - 6
+        assert (out.hidden[:, -1] - first[:, -1]).abs().max().item() <= 1e-5
+        # Prune 4 tokens: the last token's output changes (they vanish from deep layers).
+        decisions = torch.zeros(1, 12, dtype=torch.int8)
+        decisions[0, 8:] = Decision.PRUNE
+        pruned = model(model.embed(ids), torch.arange(24), cache,
+                       plan=TokenPlan(vis.start, decisions, 1))  # fmt: skip
+        assert (pruned.hidden[:, -1] - first[:, -1]).abs().max().item() > 1e-4
+        assert not cache.valid[2:, 0, 10:14].any() and cache.valid[:2, 0, 10:14].all()
+
+
+def test_reuse_without_cache_is_refused():
+    model = _model()
+    ids = torch.randint(0, 97, (1, 16))
+    decisions = torch.full((1, 8), int(Decision.REUSE), dtype=torch.int8)
+    with pytest.raises(ValueError, match="no cached K/V"):
+        model(model.embed(ids), torch.arange(16), model.new_cache(1, 32),
+              plan=TokenPlan(1, decisions, 0))  # fmt: skip
+
+
+def test_probe_matches_explicit_attention():
+    cfg = SHAPES["gqa"]
+    hf = hf_model(cfg)
+    ours = ours_from(hf, cfg)
+    ids = torch.randint(0, 97, (1, 20))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, output_attentions=True).attentions[1]  # (B, H, T, T)
+        probe = AttnProbe(layer=1, query_index=torch.tensor([18, 19]), key_start=2, key_end=12)
+        out = ours(ours.embed(ids), torch.arange(20), ours.new_cache(1, 32), probe=probe)
+    assert out.probe.probs.shape == (1, 8, 2, 10)
+    assert out.probe.values.shape == (1, 2, 10, cfg.hd)
+    diff = (out.probe.probs - ref[:, :, 18:20, 2:12]).abs().max().item()
+    assert diff <= 1e-5, diff
+
+
+def test_skip_layers_equals_model_without_them():
+    model = _model("mha")
+    ids = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        skipped = model(model.embed(ids), skip_layers=frozenset({1})).hidden
+        fewer_model = LlamaLM(dataclasses.replace(model.cfg, num_layers=2)).eval()
+        state = {k.replace("layers.2.", "layers.1."): v for k, v in model.state_dict().items()
+                 if "layers.1." not in k}  # fmt: skip
+        fewer_model.load_state_dict(state)
+        fewer = fewer_model(fewer_model.embed(ids)).hidden
+    assert (skipped - fewer).abs().max().item() <= 1e-6
+
+
+def test_prefix_attention_equals_joint_sequence():
+    """An expert attending to a prefix cache equals one joint forward when it shares weights."""
+    model = _model("gqa")
+    ids = torch.randint(0, 97, (1, 18))
+    with torch.no_grad():
+        joint = model(model.embed(ids)).hidden[:, 12:]
+        cache = model.new_cache(1, 32)
+        model(model.embed(ids[:, :12]), torch.arange(12), cache)
+        suffix = model(model.embed(ids[:, 12:]), torch.arange(12, 18), prefix=cache).hidden
+    assert (suffix - joint).abs().max().item() <= 1e-5
+
+
+def test_context_overflow_is_a_clear_error():
+    model = _model()
+    with pytest.raises(ValueError, match="exceeds the context"):
+        model(model.embed(torch.zeros(1, 4, dtype=torch.long)), torch.arange(200, 204))
