@@ -1,0 +1,154 @@
+"""pi0-style flow-matching action expert.
+
+A second, narrower decoder (pi0: Gemma-300M, width 1024) whose tokens are the robot state and H
+noisy actions. In every layer its queries attend to the VLM prefix's cached K/V of the same layer
+plus its own tokens, so the prefix (images + instruction) is computed once per control step and
+shared by all N denoising steps. Integration runs from pure noise at t = 1 to actions at t = 0
+with Euler steps of dt = -1/N (openpi ``Pi0.sample_actions``).
+
+Parameter names follow openpi's PyTorch port (``state_proj``, ``action_in_proj``,
+``action_time_mlp_in/out``, ``action_out_proj``); the expert decoder is ``expert.model.*``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlarun.models.llama import KVCache, LlamaConfig, LlamaLM
+
+
+@dataclass(frozen=True)
+class FlowExpertConfig:
+    """Action expert shape. ``expert`` must match the VLM decoder in number of layers, KV heads
+    and head_dim (its queries read the VLM's cached keys layer by layer)."""
+
+    expert: LlamaConfig
+    action_dim: int
+    horizon: int
+    state_dim: int
+    num_steps: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("action_dim", "horizon", "state_dim", "num_steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"FlowExpertConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    def check_compatible(self, vlm: LlamaConfig) -> None:
+        e = self.expert
+        pairs = {"num_layers": (e.num_layers, vlm.num_layers),
+                 "num_kv_heads": (e.num_kv_heads, vlm.num_kv_heads), "head_dim": (e.hd, vlm.hd)}  # fmt: skip
+        bad = {k: v for k, v in pairs.items() if v[0] != v[1]}
+        if bad:
+            raise ValueError(
+                f"action expert and VLM differ in {bad} (expert, vlm); they must agree"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return 1 + self.horizon  # state token + action tokens
+
+    def num_params(self) -> int:
+        w = self.expert.hidden_size
+        io = (self.state_dim + 1) * w + (self.action_dim + 1) * w + (2 * w + 1) * w
+        io += (w + 1) * w + (w + 1) * self.action_dim
+        return self.expert.num_params(with_embeddings=False) + io
+
+    def flops(self, batch: int, prefix_len: int, steps: int | None = None) -> int:
+        n = self.num_steps if steps is None else steps
+        t = self.num_tokens
+        per_step = (
+            self.expert.flops(t, context=prefix_len + t) + 2 * t * 4 * self.expert.hidden_size**2
+        )
+        return batch * n * per_step
+
+
+def sincos_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0):
+    """Sine-cosine embedding of flow time t in [0, 1] (B,) -> (B, dim); the short periods are
+    what let the expert tell nearby times apart (openpi ``posemb_sincos`` uses these bounds)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.double()[:, None] * (2 * math.pi / period)[None]
+    return torch.cat((angle.sin(), angle.cos()), dim=-1).float()
+
+
+class FlowMatchingExpert(nn.Module):
+    def __init__(self, cfg: FlowExpertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # The expert never embeds or emits vocabulary tokens; a 1-entry table keeps LlamaLM whole.
+        self.expert = LlamaLM(dataclasses.replace(cfg.expert, vocab_size=1, tie_embeddings=True))
+        w = cfg.expert.hidden_size
+        self.state_proj = nn.Linear(cfg.state_dim, w)
+        self.action_in_proj = nn.Linear(cfg.action_dim, w)
+        self.action_time_mlp_in = nn.Linear(2 * w, w)
+        self.action_time_mlp_out = nn.Linear(w, w)
+        self.action_out_proj = nn.Linear(w, cfg.action_dim)
+
+    def suffix_mask(self, device: torch.device | str = "cpu") -> Tensor:
+        """(T, T): the state token sees itself; action tokens see the state and each other."""
+        t = self.cfg.num_tokens
+        mask = torch.ones(t, t, dtype=torch.bool, device=device)
+        mask[0, 1:] = False
+        return mask
+
+    def velocity(
+        self, prefix: KVCache, state: Tensor, x_t: Tensor, t: Tensor, start: Tensor | None = None
+    ) -> Tensor:
+        """Predicted flow velocity (B, H, A) at noisy actions x_t (B, H, A) and time t (B,).
+
+        start (B,): position of each row's first suffix token (default: after the whole
+        prefix); right-padded rows pass their own so positions match running them alone."""
+        w = self.cfg.expert.hidden_size
+        dtype = self.action_in_proj.weight.dtype
+        state_tok = self.state_proj(state.to(dtype))[:, None]  # (B, 1, w)
+        act = self.action_in_proj(x_t.to(dtype))  # (B, H, w)
+        time = sincos_time_embedding(t, w).to(dtype)[:, None].expand_as(act)
+        act = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat((act, time), -1))))
+        tokens = torch.cat((state_tok, act), dim=1)  # (B, 1 + H, w)
+        offsets = torch.arange(tokens.shape[1], device=tokens.device)
+        if start is None:
+            positions = prefix.filled_length() + offsets  # (T,)
+        else:
+            positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
+        out = self.expert(
+            tokens, positions, prefix=prefix, attn_mask=self.suffix_mask(tokens.device)
+        ).hidden
+        return self.action_out_proj(out[:, 1:]).float()
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prefix: KVCache,
+        state: Tensor,
+        noise: Tensor | None = None,
+        steps: int | None = None,
+        start: Tensor | None = None,
+    ) -> Tensor:
+        """Integrate from noise (t = 1) to actions (t = 0): N Euler steps. Returns (B, H, A)."""
+        n = self.cfg.num_steps if steps is None else steps
+        b = state.shape[0]
+        x = noise if noise is not None else torch.randn(b, self.cfg.horizon, self.cfg.action_dim)
+        x = x.float()
+        dt = -1.0 / n
+        for i in range(n):
+            t = torch.full((b,), 1.0 + i * dt, device=x.device)
+            x = x + dt * self.velocity(prefix, state, x, t, start)
+        return x
+
+    def loss(
+        self, prefix: KVCache, state: Tensor, actions: Tensor, start: Tensor | None = None
+    ) -> Tensor:
+        """Flow-matching loss: regress u = noise - actions at x_t = t*noise + (1-t)*actions,
+        t ~ Beta(1.5, 1) shifted away from 0 as pi0 trains (more weight on noisy times)."""
+        b = actions.shape[0]
+        noise = torch.randn(actions.shape, device=actions.device)
+        beta = torch.distributions.Beta(torch.tensor(1.5), torch.tensor(1.0))
+        t = beta.sample((b,)).to(actions.device) * 0.999 + 0.001
+        x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
+        return F.mse_loss(self.velocity(prefix, state, x_t, t, start), noise - actions)

@@ -1,0 +1,69 @@
+"""Instruction tokenizers: a byte-level fallback and Hugging Face ``tokenizer.json`` files.
+
+Random-weight presets need no vocabulary, so they use UTF-8 bytes. A trained checkpoint ships its
+own ``tokenizer.json`` (loaded with the ``tokenizers`` library, no hub access), and that is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+BOS_ID = 1  # Llama convention: 0 unk/pad, 1 <s>, 2 </s>
+PAD_ID = 0
+
+
+def openvla_prompt(instruction: str) -> str:
+    """OpenVLA's prompt template (prismatic ``PurePromptBuilder`` for the v01-less models)."""
+    return f"In: What action should the robot take to {instruction.strip().lower()}?\nOut:"
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids without BOS."""
+        ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past the special ids: id = 3 + byte."""
+
+    OFFSET = 3
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < self.OFFSET + 256:
+            raise ValueError(f"a byte tokenizer needs vocab_size >= 259, got {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [self.OFFSET + b for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        data = bytes(i - self.OFFSET for i in ids if self.OFFSET <= i < self.OFFSET + 256)
+        return data.decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` shipped beside the weights."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _Tok
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise RuntimeError(
+                "this checkpoint ships tokenizer.json: pip install tokenizers"
+            ) from e
+        self._tok = _Tok.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [i for i in ids if i != BOS_ID]
+
+
+def load_tokenizer(directory: str | Path | None, vocab_size: int) -> Tokenizer:
+    """The checkpoint's tokenizer.json when present, else the byte-level fallback."""
+    if directory is not None and (Path(directory) / "tokenizer.json").exists():
+        return HFTokenizer(Path(directory) / "tokenizer.json")
+    return ByteTokenizer(vocab_size)

@@ -1,0 +1,349 @@
+"""A VLA = vision backbone + projector + Llama-family LM + action head, for four families.
+
+  autoregressive (OpenVLA): actions as 256-bin tokens decoded greedily one by one;
+  parallel (OpenVLA-OFT):   K*D empty action tokens decoded in one bidirectional pass, L1 head;
+  diffusion (CogACT):       a DiT denoises an action chunk conditioned on the last LM state;
+  flow (pi0, SmolVLA):      an action expert attends to the prefix KV cache, N Euler steps.
+
+Sequence layout (all families): [BOS, visual tokens, instruction tokens, right padding]. Visual
+tokens sit right after BOS as in OpenVLA, so their indices are the same in every row (TokenPlans
+need that); rows with shorter instructions are right-padded and continue decoding at their own
+positions, which keeps every row's relative positions identical to running it alone.
+
+The model is split into the stage functions the stage graph (vlarun/stages) calls:
+``encode_images`` -> ``prefill`` -> ``decode_tokens`` | ``parallel_head`` | ``denoise``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
+from vlarun.models.heads import (
+    ActionTokenizer,
+    DiTConfig,
+    DiTHead,
+    L1RegressionHead,
+    OFTHeadConfig,
+    empty_action_embeddings,
+)
+from vlarun.models.llama import AttnProbe, KVCache, LlamaConfig, LlamaLM, LMOutput
+from vlarun.models.token_plan import TokenPlan
+from vlarun.models.tokenizer import BOS_ID, PAD_ID
+from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbone, ViTConfig
+
+FAMILIES = ("autoregressive", "parallel", "diffusion", "flow")
+CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle")
+
+
+@dataclass(frozen=True)
+class VLAConfig:
+    """A VLA's shape. Exactly one head config matches ``family`` (autoregressive needs none)."""
+
+    name: str
+    family: str
+    llm: LlamaConfig
+    vision: tuple[ViTConfig, ...]  # (dinov2, siglip) = fused OpenVLA backbone, or (siglip,)
+    connector: str = "fused-mlp"
+    pixel_shuffle: int = 1  # SmolVLA folds s x s patches into one token
+    num_images: int = 1
+    action_dim: int = 7
+    chunk: int = 1
+    max_text_tokens: int = 48
+    action_vocab_size: int | None = None  # OpenVLA: vocab without the padding to 64 (32000)
+    prefix_causal: bool = True  # pi0 attends bidirectionally within the prefix
+    oft: OFTHeadConfig | None = None
+    dit: DiTConfig | None = None
+    flow: FlowExpertConfig | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown family {self.family!r}; choose from {FAMILIES}")
+        if self.connector not in CONNECTORS:
+            raise ValueError(f"unknown connector {self.connector!r}; choose from {CONNECTORS}")
+        if not 1 <= len(self.vision) <= 2:
+            raise ValueError("vision must hold one tower, or two (dinov2, siglip) to fuse")
+        needed = {"parallel": "oft", "diffusion": "dit", "flow": "flow"}.get(self.family)
+        for head in ("oft", "dit", "flow"):
+            if (getattr(self, head) is not None) != (head == needed):
+                raise ValueError(f"family {self.family!r} needs head config {needed!r} only")
+        if self.flow is not None:
+            self.flow.check_compatible(self.llm)
+        g = self.vision[0].grid
+        if self.pixel_shuffle < 1 or g % self.pixel_shuffle:
+            raise ValueError(f"pixel_shuffle {self.pixel_shuffle} must divide the grid {g}")
+        if self.max_sequence > self.llm.max_positions:
+            raise ValueError(
+                f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
+                f"({self.llm.max_positions})"
+            )
+
+    @property
+    def image_size(self) -> int:
+        return self.vision[0].image_size
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.vision[0].num_patches // self.pixel_shuffle**2
+
+    @property
+    def num_visual(self) -> int:
+        return self.num_images * self.tokens_per_image
+
+    @property
+    def vis_start(self) -> int:
+        return 1  # right after BOS
+
+    @property
+    def num_action_tokens(self) -> int:
+        """Tokens the LM itself emits per inference (AR) or holds as placeholders (OFT)."""
+        return self.chunk * self.action_dim if self.family in ("autoregressive", "parallel") else 0
+
+    @property
+    def max_sequence(self) -> int:
+        return 1 + self.num_visual + self.max_text_tokens + self.num_action_tokens
+
+    @property
+    def vision_dim(self) -> int:
+        return sum(v.hidden_size for v in self.vision) * self.pixel_shuffle**2
+
+    @property
+    def horizon(self) -> int:
+        """Actions returned per inference."""
+        if self.dit is not None:
+            return self.dit.horizon
+        if self.flow is not None:
+            return self.flow.horizon
+        return self.chunk
+
+
+@dataclass
+class Prefix:
+    """The LM input for one batch. embeds (B, P, d); pad (B, P) False at padding;
+    last (B,) index of each row's last real token (its next token goes at last + 1)."""
+
+    embeds: Tensor
+    pad: Tensor
+    last: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.embeds.shape[1]
+
+
+@dataclass
+class PrefillResult:
+    """Output of the prefill stage: the filled cache, each row's last hidden state (B, d), and
+    ``next_pos`` (B,) the position of each row's first generated token."""
+
+    cache: KVCache
+    last_hidden: Tensor
+    next_pos: Tensor
+    lm: LMOutput | None = None
+
+
+class PixelShuffleConnector(nn.Module):
+    """SmolVLM's connector: fold s x s neighbouring patches into channels, then one Linear."""
+
+    def __init__(self, vision_dim: int, llm_dim: int, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+        self.proj = nn.Linear(vision_dim, llm_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N / s^2, D * s^2) -> (B, ., llm)
+        b, n, d = x.shape
+        g, s = math.isqrt(n), self.scale
+        x = x.view(b, g // s, s, g // s, s, d).permute(0, 1, 3, 2, 4, 5)
+        return self.proj(x.reshape(b, (g // s) ** 2, s * s * d))
+
+
+def build_connector(cfg: VLAConfig) -> nn.Module:
+    vdim = sum(v.hidden_size for v in cfg.vision)
+    if cfg.connector == "pixel-shuffle":
+        return PixelShuffleConnector(cfg.vision_dim, cfg.llm.hidden_size, cfg.pixel_shuffle)
+    if cfg.connector == "linear":
+        return nn.Linear(vdim, cfg.llm.hidden_size)
+    return Projector(vdim, cfg.llm.hidden_size, fused=cfg.connector == "fused-mlp")
+
+
+class VLA(nn.Module):
+    """Parameter names follow OpenVLA's prismatic layout: ``vision_backbone.*``,
+    ``projector.*``, ``language_model.model.*``, ``language_model.lm_head.*``; heads are
+    ``action_head.*`` (OFT), ``action_model.*`` (CogACT DiT), ``action_expert.*`` (pi0)."""
+
+    def __init__(self, cfg: VLAConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if len(cfg.vision) == 2:
+            self.vision_backbone = FusedVisionBackbone(*cfg.vision)
+        else:
+            self.vision_backbone = SingleVisionBackbone(cfg.vision[0])
+        self.projector = build_connector(cfg)
+        self.language_model = LlamaLM(cfg.llm)
+        if cfg.oft is not None:
+            self.action_head = L1RegressionHead(cfg.oft)
+        if cfg.dit is not None:
+            self.action_model = DiTHead(cfg.dit)
+        if cfg.flow is not None:
+            self.action_expert = FlowMatchingExpert(cfg.flow)
+        self.action_tokenizer = ActionTokenizer(
+            vocab_size=cfg.action_vocab_size or cfg.llm.vocab_size
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.language_model.dtype
+
+    # -- stage 1: vision ----------------------------------------------------------------------
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        """images (B, n_img, 3, H, W) or (B, 3, H, W) floats in [0, 1] -> (B, Nv, d_llm)."""
+        if images.ndim == 4:
+            images = images[:, None]
+        self._check_images(images)
+        b, n = images.shape[:2]
+        flat = images.reshape(b * n, *images.shape[2:]).to(self.dtype)
+        tokens = self.projector(self.vision_backbone(flat))  # (B*n, N, d)
+        return tokens.reshape(b, n * tokens.shape[1], tokens.shape[2])
+
+    def _check_images(self, images: Tensor) -> None:
+        c = self.cfg
+        want = (c.num_images, 3, c.image_size, c.image_size)
+        if tuple(images.shape[1:]) != want:
+            raise ValueError(
+                f"images must be (B, {', '.join(map(str, want))}) for {c.name}, "
+                f"got {tuple(images.shape)}"
+            )
+        if not images.is_floating_point():
+            raise ValueError(f"images must be float in [0, 1], got {images.dtype}")
+
+    # -- stage 2: prefill -----------------------------------------------------------------------
+
+    def build_prefix(self, visual: Tensor, text_ids: list[list[int]]) -> Prefix:
+        """[BOS, visual, text, pad] embeddings for a batch of tokenised instructions."""
+        b = visual.shape[0]
+        if len(text_ids) != b:
+            raise ValueError(f"{len(text_ids)} instructions for {b} images")
+        longest = max(len(t) for t in text_ids)
+        if longest > self.cfg.max_text_tokens:
+            raise ValueError(
+                f"instruction has {longest} tokens; {self.cfg.name} allows at most "
+                f"{self.cfg.max_text_tokens}"
+            )
+        ids = torch.full((b, 1 + longest), PAD_ID, dtype=torch.long, device=visual.device)
+        pad_text = torch.zeros(b, 1 + longest, dtype=torch.bool, device=visual.device)
+        ids[:, 0], pad_text[:, 0] = BOS_ID, True
+        for r, t in enumerate(text_ids):
+            ids[r, 1 : 1 + len(t)] = torch.tensor(t, dtype=torch.long)
+            pad_text[r, 1 : 1 + len(t)] = True
+        emb = self.language_model.embed(ids)
+        embeds = torch.cat((emb[:, :1], visual.to(emb.dtype), emb[:, 1:]), dim=1)
+        vis_pad = torch.ones(b, visual.shape[1], dtype=torch.bool, device=visual.device)
+        pad = torch.cat((pad_text[:, :1], vis_pad, pad_text[:, 1:]), dim=1)
+        lengths = torch.tensor([len(t) for t in text_ids], device=visual.device)
+        return Prefix(embeds, pad, visual.shape[1] + lengths)
+
+    def prefill(
+        self,
+        prefix: Prefix,
+        cache: KVCache | None = None,
+        *,
+        plan: TokenPlan | None = None,
+        probe: AttnProbe | None = None,
+    ) -> PrefillResult:
+        """Fill (or, under a TokenPlan, partially refresh) the cache with the prefix."""
+        b, p = prefix.pad.shape
+        extra = self.cfg.num_action_tokens
+        if cache is None:
+            cache = self.language_model.new_cache(b, p + extra)
+        if plan is None:
+            cache.reset()
+        else:
+            cache.invalidate_from(p)  # last step's action tokens
+        out = self.language_model(
+            prefix.embeds, torch.arange(p, device=prefix.embeds.device), cache,
+            causal=self.cfg.prefix_causal, pad_mask=prefix.pad, plan=plan, probe=probe,
+        )  # fmt: skip
+        last_rows = _output_rows(out, prefix.last)
+        last_hidden = out.hidden[torch.arange(b), last_rows]
+        return PrefillResult(cache, last_hidden, prefix.last + 1, out)
+
+    # -- stage 3: the family's head ---------------------------------------------------------------
+
+    def decode_tokens(self, pre: PrefillResult) -> Tensor:
+        """Autoregressive greedy decoding of chunk*D action tokens -> ids (B, chunk*D)."""
+        lm = self.language_model
+        tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
+        out = [tok]
+        pos = pre.next_pos.clone()
+        for _ in range(self.cfg.num_action_tokens - 1):
+            h = lm(lm.embed(tok[:, None]), pos[:, None], pre.cache).hidden[:, -1]
+            tok = lm.logits(h).argmax(-1)
+            out.append(tok)
+            pos += 1
+        return torch.stack(out, dim=1)
+
+    def tokens_to_actions(self, ids: Tensor) -> Tensor:
+        acts = self.action_tokenizer.decode(ids.cpu())
+        acts = torch.as_tensor(acts, dtype=torch.float32)
+        return acts.view(ids.shape[0], self.cfg.chunk, self.cfg.action_dim)
+
+    def parallel_head(self, pre: PrefillResult) -> Tensor:
+        """OFT: K*D zero embeddings after each row's prompt, one bidirectional pass -> (B, K, D)."""
+        b = pre.last_hidden.shape[0]
+        n = self.cfg.num_action_tokens
+        x = empty_action_embeddings(b, n, self.cfg.llm.hidden_size, self.dtype)
+        pos = pre.next_pos[:, None] + torch.arange(n, device=x.device)[None]
+        h = self.language_model(x, pos, pre.cache, causal=False).hidden  # (B, K*D, d)
+        return self.action_head(h).float()
+
+    def denoise(
+        self, pre: PrefillResult, noise: Tensor | None = None, state: Tensor | None = None
+    ) -> Tensor:
+        """Diffusion (DiT on the last hidden state) or flow (expert on the prefix cache)."""
+        if self.cfg.dit is not None:
+            return self.action_model.sample(pre.last_hidden, noise=noise).float()
+        b = pre.last_hidden.shape[0]
+        if state is None:
+            state = torch.zeros(b, self.cfg.flow.state_dim, device=pre.last_hidden.device)
+        return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos)
+
+    # -- everything at once -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def act(
+        self,
+        images: Tensor,
+        text_ids: list[list[int]],
+        *,
+        noise: Tensor | None = None,
+        state: Tensor | None = None,
+    ) -> Tensor:
+        """One inference: normalised actions (B, horizon, action_dim) in [-1, 1]."""
+        pre = self.prefill(self.build_prefix(self.encode_images(images), text_ids))
+        family = self.cfg.family
+        if family == "autoregressive":
+            return self.tokens_to_actions(self.decode_tokens(pre))
+        if family == "parallel":
+            return self.parallel_head(pre)
+        return self.denoise(pre, noise=noise, state=state)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _output_rows(out: LMOutput, last: Tensor) -> Tensor:
+    """Where each row's last real token landed in ``out.hidden`` (plans drop rows)."""
+    if out.index is None:
+        return last
+    return (out.index == last[:, None]).float().argmax(dim=1)
+
+
+def noise_shape(cfg: VLAConfig, batch: int) -> tuple[int, int, int]:
+    return (batch, cfg.horizon, cfg.action_dim)
