@@ -224,6 +224,25 @@ class KVCache:
         """Forget every slot at or after ``position`` (e.g. last step's action tokens)."""
         self.valid[:, :, position:] = False
 
+    def export(self, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The first ``length`` slots as dense tensors (k, v, valid), e.g. for a packet."""
+        return (self.k[:, :, :, :length].contiguous(), self.v[:, :, :, :length].contiguous(),
+                self.valid[:, :, :length].contiguous())  # fmt: skip
+
+    @classmethod
+    def from_export(
+        cls, cfg: LlamaConfig, k: Tensor, v: Tensor, valid: Tensor, max_len: int
+    ) -> KVCache:
+        """Rebuild a cache with room for ``max_len`` positions from ``export`` output."""
+        length = k.shape[3]
+        if max_len < length:
+            raise ValueError(f"max_len {max_len} is shorter than the exported {length} slots")
+        cache = cls(cfg, k.shape[1], max_len, k.dtype, k.device)
+        cache.k[:, :, :, :length] = k
+        cache.v[:, :, :, :length] = v
+        cache.valid[:, :, :length] = valid
+        return cache
+
     def filled_length(self) -> int:
         """One past the highest valid position (0 if empty)."""
         any_valid = self.valid.any(dim=0).any(dim=0)

@@ -17,7 +17,7 @@ The model is split into the stage functions the stage graph (vlarun/stages) call
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +60,6 @@ class VLAConfig:
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
     notes: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -1,0 +1,131 @@
+"""Checkpoints: round trips, transformers directories, and clear refusals."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vlarun.models.checkpoint import (
+    CheckpointError,
+    load_hf_module,
+    load_vla,
+    read_weights,
+    save_vla,
+)
+from vlarun.models.presets import get_preset
+from vlarun.models.vla import VLA
+
+TINY = ["tiny-openvla", "tiny-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
+
+
+def _inputs(cfg, batch=1):
+    torch.manual_seed(1)
+    images = torch.rand(batch, 3, cfg.image_size, cfg.image_size)
+    noise = torch.randn(batch, cfg.horizon, cfg.action_dim)
+    return images, [[40, 41, 42]] * batch, noise
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_vla_round_trip_in_prismatic_layout(tmp_path, name):
+    torch.manual_seed(0)
+    cfg = get_preset(name)
+    model = VLA(cfg).eval()
+    stats = {"demo": {"action": {"q01": [-2.0] * 7, "q99": [2.0] * 7, "mask": [True] * 7}}}
+    save_vla(model, tmp_path / "ckpt", norm_stats=stats)
+    keys = load_file(tmp_path / "ckpt" / "model.safetensors").keys()
+    assert any(k.startswith("vision_backbone.featurizer.blocks.0.attn.qkv") for k in keys)
+    assert any(k.startswith("language_model.model.layers.0.self_attn.q_proj") for k in keys)
+    loaded, loaded_stats = load_vla(tmp_path / "ckpt")
+    assert loaded.cfg == cfg and loaded_stats == stats
+    images, ids, noise = _inputs(cfg)
+    assert torch.equal(model.act(images, ids, noise=noise), loaded.act(images, ids, noise=noise))
+
+
+def test_pickle_checkpoints_are_refused(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="refuses pickle"):
+        read_weights(tmp_path)
+    with pytest.raises(CheckpointError, match="refuses pickle"):
+        read_weights(tmp_path / "pytorch_model.bin")
+
+
+def test_missing_unexpected_and_misshaped_keys_are_named(tmp_path):
+    torch.manual_seed(0)
+    model = VLA(get_preset("tiny-openvla"))
+    save_vla(model, tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "model.safetensors"
+    state = load_file(path)
+    del state["projector.fc1.bias"]
+    state["language_model.model.norm.weight"] = torch.ones(5)
+    state["surprise.weight"] = torch.zeros(1)
+    save_file(state, path)
+    with pytest.raises(CheckpointError) as err:
+        load_vla(tmp_path / "ckpt")
+    msg = str(err.value)
+    assert "projector.fc1.bias" in msg and "surprise.weight" in msg
+    assert "language_model.model.norm.weight: checkpoint (5,)" in msg
+
+
+def test_other_architecture_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    save_file({"x": torch.zeros(1)}, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="'bert' model"):
+        load_vla(tmp_path)
+    with pytest.raises(CheckpointError, match="'bert' model"):
+        load_hf_module(tmp_path)
+
+
+def test_failed_save_leaves_nothing(tmp_path, monkeypatch):
+    model = VLA(get_preset("tiny-openvla"))
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("vlarun.models.checkpoint.save_file", boom)
+    with pytest.raises(OSError):
+        save_vla(model, tmp_path / "ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_llama(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def test_transformers_llama_directory_loads_and_matches(tmp_path):
+    hf = _hf_llama(tmp_path)
+    kind, ours, _ = load_hf_module(tmp_path)
+    ids = torch.randint(0, 101, (1, 16))
+    with torch.no_grad():
+        diff = (hf(input_ids=ids).logits - ours.logits(ours(ours.embed(ids)).hidden)).abs().max()
+    assert kind == "llama" and diff <= 1e-4, diff
+
+
+@pytest.mark.parametrize("kind", ["siglip", "dinov2"])
+def test_transformers_vision_directory_loads_and_matches(tmp_path, kind):
+    torch.manual_seed(0)
+    if kind == "siglip":
+        cfg = transformers.SiglipVisionConfig(image_size=32, patch_size=8, hidden_size=64,
+                                              num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=128)  # fmt: skip
+        hf = transformers.SiglipVisionModel(cfg).eval()
+    else:
+        cfg = transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4)  # fmt: skip
+        hf = transformers.Dinov2Model(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    got_kind, ours, _ = load_hf_module(tmp_path)
+    px = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        diff = (hf(pixel_values=px).last_hidden_state - ours.last_hidden_state(px)).abs().max()
+    assert got_kind == kind and diff <= 1e-4, diff

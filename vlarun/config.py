@@ -1,0 +1,54 @@
+"""Frozen-dataclass configs to and from plain JSON-able dicts.
+
+Nested dataclasses, tuples of dataclasses and ``X | None`` fields are rebuilt from their type
+hints, so a config written to ``config.json`` reads back equal to the original.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass (possibly nested) as JSON-able dicts/lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [to_dict(x) for x in obj]
+    return obj
+
+
+def from_dict(cls: type[T], data: dict) -> T:
+    """Rebuild ``cls`` from ``to_dict`` output; unknown keys raise naming them."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown fields {unknown}")
+    kwargs = {k: _convert(hints[k], v) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(options[0], value) if len(options) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        inner = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+        if inner is not None:
+            return tuple(_convert(inner, v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+    return value

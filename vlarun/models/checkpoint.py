@@ -1,0 +1,298 @@
+"""Checkpoints: safetensors + config.json with Hugging Face / OpenVLA weight names; no pickle.
+
+Layouts read and written:
+  * vlarun VLA directories (``config.json`` with ``model_type: "vlarun"``) in OpenVLA's prismatic
+    layout: ``vision_backbone.featurizer.*`` / ``.fused_featurizer.*`` in timm names (as OpenVLA's
+    released weights), ``projector.*``, ``language_model.model.*``, ``language_model.lm_head.*``,
+    plus ``dataset_statistics.json`` (action normalisation) and an optional ``tokenizer.json``;
+  * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not;
+  * transformers ``save_pretrained`` directories of Llama, Gemma, SigLIP and DINOv2 models.
+Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vlarun import config as cfgio
+from vlarun.models.heads import NormStats
+from vlarun.models.llama import LlamaConfig, LlamaLM
+from vlarun.models.presets import openvla_7b
+from vlarun.models.vit import ViTConfig, ViTEncoder, canonical_hf_state_dict
+from vlarun.models.vit import hf_to_timm_vit, timm_to_hf_vit
+from vlarun.models.vla import VLA, VLAConfig
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+WEIGHTS = "model.safetensors"
+STATS = "dataset_statistics.json"
+MAX_REPORTED = 8
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message names the file, key or field at fault."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading tensors safely
+
+
+def read_weights(directory: str | Path) -> dict[str, Tensor]:
+    """All tensors of a directory's safetensors file(s) (single or sharded with an index)."""
+    d = Path(directory)
+    if d.is_file():
+        _refuse_pickle_file(d)
+        if d.suffix != ".safetensors":
+            raise CheckpointError(f"{d}: not a safetensors file")
+        return load_file(d)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: no such checkpoint directory")
+    index = d / f"{WEIGHTS}.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(load_file(d / shard))
+        return state
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise CheckpointError(
+                f"{d} holds only pickle weights ({', '.join(pickles)}); vlarun refuses pickle "
+                "because loading it can run arbitrary code - convert to safetensors first"
+            )
+        raise CheckpointError(f"{d}: no .safetensors weights found")
+    state = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
+
+
+def _refuse_pickle_file(path: Path) -> None:
+    if path.suffix in PICKLE_SUFFIXES:
+        raise CheckpointError(
+            f"{path.name} is a pickle checkpoint; vlarun refuses pickle because loading it can "
+            "run arbitrary code - convert it to safetensors first"
+        )
+
+
+def read_config(directory: str | Path) -> dict:
+    path = Path(directory) / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{directory}: no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: invalid JSON ({e})") from None
+
+
+def load_checked(module: nn.Module, state: dict[str, Tensor], what: str) -> None:
+    """Load ``state`` strictly; report missing, unexpected and mis-shaped keys by name."""
+    own = module.state_dict()
+    # Tied weights appear under two names in state_dict() but are stored once.
+    tied = {
+        k for k in own if k.endswith("lm_head.weight") and k not in state and _is_tied(module, k)
+    }
+    missing = sorted(set(own) - set(state) - tied)
+    unexpected = sorted(set(state) - set(own))
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]  # fmt: skip
+    problems = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)):
+        if keys:
+            shown = ", ".join(keys[:MAX_REPORTED])
+            more = f" (+{len(keys) - MAX_REPORTED} more)" if len(keys) > MAX_REPORTED else ""
+            problems.append(f"{len(keys)} {label} keys: {shown}{more}")
+    if problems:
+        raise CheckpointError(f"{what} does not match the model: " + "; ".join(problems))
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+
+
+def _is_tied(module: nn.Module, key: str) -> bool:
+    lm = module.get_submodule(key.rsplit(".lm_head.weight", 1)[0]) if "." in key else module
+    return isinstance(lm, LlamaLM) and lm.cfg.tie_embeddings
+
+
+# ---------------------------------------------------------------------------------------------
+# VLA checkpoints (prismatic layout)
+
+
+def vla_state_to_prismatic(model: VLA) -> dict[str, Tensor]:
+    """The model's tensors under OpenVLA's names (vision towers in timm names)."""
+    out = {}
+    for tower in ("featurizer", "fused_featurizer"):
+        if hasattr(model.vision_backbone, tower):
+            enc: ViTEncoder = getattr(model.vision_backbone, tower)
+            for k, v in hf_to_timm_vit(enc.state_dict(), enc.config.kind).items():
+                out[f"vision_backbone.{tower}.{k}"] = v
+    for k, v in model.state_dict().items():
+        if k.startswith("vision_backbone."):
+            continue
+        if k.endswith("lm_head.weight") and _is_tied(model, k):
+            continue  # safetensors stores shared tensors once: the embedding carries it
+        out[k] = v
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def prismatic_to_vla_state(state: dict[str, Tensor], model: VLA) -> dict[str, Tensor]:
+    """Inverse of ``vla_state_to_prismatic``: timm tower names back to the model's names."""
+    out, towers = {}, {}
+    for k, v in state.items():
+        if k.startswith("vision_backbone."):
+            tower, rest = k[len("vision_backbone.") :].split(".", 1)
+            towers.setdefault(tower, {})[rest] = v
+        else:
+            out[k] = v
+    for tower, sub in towers.items():
+        if not hasattr(model.vision_backbone, tower):
+            raise CheckpointError(f"checkpoint has vision tower {tower!r} the model lacks")
+        kind = getattr(model.vision_backbone, tower).config.kind
+        try:
+            renamed = timm_to_hf_vit(sub, kind)
+        except KeyError as e:
+            raise CheckpointError(f"vision tower {tower!r}: {e.args[0]}") from None
+        out |= {f"vision_backbone.{tower}.{k}": v for k, v in renamed.items()}
+    return out
+
+
+def save_vla(
+    model: VLA,
+    directory: str | Path,
+    *,
+    norm_stats: dict | None = None,
+    tokenizer_file: str | Path | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write weights, config, statistics (and tokenizer) atomically: a failed save leaves no
+    partial directory behind."""
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        save_file(vla_state_to_prismatic(model), tmp / WEIGHTS, metadata={"format": "pt"})
+        config = {"model_type": "vlarun", "vla": cfgio.to_dict(model.cfg),
+                  "torch_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if norm_stats is not None:
+            (tmp / STATS).write_text(json.dumps(norm_stats, indent=1))
+        if tokenizer_file is not None:
+            shutil.copy(tokenizer_file, tmp / "tokenizer.json")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
+    """The VLAConfig a config.json describes (vlarun or OpenVLA), or a clear error."""
+    kind = config.get("model_type")
+    if kind == "vlarun":
+        try:
+            return cfgio.from_dict(VLAConfig, config["vla"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{directory}/config.json: bad vlarun config ({e})") from None
+    if kind == "openvla":
+        base = openvla_7b()
+        vocab = config.get("text_config", {}).get("vocab_size", base.llm.vocab_size)
+        pad = config.get("pad_to_multiple_of", 64)
+        llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
+        return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {
+            "llm": cfgio.to_dict(llm), "action_vocab_size": vocab - pad})  # fmt: skip
+    raise CheckpointError(
+        f"{directory}: config.json describes a {kind!r} model, not a VLA "
+        "(expected model_type 'vlarun' or 'openvla')"
+    )
+
+
+def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[VLA, dict]:
+    """Load a VLA directory. Returns (model in eval mode, norm_stats dict or {})."""
+    d = Path(directory)
+    config = read_config(d)
+    cfg = vla_config_from(config, d)
+    model = VLA(cfg)
+    state = prismatic_to_vla_state(read_weights(d), model)
+    load_checked(model, state, f"{d}")
+    if dtype is not None:
+        model = model.to(dtype)
+    stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
+    stats = stats or config.get("norm_stats", {})
+    return model.eval(), stats
+
+
+def select_norm_stats(stats: dict, unnorm_key: str | None = None) -> NormStats | None:
+    """Pick the action statistics stored with a checkpoint (None if it has none)."""
+    if not stats:
+        return None
+    return NormStats.select(stats, unnorm_key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain transformers checkpoints (Llama / Gemma / SigLIP / DINOv2)
+
+HF_KINDS = ("llama", "gemma", "mistral", "siglip", "siglip_vision_model", "dinov2",
+            "dinov2_with_registers")  # fmt: skip
+
+
+def vit_config_from_hf(config: dict) -> ViTConfig:
+    kind = config.get("model_type")
+    if kind == "siglip":
+        config = config["vision_config"]
+        kind = "siglip_vision_model"
+    if kind == "siglip_vision_model":
+        return ViTConfig(
+            kind="siglip", image_size=config["image_size"], patch_size=config["patch_size"],
+            hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+            num_heads=config["num_attention_heads"],
+            intermediate_size=config["intermediate_size"],
+            layer_norm_eps=config.get("layer_norm_eps", 1e-6), feature_layer=-1,
+            gelu_approximate="tanh" if "tanh" in config.get("hidden_act", "tanh") else "none",
+        )  # fmt: skip
+    if config.get("use_swiglu_ffn"):
+        raise CheckpointError("DINOv2 with a SwiGLU MLP (giant) is not supported")
+    hidden = config["hidden_size"]
+    return ViTConfig(
+        kind="dinov2", image_size=config["image_size"], patch_size=config["patch_size"],
+        hidden_size=hidden, num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        intermediate_size=int(hidden * config.get("mlp_ratio", 4)),
+        layer_norm_eps=config.get("layer_norm_eps", 1e-6),
+        num_registers=config.get("num_register_tokens", 0), feature_layer=-1,
+    )  # fmt: skip
+
+
+def load_hf_module(directory: str | Path) -> tuple[str, nn.Module, dict]:
+    """Load a transformers ``save_pretrained`` directory into vlarun's module.
+
+    Returns (kind, module, hf_config): kind is "llama" (Llama/Gemma, a ``LlamaLM``) or
+    "siglip"/"dinov2" (a ``ViTEncoder``)."""
+    d = Path(directory)
+    config = read_config(d)
+    kind = config.get("model_type")
+    if kind not in HF_KINDS:
+        raise CheckpointError(
+            f"{d}: config.json describes a {kind!r} model; vlarun loads {', '.join(HF_KINDS)}"
+        )
+    state = read_weights(d)
+    if kind in ("llama", "gemma", "mistral"):
+        module: nn.Module = LlamaLM(LlamaConfig.from_hf(config))
+        load_checked(module, state, str(d))
+        return "llama", module.eval(), config
+    vcfg = vit_config_from_hf(config)
+    if kind == "siglip":  # a full SigLIP (text + vision): keep the vision tower only
+        state = {k: v for k, v in state.items() if k.startswith("vision_model.")}
+    module = ViTEncoder(vcfg)
+    load_checked(module, canonical_hf_state_dict(state, vcfg.kind), str(d))
+    return vcfg.kind, module.eval(), config

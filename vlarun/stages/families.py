@@ -1,0 +1,282 @@
+"""Each VLA family as a stage DAG (EcoVLA section 1), with analytic FLOPs, bytes and packets.
+
+  autoregressive: vision -> prefill -> decode
+  parallel:       vision -> prefill_head        (prompt + K*D empty action tokens, one pass)
+  diffusion/flow: vision -> prefill -> denoise
+
+The graph can be built from a config alone (costs and packet sizes, no weights: what
+``vlarun info`` and the scheduler need) or bound to a model (executable stages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vlarun.models.heads import DiTHead, L1RegressionHead
+from vlarun.models.llama import KVCache
+from vlarun.models.vla import VLA, PrefillResult, VLAConfig
+from vlarun.stages.graph import Stage, StageCost, StageGraph, TensorSpec
+from vlarun.stages.packet import Packet
+
+DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The shapes one inference runs at: batch, instruction tokens, compute dtype."""
+
+    batch: int = 1
+    text_tokens: int = 24
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.text_tokens < 0:
+            raise ValueError(f"bad workload batch={self.batch} text_tokens={self.text_tokens}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {list(DTYPE_BYTES)}, got {self.dtype!r}")
+
+
+def prefix_len(cfg: VLAConfig, w: Workload) -> int:
+    return 1 + cfg.num_visual + w.text_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Packet schemas
+
+
+def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
+    b, s = w.batch, cfg.image_size
+    specs = [TensorSpec("images", (b, cfg.num_images, 3, s, s), "float32"),
+             TensorSpec("text_ids", (b, w.text_tokens), "int64"),
+             TensorSpec("text_len", (b,), "int64")]  # fmt: skip
+    if cfg.family in ("diffusion", "flow"):
+        specs.append(TensorSpec("noise", (b, cfg.horizon, cfg.action_dim), "float32"))
+    if cfg.family == "flow":
+        specs.append(TensorSpec("state", (b, cfg.flow.state_dim), "float32"))
+    return tuple(specs)
+
+
+def _kv_specs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
+    llm, p = cfg.llm, prefix_len(cfg, w)
+    shape = (llm.num_layers, w.batch, llm.num_kv_heads, p, llm.hd)
+    return (TensorSpec("kv_k", shape, w.dtype), TensorSpec("kv_v", shape, w.dtype),
+            TensorSpec("kv_valid", (llm.num_layers, w.batch, p), "bool"))  # fmt: skip
+
+
+def _prefill_out(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
+    return (*_kv_specs(cfg, w), TensorSpec("last_hidden", (w.batch, cfg.llm.hidden_size), w.dtype),
+            TensorSpec("next_pos", (w.batch,), "int64"))  # fmt: skip
+
+
+def _actions(cfg: VLAConfig, w: Workload) -> TensorSpec:
+    return TensorSpec("actions", (w.batch, cfg.horizon, cfg.action_dim), "float32")
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs
+
+
+def _connector_flops(cfg: VLAConfig, tokens_in: int) -> int:
+    vdim, d = sum(v.hidden_size for v in cfg.vision), cfg.llm.hidden_size
+    if cfg.connector == "fused-mlp":
+        return 2 * tokens_in * (vdim * 4 * vdim + 4 * vdim * d + d * d)
+    if cfg.connector == "mlp":
+        return 2 * tokens_in * (vdim * d + d * d)
+    return 2 * tokens_in * vdim * d  # linear; pixel-shuffle folds tokens but not FLOPs
+
+
+def vision_cost(cfg: VLAConfig, w: Workload, vision_params: int) -> StageCost:
+    images = w.batch * cfg.num_images
+    flops = sum(v.flops(images) for v in cfg.vision)
+    flops += _connector_flops(cfg, images * cfg.vision[0].num_patches)
+    wb = vision_params * DTYPE_BYTES[w.dtype]
+    acts = sum(images * v.seq_len * v.hidden_size * v.num_layers * 8 for v in cfg.vision)
+    return StageCost(flops, wb, wb + acts * DTYPE_BYTES[w.dtype])
+
+
+def _llm_weight_bytes(cfg: VLAConfig, w: Workload, with_head: bool) -> int:
+    llm = cfg.llm
+    params = llm.num_params(with_embeddings=False)
+    if with_head:
+        params += llm.vocab_size * llm.hidden_size
+    return params * DTYPE_BYTES[w.dtype]
+
+
+def _kv_bytes(cfg: VLAConfig, w: Workload, length: int) -> int:
+    llm = cfg.llm
+    return 2 * llm.num_layers * w.batch * llm.num_kv_heads * length * llm.hd * DTYPE_BYTES[w.dtype]
+
+
+def prefill_cost(cfg: VLAConfig, w: Workload) -> StageCost:
+    p = prefix_len(cfg, w)
+    ar = cfg.family == "autoregressive"
+    flops = w.batch * (cfg.llm.flops(p) + (cfg.llm.head_flops(1) if ar else 0))
+    wb = _llm_weight_bytes(cfg, w, with_head=ar)
+    acts = w.batch * p * cfg.llm.hidden_size * cfg.llm.num_layers * 8 * DTYPE_BYTES[w.dtype]
+    return StageCost(flops, wb, wb + _kv_bytes(cfg, w, p) + acts)
+
+
+def decode_cost(cfg: VLAConfig, w: Workload) -> StageCost:
+    p, n = prefix_len(cfg, w), cfg.num_action_tokens
+    llm = cfg.llm
+    flops = w.batch * sum(llm.flops(1, context=p + i) + llm.head_flops(1) for i in range(1, n))
+    wb = _llm_weight_bytes(cfg, w, with_head=True)
+    kv = sum(_kv_bytes(cfg, w, p + i) for i in range(1, n))
+    return StageCost(flops, wb, (n - 1) * wb + kv, passes=max(n - 1, 1))
+
+
+def prefill_head_cost(cfg: VLAConfig, w: Workload, head_params: int) -> StageCost:
+    pre, p, n = prefill_cost(cfg, w), prefix_len(cfg, w), cfg.num_action_tokens
+    flops = pre.flops + w.batch * (cfg.llm.flops(n, context=p + n) + _oft_flops(cfg))
+    hb = head_params * DTYPE_BYTES[w.dtype]
+    return StageCost(flops, pre.weight_bytes + hb, pre.bytes + pre.weight_bytes + hb, passes=2)
+
+
+def _oft_flops(cfg: VLAConfig) -> int:
+    with torch.device("meta"):
+        return L1RegressionHead(cfg.oft).flops(1)
+
+
+def denoise_cost(cfg: VLAConfig, w: Workload, head_params: int) -> StageCost:
+    hb = head_params * DTYPE_BYTES[w.dtype]
+    if cfg.dit is not None:
+        steps = cfg.dit.ddim_steps
+        with torch.device("meta"):
+            flops = DiTHead(cfg.dit).flops(w.batch, steps)
+        return StageCost(flops, hb, steps * hb, passes=steps)
+    steps, p = cfg.flow.num_steps, prefix_len(cfg, w)
+    flops = cfg.flow.flops(w.batch, p)
+    return StageCost(flops, hb, steps * (hb + _kv_bytes(cfg, w, p)), passes=steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage functions (bound to a model)
+
+
+class _Runner:
+    """Stage functions of one model; each rebuilds what it needs from its packet alone."""
+
+    def __init__(self, model: VLA) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def vision(self, pk: Packet) -> Packet:
+        return Packet({"visual": self.model.encode_images(pk["images"])})
+
+    def _prefill(self, pk: Packet) -> PrefillResult:
+        ids = [row[:n].tolist() for row, n in zip(pk["text_ids"], pk["text_len"], strict=True)]
+        return self.model.prefill(self.model.build_prefix(pk["visual"], ids))
+
+    @torch.no_grad()
+    def prefill(self, pk: Packet) -> Packet:
+        pre = self._prefill(pk)
+        k, v, valid = pre.cache.export(pre.cache.max_len - self.model.cfg.num_action_tokens)
+        return Packet({"kv_k": k, "kv_v": v, "kv_valid": valid, "last_hidden": pre.last_hidden,
+                       "next_pos": pre.next_pos})  # fmt: skip
+
+    def _restore(self, pk: Packet) -> PrefillResult:
+        cfg = self.model.cfg
+        k = pk["kv_k"]
+        cache = KVCache.from_export(cfg.llm, k, pk["kv_v"], pk["kv_valid"],
+                                    k.shape[3] + cfg.num_action_tokens)  # fmt: skip
+        return PrefillResult(cache, pk["last_hidden"], pk["next_pos"])
+
+    @torch.no_grad()
+    def decode(self, pk: Packet) -> Packet:
+        ids = self.model.decode_tokens(self._restore(pk))
+        return Packet({"actions": self.model.tokens_to_actions(ids), "action_ids": ids})
+
+    @torch.no_grad()
+    def prefill_head(self, pk: Packet) -> Packet:
+        return Packet({"actions": self.model.parallel_head(self._prefill(pk))})
+
+    @torch.no_grad()
+    def denoise(self, pk: Packet) -> Packet:
+        state = pk["state"] if "state" in pk.tensors else None
+        if self.model.cfg.dit is not None:
+            b = pk["last_hidden"].shape[0]
+            pre = PrefillResult(None, pk["last_hidden"], torch.zeros(b, dtype=torch.long))
+        else:
+            pre = self._restore(pk)
+        return Packet({"actions": self.model.denoise(pre, noise=pk["noise"], state=state)})
+
+
+def _unbound(name: str):
+    def fn(_: Packet) -> Packet:
+        raise RuntimeError(f"stage {name!r} has no model bound; build the graph with a model")
+
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph
+
+
+def _param_split(cfg: VLAConfig) -> dict[str, int]:
+    """Parameters per component, counted on the meta device (no memory allocated)."""
+    with torch.device("meta"):
+        model = VLA(cfg)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    head = 0
+    for attr in ("action_head", "action_model", "action_expert"):
+        if hasattr(model, attr):
+            head = count(getattr(model, attr))
+    return {"vision": count(model.vision_backbone) + count(model.projector),
+            "llm": count(model.language_model), "head": head, "total": count(model)}  # fmt: skip
+
+
+def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = None) -> StageGraph:
+    """The stage DAG of ``cfg`` at workload ``w``; executable when ``model`` is given."""
+    w = w or Workload()
+    run = _Runner(model) if model is not None else None
+    fn = (lambda n: getattr(run, n)) if run is not None else _unbound
+    params = _param_split(cfg)
+    b, d = w.batch, cfg.llm.hidden_size
+    text = (
+        TensorSpec("text_ids", (b, w.text_tokens), "int64"),
+        TensorSpec("text_len", (b,), "int64"),
+    )
+    visual = TensorSpec("visual", (b, cfg.num_visual, d), w.dtype)
+    stages = [Stage("vision", fn("vision"), (_graph_inputs(cfg, w)[0],), (visual,),
+                    vision_cost(cfg, w, params["vision"]), params=params["vision"])]  # fmt: skip
+    if cfg.family == "parallel":
+        stages.append(Stage("prefill_head", fn("prefill_head"), (visual, *text), (_actions(cfg, w),),
+                            prefill_head_cost(cfg, w, params["head"]), ("vision",),
+                            params=params["llm"] + params["head"]))  # fmt: skip
+        return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
+    stages.append(Stage("prefill", fn("prefill"), (visual, *text), _prefill_out(cfg, w),
+                        prefill_cost(cfg, w), ("vision",), params=params["llm"]))  # fmt: skip
+    if cfg.family == "autoregressive":
+        out = (_actions(cfg, w), TensorSpec("action_ids", (b, cfg.num_action_tokens), "int64"))
+        stages.append(Stage("decode", fn("decode"), _prefill_out(cfg, w), out,
+                            decode_cost(cfg, w), ("prefill",), params=params["llm"]))  # fmt: skip
+    else:
+        noise = _graph_inputs(cfg, w)[3]
+        if cfg.family == "diffusion":
+            ins = (_prefill_out(cfg, w)[3], noise)
+        else:
+            ins = (*_prefill_out(cfg, w), noise, _graph_inputs(cfg, w)[4])
+        stages.append(Stage("denoise", fn("denoise"), ins, (_actions(cfg, w),),
+                            denoise_cost(cfg, w, params["head"]), ("prefill",),
+                            params=params["head"]))  # fmt: skip
+    return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
+
+
+def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, state=None):
+    """Pack one batch into the graph's input packet (right-padded ids + lengths)."""
+    b = len(text_ids)
+    longest = max(len(t) for t in text_ids)
+    ids = torch.zeros(b, longest, dtype=torch.long)
+    for r, t in enumerate(text_ids):
+        ids[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+    tensors = {"images": images if images.ndim == 5 else images[:, None], "text_ids": ids,
+               "text_len": torch.tensor([len(t) for t in text_ids], dtype=torch.long)}  # fmt: skip
+    if cfg.family in ("diffusion", "flow"):
+        tensors["noise"] = (
+            noise if noise is not None else torch.randn(b, cfg.horizon, cfg.action_dim)
+        )
+    if cfg.family == "flow":
+        tensors["state"] = state if state is not None else torch.zeros(b, cfg.flow.state_dim)
+    return Packet(tensors)
