@@ -93,9 +93,14 @@ transformers = pytest.importorskip("transformers")
 
 
 def _hf_llama(tmp_path):
-    cfg = transformers.LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2)  # fmt: skip
+    cfg = transformers.LlamaConfig(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     model.save_pretrained(tmp_path)
@@ -115,13 +120,19 @@ def test_transformers_llama_directory_loads_and_matches(tmp_path):
 def test_transformers_vision_directory_loads_and_matches(tmp_path, kind):
     torch.manual_seed(0)
     if kind == "siglip":
-        cfg = transformers.SiglipVisionConfig(image_size=32, patch_size=8, hidden_size=64,
-                                              num_hidden_layers=2, num_attention_heads=4,
-                                              intermediate_size=128)  # fmt: skip
+        cfg = transformers.SiglipVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+        )
         hf = transformers.SiglipVisionModel(cfg).eval()
     else:
-        cfg = transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=64,
-                                        num_hidden_layers=2, num_attention_heads=4)  # fmt: skip
+        cfg = transformers.Dinov2Config(
+            image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4
+        )
         hf = transformers.Dinov2Model(cfg).eval()
     hf.save_pretrained(tmp_path)
     got_kind, ours, _ = load_hf_module(tmp_path)

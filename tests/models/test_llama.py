@@ -11,22 +11,60 @@ from vlarun.models.token_plan import Decision, TokenPlan
 transformers = pytest.importorskip("transformers")
 
 SHAPES = {
-    "mha": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_layers=3,
-                       num_heads=4, num_kv_heads=4, max_positions=128),
-    "gqa": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=160, num_layers=3,
-                       num_heads=8, num_kv_heads=2, max_positions=128),
+    "mha": LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=160,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=4,
+        max_positions=128,
+    ),
+    "gqa": LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=160,
+        num_layers=3,
+        num_heads=8,
+        num_kv_heads=2,
+        max_positions=128,
+    ),
     "mqa-llama3-rope": LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-        num_kv_heads=1, max_positions=128, rope_theta=500000.0,
-        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32)),
-    "linear-rope": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128,
-                               num_layers=2, num_heads=4, num_kv_heads=2, max_positions=128,
-                               rope_scaling=RopeScaling("linear", 2.0)),
-    "gemma": LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
-                         num_heads=4, num_kv_heads=1, head_dim=32, max_positions=128,
-                         rms_norm_eps=1e-6, mlp_act="gelu_tanh", gemma_norm=True,
-                         tie_embeddings=True),
-}  # fmt: skip
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        max_positions=128,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32),
+    ),
+    "linear-rope": LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=128,
+        rope_scaling=RopeScaling("linear", 2.0),
+    ),
+    "gemma": LlamaConfig(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        max_positions=128,
+        rms_norm_eps=1e-6,
+        mlp_act="gelu_tanh",
+        gemma_norm=True,
+        tie_embeddings=True,
+    ),
+}
 
 
 def hf_model(cfg: LlamaConfig):
@@ -79,8 +117,10 @@ def test_prefill_then_decode_matches_full_forward(name):
         full = model(model.embed(ids)).hidden
         cache = model.new_cache(2, 64)
         pre = model(model.embed(ids[:, :12]), torch.arange(12), cache).hidden
-        steps = [model(model.embed(ids[:, p : p + 1]), torch.tensor([p]), cache).hidden
-                 for p in range(12, 20)]  # fmt: skip
+        steps = [
+            model(model.embed(ids[:, p : p + 1]), torch.tensor([p]), cache).hidden
+            for p in range(12, 20)
+        ]
         multi_cache = model.new_cache(2, 64)
         model(model.embed(ids[:, :12]), torch.arange(12), multi_cache)
         multi = model(model.embed(ids[:, 12:]), torch.arange(12, 20), multi_cache).hidden
@@ -134,8 +174,9 @@ def test_reuse_and_prune_plan_semantics():
         # Prune 4 tokens: the last token's output changes (they vanish from deep layers).
         decisions = torch.zeros(1, 12, dtype=torch.int8)
         decisions[0, 8:] = Decision.PRUNE
-        pruned = model(model.embed(ids), torch.arange(24), cache,
-                       plan=TokenPlan(vis.start, decisions, 1))  # fmt: skip
+        pruned = model(
+            model.embed(ids), torch.arange(24), cache, plan=TokenPlan(vis.start, decisions, 1)
+        )
         assert (pruned.hidden[:, -1] - first[:, -1]).abs().max().item() > 1e-4
         assert not cache.valid[2:, 0, 10:14].any() and cache.valid[:2, 0, 10:14].all()
 
@@ -145,8 +186,12 @@ def test_reuse_without_cache_is_refused():
     ids = torch.randint(0, 97, (1, 16))
     decisions = torch.full((1, 8), int(Decision.REUSE), dtype=torch.int8)
     with pytest.raises(ValueError, match="no cached K/V"):
-        model(model.embed(ids), torch.arange(16), model.new_cache(1, 32),
-              plan=TokenPlan(1, decisions, 0))  # fmt: skip
+        model(
+            model.embed(ids),
+            torch.arange(16),
+            model.new_cache(1, 32),
+            plan=TokenPlan(1, decisions, 0),
+        )
 
 
 def test_probe_matches_explicit_attention():
@@ -170,8 +215,11 @@ def test_skip_layers_equals_model_without_them():
     with torch.no_grad():
         skipped = model(model.embed(ids), skip_layers=frozenset({1})).hidden
         fewer_model = LlamaLM(dataclasses.replace(model.cfg, num_layers=2)).eval()
-        state = {k.replace("layers.2.", "layers.1."): v for k, v in model.state_dict().items()
-                 if "layers.1." not in k}  # fmt: skip
+        state = {
+            k.replace("layers.2.", "layers.1."): v
+            for k, v in model.state_dict().items()
+            if "layers.1." not in k
+        }
         fewer_model.load_state_dict(state)
         fewer = fewer_model(fewer_model.embed(ids)).hidden
     assert (skipped - fewer).abs().max().item() <= 1e-6

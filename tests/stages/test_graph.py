@@ -18,8 +18,9 @@ def test_graph_run_equals_direct_call(name):
     images = torch.rand(2, 3, cfg.image_size, cfg.image_size)
     ids = [[11, 12, 13, 14, 15], [21, 22, 23]]
     packet = graph_inputs(cfg, images, ids)
-    direct = model.act(images, ids, noise=packet.tensors.get("noise"),
-                       state=packet.tensors.get("state"))  # fmt: skip
+    direct = model.act(
+        images, ids, noise=packet.tensors.get("noise"), state=packet.tensors.get("state")
+    )
     graph = build_graph(cfg, model, Workload(batch=2, text_tokens=5, dtype="float32"))
     run = graph.run(packet, serialize=True)
     assert torch.equal(run.outputs["actions"], direct), (

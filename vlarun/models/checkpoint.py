@@ -26,8 +26,13 @@ from vlarun import config as cfgio
 from vlarun.models.heads import NormStats
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.presets import openvla_7b
-from vlarun.models.vit import ViTConfig, ViTEncoder, canonical_hf_state_dict
-from vlarun.models.vit import hf_to_timm_vit, timm_to_hf_vit
+from vlarun.models.vit import (
+    ViTConfig,
+    ViTEncoder,
+    canonical_hf_state_dict,
+    hf_to_timm_vit,
+    timm_to_hf_vit,
+)
 from vlarun.models.vla import VLA, VLAConfig
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -103,8 +108,11 @@ def load_checked(module: nn.Module, state: dict[str, Tensor], what: str) -> None
     }
     missing = sorted(set(own) - set(state) - tied)
     unexpected = sorted(set(state) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]  # fmt: skip
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state))
+        if state[k].shape != own[k].shape
+    ]
     problems = []
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)):
         if keys:
@@ -178,8 +186,11 @@ def save_vla(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         save_file(vla_state_to_prismatic(model), tmp / WEIGHTS, metadata={"format": "pt"})
-        config = {"model_type": "vlarun", "vla": cfgio.to_dict(model.cfg),
-                  "torch_dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+        config = {
+            "model_type": "vlarun",
+            "vla": cfgio.to_dict(model.cfg),
+            "torch_dtype": str(model.dtype).removeprefix("torch."),
+        }
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if norm_stats is not None:
             (tmp / STATS).write_text(json.dumps(norm_stats, indent=1))
@@ -209,8 +220,10 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
         vocab = config.get("text_config", {}).get("vocab_size", base.llm.vocab_size)
         pad = config.get("pad_to_multiple_of", 64)
         llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
-        return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {
-            "llm": cfgio.to_dict(llm), "action_vocab_size": vocab - pad})  # fmt: skip
+        return cfgio.from_dict(
+            VLAConfig,
+            cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm), "action_vocab_size": vocab - pad},
+        )
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
         "(expected model_type 'vlarun' or 'openvla')"
@@ -242,8 +255,15 @@ def select_norm_stats(stats: dict, unnorm_key: str | None = None) -> NormStats |
 # ---------------------------------------------------------------------------------------------
 # Plain transformers checkpoints (Llama / Gemma / SigLIP / DINOv2)
 
-HF_KINDS = ("llama", "gemma", "mistral", "siglip", "siglip_vision_model", "dinov2",
-            "dinov2_with_registers")  # fmt: skip
+HF_KINDS = (
+    "llama",
+    "gemma",
+    "mistral",
+    "siglip",
+    "siglip_vision_model",
+    "dinov2",
+    "dinov2_with_registers",
+)
 
 
 def vit_config_from_hf(config: dict) -> ViTConfig:
@@ -253,24 +273,32 @@ def vit_config_from_hf(config: dict) -> ViTConfig:
         kind = "siglip_vision_model"
     if kind == "siglip_vision_model":
         return ViTConfig(
-            kind="siglip", image_size=config["image_size"], patch_size=config["patch_size"],
-            hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+            kind="siglip",
+            image_size=config["image_size"],
+            patch_size=config["patch_size"],
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_hidden_layers"],
             num_heads=config["num_attention_heads"],
             intermediate_size=config["intermediate_size"],
-            layer_norm_eps=config.get("layer_norm_eps", 1e-6), feature_layer=-1,
+            layer_norm_eps=config.get("layer_norm_eps", 1e-6),
+            feature_layer=-1,
             gelu_approximate="tanh" if "tanh" in config.get("hidden_act", "tanh") else "none",
-        )  # fmt: skip
+        )
     if config.get("use_swiglu_ffn"):
         raise CheckpointError("DINOv2 with a SwiGLU MLP (giant) is not supported")
     hidden = config["hidden_size"]
     return ViTConfig(
-        kind="dinov2", image_size=config["image_size"], patch_size=config["patch_size"],
-        hidden_size=hidden, num_layers=config["num_hidden_layers"],
+        kind="dinov2",
+        image_size=config["image_size"],
+        patch_size=config["patch_size"],
+        hidden_size=hidden,
+        num_layers=config["num_hidden_layers"],
         num_heads=config["num_attention_heads"],
         intermediate_size=int(hidden * config.get("mlp_ratio", 4)),
         layer_norm_eps=config.get("layer_norm_eps", 1e-6),
-        num_registers=config.get("num_register_tokens", 0), feature_layer=-1,
-    )  # fmt: skip
+        num_registers=config.get("num_register_tokens", 0),
+        feature_layer=-1,
+    )
 
 
 def load_hf_module(directory: str | Path) -> tuple[str, nn.Module, dict]:

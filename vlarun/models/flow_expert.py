@@ -41,8 +41,11 @@ class FlowExpertConfig:
 
     def check_compatible(self, vlm: LlamaConfig) -> None:
         e = self.expert
-        pairs = {"num_layers": (e.num_layers, vlm.num_layers),
-                 "num_kv_heads": (e.num_kv_heads, vlm.num_kv_heads), "head_dim": (e.hd, vlm.hd)}  # fmt: skip
+        pairs = {
+            "num_layers": (e.num_layers, vlm.num_layers),
+            "num_kv_heads": (e.num_kv_heads, vlm.num_kv_heads),
+            "head_dim": (e.hd, vlm.hd),
+        }
         bad = {k: v for k, v in pairs.items() if v[0] != v[1]}
         if bad:
             raise ValueError(

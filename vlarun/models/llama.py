@@ -226,8 +226,11 @@ class KVCache:
 
     def export(self, length: int) -> tuple[Tensor, Tensor, Tensor]:
         """The first ``length`` slots as dense tensors (k, v, valid), e.g. for a packet."""
-        return (self.k[:, :, :, :length].contiguous(), self.v[:, :, :, :length].contiguous(),
-                self.valid[:, :, :length].contiguous())  # fmt: skip
+        return (
+            self.k[:, :, :, :length].contiguous(),
+            self.v[:, :, :, :length].contiguous(),
+            self.valid[:, :, :length].contiguous(),
+        )
 
     @classmethod
     def from_export(
@@ -594,8 +597,9 @@ class _Context:
         prefix_len = prefix.filled_length() if prefix is not None else 0
         kv_len = int(pos_bt.max()) + 1 if cache is not None else t
         cos, sin = _rope(model, positions)
-        return cls(model, cos, sin, pos_bt, local, pad, hide_future, cache, prefix, prefix_len,
-                   kv_len)  # fmt: skip
+        return cls(
+            model, cos, sin, pos_bt, local, pad, hide_future, cache, prefix, prefix_len, kv_len
+        )
 
     def _build_mask(self, layer: int) -> Tensor:
         """(B, 1, T, S) visibility of [prefix keys | cached or own keys] for each query."""
@@ -642,9 +646,19 @@ class _Context:
         pos = self.positions_bt.gather(1, index)
         cos, sin = _rope(self.model, pos)
         local = self.local[rows, index[:, :, None], index[:, None, :]]
-        return _Context(self.model, cos, sin, pos, local, self.pad.gather(1, index),
-                        self.hide_future, self.cache, self.prefix, self.prefix_len,
-                        self.kv_len)  # fmt: skip
+        return _Context(
+            self.model,
+            cos,
+            sin,
+            pos,
+            local,
+            self.pad.gather(1, index),
+            self.hide_future,
+            self.cache,
+            self.prefix,
+            self.prefix_len,
+            self.kv_len,
+        )
 
 
 def _rope(model: LlamaLM, positions: Tensor) -> tuple[Tensor, Tensor]:

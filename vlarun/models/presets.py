@@ -19,102 +19,209 @@ from vlarun.models.vla import VLAConfig
 
 LLAMA2_7B = LlamaConfig(
     vocab_size=32064,  # OpenVLA pads Llama-2's 32000 to a multiple of 64
-    hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32, num_kv_heads=32,
-    rms_norm_eps=1e-6, max_positions=2048,
-)  # fmt: skip
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=32,
+    rms_norm_eps=1e-6,
+    max_positions=2048,
+)
 GEMMA_2B = LlamaConfig(
-    vocab_size=257152, hidden_size=2048, intermediate_size=16384, num_layers=18, num_heads=8,
-    num_kv_heads=1, head_dim=256, rms_norm_eps=1e-6, max_positions=8192, mlp_act="gelu_tanh",
-    gemma_norm=True, tie_embeddings=True,
-)  # fmt: skip
-GEMMA_300M_EXPERT = LlamaConfig(
-    vocab_size=1, hidden_size=1024, intermediate_size=4096, num_layers=18, num_heads=8,
-    num_kv_heads=1, head_dim=256, rms_norm_eps=1e-6, max_positions=8192, mlp_act="gelu_tanh",
-    gemma_norm=True, tie_embeddings=True,
-)  # fmt: skip
-SMOLVLM2_TEXT_16 = LlamaConfig(  # SmolVLM2-500M text model, first 16 of 32 layers kept
-    vocab_size=49280, hidden_size=960, intermediate_size=2560, num_layers=16, num_heads=15,
-    num_kv_heads=5, rms_norm_eps=1e-5, rope_theta=100000.0, max_positions=8192,
+    vocab_size=257152,
+    hidden_size=2048,
+    intermediate_size=16384,
+    num_layers=18,
+    num_heads=8,
+    num_kv_heads=1,
+    head_dim=256,
+    rms_norm_eps=1e-6,
+    max_positions=8192,
+    mlp_act="gelu_tanh",
+    gemma_norm=True,
     tie_embeddings=True,
-)  # fmt: skip
+)
+GEMMA_300M_EXPERT = LlamaConfig(
+    vocab_size=1,
+    hidden_size=1024,
+    intermediate_size=4096,
+    num_layers=18,
+    num_heads=8,
+    num_kv_heads=1,
+    head_dim=256,
+    rms_norm_eps=1e-6,
+    max_positions=8192,
+    mlp_act="gelu_tanh",
+    gemma_norm=True,
+    tie_embeddings=True,
+)
+SMOLVLM2_TEXT_16 = LlamaConfig(  # SmolVLM2-500M text model, first 16 of 32 layers kept
+    vocab_size=49280,
+    hidden_size=960,
+    intermediate_size=2560,
+    num_layers=16,
+    num_heads=15,
+    num_kv_heads=5,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_positions=8192,
+    tie_embeddings=True,
+)
 SMOLVLA_EXPERT = LlamaConfig(  # 0.75 x width; same layers/KV heads/head_dim as the VLM
-    vocab_size=1, hidden_size=720, intermediate_size=2048, num_layers=16, num_heads=15,
-    num_kv_heads=5, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0, max_positions=8192,
-)  # fmt: skip
+    vocab_size=1,
+    hidden_size=720,
+    intermediate_size=2048,
+    num_layers=16,
+    num_heads=15,
+    num_kv_heads=5,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_positions=8192,
+)
 
 
 def _openvla(name: str, family: str, **kw) -> VLAConfig:
     return VLAConfig(
-        name=name, family=family, llm=LLAMA2_7B, vision=openvla_vision_configs(224),
-        connector="fused-mlp", action_dim=7, action_vocab_size=32000, **kw,
-    )  # fmt: skip
+        name=name,
+        family=family,
+        llm=LLAMA2_7B,
+        vision=openvla_vision_configs(224),
+        connector="fused-mlp",
+        action_dim=7,
+        action_vocab_size=32000,
+        **kw,
+    )
 
 
 def openvla_7b() -> VLAConfig:
-    return _openvla("openvla-7b", "autoregressive", chunk=1,
-                    notes="Prismatic-7B: DINOv2-L/14 + SigLIP-So400m/14 at 224 px, Llama-2-7B")  # fmt: skip
+    return _openvla(
+        "openvla-7b",
+        "autoregressive",
+        chunk=1,
+        notes="Prismatic-7B: DINOv2-L/14 + SigLIP-So400m/14 at 224 px, Llama-2-7B",
+    )
 
 
 def openvla_oft() -> VLAConfig:
     oft = OFTHeadConfig(llm_dim=4096, action_dim=7, chunk=8, hidden_dim=4096, num_blocks=2)
-    return _openvla("openvla-oft", "parallel", chunk=8, num_images=2, oft=oft,
-                    notes="LIBERO setting: 2 images (512 visual tokens), chunk 8; proprio "
-                          "token not modelled")  # fmt: skip
+    return _openvla(
+        "openvla-oft",
+        "parallel",
+        chunk=8,
+        num_images=2,
+        oft=oft,
+        notes="LIBERO setting: 2 images (512 visual tokens), chunk 8; proprio token not modelled",
+    )
 
 
 def cogact() -> VLAConfig:
     dit = DiTConfig.cogact("DiT-B", cond_dim=4096, action_dim=7, future_steps=15)
-    return _openvla("cogact", "diffusion", chunk=16, dit=dit,
-                    notes="Prismatic-7B + DiT-Base action module, 10 DDIM steps")  # fmt: skip
+    return _openvla(
+        "cogact",
+        "diffusion",
+        chunk=16,
+        dit=dit,
+        notes="Prismatic-7B + DiT-Base action module, 10 DDIM steps",
+    )
 
 
 def pi0() -> VLAConfig:
     siglip = ViTConfig.siglip_so400m(224)
-    flow = FlowExpertConfig(GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=32,
-                            num_steps=10)  # fmt: skip
+    flow = FlowExpertConfig(
+        GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=32, num_steps=10
+    )
     return VLAConfig(
-        name="pi0", family="flow", llm=GEMMA_2B, vision=(siglip,), connector="linear",
-        num_images=3, action_dim=32, chunk=50, max_text_tokens=48, prefix_causal=False,
-        flow=flow, notes="PaliGemma-3B (SigLIP So400m/14 + Gemma-2B), 3 cameras, 300M expert",
-    )  # fmt: skip
+        name="pi0",
+        family="flow",
+        llm=GEMMA_2B,
+        vision=(siglip,),
+        connector="linear",
+        num_images=3,
+        action_dim=32,
+        chunk=50,
+        max_text_tokens=48,
+        prefix_causal=False,
+        flow=flow,
+        notes="PaliGemma-3B (SigLIP So400m/14 + Gemma-2B), 3 cameras, 300M expert",
+    )
 
 
 def smolvla() -> VLAConfig:
-    siglip = ViTConfig(kind="siglip", image_size=512, patch_size=16, hidden_size=768,
-                       num_layers=12, num_heads=12, intermediate_size=3072, feature_layer=-1)  # fmt: skip
-    flow = FlowExpertConfig(SMOLVLA_EXPERT, action_dim=32, horizon=50, state_dim=32,
-                            num_steps=10)  # fmt: skip
+    siglip = ViTConfig(
+        kind="siglip",
+        image_size=512,
+        patch_size=16,
+        hidden_size=768,
+        num_layers=12,
+        num_heads=12,
+        intermediate_size=3072,
+        feature_layer=-1,
+    )
+    flow = FlowExpertConfig(SMOLVLA_EXPERT, action_dim=32, horizon=50, state_dim=32, num_steps=10)
     return VLAConfig(
-        name="smolvla", family="flow", llm=SMOLVLM2_TEXT_16, vision=(siglip,),
-        connector="pixel-shuffle", pixel_shuffle=4, num_images=1, action_dim=32, chunk=50,
-        max_text_tokens=48, prefix_causal=False, flow=flow,
+        name="smolvla",
+        family="flow",
+        llm=SMOLVLM2_TEXT_16,
+        vision=(siglip,),
+        connector="pixel-shuffle",
+        pixel_shuffle=4,
+        num_images=1,
+        action_dim=32,
+        chunk=50,
+        max_text_tokens=48,
+        prefix_causal=False,
+        flow=flow,
         notes="SmolVLM2-500M (16 of 32 text layers); expert attends to the prefix KV in every "
-              "layer (SmolVLA interleaves cross- and self-attention: an approximation)",
-    )  # fmt: skip
+        "layer (SmolVLA interleaves cross- and self-attention: an approximation)",
+    )
 
 
 # -- tiny presets: same families and code paths, shapes that run in milliseconds ----------------
 
 TINY_IMAGE = 64
 TINY_VOCAB = 1024  # room for 259 byte ids and 256 action bins
+TINY_TEXT = 128  # byte-level prompts: the OpenVLA template alone is ~50 bytes
 
 
 def _tiny_llm(**kw) -> LlamaConfig:
-    base = dict(vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=384, num_layers=4,
-                num_heads=4, num_kv_heads=2, max_positions=512)  # fmt: skip
+    base = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=512,
+    )
     return LlamaConfig(**(base | kw))
 
 
 def _tiny_vit(kind: str, **kw) -> ViTConfig:
-    base = dict(kind=kind, image_size=TINY_IMAGE, patch_size=8, hidden_size=64, num_layers=3,
-                num_heads=4, intermediate_size=128)  # fmt: skip
+    base = dict(
+        kind=kind,
+        image_size=TINY_IMAGE,
+        patch_size=8,
+        hidden_size=64,
+        num_layers=3,
+        num_heads=4,
+        intermediate_size=128,
+    )
     return ViTConfig(**(base | kw))
 
 
 def _tiny_openvla(name: str, family: str, **kw) -> VLAConfig:
     vision = (_tiny_vit("dinov2", num_registers=4), _tiny_vit("siglip"))
-    return VLAConfig(name=name, family=family, llm=_tiny_llm(), vision=vision,
-                     connector="fused-mlp", action_dim=7, max_text_tokens=48, **kw)  # fmt: skip
+    return VLAConfig(
+        name=name,
+        family=family,
+        llm=_tiny_llm(),
+        vision=vision,
+        connector="fused-mlp",
+        action_dim=7,
+        max_text_tokens=TINY_TEXT,
+        **kw,
+    )
 
 
 def tiny_openvla() -> VLAConfig:
@@ -127,32 +234,78 @@ def tiny_oft() -> VLAConfig:
 
 
 def tiny_cogact() -> VLAConfig:
-    dit = DiTConfig(cond_dim=128, action_dim=7, horizon=8, hidden_size=64, num_layers=2,
-                    num_heads=4, ddim_steps=10)  # fmt: skip
+    dit = DiTConfig(
+        cond_dim=128,
+        action_dim=7,
+        horizon=8,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        ddim_steps=10,
+    )
     return _tiny_openvla("tiny-cogact", "diffusion", chunk=8, dit=dit)
 
 
 def tiny_pi0() -> VLAConfig:
-    llm = _tiny_llm(num_kv_heads=1, head_dim=64, mlp_act="gelu_tanh", gemma_norm=True,
-                    tie_embeddings=True, rms_norm_eps=1e-6)  # fmt: skip
-    expert = _tiny_llm(vocab_size=1, hidden_size=64, intermediate_size=128, num_kv_heads=1,
-                       head_dim=64, mlp_act="gelu_tanh", gemma_norm=True, tie_embeddings=True,
-                       rms_norm_eps=1e-6)  # fmt: skip
+    llm = _tiny_llm(
+        num_kv_heads=1,
+        head_dim=64,
+        mlp_act="gelu_tanh",
+        gemma_norm=True,
+        tie_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
+    expert = _tiny_llm(
+        vocab_size=1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_kv_heads=1,
+        head_dim=64,
+        mlp_act="gelu_tanh",
+        gemma_norm=True,
+        tie_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
     flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=8, num_steps=10)
-    return VLAConfig(name="tiny-pi0", family="flow", llm=llm, vision=(_tiny_vit("siglip"),),
-                     connector="linear", action_dim=7, chunk=8, prefix_causal=False,
-                     flow=flow)  # fmt: skip
+    return VLAConfig(
+        name="tiny-pi0",
+        family="flow",
+        llm=llm,
+        vision=(_tiny_vit("siglip"),),
+        connector="linear",
+        action_dim=7,
+        chunk=8,
+        prefix_causal=False,
+        max_text_tokens=TINY_TEXT,
+        flow=flow,
+    )
 
 
 def tiny_smolvla() -> VLAConfig:
     llm = _tiny_llm(hidden_size=96, num_heads=3, num_kv_heads=1, intermediate_size=256)
-    expert = _tiny_llm(vocab_size=1, hidden_size=72, num_heads=3, num_kv_heads=1, head_dim=32,
-                       intermediate_size=192)  # fmt: skip
+    expert = _tiny_llm(
+        vocab_size=1,
+        hidden_size=72,
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=192,
+    )
     flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=8, num_steps=10)
     vit = _tiny_vit("siglip", feature_layer=-1)
-    return VLAConfig(name="tiny-smolvla", family="flow", llm=llm, vision=(vit,),
-                     connector="pixel-shuffle", pixel_shuffle=2, action_dim=7, chunk=8,
-                     prefix_causal=False, flow=flow)  # fmt: skip
+    return VLAConfig(
+        name="tiny-smolvla",
+        family="flow",
+        llm=llm,
+        vision=(vit,),
+        connector="pixel-shuffle",
+        pixel_shuffle=2,
+        action_dim=7,
+        chunk=8,
+        max_text_tokens=TINY_TEXT,
+        prefix_causal=False,
+        flow=flow,
+    )
 
 
 PRESETS: dict[str, Callable[[], VLAConfig]] = {

@@ -266,9 +266,14 @@ class VLA(nn.Module):
         else:
             cache.invalidate_from(p)  # last step's action tokens
         out = self.language_model(
-            prefix.embeds, torch.arange(p, device=prefix.embeds.device), cache,
-            causal=self.cfg.prefix_causal, pad_mask=prefix.pad, plan=plan, probe=probe,
-        )  # fmt: skip
+            prefix.embeds,
+            torch.arange(p, device=prefix.embeds.device),
+            cache,
+            causal=self.cfg.prefix_causal,
+            pad_mask=prefix.pad,
+            plan=plan,
+            probe=probe,
+        )
         last_rows = _output_rows(out, prefix.last)
         last_hidden = out.hidden[torch.arange(b), last_rows]
         return PrefillResult(cache, last_hidden, prefix.last + 1, out)
@@ -313,7 +318,7 @@ class VLA(nn.Module):
             state = torch.zeros(b, self.cfg.flow.state_dim, device=pre.last_hidden.device)
         return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos)
 
-    # -- everything at once -------------------------------------------------------------------------
+    # -- everything at once ---------------------------------------------------------------------
 
     @torch.no_grad()
     def act(

@@ -48,9 +48,11 @@ def prefix_len(cfg: VLAConfig, w: Workload) -> int:
 
 def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
     b, s = w.batch, cfg.image_size
-    specs = [TensorSpec("images", (b, cfg.num_images, 3, s, s), "float32"),
-             TensorSpec("text_ids", (b, w.text_tokens), "int64"),
-             TensorSpec("text_len", (b,), "int64")]  # fmt: skip
+    specs = [
+        TensorSpec("images", (b, cfg.num_images, 3, s, s), "float32"),
+        TensorSpec("text_ids", (b, w.text_tokens), "int64"),
+        TensorSpec("text_len", (b,), "int64"),
+    ]
     if cfg.family in ("diffusion", "flow"):
         specs.append(TensorSpec("noise", (b, cfg.horizon, cfg.action_dim), "float32"))
     if cfg.family == "flow":
@@ -61,13 +63,19 @@ def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
 def _kv_specs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
     llm, p = cfg.llm, prefix_len(cfg, w)
     shape = (llm.num_layers, w.batch, llm.num_kv_heads, p, llm.hd)
-    return (TensorSpec("kv_k", shape, w.dtype), TensorSpec("kv_v", shape, w.dtype),
-            TensorSpec("kv_valid", (llm.num_layers, w.batch, p), "bool"))  # fmt: skip
+    return (
+        TensorSpec("kv_k", shape, w.dtype),
+        TensorSpec("kv_v", shape, w.dtype),
+        TensorSpec("kv_valid", (llm.num_layers, w.batch, p), "bool"),
+    )
 
 
 def _prefill_out(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
-    return (*_kv_specs(cfg, w), TensorSpec("last_hidden", (w.batch, cfg.llm.hidden_size), w.dtype),
-            TensorSpec("next_pos", (w.batch,), "int64"))  # fmt: skip
+    return (
+        *_kv_specs(cfg, w),
+        TensorSpec("last_hidden", (w.batch, cfg.llm.hidden_size), w.dtype),
+        TensorSpec("next_pos", (w.batch,), "int64"),
+    )
 
 
 def _actions(cfg: VLAConfig, w: Workload) -> TensorSpec:
@@ -173,14 +181,22 @@ class _Runner:
     def prefill(self, pk: Packet) -> Packet:
         pre = self._prefill(pk)
         k, v, valid = pre.cache.export(pre.cache.max_len - self.model.cfg.num_action_tokens)
-        return Packet({"kv_k": k, "kv_v": v, "kv_valid": valid, "last_hidden": pre.last_hidden,
-                       "next_pos": pre.next_pos})  # fmt: skip
+        return Packet(
+            {
+                "kv_k": k,
+                "kv_v": v,
+                "kv_valid": valid,
+                "last_hidden": pre.last_hidden,
+                "next_pos": pre.next_pos,
+            }
+        )
 
     def _restore(self, pk: Packet) -> PrefillResult:
         cfg = self.model.cfg
         k = pk["kv_k"]
-        cache = KVCache.from_export(cfg.llm, k, pk["kv_v"], pk["kv_valid"],
-                                    k.shape[3] + cfg.num_action_tokens)  # fmt: skip
+        cache = KVCache.from_export(
+            cfg.llm, k, pk["kv_v"], pk["kv_valid"], k.shape[3] + cfg.num_action_tokens
+        )
         return PrefillResult(cache, pk["last_hidden"], pk["next_pos"])
 
     @torch.no_grad()
@@ -214,7 +230,7 @@ def _unbound(name: str):
 # The graph
 
 
-def _param_split(cfg: VLAConfig) -> dict[str, int]:
+def param_split(cfg: VLAConfig) -> dict[str, int]:
     """Parameters per component, counted on the meta device (no memory allocated)."""
     with torch.device("meta"):
         model = VLA(cfg)
@@ -223,8 +239,12 @@ def _param_split(cfg: VLAConfig) -> dict[str, int]:
     for attr in ("action_head", "action_model", "action_expert"):
         if hasattr(model, attr):
             head = count(getattr(model, attr))
-    return {"vision": count(model.vision_backbone) + count(model.projector),
-            "llm": count(model.language_model), "head": head, "total": count(model)}  # fmt: skip
+    return {
+        "vision": count(model.vision_backbone) + count(model.projector),
+        "llm": count(model.language_model),
+        "head": head,
+        "total": count(model),
+    }
 
 
 def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = None) -> StageGraph:
@@ -232,35 +252,77 @@ def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = N
     w = w or Workload()
     run = _Runner(model) if model is not None else None
     fn = (lambda n: getattr(run, n)) if run is not None else _unbound
-    params = _param_split(cfg)
+    params = param_split(cfg)
     b, d = w.batch, cfg.llm.hidden_size
     text = (
         TensorSpec("text_ids", (b, w.text_tokens), "int64"),
         TensorSpec("text_len", (b,), "int64"),
     )
     visual = TensorSpec("visual", (b, cfg.num_visual, d), w.dtype)
-    stages = [Stage("vision", fn("vision"), (_graph_inputs(cfg, w)[0],), (visual,),
-                    vision_cost(cfg, w, params["vision"]), params=params["vision"])]  # fmt: skip
+    stages = [
+        Stage(
+            "vision",
+            fn("vision"),
+            (_graph_inputs(cfg, w)[0],),
+            (visual,),
+            vision_cost(cfg, w, params["vision"]),
+            params=params["vision"],
+        )
+    ]
     if cfg.family == "parallel":
-        stages.append(Stage("prefill_head", fn("prefill_head"), (visual, *text), (_actions(cfg, w),),
-                            prefill_head_cost(cfg, w, params["head"]), ("vision",),
-                            params=params["llm"] + params["head"]))  # fmt: skip
+        stages.append(
+            Stage(
+                "prefill_head",
+                fn("prefill_head"),
+                (visual, *text),
+                (_actions(cfg, w),),
+                prefill_head_cost(cfg, w, params["head"]),
+                ("vision",),
+                params=params["llm"] + params["head"],
+            )
+        )
         return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
-    stages.append(Stage("prefill", fn("prefill"), (visual, *text), _prefill_out(cfg, w),
-                        prefill_cost(cfg, w), ("vision",), params=params["llm"]))  # fmt: skip
+    stages.append(
+        Stage(
+            "prefill",
+            fn("prefill"),
+            (visual, *text),
+            _prefill_out(cfg, w),
+            prefill_cost(cfg, w),
+            ("vision",),
+            params=params["llm"],
+        )
+    )
     if cfg.family == "autoregressive":
         out = (_actions(cfg, w), TensorSpec("action_ids", (b, cfg.num_action_tokens), "int64"))
-        stages.append(Stage("decode", fn("decode"), _prefill_out(cfg, w), out,
-                            decode_cost(cfg, w), ("prefill",), params=params["llm"]))  # fmt: skip
+        stages.append(
+            Stage(
+                "decode",
+                fn("decode"),
+                _prefill_out(cfg, w),
+                out,
+                decode_cost(cfg, w),
+                ("prefill",),
+                params=params["llm"],
+            )
+        )
     else:
         noise = _graph_inputs(cfg, w)[3]
         if cfg.family == "diffusion":
             ins = (_prefill_out(cfg, w)[3], noise)
         else:
             ins = (*_prefill_out(cfg, w), noise, _graph_inputs(cfg, w)[4])
-        stages.append(Stage("denoise", fn("denoise"), ins, (_actions(cfg, w),),
-                            denoise_cost(cfg, w, params["head"]), ("prefill",),
-                            params=params["head"]))  # fmt: skip
+        stages.append(
+            Stage(
+                "denoise",
+                fn("denoise"),
+                ins,
+                (_actions(cfg, w),),
+                denoise_cost(cfg, w, params["head"]),
+                ("prefill",),
+                params=params["head"],
+            )
+        )
     return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
 
 
@@ -271,8 +333,11 @@ def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, 
     ids = torch.zeros(b, longest, dtype=torch.long)
     for r, t in enumerate(text_ids):
         ids[r, : len(t)] = torch.tensor(t, dtype=torch.long)
-    tensors = {"images": images if images.ndim == 5 else images[:, None], "text_ids": ids,
-               "text_len": torch.tensor([len(t) for t in text_ids], dtype=torch.long)}  # fmt: skip
+    tensors = {
+        "images": images if images.ndim == 5 else images[:, None],
+        "text_ids": ids,
+        "text_len": torch.tensor([len(t) for t in text_ids], dtype=torch.long),
+    }
     if cfg.family in ("diffusion", "flow"):
         tensors["noise"] = (
             noise if noise is not None else torch.randn(b, cfg.horizon, cfg.action_dim)

@@ -1,0 +1,126 @@
+"""The command line: JSON contracts and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlarun.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = str(ROOT / "assets" / "demo_64.png")
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_info_openvla_7b_size_and_prefill_flops(capsys):
+    r = run_json(capsys, "info", "openvla-7b")
+    assert 7.4e9 < r["params"] < 7.6e9
+    assert [s["name"] for s in r["stages"]] == ["vision", "prefill", "decode"]
+    assert all(s["flops"] > 0 and s["bytes"] > 0 for s in r["stages"])
+    assert 0.95 <= r["prefill_flops_vs_2_llm_params_tokens"] <= 1.05
+
+
+@pytest.mark.parametrize(
+    "preset,stages",
+    [("pi0", ["vision", "prefill", "denoise"]), ("openvla-oft", ["vision", "prefill_head"])],
+)
+def test_info_other_families(capsys, preset, stages):
+    r = run_json(capsys, "info", preset)
+    assert [s["name"] for s in r["stages"]] == stages
+
+
+@pytest.mark.parametrize("preset", ["tiny-openvla", "tiny-cogact"])
+def test_act_prints_actions_and_stage_latency(capsys, preset):
+    r = run_json(
+        capsys,
+        "act",
+        "--preset",
+        preset,
+        "--image",
+        DEMO,
+        "--instruction",
+        "open the drawer",
+        "--repeats",
+        "1",
+    )
+    assert np.asarray(r["actions"]).shape[1] == 7
+    assert [s["name"] for s in r["stages"]][0] == "vision"
+    assert all(s["median_ms"] > 0 for s in r["stages"])
+
+
+def _one_line_error(capsys, argv, needle):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_bad_inputs_fail_with_one_clear_line(capsys, tmp_path):
+    _one_line_error(capsys, ["info", "nope"], "valid presets: openvla-7b")
+    big = tmp_path / "big.png"
+    Image.fromarray(np.zeros((100, 80, 3), np.uint8)).save(big)
+    _one_line_error(capsys, ["act", "--image", str(big), "--instruction", "x"], "expects 1x64x64x3")
+    npy = tmp_path / "f.npy"
+    np.save(npy, np.zeros((64, 64, 3), np.float32))
+    _one_line_error(capsys, ["act", "--image", str(npy), "--instruction", "x"], "uint8")
+    _one_line_error(capsys, ["act", "--image", DEMO, "--instruction", "go " * 100], "allows 128")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    _one_line_error(
+        capsys,
+        ["act", "--image", DEMO, "--instruction", "x", "--checkpoint", str(tmp_path)],
+        "'bert' model",
+    )
+    _one_line_error(
+        capsys,
+        ["act", "--image", str(tmp_path / "none.png"), "--instruction", "x"],
+        "does not exist",
+    )
+
+
+def test_resize_flag_accepts_other_sizes(capsys, tmp_path):
+    big = tmp_path / "big.png"
+    Image.fromarray(np.zeros((100, 80, 3), np.uint8)).save(big)
+    r = run_json(
+        capsys, "act", "--image", str(big), "--instruction", "x", "--resize", "--repeats", "1"
+    )
+    assert len(r["actions"]) == 1
+
+
+def test_console_script_runs():
+    out = subprocess.run(
+        [sys.executable, "-m", "vlarun.cli", "info", "tiny-pi0", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["family"] == "flow"
+
+
+def test_check_parity_json(capsys):
+    r = run_json(capsys, "check-parity")
+    assert r["ok"], [c for c in r["checks"] if not c["ok"]]
+    names = " ".join(c["name"] for c in r["checks"])
+    for needle in ("llama-mha", "llama-gqa", "siglip", "dinov2", "TokenPlan", "cached decode"):
+        assert needle in names
+
+
+def test_check_parity_on_a_save_pretrained_directory(capsys, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+    )
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    r = run_json(capsys, "check-parity", "--checkpoint", str(tmp_path))
+    assert r["ok"] and r["checks"][0]["max_abs_diff"] <= 1e-4

@@ -1,0 +1,471 @@
+"""Engine benchmark: vlarun's Llama decoder against ``transformers`` on identical weights.
+
+For each shape (a tiny Llama where fixed per-call overhead dominates, and a TinyLlama-sized 1.1B
+model where matmuls dominate) and dtype (bf16, fp32) it times, in the same process and with the
+same weight tensors shared by both models:
+
+* prefill: one forward over ~280 tokens at batch 1 (OpenVLA: 256 visual + ~24 text tokens) that
+  fills the KV cache and yields the last token's logits;
+* decode: 8 greedy one-token steps after that prefill, reported per token.
+
+transformers runs twice, with its default ``DynamicCache`` and with a ``StaticCache`` sized
+exactly to the sequence (its best case); the faster variant is the one vlarun is compared with,
+and it is named in the result. Repetitions rotate the order of the three runners so that the
+(shared, noisy) machine's slow spells hit all of them alike; warm-up repetitions are dropped and
+the median and p90 of the rest are reported. Greedy tokens of every runner are compared, so a
+speed-up can never come from computing something else.
+
+Prefill throughput is set against this machine's matmul peak for the dtype, measured in the same
+run (a 2048^3 matmul), because "fast" on CPU only means something relative to what the BLAS can do.
+
+Usage: ``python -m vlarun.bench.engine [--quick] [--json]`` (or ``vlarun bench engine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import inspect
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vlarun.models.llama import LlamaConfig, LlamaLM
+
+PREFILL_TOKENS = 280  # OpenVLA: 256 visual tokens + ~24 text tokens
+DECODE_TOKENS = 8
+CACHE_LEN = 512  # vlarun's preallocated cache; only the filled part is ever attended to
+SEED = 0
+
+SHAPES: dict[str, LlamaConfig] = {
+    # Tiny compute: measures per-call and per-layer overhead, not the BLAS.
+    "tiny": LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=768, num_layers=4,
+                        num_heads=8, num_kv_heads=2, max_positions=2048),
+    # TinyLlama-1.1B's shape: d 2048, 22 layers, 32 heads of 64, 4 KV heads, MLP 5632.
+    "1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22,
+                      num_heads=32, num_kv_heads=4, max_positions=2048),
+}  # fmt: skip
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which (shape, dtype) cases run and how many repetitions each gets."""
+
+    cases: tuple[tuple[str, str], ...]
+    repeats: dict[str, int]  # per shape: timed repetitions
+    warmup: dict[str, int]  # per shape: dropped repetitions
+
+
+def make_plan(quick: bool, shapes: Sequence[str] = ("tiny", "1b")) -> Plan:
+    """The full run takes a few minutes here; ``quick`` keeps only bf16 for the 1B shape (fp32
+    prefill of 1.1B params alone is ~3 s a repetition) and fewer repetitions (< ~2 minutes)."""
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise ValueError(f"unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    cases = []
+    for shape in shapes:
+        for dtype in DTYPES:
+            if quick and shape != "tiny" and dtype != "bf16":
+                continue
+            cases.append((shape, dtype))
+    if quick:
+        return Plan(tuple(cases), {"tiny": 10, "1b": 3}, {"tiny": 2, "1b": 1})
+    return Plan(tuple(cases), {"tiny": 30, "1b": 7}, {"tiny": 3, "1b": 1})
+
+
+# ----------------------------------------------------------------------------------------------
+# Models with shared weights
+
+
+@contextlib.contextmanager
+def _skip_init() -> Iterator[None]:
+    """Skip the random init of both models: we overwrite every weight anyway, and torch's and
+    HF's initialisers take ~45 s for 1.1B parameters on two cores."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers: just pay for the init
+        yield
+        return
+    with no_init_weights():
+        yield
+
+
+def build_pair(cfg: LlamaConfig, dtype: torch.dtype, seed: int = SEED) -> tuple[object, LlamaLM]:
+    """An HF ``LlamaForCausalLM`` and a vlarun ``LlamaLM`` that share the very same weight
+    tensors (random, std 0.02 like HF's init), both cast with ``.to(dtype)``."""
+    import transformers
+
+    hf_dict = {k: v for k, v in cfg.to_hf().items() if k not in ("model_type", "architectures")}
+    config = transformers.LlamaConfig(**hf_dict)
+    config._attn_implementation = "sdpa"  # HF's default and its fastest CPU attention
+    with _skip_init():
+        hf = transformers.LlamaForCausalLM(config).eval()
+        ours = LlamaLM(cfg).eval()
+    hf.to(dtype)  # cast the (uninitialised) storage first: filling bf16 is half the traffic
+    gen = torch.Generator().manual_seed(seed)
+    bound = 0.02 * 3**0.5  # uniform with std 0.02; uniform_ is ~2x faster than normal_ here
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.uniform_(-bound, bound, generator=gen)
+    # assign=True shares HF's tensors instead of copying: identical weights by construction
+    # and half the memory (the fp32 1B pair would otherwise need ~9 GB).
+    ours.load_state_dict(hf.state_dict(), assign=True)
+    ours.to(dtype)  # casts vlarun's remaining buffers (RoPE tables) exactly as a user would
+    return hf, ours
+
+
+# ----------------------------------------------------------------------------------------------
+# Runners: each does prefill + greedy decode; state is reset outside the timed region
+
+
+class _Runner:
+    name: str
+
+    def reset(self) -> None:
+        """Make the cache empty again (untimed)."""
+
+    def prefill(self, ids: Tensor) -> Tensor:
+        """Forward the prompt, fill the cache, return the greedy next token (1, 1)."""
+        raise NotImplementedError
+
+    def step(self, tok: Tensor, i: int) -> Tensor:
+        """Forward one token at position prompt_len + i, return the next greedy token."""
+        raise NotImplementedError
+
+
+class VlarunRunner(_Runner):
+    def __init__(self, model: LlamaLM, prompt_len: int, n_decode: int) -> None:
+        self.name = "vlarun"
+        self.model = model
+        # Preallocated cache is the design: creating it is not part of any forward.
+        self.cache = model.new_cache(1, CACHE_LEN)
+        self.positions = [torch.tensor([prompt_len + i]) for i in range(n_decode)]
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def prefill(self, ids: Tensor) -> Tensor:
+        m = self.model
+        out = m(m.embed(ids), torch.arange(ids.shape[1]), self.cache)
+        return m.logits(out.hidden[:, -1:]).argmax(-1)
+
+    def step(self, tok: Tensor, i: int) -> Tensor:
+        m = self.model
+        out = m(m.embed(tok), self.positions[i], self.cache)
+        return m.logits(out.hidden).argmax(-1)
+
+
+class HFRunner(_Runner):
+    """transformers with its default DynamicCache ("hf-dynamic") or a StaticCache ("hf-static")."""
+
+    def __init__(self, hf, static: bool, prompt_len: int, n_decode: int) -> None:
+        self.hf = hf
+        self.name = "hf-static" if static else "hf-dynamic"
+        params = inspect.signature(hf.forward).parameters
+        # transformers 5.x renamed past_key_values -> cache (the old name warns, then goes away).
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.static = None
+        if static:
+            from transformers import StaticCache
+
+            # Sized exactly to the sequence: HF attends over the whole static buffer, so this is
+            # its best case (vlarun only attends to the filled part of its 512-slot cache).
+            self.static = StaticCache(config=hf.config, max_cache_len=prompt_len + n_decode + 1)
+        self.pkv = None
+
+    def reset(self) -> None:
+        if self.static is not None:
+            self.static.reset()
+        self.pkv = self.static
+
+    def _call(self, ids: Tensor, **kw) -> Tensor:
+        out = self.hf(input_ids=ids, use_cache=True, **{self.cache_kw: self.pkv}, **kw)
+        cache = getattr(out, "cache", None)
+        self.pkv = cache if cache is not None else out.past_key_values
+        return out.logits[:, -1:].argmax(-1)
+
+    def prefill(self, ids: Tensor) -> Tensor:
+        return self._call(ids, logits_to_keep=1)
+
+    def step(self, tok: Tensor, i: int) -> Tensor:
+        return self._call(tok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+
+
+def matmul_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """This machine's achievable GEMM rate for ``dtype``: median of ``repeats`` n^3 matmuls."""
+    gen = torch.Generator().manual_seed(SEED)
+    a = torch.randn(n, n, generator=gen).to(dtype)
+    b = torch.randn(n, n, generator=gen).to(dtype)
+    c = torch.empty(n, n, dtype=dtype)
+    times = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        if i >= 2:  # two warm-ups: first-call packing and page faults
+            times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def _stats(samples: list[float]) -> tuple[float, float]:
+    """(median, p90) of seconds, in milliseconds."""
+    arr = np.asarray(samples) * 1e3
+    return float(np.median(arr)), float(np.percentile(arr, 90))
+
+
+def _run_once(runner: _Runner, ids: Tensor, n_decode: int) -> tuple[float, float, list[int]]:
+    """One repetition: (prefill seconds, decode seconds for all steps, greedy tokens)."""
+    runner.reset()
+    t0 = time.perf_counter()
+    tok = runner.prefill(ids)
+    t1 = time.perf_counter()
+    toks = [tok]
+    for i in range(n_decode):
+        tok = runner.step(tok, i)
+        toks.append(tok)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, [int(t) for t in toks]
+
+
+def bench_case(
+    shape: str,
+    dtype_name: str,
+    repeats: int,
+    warmup: int,
+    tick: Callable[[], None] = lambda: None,
+) -> dict:
+    """Time one (shape, dtype) case; see the module docstring for the protocol."""
+    cfg, dtype = SHAPES[shape], DTYPES[dtype_name]
+    hf, ours = build_pair(cfg, dtype)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, cfg.vocab_size, (1, PREFILL_TOKENS), generator=gen)
+    runners: list[_Runner] = [
+        VlarunRunner(ours, PREFILL_TOKENS, DECODE_TOKENS),
+        HFRunner(hf, False, PREFILL_TOKENS, DECODE_TOKENS),
+    ]
+    notes: list[str] = []
+    static = HFRunner(hf, True, PREFILL_TOKENS, DECODE_TOKENS)
+    try:
+        with torch.inference_mode():
+            _run_once(static, ids, 1)
+        runners.append(static)
+    except Exception as e:  # an HF version whose StaticCache breaks eager CPU use
+        notes.append(f"hf-static unavailable: {type(e).__name__}: {e}")
+
+    prefill: dict[str, list[float]] = {r.name: [] for r in runners}
+    decode: dict[str, list[float]] = {r.name: [] for r in runners}
+    tokens: dict[str, list[int]] = {}
+    with torch.inference_mode():
+        peak = matmul_peak_gflops(dtype)
+        for rep in range(warmup + repeats):
+            k = rep % len(runners)  # rotate who goes first: noise lands on everyone alike
+            for r in runners[k:] + runners[:k]:
+                p, d, toks = _run_once(r, ids, DECODE_TOKENS)
+                if rep >= warmup:
+                    prefill[r.name].append(p)
+                    decode[r.name].append(d / DECODE_TOKENS)
+                tokens[r.name] = toks
+                tick()
+        # Untimed honesty check beyond argmax: how far apart are the prefill logits?
+        cache = ours.new_cache(1, CACHE_LEN)
+        ref = hf(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
+        got = ours.logits(ours(ours.embed(ids), torch.arange(PREFILL_TOKENS), cache).hidden)
+        logit_diff = float((got[:, -1].float() - ref).abs().max())
+        logit_scale = float(ref.abs().max())
+
+    med = {n: _stats(prefill[n]) for n in prefill}
+    dec = {n: _stats(decode[n]) for n in decode}
+    hf_names = [r.name for r in runners if r.name != "vlarun"]
+    hf_pre = min(hf_names, key=lambda n: med[n][0])
+    hf_dec = min(hf_names, key=lambda n: dec[n][0])
+    flops = cfg.flops(PREFILL_TOKENS) + cfg.head_flops(1)
+    gflops = flops / (med["vlarun"][0] / 1e3) / 1e9
+    del hf, ours, runners, static
+    return {
+        "name": shape,
+        "dtype": dtype_name,
+        "params": cfg.num_params(),
+        "prefill_tokens": PREFILL_TOKENS,
+        "decode_tokens": DECODE_TOKENS,
+        "repeats": repeats,
+        "warmup": warmup,
+        "prefill_ms_vlarun": med["vlarun"][0],
+        "prefill_ms_vlarun_p90": med["vlarun"][1],
+        "prefill_ms_hf": med[hf_pre][0],
+        "prefill_ms_hf_p90": med[hf_pre][1],
+        "prefill_hf_variant": hf_pre,
+        "prefill_speedup": med[hf_pre][0] / med["vlarun"][0],
+        "decode_ms_per_token_vlarun": dec["vlarun"][0],
+        "decode_ms_per_token_vlarun_p90": dec["vlarun"][1],
+        "decode_ms_per_token_hf": dec[hf_dec][0],
+        "decode_ms_per_token_hf_p90": dec[hf_dec][1],
+        "decode_hf_variant": hf_dec,
+        "decode_speedup": dec[hf_dec][0] / dec["vlarun"][0],
+        "prefill_flops": flops,
+        "prefill_gflops": gflops,
+        "peak_gflops": peak,
+        "prefill_peak_fraction": gflops / peak,
+        "tokens_match": all(tokens[n] == tokens["vlarun"] for n in hf_names),
+        "tokens": tokens,
+        "prefill_logits_max_abs_diff": logit_diff,
+        "prefill_logits_max_abs": logit_scale,
+        "hf_variants": {
+            n: {
+                "prefill_ms": med[n][0],
+                "prefill_ms_p90": med[n][1],
+                "decode_ms_per_token": dec[n][0],
+                "decode_ms_per_token_p90": dec[n][1],
+            }
+            for n in hf_names
+        },
+        "notes": notes,
+    }
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on."""
+    model, flags = platform.processor() or "unknown", ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("unknown", platform.processor()):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value
+    try:
+        import transformers
+
+        hf_version = transformers.__version__
+    except ImportError:
+        hf_version = None
+    return {
+        "cpu": model,
+        "cores": _cores(),
+        "threads": torch.get_num_threads(),
+        "avx512_bf16": "avx512_bf16" in flags.split(),
+        "torch": torch.__version__,
+        "transformers": hf_version,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def run(
+    quick: bool = False, shapes: Sequence[str] = ("tiny", "1b"), progress: bool | None = None
+) -> dict:
+    """Run the benchmark and return the JSON-able result (see ``format_table``).
+
+    shapes: subset of ``SHAPES`` to run (the unit test uses only "tiny").
+    progress: tqdm bar on stderr; default on for the full run, off for ``quick``.
+    """
+    torch.set_num_threads(_cores())  # one thread per core: oversubscription only adds noise
+    plan = make_plan(quick, shapes)
+    total = sum(
+        (plan.warmup[s] + plan.repeats[s]) * 3 for s, _ in plan.cases
+    )  # three runners per repetition
+    show = (not quick) if progress is None else progress
+    cases = []
+    bar = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="bench engine", file=sys.stderr, unit="run")
+    try:
+        for shape, dtype_name in plan.cases:
+            if bar is not None:
+                bar.set_postfix_str(f"{shape} {dtype_name}")
+            tick = bar.update if bar is not None else (lambda: None)
+            cases.append(
+                bench_case(shape, dtype_name, plan.repeats[shape], plan.warmup[shape], tick)
+            )
+    finally:
+        if bar is not None:
+            bar.close()
+    return {
+        "benchmark": "engine",
+        "quick": quick,
+        "machine": machine_info(),
+        "hf_attn_implementation": "sdpa",
+        "protocol": (
+            f"batch 1, {PREFILL_TOKENS}-token prefill then {DECODE_TOKENS} greedy decode steps; "
+            "identical (shared) weights; runner order rotated per repetition; warm-up dropped; "
+            "median and p90 over repetitions; HF = faster of DynamicCache and StaticCache"
+        ),
+        "cases": cases,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+
+
+def format_table(result: dict) -> str:
+    """A markdown table of ``run``'s result (medians, p90 in parentheses)."""
+    m = result["machine"]
+    lines = [
+        f"Engine benchmark ({'quick' if result.get('quick') else 'full'}): {m['cpu']}, "
+        f"{m['threads']} threads, torch {m['torch']}, transformers {m['transformers']}, "
+        f"{m['date']}",
+        "",
+        "| model | dtype | params | prefill vlarun ms | prefill HF ms | speedup "
+        "| decode vlarun ms/tok | decode HF ms/tok | speedup | prefill GFLOP/s | peak GFLOP/s "
+        "| of peak | tokens match |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["cases"]:
+        lines.append(
+            f"| {c['name']} | {c['dtype']} | {c['params'] / 1e6:.0f}M "
+            f"| {c['prefill_ms_vlarun']:.2f} ({c['prefill_ms_vlarun_p90']:.2f}) "
+            f"| {c['prefill_ms_hf']:.2f} ({c['prefill_ms_hf_p90']:.2f}) {c['prefill_hf_variant']} "
+            f"| {c['prefill_speedup']:.2f}x "
+            f"| {c['decode_ms_per_token_vlarun']:.2f} ({c['decode_ms_per_token_vlarun_p90']:.2f}) "
+            f"| {c['decode_ms_per_token_hf']:.2f} ({c['decode_ms_per_token_hf_p90']:.2f}) "
+            f"{c['decode_hf_variant']} "
+            f"| {c['decode_speedup']:.2f}x | {c['prefill_gflops']:.0f} | {c['peak_gflops']:.0f} "
+            f"| {c['prefill_peak_fraction']:.0%} | {'yes' if c['tokens_match'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vlarun.bench.engine", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, bf16 only for 1B")
+    parser.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    parser.add_argument(
+        "--shapes", default="tiny,1b", help=f"comma-separated subset of {','.join(SHAPES)}"
+    )
+    args = parser.parse_args(argv)
+    result = run(quick=args.quick, shapes=tuple(s for s in args.shapes.split(",") if s))
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

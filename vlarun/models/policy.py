@@ -1,0 +1,99 @@
+"""A Policy: model + tokenizer + action statistics + prompt format, from raw observations to
+robot actions. This is the object a user (or the simulator, or the robot agent) calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vlarun.models.checkpoint import load_vla, select_norm_stats
+from vlarun.models.heads import NormStats
+from vlarun.models.presets import get_preset
+from vlarun.models.tokenizer import Tokenizer, load_tokenizer, openvla_prompt
+from vlarun.models.vla import VLA
+from vlarun.stages.families import Workload, build_graph, graph_inputs
+from vlarun.stages.graph import GraphRun
+
+
+@dataclass
+class Policy:
+    model: VLA
+    tokenizer: Tokenizer
+    norm: NormStats | None = None
+
+    @classmethod
+    def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
+        """Random weights at a preset's shape (no statistics: actions stay in [-1, 1])."""
+        torch.manual_seed(seed)
+        model = VLA(get_preset(name)).to(dtype).eval()
+        return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size))
+
+    @classmethod
+    def from_checkpoint(
+        cls, directory: str | Path, unnorm_key: str | None = None, dtype: torch.dtype | None = None
+    ) -> Policy:
+        model, stats = load_vla(directory, dtype)
+        tok = load_tokenizer(directory, model.cfg.llm.vocab_size)
+        return cls(model, tok, select_norm_stats(stats, unnorm_key))
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def image_tensor(self, image: np.ndarray) -> torch.Tensor:
+        """(H, W, 3) uint8 (or (n_img, H, W, 3)) -> (1, n_img, 3, S, S) floats in [0, 1]."""
+        cfg = self.model.cfg
+        arr = np.asarray(image)
+        if arr.ndim == 3:
+            arr = arr[None]
+        want = (cfg.num_images, cfg.image_size, cfg.image_size, 3)
+        if arr.dtype != np.uint8:
+            raise ValueError(f"image must be uint8 RGB, got dtype {arr.dtype}")
+        if arr.shape != want:
+            raise ValueError(
+                f"image is {'x'.join(map(str, arr.shape))}; {cfg.name} expects "
+                f"{'x'.join(map(str, want))} (n_images x H x W x RGB)"
+            )
+        return torch.from_numpy(arr.copy()).permute(0, 3, 1, 2).float().div(255.0)[None]
+
+    def text_ids(self, instruction: str) -> list[int]:
+        ids = self.tokenizer.encode(openvla_prompt(instruction))
+        limit = self.model.cfg.max_text_tokens
+        if len(ids) > limit:
+            raise ValueError(
+                f"instruction is {len(ids)} tokens with the prompt template; "
+                f"{self.model.cfg.name} allows {limit}"
+            )
+        return ids
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def run_stages(
+        self,
+        image: np.ndarray,
+        instruction: str,
+        *,
+        state: np.ndarray | None = None,
+        seed: int = 0,
+        serialize: bool = False,
+    ) -> GraphRun:
+        """One inference through the stage graph (per-stage timings included)."""
+        ids = self.text_ids(instruction)
+        cfg = self.model.cfg
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
+        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+        packet = graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st)
+        dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
+        graph = build_graph(cfg, self.model, Workload(1, len(ids), dtype))
+        return graph.run(packet, serialize=serialize)
+
+    def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
+        a = actions.float().numpy()
+        return np.asarray(self.norm.unnormalize(a)) if self.norm is not None else a
+
+    def predict(self, image: np.ndarray, instruction: str, **kw) -> np.ndarray:
+        """Actions (horizon, action_dim) in robot units (if statistics are known)."""
+        run = self.run_stages(image, instruction, **kw)
+        return self.unnormalize(run.outputs["actions"][0])
