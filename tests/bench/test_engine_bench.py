@@ -1,0 +1,67 @@
+"""The engine benchmark runs end to end on the tiny shape and reports an honest comparison."""
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from vlarun.bench import engine  # noqa: E402
+
+CASE_KEYS = {
+    "name": str,
+    "dtype": str,
+    "params": int,
+    "prefill_tokens": int,
+    "prefill_ms_vlarun": float,
+    "prefill_ms_hf": float,
+    "prefill_speedup": float,
+    "decode_ms_per_token_vlarun": float,
+    "decode_ms_per_token_hf": float,
+    "decode_speedup": float,
+    "prefill_gflops": float,
+    "peak_gflops": float,
+    "prefill_peak_fraction": float,
+    "tokens_match": bool,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_result() -> dict:
+    return engine.run(quick=True, shapes=("tiny",))
+
+
+def test_schema_and_honesty(tiny_result):
+    result = json.loads(json.dumps(tiny_result))  # must be JSON-serialisable as is
+    machine = result["machine"]
+    assert machine["cores"] >= 1 and machine["threads"] == machine["cores"]
+    assert machine["torch"] and machine["date"] and machine["cpu"]
+    cases = result["cases"]
+    assert {(c["name"], c["dtype"]) for c in cases} == {("tiny", "bf16"), ("tiny", "fp32")}
+    for case in cases:
+        for key, kind in CASE_KEYS.items():
+            assert isinstance(case[key], kind), (key, case[key])
+        for key in ("prefill_ms_vlarun", "prefill_ms_hf", "decode_ms_per_token_vlarun",
+                    "decode_ms_per_token_hf", "prefill_gflops", "peak_gflops"):  # fmt: skip
+            assert case[key] > 0, (key, case[key])
+        assert case["prefill_ms_vlarun_p90"] >= case["prefill_ms_vlarun"]
+        assert case["prefill_speedup"] == pytest.approx(
+            case["prefill_ms_hf"] / case["prefill_ms_vlarun"]
+        )
+        assert case["decode_hf_variant"] in case["hf_variants"]
+        assert case["params"] == engine.SHAPES["tiny"].num_params()
+        # Same weights, same greedy tokens: the speed comparison is between equal computations.
+        assert case["tokens_match"], case["tokens"]
+        assert len(case["tokens"]["vlarun"]) == engine.DECODE_TOKENS + 1
+
+
+def test_table_renders_every_case(tiny_result):
+    table = engine.format_table(tiny_result)
+    rows = [line for line in table.splitlines() if line.startswith("| tiny")]
+    assert len(rows) == 2
+    assert "tokens match" in table
+
+
+def test_unknown_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown shape"):
+        engine.make_plan(quick=True, shapes=("huge",))
