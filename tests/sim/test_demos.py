@@ -1,0 +1,131 @@
+"""Demo collection: safetensors shards + JSON manifest that round-trip through load_demos."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("metaworld")
+
+from vlarun.sim.demos import (  # noqa: E402
+    EVAL_SEED_OFFSET,
+    MANIFEST,
+    STATISTICS,
+    collect,
+    load_demos,
+    main,
+)
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demos")
+    collect(["reach-v3"], 2, out, progress=False)
+    return out
+
+
+def test_round_trip_through_load_demos(demo_dir):
+    demos = load_demos(demo_dir)
+    m = demos.manifest
+    assert m["task_names"] == ["reach-v3"]
+    task = m["tasks"]["reach-v3"]
+    assert task["episodes"] == 2 and task["failed"] == 0 and task["seeds"] == [0, 1]
+    assert task["instruction"] == demos.instructions[0]
+    assert m["eval_seed_offset"] == EVAL_SEED_OFFSET
+    assert all(s < EVAL_SEED_OFFSET for s in task["seeds"])
+
+    n = m["num_frames"]
+    assert len(demos) == n == task["frames"] == sum(e["frames"] for e in m["episodes"])
+    assert demos.images.shape == (n, 128, 128, 3) and demos.images.dtype == np.uint8
+    assert demos.states.shape == (n, 4) and demos.states.dtype == np.float32
+    assert demos.actions.shape == (n, 4) and demos.actions.dtype == np.float32
+    assert np.all(np.abs(demos.actions) <= 1)
+    for k in ("episode_index", "step_index", "task_index"):
+        assert getattr(demos, k).dtype == np.int32
+    assert [e["success"] for e in m["episodes"]] == [True, True]
+    assert np.bincount(demos.episode_index).tolist() == [e["frames"] for e in m["episodes"]]
+    first_len = m["episodes"][0]["frames"]
+    assert demos.step_index[0] == 0 and demos.step_index[first_len] == 0
+    assert demos.step_index[first_len - 1] == first_len - 1
+    assert np.all(demos.task_index == 0)
+    # Episodes are not constant: the robot moves, so frames differ.
+    assert not np.array_equal(demos.images[0], demos.images[first_len - 1])
+
+
+def test_statistics_in_openvla_layout(demo_dir):
+    demos = load_demos(demo_dir)
+    stats = demos.manifest["statistics"]
+    assert json.loads((demo_dir / STATISTICS).read_text()) == stats
+    action = stats["metaworld"]["action"]
+    for key in ("q01", "q99", "min", "max", "mean", "std", "mask"):
+        assert len(action[key]) == 4, key
+    np.testing.assert_allclose(action["mean"], demos.actions.mean(0), atol=1e-6)
+    np.testing.assert_allclose(action["max"], demos.actions.max(0), atol=1e-6)
+    assert all(lo <= hi for lo, hi in zip(action["q01"], action["q99"], strict=True))
+    assert stats["metaworld"]["num_transitions"] == len(demos)
+    assert stats["metaworld"]["num_trajectories"] == 2
+
+
+def test_only_safetensors_and_json_are_written(demo_dir):
+    files = sorted(p.name for p in demo_dir.iterdir())
+    assert MANIFEST in files and STATISTICS in files
+    for name in files:
+        assert name.endswith((".safetensors", ".json")), name
+        head = (demo_dir / name).read_bytes()[:16]
+        assert head[:1] != b"\x80", f"{name} looks like a pickle"
+        if name.endswith(".safetensors"):
+            header_len = int.from_bytes(head[:8], "little")
+            assert 0 < header_len < 1_000_000 and head[8:9] == b"{"
+
+
+def test_manifest_mismatch_is_detected(demo_dir, tmp_path):
+    for p in demo_dir.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    manifest["shards"][0]["frames"] += 1
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="manifest implies"):
+        load_demos(tmp_path)
+
+
+def test_refuses_to_overwrite_and_eval_seeds(demo_dir, tmp_path):
+    with pytest.raises(FileExistsError):
+        collect(["reach-v3"], 1, demo_dir, progress=False)
+    with pytest.raises(ValueError, match="EVAL_SEED_OFFSET"):
+        collect(["reach-v3"], 2, tmp_path, seed_start=EVAL_SEED_OFFSET - 1, progress=False)
+    with pytest.raises(ValueError, match="valid tasks"):
+        collect(["fly-v3"], 1, tmp_path, progress=False)
+
+
+def test_command_line(tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["--tasks", "button-press-topdown-v3", "--episodes", "1", "--out", str(out)]
+    main([*args, "--image-size", "32", "--seed-start", "3"])
+    assert "1 episodes" in capsys.readouterr().out
+    demos = load_demos(out)
+    assert demos.images.shape[1:] == (32, 32, 3)
+    assert demos.manifest["tasks"]["button-press-topdown-v3"]["seeds"] == [3]
+
+
+def test_failed_episodes_are_replaced_and_recorded(tmp_path, monkeypatch):
+    import vlarun.sim.demos as demos_module
+
+    real = demos_module.run_expert_episode
+
+    def seed_0_fails(env, seed):
+        episode = real(env, seed)
+        episode.success = episode.success and seed != 0
+        return episode
+
+    monkeypatch.setattr(demos_module, "run_expert_episode", seed_0_fails)
+    m = collect(["reach-v3"], 2, tmp_path, image_size=32, progress=False)
+    assert m["tasks"]["reach-v3"]["seeds"] == [1, 2]
+    assert m["tasks"]["reach-v3"]["failed"] == 1
+    assert [(f["seed"], f["task"]) for f in m["failures"]] == [(0, "reach-v3")]
+    assert len(load_demos(tmp_path).manifest["episodes"]) == 2
+
+    # Overwriting removes the earlier collection's shards.
+    old_files = {s["file"] for s in m["shards"]}
+    collect(["push-v3"], 1, tmp_path, image_size=32, progress=False, overwrite=True)
+    assert not any((tmp_path / f).exists() for f in old_files)
+    assert load_demos(tmp_path).manifest["task_names"] == ["push-v3"]

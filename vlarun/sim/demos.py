@@ -1,0 +1,564 @@
+"""Scripted-expert demonstrations on Meta-World, stored as safetensors shards + a JSON manifest.
+
+``collect(["reach-v3"], 50, "data/demos")`` runs each task's scripted Meta-World expert in
+:class:`~vlarun.sim.env.MetaWorldEnv` and writes, per task, shards of at most
+``episodes_per_shard`` successful episodes::
+
+    data/demos/
+        reach-v3_000.safetensors   images uint8 (T, S, S, 3)   camera frame before each action
+                                   states float32 (T, 4)       hand xyz + gripper opening
+                                   actions float32 (T, 4)      expert action, clipped to [-1, 1]
+                                   episode_index int32 (T,)    episode number within the shard
+                                   step_index int32 (T,)       step within the episode
+        manifest.json              shards, tasks + instructions, every episode with its seed,
+                                   success flag and frame count, failures, action statistics
+        dataset_statistics.json    the statistics alone, in OpenVLA's layout
+
+Only successful episodes are stored (an episode ends at the first success, so its last action is
+the one that achieved it); failed seeds are listed in the manifest and replaced by further seeds
+until each task has its episodes. Nothing is pickled: arrays are safetensors, the rest JSON.
+
+Seeds: demo episodes of a task use seeds ``seed_start, seed_start + 1, ...``, which must stay
+below :data:`EVAL_SEED_OFFSET`; evaluation uses seeds from ``EVAL_SEED_OFFSET`` up, so a learned
+policy is never scored on an object/goal layout it was trained on.
+
+Command line: ``python -m vlarun.sim.demos --tasks reach-v3 --episodes 50 --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from tqdm import tqdm
+
+from vlarun.sim.env import CAMERAS, DEFAULT_CAMERA, MetaWorldEnv
+from vlarun.sim.tasks import get_task, task_names
+
+EVAL_SEED_OFFSET = 10_000
+"""First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
+overlap: evaluate episode ``i`` of a task with ``env.reset(seed=EVAL_SEED_OFFSET + i)``."""
+
+FORMAT = "vlarun.sim.demos/1"
+MANIFEST = "manifest.json"
+STATISTICS = "dataset_statistics.json"
+DATASET_NAME = "metaworld"  # key of the statistics, as OpenVLA names datasets
+TENSORS = {
+    "images": np.uint8,
+    "states": np.float32,
+    "actions": np.float32,
+    "episode_index": np.int32,
+    "step_index": np.int32,
+}
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What :func:`collect` produces.
+
+    Attributes:
+        tasks: Task names (``vlarun.sim.tasks``).
+        episodes_per_task: Successful episodes wanted per task.
+        image_size: Camera image side in pixels (stored at full size; augment at training time).
+        seed_start: First demo seed of every task.
+        workers: Processes running episodes in parallel (1 = in this process).
+        episodes_per_shard: Most episodes in one shard file (~5 MB per 100-step episode at 128 px).
+        camera: Camera name (``vlarun.sim.env.CAMERAS``); None = the env's default.
+        max_attempts_factor: Give up on a task after ``factor * episodes_per_task + 10`` seeds.
+    """
+
+    tasks: tuple[str, ...]
+    episodes_per_task: int
+    image_size: int = 128
+    seed_start: int = 0
+    workers: int = 1
+    episodes_per_shard: int = 25
+    camera: str | None = None
+    max_attempts_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("no tasks given")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"duplicate tasks in {self.tasks}")
+        for name in self.tasks:
+            get_task(name)  # ValueError listing valid names
+        if self.episodes_per_task < 1:
+            raise ValueError(f"episodes_per_task must be >= 1, got {self.episodes_per_task}")
+        if self.seed_start < 0:
+            raise ValueError(f"seed_start must be >= 0, got {self.seed_start}")
+        if self.seed_start + self.episodes_per_task > EVAL_SEED_OFFSET:
+            raise ValueError(
+                f"demo seeds {self.seed_start}..{self.seed_start + self.episodes_per_task - 1} "
+                f"would reach the evaluation seeds (>= EVAL_SEED_OFFSET = {EVAL_SEED_OFFSET})"
+            )
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.episodes_per_shard < 1:
+            raise ValueError(f"episodes_per_shard must be >= 1, got {self.episodes_per_shard}")
+        if self.camera is not None and self.camera not in CAMERAS:
+            raise ValueError(f"unknown camera {self.camera!r}; valid: {', '.join(CAMERAS)}")
+        if self.max_attempts_factor < 1.0:
+            raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
+
+    @property
+    def max_attempts(self) -> int:
+        """Seeds tried per task before giving up on reaching ``episodes_per_task``."""
+        return math.ceil(self.max_attempts_factor * self.episodes_per_task) + 10
+
+
+@dataclass(frozen=True)
+class _ShardJob:
+    """One shard's worth of episodes: run in this process or shipped to a worker."""
+
+    task: str
+    seeds: tuple[int, ...]
+    path: str
+    image_size: int
+    camera: str | None
+
+
+@dataclass
+class Episode:
+    """One expert rollout: per-step observation and action, and whether it succeeded."""
+
+    seed: int
+    images: list[np.ndarray] = field(default_factory=list)
+    states: list[np.ndarray] = field(default_factory=list)
+    actions: list[np.ndarray] = field(default_factory=list)
+    success: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.actions)
+
+
+def run_expert_episode(env: MetaWorldEnv, seed: int) -> Episode:
+    """Roll the scripted expert out in ``env`` from ``reset(seed=seed)``.
+
+    Records (observation, action) before every step and stops at the first success or at the
+    env's ``max_steps``.
+    """
+    episode = Episode(seed=seed)
+    obs, _ = env.reset(seed=seed)
+    while True:
+        action = env.expert_action()
+        episode.images.append(obs["image"])
+        episode.states.append(obs["state"])
+        episode.actions.append(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            episode.success = bool(terminated)
+            return episode
+
+
+def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run ``job``'s episodes, write the successful ones as one shard; return JSON metadata.
+
+    Top-level (not a closure) so a spawned worker process can run it.
+    """
+    env = MetaWorldEnv(job.task, image_size=job.image_size, camera=job.camera or DEFAULT_CAMERA)
+    kept: list[Episode] = []
+    failures = []
+    try:
+        for seed in job.seeds:
+            episode = run_expert_episode(env, seed)
+            if episode.success:
+                kept.append(episode)
+            else:
+                failures.append({"task": job.task, "seed": seed, "steps": episode.length})
+            if progress is not None:
+                progress()
+    finally:
+        env.close()
+    shard = None
+    if kept:
+        tensors = {
+            "images": np.stack([im for ep in kept for im in ep.images]),
+            "states": np.stack([s for ep in kept for s in ep.states]).astype(np.float32),
+            "actions": np.stack([a for ep in kept for a in ep.actions]).astype(np.float32),
+            "episode_index": np.concatenate(
+                [np.full(ep.length, i, np.int32) for i, ep in enumerate(kept)]
+            ),
+            "step_index": np.concatenate([np.arange(ep.length, dtype=np.int32) for ep in kept]),
+        }
+        metadata = {
+            "format": FORMAT,
+            "task": job.task,
+            "instruction": get_task(job.task).instruction,
+            "seeds": json.dumps([ep.seed for ep in kept]),
+        }
+        # Write-then-rename: an interrupted run never leaves a truncated shard under its name.
+        tmp = job.path + ".tmp"
+        save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)  # safetensors creates files owner-only
+        os.replace(tmp, job.path)
+        shard = {
+            "file": Path(job.path).name,
+            "task": job.task,
+            "episodes": len(kept),
+            "frames": int(sum(ep.length for ep in kept)),
+            "bytes": os.path.getsize(job.path),
+        }
+    episodes = [
+        {
+            "task": job.task,
+            "seed": ep.seed,
+            "success": True,
+            "frames": ep.length,
+            "shard": Path(job.path).name,
+            "index_in_shard": i,
+        }
+        for i, ep in enumerate(kept)
+    ]
+    return {"shard": shard, "episodes": episodes, "failures": failures, "attempts": len(job.seeds)}
+
+
+def action_statistics(actions: np.ndarray) -> dict[str, list[float] | list[bool]]:
+    """Per-dimension action statistics over all frames, as in OpenVLA's dataset_statistics.
+
+    ``mask`` marks the dimensions an OpenVLA-style tokenizer should normalise with q01/q99: the
+    xyz deltas. The gripper effort is left out because it is already in [-1, 1] and the experts
+    keep it at a constant (q01 == q99 for reach, which would divide by zero).
+    """
+    a = np.asarray(actions, dtype=np.float64)
+    return {
+        "mean": a.mean(0).tolist(),
+        "std": a.std(0).tolist(),
+        "min": a.min(0).tolist(),
+        "max": a.max(0).tolist(),
+        "q01": np.quantile(a, 0.01, axis=0).tolist(),
+        "q99": np.quantile(a, 0.99, axis=0).tolist(),
+        "mask": [True] * (a.shape[1] - 1) + [False],
+    }
+
+
+def _statistics(out_dir: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    actions, states = [], []
+    for shard in shards:
+        with safe_open(str(out_dir / shard["file"]), framework="np") as f:
+            actions.append(f.get_tensor("actions"))
+            states.append(f.get_tensor("states"))
+    act, st = np.concatenate(actions), np.concatenate(states)
+    proprio = action_statistics(st)
+    proprio["mask"] = [True] * st.shape[1]
+    return {
+        DATASET_NAME: {
+            "action": action_statistics(act),
+            "proprio": proprio,
+            "num_transitions": int(act.shape[0]),
+            "num_trajectories": int(sum(s["episodes"] for s in shards)),
+        }
+    }
+
+
+def collect(
+    tasks: Sequence[str],
+    episodes_per_task: int,
+    out_dir: str | os.PathLike[str],
+    image_size: int = 128,
+    seed_start: int = 0,
+    workers: int = 1,
+    *,
+    episodes_per_shard: int = 25,
+    camera: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Collect scripted-expert demos into ``out_dir``; returns the manifest (also written there).
+
+    Seeds ``seed_start, seed_start + 1, ...`` are run per task until ``episodes_per_task``
+    succeed (or ``DemoConfig.max_attempts`` seeds were tried: then a warning, and the manifest
+    says how many episodes the task got). See the module docstring for the layout.
+
+    Raises:
+        FileExistsError: ``out_dir`` already holds a manifest and ``overwrite`` is False.
+        ValueError: bad arguments (unknown task, seeds reaching ``EVAL_SEED_OFFSET``, ...).
+    """
+    cfg = DemoConfig(
+        tuple(tasks),
+        episodes_per_task,
+        image_size,
+        seed_start,
+        workers,
+        episodes_per_shard,
+        camera,
+    )
+    out = Path(out_dir)
+    if (out / MANIFEST).exists():
+        if not overwrite:
+            raise FileExistsError(f"{out / MANIFEST} exists; pass overwrite=True to replace it")
+        _remove_collection(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    next_seed = dict.fromkeys(cfg.tasks, cfg.seed_start)
+    shard_count = dict.fromkeys(cfg.tasks, 0)
+    successes = dict.fromkeys(cfg.tasks, 0)
+    attempts = dict.fromkeys(cfg.tasks, 0)
+    shards: list[dict[str, Any]] = []
+    episodes: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+
+    def plan() -> list[_ShardJob]:
+        """Shards for every task still short of episodes (failed seeds get replaced)."""
+        jobs = []
+        for task in cfg.tasks:
+            missing = min(
+                cfg.episodes_per_task - successes[task], cfg.max_attempts - attempts[task]
+            )
+            if missing <= 0:
+                continue
+            seeds = list(range(next_seed[task], next_seed[task] + missing))
+            if seeds[-1] >= EVAL_SEED_OFFSET:
+                raise ValueError(
+                    f"{task}: replacing failed episodes needs seed {seeds[-1]} >= "
+                    f"EVAL_SEED_OFFSET ({EVAL_SEED_OFFSET}); lower seed_start"
+                )
+            next_seed[task] += missing
+            attempts[task] += missing
+            for i in range(0, missing, cfg.episodes_per_shard):
+                path = out / f"{task}_{shard_count[task]:03d}.safetensors"
+                shard_count[task] += 1
+                chunk = tuple(seeds[i : i + cfg.episodes_per_shard])
+                jobs.append(_ShardJob(task, chunk, str(path), cfg.image_size, cfg.camera))
+        return jobs
+
+    def record(result: dict[str, Any]) -> None:
+        if result["shard"] is not None:
+            shards.append(result["shard"])
+        episodes.extend(result["episodes"])
+        failures.extend(result["failures"])
+        for ep in result["episodes"]:
+            successes[ep["task"]] += 1
+
+    total = len(cfg.tasks) * cfg.episodes_per_task
+    bar = tqdm(total=total, desc="expert episodes", unit="ep", disable=not progress)
+    pool = None
+    if cfg.workers > 1:
+        # spawn, not fork: a forked child would inherit the parent's GL state.
+        pool = ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        while jobs := plan():
+            if pool is None:
+                for job in jobs:
+                    record(_run_shard(job, progress=lambda: bar.update(1)))
+            else:
+                futures = {pool.submit(_run_shard, job): job for job in jobs}
+                for future in as_completed(futures):
+                    record(future.result())
+                    bar.update(len(futures[future].seeds))
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown()
+
+    for task in cfg.tasks:
+        if successes[task] < cfg.episodes_per_task:
+            warnings.warn(
+                f"{task}: expert succeeded in only {successes[task]} of {attempts[task]} "
+                f"episodes (wanted {cfg.episodes_per_task})",
+                stacklevel=2,
+            )
+    if not shards:
+        raise RuntimeError("no successful episode in any task; nothing to store")
+
+    order = {t: i for i, t in enumerate(cfg.tasks)}
+    shards.sort(key=lambda s: (order[s["task"]], s["file"]))
+    episodes.sort(key=lambda e: (order[e["task"]], e["shard"], e["index_in_shard"]))
+    failures.sort(key=lambda f: (order[f["task"]], f["seed"]))
+    statistics = _statistics(out, shards)
+    manifest = {
+        "format": FORMAT,
+        "image_size": cfg.image_size,
+        "camera": cfg.camera or DEFAULT_CAMERA,
+        "state": "Meta-World obs[:4]: hand xyz (m) + gripper opening (0..1)",
+        "action": "xyz end-effector delta + gripper effort, each in [-1, 1]",
+        "eval_seed_offset": EVAL_SEED_OFFSET,
+        "task_names": list(cfg.tasks),
+        "tasks": {
+            t: {
+                "instruction": get_task(t).instruction,
+                "max_steps": get_task(t).max_steps,
+                "episodes": successes[t],
+                "failed": sum(f["task"] == t for f in failures),
+                "frames": sum(s["frames"] for s in shards if s["task"] == t),
+                "seeds": [e["seed"] for e in episodes if e["task"] == t],
+            }
+            for t in cfg.tasks
+        },
+        "shards": shards,
+        "episodes": episodes,
+        "failures": failures,
+        "num_frames": sum(s["frames"] for s in shards),
+        "statistics": statistics,
+    }
+    _write_json(out / STATISTICS, statistics)
+    _write_json(out / MANIFEST, manifest)  # last: its presence marks a complete collection
+    return manifest
+
+
+def _remove_collection(out: Path) -> None:
+    """Delete the files an earlier collection's manifest lists (only those: never a glob)."""
+    old = json.loads((out / MANIFEST).read_text())
+    for shard in old.get("shards", []):
+        name = Path(shard["file"]).name  # a manifest never points outside its directory
+        if name.endswith(".safetensors"):
+            (out / name).unlink(missing_ok=True)
+    (out / STATISTICS).unlink(missing_ok=True)
+    (out / MANIFEST).unlink()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Demos:
+    """All frames of a demo directory, concatenated in manifest (task, shard) order.
+
+    ``episode_index`` is global (0..num_episodes-1, the position in ``manifest["episodes"]``),
+    ``task_index`` indexes ``manifest["task_names"]``.
+    """
+
+    images: np.ndarray  # uint8 (N, S, S, 3)
+    states: np.ndarray  # float32 (N, 4)
+    actions: np.ndarray  # float32 (N, 4)
+    episode_index: np.ndarray  # int32 (N,)
+    step_index: np.ndarray  # int32 (N,)
+    task_index: np.ndarray  # int32 (N,)
+    manifest: dict[str, Any]
+
+    @property
+    def instructions(self) -> list[str]:
+        """Instruction of each task index."""
+        return [self.manifest["tasks"][t]["instruction"] for t in self.manifest["task_names"]]
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+
+def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
+    """Read a :func:`collect` directory back, checking every shard against the manifest.
+
+    Raises:
+        FileNotFoundError: no manifest or a listed shard is missing.
+        ValueError: a shard's tensors disagree with the manifest (names, dtypes, shapes, counts).
+    """
+    out = Path(out_dir)
+    manifest = json.loads((out / MANIFEST).read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{out / MANIFEST}: format {manifest.get('format')!r} != {FORMAT!r}")
+    size = manifest["image_size"]
+    task_ids = {t: i for i, t in enumerate(manifest["task_names"])}
+    per_shard: dict[str, list[dict[str, Any]]] = {}
+    for ep in manifest["episodes"]:
+        per_shard.setdefault(ep["shard"], []).append(ep)
+
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*TENSORS, "task_index")}
+    episode_base = 0
+    for shard in manifest["shards"]:
+        path = out / shard["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in the manifest but missing")
+        with safe_open(str(path), framework="np") as f:
+            names = set(f.keys())
+            if names != set(TENSORS):
+                raise ValueError(f"{path}: tensors {sorted(names)} != {sorted(TENSORS)}")
+            arrays = {k: f.get_tensor(k) for k in TENSORS}
+            meta = f.metadata() or {}
+        frames = shard["frames"]
+        expected = {
+            "images": (frames, size, size, 3),
+            "states": (frames, 4),
+            "actions": (frames, 4),
+            "episode_index": (frames,),
+            "step_index": (frames,),
+        }
+        for k, dtype in TENSORS.items():
+            if arrays[k].dtype != dtype or arrays[k].shape != expected[k]:
+                raise ValueError(
+                    f"{path}: {k} is {arrays[k].dtype}{arrays[k].shape}, manifest implies "
+                    f"{np.dtype(dtype)}{expected[k]}"
+                )
+        if meta.get("task") != shard["task"]:
+            raise ValueError(f"{path}: task {meta.get('task')!r} != manifest {shard['task']!r}")
+        eps = per_shard.get(shard["file"], [])
+        counts = np.bincount(arrays["episode_index"], minlength=len(eps))
+        if len(eps) != shard["episodes"] or counts.tolist() != [e["frames"] for e in eps]:
+            raise ValueError(f"{path}: episode frame counts {counts.tolist()} disagree")
+        if json.loads(meta.get("seeds", "[]")) != [e["seed"] for e in eps]:
+            raise ValueError(f"{path}: seeds in the shard disagree with the manifest")
+        for k in TENSORS:
+            parts[k].append(arrays[k])
+        parts["episode_index"][-1] = arrays["episode_index"] + episode_base
+        parts["task_index"].append(np.full(frames, task_ids[shard["task"]], np.int32))
+        episode_base += shard["episodes"]
+
+    if episode_base != len(manifest["episodes"]):
+        raise ValueError(
+            f"{out}: shards hold {episode_base} episodes, manifest lists "
+            f"{len(manifest['episodes'])}"
+        )
+    if not parts["actions"]:
+        raise ValueError(f"{out}: manifest lists no shards")
+    cat = {k: np.concatenate(v) for k, v in parts.items()}
+    if cat["actions"].shape[0] != manifest["num_frames"]:
+        raise ValueError(f"{out}: {cat['actions'].shape[0]} frames != {manifest['num_frames']}")
+    return Demos(manifest=manifest, **cat)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vlarun.sim.demos --tasks ... --episodes N --out DIR [--image-size S]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m vlarun.sim.demos",
+        description="Collect scripted-expert Meta-World demonstrations (safetensors + JSON).",
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", required=True, help=f"task names or 'all' ({', '.join(task_names())})"
+    )
+    parser.add_argument("--episodes", type=int, required=True, help="successful episodes per task")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--image-size", type=int, default=128)
+    parser.add_argument("--seed-start", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--episodes-per-shard", type=int, default=25)
+    parser.add_argument("--camera", default=None, help="camera name (default: workspace)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
+    args = parser.parse_args(argv)
+    tasks = task_names() if args.tasks == ["all"] else args.tasks
+    try:
+        manifest = collect(
+            tasks,
+            args.episodes,
+            args.out,
+            image_size=args.image_size,
+            seed_start=args.seed_start,
+            workers=args.workers,
+            episodes_per_shard=args.episodes_per_shard,
+            camera=args.camera,
+            overwrite=args.overwrite,
+        )
+    except (ValueError, FileExistsError) as err:
+        parser.error(str(err))
+    for name, t in manifest["tasks"].items():
+        n, frames, failed = t["episodes"], t["frames"], t["failed"]
+        print(f"{name:26s} {n:4d} episodes {frames:6d} frames {failed} failed")
+    print(f"wrote {len(manifest['shards'])} shards + {MANIFEST} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
