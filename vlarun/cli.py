@@ -88,7 +88,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         if base is bool:
-            parser.add_argument(flag, action="store_true", **kw)
+            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
+            parser.add_argument(flag, action=action, default=f.default, **kw)
             continue
         required = f.default is dataclasses.MISSING
         default = None if required else f.default
@@ -274,21 +275,46 @@ def _print_bench_engine(r: dict) -> None:
     print(engine.format_table(r))
 
 
+def _train_options() -> type:
+    from vlarun.sim.train import TrainConfig
+
+    return TrainConfig
+
+
+def cmd_train(o) -> dict:
+    from vlarun.sim.train import train
+
+    return train(o)
+
+
+def _print_train(r: dict) -> None:
+    print(f"trained to step {r['step']} ({r['minutes']:.1f} min); exported:")
+    for name, path in r["exported"].items():
+        print(f"  {name}: {path}")
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
     "act": (ActOptions, cmd_act, _print_act),
     "check-parity": (ParityOptions, cmd_parity, _print_parity),
+    "train": (_train_options, cmd_train, _print_train),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
 }
 
 
+def _resolve(cls):
+    """Options classes of heavy sub-commands are imported only when the CLI is built."""
+    return cls() if not isinstance(cls, type) else cls
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlarun", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (cls, _, _) in COMMANDS.items():
+        cls = _resolve(cls)
         add_options(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     for name, (cls, _, _) in BENCH.items():
@@ -300,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     table = BENCH[ns.bench] if ns.command == "bench" else COMMANDS[ns.command]
     cls, run, show = table
-    options = parse_into(cls, ns)
+    options = parse_into(_resolve(cls), ns)
     try:
         result = run(options)
     except (ValueError, RuntimeError, FileNotFoundError, OSError) as e:

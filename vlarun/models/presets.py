@@ -308,6 +308,70 @@ def tiny_smolvla() -> VLAConfig:
     )
 
 
+# -- Meta-World presets: the small policies vlarun trains on its own benchmark ------------------
+# 128 px frames in 8 px patches give 256 visual tokens, so token methods have room to work;
+# widths are chosen so one behaviour-cloning step stays cheap on a 2-core CPU.
+
+MW_IMAGE = 128
+MW_CHUNK = 4  # actions per inference (4 steps x 4 dims)
+MW_VOCAB = 512  # 256 text ids (a BPE trained on the instructions) + 256 action bins
+
+
+def _mw_trunk(name: str, family: str, **kw) -> VLAConfig:
+    vit = ViTConfig(
+        kind="siglip",
+        image_size=MW_IMAGE,
+        patch_size=8,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        intermediate_size=512,
+        feature_layer=-1,
+    )
+    llm = LlamaConfig(
+        vocab_size=MW_VOCAB,
+        hidden_size=192,
+        intermediate_size=512,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=512,
+    )
+    return VLAConfig(
+        name=name,
+        family=family,
+        llm=llm,
+        vision=(vit,),
+        connector="mlp",
+        action_dim=4,
+        chunk=MW_CHUNK,
+        max_text_tokens=32,
+        **kw,
+    )
+
+
+def mw_ar() -> VLAConfig:
+    return _mw_trunk("mw-ar", "autoregressive")
+
+
+def mw_oft() -> VLAConfig:
+    oft = OFTHeadConfig(llm_dim=192, action_dim=4, chunk=MW_CHUNK, hidden_dim=256, num_blocks=2)
+    return _mw_trunk("mw-oft", "parallel", oft=oft)
+
+
+def mw_dit() -> VLAConfig:
+    dit = DiTConfig(
+        cond_dim=192,
+        action_dim=4,
+        horizon=MW_CHUNK,
+        hidden_size=128,
+        num_layers=3,
+        num_heads=4,
+        ddim_steps=10,
+    )
+    return _mw_trunk("mw-dit", "diffusion", dit=dit)
+
+
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
@@ -319,6 +383,9 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "tiny-cogact": tiny_cogact,
     "tiny-pi0": tiny_pi0,
     "tiny-smolvla": tiny_smolvla,
+    "mw-ar": mw_ar,
+    "mw-oft": mw_oft,
+    "mw-dit": mw_dit,
 }
 DEFAULT_PRESET = "tiny-openvla"
 

@@ -1,0 +1,241 @@
+"""`vlarun train`: behaviour cloning on scripted Meta-World demonstrations, resumable.
+
+Runs in the foreground (start it with nohup/& for the background); every ``save_every`` steps it
+writes ``state.safetensors`` (weights and AdamW moments, no pickle) and ``state.json`` (step,
+elapsed time, config) into ``out``; starting again with the same ``out`` resumes there. Progress
+goes to stderr, one JSON line per ``log_every`` steps to ``out/train.log``. At the end (and with
+``--export-only``) each family is exported as a standalone checkpoint under ``out/export/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from vlarun import config as cfgio
+from vlarun.models.action_tokens import NormStats
+from vlarun.models.checkpoint import save_vla
+from vlarun.models.tokenizer import openvla_prompt
+from vlarun.sim.bc_model import Batch, MultiHeadBC
+from vlarun.sim.demos import load_demos
+from vlarun.sim.text import build_tokenizer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Behaviour cloning of the mw-ar/mw-oft/mw-dit policies on one shared trunk (resumable)."""
+
+    demos: str = "data/demos128"
+    out: str = "runs/mw"
+    steps: int = 8000
+    batch: int = 32
+    lr: float = 5e-4
+    warmup: int = 300
+    weight_decay: float = 0.01
+    shift: int = 6  # random-shift augmentation, pixels (DrQ-style)
+    save_every: int = 250
+    log_every: int = 25
+    seed: int = 0
+    bf16: bool = True
+    max_minutes: float = 0.0  # stop (resumably) after this wall time; 0 = no limit
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch < 1 or self.lr <= 0:
+            raise ValueError("steps, batch and lr must be positive")
+        if self.shift < 0:
+            raise ValueError(f"shift must be >= 0, got {self.shift}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+class DemoSampler:
+    """All frames in memory; each sample is (image, instruction ids, normalised action chunk)."""
+
+    def __init__(self, directory: str, chunk: int, tokenizer, seed: int) -> None:
+        demos = load_demos(directory)
+        self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) uint8
+        stats = demos.manifest["statistics"] if "statistics" in demos.manifest else None
+        self.stats_json = json.loads((Path(directory) / "dataset_statistics.json").read_text())
+        self.norm = NormStats.select(self.stats_json, None)
+        actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
+        self.chunks = torch.from_numpy(_chunks(actions, demos.episode_index, chunk))
+        self.task = torch.from_numpy(demos.task_index.astype(np.int64))
+        self.text = [tokenizer.encode(openvla_prompt(i)) for i in demos.instructions]
+        self.instructions = demos.instructions
+        self.manifest = demos.manifest
+        self.gen = torch.Generator().manual_seed(seed)
+        del stats
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def sample(self, batch: int, shift: int) -> Batch:
+        idx = torch.randint(0, len(self), (batch,), generator=self.gen)
+        images = self.images[idx].permute(0, 3, 1, 2).float().div_(255.0)
+        if shift:
+            images = random_shift(images, shift, self.gen)
+        return Batch(images, [self.text[t] for t in self.task[idx].tolist()], self.chunks[idx])
+
+
+def _chunks(actions: np.ndarray, episode: np.ndarray, k: int) -> np.ndarray:
+    """(N, K, D): actions t..t+K-1 of the same episode, the last action repeated at its end."""
+    n = actions.shape[0]
+    out = np.empty((n, k, actions.shape[1]), dtype=np.float32)
+    for j in range(k):
+        src = np.minimum(np.arange(n) + j, n - 1)
+        same = episode[src] == episode
+        # Walk back to the episode's last frame where t + j leaves the episode.
+        fixed = src.copy()
+        while not same.all():
+            fixed[~same] -= 1
+            same = episode[fixed] == episode
+        out[:, j] = actions[fixed]
+    return out
+
+
+def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.Tensor:
+    """Pad by replication and crop back at a random offset per image."""
+    b, _, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad), mode="replicate")
+    ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+    oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
+    rows = (oy[:, None] + torch.arange(h)[None])[:, None, :, None].expand(b, 3, h, w + 2 * pad)
+    out = padded.gather(2, rows)
+    cols = (ox[:, None] + torch.arange(w)[None])[:, None, None, :].expand(b, 3, h, w)
+    return out.gather(3, cols)
+
+
+# ---------------------------------------------------------------------------------------------
+# State (resumable, pickle-free)
+
+
+def save_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW, meta: dict) -> None:
+    tensors = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st:
+                for key in ("exp_avg", "exp_avg_sq", "step"):
+                    tensors[f"opt.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).contiguous()
+    tmp = out / "state.safetensors.tmp"
+    save_file(tensors, tmp)
+    tmp.replace(out / "state.safetensors")
+    (out / "state.json").write_text(json.dumps(meta, indent=1))
+
+
+def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | None:
+    if not (out / "state.safetensors").exists():
+        return None
+    tensors = load_file(out / "state.safetensors")
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    for name, p in model.named_parameters():
+        if f"opt.{name}.exp_avg" in tensors:
+            opt.state[p] = {key: tensors[f"opt.{name}.{key}"] for key in
+                            ("exp_avg", "exp_avg_sq", "step")}  # fmt: skip
+    return json.loads((out / "state.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train(cfg: TrainConfig, export_only: bool = False) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    tokenizer_path = out / "tokenizer.json"
+    data_manifest = json.loads((Path(cfg.demos) / "manifest.json").read_text())
+    instructions = [data_manifest["tasks"][t]["instruction"] for t in data_manifest["task_names"]]
+    tokenizer = build_tokenizer(instructions, tokenizer_path)
+    model = MultiHeadBC()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    meta = load_state(out, model, opt) or {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
+    if not export_only and meta["step"] < cfg.steps:
+        sampler = DemoSampler(cfg.demos, model.cfg.chunk, tokenizer, cfg.seed + meta["step"])
+        meta = _loop(cfg, model, opt, sampler, meta, out)
+    return export(cfg, model, meta, out)
+
+
+def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
+    model.train()
+    start_step, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
+    bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step")
+    log = (out / "train.log").open("a")
+    for step in range(start_step, cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        batch = sampler.sample(cfg.batch, cfg.shift)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            losses = model(batch)
+        opt.zero_grad(set_to_none=True)
+        losses.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        meta = meta | {"step": step + 1, "seconds": seconds0 + time.time() - t0}
+        bar.update(1)
+        if (step + 1) % cfg.log_every == 0:
+            rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
+            entry = {"step": step + 1, "lr": lr_at(cfg, step), "samples_per_s": round(rate, 1),
+                     "minutes": round(meta["seconds"] / 60, 2)} | losses.as_floats()  # fmt: skip
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+            bar.set_postfix(ar=f"{entry['ar']:.3f}", oft=f"{entry['oft']:.3f}",
+                            dit=f"{entry['dit']:.3f}", sps=entry["samples_per_s"])  # fmt: skip
+        done = step + 1 == cfg.steps
+        out_of_time = cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes
+        if (step + 1) % cfg.save_every == 0 or done or out_of_time:
+            save_state(out, model, opt, meta)
+        if out_of_time:
+            break
+    bar.close()
+    meta["demos_manifest"] = {"tasks": sampler.manifest["task_names"],
+                              "episodes": len(sampler.manifest["episodes"]),
+                              "frames": len(sampler)}  # fmt: skip
+    return meta
+
+
+def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
+    """Write one checkpoint per family (weights, config, statistics, tokenizer, card)."""
+    stats = json.loads((Path(cfg.demos) / "dataset_statistics.json").read_text())
+    written = {}
+    for family, vla in model.export().items():
+        name = {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"}[
+            family
+        ]
+        card = model_card(name, family, cfg, meta)
+        path = save_vla(vla, out / "export" / name, norm_stats=stats,
+                        tokenizer_file=out / "tokenizer.json", extra_files={"README.md": card})  # fmt: skip
+        written[name] = str(path)
+    return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": written}
+
+
+def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
+    return (
+        f"# {name}\n\nA {family} VLA trained by behaviour cloning on scripted Meta-World v3 "
+        f"demonstrations (`vlarun train`).\n\n- data: `{cfg.demos}` "
+        f"({meta.get('demos_manifest', 'see manifest')})\n- steps: {meta['step']} x batch "
+        f"{cfg.batch}, lr {cfg.lr}, random shift {cfg.shift} px, bf16 autocast\n"
+        f"- wall time: {meta['seconds'] / 60:.1f} min on this repository's development CPU\n"
+        "- success: see BENCHMARKS.md (`vlarun eval`)\n"
+    )
