@@ -2,7 +2,8 @@
 
 A BPE with SentencePiece-style word boundaries (Metaspace, as Llama's tokenizer marks them),
 trained with Hugging Face ``tokenizers`` on the prompt template filled with the task
-instructions; characters never seen in training map to <unk>. Ids 0-2 are <unk>, <s>, </s> as in Llama; the vocabulary stays below 256 so
+instructions; characters never seen in training map to <unk>. Ids 0-2 are <unk>, <s>, </s>
+as in Llama; the vocabulary stays below 256 so
 the last 256 ids of the policy's 512-entry vocabulary are free for action bins.
 """
 

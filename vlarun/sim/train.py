@@ -65,7 +65,6 @@ class DemoSampler:
     def __init__(self, directory: str, chunk: int, tokenizer, seed: int) -> None:
         demos = load_demos(directory)
         self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) uint8
-        stats = demos.manifest["statistics"] if "statistics" in demos.manifest else None
         self.stats_json = json.loads((Path(directory) / "dataset_statistics.json").read_text())
         self.norm = NormStats.select(self.stats_json, None)
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
@@ -75,7 +74,6 @@ class DemoSampler:
         self.instructions = demos.instructions
         self.manifest = demos.manifest
         self.gen = torch.Generator().manual_seed(seed)
-        del stats
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -142,8 +140,9 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     for name, p in model.named_parameters():
         if f"opt.{name}.exp_avg" in tensors:
-            opt.state[p] = {key: tensors[f"opt.{name}.{key}"] for key in
-                            ("exp_avg", "exp_avg_sq", "step")}  # fmt: skip
+            opt.state[p] = {
+                key: tensors[f"opt.{name}.{key}"] for key in ("exp_avg", "exp_avg_sq", "step")
+            }
     return json.loads((out / "state.json").read_text())
 
 
@@ -196,12 +195,20 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
         bar.update(1)
         if (step + 1) % cfg.log_every == 0:
             rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
-            entry = {"step": step + 1, "lr": lr_at(cfg, step), "samples_per_s": round(rate, 1),
-                     "minutes": round(meta["seconds"] / 60, 2)} | losses.as_floats()  # fmt: skip
+            entry = {
+                "step": step + 1,
+                "lr": lr_at(cfg, step),
+                "samples_per_s": round(rate, 1),
+                "minutes": round(meta["seconds"] / 60, 2),
+            } | losses.as_floats()
             log.write(json.dumps(entry) + "\n")
             log.flush()
-            bar.set_postfix(ar=f"{entry['ar']:.3f}", oft=f"{entry['oft']:.3f}",
-                            dit=f"{entry['dit']:.3f}", sps=entry["samples_per_s"])  # fmt: skip
+            bar.set_postfix(
+                ar=f"{entry['ar']:.3f}",
+                oft=f"{entry['oft']:.3f}",
+                dit=f"{entry['dit']:.3f}",
+                sps=entry["samples_per_s"],
+            )
         done = step + 1 == cfg.steps
         out_of_time = cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes
         if (step + 1) % cfg.save_every == 0 or done or out_of_time:
@@ -209,9 +216,11 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
         if out_of_time:
             break
     bar.close()
-    meta["demos_manifest"] = {"tasks": sampler.manifest["task_names"],
-                              "episodes": len(sampler.manifest["episodes"]),
-                              "frames": len(sampler)}  # fmt: skip
+    meta["demos_manifest"] = {
+        "tasks": sampler.manifest["task_names"],
+        "episodes": len(sampler.manifest["episodes"]),
+        "frames": len(sampler),
+    }
     return meta
 
 
@@ -224,8 +233,13 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
             family
         ]
         card = model_card(name, family, cfg, meta)
-        path = save_vla(vla, out / "export" / name, norm_stats=stats,
-                        tokenizer_file=out / "tokenizer.json", extra_files={"README.md": card})  # fmt: skip
+        path = save_vla(
+            vla,
+            out / "export" / name,
+            norm_stats=stats,
+            tokenizer_file=out / "tokenizer.json",
+            extra_files={"README.md": card},
+        )
         written[name] = str(path)
     return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": written}
 
