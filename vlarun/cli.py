@@ -293,12 +293,31 @@ def _print_train(r: dict) -> None:
         print(f"  {name}: {path}")
 
 
+def _eval_options() -> type:
+    from vlarun.sim.evaluate import EvalConfig
+
+    return EvalConfig
+
+
+def cmd_eval(o) -> dict:
+    from vlarun.sim.evaluate import evaluate
+
+    return evaluate(o)
+
+
+def _print_eval(r: dict) -> None:
+    from vlarun.sim.evaluate import format_report
+
+    print(format_report(r))
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
     "act": (ActOptions, cmd_act, _print_act),
     "check-parity": (ParityOptions, cmd_parity, _print_parity),
     "train": (_train_options, cmd_train, _print_train),
+    "eval": (_eval_options, cmd_eval, _print_eval),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
@@ -326,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     table = BENCH[ns.bench] if ns.command == "bench" else COMMANDS[ns.command]
     cls, run, show = table
-    options = parse_into(_resolve(cls), ns)
     try:
+        options = parse_into(_resolve(cls), ns)
         result = run(options)
     except (ValueError, RuntimeError, FileNotFoundError, OSError) as e:
         print(f"vlarun {ns.command}: error: {e}", file=sys.stderr)
