@@ -7,6 +7,7 @@ import torch
 
 from vlarun.models.llama import AttnProbe, LlamaConfig, LlamaLM, RopeScaling
 from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.parity import hf_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,19 +69,7 @@ SHAPES = {
 
 
 def hf_model(cfg: LlamaConfig):
-    hf_cfg = cfg.to_hf()
-    cls = transformers.GemmaConfig if cfg.gemma_norm else transformers.LlamaConfig
-    model_cls = transformers.GemmaForCausalLM if cfg.gemma_norm else transformers.LlamaForCausalLM
-    config = cls(**{k: v for k, v in hf_cfg.items() if k not in ("model_type", "architectures")})
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = model_cls(config).eval()
-    # Random norms so a (1 + w) vs w mistake cannot hide behind all-ones init.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.2).add_(0.0 if cfg.gemma_norm else 1.0)
-    return model
+    return hf_llama(cfg)  # shared with `vlarun check-parity`: random weights, norms included
 
 
 def ours_from(hf, cfg: LlamaConfig) -> LlamaLM:
