@@ -230,3 +230,45 @@ def test_context_overflow_is_a_clear_error():
     model = _model()
     with pytest.raises(ValueError, match="exceeds the context"):
         model(model.embed(torch.zeros(1, 4, dtype=torch.long)), torch.arange(200, 204))
+
+
+@pytest.mark.parametrize("name", ["gqa", "gemma"])
+def test_prepacked_matches_plain(name):
+    from vlarun.models.llama import PackedLinear
+
+    model = _model(name)
+    packed = _model(name).prepack()
+    assert any(isinstance(m, PackedLinear) for m in packed.modules())
+    assert set(packed.state_dict()) == set(model.state_dict())
+    ids = torch.randint(0, 97, (2, 20))
+    with torch.no_grad():
+        c1, c2 = model.new_cache(2, 64), packed.new_cache(2, 64)
+        a = model.logits(model(model.embed(ids), torch.arange(20), c1).hidden)
+        b = packed.logits(packed(packed.embed(ids), torch.arange(20), c2).hidden)
+        a2 = model.logits(model(model.embed(ids[:, :1]), torch.tensor([20]), c1).hidden)
+        b2 = packed.logits(packed(packed.embed(ids[:, :1]), torch.tensor([20]), c2).hidden)
+    assert (a - b).abs().max().item() <= 1e-4
+    assert (a2 - b2).abs().max().item() <= 1e-4
+
+
+def test_sdpa_fast_paths_only_when_the_mask_allows(monkeypatch):
+    import vlarun.models.llama as llama
+
+    seen, orig = [], llama._sdpa_mask
+
+    def spy(mask):
+        out = orig(mask)
+        seen.append((out[0] is None, out[1]))
+        return out
+
+    monkeypatch.setattr(llama, "_sdpa_mask", spy)
+    model = _model()
+    ids = torch.randint(0, 97, (1, 12))
+    pad = torch.ones(1, 12, dtype=torch.bool)
+    pad[0, :3] = False
+    with torch.no_grad():
+        cache = model.new_cache(1, 32)
+        model(model.embed(ids), torch.arange(12), cache)  # plain prefill: is_causal, no mask
+        model(model.embed(ids[:, :1]), torch.tensor([12]), cache)  # decode: all keys visible
+        model(model.embed(ids), torch.arange(12), model.new_cache(1, 32), pad_mask=pad)
+    assert seen == [(True, True), (True, False), (False, False)]

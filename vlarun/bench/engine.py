@@ -142,6 +142,7 @@ def build_pair(cfg: LlamaConfig, dtype: torch.dtype, seed: int = SEED) -> tuple[
     # and half the memory (the fp32 1B pair would otherwise need ~9 GB).
     ours.load_state_dict(hf.state_dict(), assign=True)
     ours.to(dtype)  # casts vlarun's remaining buffers (RoPE tables) exactly as a user would
+    ours.prepack()  # vlarun's CPU inference path: weights packed once for oneDNN
     return hf, ours
 
 

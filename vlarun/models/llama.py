@@ -322,13 +322,48 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """q (B, H, T, hd), k/v (B, KVH, S, hd), mask (B, 1, T, S) bool -> (B, T, d)."""
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-        )
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False
+    ) -> Tensor:
+        """q (B, H, T, hd), k/v (B, KVH, S, hd), mask (B, 1, T, S) bool or None (all visible,
+        or plain causal with S == T when ``is_causal``) -> (B, T, d)."""
+        gqa = self.n_kv != self.n_heads
+        if q.shape[2] == 1 and q.dtype == torch.bfloat16 and q.device.type == "cpu":
+            # One-token decode: torch's CPU flash kernel is ~4x slower in bf16 than in fp32 for a
+            # single query (1.1B shape: 540 vs 120 us a layer, upcasts included), and fp32 is
+            # at least as accurate. K/V here are only the filled cache slots, so the casts
+            # are small.
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=gqa
+            ).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa
+            )
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.hd))
+
+
+class PackedLinear(nn.Module):
+    """A bias-free ``nn.Linear`` whose weight is pre-reordered into oneDNN's blocked layout.
+
+    ``F.linear`` on CPU re-packs the weight on every call (bf16: oneDNN; fp32: MKL sgemm, which
+    packs too). Packing once at load time makes batch-1 decode GEMVs stream weights ~1.4-2x
+    faster (bf16 2048x11264: 15 -> 25-36 GB/s) and fp32 prefill GEMMs ~1.4x faster (140 -> 205
+    GFLOP/s); bf16 prefill gains ~7%. ``weight`` stays the original tensor, so state_dict names
+    and checkpoint loading are unchanged; the packed copy costs one extra weight's memory."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if linear.bias is not None:
+            raise ValueError("PackedLinear only replaces bias-free projections")
+        self.weight = linear.weight
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        # batch-size hint 1: the layout chosen for decode also runs prefill GEMMs at full speed.
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 class MLP(nn.Module):
@@ -445,6 +480,22 @@ class LlamaLM(nn.Module):
     def new_cache(self, batch: int, max_len: int | None = None) -> KVCache:
         return KVCache(self.cfg, batch, max_len, self.dtype, self.model.embed_tokens.weight.device)
 
+    @torch.no_grad()
+    def prepack(self) -> LlamaLM:
+        """Swap every projection (and the LM head) for a oneDNN-prepacked ``PackedLinear``.
+
+        CPU inference only: call after loading weights and casting dtype; the weights must not
+        change afterwards (the packed copies would go stale). No-op without oneDNN."""
+        if self.model.embed_tokens.weight.device.type != "cpu":
+            return self
+        if not torch.backends.mkldnn.is_available():
+            return self
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if type(child) is nn.Linear and child.bias is None:
+                    setattr(module, name, PackedLinear(child))
+        return self
+
     # -- forward -------------------------------------------------------------------------------
 
     def forward(
@@ -521,7 +572,7 @@ class LlamaLM(nn.Module):
         q, k, v = attn.qkv(layer.input_layernorm(x), ctx.cos, ctx.sin)
         keys, values = ctx.keys_values(i, k, v)
         probe_out = _probe(q, keys, values, probe, ctx) if probe is not None else None
-        x = x + attn.attend(q, keys, values, ctx.mask)
+        x = x + attn.attend(q, keys, values, ctx.sdpa_mask, ctx.sdpa_causal)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, probe_out
 
@@ -565,7 +616,13 @@ class _Context:
     prefix: KVCache | None
     prefix_len: int
     kv_len: int
+    aligned: bool = True  # every row writes the same positions (one index_copy_ per layer)
     mask: Tensor | None = None  # (B, 1, T, S), built lazily by the first layer that runs
+    # What SDPA gets: None when every key is visible (plain decode), or None + is_causal when the
+    # mask is exactly lower-triangular with S == T (plain prefill): no (B,1,T,S) float mask is
+    # materialised per layer, and the causal kernel skips the upper triangle.
+    sdpa_mask: Tensor | None = None
+    sdpa_causal: bool = False
 
     @classmethod
     def build(
@@ -597,8 +654,21 @@ class _Context:
         prefix_len = prefix.filled_length() if prefix is not None else 0
         kv_len = int(pos_bt.max()) + 1 if cache is not None else t
         cos, sin = _rope(model, positions)
+        # One host sync per call instead of one per layer (in _write).
+        aligned = cache is None or b == 1 or bool((pos_bt == pos_bt[:1]).all())
         return cls(
-            model, cos, sin, pos_bt, local, pad, hide_future, cache, prefix, prefix_len, kv_len
+            model,
+            cos,
+            sin,
+            pos_bt,
+            local,
+            pad,
+            hide_future,
+            cache,
+            prefix,
+            prefix_len,
+            kv_len,
+            aligned,
         )
 
     def _build_mask(self, layer: int) -> Tensor:
@@ -628,9 +698,12 @@ class _Context:
         in every layer of a segment, so rebuilding it per layer would only cost time."""
         if self.cache is not None:
             kc, vc = self.cache.k[layer], self.cache.v[layer]  # (B, KVH, S, hd)
-            _write(kc, vc, self.positions_bt, k, v)
-            rows = torch.arange(self.pad.shape[0], device=self.pad.device)[:, None]
-            self.cache.valid[layer][rows, self.positions_bt] = self.pad
+            _write(kc, vc, self.positions_bt, k, v, self.aligned)
+            if self.aligned:
+                self.cache.valid[layer].index_copy_(1, self.positions_bt[0], self.pad)
+            else:
+                rows = torch.arange(self.pad.shape[0], device=self.pad.device)[:, None]
+                self.cache.valid[layer][rows, self.positions_bt] = self.pad
             k, v = kc[:, :, : self.kv_len], vc[:, :, : self.kv_len]
         if self.prefix is not None:
             n = self.prefix_len
@@ -638,6 +711,7 @@ class _Context:
             v = torch.cat((self.prefix.v[layer][:, :, :n], v), dim=2)
         if self.mask is None:
             self.mask = self._build_mask(layer)
+            self.sdpa_mask, self.sdpa_causal = _sdpa_mask(self.mask)
         return k, v
 
     def subset(self, index: Tensor) -> _Context:
@@ -658,6 +732,7 @@ class _Context:
             self.prefix,
             self.prefix_len,
             self.kv_len,
+            pos.shape[0] == 1 or bool((pos == pos[:1]).all()),
         )
 
 
@@ -669,9 +744,24 @@ def _rope(model: LlamaLM, positions: Tensor) -> tuple[Tensor, Tensor]:
     return cos[:, None], sin[:, None]  # (B, 1, T, hd)
 
 
-def _write(kc: Tensor, vc: Tensor, pos: Tensor, k: Tensor, v: Tensor) -> None:
+def _sdpa_mask(mask: Tensor) -> tuple[Tensor | None, bool]:
+    """(mask or None, is_causal) for SDPA, equivalent to the explicit (B, 1, T, S) bool mask.
+
+    Checked once per call (two small reductions), not assumed from the arguments, so stale or
+    padded cache slots can never be silently unmasked."""
+    t, s = mask.shape[-2:]
+    if bool(mask.all()):
+        return None, False
+    if t == s and t > 1:
+        tril = torch.ones(t, s, dtype=torch.bool, device=mask.device).tril_()
+        if bool((mask == tril).all()):
+            return None, True
+    return mask, False
+
+
+def _write(kc: Tensor, vc: Tensor, pos: Tensor, k: Tensor, v: Tensor, aligned: bool) -> None:
     """Scatter k/v (B, KVH, T, hd) into the cache at positions pos (B, T)."""
-    if bool((pos == pos[:1]).all()):  # common case: all rows aligned
+    if aligned:  # common case: all rows aligned
         kc.index_copy_(2, pos[0], k)
         vc.index_copy_(2, pos[0], v)
         return
