@@ -347,7 +347,3 @@ def _output_rows(out: LMOutput, last: Tensor) -> Tensor:
     if out.index is None:
         return last
     return (out.index == last[:, None]).float().argmax(dim=1)
-
-
-def noise_shape(cfg: VLAConfig, batch: int) -> tuple[int, int, int]:
-    return (batch, cfg.horizon, cfg.action_dim)

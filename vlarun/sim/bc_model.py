@@ -16,7 +16,6 @@ at inference, so one pass trains all three losses:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -116,8 +115,3 @@ def joint_mask(prefix_len: int, n: int) -> Tensor:
     mask[p + a :, :p] = True
     mask[p + a :, p + a :] = True
     return mask
-
-
-def trunk_config_fields() -> dict:
-    """Shapes of the trunk, for model cards."""
-    return dataclasses.asdict(mw_ar())
