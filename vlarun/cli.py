@@ -311,6 +311,24 @@ def _print_eval(r: dict) -> None:
     print(format_report(r))
 
 
+def _fidelity_options() -> type:
+    from vlarun.sim.fidelity import FidelityConfig
+
+    return FidelityConfig
+
+
+def cmd_fidelity(o) -> dict:
+    from vlarun.sim.fidelity import run_fidelity
+
+    return run_fidelity(o)
+
+
+def _print_fidelity(r: dict) -> None:
+    from vlarun.sim.fidelity import format_fidelity
+
+    print(format_fidelity(r))
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
@@ -318,6 +336,7 @@ COMMANDS: dict[str, Command] = {
     "check-parity": (ParityOptions, cmd_parity, _print_parity),
     "train": (_train_options, cmd_train, _print_train),
     "eval": (_eval_options, cmd_eval, _print_eval),
+    "fidelity": (_fidelity_options, cmd_fidelity, _print_fidelity),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),

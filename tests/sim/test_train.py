@@ -63,3 +63,45 @@ def test_random_shift_moves_content_within_bounds():
     ys, xs = torch.nonzero(out[0, 0] == 1.0, as_tuple=True)
     assert out.shape == img.shape and len(ys) == 1 and abs(int(ys) - 8) <= 2
     assert abs(int(xs) - 8) <= 2
+
+
+def test_init_from_exported_policies_continues_their_weights(tmp_path, demos):
+    cfg = TrainConfig(demos=str(demos), out=str(tmp_path / "a"), steps=1, batch=2, warmup=1)
+    train(cfg)
+    exported = tmp_path / "a" / "export"
+    cont = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "b"), "init_from": str(exported),
+                          "lr": 1e-12})  # fmt: skip
+    train(cont)
+    meta = json.loads((tmp_path / "b" / "state.json").read_text())
+    assert meta["init_from"].startswith("policies") and meta["step"] == 1
+    for name in ("tiny-ar", "tiny-oft", "tiny-dit"):
+        before, _ = load_vla(exported / name)
+        after, _ = load_vla(tmp_path / "b" / "export" / name)
+        for (k, v), w in zip(before.state_dict().items(), after.state_dict().values(), strict=True):
+            assert torch.allclose(v, w, atol=1e-6), (name, k)  # lr ~ 0: weights carried over
+    bad = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "c"), "init_from": str(tmp_path)})
+    with pytest.raises(ValueError, match="no state.safetensors and no exported policies"):
+        train(bad)
+
+
+def test_two_demo_directories_train_as_one(tmp_path, demos):
+    from vlarun.sim.demos import load_demos
+    from vlarun.sim.train import concat_demos, demo_dirs
+
+    both = concat_demos([load_demos(d) for d in demo_dirs(f"{demos},{demos}")])
+    one = load_demos(demos)
+    assert len(both) == 2 * len(one)
+    assert set(np.unique(both.episode_index)) == set(range(2 * len(one.manifest["episodes"])))
+    with pytest.raises(ValueError, match="not a demo directory"):
+        demo_dirs(f"{demos},{tmp_path}")
+
+
+def test_lr_anneals_by_time_budget_when_time_runs_out_first():
+    from vlarun.sim.train import lr_at
+
+    cfg = TrainConfig(steps=10_000, warmup=10, lr=1.0, budget_minutes=10)
+    assert lr_at(cfg, 5) == pytest.approx(0.6)  # warmup is by steps
+    assert lr_at(cfg, 100, seconds=0) == pytest.approx(1.0, abs=1e-3)
+    assert lr_at(cfg, 100, seconds=300) == pytest.approx(0.05 + 0.95 * 0.5)  # half the time
+    assert lr_at(cfg, 100, seconds=600) == pytest.approx(0.05)  # budget spent: floor
+    assert lr_at(TrainConfig(steps=10_000, warmup=10, lr=1.0), 100, seconds=600) > 0.9

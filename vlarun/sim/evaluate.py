@@ -45,6 +45,7 @@ class EvalConfig:
     seed: int = 0
     workers: int = 0
     json: bool = False
+    report: str | None = None  # directory for eval.json, eval.png and episode.gif
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -78,50 +79,65 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _run_episodes(job: tuple[str, str, list[int]]) -> list[dict]:
-    """Worker: load the policy once, run the given (task, seed) episodes."""
+def run_episode(policy, env, seed: int, on_inference=None, frames: list | None = None) -> dict:
+    """One closed-loop episode: infer a chunk, execute it, repeat until success or the limit.
+
+    ``on_inference(obs, run)`` sees every observation and its graph run (fidelity recording);
+    ``frames``, if given, receives every camera image (the report's GIF).
+    """
+    obs, _ = env.reset(seed=seed)
+    steps, latencies, stages, success = 0, [], {}, False
+    if frames is not None:
+        frames.append(obs["image"])
+    while True:
+        t0 = time.perf_counter()
+        run = policy.run_stages(obs["image"], env.instruction)
+        latencies.append((time.perf_counter() - t0) * 1e3)
+        for t in run.timings:
+            stages.setdefault(t.name, []).append(t.seconds * 1e3)
+        if on_inference is not None:
+            on_inference(obs, run)
+        done = False
+        for action in policy.unnormalize(run.outputs["actions"][0]):
+            obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
+            steps += 1
+            if frames is not None:
+                frames.append(obs["image"])
+            if terminated or truncated:
+                success, done = bool(info["success"]), True
+                break
+        if done:
+            break
+    return {"seed": seed, "success": success, "steps": steps, "latency_ms": latencies,
+            "stages_ms": stages}  # fmt: skip
+
+
+def _run_episodes(job: tuple[str, str, list[int], bool]) -> list[dict]:
+    """Worker: load the policy once, run the given (task, seed) episodes.
+
+    The first inference of the worker is a warm-up and is dropped from the latencies. With
+    ``keep_frames`` the first episode's camera images come back too (for the report's GIF).
+    """
     import torch
 
     from vlarun.models.policy import Policy
     from vlarun.sim.env import MetaWorldEnv
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    checkpoint, task, seeds = job
+    checkpoint, task, seeds, keep_frames = job
     policy = Policy.from_checkpoint(checkpoint)
     _check_action_space(policy)
     env = MetaWorldEnv(task)
-    results, warm = [], False
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        success, steps, latencies, stages = False, 0, [], {}
-        while True:
-            t0 = time.perf_counter()
-            run = policy.run_stages(obs["image"], env.instruction)
-            latency = time.perf_counter() - t0
-            if warm:
-                latencies.append(latency * 1e3)
-                for t in run.timings:
-                    stages.setdefault(t.name, []).append(t.seconds * 1e3)
-            warm = True
-            chunk = policy.unnormalize(run.outputs["actions"][0])
-            for action in chunk:
-                obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
-                steps += 1
-                if terminated or truncated:
-                    break
-            if terminated or truncated:
-                success = bool(info["success"])
-                break
-        results.append(
-            {
-                "task": task,
-                "seed": seed,
-                "success": success,
-                "steps": steps,
-                "latency_ms": latencies,
-                "stages_ms": stages,
-            }
-        )
+    results = []
+    for i, seed in enumerate(seeds):
+        frames = [] if keep_frames and i == 0 else None
+        r = run_episode(policy, env, seed, frames=frames)
+        if i == 0:
+            r["latency_ms"] = r["latency_ms"][1:]
+            r["stages_ms"] = {k: v[1:] for k, v in r["stages_ms"].items()}
+        if frames is not None:
+            r["frames"] = np.stack(frames)
+        results.append({"task": task} | r)
     env.close()
     return results
 
@@ -139,13 +155,17 @@ def evaluate(cfg: EvalConfig) -> dict:
     checkpoint = str(cfg.checkpoint_dir)
     from vlarun.models.policy import Policy
 
-    _check_action_space(Policy.from_checkpoint(checkpoint))  # fail before spawning workers
+    policy = Policy.from_checkpoint(checkpoint)
+    _check_action_space(policy)  # fail before spawning workers
     workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
     jobs = []
     for task in cfg.task_list:
         seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
         per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
-        jobs += [(checkpoint, task, seeds[i : i + per]) for i in range(0, len(seeds), per)]
+        jobs += [
+            (checkpoint, task, seeds[i : i + per], cfg.report is not None and not jobs and i == 0)
+            for i in range(0, len(seeds), per)
+        ]
     t0 = time.time()
     if workers == 1:
         episodes = [r for job in jobs for r in _run_episodes(job)]
@@ -155,10 +175,18 @@ def evaluate(cfg: EvalConfig) -> dict:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             episodes = [r for rs in pool.map(_run_episodes, jobs) for r in rs]
-    return summarise(cfg, episodes, time.time() - t0, workers)
+    frames = next((e.pop("frames") for e in episodes if "frames" in e), None)
+    result = summarise(cfg, episodes, time.time() - t0, workers, policy.model.cfg.horizon)
+    if cfg.report is not None:
+        from vlarun.sim.report import write_report
+
+        result["report"] = write_report(result, frames, cfg.report)
+    return result
 
 
-def summarise(cfg: EvalConfig, episodes: list[dict], seconds: float, workers: int) -> dict:
+def summarise(
+    cfg: EvalConfig, episodes: list[dict], seconds: float, workers: int, chunk: int = 1
+) -> dict:
     tasks = {}
     for task in cfg.task_list:
         eps = [e for e in episodes if e["task"] == task]
@@ -171,7 +199,7 @@ def summarise(cfg: EvalConfig, episodes: list[dict], seconds: float, workers: in
         }
     wins = sum(e["success"] for e in episodes)
     lat = [x for e in episodes for x in e["latency_ms"]]
-    stage_names = sorted({s for e in episodes for s in e["stages_ms"]})
+    stage_names = list(dict.fromkeys(s for e in episodes for s in e["stages_ms"]))  # graph order
     stages = {
         s: _pcts([x for e in episodes for x in e["stages_ms"].get(s, [])]) for s in stage_names
     }
@@ -182,6 +210,9 @@ def summarise(cfg: EvalConfig, episodes: list[dict], seconds: float, workers: in
         "episodes": len(episodes),
         "tasks": tasks,
         "latency_ms": _pcts(lat),
+        "actions_per_inference": chunk,
+        # Open-loop chunks: K actions per inference, so the sustainable rate is K / latency.
+        "control_rate_hz": chunk * 1e3 / _pcts(lat)["p50"] if lat else None,
         "stages_ms": stages,
         "latency_scope": "per inference, model stages only, in process, warm-up excluded",
         "seeds": f"{EVAL_SEED_OFFSET + cfg.seed}..{EVAL_SEED_OFFSET + cfg.seed + cfg.episodes - 1}",
@@ -217,8 +248,11 @@ def format_report(r: dict) -> str:
     if lat["n"]:
         lines.append(
             f"  latency per inference ({r['latency_scope']}): p50 {lat['p50']:.1f} ms, "
-            f"p99 {lat['p99']:.1f} ms"
+            f"p99 {lat['p99']:.1f} ms; control rate {r['control_rate_hz']:.0f} actions/s "
+            f"({r['actions_per_inference']} per inference)"
         )
         for s, v in r["stages_ms"].items():
             lines.append(f"    {s:<14} p50 {v['p50']:.1f} ms  p99 {v['p99']:.1f} ms")
+    for kind, path in r.get("report", {}).items():
+        lines.append(f"  report {kind}: {path}")
     return "\n".join(lines)

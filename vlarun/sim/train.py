@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,10 @@ from tqdm import tqdm
 
 from vlarun import config as cfgio
 from vlarun.models.action_tokens import NormStats
-from vlarun.models.checkpoint import save_vla
+from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
 from vlarun.sim.bc_model import Batch, MultiHeadBC
-from vlarun.sim.demos import load_demos
+from vlarun.sim.demos import Demos, load_demos
 from vlarun.sim.text import build_tokenizer
 
 
@@ -33,8 +34,9 @@ from vlarun.sim.text import build_tokenizer
 class TrainConfig:
     """Behaviour cloning of the mw-ar/mw-oft/mw-dit policies on one shared trunk (resumable)."""
 
-    demos: str = "data/demos128"
+    demos: str = "data/demos128"  # one directory, or several joined by commas
     out: str = "runs/mw"
+    init_from: str = ""  # a run directory (state.safetensors) or one holding tiny-ar/-oft/-dit
     steps: int = 8000
     batch: int = 32
     lr: float = 5e-4
@@ -46,6 +48,10 @@ class TrainConfig:
     seed: int = 0
     bf16: bool = True
     max_minutes: float = 0.0  # stop (resumably) after this wall time; 0 = no limit
+    # Total budget of the run in minutes (0 = none): the LR anneals by whichever of steps or
+    # time runs out first and training ends there, so a slower (shared) machine still finishes
+    # its schedule instead of stopping at a high learning rate.
+    budget_minutes: float = 0.0
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -60,12 +66,17 @@ class TrainConfig:
 
 
 class DemoSampler:
-    """All frames in memory; each sample is (image, instruction ids, normalised action chunk)."""
+    """All frames in memory; each sample is (image, instruction ids, normalised action chunk).
+
+    ``directory`` may list several demo directories joined by commas (same tasks and image
+    size); normalisation uses the first one's statistics, which the exported policies carry.
+    """
 
     def __init__(self, directory: str, chunk: int, tokenizer, seed: int) -> None:
-        demos = load_demos(directory)
+        dirs = demo_dirs(directory)
+        demos = concat_demos([load_demos(d) for d in dirs])
         self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) uint8
-        self.stats_json = json.loads((Path(directory) / "dataset_statistics.json").read_text())
+        self.stats_json = json.loads((dirs[0] / "dataset_statistics.json").read_text())
         self.norm = NormStats.select(self.stats_json, None)
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
         self.chunks = torch.from_numpy(_chunks(actions, demos.episode_index, chunk))
@@ -84,6 +95,46 @@ class DemoSampler:
         if shift:
             images = random_shift(images, shift, self.gen)
         return Batch(images, [self.text[t] for t in self.task[idx].tolist()], self.chunks[idx])
+
+
+def demo_dirs(spec: str) -> list[Path]:
+    """Comma-separated demo directories, each checked to hold a manifest."""
+    dirs = [Path(d) for d in spec.split(",") if d]
+    for d in dirs:
+        if not (d / "manifest.json").exists():
+            raise ValueError(f"{d} is not a demo directory (no manifest.json)")
+    if not dirs:
+        raise ValueError("no demo directory given")
+    return dirs
+
+
+def concat_demos(parts: list[Demos]) -> Demos:
+    """Frames of several collections as one (episode indices made unique, same task order)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.manifest["task_names"] != first.manifest["task_names"]:
+            raise ValueError(
+                f"demo directories hold different tasks: {first.manifest['task_names']} vs "
+                f"{p.manifest['task_names']}"
+            )
+        if p.images.shape[1:] != first.images.shape[1:]:
+            shapes = f"{first.images.shape[1:]} vs {p.images.shape[1:]}"
+            raise ValueError(f"demo directories hold different image shapes: {shapes}")
+    if len(parts) == 1:
+        return first
+    offsets = np.cumsum([0] + [len(p.manifest["episodes"]) for p in parts[:-1]])
+    manifest = dict(first.manifest, episodes=[e for p in parts for e in p.manifest["episodes"]])
+    return Demos(
+        images=np.concatenate([p.images for p in parts]),
+        states=np.concatenate([p.states for p in parts]),
+        actions=np.concatenate([p.actions for p in parts]),
+        episode_index=np.concatenate(
+            [p.episode_index + o for p, o in zip(parts, offsets, strict=True)]
+        ),
+        step_index=np.concatenate([p.step_index for p in parts]),
+        task_index=np.concatenate([p.task_index for p in parts]),
+        manifest=manifest,
+    )
 
 
 def _chunks(actions: np.ndarray, episode: np.ndarray, k: int) -> np.ndarray:
@@ -146,14 +197,54 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     return json.loads((out / "state.json").read_text())
 
 
+FAMILY_NAMES = {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"}
+
+
+def _source_tokenizer(source: Path) -> Path | None:
+    ar_dir = source / FAMILY_NAMES["autoregressive"]
+    for cand in (source / "tokenizer.json", ar_dir / "tokenizer.json"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def init_weights(model: MultiHeadBC, source: Path) -> str:
+    """Start a new run from earlier weights (the optimiser and step count start afresh).
+
+    ``source`` is a training run directory (its ``state.safetensors``) or a directory holding
+    the three exported policies (``tiny-ar``, ``tiny-oft``, ``tiny-dit``, e.g. ``checkpoints/``),
+    so a fresh clone can continue training the shipped policies.
+    """
+    if (source / "state.safetensors").exists():
+        tensors = load_file(source / "state.safetensors")
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        return f"run {source}"
+    dirs = {fam: source / name for fam, name in FAMILY_NAMES.items()}
+    missing = [str(d) for d in dirs.values() if not (d / "config.json").exists()]
+    if missing:
+        raise ValueError(
+            f"--init-from {source}: no state.safetensors and no exported policies at {missing}"
+        )
+    trunk, _ = load_vla(dirs["autoregressive"])
+    oft, _ = load_vla(dirs["parallel"])
+    dit, _ = load_vla(dirs["diffusion"])
+    model.trunk.load_state_dict(trunk.state_dict())
+    model.oft.load_state_dict(oft.action_head.state_dict())
+    model.dit.load_state_dict(dit.action_model.state_dict())
+    return f"policies {source}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Loop
 
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
+def lr_at(cfg: TrainConfig, step: int, seconds: float = 0.0) -> float:
+    """Linear warmup, then cosine to 5% of ``lr`` over steps or ``budget_minutes``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    if cfg.budget_minutes:
+        progress = max(progress, seconds / (60 * cfg.budget_minutes))
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
@@ -164,13 +255,23 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     tokenizer_path = out / "tokenizer.json"
-    data_manifest = json.loads((Path(cfg.demos) / "manifest.json").read_text())
+    data_manifest = json.loads((demo_dirs(cfg.demos)[0] / "manifest.json").read_text())
     instructions = [data_manifest["tasks"][t]["instruction"] for t in data_manifest["task_names"]]
+    if cfg.init_from and not tokenizer_path.exists():
+        # Reuse the source's tokenizer: the embeddings being continued were trained on its ids.
+        source_tok = _source_tokenizer(Path(cfg.init_from))
+        if source_tok is not None:
+            shutil.copyfile(source_tok, tokenizer_path)
     tokenizer = build_tokenizer(instructions, tokenizer_path)
     model = MultiHeadBC()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    meta = load_state(out, model, opt) or {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
-    if not export_only and meta["step"] < cfg.steps:
+    meta = load_state(out, model, opt)
+    if meta is None:
+        meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
+        if cfg.init_from:
+            meta["init_from"] = init_weights(model, Path(cfg.init_from))
+    spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
+    if not export_only and meta["step"] < cfg.steps and not spent:
         sampler = DemoSampler(cfg.demos, model.cfg.chunk, tokenizer, cfg.seed + meta["step"])
         meta = _loop(cfg, model, opt, sampler, meta, out)
     return export(cfg, model, meta, out)
@@ -183,7 +284,7 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
     log = (out / "train.log").open("a")
     for step in range(start_step, cfg.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
+            g["lr"] = lr_at(cfg, step, meta["seconds"])
         batch = sampler.sample(cfg.batch, cfg.shift)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             losses = model(batch)
@@ -197,7 +298,7 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
             rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
             entry = {
                 "step": step + 1,
-                "lr": lr_at(cfg, step),
+                "lr": lr_at(cfg, step, meta["seconds"]),
                 "samples_per_s": round(rate, 1),
                 "minutes": round(meta["seconds"] / 60, 2),
             } | losses.as_floats()
@@ -210,7 +311,9 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
                 sps=entry["samples_per_s"],
             )
         done = step + 1 == cfg.steps
-        out_of_time = cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes
+        out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
+            cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
+        )
         if (step + 1) % cfg.save_every == 0 or done or out_of_time:
             save_state(out, model, opt, meta)
         if out_of_time:
@@ -226,12 +329,10 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
 
 def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     """Write one checkpoint per family (weights, config, statistics, tokenizer, card)."""
-    stats = json.loads((Path(cfg.demos) / "dataset_statistics.json").read_text())
+    stats = json.loads((demo_dirs(cfg.demos)[0] / "dataset_statistics.json").read_text())
     written = {}
     for family, vla in model.export().items():
-        name = {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"}[
-            family
-        ]
+        name = FAMILY_NAMES[family]
         card = model_card(name, family, cfg, meta)
         path = save_vla(
             vla,

@@ -1,0 +1,91 @@
+"""`vlarun eval` and `vlarun fidelity` on the shipped policies (short runs, real simulator)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from vlarun.cli import main
+from vlarun.sim.evaluate import wilson
+from vlarun.sim.fidelity import Rollouts, action_fidelity, policy_candidate, record_rollouts
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    lo, hi = wilson(8, 10)
+    assert lo == pytest.approx(0.490, abs=1e-3) and hi == pytest.approx(0.943, abs=1e-3)
+    assert wilson(0, 5)[0] == 0.0 and wilson(5, 5)[1] == 1.0
+
+
+def test_eval_json_and_report(tmp_path, capsys):
+    report = tmp_path / "report"
+    args = ["eval", "--policy", "tiny-oft", "--tasks", "drawer-open-v3", "--episodes", "1",
+            "--workers", "1", "--json", "--report", str(report)]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["episodes"] == 1 and r["tasks"]["drawer-open-v3"]["episodes"] == 1
+    assert 0.0 <= r["ci95"][0] <= r["success_rate"] <= r["ci95"][1] <= 1.0
+    assert r["latency_ms"]["p50"] > 0 and r["latency_ms"]["p99"] >= r["latency_ms"]["p50"]
+    assert list(r["stages_ms"]) == ["vision", "prefill_head"]  # graph order
+    assert r["control_rate_hz"] == pytest.approx(4e3 / r["latency_ms"]["p50"])
+    assert json.loads((report / "eval.json").read_text())["episodes"] == 1
+    assert (report / "eval.png").stat().st_size > 1000
+    from PIL import Image
+
+    with Image.open(report / "episode.gif") as gif:
+        assert gif.n_frames > 5 and gif.size == (128, 128)
+
+
+def test_eval_refuses_unknown_task_listing_valid_ones(capsys):
+    assert main(["eval", "--tasks", "reach-v3,fly-v3"]) == 2
+    err = capsys.readouterr().err
+    assert "fly-v3" in err and "drawer-open-v3" in err and err.count("\n") == 1
+
+
+def test_eval_refuses_a_policy_with_another_action_space(tmp_path, capsys):
+    from vlarun.models.checkpoint import save_vla
+    from vlarun.models.policy import Policy
+
+    save_vla(Policy.from_preset("tiny-openvla").model, tmp_path / "seven")
+    assert main(["eval", "--checkpoint", str(tmp_path / "seven"), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "(1, 7)" in err and "(4,)" in err
+
+
+@pytest.fixture(scope="module")
+def oft_rollouts():
+    from vlarun.models.policy import Policy
+    from vlarun.sim.evaluate import POLICY_DIR
+
+    policy = Policy.from_checkpoint(POLICY_DIR / "tiny-oft")
+    return policy, record_rollouts(policy, ["reach-v3"], episodes=1)
+
+
+def test_fidelity_is_zero_against_itself_and_grows_with_lower_precision(oft_rollouts, tmp_path):
+    import torch
+
+    from vlarun.models.policy import Policy
+    from vlarun.sim.evaluate import POLICY_DIR
+
+    policy, rollouts = oft_rollouts
+    assert len(rollouts.images) > 5 and rollouts.actions.shape[1:] == (4, 4)
+    same = action_fidelity(rollouts, policy_candidate(policy))
+    assert same["mean_abs_error"] == 0.0 and same["observations"] == len(rollouts.images)
+    bf16 = Policy.from_checkpoint(POLICY_DIR / "tiny-oft", dtype=torch.bfloat16)
+    low = action_fidelity(rollouts, policy_candidate(bf16))
+    assert 0.0 < low["mean_abs_error"] < 0.05  # bf16 rounding, not a different policy
+    other = Policy.from_checkpoint(POLICY_DIR / "tiny-dit")
+    assert (
+        action_fidelity(rollouts, policy_candidate(other))["mean_abs_error"]
+        > 5 * (low["mean_abs_error"])
+    )
+    rollouts.save(tmp_path / "r.safetensors")
+    back = Rollouts.load(tmp_path / "r.safetensors")
+    assert np.array_equal(back.images, rollouts.images) and back.tasks == ("reach-v3",)
+
+
+def test_fidelity_refuses_a_file_that_is_not_rollouts(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match="not a rollouts file"):
+        Rollouts.load(tmp_path / "x.safetensors")
