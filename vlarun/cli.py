@@ -12,17 +12,11 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from vlarun.config import opt  # re-exported: option classes use it
 from vlarun.models.presets import DEFAULT_PRESET, PRESETS
-
-
-def opt(default=dataclasses.MISSING, help: str = "", positional: bool = False, choices=None):
-    """A dataclass field carrying CLI metadata."""
-    meta = {"help": help, "positional": positional, "choices": choices}
-    return field(default=default, metadata=meta)
-
 
 # ---------------------------------------------------------------------------------------------
 # Options
@@ -80,7 +74,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         meta, hint = f.metadata, hints[f.name]
         base = _base_type(hint)
-        kw: dict = {"help": meta.get("help", "")}
+        shown = "" if f.default in (dataclasses.MISSING, None, False, "") else f.default
+        kw: dict = {"help": meta.get("help", "") + (f" (default: {shown})" if shown != "" else "")}
         if meta.get("choices"):
             kw["choices"] = meta["choices"]
         if meta.get("positional"):

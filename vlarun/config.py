@@ -14,6 +14,12 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def opt(default=dataclasses.MISSING, help: str = "", positional: bool = False, choices=None):
+    """A dataclass field carrying command-line metadata (help text, positional, choices)."""
+    meta = {"help": help, "positional": positional, "choices": choices}
+    return dataclasses.field(default=default, metadata=meta)
+
+
 def to_dict(obj: Any) -> Any:
     """A dataclass (possibly nested) as JSON-able dicts/lists."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlarun.config import opt
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.tasks import get_task
 
@@ -38,14 +39,14 @@ POLICY_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
 class EvalConfig:
     """Closed-loop evaluation on held-out Meta-World seeds."""
 
-    policy: str = "tiny-ar"
-    checkpoint: str | None = None
-    tasks: str = ",".join(TRAIN_TASKS)
-    episodes: int = 25
-    seed: int = 0
-    workers: int = 0
-    json: bool = False
-    report: str | None = None  # directory for eval.json, eval.png and episode.gif
+    policy: str = opt("tiny-ar", "shipped policy under checkpoints/ (tiny-ar, tiny-oft, tiny-dit)")
+    checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
+    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks")
+    episodes: int = opt(25, "episodes per task")
+    seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
+    workers: int = opt(0, "worker processes; 0 = one per core (at most 4)")
+    json: bool = opt(False, "print one JSON object")
+    report: str | None = opt(None, "directory for eval.json, eval.png and episode.gif")
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -163,7 +164,7 @@ def evaluate(cfg: EvalConfig) -> dict:
         seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
         per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
         jobs += [
-            (checkpoint, task, seeds[i : i + per], cfg.report is not None and not jobs and i == 0)
+            (checkpoint, task, seeds[i : i + per], cfg.report is not None)
             for i in range(0, len(seeds), per)
         ]
     t0 = time.time()
@@ -175,7 +176,12 @@ def evaluate(cfg: EvalConfig) -> dict:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             episodes = [r for rs in pool.map(_run_episodes, jobs) for r in rs]
-    frames = next((e.pop("frames") for e in episodes if "frames" in e), None)
+    recorded = [e for e in episodes if "frames" in e]
+    # The GIF shows the first recorded success (or the first episode if none succeeded).
+    shown = next((e for e in recorded if e["success"]), recorded[0] if recorded else None)
+    frames = shown["frames"] if shown else None
+    for e in recorded:
+        del e["frames"]
     result = summarise(cfg, episodes, time.time() - t0, workers, policy.model.cfg.horizon)
     if cfg.report is not None:
         from vlarun.sim.report import write_report

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
+from vlarun.config import opt
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode
 from vlarun.sim.tasks import get_task
@@ -34,15 +35,15 @@ Candidate = Callable[[np.ndarray, str], np.ndarray]
 class FidelityConfig:
     """Action error of a configuration against the full-compute policy on recorded rollouts."""
 
-    policy: str = "tiny-ar"  # shipped reference policy (full compute)
-    checkpoint: str | None = None  # reference checkpoint directory (overrides --policy)
-    candidate: str | None = None  # candidate checkpoint directory (default: the reference's)
-    dtype: str = "float32"  # the candidate's compute dtype: float32 or bfloat16
-    tasks: str = ",".join(TRAIN_TASKS)
-    episodes: int = 2
-    seed: int = 0
-    rollouts: str | None = None  # .safetensors file: reused if it exists, else written
-    json: bool = False
+    policy: str = opt("tiny-ar", "shipped reference policy (run at full compute)")
+    checkpoint: str | None = opt(None, "reference checkpoint directory (overrides --policy)")
+    candidate: str | None = opt(None, "candidate checkpoint directory (default: the reference)")
+    dtype: str = opt("float32", "the candidate's compute dtype", choices=["float32", "bfloat16"])
+    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks")
+    episodes: int = opt(2, "recorded reference episodes per task")
+    seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
+    rollouts: str | None = opt(None, ".safetensors file of recorded rollouts: reused if present")
+    json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
         if self.episodes < 1:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from vlarun import config as cfgio
+from vlarun.config import opt
 from vlarun.models.action_tokens import NormStats
 from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
@@ -34,25 +35,24 @@ from vlarun.sim.text import build_tokenizer
 class TrainConfig:
     """Behaviour cloning of the mw-ar/mw-oft/mw-dit policies on one shared trunk (resumable)."""
 
-    demos: str = "data/demos128"  # one directory, or several joined by commas
-    out: str = "runs/mw"
-    init_from: str = ""  # a run directory (state.safetensors) or one holding tiny-ar/-oft/-dit
-    steps: int = 8000
-    batch: int = 32
-    lr: float = 5e-4
-    warmup: int = 300
-    weight_decay: float = 0.01
-    shift: int = 6  # random-shift augmentation, pixels (DrQ-style)
-    save_every: int = 250
-    log_every: int = 25
-    seed: int = 0
-    bf16: bool = True
-    max_minutes: float = 0.0  # stop (resumably) after this wall time; 0 = no limit
-    # Total budget of the run in minutes (0 = none): the LR anneals by whichever of steps or
-    # time runs out first and training ends there, so a slower (shared) machine still finishes
-    # its schedule instead of stopping at a high learning rate.
-    budget_minutes: float = 0.0
-    threads: int = 0
+    demos: str = opt("data/demos128", "demo directory, or several joined by commas")
+    out: str = opt("runs/mw", "run directory: state, log and exported policies (resumes there)")
+    init_from: str = opt("", "start from a run directory or a directory of tiny-ar/-oft/-dit")
+    steps: int = opt(8000, "optimiser steps")
+    batch: int = opt(32, "samples per step")
+    lr: float = opt(5e-4, "peak learning rate (AdamW)")
+    warmup: int = opt(300, "linear warm-up steps")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    shift: int = opt(6, "random-shift augmentation in pixels (DrQ-style); 0 = off")
+    save_every: int = opt(250, "steps between resumable state saves")
+    log_every: int = opt(25, "steps between train.log lines")
+    seed: int = opt(0, "sampling and initialisation seed")
+    bf16: bool = opt(True, "bfloat16 autocast (about 4x the fp32 matmul rate on this CPU)")
+    max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
+    # The LR anneals by whichever of steps or time runs out first and training ends there, so a
+    # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
+    budget_minutes: float = opt(0.0, "total minutes of the run (cosine schedule by time); 0 = none")
+    threads: int = opt(0, "torch threads; 0 = torch's default")
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.lr <= 0:
