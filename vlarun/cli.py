@@ -324,6 +324,27 @@ def _print_fidelity(r: dict) -> None:
     print(format_fidelity(r))
 
 
+def _sched(name: str) -> tuple[Callable, Callable, Callable]:
+    """predict, plan, profile, fleet, bench sched: defined in vlarun.sched.commands."""
+
+    def options() -> type:
+        from vlarun.sched import commands
+
+        return commands.OPTIONS[name]
+
+    def run(o) -> dict:
+        from vlarun.sched import commands
+
+        return commands.RUN[name](o)
+
+    def show(r: dict) -> None:
+        from vlarun.sched import commands
+
+        commands.SHOW[name](r)
+
+    return options, run, show
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
@@ -332,6 +353,8 @@ COMMANDS: dict[str, Command] = {
     "train": (_train_options, cmd_train, _print_train),
     "eval": (_eval_options, cmd_eval, _print_eval),
     "fidelity": (_fidelity_options, cmd_fidelity, _print_fidelity),
+    "predict": _sched("predict"),
+    "profile": _sched("profile"),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
@@ -351,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_options(sub.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     for name, (cls, _, _) in BENCH.items():
+        cls = _resolve(cls)
         add_options(bench.add_parser(name, help=cls.__doc__, description=cls.__doc__), cls)
     return parser
 

@@ -1,0 +1,273 @@
+"""Latency and energy of one placement of the stage DAG (EcoVLA's joint cost model).
+
+For a placement pi: V -> {robot, edge}, start and end times are computed recursively over the
+DAG in topological order:
+
+    ready(v)  = max over parents w of  end(w) + tau(w, v)            (tau = 0 on one device)
+    start(v)  = earliest time >= max(ready(v), a_d) + Q_d(v) where d = pi(v) is free of
+                reservations for t(v, d)
+    end(v)    = start(v) + t(v, d)
+    T(pi)     = end(last) + tau(last, robot) + r(pi)
+
+a_d is when device d is next available, Q_d(v) the work already queued for stage v on d, and
+r(pi) a residual learned online per placement. tau(w, v) = link latency of the packet on that
+edge; a graph input (camera frame, prompt) starts on the robot, and the actions must come back.
+
+``Calibration`` keeps the EWMA corrections that measurements feed back: a multiplicative factor
+per (stage, device), an additive overhead per cut boundary, and the residual per placement.
+The same recursion, vectorised over thousands of candidate plans, is in ``scheduler.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vlarun.sched.catalog import Device
+from vlarun.sched.cost import StageWork, roofline, stage_seconds
+from vlarun.sched.energy import (
+    ENERGY_SOURCE,
+    RadioPower,
+    actions_per_joule,
+    dynamic_energy,
+    stage_energy,
+)
+from vlarun.sched.link import Link
+
+ROBOT, EDGE = "robot", "edge"
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole model on one device (`vlarun predict`)
+
+
+def predict_device(
+    works: Sequence[StageWork],
+    device: Device,
+    dtype: str = "bfloat16",
+    actions: int = 1,
+    profile=None,
+    model: str = "",
+    batch: int = 1,
+    text_tokens: int = 24,
+) -> dict:
+    """Per-stage and end-to-end latency and energy of the whole model on ``device``."""
+    stages, total_s, total_j = [], 0.0, 0.0
+    for work in works:
+        roof = roofline(work, device, dtype)
+        seconds, source = stage_seconds(work, device, dtype, profile, model, batch, text_tokens)
+        util = roof.utilisation if source == "roofline" else 1.0
+        joules = stage_energy(device, seconds, util)
+        stages.append(
+            {
+                "name": work.name,
+                "latency_ms": seconds * 1e3,
+                "energy_j": joules,
+                "latency_source": source,
+                "bound": _bound(roof),
+                "utilisation": util,
+                "power_w": joules / seconds if seconds > 0 else 0.0,
+            }
+        )
+        total_s, total_j = total_s + seconds, total_j + joules
+    return {
+        "latency_ms": total_s * 1e3,
+        "energy_j": total_j,
+        "energy_source": ENERGY_SOURCE,
+        "actions": actions * batch,
+        "actions_per_joule": actions_per_joule(actions * batch, total_j),
+        "stages": stages,
+    }
+
+
+def _bound(roof) -> str:
+    if roof.overhead_s > max(roof.compute_s, roof.memory_s):
+        return "overhead"
+    return "compute" if roof.compute_s >= roof.memory_s else "memory"
+
+
+# ---------------------------------------------------------------------------------------------
+# Online calibration
+
+
+def ewma(old: float | None, sample: float, alpha: float) -> float:
+    return sample if old is None else (1 - alpha) * old + alpha * sample
+
+
+@dataclass
+class Calibration:
+    """EWMA corrections learned from measurements (EcoVLA: stage latency, boundary overhead,
+    placement residual). Factors start at 1 and overheads at 0: an uncalibrated predictor is
+    the plain cost model."""
+
+    alpha: float = 0.2
+    stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)
+    boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    residual_s: dict[tuple[str, ...], float] = field(default_factory=dict)
+
+    def factor(self, stage: str, device: str) -> float:
+        return self.stage_factor.get((stage, device), 1.0)
+
+    def boundary(self, parent: str, child: str) -> float:
+        return self.boundary_s.get((parent, child), 0.0)
+
+    def residual(self, placement: tuple[str, ...]) -> float:
+        return self.residual_s.get(placement, 0.0)
+
+    def observe_stage(self, stage: str, device: str, predicted_s: float, measured_s: float):
+        """Measured compute time of a stage; the factor tracks measured / uncalibrated model."""
+        if predicted_s > 0:
+            key = (stage, device)
+            ratio = measured_s / predicted_s
+            self.stage_factor[key] = ewma(self.stage_factor.get(key), ratio, self.alpha)
+
+    def observe_boundary(self, parent: str, child: str, predicted_s: float, measured_s: float):
+        """Measured transfer of a cut edge: what the link model misses (encode, dispatch)."""
+        key = (parent, child)
+        self.boundary_s[key] = ewma(self.boundary_s.get(key), measured_s - predicted_s, self.alpha)
+
+    def observe_total(self, placement: tuple[str, ...], predicted_s: float, measured_s: float):
+        """End-to-end measurement of a placement; ``predicted_s`` must exclude the residual."""
+        self.residual_s[placement] = ewma(
+            self.residual_s.get(placement), measured_s - predicted_s, self.alpha
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge occupancy: reservations and queues
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A committed interval on a device: [start, end) seconds on the shared clock, for a stage.
+    ``batch`` counts the requests sharing it."""
+
+    device: str
+    stage: str
+    start: float
+    end: float
+    batch: int = 1
+
+
+@dataclass
+class DeviceState:
+    """What the predictor knows of a device's load: when it is next free, per-stage queued
+    work (seconds), and reservations committed by earlier scheduling decisions."""
+
+    available_at: float = 0.0
+    queued_s: dict[str, float] = field(default_factory=dict)
+    reservations: list[Reservation] = field(default_factory=list)
+
+    def earliest_fit(self, ready: float, seconds: float) -> float:
+        """First start >= ready such that [start, start + seconds) overlaps no reservation."""
+        start = ready
+        for r in sorted(self.reservations, key=lambda r: r.start):
+            if start < r.end and start + seconds > r.start:
+                start = r.end
+        return start
+
+    def reserve(self, r: Reservation) -> None:
+        self.reservations.append(r)
+
+    def expire(self, now: float) -> None:
+        self.reservations = [r for r in self.reservations if r.end > now]
+
+
+# ---------------------------------------------------------------------------------------------
+# One placement
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    name: str
+    device: str  # role: robot or edge
+    start: float
+    end: float
+    transfer_in_s: float
+    energy_j: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted outcome of one plan. Invariant: ``latency_s`` >= the last stage's end minus
+    ``now``; ``energy_j`` covers the control cycle (see energy.py)."""
+
+    latency_s: float
+    energy_j: float
+    actions_per_joule: float
+    stages: tuple[StageTimes, ...]
+    transfer_s: float
+    bytes_sent: int
+
+
+def _stage_time(work, role, devices, dtype, cal) -> tuple[float, float]:
+    roof = roofline(work, devices[role], dtype)
+    return roof.seconds * cal.factor(work.name, devices[role].id), roof.utilisation
+
+
+def predict_placement(
+    works: Sequence[StageWork],
+    placement: Mapping[str, str],
+    devices: Mapping[str, Device],
+    link: Link,
+    *,
+    now: float = 0.0,
+    state: Mapping[str, DeviceState] | None = None,
+    cal: Calibration | None = None,
+    dtype: str = "bfloat16",
+    actions: int = 1,
+    period_s: float = 0.0,
+    radio: RadioPower | None = None,
+) -> Prediction:
+    """Latency and energy of running ``works`` with ``placement`` (stage -> robot/edge).
+
+    ``devices`` maps the roles robot and edge to catalog devices; ``state`` gives each role's
+    availability, queues and reservations; ``period_s`` is the control period the robot idles
+    through (0: count only the inference itself).
+    """
+    cal, radio = cal or Calibration(), radio or RadioPower()
+    state = state or {}
+    end: dict[str, float] = {}
+    out: list[StageTimes] = []
+    transfer_total, sent, robot_dyn, edge_j, radio_j = 0.0, 0, 0.0, 0.0, 0.0
+    for work in works:
+        role = placement[work.name]
+        dev_state = state.get(role, DeviceState())
+        # Packets arrive from parents; the first stage's inputs come from the robot's sensors.
+        sources = [(p, placement[p], end[p]) for p in work.parents] or [("", ROBOT, now)]
+        ready, tau_in = now, 0.0
+        for parent, src_role, t_end in sources:
+            tau = 0.0
+            if src_role != role:
+                wire = link.transfer_s(work.in_bytes)
+                tau = wire + cal.boundary(parent, work.name)
+                sent += work.in_bytes
+                radio_j += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
+            ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
+        seconds, util = _stage_time(work, role, devices, dtype, cal)
+        ready = max(ready, dev_state.available_at) + dev_state.queued_s.get(work.name, 0.0)
+        start = dev_state.earliest_fit(ready, seconds)
+        end[work.name] = start + seconds
+        dev = devices[role]
+        if role == ROBOT:
+            joules = dynamic_energy(dev, seconds, util)
+            robot_dyn += joules
+        else:
+            joules = stage_energy(dev, seconds, util)
+            edge_j += joules
+        transfer_total += tau_in
+        out.append(StageTimes(work.name, role, start, end[work.name], tau_in, joules))
+    last = works[-1]
+    finish = end[last.name]
+    if placement[last.name] != ROBOT:  # the actions return to the robot
+        back = link.transfer_s(last.out_bytes)
+        finish += back
+        transfer_total += back
+        radio_j += back * radio.rx_w
+    placement_key = tuple(placement[w.name] for w in works)
+    latency = finish - now + cal.residual(placement_key)
+    robot = devices[ROBOT]
+    energy = robot_dyn + robot.idle_w * max(latency, period_s) + edge_j + radio_j
+    return Prediction(
+        latency, energy, actions_per_joule(actions, energy), tuple(out), transfer_total, sent
+    )

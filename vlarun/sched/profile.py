@@ -1,0 +1,110 @@
+"""Measured stage profiles: time every stage of a preset on this machine over batch sizes and
+prompt lengths, store the medians, and let the cost model use them instead of the roofline.
+
+A profile file is JSON: {"device", "threads", "when", "entries": [{model, stage, batch,
+text_tokens, dtype, median_ms, p90_ms, samples}]}. Times are in-process stage compute only
+(packets not serialised), warm-up runs excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlarun.sched.catalog import THIS_CPU, cache_dir
+
+
+@dataclass
+class Profile:
+    """Measured medians keyed by (device, model, stage, batch, text_tokens, dtype)."""
+
+    entries: dict[tuple, dict] = field(default_factory=dict)
+
+    def add(self, device: str, row: dict) -> None:
+        key = (device, row["model"], row["stage"], row["batch"], row["text_tokens"], row["dtype"])
+        self.entries[key] = row
+
+    def lookup(self, device, model, stage, batch, text_tokens, dtype) -> float | None:
+        """Measured median seconds, or None where this exact shape was not profiled."""
+        row = self.entries.get((device, model, stage, batch, text_tokens, dtype))
+        return None if row is None else row["median_ms"] * 1e-3
+
+    @classmethod
+    def load(cls, *paths: str | Path) -> Profile:
+        prof = cls()
+        for path in paths:
+            data = json.loads(Path(path).read_text())
+            for row in data["entries"]:
+                prof.add(data["device"], row)
+        return prof
+
+
+def default_profile_path(model: str) -> Path:
+    return cache_dir() / f"profile-{THIS_CPU}-{model}.json"
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def profile_preset(
+    preset: str,
+    batches: tuple[int, ...] = (1,),
+    text_tokens: tuple[int, ...] = (24,),
+    dtype: str = "float32",
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict:
+    """Time every stage of ``preset`` (random weights) at each batch and prompt length."""
+    import torch
+
+    from vlarun.models.presets import get_preset
+    from vlarun.models.vla import VLA
+    from vlarun.stages.families import Workload, build_graph, graph_inputs
+
+    cfg = get_preset(preset)
+    torch.manual_seed(seed)
+    model = VLA(cfg).to(getattr(torch, dtype)).eval()
+    entries = []
+    for b in batches:
+        for n in text_tokens:
+            if n > cfg.max_text_tokens:
+                raise ValueError(f"{preset} takes at most {cfg.max_text_tokens} text tokens")
+            images = torch.rand(b, cfg.num_images, 3, cfg.image_size, cfg.image_size)
+            ids = [[(7 * i + r) % 200 + 3 for i in range(n)] for r in range(b)]
+            packet = graph_inputs(cfg, images, ids)
+            graph = build_graph(cfg, model, Workload(b, n, dtype))
+            graph.run(packet, serialize=False)  # warm-up: allocations, kernel selection
+            runs = [graph.run(packet, serialize=False).timings for _ in range(repeats)]
+            for i, st in enumerate(graph.stages):
+                ms = [r[i].seconds * 1e3 for r in runs]
+                entries.append(
+                    {
+                        "model": preset,
+                        "stage": st.name,
+                        "batch": b,
+                        "text_tokens": n,
+                        "dtype": dtype,
+                        "median_ms": statistics.median(ms),
+                        "p90_ms": _percentile(ms, 0.9),
+                        "samples": ms,
+                    }
+                )
+    return {
+        "device": THIS_CPU,
+        "threads": torch.get_num_threads(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "scope": "in-process stage compute, warm-up excluded, packets not serialised",
+        "entries": entries,
+    }
+
+
+def save_profile(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
