@@ -1,0 +1,130 @@
+"""The predictor's recursion on hand-built DAGs, the link EWMA and the calibration terms."""
+
+import pytest
+
+from vlarun.sched.catalog import Device
+from vlarun.sched.cost import StageWork
+from vlarun.sched.link import Link
+from vlarun.sched.predictor import (
+    Calibration,
+    DeviceState,
+    Reservation,
+    predict_placement,
+)
+
+# 1 TFLOP/s, no memory limit, no overhead: a stage of n TFLOP takes exactly n seconds.
+ROBOT = Device("r", "robot", "robot", 1.0, 1.0, 1.0, 1e9, 8, 2.0, 10.0, 1.0, 1.0, 0.0)
+EDGE = Device("e", "edge", "edge", 4.0, 4.0, 4.0, 1e9, 80, 20.0, 100.0, 1.0, 1.0, 0.0)
+DEVICES = {"robot": ROBOT, "edge": EDGE}
+MB = 1_000_000
+
+
+def work(name, seconds_on_robot, parents=(), in_bytes=0, out_bytes=0):
+    return StageWork(name, parents, seconds_on_robot * 1e12, 1.0, 1.0, 1, 0, 0, in_bytes, out_bytes)
+
+
+CHAIN = (work("a", 1.0, (), 1 * MB), work("b", 2.0, ("a",), 2 * MB), work("c", 0.5, ("b",), 0, MB))
+DIAMOND = (
+    work("a", 1.0),
+    work("b", 2.0, ("a",), MB),
+    work("c", 0.5, ("a",), MB),
+    work("d", 1.0, ("b", "c"), MB),
+)
+LINK = Link(bandwidth_mbps=8.0, rtt_ms=0.0)  # 1 MB/s: a 1 MB packet takes 1 s
+
+
+def place(works, roles):
+    return {w.name: r for w, r in zip(works, roles, strict=True)}
+
+
+def test_chain_on_robot_is_the_sum_of_stages():
+    p = predict_placement(CHAIN, place(CHAIN, ["robot", "robot", "robot"]), DEVICES, LINK)
+    assert p.latency_s == pytest.approx(3.5)
+    assert p.transfer_s == 0 and p.bytes_sent == 0
+    # energy: robot busy the whole time (util 1): busy_w * 3.5 s
+    assert p.energy_j == pytest.approx(10.0 * 3.5)
+
+
+def test_cut_adds_the_packet_transfer_and_the_return_trip():
+    p = predict_placement(CHAIN, place(CHAIN, ["robot", "edge", "edge"]), DEVICES, LINK)
+    # a on robot 1 s, send 2 MB (2 s), b on edge 0.5 s, c on edge 0.125 s, 1 MB back (1 s)
+    assert p.latency_s == pytest.approx(1 + 2 + 0.5 + 0.125 + 1)
+    assert p.bytes_sent == 2 * MB
+    starts = {s.name: s.start for s in p.stages}
+    assert starts["b"] == pytest.approx(3.0)
+
+
+def test_first_stage_on_edge_receives_the_sensor_packet():
+    p = predict_placement(CHAIN, place(CHAIN, ["edge", "robot", "robot"]), DEVICES, LINK)
+    # 1 MB up (1 s), a on edge 0.25 s, 2 MB down (2 s), b 2 s, c 0.5 s on robot
+    assert p.latency_s == pytest.approx(1 + 0.25 + 2 + 2 + 0.5)
+
+
+def test_diamond_waits_for_the_slowest_parent():
+    roles = ["robot", "edge", "robot", "robot"]
+    p = predict_placement(DIAMOND, place(DIAMOND, roles), DEVICES, LINK)
+    # b: a ends 1, +1 s up, 0.5 s on edge, ends 2.5, +1 s down -> ready 3.5
+    # c: on robot right after a, ends 1.5 (this predictor has no robot contention between
+    #    parallel stages); d starts at max(3.5, 1.5) = 3.5 and runs 1 s
+    ends = {s.name: s.end for s in p.stages}
+    assert ends["b"] == pytest.approx(2.5)
+    assert ends["c"] == pytest.approx(1.5)
+    assert p.latency_s == pytest.approx(4.5)
+
+
+def test_availability_queue_and_reservations_delay_edge_stages():
+    roles = place(CHAIN, ["robot", "edge", "edge"])
+    base = predict_placement(CHAIN, roles, DEVICES, LINK).latency_s
+    busy = {"edge": DeviceState(available_at=5.0)}
+    assert predict_placement(CHAIN, roles, DEVICES, LINK, state=busy).latency_s == pytest.approx(
+        base + 2.0  # b was ready at 3 s, the edge frees at 5 s
+    )
+    queued = {"edge": DeviceState(queued_s={"b": 0.7})}
+    assert predict_placement(CHAIN, roles, DEVICES, LINK, state=queued).latency_s == pytest.approx(
+        base + 0.7
+    )
+    # A reservation [3.2, 4) leaves no room for b's 0.5 s at 3.0; it starts at 4.
+    res = DeviceState(reservations=[Reservation("edge", "b", 3.2, 4.0)])
+    p = predict_placement(CHAIN, roles, DEVICES, LINK, state={"edge": res})
+    assert {s.name: s.start for s in p.stages}["b"] == pytest.approx(4.0)
+    # A reservation that ends before b is ready changes nothing.
+    early = DeviceState(reservations=[Reservation("edge", "x", 0.0, 2.9)])
+    assert predict_placement(CHAIN, roles, DEVICES, LINK, state={"edge": early}).latency_s == (
+        pytest.approx(base)
+    )
+
+
+def test_period_idle_energy_and_now_offset():
+    roles = place(CHAIN, ["robot", "robot", "robot"])
+    p = predict_placement(CHAIN, roles, DEVICES, LINK, period_s=10.0, now=100.0)
+    assert p.latency_s == pytest.approx(3.5)
+    # dynamic 8 W x 3.5 s + idle 2 W over the 10 s period
+    assert p.energy_j == pytest.approx(8 * 3.5 + 2 * 10)
+
+
+def test_calibration_learns_stage_factor_boundary_and_residual():
+    cal = Calibration(alpha=0.5)
+    for _ in range(30):
+        cal.observe_stage("b", "e", predicted_s=0.5, measured_s=0.75)
+        cal.observe_boundary("a", "b", predicted_s=2.0, measured_s=2.1)
+        cal.observe_total(("robot", "edge", "edge"), predicted_s=4.0, measured_s=4.2)
+    assert cal.factor("b", "e") == pytest.approx(1.5)
+    assert cal.boundary("a", "b") == pytest.approx(0.1)
+    roles = place(CHAIN, ["robot", "edge", "edge"])
+    p = predict_placement(CHAIN, roles, DEVICES, LINK, cal=cal)
+    # b: 0.5 s x 1.5; transfer + 0.1 s; residual + 0.2 s
+    assert p.latency_s == pytest.approx(1 + 2.1 + 0.75 + 0.125 + 1 + 0.2)
+
+
+def test_link_ewma_follows_a_bandwidth_drop():
+    link = Link(bandwidth_mbps=200.0, rtt_ms=10.0, alpha=0.3)
+    nbytes = 2 * MB
+    for _ in range(20):  # the real link now carries 50 Mbps
+        link.observe_transfer(nbytes, 0.005 + nbytes * 8 / 50e6)
+    assert link.bandwidth_mbps == pytest.approx(50.0, rel=0.01)
+    link.observe_transfer(100, 5.0)  # too small to be a bandwidth sample
+    assert link.bandwidth_mbps == pytest.approx(50.0, rel=0.01)
+    link.observe_rtt(0.030)
+    assert 10.0 < link.rtt_ms < 30.0
+    with pytest.raises(ValueError):
+        Link(0.0, 1.0)
