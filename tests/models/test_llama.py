@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlarun.models.llama import AttnProbe, LlamaConfig, LlamaLM, RopeScaling
-from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
 from vlarun.parity import hf_llama
 
 transformers = pytest.importorskip("transformers")
@@ -168,6 +168,34 @@ def test_reuse_and_prune_plan_semantics():
         )
         assert (pruned.hidden[:, -1] - first[:, -1]).abs().max().item() > 1e-4
         assert not cache.valid[2:, 0, 10:14].any() and cache.valid[:2, 0, 10:14].all()
+
+
+def test_deferred_plan_equals_the_same_plan_given_upfront():
+    """A plan decided after the shared layers (from that call's probe) runs exactly like the
+    same plan passed in advance; decide() sees the shallow probe of this very call."""
+    model = _model()
+    ids = torch.randint(0, 97, (1, 24))
+    decisions = torch.zeros(1, 12, dtype=torch.int8)
+    decisions[0, :4], decisions[0, 8:] = Decision.REUSE, Decision.PRUNE
+    probe = AttnProbe(layer=1, query_index=torch.tensor([23]), key_start=2, key_end=14)
+    seen = []
+
+    def decide(result):
+        seen.append(result)
+        return TokenPlan(2, decisions, last_shared_layer=1)
+
+    with torch.no_grad():
+        outs = []
+        for plan in (TokenPlan(2, decisions, 1), DeferredPlan(1, decide)):
+            cache = model.new_cache(1, 64)
+            model(model.embed(ids), torch.arange(24), cache)
+            outs.append(model(model.embed(ids), torch.arange(24), cache, plan=plan, probe=probe))
+    assert (outs[0].hidden - outs[1].hidden).abs().max().item() == 0.0
+    assert len(seen) == 1 and seen[0].probs.shape[2:] == (1, 12)
+    assert (seen[0].probs - outs[0].probe.probs).abs().max().item() == 0.0
+    with pytest.raises(ValueError, match="last_shared_layer"):
+        bad = DeferredPlan(0, decide)
+        model(model.embed(ids), torch.arange(24), model.new_cache(1, 64), plan=bad)
 
 
 def test_reuse_without_cache_is_refused():

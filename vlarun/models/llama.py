@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -507,7 +507,7 @@ class LlamaLM(nn.Module):
         causal: bool = True,
         attn_mask: Tensor | None = None,
         pad_mask: Tensor | None = None,
-        plan: TokenPlan | None = None,
+        plan: TokenPlan | DeferredPlan | None = None,
         probe: AttnProbe | None = None,
         skip_layers: frozenset[int] = frozenset(),
         prefix: KVCache | None = None,
@@ -521,7 +521,8 @@ class LlamaLM(nn.Module):
         causal / attn_mask: mask among the tokens of this call; ``attn_mask`` (T, T) or
             (B, T, T) bool overrides ``causal``.
         pad_mask: (B, T) bool, False for padding tokens (never attended to).
-        plan: partial recompute (requires ``cache``).
+        plan: partial recompute (requires ``cache``); a ``DeferredPlan`` is decided after the
+            shared layers from this call's probe.
         probe: return attention probabilities at one shallow layer.
         skip_layers: layer indices not executed (their cache slots are left untouched).
         prefix: another decoder's cache to attend to (read only, its valid slots), e.g. the
@@ -548,6 +549,8 @@ class LlamaLM(nn.Module):
             x, p = self._layer(i, x, ctx, probe if probe is not None and probe.layer == i else None)
             probe_out = p or probe_out
         index = None
+        if isinstance(plan, DeferredPlan):
+            plan = plan.resolve(probe_out)
         if plan is not None and split < n_layers:
             x, ctx, index = self._enter_deep_layers(x, ctx, plan, cache, split)
             for i in range(split, n_layers):

@@ -8,11 +8,16 @@ into model code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from vlarun.models.llama import ProbeResult
 
 
 class Decision(IntEnum):
@@ -77,3 +82,27 @@ class TokenPlan:
     def flops_fraction(self) -> float:
         """Fraction of visual tokens recomputed in the deep layers (a FLOP proxy)."""
         return float((self.decisions == Decision.RECOMPUTE).float().mean())
+
+
+@dataclass(frozen=True)
+class DeferredPlan:
+    """A TokenPlan decided inside the forward, once the shared shallow layers have run.
+
+    Policies such as TRIAGE, FastV or VLA-Cache decide from shallow-layer attention of the very
+    step they plan for; computing that attention in a separate pass would run the shallow layers
+    twice. The decoder runs layers ``0 .. last_shared_layer`` on all tokens, calls ``decide``
+    once with that call's ``ProbeResult`` (None without a probe), and executes the returned plan
+    in the deeper layers. Invariant: the returned plan has the same ``last_shared_layer``.
+    """
+
+    last_shared_layer: int
+    decide: Callable[[ProbeResult | None], TokenPlan]
+
+    def resolve(self, probe: ProbeResult | None) -> TokenPlan:
+        plan = self.decide(probe)
+        if not isinstance(plan, TokenPlan) or plan.last_shared_layer != self.last_shared_layer:
+            raise ValueError(
+                "DeferredPlan.decide must return a TokenPlan with last_shared_layer "
+                f"{self.last_shared_layer}"
+            )
+        return plan

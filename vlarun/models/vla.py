@@ -32,7 +32,7 @@ from vlarun.models.heads import (
     empty_action_embeddings,
 )
 from vlarun.models.llama import AttnProbe, KVCache, LlamaConfig, LlamaLM, LMOutput
-from vlarun.models.token_plan import TokenPlan
+from vlarun.models.token_plan import DeferredPlan, TokenPlan
 from vlarun.models.tokenizer import BOS_ID, PAD_ID
 from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbone, ViTConfig
 
@@ -253,7 +253,7 @@ class VLA(nn.Module):
         prefix: Prefix,
         cache: KVCache | None = None,
         *,
-        plan: TokenPlan | None = None,
+        plan: TokenPlan | DeferredPlan | None = None,
         probe: AttnProbe | None = None,
     ) -> PrefillResult:
         """Fill (or, under a TokenPlan, partially refresh) the cache with the prefix."""

@@ -1,0 +1,95 @@
+"""Each baseline's plan on a hand-built case, and each running as a policy."""
+
+import torch
+
+from tests.accel.conftest import actions
+from vlarun.accel.base import FullRecompute, StepInputs
+from vlarun.accel.baselines import (
+    EfficientVLATokens,
+    FastV,
+    FastVConfig,
+    VLACache,
+    VLACacheConfig,
+    fastv_plan,
+    patch_similarity,
+    task_aware_selection,
+    vla_cache_masks,
+)
+from vlarun.accel.policy import accelerate
+from vlarun.models.token_plan import Decision
+from vlarun.models.vla import Prefix
+
+R, U, P = int(Decision.RECOMPUTE), int(Decision.REUSE), int(Decision.PRUNE)
+
+
+def _step(nv: int = 6) -> StepInputs:
+    prefix = Prefix(torch.zeros(1, nv + 4, 8), torch.ones(1, nv + 4, dtype=torch.bool),
+                    torch.tensor([nv + 3]))  # fmt: skip
+    return StepInputs(torch.zeros(1, 1, 3, 8, 8), torch.zeros(1, nv, 8), prefix, num_layers=4)
+
+
+def test_fastv_keeps_the_most_attended_tokens():
+    scores = torch.tensor([[0.1, 0.5, 0.05, 0.3, 0.02, 0.03]])
+    plan = fastv_plan(_step(), scores, FastVConfig(budget=2, layer=1))
+    assert plan.decisions.tolist() == [[P, R, P, R, P, P]]
+    assert plan.vis_start == 1 and plan.last_shared_layer == 1
+
+
+def test_vla_cache_reuses_static_tokens_except_task_relevant_ones():
+    sim = torch.tensor([0.999, 0.5, 0.999, 0.995, 0.9, 0.999])
+    relevance = torch.tensor([0.9, 0.0, 0.1, 0.0, 0.0, 0.0])
+    cfg = VLACacheConfig(similarity=0.99, relevant_fraction=1 / 6)
+    recompute, reuse = vla_cache_masks(sim, relevance, cfg, budget=6)
+    # Changed: 1 and 4; task-relevant (top 1 by attention): 0. Static 2, 3, 5 are reused.
+    assert recompute.nonzero().flatten().tolist() == [0, 1, 4]
+    assert torch.equal(reuse, ~recompute)
+    # Capped at 2: the relevant token first, then the most changed (1: similarity 0.5).
+    recompute, _ = vla_cache_masks(sim, relevance, cfg, budget=2)
+    assert recompute.nonzero().flatten().tolist() == [0, 1]
+
+
+def test_patch_similarity_sees_which_patch_changed():
+    a = torch.rand(1, 1, 3, 16, 16) + 0.1
+    b = a.clone()
+    b[..., 8:, :8] = torch.rand(3, 8, 8)  # bottom-left patch of a 2 x 2 grid
+    sim = patch_similarity(b, a, tokens_per_image=4)
+    assert sim.shape == (1, 4)
+    assert torch.allclose(sim[0, [0, 1, 3]], torch.ones(3)) and sim[0, 2] < 0.99
+
+
+def test_efficientvla_selection_key_task_and_diversity():
+    relevance = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])
+    feats = torch.tensor([[1, 0, 0], [1, 0.1, 0], [0.9, 0.2, 0], [1, 0, 0.1], [0, 1, 0], [0, 0, 1]])
+    # K_final 4, K_key 1 (token 0); K_aug 3: floor(0.34 * 3) = 1 by relevance (token 1), then
+    # two by diversity from token 0: tokens 4 and 5 are orthogonal to it.
+    kept = task_aware_selection(relevance, feats, k_final=4, k_key=1, alpha=0.34)
+    assert kept.nonzero().flatten().tolist() == [0, 1, 4, 5]
+    # alpha = 1: all by relevance.
+    kept = task_aware_selection(relevance, feats, k_final=4, k_key=1, alpha=1.0)
+    assert kept.nonzero().flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_full_recompute_plans_nothing():
+    assert FullRecompute().begin(_step()) == (None, None)
+
+
+def test_baselines_run_as_policies(oft_policy, frames):
+    nv = oft_policy.model.cfg.num_visual
+    fastv = accelerate(oft_policy, FastV(FastVConfig(budget=16)))
+    actions(fastv, frames[:3])
+    assert [(s.recomputed, s.pruned) for s in fastv.steps] == [(16, 48)] * 3
+    cache = accelerate(oft_policy, VLACache(VLACacheConfig(budget=16)))
+    actions(cache, [frames[0]] * 3)  # a static scene: only task-relevant tokens recomputed
+    first, *rest = cache.steps
+    assert first.recomputed == nv
+    assert all(s.pruned == 0 and s.recomputed == round(0.1 * nv) for s in rest)
+    eff = accelerate(oft_policy, EfficientVLATokens())
+    actions(eff, frames[:2])
+    assert all(s.recomputed == round(0.22 * nv) and s.reused == 0 for s in eff.steps)
+
+
+def test_vla_cache_on_static_frames_matches_full(oft_policy, frames):
+    """Reusing a token whose inputs did not change is exact."""
+    full = actions(oft_policy, [frames[0]] * 3)
+    got = actions(accelerate(oft_policy, VLACache()), [frames[0]] * 3)
+    assert max((a - b).abs().max().item() for a, b in zip(got, full, strict=True)) <= 1e-5

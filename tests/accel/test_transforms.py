@@ -1,0 +1,93 @@
+"""EfficientVLA transforms: DiT feature cache and LM layer pruning."""
+
+import pytest
+import torch
+
+from vlarun.accel.feature_cache import EveryNStepsCache, every_n_steps
+from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
+from vlarun.models.policy import Policy
+
+
+@pytest.fixture(scope="module")
+def dit_policy() -> Policy:
+    policy = Policy.from_preset("tiny-cogact", seed=0)
+    # DiT's output layer starts at zero (eps = 0 whatever the input); give it weights so that
+    # cached features visibly change the result.
+    torch.nn.init.normal_(policy.model.action_model.final_layer.linear.weight, std=0.5)
+    return policy
+
+
+def _sample(policy, cache=None):
+    head = policy.model.action_model
+    cond = torch.randn(2, head.config.cond_dim, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(2, head.config.horizon, head.config.action_dim,
+                        generator=torch.Generator().manual_seed(2))  # fmt: skip
+    return head.sample(cond, noise=noise, feature_cache=cache)
+
+
+def test_feature_cache_interval_one_equals_no_cache(dit_policy):
+    cache = EveryNStepsCache(1)
+    assert torch.equal(_sample(dit_policy, cache), _sample(dit_policy))
+    assert cache.reused == 0
+
+
+def test_feature_cache_every_five_steps_computes_two_of_ten(dit_policy):
+    cache = every_n_steps(5)()
+    out = _sample(dit_policy, cache)
+    layers = dit_policy.model.action_model.config.num_layers
+    assert cache.computed == 2 * 2 * layers and cache.reused == 8 * 2 * layers
+    assert not torch.equal(out, _sample(dit_policy))
+    with pytest.raises(ValueError):
+        every_n_steps(0)
+
+
+def _samples(policy, n=2):
+    gen = torch.Generator().manual_seed(0)
+    size = policy.model.cfg.image_size
+    ids = policy.text_ids("pick up the cube")
+    return [(torch.rand(1, 1, 3, size, size, generator=gen), ids) for _ in range(n)]
+
+
+def test_pruning_zero_layers_equals_the_full_model(dit_policy):
+    images, ids = _samples(dit_policy, 1)[0]
+    same = prune_layers(dit_policy.model, [])
+    noise = torch.randn(1, 8, 7)
+    a = dit_policy.model.act(images, [ids], noise=noise)
+    b = same.act(images, [ids], noise=noise)
+    assert torch.equal(a, b)
+
+
+def test_pruned_model_equals_skipping_those_layers_and_leaves_the_original(dit_policy):
+    model = dit_policy.model
+    images, ids = _samples(dit_policy, 1)[0]
+    pruned = prune_layers(model, [0, 2])
+    assert pruned.cfg.llm.num_layers == 2 and len(pruned.language_model.model.layers) == 2
+    assert model.cfg.llm.num_layers == 4 and len(model.language_model.model.layers) == 4
+    with torch.no_grad():
+        prefix = model.build_prefix(model.encode_images(images), [ids])
+        skipped = model.language_model(prefix.embeds, pad_mask=prefix.pad,
+                                       skip_layers=frozenset({0, 2})).hidden  # fmt: skip
+        fewer = pruned.language_model(prefix.embeds, pad_mask=prefix.pad).hidden
+    assert (skipped - fewer).abs().max().item() <= 1e-6
+    assert pruned.language_model.model.layers[0] is model.language_model.model.layers[1]
+
+
+def test_layer_importance_ranks_an_identity_layer_last(dit_policy):
+    model = prune_layers(dit_policy.model, [])  # a copy whose layer 1 we can neutralise
+    imp = layer_importance(model, _samples(dit_policy))
+    assert imp.shape == (4,) and bool((imp >= -1e-6).all())
+    layer = model.language_model.model.layers[1]
+    saved = layer.self_attn.o_proj.weight.clone(), layer.mlp.down_proj.weight.clone()
+    try:
+        with torch.no_grad():
+            layer.self_attn.o_proj.weight.zero_()  # layer 1 now returns its input
+            layer.mlp.down_proj.weight.zero_()
+        imp = layer_importance(model, _samples(dit_policy))
+        assert imp[1].abs().item() <= 1e-6
+        assert least_important(imp, 1) == (1,)
+    finally:
+        with torch.no_grad():
+            layer.self_attn.o_proj.weight.copy_(saved[0])
+            layer.mlp.down_proj.weight.copy_(saved[1])
+    with pytest.raises(ValueError):
+        least_important(imp, 4)

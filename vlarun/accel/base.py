@@ -1,0 +1,136 @@
+"""The contract between the engine and every visual-token accelerator.
+
+A token policy is asked once per control step what the language model should do with each
+visual token. It answers before the prefill with a ``TokenPlan`` (decided up front), a
+``DeferredPlan`` (decided after the shared shallow layers, from that step's attention probe), or
+None (full recompute, which also resets the KV cache), plus an optional ``AttnProbe``. After the
+prefill it sees the result, so it can record what it needs for the next step (drift references,
+saliency, which tokens still have a cache). Policies hold per-episode state; ``reset`` clears it.
+
+Everything here is written against the engine's public hooks (TokenPlan, DeferredPlan,
+AttnProbe, KVCache); no model code is branched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from vlarun.models.llama import AttnProbe
+from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
+from vlarun.models.vla import PrefillResult, Prefix
+
+PlanLike = TokenPlan | DeferredPlan | None
+
+
+@dataclass
+class StepInputs:
+    """What a token policy sees at one control step, before the LM runs.
+
+    images: (B, n_img, 3, H, W) floats in [0, 1]; visual: (B, Nv, d) projector outputs;
+    prefix: the LM input ([BOS, visual, text, pad]); num_layers: LM depth.
+    """
+
+    images: Tensor
+    visual: Tensor
+    prefix: Prefix
+    num_layers: int
+
+    @property
+    def vis_start(self) -> int:
+        return 1  # right after BOS, in every family (vla.py's layout)
+
+    @property
+    def num_visual(self) -> int:
+        return int(self.visual.shape[1])
+
+    @property
+    def batch(self) -> int:
+        return int(self.visual.shape[0])
+
+    def action_query_index(self) -> Tensor:
+        """Index of the token that decodes the action: each row's last prompt token.
+
+        Autoregressive and diffusion heads read exactly this token; for OFT and flow heads the
+        action queries only exist after the prefill, so their last prompt token is the proxy
+        (it sees the whole prompt, as those queries do). Batched rows must share it."""
+        last = self.prefix.last
+        if bool((last != last[0]).any()):
+            raise ValueError("rows with different prompt lengths need separate token policies")
+        return last[:1].clone()
+
+    def text_query_index(self) -> Tensor:
+        """Indices of the instruction tokens (after the visual block, up to the last one)."""
+        start = self.vis_start + self.num_visual
+        return torch.arange(start, int(self.prefix.last[0]) + 1)
+
+    def probe(self, layer: int, queries: Tensor) -> AttnProbe:
+        """A probe of ``queries`` attending to the visual tokens at ``layer``."""
+        return AttnProbe(layer, queries, self.vis_start, self.vis_start + self.num_visual)
+
+
+class TokenPolicy(Protocol):
+    """A per-step visual-token policy (full, TRIAGE, FastV, VLA-Cache, ...)."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget per-episode state (a new episode starts)."""
+
+    def begin(self, step: StepInputs) -> tuple[PlanLike, AttnProbe | None]:
+        """The plan (or None: full recompute) and the probe for this step's prefill."""
+
+    def end(self, step: StepInputs, pre: PrefillResult) -> None:
+        """See the prefill's result (cache, probe) after it ran."""
+
+
+def attention_scores(probs: Tensor) -> Tensor:
+    """(B, H, Nq, Nk) probe probabilities -> (B, Nk): mean over heads, sum over queries."""
+    return probs.float().mean(dim=1).sum(dim=1)
+
+
+def plan_from_masks(
+    vis_start: int, recompute: Tensor, reuse: Tensor, last_shared_layer: int
+) -> TokenPlan:
+    """Build a plan from boolean (B, Nv) masks; tokens in neither are pruned."""
+    decisions = torch.full(recompute.shape, int(Decision.PRUNE), dtype=torch.int8)
+    decisions[reuse.cpu()] = int(Decision.REUSE)
+    decisions[recompute.cpu()] = int(Decision.RECOMPUTE)
+    return TokenPlan(vis_start, decisions, last_shared_layer)
+
+
+def top_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
+    """(Nv,) bool: the ``k`` highest ``scores`` among ``allowed`` (ties by lower index)."""
+    s = scores.float().clone()
+    if allowed is not None:
+        s[~allowed] = float("-inf")
+        k = min(k, int(allowed.sum()))
+    mask = torch.zeros(s.shape, dtype=torch.bool)
+    if k > 0:
+        order = torch.sort(s, descending=True, stable=True).indices  # stable: ties by index
+        mask[order[:k]] = True
+    return mask
+
+
+def resolve_budget(budget: int | None, fraction: float, num_visual: int) -> int:
+    """Tokens recomputed per step: ``budget`` if given, else ``round(fraction * Nv)``, >= 1."""
+    b = budget if budget is not None else int(fraction * num_visual + 0.5)
+    return max(1, min(num_visual, b))
+
+
+class FullRecompute:
+    """Baseline ``full``: every visual token recomputed in every layer at every step."""
+
+    name = "full"
+
+    def reset(self) -> None:
+        pass
+
+    def begin(self, step: StepInputs) -> tuple[PlanLike, AttnProbe | None]:
+        return None, None
+
+    def end(self, step: StepInputs, pre: PrefillResult) -> None:
+        pass

@@ -1,0 +1,219 @@
+"""An accelerated policy = a Policy + a token policy (+ a denoising feature cache).
+
+``AcceleratedPolicy`` is used wherever a ``Policy`` is: it has the same ``run_stages``,
+``predict`` and ``unnormalize``, so closed-loop evaluation (``sim.evaluate.run_episode``) and
+action fidelity (``sim.fidelity.policy_candidate``) take it unchanged. Unlike the plain
+policy it keeps the LM's KV cache from one step to the next, which is what lets token policies
+reuse it, and so it has per-episode state: call ``reset()`` before each new episode (a changed
+instruction resets it automatically).
+
+Model transforms (layer pruning, MLP sparsity) return a new model; wrap a Policy holding the
+transformed model. Per-step statistics (decisions, FLOPs of the prefill relative to full
+recompute of the reference model) accumulate in ``steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vlarun.accel.base import FullRecompute, StepInputs, TokenPolicy
+from vlarun.models.dit_head import DenoiseFeatureCache
+from vlarun.models.llama import KVCache, LlamaConfig
+from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.models.vla import PrefillResult
+from vlarun.stages.graph import GraphRun, StageTiming
+
+
+@dataclass
+class StepStats:
+    """What one inference did: decision counts and prefill FLOPs / full-recompute FLOPs."""
+
+    recomputed: int
+    reused: int
+    pruned: int
+    flops_ratio: float
+
+
+@dataclass
+class AcceleratedPolicy:
+    """A ``Policy`` whose prefill follows ``tokens`` and whose DiT denoiser uses ``denoise_cache``.
+
+    base: the wrapped Policy (its model may already be transformed, e.g. layer-pruned);
+    tokens: the visual-token policy (default: full recompute);
+    denoise_cache: makes a fresh ``DenoiseFeatureCache`` per inference (DiT heads only);
+    reference: the unaccelerated LM shape FLOPs ratios are measured against (default: base's).
+    """
+
+    base: object  # vlarun.models.policy.Policy (duck-typed: model, tokenizer, norm)
+    tokens: TokenPolicy = field(default_factory=FullRecompute)
+    denoise_cache: Callable[[], DenoiseFeatureCache] | None = None
+    reference: LlamaConfig | None = None
+    steps: list[StepStats] = field(default_factory=list)
+    _cache: KVCache | None = field(default=None, init=False, repr=False)
+    _instruction: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.denoise_cache is not None and self.model.cfg.dit is None:
+            raise ValueError("denoise_cache needs a diffusion (DiT) policy")
+
+    # -- Policy's surface ---------------------------------------------------------------------
+
+    @property
+    def model(self):
+        return self.base.model
+
+    @property
+    def tokenizer(self):
+        return self.base.tokenizer
+
+    @property
+    def norm(self):
+        return self.base.norm
+
+    @property
+    def name(self) -> str:
+        return self.tokens.name
+
+    def unnormalize(self, actions: Tensor) -> np.ndarray:
+        return self.base.unnormalize(actions)
+
+    def predict(self, image: np.ndarray, instruction: str, **kw) -> np.ndarray:
+        return self.unnormalize(self.run_stages(image, instruction, **kw).outputs["actions"][0])
+
+    def reset(self) -> None:
+        """A new episode: forget the KV cache and the token policy's state."""
+        self._cache = None
+        self.tokens.reset()
+
+    # -- one inference --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def run_stages(
+        self,
+        image: np.ndarray,
+        instruction: str,
+        *,
+        state: np.ndarray | None = None,
+        seed: int = 0,
+        serialize: bool = False,  # accepted for Policy compatibility; stages run in process
+    ) -> GraphRun:
+        """One inference, timed per stage (vision, prefill, head) like ``Policy.run_stages``."""
+        if instruction != self._instruction:
+            self.reset()
+            self._instruction = instruction
+        model, cfg = self.model, self.model.cfg
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)  # as Policy does
+        images = self.base.image_tensor(image)
+        ids = self.base.text_ids(instruction)
+        clock = time.perf_counter
+        t0 = clock()
+        visual = model.encode_images(images)
+        t1 = clock()
+        pre, step = self._prefill(images, visual, ids)
+        t2 = clock()
+        outputs = self._head(pre, noise, state)
+        t3 = clock()
+        self.steps.append(self._stats(step, pre))
+        head = {"autoregressive": "decode", "parallel": "head"}.get(cfg.family, "denoise")
+        timings = [StageTiming("vision", t1 - t0, 0, 0), StageTiming("prefill", t2 - t1, 0, 0),
+                   StageTiming(head, t3 - t2, 0, 0)]  # fmt: skip
+        return GraphRun(outputs, timings)
+
+    def _prefill(self, images: Tensor, visual: Tensor, ids: list[int]):
+        model = self.model
+        prefix = model.build_prefix(visual, [ids])
+        step = StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
+        need = prefix.length + model.cfg.num_action_tokens
+        if self._cache is None or self._cache.max_len != need:
+            self._cache = model.language_model.new_cache(1, need)
+            self.tokens.reset()  # no cache to reuse: the policy starts over
+        plan, probe = self.tokens.begin(step)
+        pre = model.prefill(prefix, self._cache, plan=plan, probe=probe)
+        self.tokens.end(step, pre)
+        return pre, step
+
+    def _head(self, pre: PrefillResult, noise: Tensor, state: np.ndarray | None) -> dict:
+        model, family = self.model, self.model.cfg.family
+        if family == "autoregressive":
+            ids = model.decode_tokens(pre)
+            return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
+        if family == "parallel":
+            return {"actions": model.parallel_head(pre)}
+        if family == "diffusion":
+            fc = self.denoise_cache() if self.denoise_cache is not None else None
+            acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=fc)
+            return {"actions": acts.float()}
+        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+        return {"actions": model.denoise(pre, noise=noise, state=st)}
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _stats(self, step: StepInputs, pre: PrefillResult) -> StepStats:
+        plan = getattr(self.tokens, "last_plan", None)
+        nv = step.num_visual
+        if plan is None:
+            counts = {Decision.RECOMPUTE: nv, Decision.REUSE: 0, Decision.PRUNE: 0}
+        else:
+            counts = {d: int((plan.decisions[0] == d).sum()) for d in Decision}
+        ratio = prefill_flops_ratio(
+            self.model.cfg.llm,
+            self.reference or self.model.cfg.llm,
+            step.prefix.length,
+            counts[Decision.RECOMPUTE],
+            counts[Decision.PRUNE],
+            nv,
+            None if plan is None else plan.last_shared_layer,
+        )
+        return StepStats(counts[Decision.RECOMPUTE], counts[Decision.REUSE],
+                         counts[Decision.PRUNE], ratio)  # fmt: skip
+
+    def summary(self) -> dict:
+        """Mean decisions and FLOPs ratio over the steps run so far."""
+        if not self.steps:
+            return {"steps": 0}
+        mean = lambda k: float(np.mean([getattr(s, k) for s in self.steps]))  # noqa: E731
+        return {"steps": len(self.steps)} | {
+            k.name: mean(k.name) for k in dataclasses.fields(StepStats)
+        }
+
+
+def prefill_flops_ratio(
+    llm: LlamaConfig,
+    reference: LlamaConfig,
+    prefix_len: int,
+    recomputed: int,
+    pruned: int,
+    num_visual: int,
+    last_shared_layer: int | None,
+) -> float:
+    """Prefill FLOPs under a plan over full recompute of ``reference`` (the unpruned LM).
+
+    Shared layers process all tokens; deeper ones only the recomputed visual and all text
+    tokens, attending to the keys not pruned (reused keys cost attention, not projections)."""
+    full = reference.flops(prefix_len)
+    if last_shared_layer is None:
+        return llm.flops(prefix_len) / full
+    split = min(last_shared_layer + 1, llm.num_layers)
+    kept = prefix_len - num_visual + recomputed
+    visible = prefix_len - pruned
+    shallow = llm.flops(prefix_len, layers=split)
+    deep = llm.flops(kept, context=(visible + 1) / 2, layers=llm.num_layers - split)
+    return (shallow + deep) / full
+
+
+def accelerate(policy, tokens: TokenPolicy | None = None, **kw) -> AcceleratedPolicy:
+    """``policy`` with a token policy (and optional ``denoise_cache=``, ``reference=``)."""
+    return AcceleratedPolicy(policy, tokens or FullRecompute(), **kw)
+
+
+def full_plan_like(step: StepInputs, last_shared_layer: int) -> TokenPlan:
+    """A plan that recomputes everything (keeps the cache, unlike no plan)."""
+    return TokenPlan.full(step.batch, step.vis_start, step.num_visual, last_shared_layer)
