@@ -345,6 +345,24 @@ def _sched(name: str) -> tuple[Callable, Callable, Callable]:
     return options, run, show
 
 
+def _drift_options() -> type:
+    from vlarun.accel.drift_calibration import DriftCalibrationConfig
+
+    return DriftCalibrationConfig
+
+
+def cmd_calibrate_drift(o) -> dict:
+    from vlarun.accel.drift_calibration import run_calibration
+
+    return run_calibration(o)
+
+
+def _print_drift(r: dict) -> None:
+    from vlarun.accel.drift_calibration import format_calibration
+
+    print(format_calibration(r))
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
@@ -353,11 +371,14 @@ COMMANDS: dict[str, Command] = {
     "train": (_train_options, cmd_train, _print_train),
     "eval": (_eval_options, cmd_eval, _print_eval),
     "fidelity": (_fidelity_options, cmd_fidelity, _print_fidelity),
+    "calibrate-drift": (_drift_options, cmd_calibrate_drift, _print_drift),
     "predict": _sched("predict"),
     "profile": _sched("profile"),
+    "plan": _sched("plan"),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
+    "sched": _sched("bench-sched"),
 }
 
 

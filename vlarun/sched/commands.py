@@ -149,3 +149,175 @@ def show_profile(r: dict) -> None:
 OPTIONS = {"predict": PredictOptions, "profile": ProfileOptions}
 RUN = {"predict": cmd_predict, "profile": cmd_profile}
 SHOW = {"predict": show_predict, "profile": show_profile}
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Choose where each stage runs and which accelerator settings to use: the most actions
+    per joule (modelled) whose predicted latency meets the control-rate deadline."""
+
+    model: str = opt(help="model preset (see `vlarun info`)")
+    robot: str = opt(help="robot device id (see `vlarun predict --list-devices`)")
+    edge: str = opt(help="edge device id")
+    bandwidth: float = opt(200.0, "link bandwidth estimate, Mbit/s")
+    rtt: float = opt(5.0, "link round-trip time, ms")
+    slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
+    chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
+    accuracy_floor: float | None = opt(
+        None, "minimum measured success relative to the full model (e.g. 0.97)"
+    )
+    edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
+    text_tokens: int = opt(24, "instruction tokens in the prompt")
+    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
+    no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
+    settings: str | None = opt(None, "settings table with measured accuracy costs (JSON)")
+    top: int = opt(5, "alternatives to list")
+    json: bool = opt(False, "print one JSON object")
+
+
+def make_scheduler(o: PlanOptions):
+    """The scheduler for a plan request (space built once; decisions are then cheap)."""
+    from vlarun.models.presets import get_preset
+    from vlarun.sched.catalog import get_device
+    from vlarun.sched.cost import stage_works
+    from vlarun.sched.plans import build_space, load_settings
+    from vlarun.sched.scheduler import Scheduler
+    from vlarun.stages.families import Workload
+
+    if o.slo_hz <= 0:
+        raise ValueError("--slo-hz must be positive")
+    cfg = get_preset(o.model)
+    devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
+    w = Workload(1, o.text_tokens, o.dtype)
+    rows = load_settings(o.settings) if o.settings else None
+    space = build_space(
+        cfg, stage_works(cfg, w), devices, w, o.accuracy_floor, rows, not o.no_accelerators
+    )
+    chunk = o.chunk or cfg.horizon
+    if chunk < 1:
+        raise ValueError("--chunk must be at least 1")
+    return Scheduler(space, devices, chunk / o.slo_hz, dtype=o.dtype, actions=chunk), chunk
+
+
+def cmd_plan(o: PlanOptions) -> dict:
+    import time
+
+    from vlarun.sched.link import Link
+    from vlarun.sched.predictor import DeviceState
+    from vlarun.sched.scheduler import plan_row
+
+    sched, chunk = make_scheduler(o)
+    link = Link(o.bandwidth, o.rtt)
+    t0 = time.perf_counter()
+    d = sched.decide(link, 0.0, DeviceState(available_at=o.edge_busy_ms * 1e-3), o.top)
+    decision_ms = (time.perf_counter() - t0) * 1e3
+    notes = list(sched.space.notes)
+    if not d.feasible:
+        notes.append("no plan meets the SLO: the fastest executable plan is returned")
+    if d.relative_success is None:
+        notes.append("the chosen setting's accuracy cost has not been measured")
+    return {
+        "model": sched.space.model,
+        "robot": o.robot,
+        "edge": o.edge,
+        "chunk": chunk,
+        "slo_ms": sched.slo_s * 1e3,
+        "bandwidth_mbps": o.bandwidth,
+        "rtt_ms": o.rtt,
+        "accuracy_floor": o.accuracy_floor,
+        **plan_row(d),
+        "fallback": not d.feasible,
+        "candidates": d.candidates,
+        "eligible": d.eligible,
+        "decision_ms": decision_ms,
+        "alternatives": d.alternatives,
+        "notes": notes,
+    }
+
+
+def _plan_line(p: dict) -> str:
+    where = " ".join(f"{s}@{r}" for s, r in p["placement"].items())
+    knobs = ", ".join(f"{k}={v}" for k, v in p["settings"].items() if v is not None) or "-"
+    flag = "ok  " if p["feasible"] else "SLO!"
+    acc = "measured" if p["accuracy_cost_measured"] else "unmeasured"
+    return (
+        f"{flag} {p['latency_ms']:9.1f} ms {p['energy_j']:8.3f} J {p['actions_per_joule']:8.3f} "
+        f"act/J  {where}  [{knobs}; accuracy {acc}]"
+    )
+
+
+def show_plan(r: dict) -> None:
+    print(
+        f"{r['model']}: robot {r['robot']} + edge {r['edge']}, {r['bandwidth_mbps']:g} Mbps / "
+        f"{r['rtt_ms']:g} ms, {r['chunk']} actions per inference, SLO {r['slo_ms']:.0f} ms "
+        f"({r['candidates']} candidates, {r['eligible']} eligible, {r['decision_ms']:.2f} ms)"
+    )
+    print("  chosen: " + _plan_line(r))
+    for a in r["alternatives"]:
+        print("  alt:    " + _plan_line(a))
+    print("  energy is modelled (no power meter read)")
+    for n in r["notes"]:
+        print(f"  note: {n}")
+
+
+# ---------------------------------------------------------------------------------------------
+# bench sched
+
+
+@dataclass(frozen=True)
+class BenchSchedOptions:
+    """Scheduler decision time over >= 1000 candidate plans, under changing link and load."""
+
+    model: str = opt("cogact", "model preset (cogact: 2048 candidates)")
+    robot: str = opt("orin-agx-32gb", "robot device id")
+    edge: str = opt("rtx4090", "edge device id")
+    decisions: int = opt(1000, "decisions to time")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_sched(o: BenchSchedOptions) -> dict:
+    import random
+    import statistics
+    import time
+
+    from vlarun.sched.link import Link
+    from vlarun.sched.predictor import DeviceState
+
+    sched, _ = make_scheduler(PlanOptions(model=o.model, robot=o.robot, edge=o.edge))
+    rng = random.Random(0)
+    state, times = DeviceState(), []
+    for i in range(o.decisions + 20):
+        link = Link(rng.uniform(20, 300), rng.uniform(1, 30))
+        now = i * 0.05
+        state.expire(now)
+        t0 = time.perf_counter()
+        d = sched.decide(link, now, state)
+        sched.commit(d, state)  # reservations accumulate as in a fleet
+        if i >= 20:  # the first decisions warm caches up
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {
+        "model": o.model,
+        "candidates": sched.space.size,
+        "decisions": len(times),
+        "p50_ms": statistics.median(times),
+        "p99_ms": times[min(len(times) - 1, round(0.99 * (len(times) - 1)))],
+        "max_ms": times[-1],
+        "scope": "decide() + commit(): scoring every candidate and registering reservations",
+    }
+
+
+def show_bench_sched(r: dict) -> None:
+    print(
+        f"{r['model']}: {r['candidates']} candidates, {r['decisions']} decisions: "
+        f"p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms"
+    )
+
+
+OPTIONS |= {"plan": PlanOptions, "bench-sched": BenchSchedOptions}
+RUN |= {"plan": cmd_plan, "bench-sched": cmd_bench_sched}
+SHOW |= {"plan": show_plan, "bench-sched": show_bench_sched}

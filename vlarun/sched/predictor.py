@@ -20,6 +20,7 @@ The same recursion, vectorised over thousands of candidate plans, is in ``schedu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -140,13 +141,17 @@ class Calibration:
 @dataclass(frozen=True)
 class Reservation:
     """A committed interval on a device: [start, end) seconds on the shared clock, for a stage.
-    ``batch`` counts the requests sharing it."""
+    ``batch`` counts the requests sharing it; only requests with the same input ``signature``
+    (setting) may join, and only while the batch still ends by ``latest_end``, the earliest
+    deadline among its members."""
 
     device: str
     stage: str
     start: float
     end: float
     batch: int = 1
+    signature: int = -1
+    latest_end: float = math.inf
 
 
 @dataclass

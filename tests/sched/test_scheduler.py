@@ -1,0 +1,186 @@
+"""Plan space filters, the scheduler's core rule and fallback, reservations and batching."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from vlarun.cli import main
+from vlarun.models.presets import get_preset
+from vlarun.sched.catalog import get_device
+from vlarun.sched.cost import stage_works
+from vlarun.sched.link import Link
+from vlarun.sched.plans import SettingRow, build_space, feasibility, setting_grid
+from vlarun.sched.predictor import DeviceState, predict_placement
+from vlarun.sched.scheduler import Scheduler
+from vlarun.stages.families import Workload
+
+W = Workload()
+ORIN, RTX = get_device("orin-agx-32gb"), get_device("rtx4090")
+DEVICES = {"robot": ORIN, "edge": RTX}
+
+
+def space_for(name, devices=DEVICES, **kw):
+    cfg = get_preset(name)
+    return build_space(cfg, stage_works(cfg, W), devices, W, **kw)
+
+
+def test_memory_filter_depends_on_layers_kept():
+    cfg = get_preset("openvla-7b")
+    works = stage_works(cfg, W)
+    nx = {"robot": get_device("orin-nx-16gb"), "edge": RTX}
+    roles = ("robot", "robot", "robot")
+    assert "memory" in feasibility(works, roles, nx, "bfloat16")  # 15 GB of bf16 weights
+    assert feasibility(works, ("robot", "edge", "edge"), nx, "bfloat16") is None
+    space = space_for("openvla-7b", nx)
+    all_robot = 0  # placement index 0 = every stage on the robot
+    kept = [dict(s.knobs)["layers_kept"] for s in space.settings]
+    ok = space.executable[:, all_robot]
+    assert not ok[np.array(kept) == 1.0].any() and ok[np.array(kept) == 0.6875].any()
+
+
+def test_dtype_filter():
+    no_bf16 = dataclasses.replace(ORIN, dtypes=("float32",))
+    works = stage_works(get_preset("tiny-openvla"), W)
+    reason = feasibility(
+        works, ("robot", "edge", "edge"), {"robot": no_bf16, "edge": RTX}, "bfloat16"
+    )
+    assert "does not support" in reason
+    assert feasibility(works, ("edge",) * 3, {"robot": no_bf16, "edge": RTX}, "bfloat16") is None
+
+
+def test_accuracy_floor_excludes_unmeasured_settings():
+    free = space_for("cogact")
+    assert free.eligible.all()
+    assert any("no measured accuracy cost" in n for n in free.notes)
+    floor = space_for("cogact", accuracy_floor=0.9)
+    measured = [s for s, e in zip(floor.settings, floor.eligible, strict=True) if e]
+    assert measured and all(s.measured and s.relative_success >= 0.9 for s in measured)
+    rows = (
+        SettingRow("cache_interval", 1, 1.0, "identity"),
+        SettingRow("cache_interval", 2, 0.95, "test"),
+        SettingRow("cache_interval", 5, 0.80, "test"),
+    )
+    grid, _ = setting_grid("diffusion", rows)
+    assert [g.relative_success for g in grid] == [1.0, 0.95, 0.80]
+    space = space_for("cogact", accuracy_floor=0.9, settings_rows=rows)
+    assert space.eligible.tolist() == [True, True, False]
+
+
+def test_vectorised_scores_match_the_scalar_predictor():
+    space = space_for("pi0")
+    link = Link(100.0, 10.0)
+    sched = Scheduler(space, DEVICES, slo_s=1.0)
+    state = DeviceState(available_at=0.05, queued_s={"prefill": 0.01})
+    sc = sched.score(link, now=0.0, edge_state=state)
+    for c in range(0, len(sched.k), 7):
+        k, p = sched.k[c], sched.p[c]
+        roles = space.roles(p)
+        ref = predict_placement(
+            space.works[k],
+            dict(zip(space.stages, roles, strict=True)),
+            DEVICES,
+            link,
+            state={"edge": state},
+            period_s=1.0,
+        )
+        assert sc.latency[c] == pytest.approx(ref.latency_s, rel=1e-9)
+        assert sc.energy[c] == pytest.approx(ref.energy_j, rel=1e-9)
+
+
+def test_core_rule_max_actions_per_joule_among_feasible():
+    sched = Scheduler(space_for("cogact"), DEVICES, slo_s=0.3, actions=20)
+    link = Link(200.0, 5.0)
+    d = sched.decide(link)
+    sc = sched.score(link)
+    apj = 20 / sc.energy
+    ok = sched.allowed & (sc.latency <= 0.3)
+    assert d.feasible and d.latency_s <= 0.3
+    assert d.actions_per_joule == pytest.approx(apj[ok].max())
+    assert all(a["feasible"] for a in d.alternatives[:-1])
+
+
+def test_fallback_is_the_fastest_plan_when_nothing_meets_the_slo():
+    sched = Scheduler(space_for("openvla-7b"), DEVICES, slo_s=0.001)
+    link = Link(200.0, 5.0)
+    d = sched.decide(link)
+    sc = sched.score(link)
+    assert not d.feasible
+    assert d.latency_s == pytest.approx(sc.latency[sched.allowed].min())
+
+
+def test_low_bandwidth_moves_work_to_the_robot():
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=0.3, actions=20)
+    fast = sched.decide(Link(1000.0, 1.0))
+    slow = sched.decide(Link(1.0, 1.0))
+    assert "edge" in fast.placement.values()
+    assert set(slow.placement.values()) == {"robot"}
+
+
+def _edge_heavy_scheduler():
+    # A 4090 robot-side would win on speed; force offloading with a slow robot and tight SLO.
+    slow_robot = dataclasses.replace(get_device("orin-nx-16gb"), mem_gb=64)
+    devs = {"robot": slow_robot, "edge": RTX}
+    space = space_for("cogact", devs, accelerators=False)
+    return Scheduler(space, devs, slo_s=0.25, actions=16), devs
+
+
+def test_reservations_make_later_requests_see_committed_load():
+    sched, _ = _edge_heavy_scheduler()
+    link = Link(1000.0, 1.0)
+    state = DeviceState()
+    first = sched.decide(link, 0.0, state)
+    assert "edge" in first.placement.values()
+    sched.commit(first, state)
+    assert state.reservations
+    sched.join[:] = False  # no batching: the second request must queue behind the first
+    second = sched.decide(link, 0.0, state)
+    if second.placement == first.placement:
+        assert second.latency_s > first.latency_s
+    on_edge = [s for s, r in second.placement.items() if r == "edge"]
+    for s in on_edge:
+        for r in state.reservations:
+            overlap = second.stage_start[s] < r.end and second.stage_end[s] > r.start
+            assert not overlap or r.stage == s
+
+
+def test_joining_an_edge_batch_is_cheaper_than_queueing():
+    sched, _ = _edge_heavy_scheduler()
+    link = Link(1000.0, 1.0)
+    state = DeviceState()
+    first = sched.decide(link, 0.0, state)
+    sched.commit(first, state)
+    second = sched.decide(link, 0.0, state)
+    assert second.feasible and second.joined_batch
+    sched.join[:] = False
+    alone = sched.decide(link, 0.0, state)
+    assert second.energy_j < alone.energy_j
+    sched.commit(second, state)
+    assert max(r.batch for r in state.reservations) == 2
+    # Batches never grow into another committed interval on the edge.
+    rs = sorted(state.reservations, key=lambda r: r.start)
+    assert all(a.end <= b.start + 1e-12 for a, b in zip(rs, rs[1:], strict=False))
+
+
+def test_plan_cli_json(capsys):
+    argv = ["plan", "--model", "openvla-7b", "--robot", "orin-agx-32gb", "--edge", "rtx4090"]
+    argv += ["--bandwidth", "200", "--rtt", "5", "--slo-hz", "20", "--chunk", "20", "--json"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("placement", "settings", "latency_ms", "energy_j", "actions_per_joule"):
+        assert key in r
+    assert r["feasible"] and r["latency_ms"] <= 1000 and r["energy_source"] == "modelled"
+    assert set(r["placement"]) == {"vision", "prefill", "decode"}
+    assert r["alternatives"]
+    assert main([*argv, "--accuracy-floor", "0.95"]) == 0
+    floor = json.loads(capsys.readouterr().out)
+    assert floor["accuracy_cost_measured"] and floor["relative_success"] == 1.0
+    assert main([*argv[:-1], "--slo-hz", "1000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fallback"]
+
+
+def test_bench_sched_json(capsys):
+    assert main(["bench", "sched", "--decisions", "50", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["candidates"] >= 1000 and 0 < r["p50_ms"] <= r["p99_ms"]

@@ -1,0 +1,281 @@
+"""The plan space: every placement of the stage DAG x every accelerator setting, filtered.
+
+A placement maps each stage to the robot or the edge (2^|V| of them); a setting fixes the
+accelerator knobs (TRIAGE/EfficientVLA token budget, layers kept, denoising cache interval).
+Choosing both together is the point: a pruned model may fit a robot it did not fit before, or
+finish on the robot within the deadline without paying for the link.
+
+Knob effects on cost are analytic (below). Their accuracy cost is NOT: it comes from
+``settings.json``, where each setting carries its *measured* relative success, or null where
+none was measured. A setting without a measurement is only eligible when no accuracy floor is
+given, and every plan says whether its accuracy cost was measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from vlarun.models.vla import VLAConfig
+from vlarun.sched.catalog import Device
+from vlarun.sched.cost import StageWork
+from vlarun.stages.families import DTYPE_BYTES, Workload, prefix_len
+
+SETTINGS_FILE = Path(__file__).with_name("settings.json")
+ROLES = ("robot", "edge")
+# Share of a device's memory the weights and caches may take: the OS, the CUDA context and
+# activations need the rest (on a Jetson the memory is also the system's).
+USABLE_MEMORY = 0.85
+# TRIAGE runs layers 0..2 on every visual token (their attention gives the drift and
+# importance signals); the budget applies from layer 3 on.
+SHALLOW_LAYERS = 3
+# Which families each knob applies to. Layer pruning is not offered for flow models: their
+# action expert attends to the VLM's KV layer by layer, so dropping VLM layers breaks the pairing.
+KNOB_FAMILIES = {
+    "token_budget": ("autoregressive", "parallel", "diffusion", "flow"),
+    "layers_kept": ("autoregressive", "parallel", "diffusion"),
+    "cache_interval": ("diffusion", "flow"),
+    "early_exit_sigma": ("autoregressive",),
+}
+IDENTITY = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "early_exit_sigma": None}
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    """One knob value and its measured accuracy cost (None: not measured)."""
+
+    knob: str
+    value: float | None
+    relative_success: float | None
+    source: str | None
+    modelled: bool = True
+
+
+def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
+    rows = json.loads(Path(path or SETTINGS_FILE).read_text())["settings"]
+    out = []
+    for r in rows:
+        if r["knob"] not in KNOB_FAMILIES:
+            raise ValueError(f"unknown knob {r['knob']!r} in settings table")
+        out.append(
+            SettingRow(
+                r["knob"], r["value"], r["relative_success"], r["source"], r.get("modelled", True)
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A combination of knob values. ``relative_success`` is the product of the knobs'
+    measured values (an independence assumption), None when any knob is unmeasured."""
+
+    knobs: tuple[tuple[str, float | None], ...]
+    relative_success: float | None
+
+    @property
+    def measured(self) -> bool:
+        return self.relative_success is not None
+
+    def as_dict(self) -> dict:
+        return dict(self.knobs)
+
+    def value(self, knob: str):
+        return dict(self.knobs).get(knob, IDENTITY[knob])
+
+
+def setting_grid(family: str, rows: tuple[SettingRow, ...]) -> tuple[list[Setting], list[str]]:
+    """Every combination of the knobs that apply to ``family``; notes on what was left out."""
+    notes, by_knob = [], {}
+    for r in rows:
+        if family not in KNOB_FAMILIES[r.knob]:
+            continue
+        if not r.modelled:
+            notes.append(
+                f"{r.knob}={r.value} not in the plan space: its speed-up is "
+                "data-dependent and has not been measured"
+            )
+            continue
+        by_knob.setdefault(r.knob, []).append(r)
+    grid = []
+    for combo in itertools.product(*by_knob.values()):
+        rel = [r.relative_success for r in combo]
+        success = None if any(x is None for x in rel) else math.prod(rel)
+        grid.append(Setting(tuple((r.knob, r.value) for r in combo), success))
+    return grid, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Knob effects on stage cost (analytic)
+
+
+def apply_setting(works: tuple[StageWork, ...], cfg: VLAConfig, w: Workload, s: Setting):
+    """The stage works under setting ``s``."""
+    out = []
+    budget, kept = s.value("token_budget"), s.value("layers_kept")
+    interval = int(s.value("cache_interval"))
+    layers = cfg.llm.num_layers
+    for work in works:
+        if work.name in ("prefill", "prefill_head") and budget < 1.0:
+            full = prefix_len(cfg, w)
+            tokens = full - cfg.num_visual * (1 - budget)
+            deep = layers - SHALLOW_LAYERS
+            f = (SHALLOW_LAYERS + deep * tokens / full) / layers
+            work = replace(work, flops=work.flops * f)
+        if work.name in ("prefill", "decode", "prefill_head") and kept < 1.0:
+            n = max(1, round(layers * kept))
+            f = n / layers
+            work = replace(
+                work,
+                flops=work.flops * f,
+                weight_bytes=work.weight_bytes * f,
+                bytes=work.bytes * f,
+                layers=n,
+                params=int(work.params * f),
+                # the KV cache packet (prefill -> decode) shrinks with the layers
+                out_bytes=int(work.out_bytes * f) if work.name == "prefill" else work.out_bytes,
+                in_bytes=int(work.in_bytes * f) if work.name == "decode" else work.in_bytes,
+            )
+        if work.name == "denoise" and interval > 1:
+            steps = work.passes
+            computed = math.ceil(steps / interval)
+            f = computed / steps
+            work = replace(work, flops=work.flops * f, bytes=work.bytes * f, passes=computed)
+        out.append(work)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Feasibility: memory and dtype
+
+
+def _weight_group(stage: str) -> str:
+    """Stages that share weights: prefill and decode both run the LLM."""
+    return "llm" if stage in ("prefill", "decode", "prefill_head") else stage
+
+
+def memory_needed(works: tuple[StageWork, ...], roles: tuple[str, ...], dtype: str) -> dict:
+    """Bytes each role must hold: the weights of every stage group placed there (once per
+    group) plus the KV cache where the stage that makes it or a stage that reads it runs."""
+    need = dict.fromkeys(ROLES, 0.0)
+    groups: dict[tuple[str, str], float] = {}
+    for work, role in zip(works, roles, strict=True):
+        key = (role, _weight_group(work.name))
+        groups[key] = max(groups.get(key, 0.0), work.params * DTYPE_BYTES[dtype])
+    for (role, _), nbytes in groups.items():
+        need[role] += nbytes
+    kv = next((x.out_bytes for x in works if x.name == "prefill"), 0)
+    holders = {
+        role
+        for work, role in zip(works, roles, strict=True)
+        if work.name == "prefill" or (kv and work.in_bytes >= kv)
+    }
+    for role in holders:
+        need[role] += kv
+    return need
+
+
+def feasibility(
+    works: tuple[StageWork, ...], roles: tuple[str, ...], devices: dict[str, Device], dtype: str
+) -> str | None:
+    """None if the placement is executable, else the reason it is not."""
+    for role in set(roles):
+        if dtype not in devices[role].dtypes:
+            return f"{devices[role].id} does not support {dtype}"
+    for role, nbytes in memory_needed(works, roles, dtype).items():
+        cap = devices[role].mem_gb * 1e9 * USABLE_MEMORY
+        if nbytes > cap:
+            return f"{devices[role].id} memory: needs {nbytes / 1e9:.1f} GB of {cap / 1e9:.1f} GB"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The space
+
+
+@dataclass(frozen=True)
+class PlanSpace:
+    """Candidate plans = settings x placements x (join an edge batch or not).
+
+    Invariant: ``works[k]`` are the stage works under ``settings[k]``; ``placements[p, s]`` is
+    True where stage s runs on the edge; ``executable[k, p]`` is the memory/dtype filter;
+    ``eligible[k]`` the accuracy filter.
+    """
+
+    model: str
+    family: str
+    actions: int
+    stages: tuple[str, ...]
+    parents: tuple[tuple[int, ...], ...]
+    settings: tuple[Setting, ...]
+    works: tuple[tuple[StageWork, ...], ...]
+    placements: np.ndarray
+    executable: np.ndarray
+    eligible: np.ndarray
+    notes: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """All candidates the scheduler scores (2 = own edge slot or join an edge batch)."""
+        return len(self.settings) * len(self.placements) * 2
+
+    def roles(self, p: int) -> tuple[str, ...]:
+        return tuple(ROLES[int(e)] for e in self.placements[p])
+
+
+def build_space(
+    cfg: VLAConfig,
+    base_works: tuple[StageWork, ...],
+    devices: dict[str, Device],
+    w: Workload,
+    accuracy_floor: float | None = None,
+    settings_rows: tuple[SettingRow, ...] | None = None,
+    accelerators: bool = True,
+) -> PlanSpace:
+    """Enumerate and filter the plan space of ``cfg`` between ``devices['robot']`` and
+    ``devices['edge']``. ``accelerators=False`` keeps only the identity setting."""
+    rows = settings_rows if settings_rows is not None else load_settings()
+    grid, notes = setting_grid(cfg.family, rows)
+    if not accelerators:
+        grid = [g for g in grid if all(v == IDENTITY[k] for k, v in g.knobs)]
+    names = tuple(x.name for x in base_works)
+    parents = tuple(tuple(names.index(p) for p in x.parents) for x in base_works)
+    placements = np.array(list(itertools.product((False, True), repeat=len(names))), dtype=bool)
+    works = tuple(apply_setting(base_works, cfg, w, g) for g in grid)
+    executable = np.zeros((len(grid), len(placements)), dtype=bool)
+    for k, ws in enumerate(works):
+        for p, edge in enumerate(placements):
+            roles = tuple(ROLES[int(e)] for e in edge)
+            executable[k, p] = feasibility(ws, roles, devices, w.dtype) is None
+    if accuracy_floor is None:
+        eligible = np.ones(len(grid), dtype=bool)
+        unmeasured = sum(not g.measured for g in grid)
+        if unmeasured:
+            notes.append(
+                f"{unmeasured} of {len(grid)} settings have no measured accuracy cost; "
+                "they are eligible only because no accuracy floor was given"
+            )
+    else:
+        eligible = np.array([g.measured and g.relative_success >= accuracy_floor for g in grid])
+        notes.append(
+            f"accuracy floor {accuracy_floor}: {int(eligible.sum())} of {len(grid)} "
+            "settings have a measured relative success at or above it"
+        )
+    return PlanSpace(
+        cfg.name,
+        cfg.family,
+        cfg.horizon,
+        names,
+        parents,
+        tuple(grid),
+        works,
+        placements,
+        executable,
+        eligible,
+        tuple(notes),
+    )

@@ -1,0 +1,296 @@
+"""SLO-constrained energy-priority scheduler (EcoVLA).
+
+    Core rule:  pi* = argmax_pi  actions_per_joule(pi)   subject to  T(pi) <= T_SLO
+                if no plan meets T_SLO:  pi* = argmin_pi T(pi)
+
+over every executable, accuracy-eligible candidate (placement x accelerator setting x "join an
+edge batch already reserved"). T_SLO = chunk / control rate: one inference must deliver its
+chunk of actions before the previous chunk runs out. After a decision, the chosen plan's edge
+stages are registered as reservations, so the next robot's request sees the committed load;
+a later request with the same stage and setting may join a reservation (batching at the edge)
+when that finishes within its own deadline and keeps the earlier members inside their slack.
+
+Scoring is the recursion of ``predictor.py`` vectorised over all candidates with numpy, so a
+decision over thousands of plans takes well under a millisecond of Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vlarun.sched.catalog import Device
+from vlarun.sched.cost import at_batch, roofline
+from vlarun.sched.energy import ENERGY_SOURCE, RadioPower, stage_power
+from vlarun.sched.link import Link
+from vlarun.sched.plans import PlanSpace
+from vlarun.sched.predictor import Calibration, DeviceState, Reservation
+
+MAX_EDGE_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The scheduler's output, the contract with the runtime (an ExecutionPlan).
+
+    Invariant: ``feasible`` is True iff ``latency_s <= slo_s``; when False the plan is the
+    fastest executable one (the fallback rule). Times are on the scheduler's clock."""
+
+    index: int
+    placement: dict[str, str]
+    settings: dict
+    relative_success: float | None
+    joined_batch: bool
+    latency_s: float
+    energy_j: float
+    actions_per_joule: float
+    feasible: bool
+    slo_s: float
+    stage_start: dict[str, float]
+    stage_end: dict[str, float]
+    alternatives: list[dict] = field(default_factory=list)
+    candidates: int = 0
+    eligible: int = 0
+
+
+@dataclass
+class Scores:
+    """Predictions for every candidate (arrays of shape (C,) or (C, S))."""
+
+    latency: np.ndarray
+    energy: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    joined: np.ndarray  # (C, S) index of the reservation joined, -1 for none
+
+
+class Scheduler:
+    """Scores all candidates of a ``PlanSpace`` and applies the core rule."""
+
+    def __init__(
+        self,
+        space: PlanSpace,
+        devices: dict[str, Device],
+        slo_s: float,
+        *,
+        dtype: str = "bfloat16",
+        radio: RadioPower | None = None,
+        cal: Calibration | None = None,
+        actions: int | None = None,
+    ) -> None:
+        self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
+        self.actions = actions or space.actions  # actions executed per inference (the chunk)
+        self.radio, self.cal = radio or RadioPower(), cal or Calibration()
+        k_n, p_n = len(space.settings), len(space.placements)
+        k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
+        self.k, self.p, self.join = k.ravel(), p.ravel(), j.ravel().astype(bool)
+        self.edge = space.placements[self.p]  # (C, S)
+        self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
+        self._tables()
+
+    # -- precomputed per-setting costs -----------------------------------------------------------
+
+    def _tables(self) -> None:
+        """Stage seconds, utilisation and packet sizes per (setting, stage), edge per batch."""
+        sp, b_n = self.space, MAX_EDGE_BATCH
+        k_n, s_n = len(sp.settings), len(sp.stages)
+        rob, edge = self.devices["robot"], self.devices["edge"]
+        self.t_rob, self.u_rob = np.zeros((k_n, s_n)), np.zeros((k_n, s_n))
+        self.t_edge, self.u_edge = np.zeros((k_n, s_n, b_n + 1)), np.zeros((k_n, s_n, b_n + 1))
+        self.in_bytes, self.out_bytes = np.zeros((k_n, s_n)), np.zeros((k_n, s_n))
+        for ki, works in enumerate(sp.works):
+            for si, w in enumerate(works):
+                r = roofline(w, rob, self.dtype)
+                self.t_rob[ki, si], self.u_rob[ki, si] = r.seconds, r.utilisation
+                for b in range(1, b_n + 1):
+                    e = roofline(at_batch(w, b), edge, self.dtype)
+                    self.t_edge[ki, si, b], self.u_edge[ki, si, b] = e.seconds, e.utilisation
+                self.in_bytes[ki, si], self.out_bytes[ki, si] = w.in_bytes, w.out_bytes
+        self.p_rob_dyn = stage_power(rob, 1.0) - rob.idle_w
+        # Edge energy of one batched execution, per batch size.
+        self.e_edge = (edge.idle_w + (edge.busy_w - edge.idle_w) * self.u_edge) * self.t_edge
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    def score(self, link: Link, now: float = 0.0, edge_state: DeviceState | None = None) -> Scores:
+        """The predictor's recursion for every candidate at once."""
+        st = edge_state or DeviceState()
+        sp, cal, k = self.space, self.cal, self.k
+        c_n, s_n = len(k), len(sp.stages)
+        start, end = np.zeros((c_n, s_n)), np.zeros((c_n, s_n))
+        joined = np.full((c_n, s_n), -1)
+        energy = np.zeros(c_n)
+        bps, half_rtt = link.bytes_per_s, link.rtt_ms * 1e-3 / 2
+        res = sorted(st.reservations, key=lambda r: r.start)
+        for s, name in enumerate(sp.stages):
+            on_edge = self.edge[:, s]
+            wire = half_rtt + self.in_bytes[k, s] / bps
+            if sp.parents[s]:
+                ready = np.full(c_n, now)
+                for p in sp.parents[s]:
+                    cut = on_edge != self.edge[:, p]
+                    tau = np.where(cut, wire + cal.boundary(sp.stages[p], name), 0.0)
+                    ready = np.maximum(ready, end[:, p] + tau)
+                    energy += np.where(cut, wire * self._radio_w(self.edge[:, p]), 0.0)
+            else:  # sensor packet starts on the robot
+                ready = now + np.where(on_edge, wire, 0.0)
+                energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
+            t_r = self.t_rob[k, s] * cal.factor(name, self.devices["robot"].id)
+            t_e = self.t_edge[k, s, 1] * cal.factor(name, self.devices["edge"].id)
+            # Robot: its own device, free once the request starts.
+            s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
+            for r in res:
+                overlap = (s_edge < r.end) & (s_edge + t_e > r.start)
+                s_edge = np.where(overlap, r.end, s_edge)
+            e_edge = np.where(on_edge, self.e_edge[k, s, 1], 0.0)
+            s_edge, t_e, e_edge, joined[:, s] = self._join(s, name, ready, res, s_edge, t_e, e_edge)
+            start[:, s] = np.where(on_edge, s_edge, ready)
+            end[:, s] = start[:, s] + np.where(on_edge, t_e, t_r)
+            energy += np.where(on_edge, e_edge, self.p_rob_dyn * self.u_rob[k, s] * t_r)
+        last = s_n - 1
+        back = np.where(self.edge[:, last], half_rtt + self.out_bytes[k, last] / bps, 0.0)
+        energy += back * self.radio.rx_w
+        latency = end[:, last] + back - now + self._residuals()
+        energy += self.devices["robot"].idle_w * np.maximum(latency, self.slo_s)
+        return Scores(latency, energy, start, end, joined)
+
+    def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
+        return np.where(src_on_edge, self.radio.rx_w, self.radio.tx_w)
+
+    def _residuals(self) -> np.ndarray:
+        if not self.cal.residual_s:
+            return 0.0
+        per_p = np.array(
+            [self.cal.residual(self.space.roles(p)) for p in range(len(self.space.placements))]
+        )
+        return per_p[self.p]
+
+    def _join(self, s, name, ready, res, s_edge, t_e, e_edge):
+        """Candidates flagged ``join`` take the earliest reservation of the same stage and
+        setting that starts after they are ready, if the grown batch still ends within the
+        members' slack. Their time is the batch's; their energy the batch's marginal energy."""
+        joined = np.full(len(ready), -1)
+        mask = self.join & self.edge[:, s]
+        if not mask.any():
+            return s_edge, t_e, e_edge, joined
+        k = self.k
+        for i in range(len(res) - 1, -1, -1):  # reverse: the earliest start wins last
+            r = res[i]
+            if r.stage != name or r.batch >= MAX_EDGE_BATCH:
+                continue
+            # The grown batch must not run into the next committed interval either.
+            room = min([r.latest_end] + [q.start for q in res[i + 1 :] if q.start >= r.end])
+            t_new = self.t_edge[k, s, r.batch + 1] * self.cal.factor(name, self.devices["edge"].id)
+            ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
+            s_edge = np.where(ok, r.start, s_edge)
+            t_e = np.where(ok, t_new, t_e)
+            e_edge = np.where(
+                ok, self.e_edge[k, s, r.batch + 1] - self.e_edge[k, s, r.batch], e_edge
+            )
+            joined = np.where(ok, i, joined)
+        return s_edge, t_e, e_edge, joined
+
+    # -- the rule --------------------------------------------------------------------------------
+
+    def decide(
+        self, link: Link, now: float = 0.0, edge_state: DeviceState | None = None, top: int = 5
+    ) -> Decision:
+        """Apply the core rule; raises if no candidate is executable and eligible."""
+        sc = self.score(link, now, edge_state)
+        if not self.allowed.any():
+            raise ValueError(
+                "no executable plan: every placement exceeds a device's memory or dtype support, "
+                "or no setting meets the accuracy floor"
+            )
+        apj = self.actions / sc.energy
+        feasible = self.allowed & (sc.latency <= self.slo_s)
+        if feasible.any():
+            best = int(np.argmax(np.where(feasible, apj, -np.inf)))
+        else:
+            best = int(np.argmin(np.where(self.allowed, sc.latency, np.inf)))
+        d = self._decision(best, sc, apj)
+        alts = self._alternatives(best, sc, apj, feasible, top)
+        return Decision(
+            **{
+                **d.__dict__,
+                "alternatives": alts,
+                "candidates": len(self.k),
+                "eligible": int(self.allowed.sum()),
+            }
+        )
+
+    def _decision(self, c: int, sc: Scores, apj: np.ndarray) -> Decision:
+        sp = self.space
+        setting = sp.settings[self.k[c]]
+        return Decision(
+            index=c,
+            placement=dict(zip(sp.stages, sp.roles(self.p[c]), strict=True)),
+            settings=setting.as_dict(),
+            relative_success=setting.relative_success,
+            joined_batch=bool((sc.joined[c] >= 0).any()),
+            latency_s=float(sc.latency[c]),
+            energy_j=float(sc.energy[c]),
+            actions_per_joule=float(apj[c]),
+            feasible=bool(sc.latency[c] <= self.slo_s),
+            slo_s=self.slo_s,
+            stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
+            stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
+        )
+
+    def _alternatives(self, best, sc, apj, feasible, top) -> list[dict]:
+        """The next best feasible plans by actions/J, then the fastest plan if not among them."""
+        ranked = np.flatnonzero(feasible)[np.argsort(-apj[feasible], kind="stable")]
+        fastest = int(np.argmin(np.where(self.allowed, sc.latency, np.inf)))
+        seen, out = {self._key(best)}, []
+        for c in [*ranked[: 3 * top].tolist(), fastest]:
+            if self._key(c) in seen:
+                continue
+            if len(out) >= top and c != fastest:
+                continue
+            seen.add(self._key(c))
+            out.append(plan_row(self._decision(c, sc, apj)))
+        return out
+
+    def _key(self, c: int) -> tuple:
+        return (int(self.k[c]), int(self.p[c]))
+
+    # -- reservations -----------------------------------------------------------------------------
+
+    def commit(self, d: Decision, edge_state: DeviceState, edge_id: str = "edge") -> None:
+        """Register the chosen plan's edge stages so later requests see the committed load."""
+        slack = max(self.slo_s - d.latency_s, 0.0)
+        k = int(self.k[d.index])
+        for name, role in d.placement.items():
+            if role != "edge":
+                continue
+            start, end = d.stage_start[name], d.stage_end[name]
+            same = [
+                i
+                for i, r in enumerate(edge_state.reservations)
+                if r.stage == name and r.signature == k and r.start == start
+            ]
+            if d.joined_batch and same:
+                i = same[0]
+                r = edge_state.reservations[i]
+                edge_state.reservations[i] = Reservation(
+                    r.device, name, start, end, r.batch + 1, k, min(r.latest_end, end + slack)
+                )
+            else:
+                edge_state.reserve(Reservation(edge_id, name, start, end, 1, k, end + slack))
+
+
+def plan_row(d: Decision) -> dict:
+    """A plan as JSON: placement, settings, predicted latency/energy, actions per joule."""
+    return {
+        "placement": d.placement,
+        "settings": d.settings,
+        "accuracy_cost_measured": d.relative_success is not None,
+        "relative_success": d.relative_success,
+        "joined_edge_batch": d.joined_batch,
+        "latency_ms": d.latency_s * 1e3,
+        "energy_j": d.energy_j,
+        "energy_source": ENERGY_SOURCE,
+        "actions_per_joule": d.actions_per_joule,
+        "feasible": d.feasible,
+    }
