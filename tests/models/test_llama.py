@@ -198,6 +198,31 @@ def test_deferred_plan_equals_the_same_plan_given_upfront():
         model(model.embed(ids), torch.arange(24), model.new_cache(1, 64), plan=bad)
 
 
+def test_tokens_pruned_from_deep_layers_stay_invisible_to_later_calls():
+    """After a plan prunes tokens from the deep layers, a later call on the same cache (decode,
+    an OFT head, a flow expert's prefix) must not see their stale deep K/V: validity differs by
+    layer, so the mask must too."""
+    model = _model()
+    ids = torch.randint(0, 97, (1, 24))
+    decisions = torch.zeros(1, 12, dtype=torch.int8)
+    decisions[0, 4:] = Decision.PRUNE
+    nxt = model.embed(torch.randint(0, 97, (1, 1)))
+    outs = []
+    with torch.no_grad():
+        for scramble in (False, True):
+            cache = model.new_cache(1, 64)
+            model(model.embed(ids), torch.arange(24), cache)
+            model(model.embed(ids), torch.arange(24), cache, plan=TokenPlan(2, decisions, 1))
+            if scramble:  # garbage in the pruned slots of the deep layers must change nothing
+                cache.k[2:, :, :, 6:14] = torch.randn_like(cache.k[2:, :, :, 6:14])
+                cache.v[2:, :, :, 6:14] = torch.randn_like(cache.v[2:, :, :, 6:14])
+            outs.append(model(nxt, torch.tensor([24]), cache).hidden)
+            prefix_out = model(nxt, torch.tensor([24]), prefix=cache).hidden
+            outs.append(prefix_out)
+    assert (outs[0] - outs[2]).abs().max().item() <= 1e-6
+    assert (outs[1] - outs[3]).abs().max().item() <= 1e-6
+
+
 def test_reuse_without_cache_is_refused():
     model = _model()
     ids = torch.randint(0, 97, (1, 16))

@@ -141,18 +141,8 @@ class AcceleratedPolicy:
         return pre, step
 
     def _head(self, pre: PrefillResult, noise: Tensor, state: np.ndarray | None) -> dict:
-        model, family = self.model, self.model.cfg.family
-        if family == "autoregressive":
-            ids = model.decode_tokens(pre)
-            return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
-        if family == "parallel":
-            return {"actions": model.parallel_head(pre)}
-        if family == "diffusion":
-            fc = self.denoise_cache() if self.denoise_cache is not None else None
-            acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=fc)
-            return {"actions": acts.float()}
-        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
-        return {"actions": model.denoise(pre, noise=noise, state=st)}
+        fc = self.denoise_cache() if self.denoise_cache is not None else None
+        return run_head(self.model, pre, noise, state, fc)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -207,6 +197,27 @@ def prefill_flops_ratio(
     shallow = llm.flops(prefix_len, layers=split)
     deep = llm.flops(kept, context=(visible + 1) / 2, layers=llm.num_layers - split)
     return (shallow + deep) / full
+
+
+def run_head(
+    model,
+    pre: PrefillResult,
+    noise: Tensor,
+    state: np.ndarray | None = None,
+    feature_cache: DenoiseFeatureCache | None = None,
+) -> dict:
+    """The family's action head after a prefill: {"actions": (B, horizon, D), ...}."""
+    family = model.cfg.family
+    if family == "autoregressive":
+        ids = model.decode_tokens(pre)
+        return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
+    if family == "parallel":
+        return {"actions": model.parallel_head(pre)}
+    if family == "diffusion":
+        acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
+        return {"actions": acts.float()}
+    st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+    return {"actions": model.denoise(pre, noise=noise, state=st)}
 
 
 def accelerate(policy, tokens: TokenPolicy | None = None, **kw) -> AcceleratedPolicy:

@@ -208,6 +208,9 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.valid = torch.zeros(cfg.num_layers, batch, max_len, dtype=torch.bool, device=device)
+        # True once validity may differ between layers (a TokenPlan pruned tokens from the deep
+        # layers only); attention masks are then built per layer instead of once per call.
+        self.layered = False
 
     @property
     def batch(self) -> int:
@@ -219,6 +222,7 @@ class KVCache:
 
     def reset(self) -> None:
         self.valid.zero_()
+        self.layered = False
 
     def invalidate_from(self, position: int) -> None:
         """Forget every slot at or after ``position`` (e.g. last step's action tokens)."""
@@ -244,6 +248,7 @@ class KVCache:
         cache.k[:, :, :, :length] = k
         cache.v[:, :, :, :length] = v
         cache.valid[:, :, :length] = valid
+        cache.layered = bool((valid != valid[:1]).any())
         return cache
 
     def filled_length(self) -> int:
@@ -599,6 +604,7 @@ class LlamaLM(nn.Module):
             )
         # Pruned tokens disappear from every deep layer; reused ones keep their old slots.
         deep_valid[:, rows.expand_as(vis_pos)[pruned], vis_pos[pruned]] = False
+        cache.layered = True
         x = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
         ctx = ctx.subset(index)
         return x, ctx, index
@@ -621,6 +627,7 @@ class _Context:
     kv_len: int
     aligned: bool = True  # every row writes the same positions (one index_copy_ per layer)
     mask: Tensor | None = None  # (B, 1, T, S), built lazily by the first layer that runs
+    layered: bool = False  # cache/prefix validity differs by layer: build the mask per layer
     # What SDPA gets: None when every key is visible (plain decode), or None + is_causal when the
     # mask is exactly lower-triangular with S == T (plain prefill): no (B,1,T,S) float mask is
     # materialised per layer, and the causal kernel skips the upper triangle.
@@ -659,6 +666,7 @@ class _Context:
         cos, sin = _rope(model, positions)
         # One host sync per call instead of one per layer (in _write).
         aligned = cache is None or b == 1 or bool((pos_bt == pos_bt[:1]).all())
+        layered = any(c is not None and c.layered for c in (cache, prefix))
         return cls(
             model,
             cos,
@@ -672,6 +680,7 @@ class _Context:
             prefix_len,
             kv_len,
             aligned,
+            layered=layered,
         )
 
     def _build_mask(self, layer: int) -> Tensor:
@@ -712,7 +721,7 @@ class _Context:
             n = self.prefix_len
             k = torch.cat((self.prefix.k[layer][:, :, :n], k), dim=2)
             v = torch.cat((self.prefix.v[layer][:, :, :n], v), dim=2)
-        if self.mask is None:
+        if self.mask is None or self.layered:
             self.mask = self._build_mask(layer)
             self.sdpa_mask, self.sdpa_causal = _sdpa_mask(self.mask)
         return k, v
@@ -736,6 +745,7 @@ class _Context:
             self.prefix_len,
             self.kv_len,
             pos.shape[0] == 1 or bool((pos == pos[:1]).all()),
+            layered=any(c is not None and c.layered for c in (self.cache, self.prefix)),
         )
 
 

@@ -1,0 +1,232 @@
+"""`vlarun calibrate-drift`: TRIAGE's diagnostic that sets the drift threshold delta.
+
+For a new backbone, no training needed (SEEDS.md section 3): replay full-recompute observation
+streams; at step t, for cache ages a, take the KV cache full recompute left at step t - a and
+probe groups of 16 visual tokens drawn from the nine cells of (drift tertile x importance
+tertile). Each probe runs the prefill twice with every other token recomputed: once reusing the
+probed tokens' age-a K/V, once pruning them, and compares both actions with full recompute at
+step t: Delta = error(reuse) - error(prune) (negative: reuse is closer). Probes are binned by
+their mean drift and by age, with 95% intervals; the recommended delta is the upper edge of
+the drift bins (from the lowest up) in which reuse is never worse than pruning: pooled interval
+entirely below zero and no cache age with a positive mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vlarun.accel.base import StepInputs, attention_scores
+from vlarun.accel.policy import run_head
+from vlarun.accel.triage import value_drift
+from vlarun.config import opt
+from vlarun.models.llama import KVCache
+from vlarun.models.token_plan import Decision, TokenPlan
+
+DRIFT_EDGES = (0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
+
+
+@dataclass(frozen=True)
+class DriftCalibrationConfig:
+    """Probe reuse against pruning per drift level to recommend TRIAGE's delta for a backbone."""
+
+    policy: str = opt("tiny-oft", "shipped policy (full recompute gives the reference)")
+    checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
+    tasks: str = opt("reach-v3,push-v3", "Meta-World tasks whose rollouts are replayed")
+    episodes: int = opt(1, "episodes per task")
+    seed: int = opt(0, "first held-out seed")
+    rollouts: str | None = opt(None, "replay this rollouts file (vlarun fidelity) instead")
+    ages: str = opt("1,2,5,10,20", "cache ages in queries, comma-separated")
+    probe_tokens: int = opt(16, "tokens per probe")
+    layer: int = opt(2, "shallow layer of drift and importance")
+    max_steps: int = opt(40, "at most this many steps per episode")
+    json: bool = opt(False, "print one JSON object")
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.probe_tokens < 1 or self.max_steps < 2:
+            raise ValueError("need episodes >= 1, probe_tokens >= 1 and max_steps >= 2")
+        if not self.age_list or min(self.age_list) < 1:
+            raise ValueError(f"--ages must be positive integers, got {self.ages!r}")
+
+    @property
+    def age_list(self) -> list[int]:
+        return [int(a) for a in self.ages.split(",") if a.strip()]
+
+
+@dataclass
+class _Full:
+    """What full recompute left at one step."""
+
+    cache: KVCache
+    values: Tensor  # (1, KVH, Nv, hd) at the probe layer
+    importance: Tensor  # (Nv,)
+    actions: Tensor
+
+
+@torch.no_grad()
+def probe_stream(
+    policy, instruction: str, frames: list[np.ndarray], ages: list[int], cfg
+) -> list[dict]:
+    """Probes over one observation stream: dicts of drift, age, importance level, Delta."""
+    model = policy.model
+    gen = torch.Generator().manual_seed(0)
+    history: deque[_Full] = deque(maxlen=max(ages))
+    out = []
+    for frame in frames:
+        step = _step_inputs(policy, frame, instruction)
+        noise = torch.randn(1, model.cfg.horizon, model.cfg.action_dim,
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+        full = _full_recompute(model, step, noise, cfg.layer)
+        for a in ages:
+            if a <= len(history):
+                out += _probe_age(model, step, noise, full, history[-a], a, cfg, gen)
+        history.append(full)
+    return out
+
+
+def _step_inputs(policy, frame: np.ndarray, instruction: str) -> StepInputs:
+    model = policy.model
+    images = policy.image_tensor(frame)
+    visual = model.encode_images(images)
+    prefix = model.build_prefix(visual, [policy.text_ids(instruction)])
+    return StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
+
+
+def _full_recompute(model, step: StepInputs, noise: Tensor, layer: int) -> _Full:
+    probe = step.probe(layer, step.action_query_index())
+    pre = model.prefill(step.prefix, probe=probe)
+    actions = run_head(model, pre, noise)["actions"]
+    cache = pre.cache
+    clone = KVCache.from_export(model.cfg.llm, cache.k, cache.v, cache.valid, cache.max_len)
+    vis = slice(step.vis_start, step.vis_start + step.num_visual)
+    return _Full(clone, cache.v[layer][:, :, vis].clone(),
+                 attention_scores(pre.lm.probe.probs)[0], actions)  # fmt: skip
+
+
+def _tertile(x: Tensor) -> Tensor:
+    """(N,) -> (N,) level 0, 1, 2 by rank (equal thirds, robust to ties)."""
+    ranks = torch.empty_like(x, dtype=torch.long)
+    ranks[torch.sort(x, stable=True).indices] = torch.arange(x.numel())
+    return (ranks * 3) // x.numel()
+
+
+def _probe_age(model, step, noise, full: _Full, old: _Full, age: int, cfg, gen) -> list[dict]:
+    drift = value_drift(full.values, old.values)[0]  # (Nv,) since the old recompute
+    cells = _tertile(drift) * 3 + _tertile(full.importance)
+    out = []
+    for cell in range(9):
+        members = (cells == cell).nonzero().flatten()
+        if not len(members):
+            continue
+        pick = members[torch.randperm(len(members), generator=gen)[: cfg.probe_tokens]]
+        err = {}
+        for how in (Decision.REUSE, Decision.PRUNE):
+            decisions = torch.zeros(1, step.num_visual, dtype=torch.int8)  # RECOMPUTE
+            decisions[0, pick] = int(how)
+            cache = KVCache.from_export(model.cfg.llm, old.cache.k, old.cache.v, old.cache.valid,
+                                        old.cache.max_len)  # fmt: skip
+            plan = TokenPlan(step.vis_start, decisions, cfg.layer)
+            pre = model.prefill(step.prefix, cache, plan=plan)
+            acts = run_head(model, pre, noise)["actions"]
+            err[how] = float((acts - full.actions).abs().mean())
+        out.append({"drift": float(drift[pick].mean()), "age": age,
+                    "importance_level": cell % 3,
+                    "delta": err[Decision.REUSE] - err[Decision.PRUNE]})  # fmt: skip
+    return out
+
+
+def summarise_probes(probes: list[dict], edges: tuple[float, ...] = DRIFT_EDGES) -> dict:
+    """Bins of drift (and cache age) with mean Delta and 95% intervals; recommended delta."""
+    bins, recommended = [], 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        ds = [p for p in probes if lo <= p["drift"] < hi]
+        row = {"drift": [lo, hi if math.isfinite(hi) else None]} | _mean_ci(
+            [p["delta"] for p in ds]
+        )
+        row["by_age"] = {
+            str(a): _mean_ci([p["delta"] for p in ds if p["age"] == a])
+            for a in sorted({p["age"] for p in ds})
+        }
+        row["reuse_no_worse"] = bool(
+            ds and row["ci95"][1] < 0 and all(v["mean_delta"] <= 0 for v in row["by_age"].values())
+        )
+        bins.append(row)
+    for row in bins:  # lowest bins up; an empty bin neither confirms nor breaks the run
+        if row["n"] == 0:
+            continue
+        if not row["reuse_no_worse"] or row["drift"][1] is None:
+            break
+        recommended = row["drift"][1]
+    return {"probes": len(probes), "bins": bins, "recommended_delta": recommended}
+
+
+def _mean_ci(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0, "mean_delta": None, "ci95": [None, None]}
+    arr = np.asarray(xs, dtype=np.float64)
+    half = 1.96 * arr.std(ddof=1) / math.sqrt(len(arr)) if len(arr) > 1 else math.inf
+    m = float(arr.mean())
+    return {"n": len(arr), "mean_delta": m, "ci95": [m - half, m + half]}
+
+
+def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.ndarray]]]:
+    """(instruction, frames) per episode: recorded closed loop, or read from a rollouts file."""
+    from vlarun.sim.tasks import get_task
+
+    if cfg.rollouts:
+        from vlarun.sim.fidelity import Rollouts
+
+        r = Rollouts.load(cfg.rollouts)
+        # The file keeps no episode boundaries: each task's observations are one stream.
+        return [(get_task(t).instruction, list(r.images[r.task_index == k][: cfg.max_steps]))
+                for k, t in enumerate(r.tasks)]  # fmt: skip
+    from vlarun.sim.demos import EVAL_SEED_OFFSET
+    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.evaluate import run_episode
+
+    streams = []
+    for task in [t for t in cfg.tasks.split(",") if t]:
+        env = MetaWorldEnv(task)
+        for i in range(cfg.episodes):
+            frames: list[np.ndarray] = []
+            keep = lambda obs, _run, out=frames: out.append(obs["image"])  # noqa: E731
+            run_episode(policy, env, EVAL_SEED_OFFSET + cfg.seed + i, on_inference=keep)
+            streams.append((env.instruction, frames[: cfg.max_steps]))
+        env.close()
+    return streams
+
+
+def run_calibration(cfg: DriftCalibrationConfig) -> dict:
+    from vlarun.models.policy import Policy
+    from vlarun.sim.evaluate import POLICY_DIR
+
+    directory = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
+    if not (directory / "config.json").exists():
+        raise ValueError(f"no policy at {directory} (no config.json)")
+    policy = Policy.from_checkpoint(directory)
+    probes = []
+    for instruction, frames in _streams(cfg, policy):
+        probes += probe_stream(policy, instruction, frames, cfg.age_list, cfg)
+    return summarise_probes(probes) | {"policy": str(directory), "ages": cfg.age_list}
+
+
+def format_calibration(r: dict) -> str:
+    lines = [f"{r.get('policy', '')}: {r['probes']} probes; Delta = error(reuse) - error(prune)"]
+    for b in r["bins"]:
+        hi = "inf" if b["drift"][1] is None else f"{b['drift'][1]:.1f}"
+        if b["n"] == 0:
+            lines.append(f"  drift [{b['drift'][0]:.1f}, {hi}): no probes")
+            continue
+        ages = ", ".join(f"age {a}: {v['mean_delta']:+.4f}" for a, v in b["by_age"].items())
+        lines.append(
+            f"  drift [{b['drift'][0]:.1f}, {hi}): n={b['n']:<5} Delta {b['mean_delta']:+.4f} "
+            f"(95% CI {b['ci95'][0]:+.4f} .. {b['ci95'][1]:+.4f})  {ages}"
+        )
+    lines.append(f"recommended delta: {r['recommended_delta']}")
+    return "\n".join(lines)
