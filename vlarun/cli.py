@@ -379,6 +379,7 @@ COMMANDS: dict[str, Command] = {
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
     "sched": _sched("bench-sched"),
+    "validate": _sched("bench-validate"),
 }
 
 

@@ -321,3 +321,32 @@ def show_bench_sched(r: dict) -> None:
 OPTIONS |= {"plan": PlanOptions, "bench-sched": BenchSchedOptions}
 RUN |= {"plan": cmd_plan, "bench-sched": cmd_bench_sched}
 SHOW |= {"plan": show_plan, "bench-sched": show_bench_sched}
+
+
+# ---------------------------------------------------------------------------------------------
+# bench validate
+
+
+@dataclass(frozen=True)
+class BenchValidateOptions:
+    """Cost-model predictions vs the papers' published stage and end-to-end times (TRIAGE
+    Table I on Jetson AGX Orin, EfficientVLA's module times on A40), with errors."""
+
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_validate(o: BenchValidateOptions) -> dict:
+    from vlarun.sched.validate import validation_table
+
+    return validation_table()
+
+
+def show_bench_validate(r: dict) -> None:
+    from vlarun.sched.validate import format_table
+
+    print(format_table(r))
+
+
+OPTIONS["bench-validate"] = BenchValidateOptions
+RUN["bench-validate"] = cmd_bench_validate
+SHOW["bench-validate"] = show_bench_validate
