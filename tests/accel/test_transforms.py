@@ -91,3 +91,22 @@ def test_layer_importance_ranks_an_identity_layer_last(dit_policy):
             layer.mlp.down_proj.weight.copy_(saved[1])
     with pytest.raises(ValueError):
         least_important(imp, 4)
+
+
+def test_mlp_sparsity_zero_is_identity_and_keeps_the_strongest_channels(dit_policy):
+    from vlarun.accel.mlp_sparsity import channel_scores, sparsify_mlp
+
+    model = dit_policy.model
+    images, ids = _samples(dit_policy, 1)[0]
+    noise = torch.randn(1, 8, 7)
+    same = sparsify_mlp(model, 0.0)
+    assert torch.equal(same.act(images, [ids], noise=noise), model.act(images, [ids], noise=noise))
+    sparse = sparsify_mlp(model, 0.25)
+    width = model.cfg.llm.intermediate_size
+    assert sparse.cfg.llm.intermediate_size == width - width // 4
+    assert model.language_model.model.layers[0].mlp.gate_proj.weight.shape[0] == width
+    layer = model.language_model.model.layers[0].mlp
+    weakest = int(channel_scores(layer).argmin())
+    kept = sparse.language_model.model.layers[0].mlp.gate_proj.weight
+    assert not (kept == layer.gate_proj.weight[weakest]).all(dim=1).any()
+    assert sparse.act(images, [ids], noise=noise).shape == (1, 8, 7)
