@@ -363,6 +363,24 @@ def _print_drift(r: dict) -> None:
     print(format_calibration(r))
 
 
+def _bench_accel_options() -> type:
+    from vlarun.bench.accel import BenchAccelOptions
+
+    return BenchAccelOptions
+
+
+def cmd_bench_accel(o) -> dict:
+    from vlarun.bench.accel import run
+
+    return run(o)
+
+
+def _print_bench_accel(r: dict) -> None:
+    from vlarun.bench.accel import format_result
+
+    print(format_result(r))
+
+
 Command = tuple[type, Callable, Callable]
 COMMANDS: dict[str, Command] = {
     "info": (InfoOptions, cmd_info, _print_info),
@@ -378,6 +396,7 @@ COMMANDS: dict[str, Command] = {
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
+    "accel": (_bench_accel_options, cmd_bench_accel, _print_bench_accel),
     "sched": _sched("bench-sched"),
     "validate": _sched("bench-validate"),
 }

@@ -65,12 +65,14 @@ class EfficientVLAConfig:
     tokens: keep this fraction of visual tokens (None: all, no token selection);
     layers_removed: LM layers removed by cosine importance on calibration samples;
     mlp_sparsity: fraction of MLP channels removed in the remaining layers;
-    cache_interval: DiT features recomputed every N denoising steps (1: no cache)."""
+    cache_interval: DiT features recomputed every N denoising steps (1: no cache);
+    token_layer: tokens are ranked at, and pruned after, this layer (of the pruned LM)."""
 
     tokens: float | None = 0.22
     layers_removed: int = 0
     mlp_sparsity: float = 0.0
     cache_interval: int = 1
+    token_layer: int = 2
 
     def __post_init__(self) -> None:
         if self.tokens is not None and not 0.0 < self.tokens <= 1.0:
@@ -96,7 +98,8 @@ def efficientvla(
         model = sparsify_mlp(model, cfg.mlp_sparsity)
     tokens: TokenPolicy = FullRecompute()
     if cfg.tokens is not None:
-        tokens = EfficientVLATokens(EfficientVLATokensConfig(budget_fraction=cfg.tokens))
+        token_cfg = EfficientVLATokensConfig(budget_fraction=cfg.tokens, layer=cfg.token_layer)
+        tokens = EfficientVLATokens(token_cfg)
     cache = every_n_steps(cfg.cache_interval) if cfg.cache_interval > 1 else None
     base = dataclasses.replace(policy, model=model) if model is not policy.model else policy
     return AcceleratedPolicy(base, tokens, denoise_cache=cache, reference=policy.model.cfg.llm)

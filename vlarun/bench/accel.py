@@ -1,0 +1,445 @@
+"""`vlarun bench accel`: TRIAGE and EfficientVLA against their baselines on Meta-World.
+
+Three parts, each optional (``--parts``):
+
+* sweep: for each budget B (fraction of visual tokens recomputed) and each token method,
+  closed-loop success on held-out seeds (Wilson 95% intervals) and action fidelity: the mean
+  absolute action error against full recompute on the observations full recompute itself met
+  (``sim.fidelity``), replayed episode by episode with the policy reset in between;
+* latency: a Table-I-like table on this CPU at one budget: prefill FLOPs ratio, prefill ms,
+  end-to-end ms (vision + prefill + head) and p99, replaying a recorded observation stream, for
+  the trained tiny policy and for a random-weight ~1B OpenVLA-like shape (TinyLlama-1.1B LM,
+  256 visual tokens, bf16) where compute rather than per-call overhead dominates;
+* ablation: EfficientVLA on the diffusion policy: tokens only, cache only, layers only, all;
+  speedup (end-to-end) and success.
+
+Every policy runs through ``AcceleratedPolicy`` and ``sim.evaluate.run_episode``; episodes are
+separated by ``reset()`` so no state leaks between them. Results: JSON and plots under
+``--out``. ``--quick`` is a reduced version for a few minutes; it is not a result to quote.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vlarun.accel.methods import EfficientVLAConfig, accelerated, efficientvla
+from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.config import opt, to_dict
+from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
+
+SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
+SWEEP_METHODS = "triage,drop-all,keep-all,fastv,vla-cache"
+LATENCY_METHODS = ("full", "triage", "drop-all", "keep-all", "fastv", "vla-cache", "efficientvla")
+
+
+@dataclass(frozen=True)
+class BenchAccelOptions:
+    """Accelerator benchmark: budget sweep, latency table, EfficientVLA ablation."""
+
+    quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, 2 budgets")
+    policy: str = opt("tiny-oft", "shipped policy for the sweep and latency table")
+    diffusion_policy: str = opt("tiny-dit", "shipped diffusion policy for the ablation")
+    tasks: str = opt(",".join(TRAIN_TASKS), "Meta-World tasks")
+    episodes: int = opt(10, "episodes per task and configuration")
+    seed: int = opt(0, "first held-out seed")
+    max_steps: int | None = opt(None, "episode step limit (default: each task's)")
+    budgets: str = opt(SWEEP_BUDGETS, "budget fractions of the sweep")
+    methods: str = opt(SWEEP_METHODS, "token methods of the sweep")
+    latency_budget: float = opt(0.34, "budget fraction of the latency table")
+    latency_queries: int = opt(60, "replayed queries per latency row")
+    large: bool = opt(True, "also time the ~1B random-weight OpenVLA-like shape")
+    parts: str = opt("sweep,latency,ablation", "which parts to run")
+    out: str | None = opt("benchmarks/results", "directory for the JSON and plots")
+    json: bool = opt(False, "print one JSON object")
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.latency_queries < 1:
+            raise ValueError("need episodes >= 1 and latency_queries >= 1")
+        unknown = set(self.part_list) - {"sweep", "latency", "ablation"}
+        if unknown:
+            raise ValueError(f"unknown parts {sorted(unknown)}; use sweep, latency, ablation")
+
+    @property
+    def part_list(self) -> list[str]:
+        return [p for p in self.parts.split(",") if p]
+
+    def reduced(self) -> BenchAccelOptions:
+        """The --quick settings (explicitly given smaller values are kept)."""
+        import dataclasses
+
+        return dataclasses.replace(
+            self,
+            tasks=",".join(self.tasks.split(",")[:2]),
+            episodes=min(self.episodes, 2),
+            budgets="0.34,0.07" if self.budgets == SWEEP_BUDGETS else self.budgets,
+            latency_queries=min(self.latency_queries, 12),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed loop and fidelity
+
+
+def _load(name: str):
+    from vlarun.models.policy import Policy
+
+    return Policy.from_checkpoint(POLICY_DIR / name)
+
+
+def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
+    """Success over tasks x episodes; with ``record``, each episode's observations and chunks."""
+    from vlarun.sim.demos import EVAL_SEED_OFFSET
+    from vlarun.sim.env import MetaWorldEnv
+
+    wins, episodes = 0, []
+    tasks = [t for t in o.tasks.split(",") if t]
+    for task in tasks:
+        env = MetaWorldEnv(task, max_steps=o.max_steps)
+        for i in range(o.episodes):
+            if isinstance(policy, AcceleratedPolicy):
+                policy.reset()
+            seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+            def keep(obs, run, out=seen):
+                out.append((obs["image"], run.outputs["actions"][0].float().numpy()))
+
+            r = run_episode(
+                policy, env, EVAL_SEED_OFFSET + o.seed + i, on_inference=keep if record else None
+            )
+            wins += r["success"]
+            episodes.append({"task": task, "instruction": env.instruction, "obs": seen})
+        env.close()
+    n = len(episodes)
+    return {
+        "success_rate": wins / n,
+        "ci95": list(wilson(wins, n)),
+        "episodes": n,
+        "recorded": episodes,
+    }
+
+
+def fidelity(policy: AcceleratedPolicy, recorded: list[dict]) -> float:
+    """Mean |action - full recompute's| over every recorded observation, episode by episode."""
+    errors = []
+    for ep in recorded:
+        policy.reset()
+        for image, ref in ep["obs"]:
+            got = policy.run_stages(image, ep["instruction"]).outputs["actions"][0]
+            errors.append(float(np.abs(got.float().numpy() - ref).mean()))
+    return float(np.mean(errors)) if errors else float("nan")
+
+
+def sweep(o: BenchAccelOptions, log) -> list[dict]:
+    policy = _load(o.policy)
+    full = closed_loop(accelerated(policy, "full"), o, record=True)
+    rows = [
+        {
+            "method": "full",
+            "budget_fraction": 1.0,
+            "success_rate": full["success_rate"],
+            "ci95": full["ci95"],
+            "action_error": 0.0,
+            "episodes": full["episodes"],
+        }
+    ]
+    log(f"sweep full: {full['success_rate']:.1%}")
+    for b in [float(x) for x in o.budgets.split(",") if x]:
+        for method in [m for m in o.methods.split(",") if m]:
+            fast = accelerated(policy, method, b)
+            res = closed_loop(fast, o)
+            err = fidelity(accelerated(policy, method, b), full["recorded"])
+            rows.append(
+                {
+                    "method": method,
+                    "budget_fraction": b,
+                    "success_rate": res["success_rate"],
+                    "ci95": res["ci95"],
+                    "action_error": err,
+                    "episodes": res["episodes"],
+                    "flops_ratio": fast.summary().get("flops_ratio"),
+                }
+            )
+            log(f"sweep {method} B={b:.0%}: {res['success_rate']:.1%}, error {err:.4f}")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Latency
+
+
+def time_stream(policy: AcceleratedPolicy, stream: list[tuple[str, np.ndarray]]) -> dict:
+    """Replay (instruction, image) queries after one warm-up; per-query prefill and e2e ms."""
+    policy.reset()
+    policy.run_stages(stream[0][1], stream[0][0])
+    policy.reset()
+    policy.steps.clear()
+    prefill, e2e = [], []
+    for instruction, image in stream:
+        run = policy.run_stages(image, instruction)
+        t = {s.name: s.seconds * 1e3 for s in run.timings}
+        prefill.append(t["prefill"])
+        e2e.append(sum(t.values()))
+    return {
+        "flops_ratio": policy.summary()["flops_ratio"],
+        "prefill_ms": statistics.mean(prefill),
+        "e2e_ms": statistics.mean(e2e),
+        "p99_ms": float(np.percentile(e2e, 99)),
+        "queries": len(e2e),
+    }
+
+
+def synthetic_stream(size: int, n: int, instruction: str) -> list[tuple[str, np.ndarray]]:
+    """A slowly changing scene (random background, a moving block) for random-weight models."""
+    rng = np.random.default_rng(0)
+    bg = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+    out = []
+    for t in range(n):
+        f = bg.copy()
+        y = (t * size // 40) % (size * 3 // 4)
+        f[y : y + size // 5, size // 4 : size // 2] = 255
+        out.append((instruction, f))
+    return out
+
+
+def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
+    rows = []
+    for method in LATENCY_METHODS:
+        r = time_stream(accelerated(policy, method, budget), stream)
+        rows.append({"model": name, "method": method, "budget_fraction": budget} | r)
+        log(f"latency {name} {method}: prefill {r['prefill_ms']:.1f} ms, e2e {r['e2e_ms']:.1f}")
+    return rows
+
+
+def large_policy():
+    """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
+    tokens), TinyLlama-1.1B LM, autoregressive 7-dim actions, bf16, prepacked for oneDNN."""
+    from vlarun.models.llama import LlamaConfig
+    from vlarun.models.policy import Policy
+    from vlarun.models.tokenizer import load_tokenizer
+    from vlarun.models.vit import ViTConfig
+    from vlarun.models.vla import VLA, VLAConfig
+
+    llm = LlamaConfig(
+        vocab_size=32064,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_layers=22,
+        num_heads=32,
+        num_kv_heads=4,
+        max_positions=512,
+    )
+    vit = ViTConfig(
+        kind="siglip",
+        image_size=224,
+        patch_size=14,
+        hidden_size=384,
+        num_layers=6,
+        num_heads=6,
+        intermediate_size=1536,
+    )
+    cfg = VLAConfig(
+        name="openvla-like-1b",
+        family="autoregressive",
+        llm=llm,
+        vision=(vit,),
+        connector="mlp",
+        action_dim=7,
+        chunk=1,
+        max_text_tokens=128,
+    )
+    torch.manual_seed(0)
+    model = VLA(cfg).to(torch.bfloat16).eval()
+    model.language_model.prepack()
+    return Policy(model, load_tokenizer(None, llm.vocab_size))
+
+
+def latency(o: BenchAccelOptions, log) -> list[dict]:
+    from vlarun.sim.tasks import get_task
+
+    policy = _load(o.policy)
+    task = o.tasks.split(",")[0]
+    instruction = get_task(task).instruction
+    recorded = closed_loop(
+        accelerated(policy, "full"), _with(o, tasks=task, episodes=1), record=True
+    )["recorded"]
+    stream = [(instruction, img) for img, _ in recorded[0]["obs"]][: o.latency_queries]
+    if len(stream) < o.latency_queries:  # a short episode: pad with a synthetic continuation
+        size = policy.model.cfg.image_size
+        stream += synthetic_stream(size, o.latency_queries - len(stream), instruction)
+    rows = latency_rows(o.policy, policy, stream, o.latency_budget, log)
+    if o.large:
+        big = large_policy()
+        queries = max(4, o.latency_queries // 4)  # ~1-2 s a query on two cores
+        stream = synthetic_stream(big.model.cfg.image_size, queries, instruction)
+        rows += latency_rows("openvla-like-1b (random, bf16)", big, stream, o.latency_budget, log)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# EfficientVLA ablation
+
+
+# The shipped LMs have 4 layers: tokens are selected after layer 1 so that, with one layer
+# removed, two layers still run on the selected tokens only (at layer 2 none would).
+ABLATION = {
+    "none": EfficientVLAConfig(tokens=None),
+    "tokens": EfficientVLAConfig(tokens=0.22, token_layer=1),
+    "cache": EfficientVLAConfig(tokens=None, cache_interval=5),
+    "layers": EfficientVLAConfig(tokens=None, layers_removed=1, mlp_sparsity=0.25),
+    "all": EfficientVLAConfig(
+        tokens=0.22, token_layer=1, layers_removed=1, mlp_sparsity=0.25, cache_interval=5
+    ),
+}
+
+
+def ablation(o: BenchAccelOptions, log) -> list[dict]:
+    policy = _load(o.diffusion_policy)
+    full = closed_loop(accelerated(policy, "full"), o, record=True)
+    frames = [(ep["instruction"], img) for ep in full["recorded"] for img, _ in ep["obs"]]
+    calibration = [(policy.image_tensor(img), policy.text_ids(ins)) for ins, img in frames[:16]]
+    stream = frames[: o.latency_queries]
+    rows, base_ms = [], None
+    for name, cfg in ABLATION.items():
+        fast = efficientvla(policy, cfg, calibration)
+        timing = time_stream(fast, stream)
+        res = full if name == "none" else closed_loop(fast, o)
+        base_ms = base_ms or timing["e2e_ms"]
+        rows.append(
+            {
+                "config": name,
+                "settings": to_dict(cfg),
+                "success_rate": res["success_rate"],
+                "ci95": res["ci95"],
+                "speedup": base_ms / timing["e2e_ms"],
+            }
+            | timing
+        )
+        log(f"ablation {name}: {res['success_rate']:.1%}, x{base_ms / timing['e2e_ms']:.2f}")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def _with(o: BenchAccelOptions, **kw) -> BenchAccelOptions:
+    import dataclasses
+
+    return dataclasses.replace(o, **kw)
+
+
+def run(o: BenchAccelOptions, progress: bool = True) -> dict:
+    if o.quick:
+        o = o.reduced()
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    t0 = time.time()
+    result: dict = {
+        "quick": o.quick,
+        "options": to_dict(o),
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+        "command": "vlarun bench accel" + (" --quick" if o.quick else ""),
+    }
+    parts = {"sweep": sweep, "latency": latency, "ablation": ablation}
+    for name in o.part_list:
+        result[name] = parts[name](o, log)
+    result["wall_s"] = round(time.time() - t0, 1)
+    if o.out:
+        result["files"] = write_results(result, Path(o.out))
+    return result
+
+
+def write_results(result: dict, out: Path) -> dict:
+    """accel_<date>.json and, where there is a sweep, accel_sweep_<date>.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"accel{'_quick' if result['quick'] else ''}_{result['date'][:10]}"
+    files = {"json": str(out / f"{stem}.json")}
+    if result.get("sweep"):
+        files["plot"] = str(out / f"{stem}_sweep.png")
+        plot_sweep(result["sweep"], files["plot"])
+    Path(files["json"]).write_text(json.dumps(result | {"files": files}, indent=1))
+    return files
+
+
+def plot_sweep(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    full = next((r for r in rows if r["method"] == "full"), None)
+    for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "full"):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["budget_fraction"])
+        x = [r["budget_fraction"] * 100 for r in rs]
+        lo = [r["success_rate"] - r["ci95"][0] for r in rs]
+        hi = [r["ci95"][1] - r["success_rate"] for r in rs]
+        ax_s.errorbar(x, [r["success_rate"] for r in rs], yerr=[lo, hi], label=method, capsize=3)
+        ax_e.plot(x, [r["action_error"] for r in rs], marker="o", label=method)
+    if full is not None:
+        ax_s.axhline(full["success_rate"], color="k", ls="--", label="full")
+    ax_s.set(xlabel="budget B (% of visual tokens)", ylabel="success", title="closed loop")
+    ax_e.set(
+        xlabel="budget B (% of visual tokens)",
+        ylabel="mean |action error|",
+        title="fidelity to full recompute",
+    )
+    ax_s.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_result(r: dict) -> str:
+    lines = [
+        f"vlarun bench accel ({'quick' if r['quick'] else 'full'}), {r['date']}, "
+        f"{r['threads']} threads, {r['wall_s']} s"
+    ]
+    if r.get("sweep"):
+        lines += [
+            "",
+            "| method | B | success (95% CI) | action error | FLOPs |",
+            "|---|---|---|---|---|",
+        ]
+        for s in r["sweep"]:
+            flops = f"{s['flops_ratio']:.2f}" if s.get("flops_ratio") is not None else "1.00"
+            lines.append(
+                f"| {s['method']} | {s['budget_fraction']:.0%} | {s['success_rate']:.1%} "
+                f"({s['ci95'][0]:.0%}-{s['ci95'][1]:.0%}) | {s['action_error']:.4f} "
+                f"| {flops} |"
+            )
+    if r.get("latency"):
+        lines += [
+            "",
+            "| model | method | FLOPs | prefill ms | e2e ms | p99 ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for x in r["latency"]:
+            lines.append(
+                f"| {x['model']} | {x['method']} | {x['flops_ratio']:.2f} | "
+                f"{x['prefill_ms']:.1f} | {x['e2e_ms']:.1f} | {x['p99_ms']:.1f} |"
+            )
+    if r.get("ablation"):
+        lines += [
+            "",
+            "| EfficientVLA | success (95% CI) | e2e ms | speedup | FLOPs |",
+            "|---|---|---|---|---|",
+        ]
+        for a in r["ablation"]:
+            lines.append(
+                f"| {a['config']} | {a['success_rate']:.1%} ({a['ci95'][0]:.0%}-"
+                f"{a['ci95'][1]:.0%}) | {a['e2e_ms']:.1f} | x{a['speedup']:.2f} | "
+                f"{a['flops_ratio']:.2f} |"
+            )
+    for kind, path in r.get("files", {}).items():
+        lines.append(f"{kind}: {path}")
+    return "\n".join(lines)
