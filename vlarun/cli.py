@@ -330,7 +330,7 @@ def _sched(name: str) -> tuple[Callable, Callable, Callable]:
     def options() -> type:
         from vlarun.sched import commands
 
-        return commands.OPTIONS[name]
+        return commands.options_class(name)
 
     def run(o) -> dict:
         from vlarun.sched import commands
@@ -393,6 +393,7 @@ COMMANDS: dict[str, Command] = {
     "predict": _sched("predict"),
     "profile": _sched("profile"),
     "plan": _sched("plan"),
+    "fleet": _sched("fleet"),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),

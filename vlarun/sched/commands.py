@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlarun.cli import opt
+from vlarun.config import opt
 
 # ---------------------------------------------------------------------------------------------
 # predict
@@ -350,3 +350,36 @@ def show_bench_validate(r: dict) -> None:
 OPTIONS["bench-validate"] = BenchValidateOptions
 RUN["bench-validate"] = cmd_bench_validate
 SHOW["bench-validate"] = show_bench_validate
+
+
+# ---------------------------------------------------------------------------------------------
+# fleet
+
+
+def _fleet_options() -> type:
+    from vlarun.sched.fleet import FleetConfig
+
+    return FleetConfig
+
+
+def cmd_fleet(o) -> dict:
+    from vlarun.sched.fleet import run_fleet
+
+    return run_fleet(o)
+
+
+def show_fleet(r: dict) -> None:
+    from vlarun.sched.fleet import format_fleet
+
+    print(format_fleet(r))
+
+
+OPTIONS["fleet"] = _fleet_options
+RUN["fleet"] = cmd_fleet
+SHOW["fleet"] = show_fleet
+
+
+def options_class(name: str) -> type:
+    """The options dataclass of a command (fleet's is imported only when asked for)."""
+    cls = OPTIONS[name]
+    return cls if isinstance(cls, type) else cls()

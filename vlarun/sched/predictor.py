@@ -157,9 +157,12 @@ class Reservation:
 @dataclass
 class DeviceState:
     """What the predictor knows of a device's load: when it is next free, per-stage queued
-    work (seconds), and reservations committed by earlier scheduling decisions."""
+    work (seconds), reservations committed by earlier scheduling decisions, and the slowdown
+    other tenants cause (the edge reports its background utilisation rho; a stage sharing the
+    device by time-slicing takes 1 / (1 - rho) as long)."""
 
     available_at: float = 0.0
+    slowdown: float = 1.0
     queued_s: dict[str, float] = field(default_factory=dict)
     reservations: list[Reservation] = field(default_factory=list)
 
@@ -249,16 +252,17 @@ def predict_placement(
                 sent += work.in_bytes
                 radio_j += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
             ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
-        seconds, util = _stage_time(work, role, devices, dtype, cal)
+        busy, util = _stage_time(work, role, devices, dtype, cal)  # energy is charged for this
+        seconds = busy * dev_state.slowdown  # wall time while sharing with other tenants
         ready = max(ready, dev_state.available_at) + dev_state.queued_s.get(work.name, 0.0)
         start = dev_state.earliest_fit(ready, seconds)
         end[work.name] = start + seconds
         dev = devices[role]
         if role == ROBOT:
-            joules = dynamic_energy(dev, seconds, util)
+            joules = dynamic_energy(dev, busy, util)
             robot_dyn += joules
         else:
-            joules = stage_energy(dev, seconds, util)
+            joules = stage_energy(dev, busy, util)
             edge_j += joules
         transfer_total += tau_in
         out.append(StageTimes(work.name, role, start, end[work.name], tau_in, joules))

@@ -81,6 +81,8 @@ class Scheduler:
     ) -> None:
         self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
         self.actions = actions or space.actions  # actions executed per inference (the chunk)
+        # The control cycle the robot idles through; may exceed slo_s when planning with headroom.
+        self.period_s = slo_s
         self.radio, self.cal = radio or RadioPower(), cal or Calibration()
         k_n, p_n = len(space.settings), len(space.placements)
         k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
@@ -137,14 +139,16 @@ class Scheduler:
                 ready = now + np.where(on_edge, wire, 0.0)
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
             t_r = self.t_rob[k, s] * cal.factor(name, self.devices["robot"].id)
-            t_e = self.t_edge[k, s, 1] * cal.factor(name, self.devices["edge"].id)
+            t_e = self.t_edge[k, s, 1] * cal.factor(name, self.devices["edge"].id) * st.slowdown
             # Robot: its own device, free once the request starts.
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
             for r in res:
                 overlap = (s_edge < r.end) & (s_edge + t_e > r.start)
                 s_edge = np.where(overlap, r.end, s_edge)
             e_edge = np.where(on_edge, self.e_edge[k, s, 1], 0.0)
-            s_edge, t_e, e_edge, joined[:, s] = self._join(s, name, ready, res, s_edge, t_e, e_edge)
+            s_edge, t_e, e_edge, joined[:, s] = self._join(
+                s, name, ready, res, s_edge, t_e, e_edge, st.slowdown
+            )
             start[:, s] = np.where(on_edge, s_edge, ready)
             end[:, s] = start[:, s] + np.where(on_edge, t_e, t_r)
             energy += np.where(on_edge, e_edge, self.p_rob_dyn * self.u_rob[k, s] * t_r)
@@ -152,7 +156,7 @@ class Scheduler:
         back = np.where(self.edge[:, last], half_rtt + self.out_bytes[k, last] / bps, 0.0)
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
-        energy += self.devices["robot"].idle_w * np.maximum(latency, self.slo_s)
+        energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
         return Scores(latency, energy, start, end, joined)
 
     def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
@@ -166,7 +170,7 @@ class Scheduler:
         )
         return per_p[self.p]
 
-    def _join(self, s, name, ready, res, s_edge, t_e, e_edge):
+    def _join(self, s, name, ready, res, s_edge, t_e, e_edge, slowdown=1.0):
         """Candidates flagged ``join`` take the earliest reservation of the same stage and
         setting that starts after they are ready, if the grown batch still ends within the
         members' slack. Their time is the batch's; their energy the batch's marginal energy."""
@@ -182,6 +186,7 @@ class Scheduler:
             # The grown batch must not run into the next committed interval either.
             room = min([r.latest_end] + [q.start for q in res[i + 1 :] if q.start >= r.end])
             t_new = self.t_edge[k, s, r.batch + 1] * self.cal.factor(name, self.devices["edge"].id)
+            t_new = t_new * slowdown
             ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
             s_edge = np.where(ok, r.start, s_edge)
             t_e = np.where(ok, t_new, t_e)

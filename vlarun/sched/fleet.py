@@ -1,0 +1,450 @@
+"""Fleet simulation: N robots share one edge through a link whose bandwidth drops mid-run,
+while other tenants load the edge (light / medium / heavy). Device-Only, Edge-Only, Fixed Split
+and vlarun's scheduler are compared on actions per joule and SLO satisfaction.
+
+The simulator is the "world" and keeps its truth from the scheduler:
+- stage times = catalog roofline x a hidden per-(stage, device) bias (lognormal, drawn once)
+  x per-call lognormal jitter. These are synthetic distributions, NOT measured ones (no Orin
+  or 4090 here); the scheduler sees only its own predictions and the times it observes after
+  each request, from which it calibrates (stage factors, placement residual, link EWMA).
+- background edge load: other tenants time-share the edge at the load level's utilisation
+  rho. A robot stage of t seconds is stretched by the background work that arrives while it
+  runs (Poisson arrivals, exponential sizes, sampled as a busy period: t / (1 - rho) on
+  average). The edge reports rho (edge workload sensing); the individual jobs stay hidden.
+- the link: bandwidth trace (200 -> 50 Mbps at the drop), per-transfer jitter; each robot has
+  its own link.
+Energy is modelled from the true times with the catalog's power figures.
+Simplifications: robot stages on the edge are placed first-fit into gaps between other robots'
+stages (no preemption); the simulator does not execute edge batches, so vlarun runs with
+batching off here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlarun.config import opt
+from vlarun.sched.catalog import Device
+from vlarun.sched.cost import roofline
+from vlarun.sched.energy import RadioPower, stage_power
+from vlarun.sched.link import Link
+from vlarun.sched.plans import IDENTITY, PlanSpace
+from vlarun.sched.predictor import DeviceState
+from vlarun.sched.scheduler import Scheduler
+
+POLICIES = ("device-only", "edge-only", "fixed-split", "vlarun")
+# Background edge utilisation by other tenants: our definition (the paper names the levels
+# but gives no numbers).
+LOADS = {"light": 0.2, "medium": 0.5, "heavy": 0.8}
+BACKGROUND_JOB_S = 0.02  # mean service time of one background job
+TRUTH = "synthetic: catalog roofline x hidden per-stage bias x jitter (not measured)"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """N robots, one edge, a bandwidth drop and background edge load; four policies compared
+    on actions per joule (modelled energy) and SLO satisfaction."""
+
+    model: str = opt("openvla-7b", "model preset")
+    chunk: int = opt(20, "actions executed per inference")
+    robot: str = opt("orin-agx-32gb", "robot device id")
+    edge: str = opt("rtx4090", "edge device id")
+    robots: int = opt(2, "robots sharing the edge")
+    slo_hz: float = opt(20.0, "action rate to sustain (T_SLO = chunk / slo_hz)")
+    duration_s: float = opt(120.0, "simulated seconds")
+    bw_before: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
+    bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
+    drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
+    rtt_ms: float = opt(5.0, "link round-trip time, ms")
+    loads: str = opt("light,medium,heavy", "background edge load levels to run")
+    bias_sigma: float = opt(0.15, "hidden per-stage bias of the true times (lognormal sigma)")
+    jitter_sigma: float = opt(0.05, "per-call jitter of the true times (lognormal sigma)")
+    guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
+    accuracy_floor: float = opt(
+        1.0, "minimum measured relative success (1.0: no accelerator with an unmeasured cost)"
+    )
+    unmeasured_accelerators: bool = opt(
+        False, "drop the accuracy floor: allow settings whose accuracy cost is unmeasured"
+    )
+    seed: int = opt(0, "random seed of the world")
+    plot: str | None = opt(None, "write a PNG plot here")
+    json: bool = opt(False, "print one JSON object")
+
+    def __post_init__(self) -> None:
+        if self.robots < 1 or self.duration_s <= 0 or self.chunk < 1 or self.slo_hz <= 0:
+            raise ValueError("robots, duration, chunk and slo_hz must be positive")
+        bad = [x for x in self.load_levels if x not in LOADS]
+        if bad:
+            raise ValueError(f"unknown load levels {bad}; choose from {list(LOADS)}")
+        if not 0 < self.guard <= 1:
+            raise ValueError("guard must lie in (0, 1]")
+
+    @property
+    def load_levels(self) -> list[str]:
+        return [x.strip() for x in self.loads.split(",") if x.strip()]
+
+    @property
+    def slo_s(self) -> float:
+        return self.chunk / self.slo_hz
+
+
+# ---------------------------------------------------------------------------------------------
+# The world
+
+
+class EdgeTimeline:
+    """Busy intervals of the edge (background jobs and robot stages), sorted by start."""
+
+    def __init__(self, intervals: list[tuple[float, float]]) -> None:
+        self.starts = [a for a, _ in intervals]
+        self.ends = [b for _, b in intervals]
+
+    def place(self, ready: float, seconds: float) -> float:
+        """First-fit start >= ready in an idle gap long enough; the interval is then taken."""
+        i = max(bisect.bisect_right(self.starts, ready) - 1, 0)
+        start = ready
+        while i < len(self.starts):
+            if start < self.ends[i] and start + seconds > self.starts[i]:
+                start = max(start, self.ends[i])
+            elif self.starts[i] >= start + seconds:
+                break
+            i += 1
+        j = bisect.bisect_left(self.starts, start)
+        self.starts.insert(j, start)
+        self.ends.insert(j, start + seconds)
+        return start
+
+
+@dataclass
+class World:
+    cfg: FleetConfig
+    devices: dict[str, Device]
+    bias: dict[tuple[str, str], float]
+    rng: np.random.Generator
+
+    def jitter(self) -> float:
+        return float(self.rng.lognormal(0.0, self.cfg.jitter_sigma))
+
+    def stage_s(self, work, role: str) -> tuple[float, float]:
+        roof = roofline(work, self.devices[role])
+        return roof.seconds * self.bias[(work.name, role)] * self.jitter(), roof.utilisation
+
+    def stretch(self, seconds: float, load: float) -> float:
+        """Wall time of ``seconds`` of edge work while other tenants time-share the edge: add
+        the background work that arrives meanwhile, and the work arriving during that, ..."""
+        total, pending = seconds, seconds
+        rate = load / BACKGROUND_JOB_S
+        while pending > 1e-6 and load > 0:
+            n = self.rng.poisson(rate * pending)
+            pending = float(self.rng.exponential(BACKGROUND_JOB_S, n).sum())
+            total += pending
+        return total
+
+    def bandwidth(self, t: float) -> float:
+        c = self.cfg
+        return c.bw_before if t < c.drop_at * c.duration_s else c.bw_after
+
+    def transfer_s(self, nbytes: float, t: float) -> float:
+        wire = self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
+        return wire * self.jitter()
+
+
+def make_world(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device], seed: int) -> World:
+    rng = np.random.default_rng(seed)
+    bias = {
+        (s, role): float(rng.lognormal(0.0, cfg.bias_sigma))
+        for s in space.stages
+        for role in ("robot", "edge")
+    }
+    return World(cfg, devices, bias, rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one request
+
+
+@dataclass(frozen=True)
+class Outcome:
+    latency_s: float
+    energy_j: float
+    stage_s: dict[str, float]  # true compute seconds per stage
+    transfers: list[tuple[int, float]]  # (bytes, seconds) of every transfer
+    placement: tuple[str, ...]
+
+
+def execute(
+    world, works, roles, release: float, edge: EdgeTimeline, radio: RadioPower, load: float
+):
+    """Run one request through the world; true latency and modelled energy."""
+    rob, dev_edge = world.devices["robot"], world.devices["edge"]
+    end: dict[str, float] = {}
+    stage_s, transfers = {}, []
+    energy = 0.0
+    for work, role in zip(works, roles, strict=True):
+        parents = [(p, roles[[w.name for w in works].index(p)]) for p in work.parents]
+        ready = release
+        for p, prole in parents or [("", "robot")]:
+            t = end.get(p, release)
+            if prole != role:
+                tau = world.transfer_s(work.in_bytes, t)
+                transfers.append((work.in_bytes, tau))
+                energy += tau * (radio.tx_w if prole == "robot" else radio.rx_w)
+                t += tau
+            ready = max(ready, t)
+        seconds, util = world.stage_s(work, role)
+        wall = world.stretch(seconds, load) if role == "edge" else seconds
+        start = edge.place(ready, wall) if role == "edge" else ready
+        end[work.name] = start + wall
+        stage_s[work.name] = seconds
+        if role == "edge":
+            energy += stage_power(dev_edge, util) * seconds
+        else:
+            energy += (stage_power(rob, util) - rob.idle_w) * seconds
+    finish = end[works[-1].name]
+    if roles[-1] == "edge":
+        tau = world.transfer_s(works[-1].out_bytes, finish)
+        transfers.append((works[-1].out_bytes, tau))
+        energy += tau * radio.rx_w
+        finish += tau
+    latency = finish - release
+    energy += rob.idle_w * max(latency, world.cfg.slo_s)
+    return Outcome(latency, energy, stage_s, transfers, tuple(roles))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies
+
+
+def fixed_roles(policy: str, stages: tuple[str, ...]) -> tuple[str, ...]:
+    if policy == "device-only":
+        return ("robot",) * len(stages)
+    if policy == "edge-only":
+        return ("edge",) * len(stages)
+    if policy == "fixed-split":  # the classic cut after the vision encoder
+        return ("robot",) + ("edge",) * (len(stages) - 1)
+    raise ValueError(f"unknown policy {policy!r}")
+
+
+def _identity_index(space: PlanSpace) -> int:
+    for k, s in enumerate(space.settings):
+        if all(v == IDENTITY[n] for n, v in s.knobs):
+            return k
+    raise ValueError("the plan space has no identity setting")
+
+
+def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[dict]:
+    """All requests of all robots under one policy and load level."""
+    world = make_world(cfg, space, devices, seed)
+    edge, rho = EdgeTimeline([]), LOADS[load]
+    radio, period = RadioPower(), cfg.slo_s
+    # The edge reports its background utilisation; the predictor stretches edge stages by it.
+    sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
+    if policy == "vlarun":
+        sched = Scheduler(space, devices, cfg.slo_s * cfg.guard, actions=cfg.chunk)
+        sched.period_s = period
+        sched.join[:] = False  # the simulator does not execute edge batches
+        links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
+    k_id = _identity_index(space)
+    releases = sorted(
+        (i * period / cfg.robots + n * period, i)
+        for i in range(cfg.robots)
+        for n in range(int(cfg.duration_s / period))
+    )
+    records = []
+    for release, robot in releases:
+        if sched is None:
+            k, roles = k_id, fixed_roles(policy, space.stages)
+        else:
+            state.expire(release)
+            d = sched.decide(links[robot], release, state, top=0)
+            sched.commit(d, state)
+            k, roles = int(sched.k[d.index]), tuple(d.placement.values())
+        works = space.works[k]
+        out = execute(world, works, roles, release, edge, radio, rho)
+        if sched is not None:
+            _learn(sched, links[robot], d, works, out)
+        records.append(
+            {
+                "robot": robot,
+                "release": release,
+                "latency_s": out.latency_s,
+                "energy_j": out.energy_j,
+                "slo_met": out.latency_s <= cfg.slo_s,
+                "placement": "/".join(r[0].upper() for r in roles),
+                "setting": k,
+                "phase": "before" if release < cfg.drop_at * cfg.duration_s else "after",
+            }
+        )
+    return records
+
+
+def _learn(sched: Scheduler, link: Link, d, works, out: Outcome) -> None:
+    """Feed the observed request back: link EWMA, stage factors, placement residual."""
+    for nbytes, seconds in out.transfers:
+        link.observe_transfer(nbytes, seconds)
+    for work, role in zip(works, out.placement, strict=True):
+        dev = sched.devices[role]
+        sched.cal.observe_stage(
+            work.name, dev.id, roofline(work, dev).seconds, out.stage_s[work.name]
+        )
+    residual = sched.cal.residual(out.placement)
+    sched.cal.observe_total(out.placement, d.latency_s - residual, out.latency_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment
+
+
+def summarise(records: list[dict], actions: int) -> dict:
+    lat = sorted(r["latency_s"] for r in records)
+    energy = sum(r["energy_j"] for r in records)
+    out = {
+        "requests": len(records),
+        "actions_per_joule": actions * len(records) / energy,
+        "slo_satisfaction": sum(r["slo_met"] for r in records) / len(records),
+        "mean_latency_ms": statistics.fmean(lat) * 1e3,
+        "p99_latency_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
+        "placements": dict(sorted(_count(r["placement"] for r in records).items())),
+    }
+    for phase in ("before", "after"):
+        part = [r for r in records if r["phase"] == phase]
+        if part:
+            out[f"{phase}_drop"] = {
+                "actions_per_joule": actions * len(part) / sum(r["energy_j"] for r in part),
+                "slo_satisfaction": sum(r["slo_met"] for r in part) / len(part),
+                "mean_latency_ms": statistics.fmean(r["latency_s"] for r in part) * 1e3,
+            }
+    return out
+
+
+def _count(xs) -> dict:
+    out: dict = {}
+    for x in xs:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def simulate(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device]) -> dict:
+    results, traces = {}, {}
+    for li, load in enumerate(cfg.load_levels):
+        results[load] = {}
+        for policy in POLICIES:
+            recs = run_policy(cfg, space, devices, policy, load, cfg.seed + 100 * li)
+            results[load][policy] = summarise(recs, cfg.chunk)
+            traces[(load, policy)] = [
+                (r["release"], r["latency_s"]) for r in recs if r["robot"] == 0
+            ]
+    gain = {
+        load: r["vlarun"]["actions_per_joule"] / r["fixed-split"]["actions_per_joule"]
+        for load, r in results.items()
+    }
+    return {"results": results, "vlarun_vs_fixed_split": gain, "traces": traces}
+
+
+def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    load = "medium" if "medium" in sim["results"] else cfg.load_levels[0]
+    for policy in POLICIES:
+        t, lat = zip(*sim["traces"][(load, policy)], strict=True)
+        ax1.plot(t, np.array(lat) * 1e3, label=policy, lw=1)
+    ax1.axhline(cfg.slo_s * 1e3, color="k", ls="--", lw=0.8, label="T_SLO")
+    ax1.axvline(cfg.drop_at * cfg.duration_s, color="grey", ls=":", lw=0.8)
+    ax1.set(
+        xlabel="time (s)",
+        ylabel="latency of robot 0 (ms)",
+        yscale="log",
+        title=f"{load} edge load; {cfg.bw_before:g} -> {cfg.bw_after:g} Mbps at the dotted line",
+    )
+    ax1.legend(fontsize=8)
+    loads = list(sim["results"])
+    width = 0.8 / len(POLICIES)
+    for i, policy in enumerate(POLICIES):
+        vals = [sim["results"][x][policy]["actions_per_joule"] for x in loads]
+        slo = [sim["results"][x][policy]["slo_satisfaction"] for x in loads]
+        bars = ax2.bar(np.arange(len(loads)) + i * width, vals, width, label=policy)
+        for b, s in zip(bars, slo, strict=True):
+            ax2.annotate(
+                f"{100 * s:.0f}%",
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax2.set_xticks(np.arange(len(loads)) + 0.4 - width / 2, loads)
+    ax2.set(ylabel="actions per joule (modelled)", title="actions/J (labels: SLO met)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(
+        f"{cfg.model}, {cfg.robots} robots {cfg.robot} + edge {cfg.edge}, chunk {cfg.chunk} at "
+        f"{cfg.slo_hz:g} Hz (synthetic ground truth, modelled energy)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def with_devices(cfg: FleetConfig):
+    """The plan space and devices of a fleet config (accuracy floor applied)."""
+    from vlarun.models.presets import get_preset
+    from vlarun.sched.catalog import get_device
+    from vlarun.sched.cost import stage_works
+    from vlarun.sched.plans import build_space
+    from vlarun.stages.families import Workload
+
+    model = get_preset(cfg.model)
+    devices = {"robot": get_device(cfg.robot), "edge": get_device(cfg.edge)}
+    w = Workload()
+    floor = None if cfg.unmeasured_accelerators else cfg.accuracy_floor
+    space = build_space(model, stage_works(model, w), devices, w, floor)
+    return space, devices
+
+
+def run_fleet(cfg: FleetConfig) -> dict:
+    space, devices = with_devices(cfg)
+    sim = simulate(cfg, space, devices)
+    if cfg.plot:
+        plot(cfg, sim, cfg.plot)
+    return {
+        "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f != "json"},
+        "slo_ms": cfg.slo_s * 1e3,
+        "load_utilisation": {x: LOADS[x] for x in cfg.load_levels},
+        "results": sim["results"],
+        "vlarun_vs_fixed_split": sim["vlarun_vs_fixed_split"],
+        "plot": cfg.plot,
+        "ground_truth": TRUTH,
+        "energy_source": "modelled",
+        "notes": list(space.notes),
+    }
+
+
+def format_fleet(r: dict) -> str:
+    c = r["config"]
+    lines = [
+        f"{c['model']}: {c['robots']} robots ({c['robot']}) + {c['edge']}, chunk {c['chunk']} at "
+        f"{c['slo_hz']:g} Hz (SLO {r['slo_ms']:.0f} ms), {c['bw_before']:g} -> {c['bw_after']:g} "
+        f"Mbps at {c['drop_at']:.0%} of {c['duration_s']:g} s"
+    ]
+    for load, res in r["results"].items():
+        lines.append(f"  {load} edge load ({r['load_utilisation'][load]:.0%} background):")
+        for policy, s in res.items():
+            slo = 100 * s["slo_satisfaction"]
+            lines.append(
+                f"    {policy:<12} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
+                f"  mean {s['mean_latency_ms']:7.1f} ms  p99 {s['p99_latency_ms']:7.1f} ms  "
+                f"{s['placements']}"
+            )
+        lines.append(f"    vlarun / fixed-split actions/J: {r['vlarun_vs_fixed_split'][load]:.2f}x")
+    lines.append(f"  ground truth: {r['ground_truth']}; energy {r['energy_source']}")
+    if r["plot"]:
+        lines.append(f"  plot: {r['plot']}")
+    return "\n".join(lines)
