@@ -25,3 +25,19 @@ def test_quick_bench_writes_every_field(tmp_path):
     with open(r["files"]["json"]) as f:
         assert json.load(f)["sweep"] == r["sweep"]
     assert "| triage |" in format_result(r)
+
+
+def test_large_shape_latency_rows_run_with_a_small_lm():
+    """The ~1B row's code path (224 px, 256 visual tokens, AR head) with a 2-layer LM."""
+    from vlarun.bench.accel import large_policy, latency_rows, synthetic_stream
+    from vlarun.models.llama import LlamaConfig
+
+    llm = LlamaConfig(vocab_size=32064, hidden_size=128, intermediate_size=256, num_layers=4,
+                      num_heads=4, num_kv_heads=2, max_positions=512)  # fmt: skip
+    policy = large_policy(llm)
+    assert policy.model.cfg.num_visual == 256
+    stream = synthetic_stream(224, 2, "pick up the cube")
+    rows = latency_rows("small", policy, stream, 0.34, lambda m: None)
+    assert [r["method"] for r in rows][:2] == ["full", "triage"]
+    assert all(r["queries"] == 2 and r["p99_ms"] > 0 for r in rows)
+    assert next(r for r in rows if r["method"] == "triage")["flops_ratio"] < 1.0

@@ -219,16 +219,16 @@ def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
     return rows
 
 
-def large_policy():
+def large_policy(llm=None):
     """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
-    tokens), TinyLlama-1.1B LM, autoregressive 7-dim actions, bf16, prepacked for oneDNN."""
+    tokens), TinyLlama-1.1B LM (or ``llm``), autoregressive 7-dim actions, bf16, prepacked."""
     from vlarun.models.llama import LlamaConfig
     from vlarun.models.policy import Policy
     from vlarun.models.tokenizer import load_tokenizer
     from vlarun.models.vit import ViTConfig
     from vlarun.models.vla import VLA, VLAConfig
 
-    llm = LlamaConfig(
+    llm = llm or LlamaConfig(
         vocab_size=32064,
         hidden_size=2048,
         intermediate_size=5632,
