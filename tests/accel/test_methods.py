@@ -48,5 +48,5 @@ def test_efficientvla_all_parts(oft_policy, frames):
     assert fast.summary()["flops_ratio"] < 0.75
     with pytest.raises(ValueError, match="calibration"):
         efficientvla(oft_policy, cfg)
-    with pytest.raises(ValueError, match="DiT"):
-        efficientvla(oft_policy, EfficientVLAConfig(cache_interval=5))
+    with pytest.raises(ValueError, match="denoise_cache"):
+        efficientvla(oft_policy, EfficientVLAConfig(cache_interval=5))  # OFT: no denoiser

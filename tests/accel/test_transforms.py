@@ -110,3 +110,27 @@ def test_mlp_sparsity_zero_is_identity_and_keeps_the_strongest_channels(dit_poli
     kept = sparse.language_model.model.layers[0].mlp.gate_proj.weight
     assert not (kept == layer.gate_proj.weight[weakest]).all(dim=1).any()
     assert sparse.act(images, [ids], noise=noise).shape == (1, 8, 7)
+
+
+def test_flow_expert_feature_cache(frames):
+    """The same hook on a pi0-style action expert: interval 1 is exact, 5 computes 2 of 10."""
+    from vlarun.accel.policy import AcceleratedPolicy
+
+    policy = Policy.from_preset("tiny-pi0", seed=0)
+    frame = frames[0]
+    plain = AcceleratedPolicy(policy).run_stages(frame, "open the drawer").outputs["actions"]
+    made = []
+
+    def factory(interval):
+        def make():
+            made.append(EveryNStepsCache(interval))
+            return made[-1]
+
+        return make
+
+    one = AcceleratedPolicy(policy, denoise_cache=factory(1)).run_stages(frame, "open the drawer")
+    assert torch.equal(one.outputs["actions"], plain)
+    five = AcceleratedPolicy(policy, denoise_cache=factory(5)).run_stages(frame, "open the drawer")
+    layers = policy.model.cfg.flow.expert.num_layers
+    assert made[-1].computed == 2 * 2 * layers and made[-1].reused == 8 * 2 * layers
+    assert not torch.equal(five.outputs["actions"], plain)

@@ -223,6 +223,27 @@ def test_tokens_pruned_from_deep_layers_stay_invisible_to_later_calls():
     assert (outs[1] - outs[3]).abs().max().item() <= 1e-6
 
 
+def test_feature_cache_hook_sees_every_branch_and_can_replace_it():
+    model = _model()
+    ids = torch.randint(0, 97, (1, 10))
+    calls = []
+
+    def passthrough(layer, kind, compute):
+        calls.append((layer, kind))
+        return compute()
+
+    with torch.no_grad():
+        plain = model(model.embed(ids)).hidden
+        hooked = model(model.embed(ids), feature_cache=passthrough).hidden
+        zeroed = model(model.embed(ids), feature_cache=lambda i, k, f: torch.zeros_like(f())).hidden
+    assert torch.equal(plain, hooked)
+    n = model.cfg.num_layers
+    assert calls == [(i, k) for i in range(n) for k in ("attn", "mlp")]
+    assert not torch.allclose(zeroed, plain)
+    with pytest.raises(ValueError, match="feature_cache"):
+        model(model.embed(ids), cache=model.new_cache(1, 16), feature_cache=passthrough)
+
+
 def test_reuse_without_cache_is_refused():
     model = _model()
     ids = torch.randint(0, 97, (1, 16))

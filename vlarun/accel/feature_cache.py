@@ -1,9 +1,10 @@
-"""EfficientVLA's diffusion feature cache: recompute DiT attention/MLP outputs every N steps.
+"""EfficientVLA's diffusion feature cache: recompute attention/MLP outputs every N steps.
 
 Adjacent denoising steps produce nearly identical attention and MLP outputs (SEEDS.md
 section 2), so each branch is computed at steps 0, N, 2N, ... and the stored output is reused in
-between (N = 5 of 10 steps: 2 computed). It plugs into ``DiTHead.sample(feature_cache=)``, the
-``DenoiseFeatureCache`` hook; interval 1 computes every branch, exactly like no cache.
+between (N = 5 of 10 steps: 2 computed). It plugs into the ``DenoiseFeatureCache`` hook of
+``DiTHead.sample`` and of ``FlowMatchingExpert.sample`` (pi0-style action expert); interval 1
+computes every branch, exactly like no cache.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class EfficientVLAConfig:
     tokens: keep this fraction of visual tokens (None: all, no token selection);
     layers_removed: LM layers removed by cosine importance on calibration samples;
     mlp_sparsity: fraction of MLP channels removed in the remaining layers;
-    cache_interval: DiT features recomputed every N denoising steps (1: no cache);
+    cache_interval: DiT / action-expert features recomputed every N denoising steps (1: none);
     token_layer: tokens are ranked at, and pruned after, this layer (of the pruned LM)."""
 
     tokens: float | None = 0.22

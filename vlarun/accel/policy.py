@@ -47,7 +47,7 @@ class AcceleratedPolicy:
 
     base: the wrapped Policy (its model may already be transformed, e.g. layer-pruned);
     tokens: the visual-token policy (default: full recompute);
-    denoise_cache: makes a fresh ``DenoiseFeatureCache`` per inference (DiT heads only);
+    denoise_cache: makes a fresh ``DenoiseFeatureCache`` per inference (DiT or flow expert);
     reference: the unaccelerated LM shape FLOPs ratios are measured against (default: base's).
     """
 
@@ -60,8 +60,8 @@ class AcceleratedPolicy:
     _instruction: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.denoise_cache is not None and self.model.cfg.dit is None:
-            raise ValueError("denoise_cache needs a diffusion (DiT) policy")
+        if self.denoise_cache is not None and self.model.cfg.family not in ("diffusion", "flow"):
+            raise ValueError("denoise_cache needs a diffusion (DiT) or flow (action expert) policy")
 
     # -- Policy's surface ---------------------------------------------------------------------
 
@@ -217,7 +217,13 @@ def run_head(
         acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
         return {"actions": acts.float()}
     st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
-    return {"actions": model.denoise(pre, noise=noise, state=st)}
+    if feature_cache is None:
+        return {"actions": model.denoise(pre, noise=noise, state=st)}
+    if st is None:  # as VLA.denoise does
+        st = torch.zeros(1, model.cfg.flow.state_dim, device=pre.last_hidden.device)
+    acts = model.action_expert.sample(pre.cache, st, noise=noise, start=pre.next_pos,
+                                      feature_cache=feature_cache)  # fmt: skip
+    return {"actions": acts}
 
 
 def accelerate(policy, tokens: TokenPolicy | None = None, **kw) -> AcceleratedPolicy:

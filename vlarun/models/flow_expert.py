@@ -13,6 +13,7 @@ Parameter names follow openpi's PyTorch port (``state_proj``, ``action_in_proj``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlarun.models.llama import KVCache, LlamaConfig, LlamaLM
+from vlarun.models.dit_head import DenoiseFeatureCache
+from vlarun.models.llama import BranchCache, KVCache, LlamaConfig, LlamaLM
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,13 @@ class FlowMatchingExpert(nn.Module):
         return mask
 
     def velocity(
-        self, prefix: KVCache, state: Tensor, x_t: Tensor, t: Tensor, start: Tensor | None = None
+        self,
+        prefix: KVCache,
+        state: Tensor,
+        x_t: Tensor,
+        t: Tensor,
+        start: Tensor | None = None,
+        feature_cache: BranchCache | None = None,
     ) -> Tensor:
         """Predicted flow velocity (B, H, A) at noisy actions x_t (B, H, A) and time t (B,).
 
@@ -120,7 +128,11 @@ class FlowMatchingExpert(nn.Module):
         else:
             positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
         out = self.expert(
-            tokens, positions, prefix=prefix, attn_mask=self.suffix_mask(tokens.device)
+            tokens,
+            positions,
+            prefix=prefix,
+            attn_mask=self.suffix_mask(tokens.device),
+            feature_cache=feature_cache,
         ).hidden
         return self.action_out_proj(out[:, 1:]).float()
 
@@ -132,8 +144,12 @@ class FlowMatchingExpert(nn.Module):
         noise: Tensor | None = None,
         steps: int | None = None,
         start: Tensor | None = None,
+        feature_cache: DenoiseFeatureCache | None = None,
     ) -> Tensor:
-        """Integrate from noise (t = 1) to actions (t = 0): N Euler steps. Returns (B, H, A)."""
+        """Integrate from noise (t = 1) to actions (t = 0): N Euler steps. Returns (B, H, A).
+
+        ``feature_cache`` sees every expert attention/MLP branch as (step, layer, kind,
+        compute), the same hook as the DiT head's, so denoising caches work on both."""
         n = self.cfg.num_steps if steps is None else steps
         b = state.shape[0]
         x = noise if noise is not None else torch.randn(b, self.cfg.horizon, self.cfg.action_dim)
@@ -141,7 +157,8 @@ class FlowMatchingExpert(nn.Module):
         dt = -1.0 / n
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=x.device)
-            x = x + dt * self.velocity(prefix, state, x, t, start)
+            fc = None if feature_cache is None else functools.partial(feature_cache, i)
+            x = x + dt * self.velocity(prefix, state, x, t, start, fc)
         return x
 
     def loss(

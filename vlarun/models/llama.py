@@ -20,6 +20,7 @@ Shallow-layer attention probes and layer skipping are arguments, not flags insid
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -400,6 +401,10 @@ class DecoderLayer(nn.Module):
 # Forward-time contracts
 
 
+# (layer, "attn" | "mlp", compute) -> the branch output: compute() or a stored tensor.
+BranchCache = Callable[[int, str, Callable[[], Tensor]], Tensor]
+
+
 @dataclass(frozen=True)
 class AttnProbe:
     """Ask one layer for attention probabilities from chosen queries to a key range.
@@ -516,6 +521,7 @@ class LlamaLM(nn.Module):
         probe: AttnProbe | None = None,
         skip_layers: frozenset[int] = frozenset(),
         prefix: KVCache | None = None,
+        feature_cache: BranchCache | None = None,
     ) -> LMOutput:
         """Run the decoder over ``embeds`` (B, T, d).
 
@@ -532,6 +538,10 @@ class LlamaLM(nn.Module):
         skip_layers: layer indices not executed (their cache slots are left untouched).
         prefix: another decoder's cache to attend to (read only, its valid slots), e.g. the
             VLM prefix for a pi0-style action expert; its positions precede ``positions``.
+        feature_cache: called as ``feature_cache(layer, kind, compute)`` for each attention
+            ("attn") and MLP ("mlp") branch; it returns ``compute()`` or a stored output of the
+            same shape (denoising accelerators). A reused attention branch writes no K/V, so
+            it cannot be combined with ``cache``, plans or probes.
         """
         b, t, _ = embeds.shape
         if positions is None:
@@ -543,6 +553,8 @@ class LlamaLM(nn.Module):
                 f"probe layer {probe.layer} is deeper than the plan's shared layers "
                 f"(0..{plan.last_shared_layer}); only those see every token"
             )
+        if feature_cache is not None and (cache, plan, probe) != (None, None, None):
+            raise ValueError("feature_cache cannot be combined with a cache, plan or probe")
         self._check_positions(positions, cache)
         ctx = _Context.build(self, embeds, positions, cache, causal, attn_mask, pad_mask, prefix)
         x, probe_out = embeds, None
@@ -550,6 +562,9 @@ class LlamaLM(nn.Module):
         split = plan.last_shared_layer + 1 if plan is not None else n_layers
         for i in range(min(split, n_layers)):
             if i in skip_layers:
+                continue
+            if feature_cache is not None:
+                x = self._cached_layer(i, x, ctx, feature_cache)
                 continue
             x, p = self._layer(i, x, ctx, probe if probe is not None and probe.layer == i else None)
             probe_out = p or probe_out
@@ -583,6 +598,21 @@ class LlamaLM(nn.Module):
         x = x + attn.attend(q, keys, values, ctx.sdpa_mask, ctx.sdpa_causal)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, probe_out
+
+    def _cached_layer(self, i: int, x: Tensor, ctx: _Context, branches: BranchCache) -> Tensor:
+        """``_layer`` with each residual branch routed through ``branches`` (kept apart so the
+        plain path stays free of per-branch closures)."""
+        layer = self.model.layers[i]
+        attn = layer.self_attn
+
+        def attention() -> Tensor:
+            q, k, v = attn.qkv(layer.input_layernorm(x), ctx.cos, ctx.sin)
+            keys, values = ctx.keys_values(i, k, v)
+            return attn.attend(q, keys, values, ctx.sdpa_mask, ctx.sdpa_causal)
+
+        x = x + branches(i, "attn", attention)
+        h = x
+        return h + branches(i, "mlp", lambda: layer.mlp(layer.post_attention_layernorm(h)))
 
     def _enter_deep_layers(
         self, x: Tensor, ctx: _Context, plan: TokenPlan, cache: KVCache, split: int
