@@ -553,7 +553,7 @@ class LlamaLM(nn.Module):
                 f"probe layer {probe.layer} is deeper than the plan's shared layers "
                 f"(0..{plan.last_shared_layer}); only those see every token"
             )
-        if feature_cache is not None and (cache, plan, probe) != (None, None, None):
+        if feature_cache is not None and any(a is not None for a in (cache, plan, probe)):
             raise ValueError("feature_cache cannot be combined with a cache, plan or probe")
         self._check_positions(positions, cache)
         ctx = _Context.build(self, embeds, positions, cache, causal, attn_mask, pad_mask, prefix)
