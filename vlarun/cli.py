@@ -400,6 +400,7 @@ BENCH: dict[str, Command] = {
     "accel": (_bench_accel_options, cmd_bench_accel, _print_bench_accel),
     "sched": _sched("bench-sched"),
     "validate": _sched("bench-validate"),
+    "predictor": _sched("bench-predictor"),
 }
 
 

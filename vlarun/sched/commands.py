@@ -383,3 +383,37 @@ def options_class(name: str) -> type:
     """The options dataclass of a command (fleet's is imported only when asked for)."""
     cls = OPTIONS[name]
     return cls if isinstance(cls, type) else cls()
+
+
+# ---------------------------------------------------------------------------------------------
+# bench predictor
+
+
+@dataclass(frozen=True)
+class BenchPredictorOptions:
+    """Predicted vs measured latency of every plan of a tiny preset on this machine (robot and
+    edge both this CPU, emulated link): MAPE and the share within 10% and 20%."""
+
+    preset: str = opt("tiny-openvla", "tiny model preset")
+    repeats: int = opt(6, "runs per plan")
+    warmup: int = opt(2, "runs per plan that only feed the calibration")
+    bandwidth: float = opt(100.0, "emulated link bandwidth, Mbit/s")
+    rtt: float = opt(2.0, "emulated link round-trip time, ms")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
+    from vlarun.sched.hostcheck import check_host
+
+    return check_host(o.preset, o.repeats, o.warmup, o.bandwidth, o.rtt)
+
+
+def show_bench_predictor(r: dict) -> None:
+    from vlarun.sched.hostcheck import format_host
+
+    print(format_host(r))
+
+
+OPTIONS["bench-predictor"] = BenchPredictorOptions
+RUN["bench-predictor"] = cmd_bench_predictor
+SHOW["bench-predictor"] = show_bench_predictor

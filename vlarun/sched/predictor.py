@@ -208,9 +208,14 @@ class Prediction:
     bytes_sent: int
 
 
-def _stage_time(work, role, devices, dtype, cal) -> tuple[float, float]:
-    roof = roofline(work, devices[role], dtype)
-    return roof.seconds * cal.factor(work.name, devices[role].id), roof.utilisation
+def _stage_time(work, role, devices, dtype, cal, measured=None) -> tuple[float, float]:
+    """Calibrated stage seconds and utilisation; a measured median replaces the roofline."""
+    dev = devices[role]
+    roof = roofline(work, dev, dtype)
+    base, util = roof.seconds, roof.utilisation
+    if measured and (work.name, dev.id) in measured:
+        base, util = measured[(work.name, dev.id)], 1.0
+    return base * cal.factor(work.name, dev.id), util
 
 
 def predict_placement(
@@ -226,12 +231,14 @@ def predict_placement(
     actions: int = 1,
     period_s: float = 0.0,
     radio: RadioPower | None = None,
+    measured: Mapping[tuple[str, str], float] | None = None,
 ) -> Prediction:
     """Latency and energy of running ``works`` with ``placement`` (stage -> robot/edge).
 
     ``devices`` maps the roles robot and edge to catalog devices; ``state`` gives each role's
     availability, queues and reservations; ``period_s`` is the control period the robot idles
-    through (0: count only the inference itself).
+    through (0: count only the inference itself); ``measured`` maps (stage, device id) to a
+    profiled median that overrides the roofline (only valid for the works it was measured on).
     """
     cal, radio = cal or Calibration(), radio or RadioPower()
     state = state or {}
@@ -252,7 +259,9 @@ def predict_placement(
                 sent += work.in_bytes
                 radio_j += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
             ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
-        busy, util = _stage_time(work, role, devices, dtype, cal)  # energy is charged for this
+        busy, util = _stage_time(
+            work, role, devices, dtype, cal, measured
+        )  # energy is charged for this
         seconds = busy * dev_state.slowdown  # wall time while sharing with other tenants
         ready = max(ready, dev_state.available_at) + dev_state.queued_s.get(work.name, 0.0)
         start = dev_state.earliest_fit(ready, seconds)

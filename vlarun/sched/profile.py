@@ -32,6 +32,15 @@ class Profile:
         row = self.entries.get((device, model, stage, batch, text_tokens, dtype))
         return None if row is None else row["median_ms"] * 1e-3
 
+    def stage_table(self, model, batch, text_tokens, dtype) -> dict[tuple[str, str], float]:
+        """Measured median seconds by (stage, device) for one shape: the override the
+        predictor and scheduler take."""
+        return {
+            (k[2], k[0]): row["median_ms"] * 1e-3
+            for k, row in self.entries.items()
+            if k[1] == model and k[3:] == (batch, text_tokens, dtype)
+        }
+
     @classmethod
     def load(cls, *paths: str | Path) -> Profile:
         prof = cls()

@@ -1,0 +1,65 @@
+"""Measured profiles override the roofline; every plan of a tiny preset runs on this machine."""
+
+import json
+
+import pytest
+
+from vlarun.cli import main
+from vlarun.models.presets import get_preset
+from vlarun.sched.catalog import get_device
+from vlarun.sched.cost import stage_works
+from vlarun.sched.hostcheck import check_host
+from vlarun.sched.link import Link
+from vlarun.sched.plans import build_space
+from vlarun.sched.predictor import predict_placement
+from vlarun.sched.profile import Profile
+from vlarun.sched.scheduler import Scheduler
+from vlarun.stages.families import Workload
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLARUN_CACHE_DIR", str(tmp_path))
+
+
+def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    argv = ["profile", "--preset", "tiny-openvla", "--repeats", "2", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert {e["stage"] for e in r["profile"]["entries"]} == {"vision", "prefill", "decode"}
+    argv = ["predict", "--model", "tiny-openvla", "--device", "this-cpu", "--dtype", "float32"]
+    assert main([*argv, "--profile", str(out), "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert all(s["latency_source"] == "measured" for s in pred["stages"])
+    medians = {e["stage"]: e["median_ms"] for e in r["profile"]["entries"]}
+    assert pred["latency_ms"] == pytest.approx(sum(medians.values()))
+
+
+def test_measured_table_overrides_predictor_and_scheduler():
+    cfg, w = get_preset("tiny-openvla"), Workload(dtype="float32")
+    works = stage_works(cfg, w)
+    cpu = get_device("this-cpu")
+    devices = {"robot": cpu, "edge": cpu}
+    prof = Profile()
+    for stage, ms in (("vision", 3.0), ("prefill", 5.0), ("decode", 7.0)):
+        row = {"model": cfg.name, "stage": stage, "batch": 1, "text_tokens": 24}
+        prof.add("this-cpu", row | {"dtype": "float32", "median_ms": ms})
+    table = prof.stage_table(cfg.name, 1, 24, "float32")
+    roles = dict.fromkeys(("vision", "prefill", "decode"), "robot")
+    link = Link(100.0, 2.0)
+    p = predict_placement(works, roles, devices, link, dtype="float32", measured=table)
+    assert p.latency_s == pytest.approx(0.015)
+    space = build_space(cfg, works, devices, w, accelerators=False)
+    sched = Scheduler(space, devices, slo_s=1.0, dtype="float32", measured=table)
+    sc = sched.score(link)
+    all_robot = [c for c in range(len(sched.k)) if not sched.edge[c].any()]
+    assert sc.latency[all_robot[0]] == pytest.approx(0.015)
+
+
+def test_every_plan_of_a_tiny_preset_runs_and_is_scored():
+    r = check_host("tiny-oft", repeats=2, warmup=1)
+    assert len(r["plans"]) == 4  # two stages: 2^2 placements
+    assert all(p["measured_median_ms"] > 0 and p["predicted_ms"] > 0 for p in r["plans"])
+    assert r["uncalibrated"]["n"] == 8 and r["calibrated"]["n"] == 4
+    assert 0 <= r["uncalibrated"]["within_20pct"] <= 1
