@@ -25,6 +25,7 @@ def test_quick_bench_writes_every_field(tmp_path):
     with open(r["files"]["json"]) as f:
         assert json.load(f)["sweep"] == r["sweep"]
     assert "| triage |" in format_result(r)
+    assert {"json", "plot", "latency_plot"} <= set(r["files"])
 
 
 def test_large_shape_latency_rows_run_with_a_small_lm():

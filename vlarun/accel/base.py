@@ -69,6 +69,11 @@ class StepInputs:
 
     def probe(self, layer: int, queries: Tensor) -> AttnProbe:
         """A probe of ``queries`` attending to the visual tokens at ``layer``."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(
+                f"layer {layer} does not exist in a {self.num_layers}-layer LM; "
+                "choose a shallower layer for the token policy"
+            )
         return AttnProbe(layer, queries, self.vis_start, self.vis_start + self.num_visual)
 
 
