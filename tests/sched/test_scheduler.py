@@ -184,3 +184,29 @@ def test_bench_sched_json(capsys):
     assert main(["bench", "sched", "--decisions", "50", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["candidates"] >= 1000 and 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def test_measured_costs_belong_to_their_models(tmp_path):
+    from vlarun.sched.plans import SETTINGS_FILE, load_settings
+
+    published = SETTINGS_FILE.with_name("settings_published.json")
+    rows = load_settings(published)
+    openvla = space_for("openvla-7b", accuracy_floor=0.95, settings_rows=rows)
+    budgets = {
+        dict(s.knobs)["token_budget"]
+        for s, e in zip(openvla.settings, openvla.eligible, strict=True)
+        if e
+    }
+    assert budgets == {1.0, 0.34375}  # TRIAGE's OpenVLA figure, not OFT's or CogACT's
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {
+                "settings": [
+                    {"knob": "token_budget", "value": 0.5, "relative_success": 0.9, "source": "x"}
+                ]
+            }
+        )
+    )
+    with pytest.raises(ValueError, match="must name models"):
+        load_settings(bad)

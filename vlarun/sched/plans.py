@@ -47,13 +47,16 @@ IDENTITY = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "early
 
 @dataclass(frozen=True)
 class SettingRow:
-    """One knob value and its measured accuracy cost (None: not measured)."""
+    """One knob value and its measured accuracy cost (None: not measured). An accuracy cost
+    belongs to the model it was measured on: ``models`` names them (None: any model, which only
+    the identity values and unmeasured rows may claim)."""
 
     knob: str
     value: float | None
     relative_success: float | None
     source: str | None
     modelled: bool = True
+    models: tuple[str, ...] | None = None
 
 
 def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
@@ -62,10 +65,13 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
     for r in rows:
         if r["knob"] not in KNOB_FAMILIES:
             raise ValueError(f"unknown knob {r['knob']!r} in settings table")
+        models = tuple(r["models"]) if r.get("models") else None
+        measured = r["relative_success"] is not None and r["value"] != IDENTITY[r["knob"]]
+        if measured and models is None:
+            raise ValueError(f"{r['knob']}={r['value']}: a measured accuracy cost must name models")
+        modelled = r.get("modelled", True)
         out.append(
-            SettingRow(
-                r["knob"], r["value"], r["relative_success"], r["source"], r.get("modelled", True)
-            )
+            SettingRow(r["knob"], r["value"], r["relative_success"], r["source"], modelled, models)
         )
     return tuple(out)
 
@@ -89,11 +95,16 @@ class Setting:
         return dict(self.knobs).get(knob, IDENTITY[knob])
 
 
-def setting_grid(family: str, rows: tuple[SettingRow, ...]) -> tuple[list[Setting], list[str]]:
-    """Every combination of the knobs that apply to ``family``; notes on what was left out."""
+def setting_grid(
+    family: str, rows: tuple[SettingRow, ...], model: str | None = None
+) -> tuple[list[Setting], list[str]]:
+    """Every combination of the knobs that apply to ``family`` (rows measured on ``model`` or
+    on any model); notes on what was left out."""
     notes, by_knob = [], {}
     for r in rows:
         if family not in KNOB_FAMILIES[r.knob]:
+            continue
+        if r.models is not None and model not in r.models:
             continue
         if not r.modelled:
             notes.append(
@@ -240,7 +251,7 @@ def build_space(
     """Enumerate and filter the plan space of ``cfg`` between ``devices['robot']`` and
     ``devices['edge']``. ``accelerators=False`` keeps only the identity setting."""
     rows = settings_rows if settings_rows is not None else load_settings()
-    grid, notes = setting_grid(cfg.family, rows)
+    grid, notes = setting_grid(cfg.family, rows, cfg.name)
     if not accelerators:
         grid = [g for g in grid if all(v == IDENTITY[k] for k, v in g.knobs)]
     names = tuple(x.name for x in base_works)
