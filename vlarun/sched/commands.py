@@ -175,6 +175,7 @@ class PlanOptions:
     dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
     no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
     settings: str | None = opt(None, "settings table with measured accuracy costs (JSON)")
+    profile: str | None = opt(None, "measured profile file(s), comma-separated, to use")
     top: int = opt(5, "alternatives to list")
     json: bool = opt(False, "print one JSON object")
 
@@ -185,6 +186,7 @@ def make_scheduler(o: PlanOptions):
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
     from vlarun.sched.plans import build_space, load_settings
+    from vlarun.sched.profile import Profile
     from vlarun.sched.scheduler import Scheduler
     from vlarun.stages.families import Workload
 
@@ -200,7 +202,12 @@ def make_scheduler(o: PlanOptions):
     chunk = o.chunk or cfg.horizon
     if chunk < 1:
         raise ValueError("--chunk must be at least 1")
-    return Scheduler(space, devices, chunk / o.slo_hz, dtype=o.dtype, actions=chunk), chunk
+    measured = None
+    if o.profile:
+        prof = Profile.load(*o.profile.split(","))
+        measured = prof.stage_table(cfg.name, 1, o.text_tokens, o.dtype)
+    slo = chunk / o.slo_hz
+    return Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured), chunk
 
 
 def cmd_plan(o: PlanOptions) -> dict:

@@ -117,21 +117,21 @@ class Scheduler:
         self.e_edge = (edge.idle_w + (edge.busy_w - edge.idle_w) * self.u_edge) * self.t_edge
 
     def _override(self, measured: dict[tuple[str, str], float]) -> None:
-        """Profiled medians replace the roofline for the setting they were measured at (the
-        identity: profiles run the full model) at batch 1."""
+        """Profiled medians (taken on the full model, batch 1) replace the roofline: each
+        measured stage rescales that stage on that device for every setting and batch size by
+        measured / roofline, so a knob keeps its analytic relative effect on top of the
+        measured base time."""
         sp = self.space
         k = next(i for i, g in enumerate(sp.settings) if all(v == IDENTITY[n] for n, v in g.knobs))
         for si, name in enumerate(sp.stages):
-            for role, table, util in (("robot", self.t_rob, self.u_rob), ("edge", None, None)):
-                seconds = measured.get((name, self.devices[role].id))
-                if seconds is None:
-                    continue
-                if table is not None:
-                    table[k, si], util[k, si] = seconds, 1.0
-                else:
-                    self.t_edge[k, si, 1], self.u_edge[k, si, 1] = seconds, 1.0
-        edge = self.devices["edge"]
-        self.e_edge = (edge.idle_w + (edge.busy_w - edge.idle_w) * self.u_edge) * self.t_edge
+            rob = measured.get((name, self.devices["robot"].id))
+            if rob is not None:
+                self.t_rob[:, si] *= rob / self.t_rob[k, si]
+            edge = measured.get((name, self.devices["edge"].id))
+            if edge is not None:
+                self.t_edge[:, si, 1:] *= edge / self.t_edge[k, si, 1]
+        dev = self.devices["edge"]
+        self.e_edge = (dev.idle_w + (dev.busy_w - dev.idle_w) * self.u_edge) * self.t_edge
 
     # -- scoring ---------------------------------------------------------------------------------
 
@@ -158,9 +158,10 @@ class Scheduler:
             else:  # sensor packet starts on the robot
                 ready = now + np.where(on_edge, wire, 0.0)
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
+            # The robot is this request's own device: a robot stage starts when it is ready.
+            # An edge stage also waits for the edge, its queue and committed reservations.
             t_r = self.t_rob[k, s] * cal.factor(name, self.devices["robot"].id)
             t_e = self.t_edge[k, s, 1] * cal.factor(name, self.devices["edge"].id) * st.slowdown
-            # Robot: its own device, free once the request starts.
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
             for r in res:
                 overlap = (s_edge < r.end) & (s_edge + t_e > r.start)
