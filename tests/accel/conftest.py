@@ -29,5 +29,16 @@ def frames() -> list[np.ndarray]:
     return out
 
 
-def actions(policy, frames, instruction: str = INSTRUCTION) -> list[torch.Tensor]:
+def _actions(policy, frames, instruction: str = INSTRUCTION) -> list[torch.Tensor]:
     return [policy.run_stages(f, instruction).outputs["actions"][0] for f in frames]
+
+
+@pytest.fixture
+def actions():
+    """``actions(policy, frames, instruction=...)``: each frame's normalised action chunk."""
+    return _actions
+
+
+@pytest.fixture
+def instruction() -> str:
+    return INSTRUCTION

@@ -2,7 +2,6 @@
 
 import torch
 
-from tests.accel.conftest import actions
 from vlarun.accel.base import FullRecompute, StepInputs
 from vlarun.accel.baselines import (
     EfficientVLATokens,
@@ -73,7 +72,7 @@ def test_full_recompute_plans_nothing():
     assert FullRecompute().begin(_step()) == (None, None)
 
 
-def test_baselines_run_as_policies(oft_policy, frames):
+def test_baselines_run_as_policies(oft_policy, frames, actions):
     nv = oft_policy.model.cfg.num_visual
     fastv = accelerate(oft_policy, FastV(FastVConfig(budget=16)))
     actions(fastv, frames[:3])
@@ -88,7 +87,7 @@ def test_baselines_run_as_policies(oft_policy, frames):
     assert all(s.recomputed == round(0.22 * nv) and s.reused == 0 for s in eff.steps)
 
 
-def test_vla_cache_on_static_frames_matches_full(oft_policy, frames):
+def test_vla_cache_on_static_frames_matches_full(oft_policy, frames, actions):
     """Reusing a token whose inputs did not change is exact."""
     full = actions(oft_policy, [frames[0]] * 3)
     got = actions(accelerate(oft_policy, VLACache()), [frames[0]] * 3)

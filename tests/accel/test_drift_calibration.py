@@ -1,6 +1,5 @@
 """TRIAGE's drift diagnostic: the probe procedure on a tiny backbone, and the delta rule."""
 
-from tests.accel.conftest import INSTRUCTION
 from vlarun.accel.drift_calibration import (
     DriftCalibrationConfig,
     format_calibration,
@@ -28,13 +27,13 @@ def test_recommended_delta_is_the_edge_below_which_reuse_never_loses():
     assert "recommended delta" in format_calibration(summarise_probes(probes))
 
 
-def test_probe_stream_runs_reuse_and_prune_probes(oft_policy, frames):
+def test_probe_stream_runs_reuse_and_prune_probes(oft_policy, frames, instruction):
     cfg = DriftCalibrationConfig(ages="1,2", probe_tokens=8)
-    probes = probe_stream(oft_policy, INSTRUCTION, frames[:3], cfg.age_list, cfg)
+    probes = probe_stream(oft_policy, instruction, frames[:3], cfg.age_list, cfg)
     # Step 1: age 1; step 2: ages 1 and 2; nine (drift x importance) cells each.
     assert len(probes) == 27
     assert {p["age"] for p in probes} == {1, 2}
     assert all(p["drift"] >= 0 for p in probes)
     # A probe on an unchanged frame: reusing is exact, so it can only help.
-    same = probe_stream(oft_policy, INSTRUCTION, [frames[0]] * 2, [1], cfg)
+    same = probe_stream(oft_policy, instruction, [frames[0]] * 2, [1], cfg)
     assert all(p["drift"] < 1e-5 and p["delta"] <= 1e-6 for p in same)

@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from tests.accel.conftest import INSTRUCTION, actions
 from vlarun.accel.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.fidelity import Rollouts, action_fidelity, policy_candidate
 
 
-def test_every_method_runs_and_full_is_exact(oft_policy, frames):
+def test_every_method_runs_and_full_is_exact(oft_policy, frames, actions):
     reference = actions(oft_policy, frames[:3])
     for method in METHODS:
         policy = accelerated(oft_policy, method, budget_fraction=0.25)
@@ -21,7 +20,7 @@ def test_every_method_runs_and_full_is_exact(oft_policy, frames):
         accelerated(oft_policy, "magic")
 
 
-def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames):
+def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames, actions):
     """sim.fidelity takes it unchanged: the full method has zero action error."""
     import numpy as np
 
@@ -37,9 +36,9 @@ def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames):
     assert triage["observations"] == 2
 
 
-def test_efficientvla_all_parts(oft_policy, frames):
+def test_efficientvla_all_parts(oft_policy, frames, actions, instruction):
     size = oft_policy.model.cfg.image_size
-    ids = oft_policy.text_ids(INSTRUCTION)
+    ids = oft_policy.text_ids(instruction)
     calib = [(torch.rand(1, 1, 3, size, size), ids)]
     cfg = EfficientVLAConfig(tokens=0.25, layers_removed=1, mlp_sparsity=0.25)
     fast = efficientvla(oft_policy, cfg, calib)

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from tests.accel.conftest import INSTRUCTION, actions
 from vlarun.accel.policy import accelerate
 from vlarun.accel.triage import (
     Triage,
@@ -74,7 +73,7 @@ def test_drift_and_memory_correspondence():
     assert torch.equal(carry_memory(memory, feats, moved), memory[:, [2, 0, 1]])
 
 
-def test_budget_of_all_tokens_equals_full_recompute(oft_policy, frames):
+def test_budget_of_all_tokens_equals_full_recompute(oft_policy, frames, actions):
     nv = oft_policy.model.cfg.num_visual
     full = actions(oft_policy, frames)
     triage = accelerate(oft_policy, Triage(TriageConfig(budget=nv)))
@@ -83,14 +82,14 @@ def test_budget_of_all_tokens_equals_full_recompute(oft_policy, frames):
     assert all(s.recomputed == nv for s in triage.steps)
 
 
-def test_every_cache_invalid_equals_drop_all(oft_policy, frames):
+def test_every_cache_invalid_equals_drop_all(oft_policy, frames, instruction):
     """delta = 0: no drift is below it, so no cache is valid and nothing is reused."""
     cfg = TriageConfig(budget_fraction=0.25, delta=0.0)
     triage, dropped = accelerate(oft_policy, Triage(cfg)), accelerate(oft_policy, drop_all(cfg))
     plans = []
     for f in frames:
-        a = triage.run_stages(f, INSTRUCTION).outputs["actions"]
-        b = dropped.run_stages(f, INSTRUCTION).outputs["actions"]
+        a = triage.run_stages(f, instruction).outputs["actions"]
+        b = dropped.run_stages(f, instruction).outputs["actions"]
         assert torch.equal(a, b)
         plans.append((triage.tokens.last_plan, dropped.tokens.last_plan))
     for p, q in plans[1:]:
@@ -99,10 +98,10 @@ def test_every_cache_invalid_equals_drop_all(oft_policy, frames):
         assert int((p.decisions == Decision.RECOMPUTE).sum()) == 16  # 25% of 64, every step
 
 
-def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames):
+def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames, instruction):
     triage = accelerate(oft_policy, Triage(TriageConfig(budget=10)))
     for f in frames:
-        triage.run_stages(f, INSTRUCTION)
+        triage.run_stages(f, instruction)
         plan, sig = triage.tokens.last_plan, triage.tokens.last_signals
         if plan is None:
             continue  # the episode's first query recomputes everything
@@ -112,7 +111,7 @@ def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames):
         assert torch.equal((d == Decision.REUSE)[rest], sig["valid"][0][rest])
 
 
-def test_keep_all_never_prunes_and_age_limit_invalidates(oft_policy, frames):
+def test_keep_all_never_prunes_and_age_limit_invalidates(oft_policy, frames, actions):
     kept = accelerate(oft_policy, keep_all(TriageConfig(budget=8)))
     actions(kept, frames)
     assert all(s.pruned == 0 for s in kept.steps) and kept.steps[-1].reused == 56
@@ -121,13 +120,13 @@ def test_keep_all_never_prunes_and_age_limit_invalidates(oft_policy, frames):
     assert all(s.reused == 0 for s in aged.steps)
 
 
-def test_state_resets_on_new_episode(oft_policy, frames):
+def test_state_resets_on_new_episode(oft_policy, frames, actions, instruction):
     policy = accelerate(oft_policy, Triage(TriageConfig(budget=8)))
     actions(policy, frames[:3])
     assert policy.tokens.state.query == 3
     policy.reset()
     assert policy.tokens.state is None
-    policy.run_stages(frames[0], INSTRUCTION)
+    policy.run_stages(frames[0], instruction)
     assert policy.tokens.last_plan is None and policy.tokens.state.query == 1  # full again
     policy.run_stages(frames[1], "open the drawer")  # a new instruction is a new episode
     assert policy.tokens.state.query == 1
