@@ -1,0 +1,21 @@
+"""Latency and energy model of every stage on every device, and the SLO-constrained
+energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
+
+  catalog.py    devices.json (peaks, memory, power, each with its source); this-cpu measured
+  cost.py       roofline stage time with efficiency priors; measured profiles override it
+  energy.py     power between idle and busy by utilisation; control-cycle energy per inference
+  link.py       bandwidth / RTT with online EWMA
+  predictor.py  start/end times over the DAG: availability, queues, reservations, residual;
+                EWMA calibration
+  plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
+                memory/dtype filter, accuracy floor
+  scheduler.py  the core rule, vectorised over all candidates; reservations, edge batching
+  profile.py    `vlarun profile`: stage medians on this machine
+  meters.py     NVML, tegrastats, INA3221, RAPL readers
+  validate.py   predictions vs the papers' published times (`vlarun bench validate`)
+  hostcheck.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
+  fleet.py      N robots + one edge simulation (`vlarun fleet`)
+  commands.py   `vlarun predict | plan | profile | fleet | bench sched|validate|predictor`
+
+Energy is modelled everywhere (labelled "modelled") unless a meter was read.
+"""

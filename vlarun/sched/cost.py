@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from vlarun.models.vla import VLAConfig
 from vlarun.sched.catalog import Device
 from vlarun.stages.families import Workload, build_graph
-from vlarun.stages.graph import StageCost, StageGraph
+from vlarun.stages.graph import StageGraph
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,3 @@ def stage_seconds(
         if hit is not None:
             return hit, "measured"
     return roofline(work, device, dtype).seconds, "roofline"
-
-
-def scale_cost(cost: StageCost, flops: float = 1.0, bytes: float = 1.0) -> StageCost:
-    """A StageCost with FLOPs and bytes scaled (used by accelerator settings in tests)."""
-    return replace(cost, flops=int(cost.flops * flops), bytes=int(cost.bytes * bytes))
