@@ -89,3 +89,21 @@ def test_fidelity_refuses_a_file_that_is_not_rollouts(tmp_path):
     save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(ValueError, match="not a rollouts file"):
         Rollouts.load(tmp_path / "x.safetensors")
+
+
+def test_fidelity_resets_stateful_candidates_at_each_episode():
+    rollouts = Rollouts(
+        images=np.zeros((5, 8, 8, 3), np.uint8), actions=np.zeros((5, 1, 4), np.float32),
+        task_index=np.zeros(5, np.int64), tasks=("reach-v3",), seeds=(0, 1),
+        episode_index=np.array([0, 0, 0, 1, 1]),
+    )  # fmt: skip
+    calls = []
+
+    def candidate(image, instruction):
+        calls.append("act")
+        return np.full((1, 4), 0.5, np.float32)
+
+    candidate.reset = lambda: calls.append("reset")
+    r = action_fidelity(rollouts, candidate)
+    assert calls == ["reset", "act", "act", "act", "reset", "act", "act"]
+    assert r["mean_abs_error"] == pytest.approx(0.5)

@@ -86,6 +86,8 @@ def run_episode(policy, env, seed: int, on_inference=None, frames: list | None =
     ``on_inference(obs, run)`` sees every observation and its graph run (fidelity recording);
     ``frames``, if given, receives every camera image (the report's GIF).
     """
+    if hasattr(policy, "reset"):  # stateful (accelerated) policies start each episode afresh
+        policy.reset()
     obs, _ = env.reset(seed=seed)
     steps, latencies, stages, success = 0, [], {}, False
     if frames is not None:

@@ -63,10 +63,15 @@ class Rollouts:
     task_index: np.ndarray  # (N,) int64, into ``tasks``
     tasks: tuple[str, ...]
     seeds: tuple[int, ...]
+    # (N,) int64: which episode each observation belongs to, so that stateful candidates
+    # (TRIAGE's caches) start every episode afresh as they would in closed loop.
+    episode_index: np.ndarray | None = None
 
     def save(self, path: str | Path) -> None:
         meta = {"tasks": json.dumps(self.tasks), "seeds": json.dumps(self.seeds)}
         tensors = {"images": self.images, "actions": self.actions, "task_index": self.task_index}
+        if self.episode_index is not None:
+            tensors["episode_index"] = self.episode_index
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
@@ -79,29 +84,34 @@ class Rollouts:
             raise ValueError(f"{path}: not a rollouts file (no task list in its metadata)")
         t = load_file(str(path))
         tasks, seeds = tuple(json.loads(meta["tasks"])), tuple(json.loads(meta["seeds"]))
-        return cls(t["images"], t["actions"], t["task_index"], tasks, seeds)
+        episodes = t.get("episode_index")
+        return cls(t["images"], t["actions"], t["task_index"], tasks, seeds, episodes)
 
 
 def record_rollouts(policy, tasks: list[str], episodes: int, seed: int = 0) -> Rollouts:
     """Run ``policy`` closed-loop on held-out seeds, keeping each observation and its chunk."""
     from vlarun.sim.env import MetaWorldEnv
 
-    images, actions, task_index = [], [], []
+    images, actions, task_index, episode_index = [], [], [], []
     seeds = [EVAL_SEED_OFFSET + seed + i for i in range(episodes)]
+    current = {"task": 0, "episode": 0}
+
+    def keep(obs, run) -> None:
+        images.append(obs["image"])
+        actions.append(run.outputs["actions"][0].float().numpy())
+        task_index.append(current["task"])
+        episode_index.append(current["episode"])
+
     for ti, task in enumerate(tasks):
         env = MetaWorldEnv(task)
-
-        def keep(obs, run, ti=ti):
-            images.append(obs["image"])
-            actions.append(run.outputs["actions"][0].float().numpy())
-            task_index.append(ti)
-
-        for s in seeds:
+        for k, s in enumerate(seeds):
+            current.update(task=ti, episode=ti * len(seeds) + k)
             run_episode(policy, env, s, on_inference=keep)
         env.close()
     return Rollouts(
         np.stack(images), np.stack(actions).astype(np.float32),
         np.asarray(task_index, dtype=np.int64), tuple(tasks), tuple(seeds),
+        np.asarray(episode_index, dtype=np.int64),
     )  # fmt: skip
 
 
@@ -111,6 +121,8 @@ def policy_candidate(policy) -> Candidate:
     def act(image: np.ndarray, instruction: str) -> np.ndarray:
         return policy.run_stages(image, instruction).outputs["actions"][0].float().numpy()
 
+    if hasattr(policy, "reset"):  # stateful (accelerated) policies start each episode afresh
+        act.reset = policy.reset
     return act
 
 
@@ -119,7 +131,11 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
     instructions = [get_task(t).instruction for t in rollouts.tasks]
     errors = np.empty(len(rollouts.images))
     first = np.empty(len(rollouts.images))
+    reset = getattr(candidate, "reset", None)
+    episodes = rollouts.episode_index
     for i, (image, ti) in enumerate(zip(rollouts.images, rollouts.task_index, strict=True)):
+        if reset is not None and (i == 0 or episodes is None or episodes[i] != episodes[i - 1]):
+            reset()  # without episode marks, every observation is its own episode
         got = np.asarray(candidate(image, instructions[ti]), dtype=np.float32)
         diff = np.abs(got - rollouts.actions[i])
         errors[i], first[i] = diff.mean(), diff[0].mean()
