@@ -210,3 +210,25 @@ def test_measured_costs_belong_to_their_models(tmp_path):
     )
     with pytest.raises(ValueError, match="must name models"):
         load_settings(bad)
+
+
+def test_learned_spread_tightens_feasibility_and_guides_the_fallback():
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
+    link = Link(200.0, 5.0)
+    first = sched.decide(link)
+    roles = tuple(first.placement.values())
+    assert first.feasible and roles == ("robot",) * 3  # the Orin alone meets 1 s on pi0
+    # The all-robot plan turns out erratic: errors of +-0.4 s around a +0.3 s bias.
+    for i in range(40):
+        sched.cal.observe_total(roles, first.latency_s, first.latency_s + 0.3 + 0.4 * (-1) ** i)
+    assert sched.cal.sigma(roles) > 0.3
+    second = sched.decide(link)
+    assert tuple(second.placement.values()) != roles  # mean + z * sigma no longer fits
+    # With an impossible SLO the fallback minimises mean + sigma, so the erratic plan loses.
+    tight = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=0.05, cal=sched.cal)
+    d = tight.decide(link)
+    sc = tight.score(link)
+    assert not d.feasible
+    assert d.latency_s + tight.cal.sigma(tuple(d.placement.values())) == pytest.approx(
+        (sc.latency + sc.sigma)[tight.allowed].min()
+    )

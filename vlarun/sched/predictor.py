@@ -99,12 +99,22 @@ def ewma(old: float | None, sample: float, alpha: float) -> float:
 class Calibration:
     """EWMA corrections learned from measurements (EcoVLA: stage latency, boundary overhead,
     placement residual). Factors start at 1 and overheads at 0: an uncalibrated predictor is
-    the plain cost model."""
+    the plain cost model.
+
+    Beyond the paper, the residual's spread is tracked too (EWMA of the squared deviation), so
+    the scheduler can demand T + tail_z * sigma <= T_SLO: a mean that meets the deadline says
+    nothing about the tail a shared, loaded edge produces.
+    """
 
     alpha: float = 0.2
+    tail_z: float = 2.33  # one-sided 99% under a normal approximation
+    # Residuals of placements not run lately fade by this share per observation: a placement
+    # that once met a burst of load would otherwise stay excluded after the load is gone.
+    forget: float = 0.02
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residual_s: dict[tuple[str, ...], float] = field(default_factory=dict)
+    residual_var: dict[tuple[str, ...], float] = field(default_factory=dict)
 
     def factor(self, stage: str, device: str) -> float:
         return self.stage_factor.get((stage, device), 1.0)
@@ -114,6 +124,10 @@ class Calibration:
 
     def residual(self, placement: tuple[str, ...]) -> float:
         return self.residual_s.get(placement, 0.0)
+
+    def sigma(self, placement: tuple[str, ...]) -> float:
+        """Learned standard deviation of the placement's latency around its prediction."""
+        return math.sqrt(self.residual_var.get(placement, 0.0))
 
     def observe_stage(self, stage: str, device: str, predicted_s: float, measured_s: float):
         """Measured compute time of a stage; the factor tracks measured / uncalibrated model."""
@@ -129,9 +143,17 @@ class Calibration:
 
     def observe_total(self, placement: tuple[str, ...], predicted_s: float, measured_s: float):
         """End-to-end measurement of a placement; ``predicted_s`` must exclude the residual."""
-        self.residual_s[placement] = ewma(
-            self.residual_s.get(placement), measured_s - predicted_s, self.alpha
-        )
+        error = measured_s - predicted_s
+        mean = self.residual_s.get(placement)
+        if mean is not None:
+            dev2 = (error - mean) ** 2
+            self.residual_var[placement] = ewma(self.residual_var.get(placement), dev2, self.alpha)
+        for key in self.residual_s:
+            if key != placement:
+                self.residual_s[key] *= 1 - self.forget
+                if key in self.residual_var:
+                    self.residual_var[key] *= 1 - self.forget
+        self.residual_s[placement] = ewma(mean, error, self.alpha)
 
 
 # ---------------------------------------------------------------------------------------------

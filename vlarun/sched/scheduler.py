@@ -3,6 +3,10 @@
     Core rule:  pi* = argmax_pi  actions_per_joule(pi)   subject to  T(pi) <= T_SLO
                 if no plan meets T_SLO:  pi* = argmin_pi T(pi)
 
+T includes the learned residual. Beyond the paper, once a placement has been measured its
+latency spread sigma counts too: feasible means T + z * sigma <= T_SLO, and the fallback
+minimises T + sigma, which is argmin T while nothing has been measured (predictor.Calibration).
+
 over every executable, accuracy-eligible candidate (placement x accelerator setting x "join an
 edge batch already reserved"). T_SLO = chunk / control rate: one inference must deliver its
 chunk of actions before the previous chunk runs out. After a decision, the chosen plan's edge
@@ -34,8 +38,9 @@ MAX_EDGE_BATCH = 8
 class Decision:
     """The scheduler's output, the contract with the runtime (an ExecutionPlan).
 
-    Invariant: ``feasible`` is True iff ``latency_s <= slo_s``; when False the plan is the
-    fastest executable one (the fallback rule). Times are on the scheduler's clock."""
+    Invariant: ``feasible`` is True iff ``latency_s`` plus the learned tail margin is within
+    ``slo_s``; when False the plan is the fallback's choice. Times are on the scheduler's
+    clock."""
 
     index: int
     placement: dict[str, str]
@@ -63,6 +68,7 @@ class Scores:
     start: np.ndarray
     end: np.ndarray
     joined: np.ndarray  # (C, S) index of the reservation joined, -1 for none
+    sigma: np.ndarray | float = 0.0  # learned latency spread per candidate (0: unmeasured)
 
 
 class Scheduler:
@@ -178,18 +184,20 @@ class Scheduler:
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
         energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
-        return Scores(latency, energy, start, end, joined)
+        return Scores(latency, energy, start, end, joined, self._sigmas())
 
     def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
         return np.where(src_on_edge, self.radio.rx_w, self.radio.tx_w)
 
-    def _residuals(self) -> np.ndarray:
-        if not self.cal.residual_s:
-            return 0.0
-        per_p = np.array(
-            [self.cal.residual(self.space.roles(p)) for p in range(len(self.space.placements))]
-        )
+    def _per_placement(self, fn) -> np.ndarray:
+        per_p = np.array([fn(self.space.roles(p)) for p in range(len(self.space.placements))])
         return per_p[self.p]
+
+    def _residuals(self) -> np.ndarray | float:
+        return self._per_placement(self.cal.residual) if self.cal.residual_s else 0.0
+
+    def _sigmas(self) -> np.ndarray | float:
+        return self._per_placement(self.cal.sigma) if self.cal.residual_var else 0.0
 
     def _join(self, s, name, ready, res, s_edge, t_e, e_edge, slowdown=1.0):
         """Candidates flagged ``join`` take the earliest reservation of the same stage and
@@ -230,11 +238,11 @@ class Scheduler:
                 "or no setting meets the accuracy floor"
             )
         apj = self.actions / sc.energy
-        feasible = self.allowed & (sc.latency <= self.slo_s)
+        feasible = self.allowed & (sc.latency + self.cal.tail_z * sc.sigma <= self.slo_s)
         if feasible.any():
             best = int(np.argmax(np.where(feasible, apj, -np.inf)))
         else:
-            best = int(np.argmin(np.where(self.allowed, sc.latency, np.inf)))
+            best = self._fallback(sc)
         d = self._decision(best, sc, apj)
         alts = self._alternatives(best, sc, apj, feasible, top)
         return Decision(
@@ -245,6 +253,12 @@ class Scheduler:
                 "eligible": int(self.allowed.sum()),
             }
         )
+
+    def _fallback(self, sc: Scores) -> int:
+        """No plan is feasible: the lowest latency, read as mean plus one learned spread, so a
+        steady plan beats an erratic one of similar mean (and a fast one beats a slow one when
+        the means are far apart). With nothing measured this is exactly EcoVLA's argmin T."""
+        return int(np.argmin(np.where(self.allowed, sc.latency + sc.sigma, np.inf)))
 
     def _decision(self, c: int, sc: Scores, apj: np.ndarray) -> Decision:
         sp = self.space
@@ -258,7 +272,7 @@ class Scheduler:
             latency_s=float(sc.latency[c]),
             energy_j=float(sc.energy[c]),
             actions_per_joule=float(apj[c]),
-            feasible=bool(sc.latency[c] <= self.slo_s),
+            feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
             slo_s=self.slo_s,
             stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
             stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
@@ -277,6 +291,10 @@ class Scheduler:
             seen.add(self._key(c))
             out.append(plan_row(self._decision(c, sc, apj)))
         return out
+
+    @staticmethod
+    def _at(x, c: int) -> float:
+        return float(x[c]) if isinstance(x, np.ndarray) else float(x)
 
     def _key(self, c: int) -> tuple:
         return (int(self.k[c]), int(self.p[c]))
