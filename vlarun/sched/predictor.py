@@ -240,6 +240,23 @@ def _stage_time(work, role, devices, dtype, cal, measured=None) -> tuple[float, 
     return base * cal.factor(work.name, dev.id), util
 
 
+def _arrival(work, role, placement, end, now, link, cal, radio):
+    """When all of a stage's input packets are on its device: (ready time, slowest incoming
+    transfer, bytes sent, radio joules). The first stage's inputs come from the robot's
+    sensors; a packet crossing between robot and edge pays the link and the boundary term."""
+    sources = [(p, placement[p], end[p]) for p in work.parents] or [("", ROBOT, now)]
+    ready, tau_in, sent, joules = now, 0.0, 0, 0.0
+    for parent, src_role, t_end in sources:
+        tau = 0.0
+        if src_role != role:
+            wire = link.transfer_s(work.in_bytes)
+            tau = wire + cal.boundary(parent, work.name)
+            sent += work.in_bytes
+            joules += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
+        ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
+    return ready, tau_in, sent, joules
+
+
 def predict_placement(
     works: Sequence[StageWork],
     placement: Mapping[str, str],
@@ -270,21 +287,14 @@ def predict_placement(
     for work in works:
         role = placement[work.name]
         dev_state = state.get(role, DeviceState())
-        # Packets arrive from parents; the first stage's inputs come from the robot's sensors.
-        sources = [(p, placement[p], end[p]) for p in work.parents] or [("", ROBOT, now)]
-        ready, tau_in = now, 0.0
-        for parent, src_role, t_end in sources:
-            tau = 0.0
-            if src_role != role:
-                wire = link.transfer_s(work.in_bytes)
-                tau = wire + cal.boundary(parent, work.name)
-                sent += work.in_bytes
-                radio_j += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
-            ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
-        busy, util = _stage_time(
-            work, role, devices, dtype, cal, measured
-        )  # energy is charged for this
-        seconds = busy * dev_state.slowdown  # wall time while sharing with other tenants
+        ready, tau_in, nbytes, joules_radio = _arrival(
+            work, role, placement, end, now, link, cal, radio
+        )
+        sent, radio_j = sent + nbytes, radio_j + joules_radio
+        # Energy is charged for the device's own work (busy); the wall time also includes
+        # the slowdown from other tenants time-sharing the device.
+        busy, util = _stage_time(work, role, devices, dtype, cal, measured)
+        seconds = busy * dev_state.slowdown
         ready = max(ready, dev_state.available_at) + dev_state.queued_s.get(work.name, 0.0)
         start = dev_state.earliest_fit(ready, seconds)
         end[work.name] = start + seconds
