@@ -438,11 +438,18 @@ def format_fleet(r: dict) -> str:
         lines.append(f"  {load} edge load ({r['load_utilisation'][load]:.0%} background):")
         for policy, s in res.items():
             slo = 100 * s["slo_satisfaction"]
+            phases = " | ".join(
+                f"{ph} drop {s[ph + '_drop']['actions_per_joule']:.3f} act/J "
+                f"{100 * s[ph + '_drop']['slo_satisfaction']:.1f}%"
+                for ph in ("before", "after")
+                if ph + "_drop" in s
+            )
             lines.append(
                 f"    {policy:<12} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
                 f"  mean {s['mean_latency_ms']:7.1f} ms  p99 {s['p99_latency_ms']:7.1f} ms  "
                 f"{s['placements']}"
             )
+            lines.append(f"    {'':<12} {phases}")
         lines.append(f"    vlarun / fixed-split actions/J: {r['vlarun_vs_fixed_split'][load]:.2f}x")
     lines.append(f"  ground truth: {r['ground_truth']}; energy {r['energy_source']}")
     if r["plot"]:
