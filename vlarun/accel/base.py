@@ -92,6 +92,20 @@ class TokenPolicy(Protocol):
         """See the prefill's result (cache, probe) after it ran."""
 
 
+class TokenDecoder(Protocol):
+    """How an autoregressive head turns a prefill into action tokens (greedy, Jacobi, ...).
+
+    Decoders read and extend the prefix KV cache in ``pre`` and may keep per-episode state."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget per-episode state (a new episode starts)."""
+
+    def decode(self, model, pre: PrefillResult) -> Tensor:
+        """Action token ids (B, n) after the prefill ``pre`` of ``model`` (a VLA)."""
+
+
 def attention_scores(probs: Tensor) -> Tensor:
     """(B, H, Nq, Nk) probe probabilities -> (B, Nk): mean over heads, sum over queries."""
     return probs.float().mean(dim=1).sum(dim=1)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vlarun.accel.base import FullRecompute, StepInputs, TokenPolicy
+from vlarun.accel.base import FullRecompute, StepInputs, TokenDecoder, TokenPolicy
 from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.llama import KVCache, LlamaConfig
 from vlarun.models.token_plan import Decision, TokenPlan
@@ -48,13 +48,16 @@ class AcceleratedPolicy:
     base: the wrapped Policy (its model may already be transformed, e.g. layer-pruned);
     tokens: the visual-token policy (default: full recompute);
     denoise_cache: makes a fresh ``DenoiseFeatureCache`` per inference (DiT or flow expert);
-    reference: the unaccelerated LM shape FLOPs ratios are measured against (default: base's).
+    reference: the unaccelerated LM shape FLOPs ratios are measured against (default: base's);
+    decoder: how an autoregressive head decodes its action tokens after the prefill (default:
+        greedy ``VLA.decode_tokens``), e.g. ``jacobi.JacobiDecoder``; it sees the same prefix cache.
     """
 
     base: object  # vlarun.models.policy.Policy (duck-typed: model, tokenizer, norm)
     tokens: TokenPolicy = field(default_factory=FullRecompute)
     denoise_cache: Callable[[], DenoiseFeatureCache] | None = None
     reference: LlamaConfig | None = None
+    decoder: TokenDecoder | None = None
     steps: list[StepStats] = field(default_factory=list)
     _cache: KVCache | None = field(default=None, init=False, repr=False)
     _instruction: str | None = field(default=None, init=False, repr=False)
@@ -62,6 +65,8 @@ class AcceleratedPolicy:
     def __post_init__(self) -> None:
         if self.denoise_cache is not None and self.model.cfg.family not in ("diffusion", "flow"):
             raise ValueError("denoise_cache needs a diffusion (DiT) or flow (action expert) policy")
+        if self.decoder is not None and self.model.cfg.family != "autoregressive":
+            raise ValueError("a token decoder needs an autoregressive (action-token) policy")
 
     # -- Policy's surface ---------------------------------------------------------------------
 
@@ -91,6 +96,8 @@ class AcceleratedPolicy:
         """A new episode: forget the KV cache and the token policy's state."""
         self._cache = None
         self.tokens.reset()
+        if self.decoder is not None:
+            self.decoder.reset()
 
     # -- one inference --------------------------------------------------------------------------
 
@@ -142,7 +149,7 @@ class AcceleratedPolicy:
 
     def _head(self, pre: PrefillResult, noise: Tensor, state: np.ndarray | None) -> dict:
         fc = self.denoise_cache() if self.denoise_cache is not None else None
-        return run_head(self.model, pre, noise, state, fc)
+        return run_head(self.model, pre, noise, state, fc, self.decoder)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -205,11 +212,13 @@ def run_head(
     noise: Tensor,
     state: np.ndarray | None = None,
     feature_cache: DenoiseFeatureCache | None = None,
+    decoder: TokenDecoder | None = None,
 ) -> dict:
-    """The family's action head after a prefill: {"actions": (B, horizon, D), ...}."""
+    """The family's action head after a prefill: {"actions": (B, horizon, D), ...}; action
+    tokens are decoded by ``decoder`` if given, else greedily."""
     family = model.cfg.family
     if family == "autoregressive":
-        ids = model.decode_tokens(pre)
+        ids = model.decode_tokens(pre) if decoder is None else decoder.decode(model, pre)
         return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
     if family == "parallel":
         return {"actions": model.parallel_head(pre)}

@@ -1,0 +1,106 @@
+"""Jacobi decoding over the prefix KV cache reproduces greedy decoding token for token."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode, make_decoder
+from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.models.policy import Policy
+from vlarun.models.presets import tiny_openvla
+from vlarun.models.tokenizer import load_tokenizer
+from vlarun.models.vla import VLA
+
+TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
+PROMPTS = ["push the red block to the goal", "open the drawer", "press the button from the top",
+           "reach"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chunked_openvla() -> Policy:
+    """tiny-openvla with random weights and an action chunk of 4 x 7 = 28 tokens."""
+    torch.manual_seed(0)
+    model = VLA(dataclasses.replace(tiny_openvla(), chunk=4)).eval()
+    return Policy(model, load_tokenizer(None, model.cfg.llm.vocab_size))
+
+
+@pytest.fixture(scope="module")
+def tiny_ar() -> Policy:
+    if not (TINY_AR / "config.json").exists():
+        pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+    return Policy.from_checkpoint(TINY_AR)
+
+
+def _batch(policy: Policy, n: int, seed: int):
+    """Random images and prompts of different lengths (right-padded prefixes)."""
+    cfg = policy.model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.rand(n, cfg.num_images, 3, cfg.image_size, cfg.image_size, generator=gen)
+    ids = [policy.text_ids(PROMPTS[i % len(PROMPTS)]) for i in range(n)]
+    return images, ids
+
+
+def _prefill(model: VLA, images, ids):
+    return model.prefill(model.build_prefix(model.encode_images(images), ids))
+
+
+@pytest.mark.parametrize("which", ["chunked_openvla", "tiny_ar"])
+@pytest.mark.parametrize("init", ["random", "repeat"])
+@torch.no_grad()
+def test_jacobi_equals_greedy_at_batch_above_one(which, init, request):
+    policy = request.getfixturevalue(which)
+    model = policy.model
+    for seed in range(2):
+        images, ids = _batch(policy, 3, seed)
+        assert len({len(t) for t in ids}) > 1  # rows really sit at different positions
+        greedy = model.decode_tokens(_prefill(model, images, ids))
+        r = jacobi_decode(model, _prefill(model, images, ids), JacobiConfig(init=init, seed=seed))
+        assert torch.equal(r.tokens, greedy)
+        assert r.converged.all() and not r.exited.any()
+        n = model.cfg.num_action_tokens
+        assert (r.iterations >= 1).all() and (r.iterations <= n - 1).all()
+        # Every token is fixed exactly once; the trajectory ends at the output.
+        assert (r.fixed.sum(1) == n).all()
+        assert torch.equal(r.trajectory[:, -1], r.tokens)
+
+
+@torch.no_grad()
+def test_each_row_equals_decoding_it_alone(chunked_openvla):
+    model = chunked_openvla.model
+    images, ids = _batch(chunked_openvla, 3, 7)
+    batched = jacobi_decode(model, _prefill(model, images, ids)).tokens
+    for r in range(3):
+        alone = jacobi_decode(model, _prefill(model, images[r : r + 1], ids[r : r + 1])).tokens
+        assert torch.equal(alone[0], batched[r])
+
+
+@torch.no_grad()
+def test_iteration_cap_limits_forwards(chunked_openvla):
+    model = chunked_openvla.model
+    images, ids = _batch(chunked_openvla, 2, 1)
+    r = jacobi_decode(model, _prefill(model, images, ids), JacobiConfig(max_iters=2))
+    assert (r.iterations <= 2).all() and r.trajectory.shape[1] <= 3
+
+
+def test_accelerated_policy_with_decoders_matches_plain_policy(tiny_ar):
+    image = np.random.default_rng(0).integers(0, 255, (128, 128, 3), dtype=np.uint8)
+    want = tiny_ar.run_stages(image, "open the drawer").outputs["action_ids"]
+    for method in ("ar", "jacobi"):
+        fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder(method))
+        for _ in range(2):  # the second call reuses the policy's cache
+            got = fast.run_stages(image, "open the drawer").outputs["action_ids"]
+            assert torch.equal(got, want)
+        s = fast.decoder.summary()
+        assert s["steps"] == 2 and s["converged_fraction"] == 1.0
+        assert s["tokens_per_s_min"] > 0
+    exit_fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder("jacobi-exit", 0.5))
+    assert exit_fast.predict(image, "open the drawer").shape == (4, 4)
+    assert exit_fast.decoder.name == "jacobi-exit@0.5"
+
+
+def test_decoder_needs_an_autoregressive_policy():
+    with pytest.raises(ValueError, match="autoregressive"):
+        AcceleratedPolicy(Policy.from_preset("tiny-oft"), decoder=JacobiDecoder())

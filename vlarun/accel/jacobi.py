@@ -1,0 +1,317 @@
+"""Jacobi decoding of action tokens, with CEED-VLA's early exit (SEEDS.md section 4).
+
+Greedy decoding of n action tokens y_1..y_n is n - 1 sequential one-token forwards after the
+prefill. Jacobi decoding treats it as the fixed-point system
+
+    y_i = argmax_y p(y | y_<i, x),   i = 1..n
+
+and updates every y_i at once from the previous guess: one forward over the n - 1 positions
+[y_1, ..., y_{n-1}] (causal among themselves, on top of the prefix KV cache) gives the logits of
+y_2..y_n. y_1 needs no iteration: it comes from the prefill's last hidden state. The prefix
+(image + instruction) is computed once per control step; only action positions are rewritten,
+always at the same cache slots.
+
+Exactness. After k iterations at least y_1..y_{k+1} equal the greedy tokens (each iteration fixes
+one more token from the left), so after n - 1 iterations the state *is* the greedy output and no
+confirming iteration is needed: plain Jacobi never runs more forwards than greedy does. It stops
+earlier when an iteration changes nothing (a fixed point, which is unique: greedy's).
+
+Early exit (CEED-VLA). With sigma set, an iteration whose tokens all have max probability
+>= sigma - the minimum over action tokens of the max token probability, y_1's included - ends
+decoding and returns that iteration's argmax tokens, converged or not.
+
+Batches: rows stop independently (their tokens are frozen, their statistics say when); the batch
+runs until every row has stopped. Rows decode at their own positions after right-padded prompts,
+as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
+
+  from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
+  from vlarun.accel.policy import AcceleratedPolicy
+  fast = AcceleratedPolicy(policy, decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
+  fast.predict(image, "open the drawer"); fast.decoder.summary()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from vlarun.models.vla import VLA, PrefillResult
+
+INITS = ("random", "repeat")
+
+
+@dataclass(frozen=True)
+class JacobiConfig:
+    """sigma: early-exit threshold on the minimum max-probability (None: run to the fixed
+    point, output == greedy); max_iters: cap on Jacobi forwards (None: n - 1, which already
+    guarantees the greedy output); init: initial guess of y_2..y_n, "random" (uniform over the
+    action-token ids, as the paper) or "repeat" (y_1 repeated); seed: of the random guesses."""
+
+    sigma: float | None = None
+    max_iters: int | None = None
+    init: str = "random"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sigma is not None and not 0.0 < self.sigma <= 1.0:
+            raise ValueError(f"sigma must be in (0, 1], got {self.sigma}")
+        if self.max_iters is not None and self.max_iters < 1:
+            raise ValueError(f"max_iters must be >= 1, got {self.max_iters}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+
+
+@dataclass
+class JacobiResult:
+    """One decode of a batch.
+
+    tokens (B, n): the output; iterations (B,): Jacobi forwards each row took part in;
+    converged (B,): the output is the fixed point (== greedy); exited (B,): stopped by the
+    sigma rule before converging; confidence (B,): min over tokens of the max probability at
+    the last iteration (y_1's alone when n == 1); fixed (B, K + 1): tokens that reached their
+    final value at iteration k and kept it (k = 0: already right in the initial state);
+    trajectory (B, K + 1, n): state after each iteration (K = the batch's iterations), rows
+    frozen after they stop.
+    """
+
+    tokens: Tensor
+    iterations: Tensor
+    converged: Tensor
+    exited: Tensor
+    confidence: Tensor
+    fixed: Tensor
+    trajectory: Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule and the loop (model-free: ``step`` maps a state to the logits of y_2..y_n)
+
+
+def min_confidence(logits: Tensor) -> Tensor:
+    """(B, n, V) logits -> (B,): min over tokens of the max token probability (fp32)."""
+    return logits.float().softmax(-1).amax(-1).amin(-1)
+
+
+def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
+    """(B,) bool: CEED-VLA's early-exit rule, min_i max_r p(r | y_<i) >= sigma."""
+    if sigma is None:
+        return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    return min_confidence(logits) >= sigma
+
+
+Step = Callable[[Tensor], Tensor]  # state[:, :n-1] (B, n - 1) -> logits of y_2..y_n (B, n-1, V)
+
+
+def jacobi_solve(
+    first_logits: Tensor, step: Step, init: Tensor, cfg: JacobiConfig = JacobiConfig()
+) -> JacobiResult:
+    """Iterate ``step`` from ``init`` (B, n) until each row converges, exits or hits the cap.
+
+    first_logits (B, V): the distribution of y_1 (from the prefill), fixed for the whole solve.
+    """
+    b, n = init.shape
+    y = init.clone()
+    y[:, 0] = first_logits.argmax(-1)
+    first = first_logits[:, None]  # (B, 1, V)
+    active = torch.ones(b, dtype=torch.bool, device=y.device)
+    iterations = torch.zeros(b, dtype=torch.long, device=y.device)
+    converged = torch.zeros_like(active) if n > 1 else active.clone()
+    exited = torch.zeros_like(active)
+    confidence = min_confidence(first)
+    states = [y.clone()]
+    cap = n - 1 if cfg.max_iters is None else min(cfg.max_iters, n - 1)
+    for k in range(1, cap + 1):
+        logits = torch.cat((first, step(y[:, :-1]).to(first.dtype)), dim=1)  # (B, n, V)
+        new = logits.argmax(-1)
+        # After k iterations y_1..y_{k+1} are greedy's: at k = n - 1 the state is the output.
+        done_here = (new == y).all(-1) | (k == n - 1)
+        exit_here = should_exit(logits, cfg.sigma) & ~done_here
+        confidence = torch.where(active, min_confidence(logits), confidence)
+        iterations += active
+        y = torch.where(active[:, None], new, y)
+        converged |= active & done_here
+        exited |= active & exit_here
+        active &= ~(done_here | exit_here)
+        states.append(y.clone())
+        if not bool(active.any()):
+            break
+    trajectory = torch.stack(states, dim=1)  # (B, K + 1, n)
+    return JacobiResult(y, iterations, converged, exited, confidence,
+                        fixed_counts(trajectory), trajectory)  # fmt: skip
+
+
+def fixed_counts(trajectory: Tensor) -> Tensor:
+    """(B, K + 1, n) states -> (B, K + 1): tokens first equal to their final value at step k
+    and unchanged from then on (a token right by luck behind wrong ones counts too)."""
+    final = trajectory[:, -1:]
+    same = trajectory == final  # (B, K + 1, n)
+    # Stays right from k on: the reversed cumulative AND over iterations.
+    stays = same.flip(1).int().cumprod(1).flip(1).bool()
+    first = stays.int().argmax(1)  # (B, n): first k from which the token stays final
+    k = trajectory.shape[1]
+    return torch.nn.functional.one_hot(first, k).sum(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a VLA's prefix cache
+
+
+def initial_state(model: VLA, batch: int, cfg: JacobiConfig, gen: torch.Generator) -> Tensor:
+    """(B, n) initial guess; y_1 is overwritten by the prefill's argmax."""
+    n = model.cfg.num_action_tokens
+    if cfg.init == "repeat":
+        return torch.zeros(batch, n, dtype=torch.long)
+    ids = model.action_tokenizer.action_ids
+    return torch.randint(ids.start, ids.stop, (batch, n), generator=gen)
+
+
+def action_step(model: VLA, pre: PrefillResult) -> Step:
+    """Logits of y_2..y_n from a state, written at the action slots of ``pre.cache``.
+
+    Every call rewrites the same n - 1 slots (the previous iteration's keys are overwritten,
+    never attended to: the call's own slots follow its causal mask)."""
+    lm = model.language_model
+    n = model.cfg.num_action_tokens
+    positions = pre.next_pos[:, None] + torch.arange(n - 1, device=pre.next_pos.device)[None]
+
+    def step(tokens: Tensor) -> Tensor:
+        hidden = lm(lm.embed(tokens), positions, pre.cache).hidden  # (B, n - 1, d)
+        return lm.logits(hidden)
+
+    return step
+
+
+@torch.no_grad()
+def jacobi_decode(
+    model: VLA, pre: PrefillResult, cfg: JacobiConfig = JacobiConfig(), init: Tensor | None = None
+) -> JacobiResult:
+    """Jacobi-decode the action tokens after a prefill (``init`` (B, n): the initial guess)."""
+    b = pre.last_hidden.shape[0]
+    if init is None:
+        init = initial_state(model, b, cfg, torch.Generator().manual_seed(cfg.seed))
+    first = model.language_model.logits(pre.last_hidden)
+    return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoders: strategies AcceleratedPolicy runs after the prefill
+
+
+@dataclass
+class DecodeStep:
+    """Statistics of one decode call (one control step), per batch row."""
+
+    tokens: int
+    iterations: list[int]
+    fixed_per_iteration: list[list[int]]  # tokens newly fixed at iteration 1..k of each row
+    converged: list[bool]
+    exited: list[bool]
+    confidence: list[float]
+    seconds: float
+
+
+class GreedyDecoder:
+    """Autoregressive greedy decoding (``VLA.decode_tokens``): n - 1 one-token forwards."""
+
+    name = "ar"
+
+    def __init__(self) -> None:
+        self.steps: list[DecodeStep] = []
+
+    def reset(self) -> None:
+        pass
+
+    def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
+        t0 = time.perf_counter()
+        ids = model.decode_tokens(pre)
+        n, b = ids.shape[1], ids.shape[0]
+        self.steps.append(DecodeStep(n, [n - 1] * b, [[1] * (n - 1)] * b, [True] * b,
+                                     [False] * b, [float("nan")] * b,
+                                     time.perf_counter() - t0))  # fmt: skip
+        return ids
+
+    def summary(self) -> dict:
+        return summarise_steps(self.steps)
+
+
+@dataclass
+class JacobiDecoder:
+    """Jacobi decoding (+ early exit when ``cfg.sigma`` is set) as an AcceleratedPolicy decoder.
+
+    Random initial guesses come from a generator reseeded by ``reset`` (each episode), so runs
+    are reproducible. ``record`` keeps each call's trajectory in ``last`` (distillation)."""
+
+    cfg: JacobiConfig = field(default_factory=JacobiConfig)
+    record: bool = False
+    steps: list[DecodeStep] = field(default_factory=list)
+    last: JacobiResult | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._gen = torch.Generator().manual_seed(self.cfg.seed)
+
+    @property
+    def name(self) -> str:
+        return "jacobi" if self.cfg.sigma is None else f"jacobi-exit@{self.cfg.sigma:g}"
+
+    def reset(self) -> None:
+        self._gen.manual_seed(self.cfg.seed)
+
+    def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
+        t0 = time.perf_counter()
+        init = initial_state(model, pre.last_hidden.shape[0], self.cfg, self._gen)
+        r = jacobi_decode(model, pre, self.cfg, init)
+        seconds = time.perf_counter() - t0
+        self.steps.append(step_stats(r, seconds))
+        self.last = r if self.record else None
+        return r.tokens
+
+    def summary(self) -> dict:
+        return summarise_steps(self.steps)
+
+
+def step_stats(r: JacobiResult, seconds: float) -> DecodeStep:
+    iters = r.iterations.tolist()
+    fixed = [row[1 : k + 1] for row, k in zip(r.fixed.tolist(), iters, strict=True)]
+    return DecodeStep(int(r.tokens.shape[1]), iters, fixed, r.converged.tolist(),
+                      r.exited.tolist(), r.confidence.tolist(), seconds)  # fmt: skip
+
+
+def summarise_steps(steps: list[DecodeStep]) -> dict:
+    """Means over decode calls and rows: iterations, tokens fixed per iteration, exits."""
+    if not steps:
+        return {"steps": 0}
+    iters = np.array([k for s in steps for k in s.iterations], dtype=float)
+    per_iter = [np.mean(f) for s in steps for f in s.fixed_per_iteration if f]
+    rows = [(c, e) for s in steps for c, e in zip(s.converged, s.exited, strict=True)]
+    secs = np.array([s.seconds for s in steps])
+    tokens = np.array([s.tokens * len(s.iterations) for s in steps])
+    speed = tokens / secs
+    return {
+        "steps": len(steps),
+        "iterations_mean": float(iters.mean()),
+        "iterations_max": int(iters.max()),
+        "fixed_per_iteration_mean": float(np.mean(per_iter)) if per_iter else float("nan"),
+        "converged_fraction": float(np.mean([c for c, _ in rows])),
+        "exited_fraction": float(np.mean([e for _, e in rows])),
+        "tokens_per_s_mean": float(speed.mean()),
+        "tokens_per_s_min": float(speed.min()),
+        "tokens_per_s_max": float(speed.max()),
+    }
+
+
+def make_decoder(method: str, sigma: float | None = None, seed: int = 0):
+    """``ar`` (greedy), ``jacobi`` (to the fixed point) or ``jacobi-exit`` (needs sigma)."""
+    if method == "ar":
+        return GreedyDecoder()
+    if method == "jacobi":
+        return JacobiDecoder(JacobiConfig(seed=seed))
+    if method == "jacobi-exit":
+        if sigma is None:
+            raise ValueError("jacobi-exit needs sigma")
+        return JacobiDecoder(JacobiConfig(sigma=sigma, seed=seed))
+    raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")
