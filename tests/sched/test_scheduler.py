@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +233,22 @@ def test_learned_spread_tightens_feasibility_and_guides_the_fallback():
     assert d.latency_s + tight.cal.sigma(tuple(d.placement.values())) == pytest.approx(
         (sc.latency + sc.sigma)[tight.allowed].min()
     )
+
+
+def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
+    from vlarun.sched.plans import load_settings
+
+    sample = Path(__file__).parent / "data" / "accel_bench_sample.json"
+    rows = load_settings(sample)
+    triage = {r.value: r for r in rows if r.knob == "token_budget" and r.models == ("mw-oft",)}
+    assert triage[0.34].relative_success == pytest.approx(0.95)
+    assert triage[0.11].relative_success == pytest.approx(0.7)
+    dit = {(r.knob, r.value): r.relative_success for r in rows if r.models == ("mw-dit",)}
+    assert dit == {("token_budget", 0.22): pytest.approx(0.95), ("cache_interval", 5): 1.0}
+    space = space_for("mw-oft", accuracy_floor=0.9, settings_rows=rows)
+    pairs = zip(space.settings, space.eligible, strict=True)
+    assert {dict(s.knobs)["token_budget"] for s, e in pairs if e} == {1.0, 0.34}
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps(json.loads(sample.read_text()) | {"quick": True}))
+    with pytest.raises(ValueError, match="quick"):
+        load_settings(quick)

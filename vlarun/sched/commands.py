@@ -174,7 +174,9 @@ class PlanOptions:
     text_tokens: int = opt(24, "instruction tokens in the prompt")
     dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
     no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
-    settings: str | None = opt(None, "settings table with measured accuracy costs (JSON)")
+    settings: str | None = opt(
+        None, "accuracy-cost table (settings.json format) or a `vlarun bench accel` result JSON"
+    )
     profile: str | None = opt(None, "measured profile file(s), comma-separated, to use")
     top: int = opt(5, "alternatives to list")
     json: bool = opt(False, "print one JSON object")

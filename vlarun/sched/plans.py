@@ -60,7 +60,12 @@ class SettingRow:
 
 
 def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
-    rows = json.loads(Path(path or SETTINGS_FILE).read_text())["settings"]
+    """A settings table (settings.json format), or the result file of `vlarun bench accel`,
+    whose measured success rates become accuracy costs."""
+    data = json.loads(Path(path or SETTINGS_FILE).read_text())
+    if "settings" not in data and ("sweep" in data or "ablation" in data):
+        return settings_from_accel_bench(data)
+    rows = data["settings"]
     out = []
     for r in rows:
         if r["knob"] not in KNOB_FAMILIES:
@@ -74,6 +79,56 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
             SettingRow(r["knob"], r["value"], r["relative_success"], r["source"], modelled, models)
         )
     return tuple(out)
+
+
+def _model_of(policy: str, checkpoints: Path) -> str:
+    """The preset name a shipped policy was trained at (its checkpoint's config)."""
+    cfg = checkpoints / policy / "config.json"
+    return json.loads(cfg.read_text())["vla"]["name"] if cfg.exists() else policy
+
+
+# EfficientVLA ablation rows of `vlarun bench accel` that change exactly one knob of ours.
+_ABLATION_KNOB = {"tokens": "token_budget", "cache": "cache_interval"}
+
+
+def settings_from_accel_bench(result: dict, checkpoints: Path | None = None):
+    """Accuracy costs measured by `vlarun bench accel`: success with a setting / success of
+    the full policy in the same run. TRIAGE sweep rows give token budgets of the sweep's
+    policy; the EfficientVLA ablation gives the token and cache knobs of the diffusion policy
+    (its layer row also sparsifies MLPs, which the cost model does not price, so it is left
+    out). Reduced (--quick) runs are refused: they are not results."""
+    if result.get("quick"):
+        raise ValueError("a --quick `bench accel` run is not a measurement to plan with")
+    checkpoints = checkpoints or Path(__file__).resolve().parents[2] / "checkpoints"
+    opts, when = result.get("options", {}), result.get("date", "?")
+    rows = [SettingRow(k, v, 1.0, "identity") for k, v in IDENTITY.items()]
+    sweep = result.get("sweep") or []
+    full = next((r for r in sweep if r["method"] == "full"), None)
+    if full and full["success_rate"] > 0:
+        model = _model_of(opts.get("policy", "?"), checkpoints)
+        for r in sweep:
+            if r["method"] == "triage":
+                rel = r["success_rate"] / full["success_rate"]
+                src = (
+                    f"vlarun bench accel {when}: TRIAGE B={r['budget_fraction']:g}, success "
+                    f"{r['success_rate']:.3f} vs {full['success_rate']:.3f}, n={r['episodes']}"
+                )
+                rows.append(
+                    SettingRow("token_budget", r["budget_fraction"], rel, src, True, (model,))
+                )
+    abl = {r["config"]: r for r in result.get("ablation") or []}
+    if "none" in abl and abl["none"]["success_rate"] > 0:
+        model = _model_of(opts.get("diffusion_policy", "?"), checkpoints)
+        base = abl["none"]["success_rate"]
+        for name, knob in _ABLATION_KNOB.items():
+            if name in abl:
+                st = abl[name]["settings"]
+                value = st["tokens"] if knob == "token_budget" else st["cache_interval"]
+                src = f"vlarun bench accel {when}: EfficientVLA {name}-only ablation"
+                rows.append(
+                    SettingRow(knob, value, abl[name]["success_rate"] / base, src, True, (model,))
+                )
+    return tuple(rows)
 
 
 @dataclass(frozen=True)
