@@ -1,4 +1,4 @@
-"""Meter parsers on recorded sample files (tests/sched/data, see its README)."""
+"""Meter parsers on recorded sample files (tests/sched/samples, see its README)."""
 
 import shutil
 import sys
@@ -20,7 +20,7 @@ from vlarun.sched.meters import (
     read_rapl,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "samples"
 
 
 def test_tegrastats_orin_rails_and_total():

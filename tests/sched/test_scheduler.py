@@ -238,7 +238,7 @@ def test_learned_spread_tightens_feasibility_and_guides_the_fallback():
 def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
     from vlarun.sched.plans import load_settings
 
-    sample = Path(__file__).parent / "data" / "accel_bench_sample.json"
+    sample = Path(__file__).parent / "samples" / "accel_bench_sample.json"
     rows = load_settings(sample)
     triage = {r.value: r for r in rows if r.knob == "token_budget" and r.models == ("mw-oft",)}
     assert triage[0.34].relative_success == pytest.approx(0.95)

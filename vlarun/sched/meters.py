@@ -2,7 +2,7 @@
 Intel RAPL powercap. Each reader returns watts (or joules, for cumulative counters) from one
 source; ``integrate`` turns timed power samples into energy. Nothing here needs the vendor
 library at import time: NVML is imported lazily, the rest is text parsing, so every parser is
-tested on recorded sample files (tests/sched/data/) on a machine with no meter at all.
+tested on recorded sample files (tests/sched/samples/) on a machine with no meter at all.
 """
 
 from __future__ import annotations
