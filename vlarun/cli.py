@@ -363,6 +363,42 @@ def _print_drift(r: dict) -> None:
     print(format_calibration(r))
 
 
+def _distill_options() -> type:
+    from vlarun.accel.distill import DistillConfig
+
+    return DistillConfig
+
+
+def cmd_distill(o) -> dict:
+    from vlarun.accel.distill import distill
+
+    return distill(o)
+
+
+def _print_distill(r: dict) -> None:
+    print(f"distilled to step {r['step']} ({r['minutes']:.1f} min); exported {r['exported']}")
+    for k, v in (r.get("evaluation") or {}).items():
+        print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")
+
+
+def _bench_decode_options() -> type:
+    from vlarun.bench.decode import BenchDecodeOptions
+
+    return BenchDecodeOptions
+
+
+def cmd_bench_decode(o) -> dict:
+    from vlarun.bench.decode import run
+
+    return run(o)
+
+
+def _print_bench_decode(r: dict) -> None:
+    from vlarun.bench.decode import format_result
+
+    print(format_result(r))
+
+
 def _bench_accel_options() -> type:
     from vlarun.bench.accel import BenchAccelOptions
 
@@ -390,6 +426,7 @@ COMMANDS: dict[str, Command] = {
     "eval": (_eval_options, cmd_eval, _print_eval),
     "fidelity": (_fidelity_options, cmd_fidelity, _print_fidelity),
     "calibrate-drift": (_drift_options, cmd_calibrate_drift, _print_drift),
+    "distill": (_distill_options, cmd_distill, _print_distill),
     "predict": _sched("predict"),
     "profile": _sched("profile"),
     "plan": _sched("plan"),
@@ -398,6 +435,7 @@ COMMANDS: dict[str, Command] = {
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
     "accel": (_bench_accel_options, cmd_bench_accel, _print_bench_accel),
+    "decode": (_bench_decode_options, cmd_bench_decode, _print_bench_decode),
     "sched": _sched("bench-sched"),
     "validate": _sched("bench-validate"),
     "predictor": _sched("bench-predictor"),

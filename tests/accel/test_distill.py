@@ -1,0 +1,117 @@
+"""Consistency distillation: the training forward matches Jacobi inference; a few steps run,
+resume, and export a loadable checkpoint with a model card."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlarun.accel.distill import (
+    DistillConfig,
+    block_logits,
+    block_mask,
+    distill,
+    distill_losses,
+)
+from vlarun.accel.jacobi import JacobiDecoder, action_step
+from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.models.policy import Policy
+from vlarun.models.presets import tiny_openvla
+from vlarun.models.tokenizer import load_tokenizer
+from vlarun.models.vla import VLA
+
+TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
+
+
+@pytest.fixture(scope="module")
+def chunked() -> Policy:
+    torch.manual_seed(0)
+    model = VLA(dataclasses.replace(tiny_openvla(), chunk=2)).eval()
+    return Policy(model, load_tokenizer(None, model.cfg.llm.vocab_size))
+
+
+def _inputs(policy: Policy, seed: int = 0):
+    cfg = policy.model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.rand(2, 1, 3, cfg.image_size, cfg.image_size, generator=gen)
+    text = [policy.text_ids("open the drawer"), policy.text_ids("push the puck to the goal")]
+    n = cfg.num_action_tokens
+    ids = policy.model.action_tokenizer.action_ids
+    state = torch.randint(ids.start, ids.stop, (2, n), generator=gen)
+    fixed = torch.randint(ids.start, ids.stop, (2, n), generator=gen)
+    return images, text, state, fixed
+
+
+def test_block_mask_isolates_blocks():
+    m = block_mask(prefix_len=3, block=2, blocks=2)  # prompt 3 | block 2 | block 2
+    assert m[:3, :3].equal(torch.ones(3, 3, dtype=torch.bool).tril()) and not m[:3, 3:].any()
+    assert m[3:, :3].all()
+    assert m[3:5, 3:5].equal(torch.ones(2, 2, dtype=torch.bool).tril()) and not m[3:5, 5:].any()
+    assert m[5:, 5:].equal(torch.ones(2, 2, dtype=torch.bool).tril()) and not m[5:, 3:5].any()
+
+
+@torch.no_grad()
+def test_training_forward_equals_a_jacobi_iteration(chunked):
+    """Each block's logits == one Jacobi step over that state on the prefix cache."""
+    model = chunked.model
+    images, text, state, fixed = _inputs(chunked)
+    got = block_logits(model, images, text, [state, fixed])
+    for block, logits in zip((state, fixed), got, strict=True):
+        pre = model.prefill(model.build_prefix(model.encode_images(images), text))
+        first = model.language_model.logits(pre.last_hidden)[:, None]
+        want = torch.cat((first, action_step(model, pre)(block[:, :-1])), dim=1)
+        assert (logits - want).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_consistency_loss_vanishes_at_the_fixed_point(chunked):
+    images, text, _, fixed = _inputs(chunked, 1)
+    same = distill_losses(chunked.model, images, text, fixed, fixed)
+    assert abs(same.consistency.item()) < 1e-5
+    images, text, state, fixed = _inputs(chunked, 2)
+    other = distill_losses(chunked.model, images, text, state, fixed, omega=0.5)
+    assert other.consistency.item() > 0
+    assert other.total.item() == pytest.approx(other.consistency.item() + 0.5 * other.ar.item())
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    pytest.importorskip("metaworld")
+    from vlarun.sim.demos import collect
+
+    out = tmp_path_factory.mktemp("demos")
+    collect(["reach-v3"], 2, out, image_size=128, progress=False)
+    return out
+
+
+def test_distill_runs_resumes_and_exports(tmp_path, demos):
+    if not (TINY_AR / "config.json").exists():
+        pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+    run = tmp_path / "run"
+    cfg = DistillConfig(teacher=str(TINY_AR), demos=str(demos), out=str(run), frames=6,
+                        collect_batch=4, eval_frames=4, steps=2, batch=2, save_every=1,
+                        log_every=1, warmup=1)  # fmt: skip
+    first = distill(cfg)
+    assert first["step"] == 2 and first["collected"]["frames"] == 6
+    traj = load_file(run / "trajectories.safetensors")
+    n = 16  # tiny-ar: 4 steps x 4 dims
+    assert traj["states"].shape == (6, n, n) and (traj["length"] >= 2).all()
+    again = distill(dataclasses.replace(cfg, steps=3, ar_target="demo"))
+    assert again["step"] == 3  # resumed from step 2, not from 0
+    lines = [json.loads(x) for x in (run / "distill.log").read_text().splitlines()]
+    assert [e["step"] for e in lines if "step" in e] == [1, 2, 3]
+    assert {"loss_c", "loss_ar", "lr"} <= set(lines[-1])
+    export = Path(again["exported"])
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md",
+            "dataset_statistics.json"} <= {p.name for p in export.iterdir()}  # fmt: skip
+    assert "consistency distillation" in (export / "README.md").read_text()
+    assert {"teacher_jacobi_iterations", "student_exit_iterations"} <= set(again["evaluation"])
+    student = Policy.from_checkpoint(export)
+    assert student.model.cfg.name.endswith("-ceed") and student.norm is not None
+    fast = AcceleratedPolicy(student, decoder=JacobiDecoder())
+    actions = fast.predict(np.zeros((128, 128, 3), np.uint8), "reach the goal")
+    assert actions.shape == (4, 4) and np.isfinite(actions).all()

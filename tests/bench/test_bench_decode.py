@@ -1,0 +1,43 @@
+"""`vlarun bench decode --quick` on the tiniest setting: one task, one short episode."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vlarun.bench.decode import BenchDecodeOptions, format_result, run
+from vlarun.cli import main
+
+pytest.importorskip("metaworld")
+TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
+
+
+def test_quick_bench_writes_every_field(tmp_path, capsys):
+    if not (TINY_AR / "config.json").exists():
+        pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+    # The teacher stands in for the distilled policy: this checks the code path, not results.
+    o = BenchDecodeOptions(quick=True, distilled=str(TINY_AR), tasks="reach-v3", episodes=1,
+                           max_steps=8, sigmas="0.5", queries=2, out=str(tmp_path))  # fmt: skip
+    r = run(o, progress=False)
+    rows = r["rows"]
+    assert [(x["method"], x["sigma"]) for x in rows] == [
+        ("ar", None), ("jacobi", None), ("jacobi-exit", 0.5), ("distilled-exit", 0.5)]  # fmt: skip
+    keys = {"method", "sigma", "tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max",
+            "control_rate_hz", "success_rate", "ci95", "iterations_mean", "speedup"}  # fmt: skip
+    assert all(keys <= set(x) for x in rows)
+    assert rows[1]["token_agreement_with_ar"] == 1.0  # plain Jacobi is exact
+    assert rows[0]["speedup"] == 1.0 and rows[0]["iterations_mean"] == 15
+    assert set(r["goals"]) >= {"speedup_ge_4_5", "min_above_ar_mean", "success_within_3pp"}
+    with open(r["files"]["json"]) as f:
+        assert json.load(f)["rows"] == rows
+    assert Path(r["files"]["plot"]).exists()
+    assert "| jacobi-exit | 0.5 |" in format_result(r)
+
+
+def test_cli_registers_decode_and_distill(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "decode", "--help"])
+    assert "--sigmas" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["distill", "--help"])
+    assert "--omega" in capsys.readouterr().out

@@ -1,0 +1,429 @@
+"""`vlarun distill`: CEED-VLA consistency distillation of an autoregressive policy (resumable).
+
+Two phases, both resumable in ``out``:
+
+1. collect: the teacher Jacobi-decodes (from random initial guesses, to the fixed point) the
+   action tokens of ``frames`` demonstration frames; every intermediate state is kept
+   (``trajectories.safetensors``: states (M, n, n) padded with the fixed point, lengths (M,)).
+2. train: the student (initialised from the teacher) sees a random non-final state Y of a
+   random trajectory and learns to predict the fixed point Y* from it:
+
+     L = L_C + omega * L_AR
+     L_C  = KL( stopgrad Q(. | Y*_<i, x) || Q(. | Y_<i, x) )   (forward KL, per action token)
+     L_AR = -log Q(Y*_i | Y*_<i, x)                             (or the demo's tokens)
+
+   One forward computes both: [prompt | Y_1..Y_{n-1} | Y*_1..Y*_{n-1}] with the two action
+   blocks at the same positions, each seeing the prompt and itself causally, never each other -
+   exactly what each block sees at inference on top of the prefix cache. Losses are means over
+   tokens (the paper's sums over tokens differ by the constant n, for both terms alike).
+
+Like ``vlarun train`` it runs in the foreground (start it with nohup/& for the background);
+state (weights + AdamW moments, safetensors, no pickle) is saved every ``save_every`` steps and
+a second call with the same ``out`` resumes; one JSON line per ``log_every`` steps goes to
+``out/distill.log``. The student is exported with a model card (teacher vs student Jacobi
+iterations on frames not used in training) to ``export``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+from tqdm import tqdm
+
+from vlarun import config as cfgio
+from vlarun.accel.jacobi import JacobiConfig, initial_state, jacobi_decode
+from vlarun.config import opt
+from vlarun.models.checkpoint import save_vla
+from vlarun.models.policy import Policy
+from vlarun.models.vla import VLA
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """Consistency distillation (CEED-VLA) of an autoregressive policy on demonstration frames."""
+
+    teacher: str = opt("checkpoints/tiny-ar", "autoregressive policy checkpoint to distil")
+    demos: str = opt("data/demos128", "demo directory, or several joined by commas")
+    out: str = opt("runs/ceed", "run directory: trajectories, state, log (resumes there)")
+    export: str = opt("", "exported student directory (default: <out>/export/<teacher>-ceed)")
+    frames: int = opt(6000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
+    collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
+    steps: int = opt(1500, "optimiser steps")
+    batch: int = opt(16, "trajectory states per step")
+    lr: float = opt(1e-4, "peak learning rate (AdamW); the student starts at the teacher")
+    warmup: int = opt(50, "linear warm-up steps")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    omega: float = opt(1.0, "weight of the autoregressive loss")
+    ar_target: str = opt("fixed-point", "L_AR targets", choices=["fixed-point", "demo"])
+    save_every: int = opt(100, "steps between resumable state saves")
+    log_every: int = opt(10, "steps between distill.log lines")
+    eval_frames: int = opt(64, "held-out frames for the card's iteration counts; 0 = none")
+    seed: int = opt(0, "frame choice, initial guesses and sampling seed")
+    bf16: bool = opt(True, "bfloat16 autocast for training (collection runs in fp32)")
+    max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
+    budget_minutes: float = opt(0.0, "total training minutes (cosine schedule by time); 0 = none")
+    threads: int = opt(0, "torch threads; 0 = torch's default")
+    export_only: bool = opt(False, "skip collection and training; export the current state")
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch < 1 or self.lr <= 0 or self.collect_batch < 1:
+            raise ValueError("steps, batch, collect_batch and lr must be positive")
+        if self.frames < 0 or self.eval_frames < 0 or self.omega < 0:
+            raise ValueError("frames, eval_frames and omega must be >= 0")
+
+    @property
+    def export_dir(self) -> Path:
+        return Path(self.export or Path(self.out) / "export" / f"{Path(self.teacher).name}-ceed")
+
+
+TRAJECTORIES = "trajectories.safetensors"
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: demo frames and the teacher's Jacobi trajectories
+
+
+@dataclasses.dataclass
+class Frames:
+    """Demo frames in memory: images (N, S, S, 3) uint8, prompt ids per frame, demo action
+    tokens (N, n), and the frame order (seeded permutation: collected first, held out last)."""
+
+    images: Tensor
+    text: list[list[int]]
+    demo_tokens: Tensor
+    order: Tensor
+
+    def image_batch(self, idx: Tensor) -> Tensor:
+        return self.images[idx].permute(0, 3, 1, 2).float().div(255.0)[:, None]
+
+
+def load_frames(cfg: DistillConfig, teacher: Policy) -> Frames:
+    from vlarun.sim.train import DemoSampler  # one loader for BC and distillation
+
+    model = teacher.model
+    sampler = DemoSampler(cfg.demos, model.cfg.chunk, teacher.tokenizer, cfg.seed)
+    n = model.cfg.num_action_tokens
+    chunks = sampler.chunks.reshape(-1, n)
+    demo_tokens = model.action_tokenizer.encode(chunks).long()
+    order = torch.randperm(len(sampler), generator=torch.Generator().manual_seed(cfg.seed))
+    text = [sampler.text[t] for t in sampler.task.tolist()]
+    return Frames(sampler.images, text, demo_tokens, order)
+
+
+def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log) -> dict:
+    """Teacher trajectories of the first ``cfg.frames`` frames of ``frames.order``; resumes
+    from a partial ``trajectories.safetensors`` (saved after every batch)."""
+    model = teacher.model
+    n = model.cfg.num_action_tokens
+    want = min(cfg.frames or len(frames.order), len(frames.order) - cfg.eval_frames)
+    have = _load_trajectories(out)
+    parts = {k: [v] for k, v in have.items()} if have else {}
+    done = int(have["frame"].shape[0]) if have else 0
+    gen = torch.Generator().manual_seed(cfg.seed + done)
+    bar = tqdm(total=want, initial=done, desc="collect", unit="frame")
+    while done < want:
+        idx = frames.order[done : min(done + cfg.collect_batch, want)]
+        r = teacher_trajectories(model, frames, idx, gen)
+        for k, v in r.items():
+            parts.setdefault(k, []).append(v)
+        done += len(idx)
+        _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want)
+        bar.update(len(idx))
+    bar.close()
+    data = _load_trajectories(out)
+    lengths = data["length"].float()
+    summary = {"frames": int(lengths.shape[0]), "tokens": n,
+               "teacher_iterations_mean": float((lengths - 1).mean())}  # fmt: skip
+    log(f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
+        f"{summary['teacher_iterations_mean']:.2f} of at most {n - 1}")  # fmt: skip
+    return summary
+
+
+@torch.no_grad()
+def teacher_trajectories(
+    model: VLA, frames: Frames, idx: Tensor, gen: torch.Generator
+) -> dict[str, Tensor]:
+    """Jacobi trajectories (plain, to the fixed point) of frames ``idx`` in one batch."""
+    images = frames.image_batch(idx)
+    text = [frames.text[i] for i in idx.tolist()]
+    pre = model.prefill(model.build_prefix(model.encode_images(images), text))
+    init = initial_state(model, len(idx), JacobiConfig(), gen)
+    r = jacobi_decode(model, pre, JacobiConfig(), init)
+    n = model.cfg.num_action_tokens
+    states = r.trajectory
+    pad = states[:, -1:].expand(-1, n - states.shape[1], -1)  # rows are frozen at their end
+    return {
+        "frame": idx.clone(),
+        "states": torch.cat((states, pad), dim=1).int(),  # (B, n, n): state k = after k iters
+        "length": (r.iterations + 1).int(),  # states up to and including the fixed point
+    }
+
+
+def _save_trajectories(out: Path, data: dict[str, Tensor], planned: int) -> None:
+    tmp = out / f"{TRAJECTORIES}.tmp"
+    save_file({k: v.contiguous() for k, v in data.items()}, tmp, {"planned": str(planned)})
+    tmp.replace(out / TRAJECTORIES)
+
+
+def _load_trajectories(out: Path) -> dict[str, Tensor] | None:
+    path = out / TRAJECTORIES
+    return load_file(path) if path.exists() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss
+
+
+@dataclasses.dataclass
+class DistillLosses:
+    consistency: Tensor
+    ar: Tensor
+    omega: float
+
+    @property
+    def total(self) -> Tensor:
+        return self.consistency + self.omega * self.ar
+
+    def as_floats(self) -> dict[str, float]:
+        return {"loss_c": float(self.consistency.detach()), "loss_ar": float(self.ar.detach())}
+
+
+def block_mask(prefix_len: int, block: int, blocks: int) -> Tensor:
+    """(T, T) visibility for [prompt | block 1 | ... | block k]: the prompt is causal; each
+    block sees the whole prompt and itself causally, and no other block."""
+    p, t = prefix_len, prefix_len + block * blocks
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    mask[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+    tri = torch.ones(block, block, dtype=torch.bool).tril()
+    for i in range(blocks):
+        s = p + i * block
+        mask[s : s + block, :p] = True
+        mask[s : s + block, s : s + block] = tri
+    return mask
+
+
+def block_logits(
+    model: VLA, images: Tensor, text: list[list[int]], blocks: list[Tensor]
+) -> list[Tensor]:
+    """Logits (B, n, V) of every action token for each block of guesses (B, n), in one forward.
+
+    Row i of a block's logits is the distribution of y_i given the prompt and the block's
+    y_<i: exactly what a Jacobi iteration over that block computes on the prefix cache."""
+    lm = model.language_model
+    prefix = model.build_prefix(model.encode_images(images), text)
+    b, p = prefix.pad.shape
+    n = blocks[0].shape[1]
+    embeds = torch.cat([prefix.embeds] + [lm.embed(x[:, :-1]) for x in blocks], dim=1)
+    steps = (prefix.last + 1)[:, None] + torch.arange(n - 1)[None]  # (B, n - 1)
+    positions = torch.cat([torch.arange(p).expand(b, p)] + [steps] * len(blocks), dim=1)
+    pad = torch.cat((prefix.pad, torch.ones(b, len(blocks) * (n - 1), dtype=torch.bool)), dim=1)
+    mask = block_mask(p, n - 1, len(blocks))
+    hidden = lm(embeds, positions, attn_mask=mask, pad_mask=pad).hidden
+    last = hidden[torch.arange(b), prefix.last][:, None]  # (B, 1, d): predicts y_1
+    out = []
+    for i in range(len(blocks)):
+        s = p + i * (n - 1)
+        out.append(lm.logits(torch.cat((last, hidden[:, s : s + n - 1]), dim=1)).float())
+    return out
+
+
+def distill_losses(
+    model: VLA,
+    images: Tensor,
+    text: list[list[int]],
+    state: Tensor,
+    fixed: Tensor,
+    omega: float = 1.0,
+    ar_tokens: Tensor | None = None,
+) -> DistillLosses:
+    """Consistency + AR losses of one batch.
+
+    images (B, 1, 3, S, S); state (B, n): an intermediate Jacobi state; fixed (B, n): its fixed
+    point; ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens)."""
+    blocks = [state, fixed] + ([ar_tokens] if ar_tokens is not None else [])
+    logits = block_logits(model, images, text, blocks)
+    student, teacher = logits[0].log_softmax(-1), logits[1]
+    target = teacher.detach().log_softmax(-1)  # stop-gradient fixed-point distribution
+    consistency = (target.exp() * (target - student)).sum(-1).mean()
+    ar_logits, ar_ids = (teacher, fixed) if ar_tokens is None else (logits[2], ar_tokens)
+    ar = F.cross_entropy(ar_logits.flatten(0, 1), ar_ids.flatten())
+    return DistillLosses(consistency, ar, omega)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+def sample_batch(data: dict[str, Tensor], frames: Frames, batch: int, gen: torch.Generator):
+    """Random trajectories, one random non-final state of each (the fixed point itself only
+    when the initial guess already was one)."""
+    rows = torch.randint(0, data["frame"].shape[0], (batch,), generator=gen)
+    length = data["length"][rows].long()
+    k = (torch.rand(batch, generator=gen) * (length - 1).clamp(min=1)).long()
+    states = data["states"][rows].long()  # (B, n, n)
+    state = states[torch.arange(batch), k]
+    fixed = states[torch.arange(batch), length - 1]
+    idx = data["frame"][rows].long()
+    return frames.image_batch(idx), [frames.text[i] for i in idx.tolist()], state, fixed, idx
+
+
+def distill(cfg: DistillConfig) -> dict:
+    """Collect (or resume collecting), train (or resume training), export."""
+    from vlarun.sim.train import load_state, lr_at, save_state
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = (out / "distill.log").open("a")
+
+    def log(msg: str) -> None:
+        tqdm.write(msg)
+
+    teacher = Policy.from_checkpoint(cfg.teacher, dtype=torch.float32)
+    if teacher.model.cfg.family != "autoregressive":
+        raise ValueError(f"{cfg.teacher} is a {teacher.model.cfg.family} policy; distillation "
+                         "needs an autoregressive (action-token) one")  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    student = Policy.from_checkpoint(cfg.teacher, dtype=torch.float32).model
+    opt_ = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    meta = load_state(out, student, opt_)
+    if meta is None:
+        meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
+    frames = load_frames(cfg, teacher)
+    collected = meta.get("collected")
+    if not cfg.export_only:
+        collected = collect(cfg, teacher, frames, out, log)
+        meta["collected"] = collected
+        log_file.write(json.dumps({"collected": collected}) + "\n")
+        spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
+        if meta["step"] < cfg.steps and not spent:
+            data = _load_trajectories(out)
+            meta = _loop(cfg, student, opt_, data, frames, meta, out, log_file, lr_at, save_state)
+    log_file.close()
+    evaluation = evaluate_iterations(cfg, teacher.model, student, frames)
+    return export(cfg, student, meta, evaluation)
+
+
+def _loop(cfg, student, opt_, data, frames, meta, out, log_file, lr_at, save_state) -> dict:
+    student.train()
+    start, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + start)
+    bar = tqdm(total=cfg.steps, initial=start, desc="distill", unit="step")
+    for step in range(start, cfg.steps):
+        for g in opt_.param_groups:
+            g["lr"] = lr_at(cfg, step, meta["seconds"])
+        images, text, state, fixed, idx = sample_batch(data, frames, cfg.batch, gen)
+        demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            losses = distill_losses(student, images, text, state, fixed, cfg.omega, demo)
+        opt_.zero_grad(set_to_none=True)
+        losses.total.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt_.step()
+        meta = meta | {"step": step + 1, "seconds": seconds0 + time.time() - t0}
+        bar.update(1)
+        if (step + 1) % cfg.log_every == 0:
+            rate = (step + 1 - start) * cfg.batch / (time.time() - t0)
+            entry = {"step": step + 1, "lr": lr_at(cfg, step, meta["seconds"]),
+                     "samples_per_s": round(rate, 1), "minutes": round(meta["seconds"] / 60, 2)
+                     } | losses.as_floats()  # fmt: skip
+            log_file.write(json.dumps(entry) + "\n")
+            log_file.flush()
+            bar.set_postfix(c=f"{entry['loss_c']:.3f}", ar=f"{entry['loss_ar']:.3f}")
+        done = step + 1 == cfg.steps
+        out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
+            cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
+        )
+        if (step + 1) % cfg.save_every == 0 or done or out_of_time:
+            save_state(out, student, opt_, meta)
+        if out_of_time:
+            break
+    bar.close()
+    student.eval()
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation and export
+
+
+@torch.no_grad()
+def evaluate_iterations(
+    cfg: DistillConfig, teacher: VLA, student: VLA, frames: Frames, sigma: float = 0.5
+) -> dict:
+    """Mean Jacobi iterations (to the fixed point, and with exit at ``sigma``) of teacher and
+    student on the held-out frames (the end of the frame order), and how often the student's
+    exit output equals the teacher's greedy tokens."""
+    if not cfg.eval_frames:
+        return {}
+    student.eval()
+    idx = frames.order[-cfg.eval_frames :]
+    res: dict = {"frames": len(idx), "sigma": sigma}
+    greedy = {}
+    for name, model in (("teacher", teacher), ("student", student)):
+        for label, jc in (("jacobi", JacobiConfig(seed=cfg.seed)),
+                          ("exit", JacobiConfig(sigma=sigma, seed=cfg.seed))):  # fmt: skip
+            iters, toks = [], []
+            for part in idx.split(cfg.collect_batch):
+                images = frames.image_batch(part)
+                text = [frames.text[i] for i in part.tolist()]
+                pre = model.prefill(model.build_prefix(model.encode_images(images), text))
+                r = jacobi_decode(model, pre, jc)
+                iters.append(r.iterations.float())
+                toks.append(r.tokens)
+            res[f"{name}_{label}_iterations"] = float(torch.cat(iters).mean())
+            greedy[(name, label)] = torch.cat(toks)
+    agree = greedy[("student", "exit")] == greedy[("teacher", "jacobi")]
+    res["student_exit_token_agreement_with_teacher"] = float(agree.float().mean())
+    return res
+
+
+def export(cfg: DistillConfig, student: VLA, meta: dict, evaluation: dict) -> dict:
+    teacher_dir = Path(cfg.teacher)
+    stats_path = teacher_dir / "dataset_statistics.json"
+    stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
+    tok = teacher_dir / "tokenizer.json"
+    student.cfg = dataclasses.replace(student.cfg, name=f"{student.cfg.name}-ceed")
+    path = save_vla(student.eval(), cfg.export_dir, norm_stats=stats,
+                    tokenizer_file=tok if tok.exists() else None,
+                    extra_files={"README.md": model_card(cfg, meta, evaluation)})  # fmt: skip
+    return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": str(path),
+            "collected": meta.get("collected"), "evaluation": evaluation}  # fmt: skip
+
+
+def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:
+    name = cfg.export_dir.name
+    lines = [
+        f"# {name}",
+        "",
+        f"`{cfg.teacher}` after CEED-VLA consistency distillation (`vlarun distill`): from any "
+        "intermediate Jacobi state the student predicts the teacher's fixed point, so Jacobi "
+        "decoding with early exit (`JacobiConfig(sigma=0.5)`) needs fewer iterations.",
+        "",
+        f"- teacher: `{cfg.teacher}`; data: `{cfg.demos}`, trajectories: {meta.get('collected')}",
+        f"- loss: forward KL to the stop-gradient fixed-point distribution + {cfg.omega} x AR "
+        f"({cfg.ar_target} targets)",
+        f"- steps: {meta['step']} x batch {cfg.batch}, lr {cfg.lr}, "
+        f"{'bf16 autocast' if cfg.bf16 else 'fp32'}",
+        f"- wall time: {meta['seconds'] / 60:.1f} min of training on this repository's CPU",
+    ]
+    if evaluation:
+        e = evaluation
+        lines.append(
+            f"- Jacobi iterations on {e['frames']} held-out demo frames (mean): teacher "
+            f"{e['teacher_jacobi_iterations']:.2f} to the fixed point, "
+            f"{e['teacher_exit_iterations']:.2f} with exit at sigma {e['sigma']}; student "
+            f"{e['student_jacobi_iterations']:.2f} and {e['student_exit_iterations']:.2f}; "
+            f"student exit tokens equal to the teacher's greedy tokens: "
+            f"{e['student_exit_token_agreement_with_teacher']:.1%}"
+        )
+    lines.append("- speed and success: see BENCHMARKS.md (`vlarun bench decode`)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,286 @@
+"""`vlarun bench decode`: CEED-VLA decoding of action tokens on Meta-World.
+
+Methods (ids as in the issue):
+  ar              greedy autoregressive decoding (n - 1 one-token forwards after the prefill);
+  jacobi          plain Jacobi decoding to the fixed point (output == ar, token for token);
+  jacobi-exit     Jacobi + early exit at sigma, on the teacher;
+  distilled-exit  Jacobi + early exit at sigma, on the consistency-distilled student.
+
+Speed: every method replays the same observations (recorded from ar's own closed-loop episodes),
+after a warm-up; per query, tokens/s = action tokens / decode-stage seconds (the prefix is
+prefilled once per query in every method and is not part of the decode time); mean, min and max
+are over queries. Control rate = actions per inference / end-to-end seconds (vision + prefill +
+decode). Agreement: fraction of action tokens equal to ar's on the same queries. Success: closed
+loop on held-out seeds, Wilson 95% intervals. ``--quick`` is a reduced version (a few minutes);
+it is not a result to quote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vlarun.accel.jacobi import make_decoder
+from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.config import opt, to_dict
+from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
+
+SIGMAS = "0.4,0.5,0.6,0.7"
+METHODS = ("ar", "jacobi", "jacobi-exit", "distilled-exit")
+
+
+@dataclass(frozen=True)
+class BenchDecodeOptions:
+    """Decoding benchmark: AR vs Jacobi vs Jacobi + early exit vs distilled + early exit."""
+
+    quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, sigma 0.5")
+    policy: str = opt("tiny-ar", "shipped autoregressive policy (or a checkpoint directory)")
+    distilled: str = opt("tiny-ar-ceed", "distilled policy (shipped name or directory); '' = skip")
+    sigmas: str = opt(SIGMAS, "early-exit thresholds")
+    tasks: str = opt(",".join(TRAIN_TASKS), "Meta-World tasks")
+    episodes: int = opt(10, "episodes per task and method")
+    seed: int = opt(0, "first held-out seed")
+    max_steps: int | None = opt(None, "episode step limit (default: each task's)")
+    queries: int = opt(60, "replayed observations timed per method")
+    out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
+    json: bool = opt(False, "print one JSON object")
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.queries < 1:
+            raise ValueError("need episodes >= 1 and queries >= 1")
+        for s in self.sigma_list:
+            if not 0.0 < s <= 1.0:
+                raise ValueError(f"sigma must be in (0, 1], got {s}")
+
+    @property
+    def sigma_list(self) -> list[float]:
+        return [float(s) for s in self.sigmas.split(",") if s]
+
+    def reduced(self) -> BenchDecodeOptions:
+        """The --quick settings (explicitly given smaller values are kept)."""
+        return dataclasses.replace(
+            self,
+            tasks=",".join(self.tasks.split(",")[:2]),
+            episodes=min(self.episodes, 2),
+            sigmas="0.5" if self.sigmas == SIGMAS else self.sigmas,
+            queries=min(self.queries, 12),
+        )
+
+
+def _load(name: str):
+    from vlarun.models.policy import Policy
+
+    path = Path(name)
+    if not (path / "config.json").exists():
+        path = POLICY_DIR / name
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no policy {name!r} (neither a directory nor under {POLICY_DIR})")
+    return Policy.from_checkpoint(path)
+
+
+def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[tuple[str, float | None]]:
+    rows: list[tuple[str, float | None]] = [("ar", None), ("jacobi", None)]
+    rows += [("jacobi-exit", s) for s in o.sigma_list]
+    if have_distilled:
+        rows += [("distilled-exit", s) for s in o.sigma_list]
+    return rows
+
+
+def accelerated(base, method: str, sigma: float | None, seed: int = 0) -> AcceleratedPolicy:
+    decoder = "jacobi-exit" if method == "distilled-exit" else method
+    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing on a replayed stream
+
+
+def time_stream(policy: AcceleratedPolicy, stream: list[tuple[str, np.ndarray]]) -> dict:
+    """Per-query decode speed and end-to-end latency over (instruction, image) queries."""
+    for instruction, image in stream[:2]:  # warm-up: allocations, oneDNN kernels
+        policy.run_stages(image, instruction)
+    policy.reset()
+    policy.decoder.steps.clear()
+    n = policy.model.cfg.num_action_tokens
+    speeds, decode_ms, e2e_ms, ids = [], [], [], []
+    for instruction, image in stream:
+        run = policy.run_stages(image, instruction)
+        t = {s.name: s.seconds for s in run.timings}
+        speeds.append(n / t["decode"])
+        decode_ms.append(t["decode"] * 1e3)
+        e2e_ms.append(sum(t.values()) * 1e3)
+        ids.append(run.outputs["action_ids"][0])
+    s = policy.decoder.summary()
+    chunk = policy.model.cfg.horizon
+    return {
+        "tokens_per_s_mean": statistics.mean(speeds),
+        "tokens_per_s_min": min(speeds),
+        "tokens_per_s_max": max(speeds),
+        "decode_ms_mean": statistics.mean(decode_ms),
+        "e2e_ms_mean": statistics.mean(e2e_ms),
+        "control_rate_hz": chunk * 1e3 / statistics.mean(e2e_ms),  # actions/s, open-loop chunks
+        "iterations_mean": s["iterations_mean"],
+        "iterations_max": s["iterations_max"],
+        "fixed_per_iteration_mean": s["fixed_per_iteration_mean"],
+        "exited_fraction": s["exited_fraction"],
+        "queries": len(stream),
+        "_ids": torch.stack(ids),
+    }
+
+
+def recorded_stream(recorded: list[dict], queries: int) -> list[tuple[str, np.ndarray]]:
+    """``queries`` observations spread evenly over the recorded episodes' observations."""
+    obs = [(ep["instruction"], img) for ep in recorded for img, _ in ep["obs"]]
+    if not obs:
+        raise RuntimeError("the autoregressive run recorded no observations")
+    pick = np.linspace(0, len(obs) - 1, min(queries, len(obs))).round().astype(int)
+    return [obs[i] for i in pick]
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def run(o: BenchDecodeOptions, progress: bool = True) -> dict:
+    from vlarun.bench.accel import closed_loop  # duck-typed: tasks, episodes, seed, max_steps
+
+    if o.quick:
+        o = o.reduced()
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    t0 = time.time()
+    teacher = _load(o.policy)
+    if teacher.model.cfg.family != "autoregressive":
+        raise ValueError(f"{o.policy} is not an autoregressive (action-token) policy")
+    student = None
+    if o.distilled:
+        try:
+            student = _load(o.distilled)
+        except FileNotFoundError as e:
+            log(f"skipping distilled-exit: {e}")
+    ar = closed_loop(accelerated(teacher, "ar", None), o, record=True)
+    stream = recorded_stream(ar["recorded"], o.queries)
+    rows, ar_ids = [], None
+    for method, sigma in method_rows(o, student is not None):
+        base = student if method == "distilled-exit" else teacher
+        timing = time_stream(accelerated(base, method, sigma, o.seed), stream)
+        ids = timing.pop("_ids")
+        ar_ids = ids if method == "ar" else ar_ids
+        res = ar if method == "ar" else closed_loop(accelerated(base, method, sigma, o.seed), o)
+        row = {"method": method, "sigma": sigma} | timing | {
+            "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
+            "success_rate": res["success_rate"], "ci95": res["ci95"],
+            "episodes": res["episodes"]}  # fmt: skip
+        rows.append(row)
+        log(f"{method} sigma={sigma}: {row['tokens_per_s_mean']:.0f} tokens/s "
+            f"({row['iterations_mean']:.2f} it), success {row['success_rate']:.1%}")  # fmt: skip
+    ar_speed = rows[0]["tokens_per_s_mean"]
+    for r in rows:
+        r["speedup"] = r["tokens_per_s_mean"] / ar_speed
+    result = {
+        "quick": o.quick,
+        "options": to_dict(o),
+        "policy": o.policy,
+        "distilled": o.distilled if student is not None else None,
+        "action_tokens": teacher.model.cfg.num_action_tokens,
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+        "command": "vlarun bench decode" + (" --quick" if o.quick else ""),
+        "rows": rows,
+        "goals": goals(rows),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    if o.out:
+        result["files"] = write_results(result, Path(o.out))
+    return result
+
+
+def goals(rows: list[dict], sigma: float = 0.5) -> dict:
+    """The issue's goals for distilled-exit at ``sigma`` (None where that row is absent)."""
+    ar = rows[0]
+    d = next((r for r in rows if r["method"] == "distilled-exit" and r["sigma"] == sigma), None)
+    if d is None:
+        return {"speedup_ge_4_5": None, "min_above_ar_mean": None, "success_within_3pp": None}
+    return {
+        "speedup": d["speedup"],
+        "speedup_ge_4_5": d["speedup"] >= 4.5,
+        "speedup_ge_3": d["speedup"] >= 3.0,
+        "min_above_ar_mean": d["tokens_per_s_min"] > ar["tokens_per_s_mean"],
+        "success_within_3pp": d["success_rate"] >= ar["success_rate"] - 0.03,
+    }
+
+
+def write_results(result: dict, out: Path) -> dict:
+    """decode_<date>.json and decode_<date>.png (tokens/s with min-max; success with CI)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"decode{'_quick' if result['quick'] else ''}_{result['date'][:10]}"
+    files = {"json": str(out / f"{stem}.json"), "plot": str(out / f"{stem}.png")}
+    plot(result["rows"], files["plot"])
+    Path(files["json"]).write_text(json.dumps(result | {"files": files}, indent=1))
+    return files
+
+
+def _label(r: dict) -> str:
+    return r["method"] if r["sigma"] is None else f"{r['method']}\nsigma {r['sigma']:g}"
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_v, ax_s) = plt.subplots(1, 2, figsize=(13, 4.5))
+    x = np.arange(len(rows))
+    mean = np.array([r["tokens_per_s_mean"] for r in rows])
+    lo = mean - np.array([r["tokens_per_s_min"] for r in rows])
+    hi = np.array([r["tokens_per_s_max"] for r in rows]) - mean
+    colors = ["C0" if r["method"] in ("ar", "jacobi") else
+              "C1" if r["method"] == "jacobi-exit" else "C2" for r in rows]  # fmt: skip
+    ax_v.bar(x, mean, yerr=[lo, hi], capsize=3, color=colors)
+    ax_v.axhline(rows[0]["tokens_per_s_mean"], color="k", ls="--", lw=1, label="ar mean")
+    ax_v.set(ylabel="action tokens / s (mean, min-max)", title="decode speed")
+    ax_v.legend(fontsize=8)
+    succ = np.array([r["success_rate"] for r in rows])
+    err = [succ - np.array([r["ci95"][0] for r in rows]),
+           np.array([r["ci95"][1] for r in rows]) - succ]  # fmt: skip
+    ax_s.bar(x, succ, yerr=err, capsize=3, color=colors)
+    ax_s.set(ylabel="success (95% CI)", title="closed loop", ylim=(0, 1))
+    for ax in (ax_v, ax_s):
+        ax.set_xticks(x, [_label(r) for r in rows], rotation=45, ha="right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_result(r: dict) -> str:
+    lines = [
+        f"vlarun bench decode ({'quick' if r['quick'] else 'full'}), {r['policy']} "
+        f"({r['action_tokens']} action tokens), distilled {r['distilled']}, {r['date']}, "
+        f"{r['threads']} threads, {r['wall_s']} s",
+        "",
+        "| method | sigma | tokens/s mean (min-max) | speedup | iterations | control rate "
+        "| agreement | success (95% CI) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["rows"]:
+        sigma = "-" if x["sigma"] is None else f"{x['sigma']:g}"
+        lines.append(
+            f"| {x['method']} | {sigma} | {x['tokens_per_s_mean']:.0f} "
+            f"({x['tokens_per_s_min']:.0f}-{x['tokens_per_s_max']:.0f}) | x{x['speedup']:.2f} "
+            f"| {x['iterations_mean']:.2f} | {x['control_rate_hz']:.1f} Hz "
+            f"| {x['token_agreement_with_ar']:.1%} | {x['success_rate']:.1%} "
+            f"({x['ci95'][0]:.0%}-{x['ci95'][1]:.0%}) |"
+        )
+    lines.append(f"goals (distilled-exit, sigma 0.5): {r['goals']}")
+    for kind, path in r.get("files", {}).items():
+        lines.append(f"{kind}: {path}")
+    return "\n".join(lines)
