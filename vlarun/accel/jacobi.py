@@ -98,7 +98,8 @@ def min_confidence(logits: Tensor) -> Tensor:
 
 
 def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
-    """(B,) bool: CEED-VLA's early-exit rule, min_i max_r p(r | y_<i) >= sigma."""
+    """(B,) bool: CEED-VLA's early-exit rule, min_i max_r p(r | y_<i) >= sigma (the rule
+    ``jacobi_solve`` applies, from the same ``min_confidence``)."""
     if sigma is None:
         return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     return min_confidence(logits) >= sigma
@@ -130,8 +131,10 @@ def jacobi_solve(
         new = logits.argmax(-1)
         # After k iterations y_1..y_{k+1} are greedy's: at k = n - 1 the state is the output.
         done_here = (new == y).all(-1) | (k == n - 1)
-        exit_here = should_exit(logits, cfg.sigma) & ~done_here
-        confidence = torch.where(active, min_confidence(logits), confidence)
+        conf = min_confidence(logits)
+        exit_here = conf >= cfg.sigma if cfg.sigma is not None else torch.zeros_like(active)
+        exit_here &= ~done_here
+        confidence = torch.where(active, conf, confidence)
         iterations += active
         y = torch.where(active[:, None], new, y)
         converged |= active & done_here
