@@ -63,7 +63,7 @@ def test_training_forward_equals_a_jacobi_iteration(chunked):
     for block, logits in zip((state, fixed), got, strict=True):
         pre = model.prefill(model.build_prefix(model.encode_images(images), text))
         first = model.language_model.logits(pre.last_hidden)[:, None]
-        want = torch.cat((first, action_step(model, pre)(block[:, :-1])), dim=1)
+        want = torch.cat((first, action_step(model, pre)(block[:, :-1], 0)), dim=1)
         assert (logits - want).abs().max().item() < 1e-4
 
 

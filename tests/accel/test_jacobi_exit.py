@@ -24,16 +24,39 @@ def logits(rows: list[list[list[float]]]) -> torch.Tensor:
     return torch.tensor(rows).log()
 
 
-class Scripted:
-    """A ``step`` returning the k-th scripted logits of y_2..y_n at its k-th call."""
+class Table:
+    """A hand-built causal model over n tokens with target sequence ``target`` (B, n):
+    y_{i+1} given y_<=i puts probability right[b, i+1] on target[b, i+1] when y_<=i is the
+    target's prefix, else wrong[b, i+1] on the wrong token target[b, i+1] - 1. Like the KV
+    cache, it remembers the inputs of earlier calls before a call's ``start``."""
 
-    def __init__(self, script: list[torch.Tensor]) -> None:
-        self.script, self.calls = script, 0
+    def __init__(self, target, right, wrong) -> None:
+        self.target = torch.tensor(target)
+        self.right, self.wrong = right, wrong
+        b, n = self.target.shape
+        self.fed = torch.full((b, n - 1), -1)
+        self.starts: list[int] = []
 
-    def __call__(self, state: torch.Tensor) -> torch.Tensor:
-        out = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
-        return out
+    def first(self) -> torch.Tensor:
+        pairs = zip(self.target[:, 0].tolist(), self.right, strict=True)
+        return logits([dist(t, r[0]) for t, r in pairs])
+
+    def __call__(self, inputs: torch.Tensor, start: int) -> torch.Tensor:
+        self.starts.append(start)
+        self.fed[:, start : start + inputs.shape[1]] = inputs
+        rows = []
+        for b in range(self.target.shape[0]):
+            row = []
+            for j in range(start, start + inputs.shape[1]):  # input j predicts y[j + 1]
+                good = bool((self.fed[b, : j + 1] == self.target[b, : j + 1]).all())
+                tok = int(self.target[b, j + 1]) - (0 if good else 1)
+                row.append(dist(tok % V, (self.right if good else self.wrong)[b][j + 1]))
+            rows.append(row)
+        return logits(rows)
+
+    @property
+    def calls(self) -> int:
+        return len(self.starts)
 
 
 def test_min_confidence_is_min_over_tokens_of_max_probability():
@@ -43,71 +66,72 @@ def test_min_confidence_is_min_over_tokens_of_max_probability():
     assert not should_exit(x, None).item()  # no sigma: never exit
 
 
-def _script():
-    """n = 4 tokens. y_1 from the prefill with p = 0.9 (token 0). Iterations' y_2..y_4:
-    1: tokens (1, 2, 3), min p 0.3;  2: tokens (2, 3, 1), min p 0.6;  3: (3, 1, 2), min p 0.8.
-    Every iteration changes every token, so only the cap (n - 1 = 3) ends a run without exit."""
-    first = logits([dist(0, 0.9)])
-    it1 = logits([[dist(1, 0.3), dist(2, 0.9), dist(3, 0.9)]])
-    it2 = logits([[dist(2, 0.6), dist(3, 0.95), dist(1, 0.7)]])
-    it3 = logits([[dist(3, 0.8), dist(1, 0.9), dist(2, 0.9)]])
-    return first, [it1, it2, it3]
+def _table(first_p: float = 0.9) -> Table:
+    """Target (0, 1, 2, 3); from zeros the states are [0 1 1 2] -> [0 1 2 2] -> [0 1 2 3] with
+    minimum confidences 0.3 (y_3 behind a wrong y_2), 0.55 (y_4 behind a wrong y_3), 0.6."""
+    return Table([[0, 1, 2, 3]], right=[[first_p, 0.9, 0.6, 0.8]], wrong=[[0, 0, 0.3, 0.55]])
+
+
+ZEROS = torch.zeros(1, 4, dtype=torch.long)
 
 
 @pytest.mark.parametrize(
     ("sigma", "stops_at", "tokens", "exited"),
     [
-        (0.25, 1, [0, 1, 2, 3], True),  # 0.3 >= 0.25 at the first iteration
-        ("exact", 1, [0, 1, 2, 3], True),  # >=, not >: sigma equal to the minimum passes
-        (0.5, 2, [0, 2, 3, 1], True),  # 0.3 < 0.5, then 0.6 >= 0.5
-        (0.55, 2, [0, 2, 3, 1], True),
-        (0.7, 3, [0, 3, 1, 2], False),  # never >= 0.7 before the cap; the cap is exact
-        (None, 3, [0, 3, 1, 2], False),
+        (0.25, 1, [0, 1, 1, 2], True),  # 0.3 >= 0.25 at the first iteration
+        ("exact", 1, [0, 1, 1, 2], True),  # >=, not >: sigma equal to the minimum passes
+        (0.5, 2, [0, 1, 2, 2], True),  # 0.3 < 0.5, then 0.55 >= 0.5
+        (0.58, 3, [0, 1, 2, 3], False),  # reached only at the cap, where the state is exact
+        (0.7, 3, [0, 1, 2, 3], False),
+        (None, 3, [0, 1, 2, 3], False),
     ],
 )
 def test_exit_stops_where_the_definition_says(sigma, stops_at, tokens, exited):
-    first, script = _script()
-    if sigma == "exact":  # the first iteration's minimum, as computed (0.3 up to rounding)
-        sigma = min_confidence(torch.cat((first[:, None], script[0]), dim=1)).item()
-    step = Scripted(script)
-    init = torch.zeros(1, 4, dtype=torch.long)
-    r = jacobi_solve(first, step, init, JacobiConfig(sigma=sigma))
-    assert step.calls == stops_at and r.iterations.item() == stops_at
+    table = _table()
+    if sigma == "exact":  # the first iteration's minimum as computed (0.3 up to rounding)
+        probe = _table()
+        sigma = min_confidence(torch.cat((probe.first()[:, None], probe(ZEROS[:, :-1], 0)), 1))
+        sigma = sigma.item()
+    r = jacobi_solve(table.first(), table, ZEROS, JacobiConfig(sigma=sigma))
+    assert table.calls == stops_at and r.iterations.item() == stops_at
     assert r.tokens[0].tolist() == tokens  # the exit iteration's argmax tokens
     assert r.exited.item() is exited and r.converged.item() is (not exited)
 
 
+def test_iterations_recompute_only_after_the_first_changed_input():
+    table = _table()
+    r = jacobi_solve(table.first(), table, ZEROS, JacobiConfig())
+    assert table.starts == [0, 1, 2]  # y_2, then y_3 were the first inputs to change
+    assert r.tokens[0].tolist() == [0, 1, 2, 3] and r.fixed[0].tolist() == [1, 1, 1, 1]
+
+
 def test_first_token_confidence_counts():
     """y_1 (from the prefill) is an action token too: at p = 0.45 no sigma of 0.5 can pass."""
-    _, script = _script()
-    first = logits([dist(0, 0.45)])
-    r = jacobi_solve(first, Scripted(script), torch.zeros(1, 4, dtype=torch.long),
-                     JacobiConfig(sigma=0.5))  # fmt: skip
+    table = _table(first_p=0.45)
+    r = jacobi_solve(table.first(), table, ZEROS, JacobiConfig(sigma=0.5))
     assert r.iterations.item() == 3 and not r.exited.item()
     assert r.confidence.item() == pytest.approx(0.45)
 
 
 def test_rows_exit_independently_and_stay_frozen():
-    """Row 0 passes sigma at iteration 1, row 1 only at iteration 2; row 0 keeps its tokens."""
-    first = logits([dist(0, 0.9), dist(0, 0.9)])
-    it1 = logits([[dist(1, 0.9), dist(2, 0.9), dist(3, 0.9)],
-                  [dist(1, 0.3), dist(2, 0.9), dist(3, 0.9)]])  # fmt: skip
-    it2 = logits([[dist(3, 0.9), dist(3, 0.9), dist(3, 0.9)],
-                  [dist(2, 0.9), dist(3, 0.9), dist(1, 0.9)]])  # fmt: skip
-    r = jacobi_solve(first, Scripted([it1, it2]), torch.zeros(2, 4, dtype=torch.long),
+    """Row 0 is sure of everything, even behind wrong inputs: it exits at iteration 1 with
+    wrong tokens (the rule trusts confidence, not convergence); row 1 is ``_table``'s row."""
+    table = Table([[3, 2, 1, 0], [0, 1, 2, 3]],
+                  right=[[0.9] * 4, [0.9, 0.9, 0.6, 0.8]],
+                  wrong=[[0, 0, 0.9, 0.9], [0, 0, 0.3, 0.55]])  # fmt: skip
+    r = jacobi_solve(table.first(), table, torch.zeros(2, 4, dtype=torch.long),
                      JacobiConfig(sigma=0.5))  # fmt: skip
     assert r.iterations.tolist() == [1, 2] and r.exited.tolist() == [True, True]
-    assert r.tokens.tolist() == [[0, 1, 2, 3], [0, 2, 3, 1]]
+    assert r.tokens.tolist() == [[3, 2, 0, 3], [0, 1, 2, 2]]
     assert torch.equal(r.trajectory[0, 1], r.trajectory[0, 2])  # frozen after exiting
 
 
 def test_converged_state_stops_without_confirming_twice():
-    """An iteration that reproduces its input is the fixed point: stop there."""
-    first = logits([dist(0, 0.9)])
-    same = logits([[dist(0, 0.9), dist(0, 0.9), dist(0, 0.9)]])
-    step = Scripted([same])
-    r = jacobi_solve(first, step, torch.zeros(1, 4, dtype=torch.long), JacobiConfig())
-    assert step.calls == 1 and r.converged.item() and r.fixed[0].tolist() == [4, 0]
+    """An initial guess that is already the fixed point stops after one iteration."""
+    table = _table()
+    init = torch.tensor([[0, 1, 2, 3]])
+    r = jacobi_solve(table.first(), table, init, JacobiConfig())
+    assert table.calls == 1 and r.converged.item() and r.fixed[0].tolist() == [4, 0]
 
 
 def test_fixed_counts_count_when_tokens_settle():

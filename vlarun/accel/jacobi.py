@@ -9,7 +9,9 @@ and updates every y_i at once from the previous guess: one forward over the n - 
 [y_1, ..., y_{n-1}] (causal among themselves, on top of the prefix KV cache) gives the logits of
 y_2..y_n. y_1 needs no iteration: it comes from the prefill's last hidden state. The prefix
 (image + instruction) is computed once per control step; only action positions are rewritten,
-always at the same cache slots.
+always at the same cache slots. An iteration after the first recomputes only from the first
+input that changed: earlier inputs' keys and logits are functions of unchanged tokens (causal
+attention), so they are kept from the iteration that computed them.
 
 Exactness. After k iterations at least y_1..y_{k+1} equal the greedy tokens (each iteration fixes
 one more token from the left), so after n - 1 iterations the state *is* the greedy output and no
@@ -89,7 +91,7 @@ class JacobiResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# The rule and the loop (model-free: ``step`` maps a state to the logits of y_2..y_n)
+# The rule and the loop (model-free: ``step`` maps action inputs to the next tokens' logits)
 
 
 def min_confidence(logits: Tensor) -> Tensor:
@@ -105,7 +107,9 @@ def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
     return min_confidence(logits) >= sigma
 
 
-Step = Callable[[Tensor], Tensor]  # state[:, :n-1] (B, n - 1) -> logits of y_2..y_n (B, n-1, V)
+# (y[:, start : n - 1], start) -> logits (B, n - 1 - start, V) of y[:, start + 1 :]: the
+# forward over the action inputs from index ``start`` on (earlier ones are unchanged).
+Step = Callable[[Tensor, int], Tensor]
 
 
 def jacobi_solve(
@@ -126,8 +130,13 @@ def jacobi_solve(
     confidence = min_confidence(first)
     states = [y.clone()]
     cap = n - 1 if cfg.max_iters is None else min(cfg.max_iters, n - 1)
+    logits, fed = first, None  # fed: the inputs the cached action keys were computed from
     for k in range(1, cap + 1):
-        logits = torch.cat((first, step(y[:, :-1]).to(first.dtype)), dim=1)  # (B, n, V)
+        start = 0 if fed is None else first_change(fed, y[:, :-1])
+        if start < n - 1:
+            out = step(y[:, start:-1], start).to(first.dtype)
+            logits = torch.cat((logits[:, : start + 1], out), dim=1)  # (B, n, V)
+        fed = y[:, :-1].clone()
         new = logits.argmax(-1)
         # After k iterations y_1..y_{k+1} are greedy's: at k = n - 1 the state is the output.
         done_here = (new == y).all(-1) | (k == n - 1)
@@ -146,6 +155,16 @@ def jacobi_solve(
     trajectory = torch.stack(states, dim=1)  # (B, K + 1, n)
     return JacobiResult(y, iterations, converged, exited, confidence,
                         fixed_counts(trajectory), trajectory)  # fmt: skip
+
+
+def first_change(before: Tensor, after: Tensor) -> int:
+    """First column where any row of (B, m) ``after`` differs from ``before`` (m if none).
+
+    Causal attention makes the keys and logits of inputs before it functions of unchanged
+    tokens only, so an iteration recomputes from there on; the result is the same as a full
+    recompute (the skipped keys are the cached ones it would have rewritten identically)."""
+    changed = (before != after).any(0).nonzero()
+    return int(changed[0]) if len(changed) else after.shape[1]
 
 
 def fixed_counts(trajectory: Tensor) -> Tensor:
@@ -174,16 +193,19 @@ def initial_state(model: VLA, batch: int, cfg: JacobiConfig, gen: torch.Generato
 
 
 def action_step(model: VLA, pre: PrefillResult) -> Step:
-    """Logits of y_2..y_n from a state, written at the action slots of ``pre.cache``.
+    """Logits of y[:, start + 1 :] from inputs y[:, start : n - 1], written at their action
+    slots of ``pre.cache``.
 
-    Every call rewrites the same n - 1 slots (the previous iteration's keys are overwritten,
-    never attended to: the call's own slots follow its causal mask)."""
+    Calls rewrite action slots in place (a slot's old keys are overwritten, never attended to:
+    the call's own slots follow its causal mask); slots before ``start`` keep the keys of
+    unchanged inputs from an earlier call, and the queries attend to them from the cache."""
     lm = model.language_model
     n = model.cfg.num_action_tokens
     positions = pre.next_pos[:, None] + torch.arange(n - 1, device=pre.next_pos.device)[None]
 
-    def step(tokens: Tensor) -> Tensor:
-        hidden = lm(lm.embed(tokens), positions, pre.cache).hidden  # (B, n - 1, d)
+    def step(tokens: Tensor, start: int = 0) -> Tensor:
+        pos = positions[:, start : start + tokens.shape[1]]
+        hidden = lm(lm.embed(tokens), pos, pre.cache).hidden  # (B, T, d)
         return lm.logits(hidden)
 
     return step
