@@ -65,6 +65,8 @@ def test_jacobi_equals_greedy_at_batch_above_one(which, init, request):
         # Every token is fixed exactly once; the trajectory ends at the output.
         assert (r.fixed.sum(1) == n).all()
         assert torch.equal(r.trajectory[:, -1], r.tokens)
+        if init == "repeat":  # the initial guess is y_1 (from the prefill) repeated
+            assert (r.trajectory[:, 0] == r.tokens[:, :1]).all()
 
 
 @torch.no_grad()

@@ -38,7 +38,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from vlarun import config as cfgio
-from vlarun.accel.jacobi import JacobiConfig, initial_state, jacobi_decode
+from vlarun.accel.jacobi import JacobiConfig, jacobi_decode
 from vlarun.config import opt
 from vlarun.models.checkpoint import save_vla
 from vlarun.models.policy import Policy
@@ -154,8 +154,7 @@ def teacher_trajectories(
     images = frames.image_batch(idx)
     text = [frames.text[i] for i in idx.tolist()]
     pre = model.prefill(model.build_prefix(model.encode_images(images), text))
-    init = initial_state(model, len(idx), JacobiConfig(), gen)
-    r = jacobi_decode(model, pre, JacobiConfig(), init)
+    r = jacobi_decode(model, pre, JacobiConfig(), gen=gen)
     n = model.cfg.num_action_tokens
     states = r.trajectory
     pad = states[:, -1:].expand(-1, n - states.shape[1], -1)  # rows are frozen at their end

@@ -183,13 +183,17 @@ def fixed_counts(trajectory: Tensor) -> Tensor:
 # On a VLA's prefix cache
 
 
-def initial_state(model: VLA, batch: int, cfg: JacobiConfig, gen: torch.Generator) -> Tensor:
-    """(B, n) initial guess; y_1 is overwritten by the prefill's argmax."""
+def initial_state(
+    model: VLA, first: Tensor, cfg: JacobiConfig, gen: torch.Generator | None = None
+) -> Tensor:
+    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated."""
     n = model.cfg.num_action_tokens
     if cfg.init == "repeat":
-        return torch.zeros(batch, n, dtype=torch.long)
+        return first[:, None].expand(-1, n).clone()
+    gen = gen if gen is not None else torch.Generator().manual_seed(cfg.seed)
     ids = model.action_tokenizer.action_ids
-    return torch.randint(ids.start, ids.stop, (batch, n), generator=gen)
+    init = torch.randint(ids.start, ids.stop, (first.shape[0], n), generator=gen)
+    return init.to(first.device)
 
 
 def action_step(model: VLA, pre: PrefillResult) -> Step:
@@ -213,13 +217,17 @@ def action_step(model: VLA, pre: PrefillResult) -> Step:
 
 @torch.no_grad()
 def jacobi_decode(
-    model: VLA, pre: PrefillResult, cfg: JacobiConfig = JacobiConfig(), init: Tensor | None = None
+    model: VLA,
+    pre: PrefillResult,
+    cfg: JacobiConfig = JacobiConfig(),
+    init: Tensor | None = None,
+    gen: torch.Generator | None = None,
 ) -> JacobiResult:
-    """Jacobi-decode the action tokens after a prefill (``init`` (B, n): the initial guess)."""
-    b = pre.last_hidden.shape[0]
-    if init is None:
-        init = initial_state(model, b, cfg, torch.Generator().manual_seed(cfg.seed))
+    """Jacobi-decode the action tokens after a prefill. init (B, n): the initial guess
+    (default: ``cfg.init``, random ids drawn from ``gen``, or one seeded by ``cfg.seed``)."""
     first = model.language_model.logits(pre.last_hidden)
+    if init is None:
+        init = initial_state(model, first.argmax(-1), cfg, gen)
     return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
 
 
@@ -288,8 +296,7 @@ class JacobiDecoder:
 
     def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
         t0 = time.perf_counter()
-        init = initial_state(model, pre.last_hidden.shape[0], self.cfg, self._gen)
-        r = jacobi_decode(model, pre, self.cfg, init)
+        r = jacobi_decode(model, pre, self.cfg, gen=self._gen)
         seconds = time.perf_counter() - t0
         self.steps.append(step_stats(r, seconds))
         self.last = r if self.record else None
