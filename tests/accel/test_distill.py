@@ -19,6 +19,7 @@ from vlarun.accel.distill import (
 )
 from vlarun.accel.jacobi import JacobiDecoder, action_step
 from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.cli import main
 from vlarun.models.policy import Policy
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
@@ -88,7 +89,7 @@ def demos(tmp_path_factory):
     return out
 
 
-def test_distill_runs_resumes_and_exports(tmp_path, demos):
+def test_distill_runs_resumes_and_exports(tmp_path, demos, capsys):
     if not (TINY_AR / "config.json").exists():
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     run = tmp_path / "run"
@@ -100,7 +101,13 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     traj = load_file(run / "trajectories.safetensors")
     n = 16  # tiny-ar: 4 steps x 4 dims
     assert traj["states"].shape == (6, n, n) and (traj["length"] >= 2).all()
-    again = distill(dataclasses.replace(cfg, steps=3, ar_target="demo"))
+    # Resume through the command line, with demo tokens as the AR targets.
+    argv = ["distill", "--teacher", str(TINY_AR), "--demos", str(demos), "--out", str(run),
+            "--frames", "6", "--collect-batch", "4", "--eval-frames", "4", "--steps", "3",
+            "--batch", "2", "--save-every", "1", "--log-every", "1", "--warmup", "1",
+            "--ar-target", "demo", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
     assert again["step"] == 3  # resumed from step 2, not from 0
     lines = [json.loads(x) for x in (run / "distill.log").read_text().splitlines()]
     assert [e["step"] for e in lines if "step" in e] == [1, 2, 3]

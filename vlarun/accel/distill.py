@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class DistillConfig:
     budget_minutes: float = opt(0.0, "total training minutes (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
     export_only: bool = opt(False, "skip collection and training; export the current state")
+    json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.lr <= 0 or self.collect_batch < 1:
@@ -284,7 +286,7 @@ def distill(cfg: DistillConfig) -> dict:
     log_file = (out / "distill.log").open("a")
 
     def log(msg: str) -> None:
-        tqdm.write(msg)
+        tqdm.write(msg, file=sys.stderr)  # stdout is for the result (--json)
 
     teacher = Policy.from_checkpoint(cfg.teacher, dtype=torch.float32)
     if teacher.model.cfg.family != "autoregressive":
