@@ -12,8 +12,10 @@ from safetensors.torch import load_file
 
 from vlarun.accel.distill import (
     DistillConfig,
+    Frames,
     block_logits,
     block_mask,
+    collect,
     distill,
     distill_losses,
 )
@@ -77,6 +79,27 @@ def test_consistency_loss_vanishes_at_the_fixed_point(chunked):
     other = distill_losses(chunked.model, images, text, state, fixed, omega=0.5)
     assert other.consistency.item() > 0
     assert other.total.item() == pytest.approx(other.consistency.item() + 0.5 * other.ar.item())
+
+
+def test_collection_resumes_where_it_stopped(chunked, tmp_path):
+    """A second call with more frames keeps the first trajectories and adds only the rest."""
+    cfg = chunked.model.cfg
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (8, cfg.image_size, cfg.image_size, 3), generator=gen)
+    text = [chunked.text_ids("open the drawer")] * 8
+    frames = Frames(images.to(torch.uint8), text, torch.zeros(8, 14, dtype=torch.long),
+                    torch.randperm(8, generator=gen))  # fmt: skip
+    base = DistillConfig(teacher="unused", frames=3, collect_batch=2, eval_frames=2)
+    first = collect(base, chunked, frames, tmp_path, lambda m: None)
+    before = load_file(tmp_path / "trajectories.safetensors")
+    again = collect(dataclasses.replace(base, frames=5), chunked, frames, tmp_path, lambda m: None)
+    after = load_file(tmp_path / "trajectories.safetensors")
+    assert first["frames"] == 3 and again["frames"] == 5
+    assert torch.equal(after["frame"], frames.order[:5])  # collected in order, held-out last
+    assert torch.equal(after["states"][:3], before["states"])
+    n = cfg.num_action_tokens
+    final = after["states"][torch.arange(5), after["length"].long() - 1]
+    assert after["states"].shape == (5, n, n) and (after["states"][:, -1] == final).all()
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,7 @@ class DistillConfig:
 
 
 TRAJECTORIES = "trajectories.safetensors"
+SAVE_BATCHES = 10  # collection batches between saves of the partial trajectories
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def load_frames(cfg: DistillConfig, teacher: Policy) -> Frames:
 
 def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log) -> dict:
     """Teacher trajectories of the first ``cfg.frames`` frames of ``frames.order``; resumes
-    from a partial ``trajectories.safetensors`` (saved after every batch)."""
+    from a partial ``trajectories.safetensors`` (saved every ``SAVE_BATCHES`` batches)."""
     model = teacher.model
     n = model.cfg.num_action_tokens
     want = min(cfg.frames or len(frames.order), len(frames.order) - cfg.eval_frames)
@@ -136,7 +137,8 @@ def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log)
         for k, v in r.items():
             parts.setdefault(k, []).append(v)
         done += len(idx)
-        _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want)
+        if len(parts["frame"]) % SAVE_BATCHES == 0 or done >= want:
+            _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want)
         bar.update(len(idx))
     bar.close()
     data = _load_trajectories(out)
