@@ -106,3 +106,19 @@ def test_accelerated_policy_with_decoders_matches_plain_policy(tiny_ar):
 def test_decoder_needs_an_autoregressive_policy():
     with pytest.raises(ValueError, match="autoregressive"):
         AcceleratedPolicy(Policy.from_preset("tiny-oft"), decoder=JacobiDecoder())
+
+
+def test_jacobi_composes_with_a_token_policy(tiny_ar):
+    """TRIAGE reuses last step's cache; Jacobi on top still returns greedy's tokens."""
+    from vlarun.accel.methods import token_policy
+
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)
+    frames = [np.roll(base, 3 * t, axis=0) for t in range(3)]
+    greedy = AcceleratedPolicy(tiny_ar, token_policy("triage", 0.25))
+    jacobi = AcceleratedPolicy(tiny_ar, token_policy("triage", 0.25), decoder=JacobiDecoder())
+    for f in frames:
+        want = greedy.run_stages(f, "open the drawer").outputs["action_ids"]
+        got = jacobi.run_stages(f, "open the drawer").outputs["action_ids"]
+        assert torch.equal(got, want)
+    assert jacobi.summary()["pruned"] + jacobi.summary()["reused"] > 0  # the plan did act
