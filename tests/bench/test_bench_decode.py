@@ -21,11 +21,13 @@ def test_quick_bench_writes_every_field(tmp_path, capsys):
     r = run(o, progress=False)
     rows = r["rows"]
     assert [(x["method"], x["sigma"]) for x in rows] == [
-        ("ar", None), ("jacobi", None), ("jacobi-exit", 0.5), ("distilled-exit", 0.5)]  # fmt: skip
+        ("ar", None), ("jacobi", None), ("jacobi-exit", 0.5), ("distilled-exit", 0.5),
+        ("distilled", None)]  # fmt: skip
     keys = {"method", "sigma", "tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max",
             "control_rate_hz", "success_rate", "ci95", "iterations_mean", "speedup"}  # fmt: skip
     assert all(keys <= set(x) for x in rows)
     assert rows[1]["token_agreement_with_ar"] == 1.0  # plain Jacobi is exact
+    assert rows[4]["token_agreement_with_ar"] == 1.0  # (the stand-in student is the teacher)
     assert rows[0]["speedup"] == 1.0 and rows[0]["iterations_mean"] == 15
     assert set(r["goals"]) >= {"speedup_ge_4_5", "min_above_ar_mean", "success_within_3pp"}
     with open(r["files"]["json"]) as f:

@@ -4,7 +4,8 @@ Methods (ids as in the issue):
   ar              greedy autoregressive decoding (n - 1 one-token forwards after the prefill);
   jacobi          plain Jacobi decoding to the fixed point (output == ar, token for token);
   jacobi-exit     Jacobi + early exit at sigma, on the teacher;
-  distilled-exit  Jacobi + early exit at sigma, on the consistency-distilled student.
+  distilled-exit  Jacobi + early exit at sigma, on the consistency-distilled student;
+  distilled       plain Jacobi on the student (the paper's "consistency, no exit" ablation).
 
 Speed: every method replays the same observations (recorded from ar's own closed-loop episodes),
 after a warm-up; per query, tokens/s = action tokens / decode-stage seconds (the prefix is
@@ -35,7 +36,7 @@ from vlarun.config import opt, to_dict
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
 SIGMAS = "0.4,0.5,0.6,0.7"
-METHODS = ("ar", "jacobi", "jacobi-exit", "distilled-exit")
+METHODS = ("ar", "jacobi", "jacobi-exit", "distilled-exit", "distilled")
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,12 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[tuple[str, 
     rows: list[tuple[str, float | None]] = [("ar", None), ("jacobi", None)]
     rows += [("jacobi-exit", s) for s in o.sigma_list]
     if have_distilled:
-        rows += [("distilled-exit", s) for s in o.sigma_list]
+        rows += [("distilled-exit", s) for s in o.sigma_list] + [("distilled", None)]
     return rows
 
 
 def accelerated(base, method: str, sigma: float | None, seed: int = 0) -> AcceleratedPolicy:
-    decoder = "jacobi-exit" if method == "distilled-exit" else method
+    decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(method, method)
     return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed))
 
 
@@ -104,36 +105,44 @@ def accelerated(base, method: str, sigma: float | None, seed: int = 0) -> Accele
 # Timing on a replayed stream
 
 
-def time_stream(policy: AcceleratedPolicy, stream: list[tuple[str, np.ndarray]]) -> dict:
-    """Per-query decode speed and end-to-end latency over (instruction, image) queries."""
-    for instruction, image in stream[:2]:  # warm-up: allocations, oneDNN kernels
-        policy.run_stages(image, instruction)
-    policy.reset()
-    policy.decoder.steps.clear()
-    n = policy.model.cfg.num_action_tokens
-    speeds, decode_ms, e2e_ms, ids = [], [], [], []
+def time_methods(
+    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
+) -> list[dict]:
+    """Per-query decode speed and end-to-end latency of each policy over (instruction, image)
+    queries. Methods take turns query by query, so a change in the machine's load (it is
+    shared) reaches every method alike instead of whichever ran at that moment."""
+    for policy in policies:  # warm-up: allocations, oneDNN kernels of every shape
+        for instruction, image in stream[:3]:
+            policy.run_stages(image, instruction)
+        policy.reset()
+        policy.decoder.steps.clear()
+    runs: list[list] = [[] for _ in policies]
     for instruction, image in stream:
-        run = policy.run_stages(image, instruction)
-        t = {s.name: s.seconds for s in run.timings}
-        speeds.append(n / t["decode"])
-        decode_ms.append(t["decode"] * 1e3)
-        e2e_ms.append(sum(t.values()) * 1e3)
-        ids.append(run.outputs["action_ids"][0])
+        for policy, out in zip(policies, runs, strict=True):
+            out.append(policy.run_stages(image, instruction))
+    return [summarise_runs(p, r) for p, r in zip(policies, runs, strict=True)]
+
+
+def summarise_runs(policy: AcceleratedPolicy, runs: list) -> dict:
+    n = policy.model.cfg.num_action_tokens
+    times = [{s.name: s.seconds for s in run.timings} for run in runs]
+    speeds = [n / t["decode"] for t in times]
+    e2e_ms = [sum(t.values()) * 1e3 for t in times]
     s = policy.decoder.summary()
-    chunk = policy.model.cfg.horizon
     return {
         "tokens_per_s_mean": statistics.mean(speeds),
         "tokens_per_s_min": min(speeds),
         "tokens_per_s_max": max(speeds),
-        "decode_ms_mean": statistics.mean(decode_ms),
+        "decode_ms_mean": statistics.mean(t["decode"] * 1e3 for t in times),
         "e2e_ms_mean": statistics.mean(e2e_ms),
-        "control_rate_hz": chunk * 1e3 / statistics.mean(e2e_ms),  # actions/s, open-loop chunks
+        # actions/s: a chunk of ``horizon`` actions per inference, executed open loop
+        "control_rate_hz": policy.model.cfg.horizon * 1e3 / statistics.mean(e2e_ms),
         "iterations_mean": s["iterations_mean"],
         "iterations_max": s["iterations_max"],
         "fixed_per_iteration_mean": s["fixed_per_iteration_mean"],
         "exited_fraction": s["exited_fraction"],
-        "queries": len(stream),
-        "_ids": torch.stack(ids),
+        "queries": len(runs),
+        "_ids": torch.stack([run.outputs["action_ids"][0] for run in runs]),
     }
 
 
@@ -168,12 +177,14 @@ def run(o: BenchDecodeOptions, progress: bool = True) -> dict:
             log(f"skipping distilled-exit: {e}")
     ar = closed_loop(accelerated(teacher, "ar", None), o, record=True)
     stream = recorded_stream(ar["recorded"], o.queries)
-    rows, ar_ids = [], None
-    for method, sigma in method_rows(o, student is not None):
-        base = student if method == "distilled-exit" else teacher
-        timing = time_stream(accelerated(base, method, sigma, o.seed), stream)
+    methods = method_rows(o, student is not None)
+    bases = [student if m.startswith("distilled") else teacher for m, _ in methods]
+    policies = [accelerated(b, m, s, o.seed) for b, (m, s) in zip(bases, methods, strict=True)]
+    timings = time_methods(policies, stream)
+    log(f"timed {len(methods)} methods on {len(stream)} queries")
+    rows, ar_ids = [], timings[0]["_ids"]
+    for (method, sigma), base, timing in zip(methods, bases, timings, strict=True):
         ids = timing.pop("_ids")
-        ar_ids = ids if method == "ar" else ar_ids
         res = ar if method == "ar" else closed_loop(accelerated(base, method, sigma, o.seed), o)
         row = {"method": method, "sigma": sigma} | timing | {
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
@@ -243,8 +254,8 @@ def plot(rows: list[dict], path: str) -> None:
     mean = np.array([r["tokens_per_s_mean"] for r in rows])
     lo = mean - np.array([r["tokens_per_s_min"] for r in rows])
     hi = np.array([r["tokens_per_s_max"] for r in rows]) - mean
-    colors = ["C0" if r["method"] in ("ar", "jacobi") else
-              "C1" if r["method"] == "jacobi-exit" else "C2" for r in rows]  # fmt: skip
+    palette = {"ar": "C0", "jacobi": "C0", "jacobi-exit": "C1"}
+    colors = [palette.get(r["method"], "C2") for r in rows]
     ax_v.bar(x, mean, yerr=[lo, hi], capsize=3, color=colors)
     ax_v.axhline(rows[0]["tokens_per_s_mean"], color="k", ls="--", lw=1, label="ar mean")
     ax_v.set(ylabel="action tokens / s (mean, min-max)", title="decode speed")
