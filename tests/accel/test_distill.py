@@ -1,6 +1,7 @@
 """Consistency distillation: the training forward matches Jacobi inference; a few steps run,
 resume, and export a loadable checkpoint with a model card."""
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -21,7 +22,7 @@ from vlarun.accel.distill import (
 )
 from vlarun.accel.jacobi import JacobiDecoder, action_step
 from vlarun.accel.policy import AcceleratedPolicy
-from vlarun.cli import main
+from vlarun.cli import COMMANDS, _resolve, add_options, parse_into
 from vlarun.models.policy import Policy
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
@@ -102,6 +103,14 @@ def test_collection_resumes_where_it_stopped(chunked, tmp_path):
     assert after["states"].shape == (5, n, n) and (after["states"][:, -1] == final).all()
 
 
+def run_command(argv: list[str]) -> dict:
+    """``vlarun distill ...`` through its generated flags (only this command's parser)."""
+    cls, run, _ = COMMANDS[argv[0]]
+    parser = argparse.ArgumentParser()
+    add_options(parser, _resolve(cls))
+    return run(parse_into(_resolve(cls), parser.parse_args(argv[1:])))
+
+
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory):
     pytest.importorskip("metaworld")
@@ -112,7 +121,7 @@ def demos(tmp_path_factory):
     return out
 
 
-def test_distill_runs_resumes_and_exports(tmp_path, demos, capsys):
+def test_distill_runs_resumes_and_exports(tmp_path, demos):
     if not (TINY_AR / "config.json").exists():
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     run = tmp_path / "run"
@@ -129,8 +138,7 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos, capsys):
             "--frames", "6", "--collect-batch", "4", "--eval-frames", "4", "--steps", "3",
             "--batch", "2", "--save-every", "1", "--log-every", "1", "--warmup", "1",
             "--ar-target", "demo", "--json"]  # fmt: skip
-    assert main(argv) == 0
-    again = json.loads(capsys.readouterr().out)
+    again = run_command(argv)
     assert again["step"] == 3  # resumed from step 2, not from 0
     lines = [json.loads(x) for x in (run / "distill.log").read_text().splitlines()]
     assert [e["step"] for e in lines if "step" in e] == [1, 2, 3]
