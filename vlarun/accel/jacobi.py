@@ -277,10 +277,9 @@ class JacobiDecoder:
     """Jacobi decoding (+ early exit when ``cfg.sigma`` is set) as an AcceleratedPolicy decoder.
 
     Random initial guesses come from a generator reseeded by ``reset`` (each episode), so runs
-    are reproducible. ``record`` keeps each call's trajectory in ``last`` (distillation)."""
+    are reproducible. ``last`` is the latest call's full result (trajectory included)."""
 
     cfg: JacobiConfig = field(default_factory=JacobiConfig)
-    record: bool = False
     steps: list[DecodeStep] = field(default_factory=list)
     last: JacobiResult | None = field(default=None, repr=False)
 
@@ -299,7 +298,7 @@ class JacobiDecoder:
         r = jacobi_decode(model, pre, self.cfg, gen=self._gen)
         seconds = time.perf_counter() - t0
         self.steps.append(step_stats(r, seconds))
-        self.last = r if self.record else None
+        self.last = r
         return r.tokens
 
     def summary(self) -> dict:
