@@ -345,6 +345,23 @@ def _sched(name: str) -> tuple[Callable, Callable, Callable]:
     return options, run, show
 
 
+def _runtime(name: str) -> tuple[Callable, Callable, Callable]:
+    """keys, serve-edge, ping, run-robot, bench coinfer: defined in vlarun.runtime."""
+
+    def module():
+        if name == "bench-coinfer":
+            from vlarun.runtime import bench as m
+        else:
+            from vlarun.runtime import commands as m
+        return m
+
+    return (
+        lambda: module().OPTIONS[name],
+        lambda o: module().RUN[name](o),
+        lambda r: module().SHOW[name](r),
+    )
+
+
 def _drift_options() -> type:
     from vlarun.accel.drift_calibration import DriftCalibrationConfig
 
@@ -431,6 +448,10 @@ COMMANDS: dict[str, Command] = {
     "profile": _sched("profile"),
     "plan": _sched("plan"),
     "fleet": _sched("fleet"),
+    "keys": _runtime("keys"),
+    "serve-edge": _runtime("serve-edge"),
+    "ping": _runtime("ping"),
+    "run-robot": _runtime("run-robot"),
 }
 BENCH: dict[str, Command] = {
     "engine": (BenchEngineOptions, cmd_bench_engine, _print_bench_engine),
@@ -439,6 +460,7 @@ BENCH: dict[str, Command] = {
     "sched": _sched("bench-sched"),
     "validate": _sched("bench-validate"),
     "predictor": _sched("bench-predictor"),
+    "coinfer": _runtime("bench-coinfer"),
 }
 
 

@@ -1,0 +1,132 @@
+"""Robot agent: every strategy gives the local actions; killing the edge mid-episode leaves
+the robot finishing locally within deadline + one local inference, and it reconnects when the
+edge returns."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import INSTRUCTION
+
+from vlarun.runtime import procs
+from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.runtime.chunks import ChunkQueue
+from vlarun.runtime.episode import run_episode
+from vlarun.runtime.transport import Security
+from vlarun.runtime.wire import Codec
+
+INSECURE = Security(insecure=True)
+
+
+class StubEnv:
+    """Meta-World's interface without the simulator: fixed frames, success after n steps."""
+
+    instruction = INSTRUCTION
+
+    def __init__(self, n: int, size: int = 128) -> None:
+        self.n, self.t = n, 0
+        self.image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+
+    def reset(self, seed=None):
+        self.t = 0
+        return {"image": self.image}, {}
+
+    def step(self, action):
+        assert action.shape == (4,)
+        self.t += 1
+        done = self.t >= self.n
+        return {"image": self.image}, 0.0, done, False, {"success": done}
+
+
+def _wait(cond, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("strategy", ["edge-only", "fixed-split", "vlarun"])
+def test_strategies_give_the_local_actions(server, policy, strategy):
+    image = StubEnv(1).image
+    expected = policy.predict(image, INSTRUCTION)
+    cfg = AgentConfig(slo_s=2.0, strategy=strategy, codec=Codec())
+    agent = RobotAgent(policy, cfg, server.address, INSECURE)
+    try:
+        assert agent.edge_up
+        agent.warmup(image, INSTRUCTION, runs=1)
+        for _ in range(3):
+            inf = agent.infer(image, INSTRUCTION)
+            assert inf.fallback is None
+            np.testing.assert_allclose(inf.actions, expected, atol=1e-5)
+        if strategy != "vlarun":
+            assert "edge" in inf.ran.values()
+            assert all(ms >= 0 for ms in inf.remote_overhead_ms)
+    finally:
+        agent.close()
+
+
+def test_chunk_queue_skips_actions_already_executed():
+    gate = threading.Event()
+
+    def infer(obs):
+        gate.wait(5)
+        return np.arange(4)[:, None] * np.ones((4, 4)) + 10 * obs["k"], None
+
+    q = ChunkQueue(infer, refill_at=1)
+    gate.set()
+    q.request({"k": 0})
+    assert q.pop()[0] == 0
+    gate.clear()
+    assert q.request({"k": 1})
+    assert not q.request({"k": 2})  # one inference in flight at a time
+    assert q.pop()[0] == 1 and q.pop()[0] == 2  # chunk 0 keeps flowing meanwhile
+    gate.set()
+    q.join()
+    # chunk 1 was computed from the observation at step 1; steps 1 and 2 have passed
+    assert q.pop()[0] == 12 and q.pop()[0] == 13
+    assert len(q.stalls) <= 1  # only the very first chunk may be waited for
+
+
+def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
+    edge, endpoint = procs.start_edge()
+    port = int(endpoint.rsplit(":", 1)[1])
+    slo = 0.6
+    agent = RobotAgent(policy, AgentConfig(slo_s=slo, strategy="edge-only"), endpoint, INSECURE)
+    restarted = None
+    try:
+        assert _wait(lambda: agent.edge_up, 10)
+        env = StubEnv(60)
+        agent.warmup(env.image, INSTRUCTION)
+        local_s = sum(agent.local_s.values())
+        records: list = []
+
+        def on_inference(i, inf):
+            records.append(inf)
+            if sum("edge" in r.ran.values() for r in records) == 3 and edge.poll() is None:
+                procs.stop(edge, kill=True)  # SIGKILL: no goodbye on the wire
+
+        ep = run_episode(agent, env, 0, control_hz=40.0, max_steps=60, on_inference=on_inference)
+        assert ep["success"] and ep["steps"] == 60  # the episode finished
+        assert edge.poll() is not None
+        kill_at = next(i for i, r in enumerate(records) if r.fallback)
+        assert all("edge" in r.ran.values() for r in records[:kill_at])
+        assert all(r.ran and set(r.ran.values()) == {"robot"} for r in records[kill_at:])
+        # No step later than its deadline plus one local inference (+ slack for a shared CPU).
+        worst = max(r.late_s for r in records)
+        assert worst <= 1.5 * local_s + 0.05, (worst, local_s)
+        assert not agent.edge_up
+        restarted, _ = procs.start_edge(port=port)
+        assert _wait(lambda: agent.edge_up, 15), "no reconnect after the edge came back"
+        again = [agent.infer(env.image, INSTRUCTION) for _ in range(3)]
+        assert any("edge" in r.ran.values() and r.fallback is None for r in again)
+        assert agent.monitor.reconnects >= 1
+    finally:
+        agent.close()
+        procs.stop(edge, kill=True)
+        if restarted is not None:
+            procs.stop(restarted)

@@ -1,0 +1,65 @@
+"""No pickle anywhere in vlarun: no pickle-family import, no call that unpickles (torch.load,
+np.load without allow_pickle=False, pyzmq's send/recv_pyobj), checked on the syntax tree of
+every module so a docstring that mentions pickle does not count and an alias cannot hide."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vlarun"
+BANNED_MODULES = {
+    "pickle",
+    "_pickle",
+    "cPickle",
+    "cloudpickle",
+    "dill",
+    "joblib",
+    "shelve",
+    "marshal",
+    "copyreg",
+}
+BANNED_ATTRS = {"recv_pyobj", "send_pyobj", "read_pickle", "to_pickle", "Unpickler"}
+
+
+def _problems(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [(node.module or "").split(".")[0]]
+        else:
+            names = []
+        out += [f"{path}:{node.lineno} imports {n}" for n in names if n in BANNED_MODULES]
+        if isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
+            out.append(f"{path}:{node.lineno} uses {node.attr}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else ""
+            if node.func.attr == "load" and owner_name == "torch":
+                out.append(f"{path}:{node.lineno} calls torch.load (unpickles)")
+            if node.func.attr == "load" and owner_name in ("np", "numpy"):
+                safe = any(
+                    k.arg == "allow_pickle"
+                    and isinstance(k.value, ast.Constant)
+                    and k.value.value is False
+                    for k in node.keywords
+                )
+                if not safe:
+                    out.append(f"{path}:{node.lineno} calls np.load without allow_pickle=False")
+    return out
+
+
+def test_no_pickle_anywhere_in_vlarun():
+    files = sorted(PACKAGE.rglob("*.py"))
+    assert len(files) > 20
+    problems = [p for f in files for p in _problems(f)]
+    assert problems == []
+
+
+def test_the_checker_catches_pickle(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import pickle as p\nimport numpy as np\nnp.load('x')\nsock.recv_pyobj()\n")
+    assert len(_problems(bad)) == 3

@@ -1,0 +1,290 @@
+"""The robot agent: per request a plan, local stages here, remote segments on the edge,
+and local fallback whenever the edge would make the robot miss its deadline.
+
+One inference (``RobotAgent.infer``):
+  1. plan: the scheduler's decision for this request (strategy "vlarun"), or a fixed
+     placement (device-only, edge-only, fixed-split: vision here, the rest on the edge);
+  2. walk the plan's segments: a robot segment runs here; an edge segment is one request that
+     waits at most until  deadline - (local time of every stage still to run) - margin,
+     so that if the edge is silent, running the rest here still ends by the deadline;
+     when that budget is gone, the request waits until the deadline itself, so a step is
+     never later than its deadline plus one local run of the remaining stages;
+  3. a dropped link (send refused, or no reply in time) marks the edge down: every later
+     request runs here until the background monitor hears the edge again (monitor.py);
+  4. feed back what was measured: stage times (edge times come in the reply), transfers and
+     round trips (link EWMA), and the end-to-end latency (placement residual).
+
+A robot slower than this host can be stood in for by ``robot_slowdown``: each local stage
+sleeps (slowdown - 1) times its measured duration, and every result says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import zmq
+
+from vlarun.models.policy import Policy
+from vlarun.runtime.client import EdgeClient, LinkDown
+from vlarun.runtime.monitor import LinkMonitor
+from vlarun.runtime.segments import segments, wanted
+from vlarun.runtime.transport import Security
+from vlarun.runtime.wire import Codec
+from vlarun.sched.link import Link
+from vlarun.stages.families import Workload, build_graph, graph_inputs
+from vlarun.stages.packet import Packet
+
+STRATEGIES = ("vlarun", "device-only", "edge-only", "fixed-split")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How the robot runs its policy. ``slo_s``: deadline of one inference (chunk / control
+    rate); ``margin_s``: kept in hand when deciding to give up on the edge."""
+
+    slo_s: float = 0.5
+    strategy: str = "vlarun"
+    robot_slowdown: float = 1.0
+    codec: Codec = Codec()
+    margin_s: float = 0.003
+    robot_device: str = "this-cpu"
+    edge_device: str = "this-cpu"
+    bandwidth_mbps: float = 1000.0  # initial link estimate; measured transfers refine it
+    rtt_ms: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.slo_s <= 0 or self.robot_slowdown < 1:
+            raise ValueError("slo_s must be positive and robot_slowdown >= 1")
+
+
+@dataclass
+class Inference:
+    """One request as it happened. ``late_s`` > 0 means the deadline was missed;
+    ``fallback`` says why stages planned for the edge ran here (None: as planned)."""
+
+    actions: np.ndarray
+    planned: dict[str, str]
+    ran: dict[str, str]
+    latency_s: float
+    slo_s: float
+    fallback: str | None
+    predicted_s: float | None
+    energy_j: float
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    remote_overhead_ms: list[float] = field(default_factory=list)
+    bytes_sent: int = 0
+
+    @property
+    def late_s(self) -> float:
+        return self.latency_s - self.slo_s
+
+    def row(self) -> dict:
+        return {
+            "plan": "/".join(f"{s}@{r}" for s, r in self.planned.items()),
+            "ran": "/".join(f"{s}@{r}" for s, r in self.ran.items()),
+            "latency_ms": self.latency_s * 1e3,
+            "deadline_ms": self.slo_s * 1e3,
+            "slo_met": self.latency_s <= self.slo_s,
+            "fallback": self.fallback,
+            "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
+            "energy_j": self.energy_j,
+            "stage_ms": self.stage_ms,
+            "remote_overhead_ms": self.remote_overhead_ms,
+            "bytes_sent": self.bytes_sent,
+        }
+
+
+class RobotAgent:
+    """Runs ``policy`` on this robot, with the edge at ``edge`` (None: robot only)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        cfg: AgentConfig | None = None,
+        edge: str | None = None,
+        sec: Security | None = None,
+        ctx: zmq.Context | None = None,
+    ) -> None:
+        self.policy, self.cfg = policy, cfg or AgentConfig()
+        model = policy.model
+        self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
+        self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
+        self.local_s: dict[str, float] = {}
+        self._graphs: dict[int, object] = {}
+        self._scheds: dict[int, object] = {}
+        self.client = self.monitor = None
+        if edge is not None:
+            sec = sec or Security(insecure=True)
+            ctx = ctx or zmq.Context.instance()
+            self.client = EdgeClient(edge, sec, ctx)
+            self.monitor = LinkMonitor(edge, sec, ctx).start(wait_s=2.0)
+
+    @property
+    def edge_up(self) -> bool:
+        return self.monitor is not None and self.monitor.up.is_set()
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.client is not None:
+            self.client.close()
+
+    # -- graph and plan ------------------------------------------------------------------------
+
+    def graph(self, text_tokens: int):
+        if text_tokens not in self._graphs:
+            w = Workload(1, text_tokens, self.dtype)
+            self._graphs[text_tokens] = build_graph(self.policy.model.cfg, self.policy.model, w)
+        return self._graphs[text_tokens]
+
+    def scheduler(self, text_tokens: int):
+        if text_tokens not in self._scheds:
+            from vlarun.runtime.planning import make_scheduler
+
+            self._scheds[text_tokens] = make_scheduler(
+                self.policy.model.cfg, self.cfg, text_tokens, self.dtype
+            )
+        return self._scheds[text_tokens]
+
+    def plan(self, graph, text_tokens: int):
+        """(placement, decision or None). The edge being down forces the robot-only plan."""
+        names = [s.name for s in graph.stages]
+        if not self.edge_up or self.cfg.strategy == "device-only":
+            return dict.fromkeys(names, "robot"), None
+        if self.cfg.strategy == "edge-only":
+            return dict.fromkeys(names, "edge"), None
+        if self.cfg.strategy == "fixed-split":
+            return {n: ("robot" if i == 0 else "edge") for i, n in enumerate(names)}, None
+        from vlarun.runtime.planning import decide
+
+        sched = self.scheduler(text_tokens)
+        d = decide(sched, self.link, self.monitor.health if self.monitor else {})
+        return dict(d.placement), d
+
+    # -- one inference ------------------------------------------------------------------------
+
+    def warmup(self, image: np.ndarray, instruction: str, runs: int = 2) -> None:
+        """Local runs that fill the per-stage local time estimates (and one-time allocations)."""
+        ids = self.policy.text_ids(instruction)
+        graph = self.graph(len(ids))
+        for _ in range(runs):
+            pool = dict(self._inputs(image, ids, None, 0).tensors)
+            for st in graph.stages:
+                self._local(st, pool, {})
+
+    def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
+        t0 = time.perf_counter()
+        deadline = t0 + self.cfg.slo_s
+        self._refresh_link()
+        ids = self.policy.text_ids(instruction)
+        graph = self.graph(len(ids))
+        placement, decision = self.plan(graph, len(ids))
+        pool = dict(self._inputs(image, ids, state, seed).tensors)
+        ran, stage_s, fallback, overheads, sent = {}, {}, None, [], 0
+        edge_times: dict[str, float] = {}
+        segs = segments(graph, placement)
+        for i, seg in enumerate(segs):
+            if seg.role == "edge" and fallback is None and self.edge_up:
+                try:
+                    rep = self._remote(graph, placement, seg, pool, ids, deadline, segs[i:])
+                except LinkDown as e:
+                    fallback = f"link: {e}"
+                    self.monitor.mark_down()
+                except RuntimeError as e:  # the edge refused or ran out of time
+                    fallback = f"edge: {e}"
+                else:
+                    pool.update(rep.packet.tensors)
+                    for t in rep.timings:
+                        ran[t["stage"]] = "edge"
+                        edge_times[t["stage"]] = t["compute_s"] / max(t["batch"], 1)
+                        stage_s[t["stage"]] = t["compute_s"]
+                    overheads.append((rep.wall_s - rep.server_s) * 1e3)
+                    sent += rep.sent_bytes
+                    self._observe_transfer(rep)
+                    continue
+            elif seg.role == "edge" and fallback is None:
+                fallback = "link: edge down"
+            for name in seg.stages:
+                stage_s[name] = self._local(graph.stage(name), pool, ran)
+        latency = time.perf_counter() - t0
+        actions = self.policy.unnormalize(pool["actions"][0])
+        inf = Inference(
+            actions,
+            placement,
+            ran,
+            latency,
+            self.cfg.slo_s,
+            fallback,
+            None if decision is None else decision.latency_s,
+            self._energy(graph, ran, stage_s, edge_times, latency),
+            {k: v * 1e3 for k, v in stage_s.items()},
+            overheads,
+            sent,
+        )
+        if decision is not None:
+            from vlarun.runtime.planning import learn
+
+            learn(self.scheduler(len(ids)), decision, inf, stage_s, edge_times)
+        return inf
+
+    def _inputs(self, image, ids, state, seed) -> Packet:
+        cfg = self.policy.model.cfg
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
+        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+        return graph_inputs(cfg, self.policy.image_tensor(image), [ids], noise=noise, state=st)
+
+    def _local(self, stage, pool: dict, ran: dict) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = stage.fn(Packet({s.name: pool[s.name] for s in stage.inputs}))
+        own = time.perf_counter() - start
+        if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer
+            time.sleep(own * (self.cfg.robot_slowdown - 1))
+        seconds = time.perf_counter() - start
+        old = self.local_s.get(stage.name)
+        self.local_s[stage.name] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        pool.update(out.tensors)
+        ran[stage.name] = "robot"
+        return seconds
+
+    def _remote(self, graph, placement, seg, pool, ids, deadline, rest):
+        """One edge segment; the reply must come while local fallback still makes the deadline."""
+        now = time.perf_counter()
+        left = deadline - now
+        local_rest = sum(self.local_s.get(n, 0.0) for s in rest for n in s.stages)
+        timeout = left - local_rest - self.cfg.margin_s
+        if timeout <= 0:  # local alone would miss too: give the edge until the deadline
+            timeout = left
+        if timeout <= 0:
+            raise RuntimeError("no time left for the edge")
+        want = wanted(graph, placement, seg)
+        packet = Packet({n: pool[n] for n in seg.needs})
+        meta = {"batch": 1, "text_tokens": len(ids)}
+        return self.client.run(seg.stages, packet, want, left, timeout, meta, self.cfg.codec)
+
+    # -- measurements -----------------------------------------------------------------------------
+
+    def _refresh_link(self) -> None:
+        if self.monitor is None:
+            return
+        for rtt in self.monitor.take_rtts():
+            self.link.observe_rtt(rtt)
+        # No socket reset when the edge returns: the DEALER reconnects by itself, IMMEDIATE
+        # kept nothing queued for the dead link, and late replies are dropped by request id.
+
+    def _observe_transfer(self, rep) -> None:
+        """Both directions lumped: bytes moved over the time not spent computing on the edge."""
+        self.link.observe_transfer(
+            rep.sent_bytes + rep.recv_bytes, max(rep.wall_s - rep.server_s, 1e-6)
+        )
+
+    def _energy(self, graph, ran, stage_s, edge_times, latency) -> float:
+        from vlarun.runtime.planning import modelled_energy
+
+        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency)

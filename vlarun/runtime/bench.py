@@ -1,0 +1,243 @@
+"""`vlarun bench coinfer`: robot and edge as separate processes, a shipped policy in
+closed loop on Meta-World, compared across placement strategies.
+
+  edge      `vlarun serve-edge` in its own process (loopback)
+  link      a shaping relay process (relay.py) between them: bandwidth, delay, and a drop
+            from --bandwidth to --drop-to halfway through every run
+  robot     this process: RobotAgent + asynchronous chunk queue, at --robot-slowdown
+            (local stages take that many times longer: a stand-in for a slow robot computer)
+  fleet     --robots agents (threads of this process, camera frames replayed) share the edge
+
+Strategies: device-only, edge-only, fixed-split (vision here, the rest on the edge), vlarun
+(the scheduler per request, with fallback). Energy is modelled from the measured stage times
+and the catalog powers of --robot-device / --edge-device (the edge here is this CPU standing
+in for that device), and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlarun.config import opt
+
+
+@dataclass(frozen=True)
+class BenchCoinferOptions:
+    """Co-inference benchmark: strategies x a bandwidth drop, and robots sharing one edge."""
+
+    quick: bool = opt(False, "reduced run (fewer steps and robots)")
+    checkpoint: str | None = opt(None, "policy checkpoint (default: the shipped tiny-ar)")
+    task: str = opt("drawer-open-v3", "Meta-World task")
+    steps: int = opt(160, "control steps per strategy")
+    control_hz: float = opt(20.0, "actions executed per second")
+    robot_slowdown: float = opt(4.0, "local stages take this x longer (slow-robot stand-in)")
+    robot_device: str = opt("orin-nx-16gb", "catalog device for the scheduler and energy")
+    edge_device: str = opt("rtx4090", "catalog device for the scheduler and energy")
+    bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
+    drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
+    delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
+    robots: int = opt(8, "robots sharing the edge in the fleet run (0: skip)")
+    fleet_requests: int = opt(20, "requests per robot in the fleet run")
+    out: str | None = opt(None, "write the result JSON here")
+    json: bool = opt(False, "print one JSON object")
+
+
+STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun")
+
+
+def run(o: BenchCoinferOptions) -> dict:
+    import torch
+
+    from vlarun.runtime import procs
+    from vlarun.runtime.commands import CHECKPOINTS, load_policy
+
+    torch.set_num_threads(1)
+    steps = 24 if o.quick else o.steps
+    robots = min(o.robots, 2) if o.quick else o.robots
+    requests = 4 if o.quick else o.fleet_requests
+    ckpt = o.checkpoint or str(CHECKPOINTS / "tiny-ar")
+    policy = load_policy(ckpt, None, "float32")
+    edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
+    rows, fleet = [], None
+    try:
+        for strategy in STRATEGIES:
+            rows.append(_strategy_run(o, policy, endpoint, strategy, steps))
+        if robots > 0:
+            fleet = _fleet_run(o, policy, endpoint, robots, requests)
+    finally:
+        procs.stop(edge)
+    result = {
+        "quick": o.quick,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "policy": ckpt,
+        "task": o.task,
+        "slo_ms": policy.model.cfg.horizon / o.control_hz * 1e3,
+        "robot_slowdown": o.robot_slowdown,
+        "devices": {"robot": o.robot_device, "edge": o.edge_device},
+        "link": {
+            "before_mbps": o.bandwidth,
+            "after_mbps": o.drop_to,
+            "delay_ms": o.delay_ms,
+            "shaping": "user-space relay process",
+        },
+        "energy_source": "modelled (measured times x catalog power; edge = this CPU standing in)",
+        "rows": rows,
+        "fleet": fleet,
+    }
+    if o.out:
+        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(o.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float):
+    from vlarun.runtime.agent import AgentConfig
+
+    return AgentConfig(
+        slo_s,
+        strategy,
+        o.robot_slowdown,
+        robot_device=o.robot_device,
+        edge_device=o.edge_device,
+        bandwidth_mbps=o.bandwidth,
+    )
+
+
+def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
+    """One closed-loop run through a fresh relay whose bandwidth drops halfway."""
+    from vlarun.runtime import procs
+    from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.commands import summarise
+    from vlarun.runtime.episode import run_episode
+    from vlarun.runtime.transport import Security
+    from vlarun.sim.env import MetaWorldEnv
+
+    horizon = policy.model.cfg.horizon
+    slo_s = horizon / o.control_hz
+    env = MetaWorldEnv(o.task, policy.model.cfg.image_size, max_steps=steps)
+    obs, _ = env.reset(seed=10000)
+    agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s))
+    agent.warmup(obs["image"], env.instruction)
+    local = dict(agent.local_s)
+    agent.close()
+    drop_after = steps / o.control_hz / 2 + 1.0  # + the agent's start-up
+    relay, via = procs.start_relay(endpoint, o.bandwidth, o.delay_ms, f"{drop_after}:{o.drop_to}")
+    times: list[float] = []
+    try:
+        agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s), via, Security(insecure=True))
+        agent.local_s.update(local)
+        t0 = time.monotonic()
+        ep = run_episode(
+            agent,
+            env,
+            10000,
+            o.control_hz,
+            True,
+            steps,
+            lambda i, inf: times.append(time.monotonic() - t0),
+        )
+        agent.close()
+    finally:
+        procs.stop(relay)
+        env.close()
+    infs = ep["inferences"]
+    drop_at = drop_after - 1.0
+    before = [r for r, t in zip(infs, times, strict=True) if t < drop_at]
+    after = [r for r, t in zip(infs, times, strict=True) if t >= drop_at]
+    s = summarise(infs, horizon)
+    plans = {}
+    for r in infs:
+        plans[r["ran"]] = plans.get(r["ran"], 0) + 1
+    return {
+        "strategy": strategy,
+        "control_hz": ep["control_hz"],
+        "latency_p50_ms": s["latency_p50_ms"],
+        "latency_p99_ms": s["latency_p99_ms"],
+        "slo_met_fraction": s["slo_met_fraction"],
+        "actions_per_joule": s["actions_per_joule"],
+        "slo_met_before_drop": summarise(before, horizon).get("slo_met_fraction"),
+        "slo_met_after_drop": summarise(after, horizon).get("slo_met_fraction"),
+        "inferences": len(infs),
+        "fallbacks": s["fallbacks"],
+        "stalls": ep["stalls"],
+        "success": ep["success"],
+        "plans_ran": plans,
+    }
+
+
+def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
+    """``robots`` vlarun agents at the control period, sharing the edge (frames replayed)."""
+    import numpy as np
+
+    from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.commands import summarise
+    from vlarun.runtime.transport import Security
+
+    horizon = policy.model.cfg.horizon
+    period = horizon / o.control_hz
+    size = policy.model.cfg.image_size
+    image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    instruction = "open the drawer"
+    rows: list[dict] = []
+    lock = threading.Lock()
+
+    def robot(i: int) -> None:
+        agent = RobotAgent(
+            policy, _agent_cfg(o, "vlarun", period), endpoint, Security(insecure=True)
+        )
+        try:
+            agent.warmup(image, instruction, runs=1)
+            time.sleep(i * period / robots)  # robots out of phase, as in a real fleet
+            for _ in range(requests):
+                t0 = time.monotonic()
+                inf = agent.infer(image, instruction)
+                with lock:
+                    rows.append(inf.row())
+                time.sleep(max(period - (time.monotonic() - t0), 0.0))
+        finally:
+            agent.close()
+
+    threads = [threading.Thread(target=robot, args=(i,)) for i in range(robots)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    s = summarise(rows, horizon)
+    return {"robots": robots, "requests_per_robot": requests, **s}
+
+
+def show(r: dict) -> None:
+    print(
+        f"co-inference, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
+        f"{r['robot_slowdown']:g}x, link {r['link']['before_mbps']:g} -> "
+        f"{r['link']['after_mbps']:g} Mbit/s; energy {r['energy_source']}"
+    )
+    head = ("strategy", "Hz", "p50 ms", "p99 ms", "SLO", "before", "after", "act/J", "fallbacks")
+    print("  {:<13}{:>6}{:>9}{:>9}{:>7}{:>8}{:>7}{:>8}{:>10}".format(*head))
+    for x in r["rows"]:
+        print(
+            f"  {x['strategy']:<13}{x['control_hz']:>6.1f}{x['latency_p50_ms']:>9.1f}"
+            f"{x['latency_p99_ms']:>9.1f}{_pct(x['slo_met_fraction']):>7}"
+            f"{_pct(x['slo_met_before_drop']):>8}{_pct(x['slo_met_after_drop']):>7}"
+            f"{x['actions_per_joule']:>8.3f}{x['fallbacks']:>10}"
+        )
+    f = r.get("fleet")
+    if f and f.get("inferences"):
+        print(
+            f"  fleet: {f['robots']} robots x {f['requests_per_robot']} requests: p50 "
+            f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
+            f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
+        )
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+OPTIONS = {"bench-coinfer": BenchCoinferOptions}
+RUN = {"bench-coinfer": run}
+SHOW = {"bench-coinfer": show}

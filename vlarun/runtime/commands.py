@@ -1,0 +1,294 @@
+"""`vlarun keys | serve-edge | ping | run-robot`: options, commands and printers.
+
+cli.py registers these by name and imports this module only when the parser is built; torch
+and the model code are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlarun.config import opt
+
+CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+
+# ---------------------------------------------------------------------------------------------
+# keys
+
+
+@dataclass(frozen=True)
+class KeysOptions:
+    """Generate a CurveZMQ key pair (NAME.key public, NAME.key_secret secret; both mode 0600)."""
+
+    name: str = opt("edge", "key name: 'edge' for the server, e.g. 'robot1' for a robot")
+    out: str | None = opt(None, "folder (default: ~/.config/vlarun/keys or $VLARUN_KEY_DIR)")
+    overwrite: bool = opt(False, "replace existing keys of that name")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_keys(o: KeysOptions) -> dict:
+    from vlarun.runtime.transport import default_key_dir, generate_keys
+
+    return generate_keys(o.out or default_key_dir(), o.name, o.overwrite)
+
+
+def show_keys(r: dict) -> None:
+    print(f"wrote {r['public']} (public: give it to the other side) and {r['secret']} (secret)")
+
+
+# ---------------------------------------------------------------------------------------------
+# serve-edge
+
+
+@dataclass(frozen=True)
+class ServeEdgeOptions:
+    """Serve a policy's stages to robots over ZeroMQ (CurveZMQ unless --insecure)."""
+
+    port: int = opt(5555, "TCP port (0: any free port; the endpoint is printed)")
+    host: str = opt("127.0.0.1", "interface to bind (0.0.0.0: every interface)")
+    insecure: bool = opt(False, "no authentication or encryption (local tests only)")
+    keys: str | None = opt(
+        None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
+    )
+    authorized_keys: str | None = opt(None, "folder of robot public keys allowed to connect")
+    preset: str | None = opt(None, "model preset with random weights")
+    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
+    dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    max_batch: int = opt(8, "largest batch of one stage")
+    batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
+    threads: int = opt(0, "torch threads (0: torch's default)")
+    json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
+
+
+def load_policy(checkpoint: str | None, preset: str | None, dtype: str):
+    import torch
+
+    from vlarun.models.policy import Policy
+
+    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    if preset is not None and checkpoint is None:
+        return Policy.from_preset(preset, 0, tdtype)
+    return Policy.from_checkpoint(checkpoint or CHECKPOINTS / "tiny-ar", dtype=tdtype)
+
+
+def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
+    import torch
+
+    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.transport import edge_security
+
+    if o.threads > 0:
+        torch.set_num_threads(o.threads)
+    sec = edge_security(o.insecure, o.keys, o.authorized_keys)
+    policy = load_policy(o.checkpoint, o.preset, o.dtype)
+    cfg = ServerConfig(f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3)
+    server = EdgeServer(policy, sec, cfg)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    start = {"endpoint": server.address, "model": policy.model.cfg.name, "secure": server.secure}
+    if o.json:
+        print(json.dumps(start), flush=True)
+    else:
+        how = "CurveZMQ" if server.secure else "INSECURE (plain TCP)"
+        print(f"serving {start['model']} on {server.address} ({how}); Ctrl-C stops", flush=True)
+    with server:
+        while not stop.wait(0.2):
+            pass
+        return {"stopped": True, **server.health()}
+
+
+def show_serve_edge(r: dict) -> None:
+    print(f"stopped after {r['requests']} requests, {r['replies']} replies, {r['errors']} errors")
+
+
+# ---------------------------------------------------------------------------------------------
+# ping
+
+
+@dataclass(frozen=True)
+class PingOptions:
+    """Round-trip time to an edge server and its queue state."""
+
+    edge: str = opt(help="edge endpoint, e.g. tcp://192.168.1.10:5555")
+    insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
+    server_key: str | None = opt(
+        None, "the edge's public key file (default ~/.config/vlarun/keys/edge.key)"
+    )
+    keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
+    count: int = opt(5, "health requests to time")
+    timeout: float = opt(2.0, "seconds to wait for an answer")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_ping(o: PingOptions) -> dict:
+    from vlarun.runtime.client import LinkDown, ping
+    from vlarun.runtime.transport import robot_security
+
+    sec = robot_security(o.insecure, o.server_key, o.keys)
+    try:
+        return ping(o.edge, sec, max(o.count, 1), o.timeout)
+    except LinkDown as e:
+        raise RuntimeError(str(e)) from None
+
+
+def show_ping(r: dict) -> None:
+    q = ", ".join(f"{k} {v}" for k, v in r["queue"].items())
+    h = r["health"]
+    print(
+        f"{r['edge']}: rtt {r['rtt_ms']:.2f} ms (min {r['rtt_min_ms']:.2f}, max "
+        f"{r['rtt_max_ms']:.2f}, n={r['count']}); {h.get('model')} queue: {q}; "
+        f"{'CurveZMQ' if r['secure'] else 'INSECURE'}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# run-robot
+
+
+@dataclass(frozen=True)
+class RunRobotOptions:
+    """Run a policy in closed loop on Meta-World as a robot: plan per request, edge stages over
+    the network, local fallback, asynchronous action chunks."""
+
+    edge: str | None = opt(None, "edge endpoint (none: everything on the robot)")
+    insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
+    server_key: str | None = opt(None, "the edge's public key file")
+    keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
+    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
+    preset: str | None = opt(None, "model preset with random weights (instead of a checkpoint)")
+    dtype: str = opt(
+        "float32", "compute dtype (must match the edge)", choices=["bfloat16", "float32"]
+    )
+    task: str = opt("drawer-open-v3", "Meta-World task")
+    episodes: int = opt(1, "episodes")
+    seed: int = opt(10000, "first episode seed")
+    max_steps: int | None = opt(None, "stop an episode after this many steps")
+    strategy: str = opt("vlarun", "vlarun | device-only | edge-only | fixed-split")
+    control_hz: float = opt(20.0, "actions executed per second")
+    slo_ms: float | None = opt(None, "deadline per inference (default: chunk / control rate)")
+    robot_slowdown: float = opt(1.0, "stand in for a slower robot: local stages take this x longer")
+    robot_device: str = opt("orin-nx-16gb", "catalog device the scheduler and energy model assume")
+    edge_device: str = opt("rtx4090", "catalog device of the edge for the scheduler")
+    reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
+    compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
+    sync: bool = opt(False, "no overlap: infer, then execute the chunk")
+    log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_run_robot(o: RunRobotOptions) -> dict:
+    from vlarun.runtime.agent import AgentConfig, RobotAgent
+    from vlarun.runtime.episode import run_episode
+    from vlarun.runtime.transport import robot_security
+    from vlarun.runtime.wire import Codec
+    from vlarun.sim.env import MetaWorldEnv
+
+    policy = load_policy(o.checkpoint, o.preset, o.dtype)
+    horizon = policy.model.cfg.horizon
+    slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
+    cfg = AgentConfig(
+        slo_s,
+        o.strategy,
+        o.robot_slowdown,
+        Codec(o.reduce, o.compress),
+        robot_device=o.robot_device,
+        edge_device=o.edge_device,
+    )
+    sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
+    agent = RobotAgent(policy, cfg, o.edge, sec)
+    env = MetaWorldEnv(o.task, policy.model.cfg.image_size)
+    log = _step_logger() if o.log else None
+    try:
+        obs, _ = env.reset(seed=o.seed)
+        agent.warmup(obs["image"], env.instruction)
+        episodes = [
+            run_episode(agent, env, o.seed + i, o.control_hz, not o.sync, o.max_steps, log)
+            for i in range(o.episodes)
+        ]
+    finally:
+        agent.close()
+        env.close()
+    infs = [r for e in episodes for r in e["inferences"]]
+    return {
+        "edge": o.edge,
+        "strategy": o.strategy,
+        "task": o.task,
+        "slo_ms": slo_s * 1e3,
+        "robot_slowdown": o.robot_slowdown,
+        "energy_source": "modelled",
+        "summary": summarise(infs, horizon),
+        "episodes": episodes,
+    }
+
+
+def _step_logger():
+    def log(i: int, inf) -> None:
+        r = inf.row()
+        flag = "ok  " if r["slo_met"] else "LATE"
+        why = f"  fallback: {r['fallback']}" if r["fallback"] else ""
+        print(
+            f"{i:4d} {flag} {r['latency_ms']:7.1f} / {r['deadline_ms']:.0f} ms  "
+            f"{r['energy_j']:6.3f} J  {r['ran']}{why}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return log
+
+
+def summarise(infs: list[dict], actions: int) -> dict:
+    """Latency percentiles, SLO share, fallbacks and modelled actions per joule."""
+    if not infs:
+        return {"inferences": 0}
+    lat = sorted(r["latency_ms"] for r in infs)
+    energy = sum(r["energy_j"] for r in infs)
+    pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)]  # noqa: E731
+    return {
+        "inferences": len(infs),
+        "latency_p50_ms": pick(0.5),
+        "latency_p99_ms": pick(0.99),
+        "slo_met_fraction": sum(r["slo_met"] for r in infs) / len(infs),
+        "fallbacks": sum(r["fallback"] is not None for r in infs),
+        "edge_requests": sum("@edge" in r["ran"] for r in infs),
+        "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
+    }
+
+
+def show_run_robot(r: dict) -> None:
+    s = r["summary"]
+    print(
+        f"{r['strategy']} on {r['task']} (edge {r['edge'] or 'none'}, "
+        f"deadline {r['slo_ms']:.0f} ms, robot slowdown {r['robot_slowdown']:g}x)"
+    )
+    for e in r["episodes"]:
+        print(
+            f"  seed {e['seed']}: {'success' if e['success'] else 'failure'} in "
+            f"{e['steps']} steps, {e['control_hz']:.1f} Hz, {e['stalls']} stalls"
+        )
+    if s.get("inferences"):
+        print(
+            f"  {s['inferences']} inferences: p50 {s['latency_p50_ms']:.1f} ms, p99 "
+            f"{s['latency_p99_ms']:.1f} ms, SLO met {100 * s['slo_met_fraction']:.1f}%, "
+            f"{s['fallbacks']} fallbacks, {s['actions_per_joule']:.3f} actions/J (modelled)"
+        )
+
+
+OPTIONS = {
+    "keys": KeysOptions,
+    "serve-edge": ServeEdgeOptions,
+    "ping": PingOptions,
+    "run-robot": RunRobotOptions,
+}
+RUN = {"keys": cmd_keys, "serve-edge": cmd_serve_edge, "ping": cmd_ping, "run-robot": cmd_run_robot}
+SHOW = {
+    "keys": show_keys,
+    "serve-edge": show_serve_edge,
+    "ping": show_ping,
+    "run-robot": show_run_robot,
+}

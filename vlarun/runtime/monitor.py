@@ -1,0 +1,78 @@
+"""Background link monitor: health probes on a socket of its own.
+
+While the edge is up it probes every ``up_every_s`` (round-trip time for the link estimate,
+queue depth and stage times for the predictor's view of the edge). When the agent reports the
+link down, it probes every ``down_every_s`` and sets ``up`` again as soon as the edge answers,
+so the agent reconnects in the background without ever blocking a control step on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import zmq
+
+from vlarun.runtime.client import EdgeClient, LinkDown
+from vlarun.runtime.transport import Security
+
+
+class LinkMonitor:
+    def __init__(
+        self,
+        address: str,
+        sec: Security,
+        ctx: zmq.Context,
+        up_every_s: float = 0.5,
+        down_every_s: float = 0.1,
+        timeout_s: float = 0.3,
+    ) -> None:
+        self.address, self.sec, self.ctx = address, sec, ctx
+        self.up_every_s, self.down_every_s, self.timeout_s = up_every_s, down_every_s, timeout_s
+        self.up = threading.Event()
+        self.lock = threading.Lock()
+        self.health: dict = {}
+        self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="link-monitor", daemon=True)
+
+    def start(self, wait_s: float = 0.0) -> LinkMonitor:
+        self._thread.start()
+        self.up.wait(wait_s)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def mark_down(self) -> None:
+        self.up.clear()
+
+    def take_rtts(self) -> list[float]:
+        with self.lock:
+            out, self.rtts = self.rtts, []
+        return out
+
+    def _loop(self) -> None:
+        client = EdgeClient(self.address, self.sec, self.ctx)
+        try:
+            while not self._stop.is_set():
+                was_up = self.up.is_set()
+                try:
+                    health, rtt = client.health(self.timeout_s)
+                except LinkDown:
+                    self.up.clear()
+                    if was_up:  # a fresh socket: nothing queued for the dead link survives
+                        client.reset()
+                else:
+                    with self.lock:
+                        self.health = health
+                        self.rtts.append(rtt)
+                    if not was_up:
+                        self.reconnects += 1
+                    self.up.set()
+                self._stop.wait(self.up_every_s if self.up.is_set() else self.down_every_s)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                client.close()

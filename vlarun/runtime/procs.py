@@ -1,0 +1,75 @@
+"""Edge servers and link relays as separate processes (benchmarks, tests, demos).
+
+Each child prints one JSON line with its endpoint first; ``start_*`` waits for it (with a
+timeout, so a child that fails to start is reported with its stderr instead of hanging), and
+``stop`` ends exactly that child: SIGTERM, then SIGKILL if it lingers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+
+
+def _spawn(args: list[str], timeout_s: float) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            if line.startswith("{"):
+                sel.close()
+                return proc, json.loads(line)["endpoint"]
+        if proc.poll() is not None:
+            break
+    sel.close()
+    stop(proc)
+    err = proc.stderr.read() if proc.stderr else ""
+    raise RuntimeError(f"{' '.join(args[:4])} did not start: {err.strip()[-500:]}")
+
+
+def start_edge(port: int = 0, extra: list[str] | None = None, timeout_s: float = 60.0):
+    """`vlarun serve-edge --insecure` on loopback; (process, endpoint)."""
+    args = ["-m", "vlarun.cli", "serve-edge", "--port", str(port), "--insecure", "--json"]
+    return _spawn(args + (extra or []), timeout_s)
+
+
+def start_relay(
+    upstream: str, mbps: float, delay_ms: float = 0.0, schedule: str = "", timeout_s: float = 20.0
+):
+    """A shaping relay in front of ``upstream``; (process, endpoint)."""
+    args = [
+        "-m",
+        "vlarun.runtime.relay",
+        "--upstream",
+        upstream,
+        "--mbps",
+        str(mbps),
+        "--delay-ms",
+        str(delay_ms),
+        "--schedule",
+        schedule,
+    ]
+    return _spawn(args, timeout_s)
+
+
+def stop(proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()

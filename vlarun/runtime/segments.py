@@ -1,0 +1,118 @@
+"""Segments of the stage graph: consecutive stages a plan puts on one side.
+
+A plan maps each stage to the robot or the edge; the runtime runs it as alternating segments.
+A remote segment is one request: the robot sends the tensors the segment needs from outside
+and names the tensors it wants back, the edge runs the segment's stages one after another,
+passing tensors between them in memory (EcoVLA: same-node edges pass inline), so a KV cache
+made and consumed on the edge never crosses the link.
+
+The edge checks a request against the schema the graph gives for the request's workload
+(batch, instruction length): exact names, dtypes and shapes, before any tensor is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from vlarun.models.vla import VLAConfig
+from vlarun.stages.families import Workload, build_graph
+from vlarun.stages.graph import StageGraph, TensorSpec
+from vlarun.stages.packet import PacketError
+
+# Which axis of a tensor is the batch: the exported KV cache is (layers, batch, ...).
+BATCH_DIM = {"kv_k": 1, "kv_v": 1, "kv_valid": 1}
+
+
+def batch_dim(name: str) -> int:
+    return BATCH_DIM.get(name, 0)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive stages on one role. ``needs``: tensors from outside the segment (graph
+    inputs or earlier stages' outputs); ``makes``: everything its stages output."""
+
+    role: str
+    stages: tuple[str, ...]
+    needs: tuple[str, ...]
+    makes: tuple[str, ...]
+
+
+def segments(graph: StageGraph, placement: dict[str, str]) -> list[Segment]:
+    """Split the graph (topological order) into maximal runs of stages on one role."""
+    runs: list[tuple[str, list[str]]] = []
+    for st in graph.stages:
+        role = placement[st.name]
+        if runs and runs[-1][0] == role:
+            runs[-1][1].append(st.name)
+        else:
+            runs.append((role, [st.name]))
+    return [segment_of(graph, tuple(names), role) for role, names in runs]
+
+
+def segment_of(graph: StageGraph, names: tuple[str, ...], role: str = "edge") -> Segment:
+    made: list[str] = []
+    needs: list[str] = []
+    for name in names:
+        st = graph.stage(name)
+        for spec in st.inputs:
+            if spec.name not in made and spec.name not in needs:
+                needs.append(spec.name)
+        made += [s.name for s in st.outputs]
+    return Segment(role, names, tuple(needs), tuple(made))
+
+
+def wanted(graph: StageGraph, placement: dict[str, str], seg: Segment) -> tuple[str, ...]:
+    """What a remote segment must send back: its outputs that a later robot stage reads, plus
+    the final outputs (actions) when the segment ends the graph."""
+    later = [s for s in graph.stages if s.name not in seg.stages]
+    after = graph.stages.index(graph.stage(seg.stages[-1]))
+    reads = {
+        spec.name
+        for st in later
+        if graph.stages.index(st) > after and placement[st.name] != seg.role
+        for spec in st.inputs
+    }
+    if seg.stages[-1] == graph.stages[-1].name:
+        reads |= {s.name for s in graph.stages[-1].outputs}
+    return tuple(n for n in seg.makes if n in reads)
+
+
+class Schema:
+    """Stage schemas of one model for any workload, cached (building specs is cheap but not
+    free, and a robot fleet asks for the same few workloads over and over)."""
+
+    def __init__(self, cfg: VLAConfig, dtype: str, max_batch: int = 8) -> None:
+        self.cfg, self.dtype, self.max_batch = cfg, dtype, max_batch
+        self.names = tuple(s.name for s in self._graph(1, 1).stages)
+
+    @lru_cache(maxsize=256)  # noqa: B019 - one Schema per server; entries are small
+    def _graph(self, batch: int, text_tokens: int) -> StageGraph:
+        return build_graph(self.cfg, None, Workload(batch, text_tokens, self.dtype))
+
+    def parse_stages(self, text: str) -> tuple[str, ...]:
+        """'prefill+decode' -> ('prefill', 'decode'); must be consecutive graph stages."""
+        names = tuple(text.split("+")) if text else ()
+        if not names or any(n not in self.names for n in names):
+            raise PacketError(f"unknown stage list {text!r:.80}; stages: {list(self.names)}")
+        first = self.names.index(names[0])
+        if self.names[first : first + len(names)] != names:
+            raise PacketError(f"stages {list(names)} are not consecutive in {list(self.names)}")
+        return names
+
+    def expected(
+        self, names: tuple[str, ...], batch: object, text_tokens: object
+    ) -> tuple[Segment, dict[str, TensorSpec]]:
+        """The segment and the exact specs of the tensors a request for it must carry."""
+        if not isinstance(batch, int) or not 1 <= batch <= self.max_batch:
+            raise PacketError(f"meta.batch must be an integer in 1..{self.max_batch}")
+        limit = self.cfg.max_text_tokens
+        if not isinstance(text_tokens, int) or not 1 <= text_tokens <= limit:
+            raise PacketError(f"meta.text_tokens must be an integer in 1..{limit}")
+        graph = self._graph(batch, text_tokens)
+        seg = segment_of(graph, names)
+        specs = {s.name: s for s in graph.graph_inputs}
+        for st in graph.stages:
+            specs.update({s.name: s for s in st.outputs})
+        return seg, {n: specs[n] for n in seg.needs}

@@ -1,0 +1,336 @@
+"""The edge server: many robots, one model, per-stage queues, batching, measured timings.
+
+Two threads. The I/O thread owns the ROUTER socket: it answers control messages (health)
+at once, never behind model work, validates every data message (header against limits and
+the stage schema first, tensors only after) and answers a bad one with an error, then puts
+good requests into the stage queues. The worker thread takes batches (queues.py), runs one
+stage, moves each request on to its next stage or hands the finished reply back to the I/O
+thread over an inproc socket (ZeroMQ sockets are not thread-safe, so only one thread touches
+the ROUTER). Every reply carries the measured time of each stage, its queueing time and batch
+size, so the robot's predictor can calibrate on them.
+
+A message that cannot be parsed at all is answered with an error (rid 0) and counted; the
+server keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from vlarun.models.policy import Policy
+from vlarun.runtime import wire
+from vlarun.runtime.queues import Job, StageQueues
+from vlarun.runtime.segments import Schema, batch_dim
+from vlarun.runtime.transport import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EdgeAuth,
+    Security,
+    router_socket,
+)
+from vlarun.stages.families import Workload, build_graph
+from vlarun.stages.packet import Limits, Packet, PacketError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Edge server settings. ``batch_window_s``: the longest a batch waits for more robots
+    (also bounded by half the slack of its most urgent member); ``limits``: what a request
+    may claim before it is refused (defaults fit the tiny and 7B-class packets alike)."""
+
+    address: str = "tcp://127.0.0.1:0"
+    max_batch: int = 8
+    batch_window_s: float = 0.002
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.batch_window_s < 0:
+            raise ValueError("max_batch must be >= 1 and batch_window_s >= 0")
+
+
+class EdgeServer:
+    """Serve ``policy``'s stages on ``cfg.address`` (``tcp://host:0`` picks a free port;
+    ``.address`` tells which)."""
+
+    def __init__(
+        self, policy: Policy, sec: Security, cfg: ServerConfig | None = None, ctx=None
+    ) -> None:
+        self.cfg = cfg or ServerConfig()
+        self.policy = policy
+        model = policy.model
+        self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
+        self.graph = build_graph(model.cfg, model, Workload(1, 1, self.dtype))
+        self.schema = Schema(model.cfg, self.dtype, self.cfg.max_batch)
+        inputs = {s.name: tuple(x.name for x in s.inputs) for s in self.graph.stages}
+        self.queues = StageQueues(inputs, self.cfg.max_batch)
+        self.ctx = ctx or zmq.Context()
+        self.auth = EdgeAuth(self.ctx, sec)
+        self.sock = router_socket(
+            self.ctx, _wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
+        )
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.secure = not sec.insecure
+        self._pipe = f"inproc://vlarun-edge-{id(self)}"
+        self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.bind(self._pipe)
+        self.stop_event = threading.Event()
+        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0}
+        self.started = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> EdgeServer:
+        for target, name in ((self._io_loop, "edge-io"), (self._work_loop, "edge-worker")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        with self.queues.cond:
+            self.queues.cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.sock.close(0)
+        self._pull.close(0)
+        self.auth.stop()
+
+    def __enter__(self) -> EdgeServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- I/O thread --------------------------------------------------------------------------------
+
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        while not self.stop_event.is_set():
+            events = dict(poller.poll(50))
+            if self._pull in events:
+                self._drain_replies()
+            if self.sock in events:
+                self._drain_requests()
+
+    def _drain_replies(self) -> None:
+        while True:
+            try:
+                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self._send(frames)
+
+    def _drain_requests(self) -> None:
+        for _ in range(256):  # bounded, so replies are not starved by a flood
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue  # no identity + header: nothing to answer to
+            identity = frames[0].bytes
+            body = [f.buffer for f in frames[1:]]
+            try:
+                self._handle(identity, body)
+            except PacketError as e:
+                self.stats["errors"] += 1
+                self._send([identity, *wire.error(_rid_of(body), str(e))])
+            except Exception as e:  # never let one message take the server down
+                self.stats["errors"] += 1
+                self._send([identity, *wire.error(_rid_of(body), f"internal: {type(e).__name__}")])
+
+    def _send(self, frames: list) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+
+    def _handle(self, identity: bytes, body: list) -> None:
+        now = time.monotonic()
+        header = wire.decode_header(body[0], self.cfg.limits)
+        if header.kind == "control":
+            self.stats["control"] += 1
+            self._send([identity, *self._control(header)])
+            return
+        if header.kind != "data":
+            raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
+        job = self._job(identity, header, body[1:], now)
+        if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
+            self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
+        self._seen[identity] = now
+        self.stats["requests"] += 1
+        self.queues.put(job)
+
+    def _job(self, identity: bytes, header: wire.Header, frames: list, now: float) -> Job:
+        """Check the request against the stage schema, then (only then) read its tensors."""
+        names = self.schema.parse_stages(header.stage)
+        meta = header.meta
+        seg, specs = self.schema.expected(names, meta.get("batch"), meta.get("text_tokens"))
+        got = {e.name: e for e in header.entries}
+        if set(got) != set(specs):
+            raise PacketError(
+                f"stages {list(names)} need tensors {sorted(specs)}, got {sorted(got)}"
+            )
+        for name, spec in specs.items():
+            e = got[name]
+            if e.dtype != spec.dtype or e.shape != spec.shape:
+                raise PacketError(
+                    f"tensor {name!r}: expected {spec.dtype}{list(spec.shape)}, "
+                    f"got {e.dtype}{list(e.shape)}"
+                )
+        want = meta.get("want", [s.name for s in self.graph.stage(names[-1]).outputs])
+        if not isinstance(want, list) or not want or not set(want) <= set(seg.makes):
+            raise PacketError(f"meta.want must name outputs of {list(names)}: {list(seg.makes)}")
+        codec = meta.get("reply_codec", {})
+        if not isinstance(codec, dict):
+            raise PacketError("meta.reply_codec must be a map")
+        try:
+            wire.Codec(**codec)
+        except (TypeError, ValueError) as e:
+            raise PacketError(f"bad reply_codec: {e}") from None
+        msg = wire.materialize(header, frames, self.cfg.limits)
+        budget = header.deadline_s if header.deadline_s > 0 else 0.0
+        return Job(
+            identity,
+            header.rid,
+            names,
+            tuple(want),
+            dict(msg.packet.tensors),
+            now,
+            now + min(budget, 3600.0),
+            codec,
+        )
+
+    def _control(self, header: wire.Header) -> list[bytes]:
+        op = header.meta.get("op")
+        if op in ("health", "ping"):
+            return wire.control("health", header.rid, **self.health())
+        return wire.error(header.rid, f"unknown control op {op!r:.40}")
+
+    def health(self) -> dict:
+        """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates."""
+        return {
+            "ok": True,
+            "model": self.policy.model.cfg.name,
+            "family": self.policy.model.cfg.family,
+            "dtype": self.dtype,
+            "stages": list(self.schema.names),
+            "queue": self.queues.depth(),
+            "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
+            "max_batch": self.cfg.max_batch,
+            "secure": self.secure,
+            "uptime_s": time.monotonic() - self.started,
+            **self.stats,
+        }
+
+    # -- worker thread -----------------------------------------------------------------------------
+
+    def _work_loop(self) -> None:
+        push = self.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(self._pipe)
+        try:
+            while not self.stop_event.is_set():
+                batch = self.queues.take(self.stop_event, self._window_s)
+                if batch:
+                    self._run_batch(batch, push)
+        finally:
+            push.close(0)
+
+    def _window_s(self) -> float:
+        """Wait for batch mates only while more than one robot is active (a lone robot would
+        only lose the window); active = sent data in the last second."""
+        now = time.monotonic()
+        recent = sum(now - t < 1.0 for t in list(self._seen.values()))
+        return self.cfg.batch_window_s if recent > 1 else 0.0
+
+    def _run_batch(self, batch: list[Job], push: zmq.Socket) -> None:
+        now = time.monotonic()
+        live = []
+        for job in batch:
+            if now > job.deadline:  # the robot has already run this locally; save the edge
+                self.stats["expired"] += 1
+                push.send_multipart(
+                    [job.identity, *wire.error(job.rid, "deadline passed on the edge")]
+                )
+            else:
+                live.append(job)
+        if not live:
+            return
+        stage = self.graph.stage(live[0].stage)
+        try:
+            seconds = self._execute(stage, live)
+        except Exception as e:  # one bad request must not fail its batch mates
+            if len(live) > 1:
+                for job in live:
+                    self._run_batch([job], push)
+                return
+            self.stats["errors"] += 1
+            push.send_multipart([live[0].identity, *wire.error(live[0].rid, f"stage failed: {e}")])
+            return
+        self.queues.observe(stage.name, seconds, len(live))
+        for job in live:
+            job.timings.append(
+                {
+                    "stage": stage.name,
+                    "compute_s": seconds,
+                    "queue_s": now - job.enqueued,
+                    "batch": len(live),
+                }
+            )
+            job.pos += 1
+            if job.pos < len(job.stages):
+                self.queues.put(job)
+            else:
+                push.send_multipart([job.identity, *self._reply(job)])
+
+    def _execute(self, stage, jobs: list[Job]) -> float:
+        """Run one stage on the jobs' inputs concatenated along each tensor's batch axis."""
+        names = [s.name for s in stage.inputs]
+        if len(jobs) == 1:
+            packet = Packet({n: jobs[0].pool[n] for n in names})
+        else:
+            packet = Packet({n: torch.cat([j.pool[n] for j in jobs], batch_dim(n)) for n in names})
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = stage.fn(packet)
+        seconds = time.perf_counter() - start
+        sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
+        for name, t in out.tensors.items():
+            for job, part in zip(jobs, torch.split(t, sizes, batch_dim(name)), strict=True):
+                job.pool[name] = part
+        return seconds
+
+    def _reply(self, job: Job) -> list[bytes]:
+        self.stats["replies"] += 1
+        packet = Packet({n: job.pool[n] for n in job.want})
+        meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival}
+        msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
+        return wire.encode(msg, wire.Codec(**job.reply_codec))
+
+
+def _wildcard(address: str) -> str:
+    """ZeroMQ spells "any free port" as '*'; accept the usual ':0' too."""
+    return address[:-2] + ":*" if address.endswith(":0") else address
+
+
+def _rid_of(body: list) -> int:
+    """Best-effort request id of a message that failed validation (0 if unreadable)."""
+    import msgpack
+
+    try:
+        if len(body[0]) > Limits().max_header_bytes:
+            return 0
+        rid = msgpack.unpackb(bytes(body[0]), raw=False).get("rid", 0)
+        return rid if isinstance(rid, int) and 0 <= rid < 2**63 else 0
+    except Exception:
+        return 0

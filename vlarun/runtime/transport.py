@@ -1,0 +1,190 @@
+"""ZeroMQ sockets with CurveZMQ: keys, the edge's ROUTER and a robot's DEALER.
+
+Secure by default: the edge's socket is a Curve server (every byte encrypted, and a client
+must know the edge's public key to complete the handshake); with an authorized-keys folder,
+only robots whose public keys are in it may connect (ZAP through pyzmq's authenticator).
+``--insecure`` turns Curve off for local tests and says so loudly on stderr.
+
+Key files use the ZPL certificate layout ZeroMQ's own tools read (``NAME.key`` public,
+``NAME.key_secret`` public + secret), are written with mode 0600, and a secret file readable
+by group or others is refused, as ssh refuses such a private key.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+
+INSECURE_WARNING = (
+    "WARNING: --insecure: ZeroMQ traffic is NEITHER AUTHENTICATED NOR ENCRYPTED; anyone who "
+    "can reach this port can send tensors and read actions. Use it only for local tests."
+)
+# A message larger than this is dropped by ZeroMQ before Python sees it (the peer is
+# disconnected); smaller malformed messages are answered with an error.
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+
+
+def default_key_dir() -> Path:
+    return Path(os.environ.get("VLARUN_KEY_DIR", Path.home() / ".config" / "vlarun" / "keys"))
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    public: bytes
+    secret: bytes | None = None
+
+
+def generate_keys(directory: str | Path, name: str, overwrite: bool = False) -> dict:
+    """Write a new Curve key pair as ``directory/name.key`` and ``name.key_secret`` (0600)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    public, secret = zmq.curve_keypair()
+    paths = {"public": directory / f"{name}.key", "secret": directory / f"{name}.key_secret"}
+    if not overwrite and any(p.exists() for p in paths.values()):
+        raise ValueError(f"keys {name!r} already exist in {directory} (pass --overwrite)")
+    _write_cert(paths["public"], public, None)
+    _write_cert(paths["secret"], public, secret)
+    return {"name": name, "public_key": public.decode(), **{k: str(p) for k, p in paths.items()}}
+
+
+def _write_cert(path: Path, public: bytes, secret: bytes | None) -> None:
+    lines = ["#   ZeroMQ CURVE certificate written by `vlarun keys`", "metadata", "curve"]
+    lines.append(f'    public-key = "{public.decode()}"')
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode()}"')
+    # Create with 0600 directly: a chmod after writing would leave a window where it is readable.
+    if path.exists():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def load_keys(path: str | Path) -> KeyPair:
+    """A key file: a public certificate, or a secret one (not readable by group or others)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"key file {path} does not exist (make one with `vlarun keys`)")
+    public, secret = zmq.auth.load_certificate(path)
+    if secret is not None and stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise ValueError(f"secret key {path} is readable by others; chmod 600 it")
+    return KeyPair(public, secret)
+
+
+@dataclass(frozen=True)
+class Security:
+    """How a socket authenticates. ``insecure`` = plain TCP; otherwise ``own`` is this side's
+    key pair, ``server_public`` the edge's public key (robots), ``authorized_dir`` a folder
+    of robot public keys the edge accepts (None: any robot that knows the edge's key)."""
+
+    insecure: bool = False
+    own: KeyPair | None = None
+    server_public: bytes | None = None
+    authorized_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.insecure and self.own is None:
+            raise ValueError("a secure socket needs its own key pair (or insecure=True)")
+
+
+def warn_insecure() -> None:
+    print(INSECURE_WARNING, file=sys.stderr, flush=True)
+
+
+class EdgeAuth:
+    """Starts pyzmq's ZAP authenticator when the edge restricts robots to authorized keys."""
+
+    def __init__(self, ctx: zmq.Context, sec: Security) -> None:
+        self.auth = None
+        if sec.insecure or sec.authorized_dir is None:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self.auth = ThreadAuthenticator(ctx)
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=str(sec.authorized_dir))
+
+    def stop(self) -> None:
+        if self.auth is not None:
+            self.auth.stop()
+
+
+def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int) -> zmq.Socket:
+    """The edge's socket: many robots, replies routed by the robot's identity frame."""
+    s = ctx.socket(zmq.ROUTER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    s.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a robot that left is dropped, not raised
+    s.setsockopt(zmq.SNDHWM, 1000)
+    if not sec.insecure:
+        s.curve_server = True
+        s.curve_publickey = sec.own.public
+        s.curve_secretkey = sec.own.secret
+    s.bind(address)
+    return s
+
+
+def dealer_socket(ctx: zmq.Context, address: str, sec: Security) -> zmq.Socket:
+    """A robot's socket. IMMEDIATE: a send with no live connection fails at once instead of
+    queueing, which is how the agent notices a dropped link; heartbeats make a silent dead
+    peer (cable pulled, no TCP reset) drop the connection within a second."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.IMMEDIATE, 1)
+    s.setsockopt(zmq.HEARTBEAT_IVL, 200)
+    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1000)
+    s.setsockopt(zmq.RECONNECT_IVL, 100)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, 250)  # an edge that returns is found quickly
+    if not sec.insecure:
+        if sec.server_public is None:
+            raise ValueError("a secure robot needs the edge's public key (--server-key)")
+        s.curve_serverkey = sec.server_public
+        s.curve_publickey = sec.own.public
+        s.curve_secretkey = sec.own.secret
+    s.connect(address)
+    return s
+
+
+def robot_security(insecure: bool, server_key: str | None, keys: str | None) -> Security:
+    """Security of a robot from CLI-style options; an ephemeral key pair when none is given
+    (fine unless the edge restricts robots to authorized keys)."""
+    if insecure:
+        warn_insecure()
+        return Security(insecure=True)
+    if server_key is None:
+        path = default_key_dir() / "edge.key"
+        if not path.exists():
+            raise ValueError(
+                "give --server-key EDGE.key (the edge's public key, made by `vlarun keys`) "
+                "or --insecure for a local test"
+            )
+        server_key = str(path)
+    own = load_keys(keys) if keys else KeyPair(*zmq.curve_keypair())
+    if own.secret is None:
+        raise ValueError(f"{keys} holds no secret key; pass the .key_secret file")
+    return Security(own=own, server_public=load_keys(server_key).public)
+
+
+def edge_security(insecure: bool, keys: str | None, authorized: str | None) -> Security:
+    """Security of the edge from CLI-style options (default key: ~/.config/vlarun/keys/edge)."""
+    if insecure:
+        warn_insecure()
+        return Security(insecure=True)
+    path = Path(keys) if keys else default_key_dir() / "edge.key_secret"
+    if not path.exists():
+        raise ValueError(
+            f"no edge key at {path}: run `vlarun keys --name edge` first "
+            "(or pass --insecure for a local test)"
+        )
+    own = load_keys(path)
+    if own.secret is None:
+        raise ValueError(f"{path} holds no secret key; pass the .key_secret file")
+    if authorized is not None and not Path(authorized).is_dir():
+        raise ValueError(f"authorized-keys folder {authorized} does not exist")
+    return Security(own=own, authorized_dir=authorized)
