@@ -126,11 +126,11 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
     agent.close()
     drop_after = steps / o.control_hz / 2 + 1.0  # + the agent's start-up
     relay, via = procs.start_relay(endpoint, o.bandwidth, o.delay_ms, f"{drop_after}:{o.drop_to}")
+    t_relay = time.monotonic()  # the relay's schedule clock started just before this
     times: list[float] = []
     try:
         agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s), via, Security(insecure=True))
         agent.local_s.update(local)
-        t0 = time.monotonic()
         ep = run_episode(
             agent,
             env,
@@ -138,16 +138,16 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
             o.control_hz,
             True,
             steps,
-            lambda i, inf: times.append(time.monotonic() - t0),
+            lambda i, inf: times.append(time.monotonic() - t_relay),
         )
         agent.close()
     finally:
         procs.stop(relay)
         env.close()
     infs = ep["inferences"]
-    drop_at = drop_after - 1.0
-    before = [r for r, t in zip(infs, times, strict=True) if t < drop_at]
-    after = [r for r, t in zip(infs, times, strict=True) if t >= drop_at]
+    # An inference is "after" if it completed after the drop (its transfers may straddle it).
+    before = [r for r, t in zip(infs, times, strict=True) if t < drop_after]
+    after = [r for r, t in zip(infs, times, strict=True) if t >= drop_after]
     s = summarise(infs, horizon)
     plans = {}
     for r in infs:

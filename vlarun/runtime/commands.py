@@ -88,6 +88,7 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     policy = load_policy(o.checkpoint, o.preset, o.dtype)
     cfg = ServerConfig(f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3)
     server = EdgeServer(policy, sec, cfg)
+    server.warmup()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

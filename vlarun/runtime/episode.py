@@ -25,8 +25,10 @@ def run_episode(
     asynchronous: bool = True,
     max_steps: int | None = None,
     on_inference=None,
+    refill_at: int | None = None,
 ) -> dict:
-    """One episode; ``on_inference(i, inference)`` sees each inference as it completes."""
+    """One episode; ``on_inference(i, inference)`` sees each inference as it completes;
+    ``refill_at``: queue length at which the next inference starts (default: chunk - 1)."""
     obs, _ = env.reset(seed=seed)
     horizon = agent.policy.model.cfg.horizon
     instruction = env.instruction
@@ -39,8 +41,13 @@ def run_episode(
             on_inference(len(done_records) - 1, inf)
         return inf.actions, inf
 
-    # Refill when one action is left: the inference has one tick to arrive before a stall.
-    queue = ChunkQueue(infer, refill_at=min(horizon - 1, 1) if asynchronous else 0)
+    # Ask for the next chunk as soon as this one starts executing: the deadline (chunk /
+    # control rate) is then exactly "arrives before the queue runs dry", i.e. no stall.
+    if refill_at is None:
+        refill_at = horizon - 1 if asynchronous else 0
+    if not 0 <= refill_at < horizon:
+        raise ValueError(f"refill_at must lie in 0..{horizon - 1}")
+    queue = ChunkQueue(infer, refill_at)
     period = 1.0 / control_hz
     steps, success, t_start = 0, False, time.perf_counter()
     next_tick = t_start

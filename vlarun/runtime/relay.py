@@ -62,7 +62,8 @@ async def _pump(reader, writer, shape: LinkShape, rng: random.Random) -> None:
                 await asyncio.sleep(wait)
             writer.write(data)
             await writer.drain()
-        writer.close()
+        if writer.can_write_eof():  # pass a half-close on; the peer may still answer
+            writer.write_eof()
 
     task = asyncio.create_task(deliver())
     try:
@@ -88,6 +89,8 @@ async def serve(upstream: tuple[str, int], shape: LinkShape, port: int = 0, read
             w_client.close()
             return
         await asyncio.gather(_pump(r_client, w_up, shape, rng), _pump(r_up, w_client, shape, rng))
+        for w in (w_up, w_client):
+            w.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", port)
     if ready is not None:

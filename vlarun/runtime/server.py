@@ -87,6 +87,20 @@ class EdgeServer:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
+    def warmup(self, text_tokens: int = 12) -> None:
+        """One pass of every stage on dummy inputs: the first robot must not pay for one-time
+        allocations (it would miss its deadline and fall back for nothing)."""
+        from vlarun.stages.families import graph_inputs
+
+        cfg = self.policy.model.cfg
+        size = cfg.image_size
+        images = torch.zeros(1, cfg.num_images, 3, size, size)
+        inputs = graph_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
+        with torch.no_grad():
+            run = self.graph.run(inputs, serialize=False)
+        for t in run.timings:
+            self.queues.observe(t.name, t.seconds, 1)
+
     def start(self) -> EdgeServer:
         for target, name in ((self._io_loop, "edge-io"), (self._work_loop, "edge-worker")):
             t = threading.Thread(target=target, name=name, daemon=True)
