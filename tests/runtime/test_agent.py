@@ -70,26 +70,32 @@ def test_strategies_give_the_local_actions(server, policy, strategy):
         agent.close()
 
 
-def test_chunk_queue_skips_actions_already_executed():
+def test_chunk_queue_appends_behind_the_queue_and_leads_by_the_latency():
     gate = threading.Event()
+    gate.set()
 
     def infer(obs):
         gate.wait(5)
-        return np.arange(4)[:, None] * np.ones((4, 4)) + 10 * obs["k"], None
+        return np.full((4, 4), float(obs["k"])), obs["k"]
 
-    q = ChunkQueue(infer, refill_at=1)
-    gate.set()
+    q = ChunkQueue(infer, horizon=4, tick_s=0.05)
+    assert q.refill_at == 3  # latency unknown yet: the most lead
     q.request({"k": 0})
     assert q.pop()[0] == 0
+    assert q.refill_at == 2  # that inference took < 1 tick: 1 tick + 1 spare
+    q.latency_s = 0.12  # 2.4 ticks: start with 3 actions left
     gate.clear()
-    assert q.request({"k": 1})
+    assert q.needs_refill() and q.request({"k": 1})
     assert not q.request({"k": 2})  # one inference in flight at a time
-    assert q.pop()[0] == 1 and q.pop()[0] == 2  # chunk 0 keeps flowing meanwhile
+    assert [q.pop()[0] for _ in range(3)] == [0, 0, 0]  # the old chunk bridges the wait
     gate.set()
     q.join()
-    # chunk 1 was computed from the observation at step 1; steps 1 and 2 have passed
-    assert q.pop()[0] == 12 and q.pop()[0] == 13
-    assert len(q.stalls) <= 1  # only the very first chunk may be waited for
+    assert [q.pop()[0] for _ in range(4)] == [1, 1, 1, 1]  # appended, executed whole
+    q.latency_s = 0.04  # 0.8 ticks: start when 2 actions are left (ceil + 1 spare tick)
+    assert q.refill_at == 2
+    assert q.records == [0, 1] and len(q.stalls) <= 1  # only the very first chunk waited for
+    sync = ChunkQueue(infer, horizon=4, tick_s=0.05, lead=False)
+    assert sync.refill_at == 0
 
 
 def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):

@@ -144,11 +144,12 @@ class RobotAgent:
 
     def scheduler(self, text_tokens: int):
         if text_tokens not in self._scheds:
-            from vlarun.runtime.planning import make_scheduler
+            from vlarun.runtime.planning import make_scheduler, prime
 
-            self._scheds[text_tokens] = make_scheduler(
-                self.policy.model.cfg, self.cfg, text_tokens, self.dtype
-            )
+            sched = make_scheduler(self.policy.model.cfg, self.cfg, text_tokens, self.dtype)
+            health = self.monitor.health if self.monitor is not None else {}
+            prime(sched, self.local_s, health.get("stage_ms") or {})
+            self._scheds[text_tokens] = sched
         return self._scheds[text_tokens]
 
     def plan(self, graph, text_tokens: int):

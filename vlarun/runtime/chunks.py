@@ -1,15 +1,20 @@
 """Asynchronous action-chunk queue: the next inference runs while the robot executes actions.
 
-The robot pops one action per control tick. When the queue holds ``refill_at`` actions or
-fewer, it asks for a new chunk from the current observation; the inference runs on a
-background thread. A chunk computed from the observation of step i arrives at step j > i:
-its first j - i actions belong to steps already executed, so they are skipped and the rest
-replace the queue (the fresher chunk wins). If the queue runs dry before a chunk arrives, the
-robot waits: that wait is a stall, counted and timed, never hidden.
+The robot pops one action per control tick. The next inference starts, from the current
+observation, when the actions still queued just cover its expected latency:
+
+    refill when  len(queue) <= ceil(latency / tick) + 1     (clamped to 1 .. chunk - 1)
+
+The new chunk is appended behind the actions still queued at request time: those bridge the
+wait, and the new chunk starts about when it was meant to, stale only by its own latency
+(starting earlier would make every action staler; later, the robot would stall). With the
+deadline chunk / control rate, an inference that meets it never lets the queue run dry.
+If it does run dry, the robot waits: that wait is a stall, counted and timed, never hidden.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -19,16 +24,34 @@ import numpy as np
 
 
 class ChunkQueue:
-    def __init__(self, infer: Callable[[dict], tuple[np.ndarray, object]], refill_at: int = 1):
-        self.infer, self.refill_at = infer, refill_at
+    def __init__(
+        self,
+        infer: Callable[[dict], tuple[np.ndarray, object]],
+        horizon: int,
+        tick_s: float,
+        lead: bool = True,
+    ) -> None:
+        """``lead=False``: no overlap, the next inference starts when the queue is empty."""
+        if lead and horizon < 2:
+            raise ValueError("asynchronous chunks need a horizon of at least 2 actions")
+        self.infer, self.horizon, self.tick_s, self.lead = infer, horizon, tick_s, lead
         self.actions: deque[np.ndarray] = deque()
         self.cond = threading.Condition()
-        self.step = 0  # actions popped so far
         self.pending = False
+        self.latency_s: float | None = None  # EWMA of inference latency
         self.records: list = []  # what ``infer`` returned beside the actions, in order
         self.errors: list[BaseException] = []
         self.stalls: list[float] = []
         self._threads: list[threading.Thread] = []
+
+    @property
+    def refill_at(self) -> int:
+        if not self.lead:
+            return 0
+        if self.latency_s is None:
+            return self.horizon - 1  # unknown latency: the most lead time
+        ticks = math.ceil(self.latency_s / self.tick_s) + 1
+        return min(max(ticks, 1), self.horizon - 1)
 
     def request(self, obs: dict) -> bool:
         """Start an inference on ``obs`` unless one is in flight; True if started."""
@@ -36,8 +59,7 @@ class ChunkQueue:
             if self.pending:
                 return False
             self.pending = True
-            at = self.step
-        t = threading.Thread(target=self._run, args=(obs, at), daemon=True)
+        t = threading.Thread(target=self._run, args=(obs,), daemon=True)
         self._threads.append(t)
         t.start()
         return True
@@ -46,7 +68,8 @@ class ChunkQueue:
         with self.cond:
             return not self.pending and len(self.actions) <= self.refill_at
 
-    def _run(self, obs: dict, at: int) -> None:
+    def _run(self, obs: dict) -> None:
+        t0 = time.perf_counter()
         try:
             chunk, record = self.infer(obs)
         except BaseException as e:  # surfaced by pop(), never swallowed
@@ -55,11 +78,11 @@ class ChunkQueue:
                 self.pending = False
                 self.cond.notify_all()
             return
+        seconds = time.perf_counter() - t0
         with self.cond:
-            skip = self.step - at
-            fresh = list(chunk)[skip:]
-            if fresh:
-                self.actions = deque(fresh)
+            self.actions.extend(list(chunk))
+            old = self.latency_s
+            self.latency_s = seconds if old is None else 0.7 * old + 0.3 * seconds
             self.records.append(record)
             self.pending = False
             self.cond.notify_all()
@@ -78,7 +101,6 @@ class ChunkQueue:
             waited = time.perf_counter() - t0
             if waited > 1e-4:
                 self.stalls.append(waited)
-            self.step += 1
             return self.actions.popleft()
 
     def join(self, timeout_s: float = 10.0) -> None:

@@ -25,10 +25,8 @@ def run_episode(
     asynchronous: bool = True,
     max_steps: int | None = None,
     on_inference=None,
-    refill_at: int | None = None,
 ) -> dict:
-    """One episode; ``on_inference(i, inference)`` sees each inference as it completes;
-    ``refill_at``: queue length at which the next inference starts (default: chunk - 1)."""
+    """One episode; ``on_inference(i, inference)`` sees each inference as it completes."""
     obs, _ = env.reset(seed=seed)
     horizon = agent.policy.model.cfg.horizon
     instruction = env.instruction
@@ -41,13 +39,7 @@ def run_episode(
             on_inference(len(done_records) - 1, inf)
         return inf.actions, inf
 
-    # Ask for the next chunk as soon as this one starts executing: the deadline (chunk /
-    # control rate) is then exactly "arrives before the queue runs dry", i.e. no stall.
-    if refill_at is None:
-        refill_at = horizon - 1 if asynchronous else 0
-    if not 0 <= refill_at < horizon:
-        raise ValueError(f"refill_at must lie in 0..{horizon - 1}")
-    queue = ChunkQueue(infer, refill_at)
+    queue = ChunkQueue(infer, horizon, 1.0 / control_hz, lead=asynchronous)
     period = 1.0 / control_hz
     steps, success, t_start = 0, False, time.perf_counter()
     next_tick = t_start
@@ -61,7 +53,8 @@ def run_episode(
             break
         if queue.needs_refill():
             queue.request(obs)
-        next_tick += period
+        # A stall delays the schedule instead of being made up by a burst of actions.
+        next_tick = max(next_tick + period, time.perf_counter())
         time.sleep(max(next_tick - time.perf_counter(), 0.0))
     wall = time.perf_counter() - t_start
     queue.join()

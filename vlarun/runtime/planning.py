@@ -33,6 +33,20 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     return sched
 
 
+def prime(sched: Scheduler, robot_s: dict[str, float], edge_ms: dict[str, float]) -> None:
+    """Start calibrated: stage times already measured (the robot's warm-up runs, the edge's
+    per-stage estimates from its health reply) set the stage factors before the first
+    request, so the first plan is not a guess from catalog peaks."""
+    for si, name in enumerate(sched.space.stages):
+        if name in robot_s:
+            sched.cal.observe_stage(
+                name, sched.devices["robot"].id, sched.t_rob[0, si], robot_s[name]
+            )
+        if name in edge_ms:
+            edge_s = edge_ms[name] * 1e-3
+            sched.cal.observe_stage(name, sched.devices["edge"].id, sched.t_edge[0, si, 1], edge_s)
+
+
 def decide(sched: Scheduler, link: Link, health: dict) -> Decision:
     """The scheduler's decision for a request made now, given the edge's last health reply."""
     stage_ms = health.get("stage_ms", {}) or {}
