@@ -64,6 +64,9 @@ def run(o: BenchCoinferOptions) -> dict:
     edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
     rows, fleet = [], None
     try:
+        from vlarun.runtime.overhead import measure
+
+        overhead = measure(endpoint, policy, 10 if o.quick else 50)
         for strategy in STRATEGIES:
             rows.append(_strategy_run(o, policy, endpoint, strategy, steps))
         if robots > 0:
@@ -87,6 +90,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "energy_source": "modelled (measured times x catalog power; edge = this CPU standing in)",
         "rows": rows,
         "fleet": fleet,
+        "runtime_overhead": overhead,
     }
     if o.out:
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
@@ -225,6 +229,7 @@ def show(r: dict) -> None:
             f"{_pct(x['slo_met_before_drop']):>8}{_pct(x['slo_met_after_drop']):>7}"
             f"{x['actions_per_joule']:>8.3f}{x['fallbacks']:>10}"
         )
+    _show_overhead(r["runtime_overhead"])
     f = r.get("fleet")
     if f and f.get("inferences"):
         print(
@@ -232,6 +237,14 @@ def show(r: dict) -> None:
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
             f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
         )
+
+
+def _show_overhead(x: dict) -> None:
+    print(
+        f"  runtime overhead per remote stage ({x['stage']}, {x['request_bytes'] / 1e3:.0f} kB "
+        f"out): {x['remote_minus_compute_ms']:.2f} ms beyond compute vs raw ZeroMQ round trip "
+        f"{x['raw_round_trip_ms']:.2f} ms -> {x['overhead_ms']:+.2f} ms (n={x['n']})"
+    )
 
 
 def _pct(x) -> str:

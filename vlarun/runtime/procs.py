@@ -62,6 +62,11 @@ def start_relay(
     return _spawn(args, timeout_s)
 
 
+def spawn_module(module: str, args: list[str] | None = None, timeout_s: float = 20.0):
+    """``python -m module args`` that prints its endpoint first; (process, endpoint)."""
+    return _spawn(["-m", module, *(args or [])], timeout_s)
+
+
 def stop(proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0) -> None:
     if proc.poll() is None:
         proc.kill() if kill else proc.terminate()
