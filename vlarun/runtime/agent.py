@@ -5,10 +5,11 @@ One inference (``RobotAgent.infer``):
   1. plan: the scheduler's decision for this request (strategy "vlarun"), or a fixed
      placement (device-only, edge-only, fixed-split: vision here, the rest on the edge);
   2. walk the plan's segments: a robot segment runs here; an edge segment is one request that
-     waits at most until  deadline - (local time of every stage still to run) - margin,
-     so that if the edge is silent, running the rest here still ends by the deadline;
-     when that budget is gone, the request waits until the deadline itself, so a step is
-     never later than its deadline plus one local run of the remaining stages;
+     waits until  deadline - (local time of every stage still to run) - margin,  so that if
+     the edge is silent, running the rest here still ends by the deadline; when that leaves
+     the edge less than twice its usual time, it waits up to that, at most until the
+     deadline itself: a step is never later than its deadline plus one local run of the
+     remaining stages;
   3. a dropped link (send refused, or no reply in time) marks the edge down: every later
      request runs here until the background monitor hears the edge again (monitor.py);
   4. feed back what was measured: stage times (edge times come in the reply), transfers and
@@ -33,7 +34,7 @@ from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.runtime.wire import Codec
-from vlarun.sched.link import Link
+from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.packet import Packet
 
@@ -78,6 +79,7 @@ class Inference:
     stage_ms: dict[str, float] = field(default_factory=dict)
     remote_overhead_ms: list[float] = field(default_factory=list)
     bytes_sent: int = 0
+    link_mbps: float | None = None  # the bandwidth estimate the plan was made with
 
     @property
     def late_s(self) -> float:
@@ -96,7 +98,20 @@ class Inference:
             "stage_ms": self.stage_ms,
             "remote_overhead_ms": self.remote_overhead_ms,
             "bytes_sent": self.bytes_sent,
+            "link_mbps": self.link_mbps,
         }
+
+
+@dataclass
+class _Trace:
+    """What one request's execution did: where each stage ran and for how long, etc."""
+
+    ran: dict[str, str] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    edge_s: dict[str, float] = field(default_factory=dict)  # edge compute per request
+    fallback: str | None = None
+    overheads_ms: list[float] = field(default_factory=list)
+    sent: int = 0
 
 
 class RobotAgent:
@@ -114,7 +129,8 @@ class RobotAgent:
         model = policy.model
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
-        self.local_s: dict[str, float] = {}
+        self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
+        self.remote_s: dict[tuple[str, ...], float] = {}  # EWMA of each edge segment's wall time
         self._graphs: dict[int, object] = {}
         self._scheds: dict[int, object] = {}
         self.client = self.monitor = None
@@ -180,58 +196,72 @@ class RobotAgent:
 
     def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
         t0 = time.perf_counter()
-        deadline = t0 + self.cfg.slo_s
         self._refresh_link()
+        link_mbps = self.link.bandwidth_mbps
         ids = self.policy.text_ids(instruction)
         graph = self.graph(len(ids))
         placement, decision = self.plan(graph, len(ids))
         pool = dict(self._inputs(image, ids, state, seed).tensors)
-        ran, stage_s, fallback, overheads, sent = {}, {}, None, [], 0
-        edge_times: dict[str, float] = {}
-        segs = segments(graph, placement)
-        for i, seg in enumerate(segs):
-            if seg.role == "edge" and fallback is None and self.edge_up:
-                try:
-                    rep = self._remote(graph, placement, seg, pool, ids, deadline, segs[i:])
-                except LinkDown as e:
-                    fallback = f"link: {e}"
-                    self.monitor.mark_down()
-                except RuntimeError as e:  # the edge refused or ran out of time
-                    fallback = f"edge: {e}"
-                else:
-                    pool.update(rep.packet.tensors)
-                    for t in rep.timings:
-                        ran[t["stage"]] = "edge"
-                        edge_times[t["stage"]] = t["compute_s"] / max(t["batch"], 1)
-                        stage_s[t["stage"]] = t["compute_s"]
-                    overheads.append((rep.wall_s - rep.server_s) * 1e3)
-                    sent += rep.sent_bytes
-                    self._observe_transfer(rep)
-                    continue
-            elif seg.role == "edge" and fallback is None:
-                fallback = "link: edge down"
-            for name in seg.stages:
-                stage_s[name] = self._local(graph.stage(name), pool, ran)
+        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s)
         latency = time.perf_counter() - t0
-        actions = self.policy.unnormalize(pool["actions"][0])
         inf = Inference(
-            actions,
+            self.policy.unnormalize(pool["actions"][0]),
             placement,
-            ran,
+            tr.ran,
             latency,
             self.cfg.slo_s,
-            fallback,
+            tr.fallback,
             None if decision is None else decision.latency_s,
-            self._energy(graph, ran, stage_s, edge_times, latency),
-            {k: v * 1e3 for k, v in stage_s.items()},
-            overheads,
-            sent,
+            self._energy(graph, tr.ran, tr.stage_s, tr.edge_s, latency),
+            {k: v * 1e3 for k, v in tr.stage_s.items()},
+            tr.overheads_ms,
+            tr.sent,
+            link_mbps,
         )
         if decision is not None:
             from vlarun.runtime.planning import learn
 
-            learn(self.scheduler(len(ids)), decision, inf, stage_s, edge_times)
+            learn(self.scheduler(len(ids)), decision, inf, tr.stage_s, tr.edge_s)
         return inf
+
+    def _execute(self, graph, placement, pool: dict, text_tokens: int, deadline: float) -> _Trace:
+        """Run the plan's segments; after the first edge failure, everything left runs here."""
+        tr = _Trace()
+        segs = segments(graph, placement)
+        for i, seg in enumerate(segs):
+            remote = seg.role == "edge" and tr.fallback is None
+            if remote and self._try_remote(
+                graph, placement, segs, i, pool, text_tokens, deadline, tr
+            ):
+                continue
+            for name in seg.stages:
+                tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran)
+        return tr
+
+    def _try_remote(self, graph, placement, segs, i, pool, text_tokens, deadline, tr) -> bool:
+        """One edge segment into ``pool``; False (with the reason in ``tr``) to run it here."""
+        if not self.edge_up:
+            tr.fallback = "link: edge down"
+            return False
+        try:
+            rep = self._remote(graph, placement, segs[i], pool, text_tokens, deadline, segs[i:])
+        except LinkDown as e:
+            tr.fallback = f"link: {e}"
+            self.monitor.mark_down()
+            self._bound_bandwidth(e)
+            return False
+        except RuntimeError as e:  # the edge refused or ran out of time
+            tr.fallback = f"edge: {e}"
+            return False
+        pool.update(rep.packet.tensors)
+        for t in rep.timings:
+            tr.ran[t["stage"]] = "edge"
+            tr.edge_s[t["stage"]] = t["compute_s"] / max(t["batch"], 1)
+            tr.stage_s[t["stage"]] = t["compute_s"]
+        tr.overheads_ms.append((rep.wall_s - rep.server_s) * 1e3)
+        tr.sent += rep.sent_bytes
+        self._observe_transfer(rep)
+        return True
 
     def _inputs(self, image, ids, state, seed) -> Packet:
         cfg = self.policy.model.cfg
@@ -254,20 +284,33 @@ class RobotAgent:
         ran[stage.name] = "robot"
         return seconds
 
-    def _remote(self, graph, placement, seg, pool, ids, deadline, rest):
-        """One edge segment; the reply must come while local fallback still makes the deadline."""
-        now = time.perf_counter()
-        left = deadline - now
-        local_rest = sum(self.local_s.get(n, 0.0) for s in rest for n in s.stages)
-        timeout = left - local_rest - self.cfg.margin_s
-        if timeout <= 0:  # local alone would miss too: give the edge until the deadline
-            timeout = left
-        if timeout <= 0:
+    def _remote(self, graph, placement, seg, pool, text_tokens, deadline, rest):
+        """One edge segment, waited for no longer than ``_timeout`` allows."""
+        left = deadline - time.perf_counter()
+        if left <= 0:
             raise RuntimeError("no time left for the edge")
+        local_rest = sum(self.local_s.get(n, 0.0) for s in rest for n in s.stages)
+        timeout = self._timeout(seg.stages, left, local_rest)
         want = wanted(graph, placement, seg)
         packet = Packet({n: pool[n] for n in seg.needs})
-        meta = {"batch": 1, "text_tokens": len(ids)}
-        return self.client.run(seg.stages, packet, want, left, timeout, meta, self.cfg.codec)
+        meta = {"batch": 1, "text_tokens": text_tokens}
+        self.monitor.last_remote = time.monotonic()
+        t0 = time.perf_counter()
+        rep = self.client.run(seg.stages, packet, want, left, timeout, meta, self.cfg.codec)
+        old = self.remote_s.get(seg.stages)
+        wall = time.perf_counter() - t0
+        self.remote_s[seg.stages] = wall if old is None else 0.7 * old + 0.3 * wall
+        return rep
+
+    def _timeout(self, stages: tuple[str, ...], left: float, local_rest: float) -> float:
+        """How long to wait for the edge. Preferably only while running the rest here would
+        still end by the deadline; but when that leaves the edge less than twice its usual
+        time (a robot barely fast enough alone), the edge gets that much, up to the deadline
+        itself: a silent edge then costs at most deadline + one local run of the rest."""
+        safe = left - local_rest - self.cfg.margin_s
+        usual = self.remote_s.get(stages)
+        wanted_s = left if usual is None else 2 * usual
+        return max(safe, min(wanted_s, left))
 
     # -- measurements -----------------------------------------------------------------------------
 
@@ -276,8 +319,20 @@ class RobotAgent:
             return
         for rtt in self.monitor.take_rtts():
             self.link.observe_rtt(rtt)
+        for nbytes, round_trip in self.monitor.take_transfers():
+            # one way = the round trip minus the small answer's half (rtt / 2)
+            self.link.observe_transfer(nbytes, round_trip - self.link.rtt_ms * 1e-3 / 2)
         # No socket reset when the edge returns: the DEALER reconnects by itself, IMMEDIATE
         # kept nothing queued for the dead link, and late replies are dropped by request id.
+
+    def _bound_bandwidth(self, e: LinkDown) -> None:
+        """A request that timed out moved its bytes slower than bytes / wait: cap the estimate
+        there at once. Without this a congested link teaches nothing (no reply, no sample),
+        and every request keeps trying it, queueing yet more bytes behind the last."""
+        payload_s = e.waited_s - self.link.rtt_ms * 1e-3 / 2
+        if e.sent_bytes >= MIN_BANDWIDTH_SAMPLE_BYTES and payload_s > 0:
+            bound = e.sent_bytes * 8 / payload_s / 1e6
+            self.link.bandwidth_mbps = min(self.link.bandwidth_mbps, bound)
 
     def _observe_transfer(self, rep) -> None:
         """Both directions lumped: bytes moved over the time not spent computing on the edge."""

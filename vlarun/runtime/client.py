@@ -12,6 +12,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
+import torch
 import zmq
 
 from vlarun.runtime import wire
@@ -20,7 +21,12 @@ from vlarun.stages.packet import Limits, Packet, PacketError
 
 
 class LinkDown(ConnectionError):
-    """No live connection to the edge, or no reply before the deadline."""
+    """No live connection to the edge, or no reply before the deadline. After a timeout,
+    ``sent_bytes`` went out and nothing came back for ``waited_s`` seconds: evidence that the
+    link moves fewer than sent_bytes / waited_s bytes per second."""
+
+    sent_bytes: int = 0
+    waited_s: float = 0.0
 
 
 @dataclass
@@ -91,6 +97,16 @@ class EdgeClient:
         msg, _ = self._await(rid, timeout_s)
         return msg.meta, time.perf_counter() - t0
 
+    def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:
+        """Send ``nbytes`` of padding to the edge and wait for its small answer: seconds of
+        the round trip (a bandwidth sample when the robot is not sending anything else)."""
+        rid = next(_ids)
+        pad = Packet({"pad": torch.zeros(nbytes, dtype=torch.uint8)})
+        t0 = time.perf_counter()
+        self._send(wire.encode(wire.Message("control", rid, meta={"op": "probe"}, packet=pad)))
+        self._await(rid, timeout_s)
+        return time.perf_counter() - t0
+
     def run(
         self,
         stages: tuple[str, ...],
@@ -110,7 +126,11 @@ class EdgeClient:
         msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet)
         t0 = time.perf_counter()
         sent = self._send(wire.encode(msg, codec))
-        reply, recv = self._await(rid, timeout_s)
+        try:
+            reply, recv = self._await(rid, timeout_s)
+        except LinkDown as e:
+            e.sent_bytes, e.waited_s = sent, time.perf_counter() - t0
+            raise
         wall = time.perf_counter() - t0
         if reply.kind == "error":
             raise RuntimeError(f"edge refused {'+'.join(stages)}: {reply.meta.get('error')}")

@@ -176,6 +176,9 @@ class RunRobotOptions:
     robot_slowdown: float = opt(1.0, "stand in for a slower robot: local stages take this x longer")
     robot_device: str = opt("orin-nx-16gb", "catalog device the scheduler and energy model assume")
     edge_device: str = opt("rtx4090", "catalog device of the edge for the scheduler")
+    link_mbps: float | None = opt(None, "shape the link: a relay process at this bandwidth")
+    link_delay_ms: float = opt(0.0, "one-way delay the relay adds, ms")
+    link_schedule: str = opt("", "bandwidth changes over time, e.g. '5:4,12:200' (s:Mbit/s)")
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
     sync: bool = opt(False, "no overlap: infer, then execute the chunk")
@@ -202,7 +205,12 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         edge_device=o.edge_device,
     )
     sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
-    agent = RobotAgent(policy, cfg, o.edge, sec)
+    relay, edge = None, o.edge
+    if o.edge and o.link_mbps:
+        from vlarun.runtime import procs
+
+        relay, edge = procs.start_relay(o.edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
+    agent = RobotAgent(policy, cfg, edge, sec)
     env = MetaWorldEnv(o.task, policy.model.cfg.image_size)
     log = _step_logger() if o.log else None
     try:
@@ -215,9 +223,14 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     finally:
         agent.close()
         env.close()
+        if relay is not None:
+            procs.stop(relay)
     infs = [r for e in episodes for r in e["inferences"]]
     return {
         "edge": o.edge,
+        "link": {"mbps": o.link_mbps, "delay_ms": o.link_delay_ms, "schedule": o.link_schedule}
+        if relay is not None
+        else None,
         "strategy": o.strategy,
         "task": o.task,
         "slo_ms": slo_s * 1e3,
@@ -233,9 +246,10 @@ def _step_logger():
         r = inf.row()
         flag = "ok  " if r["slo_met"] else "LATE"
         why = f"  fallback: {r['fallback']}" if r["fallback"] else ""
+        link = f"{r['link_mbps']:7.1f} Mbit/s" if r["link_mbps"] is not None else ""
         print(
             f"{i:4d} {flag} {r['latency_ms']:7.1f} / {r['deadline_ms']:.0f} ms  "
-            f"{r['energy_j']:6.3f} J  {r['ran']}{why}",
+            f"{r['energy_j']:6.3f} J  {link}  {r['ran']}{why}",
             file=sys.stderr,
             flush=True,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import zmq
 
@@ -26,6 +27,8 @@ class LinkMonitor:
         up_every_s: float = 0.5,
         down_every_s: float = 0.1,
         timeout_s: float = 0.3,
+        probe_every_s: float = 2.0,
+        probe_bytes: int = 96 * 1024,
     ) -> None:
         self.address, self.sec, self.ctx = address, sec, ctx
         self.up_every_s, self.down_every_s, self.timeout_s = up_every_s, down_every_s, timeout_s
@@ -33,6 +36,12 @@ class LinkMonitor:
         self.lock = threading.Lock()
         self.health: dict = {}
         self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
+        # A robot that runs everything locally sends nothing, so its bandwidth estimate would
+        # stay at the last bad value forever; idle links are probed to notice a recovery.
+        self.probe_every_s, self.probe_bytes = probe_every_s, probe_bytes
+        self.transfers: list[tuple[int, float]] = []  # (bytes, round-trip s) of probes
+        self.last_remote = 0.0  # monotonic time of the agent's last remote request
+        self._last_probe = 0.0
         self.reconnects = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="link-monitor", daemon=True)
@@ -54,6 +63,21 @@ class LinkMonitor:
             out, self.rtts = self.rtts, []
         return out
 
+    def take_transfers(self) -> list[tuple[int, float]]:
+        with self.lock:
+            out, self.transfers = self.transfers, []
+        return out
+
+    def _maybe_probe(self, client: EdgeClient) -> None:
+        now = time.monotonic()
+        idle = now - self.last_remote > self.probe_every_s
+        if self.probe_every_s <= 0 or not idle or now - self._last_probe < self.probe_every_s:
+            return
+        self._last_probe = now
+        seconds = client.probe(self.probe_bytes, timeout_s=max(self.up_every_s, 1.0))
+        with self.lock:
+            self.transfers.append((self.probe_bytes, seconds))
+
     def _loop(self) -> None:
         client = EdgeClient(self.address, self.sec, self.ctx)
         try:
@@ -72,6 +96,8 @@ class LinkMonitor:
                     if not was_up:
                         self.reconnects += 1
                     self.up.set()
+                    with contextlib.suppress(LinkDown):
+                        self._maybe_probe(client)
                 self._stop.wait(self.up_every_s if self.up.is_set() else self.down_every_s)
         finally:
             with contextlib.suppress(zmq.ZMQError):

@@ -57,7 +57,7 @@ def decide(sched: Scheduler, link: Link, health: dict) -> Decision:
 
 def learn(sched: Scheduler, d: Decision, inf, stage_s: dict, edge_s: dict) -> None:
     """Feed one executed request back: stage factors for what ran where it ran, and the
-    placement residual when the plan ran as planned (a fallback says nothing about it)."""
+    planned placement's end-to-end latency (its residual)."""
     k = int(sched.k[d.index])
     for si, name in enumerate(sched.space.stages):
         role = inf.ran.get(name)
@@ -69,10 +69,12 @@ def learn(sched: Scheduler, d: Decision, inf, stage_s: dict, edge_s: dict) -> No
             sched.cal.observe_stage(
                 name, sched.devices["edge"].id, sched.t_edge[k, si, 1], edge_s[name]
             )
-    if inf.fallback is None:
-        roles = tuple(d.placement[n] for n in sched.space.stages)
-        residual = sched.cal.residual(roles)
-        sched.cal.observe_total(roles, d.latency_s - residual, inf.latency_s)
+    # The planned placement is charged what choosing it cost, fallback included: a plan that
+    # keeps timing out on a congested link must lose to the robot-only plan, and the
+    # residual's slow forgetting lets it be tried again later.
+    roles = tuple(d.placement[n] for n in sched.space.stages)
+    residual = sched.cal.residual(roles)
+    sched.cal.observe_total(roles, d.latency_s - residual, inf.latency_s)
 
 
 def modelled_energy(cfg, ran: dict, stage_s: dict, edge_s: dict, latency_s: float) -> float:

@@ -228,6 +228,8 @@ class EdgeServer:
         op = header.meta.get("op")
         if op in ("health", "ping"):
             return wire.control("health", header.rid, **self.health())
+        if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
+            return wire.control("probe", header.rid, ok=True)
         return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
     def health(self) -> dict:
