@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEMO_EPISODES ?= 3
 
-.PHONY: install demo test test-slow lint bench-engine parity clean
+.PHONY: install demo demo-coinfer test test-slow lint bench-engine parity clean
 
 $(STAMP): pyproject.toml scripts/install-system.sh
 	./scripts/install-system.sh
@@ -17,10 +17,16 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 install: $(STAMP)
 
 # The main job: the shipped autoregressive policy in closed loop on Meta-World (report with a plot
-# and a GIF under results/demo), then the stage view of the 7B model it is a small copy of.
+# and a GIF under results/demo), then co-inference between an edge and a robot process over a
+# shaped link (scripts/demo-coinfer.sh), then the stage view of the 7B model it is a small copy of.
 demo: install
 	$(VENV)/bin/vlarun eval --policy tiny-ar --episodes $(DEMO_EPISODES) --report results/demo
+	./scripts/demo-coinfer.sh
 	$(VENV)/bin/vlarun info openvla-7b
+
+# Edge server + robot agent as separate processes; the link drops and recovers; per-step log.
+demo-coinfer: install
+	./scripts/demo-coinfer.sh
 
 test: install
 	$(PY) -m pytest -q
