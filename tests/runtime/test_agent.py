@@ -136,3 +136,22 @@ def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
         procs.stop(edge, kill=True)
         if restarted is not None:
             procs.stop(restarted)
+
+
+def test_a_timed_out_request_caps_the_bandwidth_estimate(policy):
+    from vlarun.runtime.client import LinkDown
+
+    agent = RobotAgent(policy, AgentConfig(bandwidth_mbps=500.0, rtt_ms=0.0))
+    e = LinkDown("no reply")
+    e.sent_bytes, e.waited_s = 200_000, 0.2  # 1.6 Mbit not through in 0.2 s: < 8 Mbit/s
+    agent._bound_bandwidth(e)
+    assert agent.link.bandwidth_mbps <= 8.0 + 1e-9
+    small = LinkDown("no reply")
+    small.sent_bytes, small.waited_s = 1000, 0.2  # too small to say anything about bandwidth
+    agent._bound_bandwidth(small)
+    assert agent.link.bandwidth_mbps == pytest.approx(8.0)
+    assert not agent.edge_up and agent.infer(StubEnv(1).image, INSTRUCTION).ran == {
+        "vision": "robot",
+        "prefill": "robot",
+        "decode": "robot",
+    }

@@ -160,3 +160,25 @@ def test_ten_thousand_malformed_messages(server, dealer, vision_request, malform
     r = _flood(server, dealer, vision_request, malformed, 10_000, seed=1)
     assert r["errors"] == 10_000 and r["peak"] < 64 << 20
     assert r["good"] and all(r["good"])
+
+
+def test_cli_ping_and_keys(server, tmp_path, capsys):
+    import json
+
+    from vlarun.cli import main
+
+    assert main(["ping", "--edge", server.address, "--insecure", "--json", "--count", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rtt_ms"] > 0 and set(out["queue"]) == {"vision", "prefill", "decode"}
+    assert main(["keys", "--out", str(tmp_path), "--name", "robot7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["public"].endswith("robot7.key")
+    assert main(["ping", "--edge", "tcp://127.0.0.1:9", "--insecure", "--timeout", "0.3"]) == 2
+    assert "no answer" in capsys.readouterr().err
+
+
+def test_bandwidth_probe_is_answered(server):
+    client = _client(server.address)
+    try:
+        assert 0 < client.probe(200_000, timeout_s=5.0) < 5.0
+    finally:
+        client.close()

@@ -17,6 +17,7 @@ in for that device), and the report says so.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -128,13 +129,14 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
     agent.warmup(obs["image"], env.instruction)
     local = dict(agent.local_s)
     agent.close()
-    drop_after = steps / o.control_hz / 2 + 1.0  # + the agent's start-up
+    drop_after = steps / o.control_hz / 2  # seconds into the episode
     relay, via = procs.start_relay(endpoint, o.bandwidth, o.delay_ms, f"{drop_after}:{o.drop_to}")
-    t_relay = time.monotonic()  # the relay's schedule clock started just before this
     times: list[float] = []
     try:
         agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s), via, Security(insecure=True))
         agent.local_s.update(local)
+        relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
+        t0 = time.monotonic()
         ep = run_episode(
             agent,
             env,
@@ -142,14 +144,14 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
             o.control_hz,
             True,
             steps,
-            lambda i, inf: times.append(time.monotonic() - t_relay),
+            lambda i, inf: times.append(time.monotonic() - t0),
         )
         agent.close()
     finally:
         procs.stop(relay)
         env.close()
     infs = ep["inferences"]
-    # An inference is "after" if it completed after the drop (its transfers may straddle it).
+    # An inference counts as "after" if it completed after the drop.
     before = [r for r, t in zip(infs, times, strict=True) if t < drop_after]
     after = [r for r, t in zip(infs, times, strict=True) if t >= drop_after]
     s = summarise(infs, horizon)

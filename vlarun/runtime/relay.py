@@ -5,7 +5,8 @@ has no netem) and where tests run without root (``tc tbf`` in a network namespac
 Each direction is a serial link: a chunk read at time t leaves the wire at
     free = max(t, free) + bytes / bandwidth,   delivered at free + delay (+ jitter),
 and chunks are delivered in order (TCP). A schedule changes the bandwidth at given times,
-e.g. "10:50" = 50 Mbit/s from 10 s after start (the bandwidth drop of the benchmark).
+e.g. "10:50" = 50 Mbit/s from 10 s after start (the bandwidth drop of the benchmark);
+SIGUSR1 restarts that clock.
 
 Run as a process:  python -m vlarun.runtime.relay --upstream HOST:PORT --mbps 200 ...
 (prints {"endpoint": "tcp://127.0.0.1:PORT"} on its first line).
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,6 +44,11 @@ class LinkShape:
             if now - self.start >= at:
                 mbps = value
         return mbps * 1e6 / 8
+
+    def restart(self) -> None:
+        """Start the schedule's clock now (SIGUSR1): a run can align the schedule with its own
+        start, whatever the set-up before it took."""
+        self.start = time.monotonic()
 
     def delay_s(self, rng: random.Random) -> float:
         return (self.delay_ms + rng.uniform(0, self.jitter_ms)) * 1e-3
@@ -92,6 +99,7 @@ async def serve(upstream: tuple[str, int], shape: LinkShape, port: int = 0, read
         for w in (w_up, w_client):
             w.close()
 
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, shape.restart)
     server = await asyncio.start_server(handle, "127.0.0.1", port)
     if ready is not None:
         ready(server.sockets[0].getsockname()[1])
