@@ -1,21 +1,21 @@
 """Device-edge co-inference over a real network (EcoVLA runtime, shared/SEEDS.md section 1).
 
-  wire.py       message = msgpack header frame + one raw frame per tensor; bf16 / int8 / zlib
-                (lz4) payload reduction; every claim checked before allocating; no pickle
-  transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
-  segments.py   a plan as alternating robot / edge segments; the edge's request schema
-  queues.py     the edge's per-stage queues, EDF, batching within deadline slack
-  server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + stage worker
-  client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
-  monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
-  planning.py   the scheduler contract: decide per request, calibrate, modelled energy
-  agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback
-  chunks.py     asynchronous action-chunk queue (inference overlaps execution)
-  episode.py    closed-loop episode at a real control rate
-  relay.py      user-space link shaping (bandwidth, delay, jitter, scheduled drops)
-  netns.py      kernel link shaping: network namespace + veth + tc tbf (root only)
-  procs.py      edge / relay child processes
-  overhead.py   runtime overhead per remote stage vs a raw ZeroMQ echo
-  bench.py      `vlarun bench coinfer`
-  commands.py   `vlarun keys | serve-edge | ping | run-robot`
+wire.py       message = msgpack header frame + one raw frame per tensor; bf16 / int8 / zlib
+              (lz4) payload reduction; every claim checked before allocating; no pickle
+transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
+segments.py   a plan as alternating robot / edge segments; the edge's request schema
+queues.py     the edge's per-stage queues, EDF, batching within deadline slack
+server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + stage worker
+client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
+monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
+planning.py   the scheduler contract: decide per request, calibrate, modelled energy
+agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback
+chunks.py     asynchronous action-chunk queue (inference overlaps execution)
+episode.py    closed-loop episode at a real control rate
+relay.py      user-space link shaping (bandwidth, delay, jitter, scheduled drops)
+netns.py      kernel link shaping: network namespace + veth + tc tbf (root only)
+procs.py      edge / relay child processes
+overhead.py   runtime overhead per remote stage vs a raw ZeroMQ echo
+bench.py      `vlarun bench coinfer`
+commands.py   `vlarun keys | serve-edge | ping | run-robot`
 """

@@ -95,8 +95,41 @@ def run(o: BenchCoinferOptions) -> dict:
     }
     if o.out:
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        result["plot"] = plot(result, str(Path(o.out).with_suffix(".png")))
         Path(o.out).write_text(json.dumps(result, indent=1))
     return result
+
+
+def plot(r: dict, path: str) -> str | None:
+    """Latency of every inference over the episode per strategy, deadline and drop marked;
+    None when matplotlib is missing (the JSON has the same traces)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for row in r["rows"]:
+        if row["trace"]:
+            t, lat, _ = zip(*row["trace"], strict=True)
+            ax.plot(t, lat, marker=".", lw=1, label=row["strategy"])
+    ax.axhline(r["slo_ms"], color="k", ls="--", lw=0.8, label="deadline")
+    ax.axvline(r["rows"][0]["drop_at_s"], color="grey", ls=":", lw=0.8)
+    link = r["link"]
+    ax.set(
+        xlabel="time in episode (s)",
+        ylabel="request -> actions latency (ms)",
+        yscale="log",
+        title=f"{link['before_mbps']:g} -> {link['after_mbps']:g} Mbit/s at the dotted line; "
+        f"robot slowdown {r['robot_slowdown']:g}x",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float):
@@ -172,6 +205,9 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
         "stalls": ep["stalls"],
         "success": ep["success"],
         "plans_ran": plans,
+        "drop_at_s": drop_after,
+        # (completion time in the episode s, latency ms, where each stage ran)
+        "trace": [[t, r["latency_ms"], r["ran"]] for r, t in zip(infs, times, strict=True)],
     }
 
 
