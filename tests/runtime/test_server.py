@@ -182,3 +182,17 @@ def test_bandwidth_probe_is_answered(server):
         assert 0 < client.probe(200_000, timeout_s=5.0) < 5.0
     finally:
         client.close()
+
+
+def test_overloaded_edge_refuses_at_once(policy):
+    cfg = ServerConfig(max_queued=0)
+    with EdgeServer(policy, INSECURE, cfg) as srv:
+        client = _client(srv.address)
+        try:
+            images = Packet({"images": torch.rand(1, 1, 3, 128, 128)})
+            with pytest.raises(RuntimeError, match="overloaded"):
+                client.run(
+                    ("vision",), images, ("visual",), 5.0, 5.0, {"batch": 1, "text_tokens": 12}
+                )
+        finally:
+            client.close()

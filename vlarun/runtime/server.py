@@ -47,6 +47,7 @@ class ServerConfig:
     max_batch: int = 8
     batch_window_s: float = 0.002
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_queued: int = 256  # requests waiting in all stage queues; more are refused at once
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
 
     def __post_init__(self) -> None:
@@ -177,6 +178,9 @@ class EdgeServer:
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
+        queued = sum(self.queues.depth().values())
+        if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
+            raise PacketError(f"edge overloaded: {queued} requests queued")
         job = self._job(identity, header, body[1:], now)
         if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
             self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
