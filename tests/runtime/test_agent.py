@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import INSTRUCTION
 
 from vlarun.runtime import procs
 from vlarun.runtime.agent import AgentConfig, RobotAgent
@@ -19,6 +18,7 @@ from vlarun.runtime.transport import Security
 from vlarun.runtime.wire import Codec
 
 INSECURE = Security(insecure=True)
+INSTRUCTION = "open the drawer"  # as conftest.py (not importable: several conftests)
 
 
 class StubEnv:

@@ -10,7 +10,6 @@ import tracemalloc
 
 import pytest
 import torch
-from conftest import INSTRUCTION
 
 from vlarun.runtime import wire
 from vlarun.runtime.client import EdgeClient, ping
@@ -20,6 +19,7 @@ from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.packet import Packet
 
 INSECURE = Security(insecure=True)
+INSTRUCTION = "open the drawer"  # as conftest.py (not importable: several conftests)
 
 
 def _local(policy, seed=0):
