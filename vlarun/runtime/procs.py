@@ -12,14 +12,18 @@ import os
 import selectors
 import subprocess
 import sys
+import tempfile
 import time
 
 
 def _spawn(args: list[str], timeout_s: float) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # stderr goes to a file, not a pipe: a pipe nobody drains would block a chatty child.
+    err_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
     proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=err_file, env=env, text=True
     )
+    proc.err_file = err_file  # closed by stop()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     end = time.monotonic() + timeout_s
@@ -32,8 +36,10 @@ def _spawn(args: list[str], timeout_s: float) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             break
     sel.close()
-    stop(proc)
-    err = proc.stderr.read() if proc.stderr else ""
+    stop(proc, close=False)
+    err_file.seek(0)
+    err = err_file.read()
+    err_file.close()
     raise RuntimeError(f"{' '.join(args[:4])} did not start: {err.strip()[-500:]}")
 
 
@@ -67,7 +73,9 @@ def spawn_module(module: str, args: list[str] | None = None, timeout_s: float = 
     return _spawn(["-m", module, *(args or [])], timeout_s)
 
 
-def stop(proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0) -> None:
+def stop(
+    proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0, close: bool = True
+) -> None:
     if proc.poll() is None:
         proc.kill() if kill else proc.terminate()
         try:
@@ -75,6 +83,6 @@ def stop(proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
-    for stream in (proc.stdout, proc.stderr):
+    for stream in (proc.stdout, proc.stderr, getattr(proc, "err_file", None) if close else None):
         if stream is not None:
             stream.close()
