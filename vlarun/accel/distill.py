@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -279,7 +278,7 @@ def sample_batch(data: dict[str, Tensor], frames: Frames, batch: int, gen: torch
 
 def distill(cfg: DistillConfig) -> dict:
     """Collect (or resume collecting), train (or resume training), export."""
-    from vlarun.sim.train import load_state, lr_at, save_state
+    from vlarun.sim.train import load_state
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -309,47 +308,24 @@ def distill(cfg: DistillConfig) -> dict:
         spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
         if meta["step"] < cfg.steps and not spent:
             data = _load_trajectories(out)
-            meta = _loop(cfg, student, opt_, data, frames, meta, out, log_file, lr_at, save_state)
+            meta = _loop(cfg, student, opt_, data, frames, meta, out, log_file)
     log_file.close()
     evaluation = evaluate_iterations(cfg, teacher.model, student, frames)
     return export(cfg, student, meta, evaluation)
 
 
-def _loop(cfg, student, opt_, data, frames, meta, out, log_file, lr_at, save_state) -> dict:
-    student.train()
-    start, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + start)
-    bar = tqdm(total=cfg.steps, initial=start, desc="distill", unit="step")
-    for step in range(start, cfg.steps):
-        for g in opt_.param_groups:
-            g["lr"] = lr_at(cfg, step, meta["seconds"])
+def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
+    from vlarun.sim.train import resumable_loop
+
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + meta["step"])
+
+    def losses_at(step: int):
         images, text, state, fixed, idx = sample_batch(data, frames, cfg.batch, gen)
         demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            losses = distill_losses(student, images, text, state, fixed, cfg.omega, demo)
-        opt_.zero_grad(set_to_none=True)
-        losses.total.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt_.step()
-        meta = meta | {"step": step + 1, "seconds": seconds0 + time.time() - t0}
-        bar.update(1)
-        if (step + 1) % cfg.log_every == 0:
-            rate = (step + 1 - start) * cfg.batch / (time.time() - t0)
-            entry = {"step": step + 1, "lr": lr_at(cfg, step, meta["seconds"]),
-                     "samples_per_s": round(rate, 1), "minutes": round(meta["seconds"] / 60, 2)
-                     } | losses.as_floats()  # fmt: skip
-            log_file.write(json.dumps(entry) + "\n")
-            log_file.flush()
-            bar.set_postfix(c=f"{entry['loss_c']:.3f}", ar=f"{entry['loss_ar']:.3f}")
-        done = step + 1 == cfg.steps
-        out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
-            cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
-        )
-        if (step + 1) % cfg.save_every == 0 or done or out_of_time:
-            save_state(out, student, opt_, meta)
-        if out_of_time:
-            break
-    bar.close()
+            return distill_losses(student, images, text, state, fixed, cfg.omega, demo)
+
+    meta = resumable_loop(cfg, student, opt_, meta, out, losses_at, log_file, "distill")
     student.eval()
     return meta
 

@@ -277,17 +277,21 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     return export(cfg, model, meta, out)
 
 
-def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
+def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc: str) -> dict:
+    """The optimisation loop shared by `vlarun train` and `vlarun distill`.
+
+    ``losses_at(step)`` samples a batch and returns its losses (``.total``, ``.as_floats()``);
+    ``cfg`` carries steps, batch, lr/warmup, log_every, save_every, max_minutes, budget_minutes.
+    Logs a JSON line every ``log_every`` steps to ``log``, saves resumable state every
+    ``save_every`` steps and when the time limit or budget runs out; returns the updated meta.
+    """
     model.train()
     start_step, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
-    bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step")
-    log = (out / "train.log").open("a")
+    bar = tqdm(total=cfg.steps, initial=start_step, desc=desc, unit="step")
     for step in range(start_step, cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step, meta["seconds"])
-        batch = sampler.sample(cfg.batch, cfg.shift)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            losses = model(batch)
+        losses = losses_at(step)
         opt.zero_grad(set_to_none=True)
         losses.total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -304,12 +308,8 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
             } | losses.as_floats()
             log.write(json.dumps(entry) + "\n")
             log.flush()
-            bar.set_postfix(
-                ar=f"{entry['ar']:.3f}",
-                oft=f"{entry['oft']:.3f}",
-                dit=f"{entry['dit']:.3f}",
-                sps=entry["samples_per_s"],
-            )
+            bar.set_postfix({k: f"{v:.3f}" for k, v in losses.as_floats().items()} | {
+                "sps": entry["samples_per_s"]})  # fmt: skip
         done = step + 1 == cfg.steps
         out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
             cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
@@ -319,6 +319,17 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
         if out_of_time:
             break
     bar.close()
+    return meta
+
+
+def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
+    def losses_at(step: int):
+        batch = sampler.sample(cfg.batch, cfg.shift)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            return model(batch)
+
+    with (out / "train.log").open("a") as log:
+        meta = resumable_loop(cfg, model, opt, meta, out, losses_at, log, "train")
     meta["demos_manifest"] = {
         "tasks": sampler.manifest["task_names"],
         "episodes": len(sampler.manifest["episodes"]),
