@@ -58,3 +58,14 @@ def _convert(hint: Any, value: Any) -> Any:
             return tuple(_convert(inner, v) for v in value)
         return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
     return value
+
+
+def invoked_command(default: str) -> str:
+    """The command line this process was started with, as a user would retype it (so a result
+    file names exactly what produced it); ``default`` when not run from the ``vlarun`` CLI."""
+    import shlex
+    import sys
+
+    if not sys.argv or not sys.argv[0].endswith("vlarun"):
+        return default
+    return shlex.join(["vlarun", *sys.argv[1:]])

@@ -42,3 +42,25 @@ def test_large_shape_latency_rows_run_with_a_small_lm():
     assert [r["method"] for r in rows][:2] == ["full", "triage"]
     assert all(r["queries"] == 2 and r["p99_ms"] > 0 for r in rows)
     assert next(r for r in rows if r["method"] == "triage")["flops_ratio"] < 1.0
+
+
+def test_part_runs_get_their_own_file_and_the_command_line(tmp_path, monkeypatch):
+    """A sweep-only run must not overwrite a later latency-only run's file (and vice versa),
+    and the result names the command line that produced it."""
+    import sys
+
+    from vlarun.bench.accel import write_results
+
+    monkeypatch.setattr(sys, "argv", ["/x/.venv/bin/vlarun", "bench", "accel", "--parts", "sweep"])
+    from vlarun.config import invoked_command
+
+    assert invoked_command("fallback") == "vlarun bench accel --parts sweep"
+    base = {"quick": False, "date": "2026-11-30T06:00", "sweep": [], "latency": []}
+    a = write_results(base | {"options": {"parts": "sweep"}}, tmp_path)
+    b = write_results(base | {"options": {"parts": "latency,ablation"}}, tmp_path)
+    c = write_results(base | {"options": {"parts": "sweep,latency,ablation"}}, tmp_path)
+    assert a["json"].endswith("accel_sweep_2026-11-30.json")
+    assert b["json"].endswith("accel_latency-ablation_2026-11-30.json")
+    assert c["json"].endswith("accel_2026-11-30.json")
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    assert invoked_command("fallback") == "fallback"

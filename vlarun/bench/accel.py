@@ -33,7 +33,7 @@ import torch
 
 from vlarun.accel.methods import EfficientVLAConfig, accelerated, efficientvla
 from vlarun.accel.policy import AcceleratedPolicy
-from vlarun.config import opt, to_dict
+from vlarun.config import invoked_command, opt, to_dict
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
@@ -350,7 +350,7 @@ def run(o: BenchAccelOptions, progress: bool = True) -> dict:
         "options": to_dict(o),
         "threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-        "command": "vlarun bench accel" + (" --quick" if o.quick else ""),
+        "command": invoked_command("vlarun bench accel" + (" --quick" if o.quick else "")),
     }
     parts = {"sweep": sweep, "latency": latency, "ablation": ablation}
     for name in o.part_list:
@@ -364,7 +364,11 @@ def run(o: BenchAccelOptions, progress: bool = True) -> dict:
 def write_results(result: dict, out: Path) -> dict:
     """accel_<date>.json and, where there is a sweep, accel_sweep_<date>.png."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"accel{'_quick' if result['quick'] else ''}_{result['date'][:10]}"
+    # A run of some parts only gets their names in its file name, so runs of different parts
+    # (e.g. the sweep in one process, latency in a quiet window) do not overwrite each other.
+    parts = result["options"]["parts"].split(",")
+    which = "" if set(parts) >= {"sweep", "latency", "ablation"} else "_" + "-".join(parts)
+    stem = f"accel{'_quick' if result['quick'] else ''}{which}_{result['date'][:10]}"
     files = {"json": str(out / f"{stem}.json")}
     if result.get("sweep"):
         files["plot"] = str(out / f"{stem}_sweep.png")

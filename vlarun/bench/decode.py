@@ -32,7 +32,7 @@ import torch
 
 from vlarun.accel.jacobi import make_decoder
 from vlarun.accel.policy import AcceleratedPolicy
-from vlarun.config import opt, to_dict
+from vlarun.config import invoked_command, opt, to_dict
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
 SIGMAS = "0.4,0.5,0.6,0.7"
@@ -204,7 +204,7 @@ def run(o: BenchDecodeOptions, progress: bool = True) -> dict:
         "action_tokens": teacher.model.cfg.num_action_tokens,
         "threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-        "command": "vlarun bench decode" + (" --quick" if o.quick else ""),
+        "command": invoked_command("vlarun bench decode" + (" --quick" if o.quick else "")),
         "rows": rows,
         "goals": goals(rows),
         "wall_s": round(time.time() - t0, 1),

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlarun.config import opt
+from vlarun.config import invoked_command, opt, to_dict
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ def run(o: BenchCoinferOptions) -> dict:
     from vlarun.runtime.commands import CHECKPOINTS, load_policy
 
     torch.set_num_threads(1)
+    t_start = time.monotonic()
     steps = 24 if o.quick else o.steps
     robots = min(o.robots, 2) if o.quick else o.robots
     requests = 4 if o.quick else o.fleet_requests
@@ -76,6 +77,8 @@ def run(o: BenchCoinferOptions) -> dict:
         procs.stop(edge)
     result = {
         "quick": o.quick,
+        "command": invoked_command("vlarun bench coinfer" + (" --quick" if o.quick else "")),
+        "options": to_dict(o),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "policy": ckpt,
         "task": o.task,
@@ -92,6 +95,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "rows": rows,
         "fleet": fleet,
         "runtime_overhead": overhead,
+        "wall_s": round(time.monotonic() - t_start, 1),
     }
     if o.out:
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
