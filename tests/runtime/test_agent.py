@@ -155,3 +155,19 @@ def test_a_timed_out_request_caps_the_bandwidth_estimate(policy):
         "prefill": "robot",
         "decode": "robot",
     }
+
+
+def test_bench_runs_episodes_back_to_back_until_its_step_count(policy):
+    """A successful episode ends early; the co-inference bench then starts the next one so a
+    strategy's run always holds ``steps`` control steps (and enough requests to count)."""
+    from vlarun.runtime.bench import _episodes
+
+    agent = RobotAgent(policy, AgentConfig(slo_s=1.0, strategy="device-only"))
+    seen: list[float] = []
+    try:
+        ep = _episodes(agent, StubEnv(10), 100.0, 25, lambda: seen.append(1.0))
+    finally:
+        agent.close()
+    assert ep["episodes"] == 3 and ep["success"] == 2 / 3  # 10 + 10 + 5 (cut by the count)
+    assert len(ep["inferences"]) == len(seen) >= 25 // policy.model.cfg.horizon
+    assert ep["control_hz"] > 0

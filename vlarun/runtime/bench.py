@@ -150,17 +150,17 @@ def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float):
 
 
 def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
-    """One closed-loop run through a fresh relay whose bandwidth drops halfway."""
+    """``steps`` control steps of closed loop through a fresh relay whose bandwidth drops
+    halfway (episodes end at success or the task's step limit; the next one follows at once)."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.commands import summarise
-    from vlarun.runtime.episode import run_episode
     from vlarun.runtime.transport import Security
     from vlarun.sim.env import MetaWorldEnv
 
     horizon = policy.model.cfg.horizon
     slo_s = horizon / o.control_hz
-    env = MetaWorldEnv(o.task, policy.model.cfg.image_size, max_steps=steps)
+    env = MetaWorldEnv(o.task, policy.model.cfg.image_size)
     obs, _ = env.reset(seed=10000)
     agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s))
     agent.warmup(obs["image"], env.instruction)
@@ -174,15 +174,7 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
         agent.local_s.update(local)
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = time.monotonic()
-        ep = run_episode(
-            agent,
-            env,
-            10000,
-            o.control_hz,
-            True,
-            steps,
-            lambda i, inf: times.append(time.monotonic() - t0),
-        )
+        ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0))
         agent.close()
     finally:
         procs.stop(relay)
@@ -207,11 +199,36 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
         "inferences": len(infs),
         "fallbacks": s["fallbacks"],
         "stalls": ep["stalls"],
-        "success": ep["success"],
+        "episodes": ep["episodes"],
+        "success": ep["success"],  # fraction of the episodes that succeeded
         "plans_ran": plans,
         "drop_at_s": drop_after,
         # (completion time in the episode s, latency ms, where each stage ran)
         "trace": [[t, r["latency_ms"], r["ran"]] for r, t in zip(infs, times, strict=True)],
+    }
+
+
+def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
+    """Held-out episodes back to back (seeds 10000, 10001, ...) until ``steps`` control steps
+    have run: a successful episode ends early, and a run of one episode would then hold too few
+    requests for its SLO share or p99 to mean anything."""
+    from vlarun.runtime.episode import run_episode
+
+    done: list[dict] = []
+    while sum(e["steps"] for e in done) < steps:
+        left = steps - sum(e["steps"] for e in done)
+        done.append(
+            run_episode(
+                agent, env, 10000 + len(done), control_hz, True, left, lambda i, inf: on_inference()
+            )  # fmt: skip
+        )
+    wall = sum(e["wall_s"] for e in done)
+    return {
+        "episodes": len(done),
+        "success": sum(e["success"] for e in done) / len(done),
+        "control_hz": sum(e["steps"] for e in done) / wall if wall > 0 else 0.0,
+        "stalls": sum(e["stalls"] for e in done),
+        "inferences": [r for e in done for r in e["inferences"]],
     }
 
 
