@@ -388,12 +388,16 @@ def plot_sweep(rows: list[dict], path: str) -> None:
 
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
     full = next((r for r in rows if r["method"] == "full"), None)
-    for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "full"):
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != "full"))
+    for i, method in enumerate(methods):
         rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["budget_fraction"])
         x = [r["budget_fraction"] * 100 for r in rs]
+        shift = 0.5 * (i - (len(methods) - 1) / 2)  # side by side, so the intervals stay legible
+        xs = [v + shift for v in x]
         lo = [r["success_rate"] - r["ci95"][0] for r in rs]
         hi = [r["ci95"][1] - r["success_rate"] for r in rs]
-        ax_s.errorbar(x, [r["success_rate"] for r in rs], yerr=[lo, hi], label=method, capsize=3)
+        ax_s.errorbar(xs, [r["success_rate"] for r in rs], yerr=[lo, hi], label=method, capsize=3,
+                      marker="o", lw=1)  # fmt: skip
         ax_e.plot(x, [r["action_error"] for r in rs], marker="o", label=method)
     if full is not None:
         ax_s.axhline(full["success_rate"], color="k", ls="--", label="full")
