@@ -21,7 +21,8 @@ def test_quick_bench_writes_every_field(tmp_path):
     assert {"method", "flops_ratio", "prefill_ms", "e2e_ms", "p99_ms"} <= set(r["latency"][0])
     assert {x["method"] for x in r["latency"]} >= {"full", "triage", "efficientvla"}
     assert next(x for x in r["latency"] if x["method"] == "full")["flops_ratio"] == 1.0
-    assert [a["config"] for a in r["ablation"]] == ["none", "tokens", "cache", "layers", "all"]
+    configs = [a["config"] for a in r["ablation"]]
+    assert configs == ["none", "tokens", "cache", "layers", "mlp", "all"]
     with open(r["files"]["json"]) as f:
         assert json.load(f)["sweep"] == r["sweep"]
     assert "| triage |" in format_result(r)
