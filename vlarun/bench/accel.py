@@ -177,22 +177,36 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
 
 
 def time_stream(policy: AcceleratedPolicy, stream: list[tuple[str, np.ndarray]]) -> dict:
-    """Replay (instruction, image) queries as one episode, after a warm-up episode.
+    """``time_streams`` for one policy."""
+    return time_streams([policy], stream)[0]
 
-    Stateful methods recompute every token at an episode's first query, so that query is
-    reported apart (``first_query_ms``); mean and p99 are over the other, steady-state queries
-    (``p99_all_ms`` includes the first)."""
-    policy.reset()
-    for instruction, image in stream[:2]:  # warm-up: allocations, oneDNN kernels
-        policy.run_stages(image, instruction)
-    policy.reset()
-    policy.steps.clear()
-    prefill, e2e = [], []
+
+def time_streams(
+    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
+) -> list[dict]:
+    """Replay (instruction, image) queries as one episode per policy, after a warm-up episode.
+
+    Policies take turns query by query, so a change in the shared machine's load reaches every
+    method alike instead of whichever happened to run then. Stateful methods recompute every
+    token at an episode's first query, so that query is reported apart (``first_query_ms``);
+    mean and p99 are over the other, steady-state queries (``p99_all_ms`` includes the first)."""
+    for policy in policies:
+        policy.reset()
+        for instruction, image in stream[:2]:  # warm-up: allocations, oneDNN kernels
+            policy.run_stages(image, instruction)
+        policy.reset()
+        policy.steps.clear()
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in policies]
     for instruction, image in stream:
-        run = policy.run_stages(image, instruction)
-        t = {s.name: s.seconds * 1e3 for s in run.timings}
-        prefill.append(t["prefill"])
-        e2e.append(sum(t.values()))
+        for policy, (prefill, e2e) in zip(policies, times, strict=True):
+            run = policy.run_stages(image, instruction)
+            t = {s.name: s.seconds * 1e3 for s in run.timings}
+            prefill.append(t["prefill"])
+            e2e.append(sum(t.values()))
+    return [_timing(p, *t) for p, t in zip(policies, times, strict=True)]
+
+
+def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -> dict:
     steady = slice(1, None) if len(e2e) > 1 else slice(None)
     return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.steps[steady]])),
             "prefill_ms": statistics.mean(prefill[steady]), "e2e_ms": statistics.mean(e2e[steady]),
@@ -214,9 +228,9 @@ def synthetic_stream(size: int, n: int, instruction: str) -> list[tuple[str, np.
 
 
 def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
+    fast = [accelerated(policy, method, budget) for method in LATENCY_METHODS]
     rows = []
-    for method in LATENCY_METHODS:
-        r = time_stream(accelerated(policy, method, budget), stream)
+    for method, r in zip(LATENCY_METHODS, time_streams(fast, stream), strict=True):
         rows.append({"model": name, "method": method, "budget_fraction": budget} | r)
         log(f"latency {name} {method}: prefill {r['prefill_ms']:.1f} ms, e2e {r['e2e_ms']:.1f}")
     return rows
@@ -312,12 +326,12 @@ def ablation(o: BenchAccelOptions, log) -> list[dict]:
     frames = [(ep["instruction"], img) for ep in full["recorded"] for img, _ in ep["obs"]]
     calibration = [(policy.image_tensor(img), policy.text_ids(ins)) for ins, img in frames[:16]]
     stream = frames[: o.latency_queries]
-    rows, base_ms = [], None
+    fast = {name: efficientvla(policy, cfg, calibration) for name, cfg in ABLATION.items()}
+    timings = dict(zip(fast, time_streams(list(fast.values()), stream), strict=True))
+    rows, base_ms = [], timings["none"]["e2e_ms"]
     for name, cfg in ABLATION.items():
-        fast = efficientvla(policy, cfg, calibration)
-        timing = time_stream(fast, stream)
-        res = full if name == "none" else closed_loop(fast, o)
-        base_ms = base_ms or timing["e2e_ms"]
+        timing = timings[name]
+        res = full if name == "none" else closed_loop(fast[name], o)
         rows.append(
             {
                 "config": name,
