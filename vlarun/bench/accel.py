@@ -33,6 +33,7 @@ import torch
 
 from vlarun.accel.methods import EfficientVLAConfig, accelerated, efficientvla
 from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
@@ -176,34 +177,19 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
 # Latency
 
 
-def time_stream(policy: AcceleratedPolicy, stream: list[tuple[str, np.ndarray]]) -> dict:
-    """``time_streams`` for one policy."""
-    return time_streams([policy], stream)[0]
-
-
 def time_streams(
     policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
 ) -> list[dict]:
-    """Replay (instruction, image) queries as one episode per policy, after a warm-up episode.
-
-    Policies take turns query by query, so a change in the shared machine's load reaches every
-    method alike instead of whichever happened to run then. Stateful methods recompute every
-    token at an episode's first query, so that query is reported apart (``first_query_ms``);
-    mean and p99 are over the other, steady-state queries (``p99_all_ms`` includes the first)."""
-    for policy in policies:
-        policy.reset()
-        for instruction, image in stream[:2]:  # warm-up: allocations, oneDNN kernels
-            policy.run_stages(image, instruction)
-        policy.reset()
-        policy.steps.clear()
-    times: list[tuple[list[float], list[float]]] = [([], []) for _ in policies]
-    for instruction, image in stream:
-        for policy, (prefill, e2e) in zip(policies, times, strict=True):
-            run = policy.run_stages(image, instruction)
-            t = {s.name: s.seconds * 1e3 for s in run.timings}
-            prefill.append(t["prefill"])
-            e2e.append(sum(t.values()))
-    return [_timing(p, *t) for p, t in zip(policies, times, strict=True)]
+    """Timings of each policy over the stream, replayed as one episode per policy, the
+    policies taking turns query by query (``replay.interleaved_runs``). Stateful methods
+    recompute every token at an episode's first query, so that query is reported apart
+    (``first_query_ms``); mean and p99 are over the other, steady-state queries (``p99_all_ms``
+    includes the first)."""
+    out = []
+    for policy, runs in zip(policies, interleaved_runs(policies, stream), strict=True):
+        times = [{s.name: s.seconds * 1e3 for s in run.timings} for run in runs]
+        out.append(_timing(policy, [t["prefill"] for t in times], [sum(t.values()) for t in times]))
+    return out
 
 
 def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -> dict:

@@ -32,6 +32,7 @@ import torch
 
 from vlarun.accel.jacobi import make_decoder
 from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
@@ -109,17 +110,8 @@ def time_methods(
     policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
 ) -> list[dict]:
     """Per-query decode speed and end-to-end latency of each policy over (instruction, image)
-    queries. Methods take turns query by query, so a change in the machine's load (it is
-    shared) reaches every method alike instead of whichever ran at that moment."""
-    for policy in policies:  # warm-up: allocations, oneDNN kernels of every shape
-        for instruction, image in stream[:3]:
-            policy.run_stages(image, instruction)
-        policy.reset()
-        policy.decoder.steps.clear()
-    runs: list[list] = [[] for _ in policies]
-    for instruction, image in stream:
-        for policy, out in zip(policies, runs, strict=True):
-            out.append(policy.run_stages(image, instruction))
+    queries, the methods taking turns query by query (``replay.interleaved_runs``)."""
+    runs = interleaved_runs(policies, stream, warmup=3)
     return [summarise_runs(p, r) for p, r in zip(policies, runs, strict=True)]
 
 
