@@ -105,7 +105,7 @@ def run(o: BenchCoinferOptions) -> dict:
 
 
 def plot(r: dict, path: str) -> str | None:
-    """Latency of every inference over the episode per strategy, deadline and drop marked;
+    """Latency of every inference over the run per strategy, deadline and drop marked;
     None when matplotlib is missing (the JSON has the same traces)."""
     try:
         import matplotlib
@@ -123,7 +123,7 @@ def plot(r: dict, path: str) -> str | None:
     ax.axvline(r["rows"][0]["drop_at_s"], color="grey", ls=":", lw=0.8)
     link = r["link"]
     ax.set(
-        xlabel="time in episode (s)",
+        xlabel="time in the run (s; episodes back to back)",
         ylabel="request -> actions latency (ms)",
         yscale="log",
         title=f"{link['before_mbps']:g} -> {link['after_mbps']:g} Mbit/s at the dotted line; "
