@@ -215,18 +215,19 @@ def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
     from vlarun.runtime.episode import run_episode
 
     done: list[dict] = []
-    while sum(e["steps"] for e in done) < steps:
-        left = steps - sum(e["steps"] for e in done)
-        done.append(
-            run_episode(
-                agent, env, 10000 + len(done), control_hz, True, left, lambda i, inf: on_inference()
-            )  # fmt: skip
+    ran = 0
+    while ran < steps:
+        seed = 10000 + len(done)
+        ep = run_episode(
+            agent, env, seed, control_hz, True, steps - ran, lambda i, inf: on_inference()
         )
+        done.append(ep)
+        ran += ep["steps"]
     wall = sum(e["wall_s"] for e in done)
     return {
         "episodes": len(done),
         "success": sum(e["success"] for e in done) / len(done),
-        "control_hz": sum(e["steps"] for e in done) / wall if wall > 0 else 0.0,
+        "control_hz": ran / wall if wall > 0 else 0.0,
         "stalls": sum(e["stalls"] for e in done),
         "inferences": [r for e in done for r in e["inferences"]],
     }
