@@ -19,6 +19,7 @@ from vlarun.accel.distill import (
     collect,
     distill,
     distill_losses,
+    sample_batch,
 )
 from vlarun.accel.jacobi import JacobiDecoder, action_step
 from vlarun.accel.policy import AcceleratedPolicy
@@ -80,6 +81,35 @@ def test_consistency_loss_vanishes_at_the_fixed_point(chunked):
     other = distill_losses(chunked.model, images, text, state, fixed, omega=0.5)
     assert other.consistency.item() > 0
     assert other.total.item() == pytest.approx(other.consistency.item() + 0.5 * other.ar.item())
+
+
+@torch.no_grad()
+def test_several_states_share_one_forward(chunked):
+    """K states of a trajectory in one forward: the consistency loss is the mean of the K
+    one-state losses, and the AR loss is the same (it depends on the fixed point only)."""
+    model = chunked.model
+    images, text, a, fixed = _inputs(chunked, 3)
+    b = _inputs(chunked, 4)[2]
+    both = distill_losses(model, images, text, torch.stack((a, b), dim=1), fixed)
+    one = [distill_losses(model, images, text, s, fixed) for s in (a, b)]
+    want = (one[0].consistency + one[1].consistency) / 2
+    assert both.consistency.item() == pytest.approx(want.item(), rel=1e-4)
+    assert both.ar.item() == pytest.approx(one[0].ar.item(), rel=1e-4)
+
+
+def test_sample_batch_draws_non_final_states_of_each_trajectory():
+    n = 4
+    states = torch.arange(3 * n * n).reshape(3, n, n)  # every state distinct
+    data = {"states": states, "length": torch.tensor([3, 1, 4]), "frame": torch.tensor([0, 1, 2])}
+    frames = Frames(torch.zeros(3, 8, 8, 3, dtype=torch.uint8), [[1], [2], [3]],
+                    torch.zeros(3, n, dtype=torch.long), torch.arange(3))  # fmt: skip
+    _, text, state, fixed, idx = sample_batch(data, frames, 64, torch.Generator().manual_seed(0), 5)
+    assert state.shape == (64, 5, n) and fixed.shape == (64, n)
+    for row, f in enumerate(idx.tolist()):
+        length = int(data["length"][f])
+        assert torch.equal(fixed[row], states[f, length - 1]) and text[row] == [f + 1]
+        allowed = states[f, : max(length - 1, 1)]  # a 1-state trajectory: the fixed point
+        assert all((allowed == s).all(-1).any() for s in state[row])
 
 
 def test_collection_resumes_where_it_stopped(chunked, tmp_path):
@@ -150,6 +180,14 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     assert {"teacher_jacobi_iterations", "student_exit_iterations"} <= set(again["evaluation"])
     student = Policy.from_checkpoint(export)
     assert student.model.cfg.name.endswith("-ceed") and student.norm is not None
+    # A new run continuing from that student (fresh schedule) starts from its weights.
+    cont = dataclasses.replace(cfg, out=str(tmp_path / "cont"), student_init=str(export),
+                               steps=1, states=3, export=str(tmp_path / "cont-export"))  # fmt: skip
+    assert distill(dataclasses.replace(cont, export_only=True))["step"] == 0
+    exported = load_file(tmp_path / "cont-export" / "model.safetensors")
+    assert all(torch.equal(v, load_file(export / "model.safetensors")[k])
+               for k, v in exported.items())  # fmt: skip
+    assert f"initialised from `{export}`" in (tmp_path / "cont-export" / "README.md").read_text()
     fast = AcceleratedPolicy(student, decoder=JacobiDecoder())
     actions = fast.predict(np.zeros((128, 128, 3), np.uint8), "reach the goal")
     assert actions.shape == (4, 4) and np.isfinite(actions).all()

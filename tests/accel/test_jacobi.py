@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode, make_decoder
+from vlarun.accel.jacobi import (
+    JacobiConfig,
+    JacobiDecoder,
+    held_action,
+    jacobi_decode,
+    make_decoder,
+)
 from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.models.policy import Policy
 from vlarun.models.presets import tiny_openvla
@@ -101,6 +107,36 @@ def test_accelerated_policy_with_decoders_matches_plain_policy(tiny_ar):
     exit_fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder("jacobi-exit", 0.5))
     assert exit_fast.predict(image, "open the drawer").shape == (4, 4)
     assert exit_fast.decoder.name == "jacobi-exit@0.5"
+
+
+def test_held_action_repeats_the_last_action():
+    chunk = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])  # 3 steps x 2 dims
+    assert held_action(chunk, 2).tolist() == [[5, 6, 5, 6, 5, 6], [11, 12, 11, 12, 11, 12]]
+
+
+@torch.no_grad()
+def test_warm_start_from_the_previous_chunk(tiny_ar):
+    """init="previous": the first call of an episode starts from random ids, later calls from
+    the previous output's last action held; the output is still greedy's (no exit)."""
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for _ in range(3)]
+    warm = AcceleratedPolicy(tiny_ar, decoder=JacobiDecoder(JacobiConfig(init="previous")))
+    cold = AcceleratedPolicy(tiny_ar, decoder=JacobiDecoder(JacobiConfig()))
+    for _ in range(2):  # reset starts each episode afresh
+        warm.reset()
+        cold.reset()
+        previous = None
+        for image in images:
+            got = warm.run_stages(image, "open the drawer").outputs["action_ids"]
+            want = cold.run_stages(image, "open the drawer").outputs["action_ids"]
+            assert torch.equal(got, want)  # exact either way
+            start = warm.decoder.last.trajectory[:, 0]
+            if previous is None:  # the episode's first call: the seeded random guess
+                assert torch.equal(start, cold.decoder.last.trajectory[:, 0])
+            else:
+                held = held_action(previous, tiny_ar.model.cfg.action_dim)
+                assert torch.equal(start[:, 1:], held[:, 1:])  # y_1 comes from the prefill
+            previous = got
 
 
 def test_decoder_needs_an_autoregressive_policy():

@@ -53,10 +53,14 @@ class DistillConfig:
     demos: str = opt("data/demos128", "demo directory, or several joined by commas")
     out: str = opt("runs/ceed", "run directory: trajectories, state, log (resumes there)")
     export: str = opt("", "exported student directory (default: <out>/export/<teacher>-ceed)")
+    student_init: str = opt("", "checkpoint the student starts from (default: the teacher), "
+                                "e.g. an earlier student, continued under a new schedule")
     frames: int = opt(8000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
     steps: int = opt(3000, "optimiser steps")
-    batch: int = opt(16, "trajectory states per step")
+    batch: int = opt(16, "trajectories (demo frames) per step")
+    states: int = opt(4, "intermediate states of each trajectory per step; they share one prompt "
+                         "forward, so more states cost little")
     lr: float = opt(2e-4, "peak learning rate (AdamW); the student starts at the teacher")
     warmup: int = opt(50, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
@@ -247,14 +251,18 @@ def distill_losses(
 ) -> DistillLosses:
     """Consistency + AR losses of one batch.
 
-    images (B, 1, 3, S, S); state (B, n): an intermediate Jacobi state; fixed (B, n): its fixed
-    point; ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens)."""
-    blocks = [state, fixed] + ([ar_tokens] if ar_tokens is not None else [])
+    images (B, 1, 3, S, S); state (B, n) or (B, K, n): intermediate Jacobi states (K of the same
+    trajectory share the prompt forward, one block each); fixed (B, n): their fixed point;
+    ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens)."""
+    states = list((state[:, None] if state.dim() == 2 else state).unbind(1))
+    blocks = [fixed, *states] + ([ar_tokens] if ar_tokens is not None else [])
     logits = block_logits(model, images, text, blocks)
-    student, teacher = logits[0].log_softmax(-1), logits[1]
+    teacher = logits[0]
     target = teacher.detach().log_softmax(-1)  # stop-gradient fixed-point distribution
-    consistency = (target.exp() * (target - student)).sum(-1).mean()
-    ar_logits, ar_ids = (teacher, fixed) if ar_tokens is None else (logits[2], ar_tokens)
+    kl = [(target.exp() * (target - x.log_softmax(-1))).sum(-1).mean()
+          for x in logits[1 : 1 + len(states)]]  # fmt: skip
+    consistency = torch.stack(kl).mean()  # mean over states, as one state per forward would
+    ar_logits, ar_ids = (teacher, fixed) if ar_tokens is None else (logits[-1], ar_tokens)
     ar = F.cross_entropy(ar_logits.flatten(0, 1), ar_ids.flatten())
     return DistillLosses(consistency, ar, omega)
 
@@ -263,14 +271,17 @@ def distill_losses(
 # Training
 
 
-def sample_batch(data: dict[str, Tensor], frames: Frames, batch: int, gen: torch.Generator):
-    """Random trajectories, one random non-final state of each (the fixed point itself only
-    when the initial guess already was one)."""
+def sample_batch(
+    data: dict[str, Tensor], frames: Frames, batch: int, gen: torch.Generator, per_row: int = 1
+):
+    """Random trajectories and ``per_row`` random non-final states of each, drawn with
+    replacement (the fixed point itself only when the initial guess already was one):
+    state (B, per_row, n), fixed (B, n)."""
     rows = torch.randint(0, data["frame"].shape[0], (batch,), generator=gen)
     length = data["length"][rows].long()
-    k = (torch.rand(batch, generator=gen) * (length - 1).clamp(min=1)).long()
+    k = (torch.rand(batch, per_row, generator=gen) * (length[:, None] - 1).clamp(min=1)).long()
     states = data["states"][rows].long()  # (B, n, n)
-    state = states[torch.arange(batch), k]
+    state = states[torch.arange(batch)[:, None], k]
     fixed = states[torch.arange(batch), length - 1]
     idx = data["frame"][rows].long()
     return frames.image_batch(idx), [frames.text[i] for i in idx.tolist()], state, fixed, idx
@@ -294,7 +305,7 @@ def distill(cfg: DistillConfig) -> dict:
         raise ValueError(f"{cfg.teacher} is a {teacher.model.cfg.family} policy; distillation "
                          "needs an autoregressive (action-token) one")  # fmt: skip
     torch.manual_seed(cfg.seed)
-    student = Policy.from_checkpoint(cfg.teacher, dtype=torch.float32).model
+    student = Policy.from_checkpoint(cfg.student_init or cfg.teacher, dtype=torch.float32).model
     opt_ = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     meta = load_state(out, student, opt_)
     if meta is None:
@@ -320,7 +331,7 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed + 1 + meta["step"])
 
     def losses_at(step: int):
-        images, text, state, fixed, idx = sample_batch(data, frames, cfg.batch, gen)
+        images, text, state, fixed, idx = sample_batch(data, frames, cfg.batch, gen, cfg.states)
         demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             return distill_losses(student, images, text, state, fixed, cfg.omega, demo)
@@ -390,7 +401,8 @@ def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:
         f"- teacher: `{cfg.teacher}`; data: `{cfg.demos}`, trajectories: {meta.get('collected')}",
         f"- loss: forward KL to the stop-gradient fixed-point distribution + {cfg.omega} x AR "
         f"({cfg.ar_target} targets)",
-        f"- steps: {meta['step']} x batch {cfg.batch}, lr {cfg.lr}, "
+        f"- student initialised from `{cfg.student_init or cfg.teacher}`",
+        f"- steps: {meta['step']} x batch {cfg.batch} frames x {cfg.states} states, lr {cfg.lr}, "
         f"{'bf16 autocast' if cfg.bf16 else 'fp32'}",
         f"- wall time: {meta['seconds'] / 60:.1f} min of training on this repository's CPU",
     ]

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from vlarun.models.vla import VLA, PrefillResult
 
-INITS = ("random", "repeat")
+INITS = ("random", "repeat", "previous")
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ class JacobiConfig:
     """sigma: early-exit threshold on the minimum max-probability (None: run to the fixed
     point, output == greedy); max_iters: cap on Jacobi forwards (None: n - 1, which already
     guarantees the greedy output); init: initial guess of y_2..y_n, "random" (uniform over the
-    action-token ids, as the paper) or "repeat" (y_1 repeated); seed: of the random guesses."""
+    action-token ids, as the paper), "repeat" (y_1 repeated) or "previous" (a warm start: the
+    last action of the previous control step's chunk, held over the whole chunk; random on an
+    episode's first step, see ``JacobiDecoder``); seed: of the random guesses."""
 
     sigma: float | None = None
     max_iters: int | None = None
@@ -186,7 +188,10 @@ def fixed_counts(trajectory: Tensor) -> Tensor:
 def initial_state(
     model: VLA, first: Tensor, cfg: JacobiConfig, gen: torch.Generator | None = None
 ) -> Tensor:
-    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated."""
+    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated.
+
+    ("previous" needs the previous output, which only a ``JacobiDecoder`` keeps: here it falls
+    back to random ids, as on an episode's first step.)"""
     n = model.cfg.num_action_tokens
     if cfg.init == "repeat":
         return first[:, None].expand(-1, n).clone()
@@ -229,6 +234,15 @@ def jacobi_decode(
     if init is None:
         init = initial_state(model, first.argmax(-1), cfg, gen)
     return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
+
+
+def held_action(previous: Tensor, action_dim: int) -> Tensor:
+    """(B, n) tokens of a chunk -> (B, n): its last action's tokens repeated over the chunk.
+
+    The warm start of ``init="previous"``: the chunk was executed open loop, so the next chunk
+    starts where it ended, and a held action is the guess that assumes nothing about motion."""
+    last = previous[:, -action_dim:]
+    return last.repeat(1, previous.shape[1] // action_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +291,9 @@ class JacobiDecoder:
     """Jacobi decoding (+ early exit when ``cfg.sigma`` is set) as an AcceleratedPolicy decoder.
 
     Random initial guesses come from a generator reseeded by ``reset`` (each episode), so runs
-    are reproducible. ``last`` is the latest call's full result (trajectory included)."""
+    are reproducible. With ``cfg.init == "previous"`` the decoder remembers each call's output
+    until ``reset`` and starts the next call from it (``held_action``). ``last`` is the latest
+    call's full result (trajectory included)."""
 
     cfg: JacobiConfig = field(default_factory=JacobiConfig)
     steps: list[DecodeStep] = field(default_factory=list)
@@ -292,10 +308,11 @@ class JacobiDecoder:
 
     def reset(self) -> None:
         self._gen.manual_seed(self.cfg.seed)
+        self.last = None
 
     def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
         t0 = time.perf_counter()
-        r = jacobi_decode(model, pre, self.cfg, gen=self._gen)
+        r = jacobi_decode(model, pre, self.cfg, init=self._warm_start(model, pre), gen=self._gen)
         seconds = time.perf_counter() - t0
         self.steps.append(step_stats(r, seconds))
         self.last = r
@@ -303,6 +320,13 @@ class JacobiDecoder:
 
     def summary(self) -> dict:
         return summarise_steps(self.steps)
+
+    def _warm_start(self, model: VLA, pre: PrefillResult) -> Tensor | None:
+        """The "previous" initial guess, or None (use ``cfg.init``) when there is none yet."""
+        prev = self.last.tokens if self.last is not None else None
+        if self.cfg.init != "previous" or prev is None or prev.shape[0] != pre.next_pos.shape[0]:
+            return None
+        return held_action(prev, model.cfg.action_dim)
 
 
 def step_stats(r: JacobiResult, seconds: float) -> DecodeStep:
