@@ -53,14 +53,14 @@ class DistillConfig:
     demos: str = opt("data/demos128", "demo directory, or several joined by commas")
     out: str = opt("runs/ceed", "run directory: trajectories, state, log (resumes there)")
     export: str = opt("", "exported student directory (default: <out>/export/<teacher>-ceed)")
-    student_init: str = opt("", "checkpoint the student starts from (default: the teacher), "
-                                "e.g. an earlier student, continued under a new schedule")
+    # e.g. an earlier student, continued under a new learning-rate schedule
+    student_init: str = opt("", "checkpoint the student starts from (default: the teacher)")
     frames: int = opt(8000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
     steps: int = opt(3000, "optimiser steps")
     batch: int = opt(16, "trajectories (demo frames) per step")
-    states: int = opt(4, "intermediate states of each trajectory per step; they share one prompt "
-                         "forward, so more states cost little")
+    # States of one trajectory share its prompt forward, so 8 states cost ~1.35x one state.
+    states: int = opt(8, "intermediate states of each trajectory per step")
     lr: float = opt(2e-4, "peak learning rate (AdamW); the student starts at the teacher")
     warmup: int = opt(50, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
