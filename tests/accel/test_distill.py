@@ -188,6 +188,8 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     assert all(torch.equal(v, load_file(export / "model.safetensors")[k])
                for k, v in exported.items())  # fmt: skip
     assert f"initialised from `{export}`" in (tmp_path / "cont-export" / "README.md").read_text()
+    again_name = Policy.from_checkpoint(tmp_path / "cont-export").model.cfg.name
+    assert again_name == student.model.cfg.name  # one "-ceed" suffix, not two
     fast = AcceleratedPolicy(student, decoder=JacobiDecoder())
     actions = fast.predict(np.zeros((128, 128, 3), np.uint8), "reach the goal")
     assert actions.shape == (4, 4) and np.isfinite(actions).all()

@@ -381,7 +381,9 @@ def export(cfg: DistillConfig, student: VLA, meta: dict, evaluation: dict) -> di
     stats_path = teacher_dir / "dataset_statistics.json"
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
     tok = teacher_dir / "tokenizer.json"
-    student.cfg = dataclasses.replace(student.cfg, name=f"{student.cfg.name}-ceed")
+    # A student continued from an earlier student (--student-init) keeps a single suffix.
+    name = f"{student.cfg.name.removesuffix('-ceed')}-ceed"
+    student.cfg = dataclasses.replace(student.cfg, name=name)
     path = save_vla(student.eval(), cfg.export_dir, norm_stats=stats,
                     tokenizer_file=tok if tok.exists() else None,
                     extra_files={"README.md": model_card(cfg, meta, evaluation)})  # fmt: skip
