@@ -104,6 +104,8 @@ def test_accelerated_policy_with_decoders_matches_plain_policy(tiny_ar):
         s = fast.decoder.summary()
         assert s["steps"] == 2 and s["converged_fraction"] == 1.0
         assert s["tokens_per_s_min"] > 0
+        hist = s["iterations_histogram"]  # rows that took 1, 2, ... iterations
+        assert sum(hist) == 2 and len(hist) == s["iterations_max"] and hist[-1] > 0
     exit_fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder("jacobi-exit", 0.5))
     assert exit_fast.predict(image, "open the drawer").shape == (4, 4)
     assert exit_fast.decoder.name == "jacobi-exit@0.5"

@@ -337,7 +337,8 @@ def step_stats(r: JacobiResult, seconds: float) -> DecodeStep:
 
 
 def summarise_steps(steps: list[DecodeStep]) -> dict:
-    """Means over decode calls and rows: iterations, tokens fixed per iteration, exits."""
+    """Means over decode calls and rows: iterations (and how many rows took k = 1, 2, ...),
+    tokens fixed per iteration, exits."""
     if not steps:
         return {"steps": 0}
     iters = np.array([k for s in steps for k in s.iterations], dtype=float)
@@ -350,6 +351,7 @@ def summarise_steps(steps: list[DecodeStep]) -> dict:
         "steps": len(steps),
         "iterations_mean": float(iters.mean()),
         "iterations_max": int(iters.max()),
+        "iterations_histogram": np.bincount(iters.astype(int))[1:].tolist(),
         "fixed_per_iteration_mean": float(np.mean(per_iter)) if per_iter else float("nan"),
         "converged_fraction": float(np.mean([c for c, _ in rows])),
         "exited_fraction": float(np.mean([e for _, e in rows])),

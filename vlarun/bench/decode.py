@@ -135,6 +135,7 @@ def summarise_runs(policy: AcceleratedPolicy, runs: list) -> dict:
         "control_rate_hz": policy.model.cfg.horizon * 1e3 / statistics.mean(e2e_ms),
         "iterations_mean": s["iterations_mean"],
         "iterations_max": s["iterations_max"],
+        "iterations_histogram": s["iterations_histogram"],
         "fixed_per_iteration_mean": s["fixed_per_iteration_mean"],
         "exited_fraction": s["exited_fraction"],
         "queries": len(runs),
