@@ -50,18 +50,20 @@ class DistillConfig:
     """Consistency distillation (CEED-VLA) of an autoregressive policy on demonstration frames."""
 
     teacher: str = opt("checkpoints/tiny-ar", "autoregressive policy checkpoint to distil")
-    demos: str = opt("data/demos128", "demo directory, or several joined by commas")
+    demos: str = opt("data/demos128,data/demos128b", "demo directories joined by commas")
     out: str = opt("runs/ceed", "run directory: trajectories, state, log (resumes there)")
     export: str = opt("", "exported student directory (default: <out>/export/<teacher>-ceed)")
     # e.g. an earlier student, continued under a new learning-rate schedule
     student_init: str = opt("", "checkpoint the student starts from (default: the teacher)")
-    frames: int = opt(8000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
+    frames: int = opt(16000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
-    steps: int = opt(3000, "optimiser steps")
+    # The defaults are one run from the teacher that fits the 90-minute budget on a 2-core CPU:
+    # ~7 min of collection, then 80 min of training (the step cap is not reached).
+    steps: int = opt(20000, "optimiser steps (a cap; budget_minutes usually ends the run)")
     batch: int = opt(16, "trajectories (demo frames) per step")
     # States of one trajectory share its prompt forward, so 8 states cost ~1.35x one state.
     states: int = opt(8, "intermediate states of each trajectory per step")
-    lr: float = opt(2e-4, "peak learning rate (AdamW); the student starts at the teacher")
+    lr: float = opt(3e-4, "peak learning rate (AdamW); the student starts at the teacher")
     warmup: int = opt(50, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     omega: float = opt(1.0, "weight of the autoregressive loss")
@@ -72,7 +74,7 @@ class DistillConfig:
     seed: int = opt(0, "frame choice, initial guesses and sampling seed")
     bf16: bool = opt(True, "bfloat16 autocast for training (collection runs in fp32)")
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
-    budget_minutes: float = opt(0.0, "total training minutes (cosine schedule by time); 0 = none")
+    budget_minutes: float = opt(80.0, "total training minutes (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
     export_only: bool = opt(False, "skip collection and training; export the current state")
     json: bool = opt(False, "print one JSON object")

@@ -57,12 +57,17 @@ class BenchDecodeOptions:
     seed: int = opt(0, "first held-out seed")
     max_steps: int | None = opt(None, "episode step limit (default: each task's)")
     queries: int = opt(60, "replayed observations timed per method")
+    # Pinned and recorded (torch's default follows the machine): one thread is what the
+    # committed results used.
+    threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.queries < 1:
             raise ValueError("need episodes >= 1 and queries >= 1")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
         for s in self.sigma_list:
             if not 0.0 < s <= 1.0:
                 raise ValueError(f"sigma must be in (0, 1], got {s}")
@@ -157,6 +162,17 @@ def recorded_stream(recorded: list[dict], queries: int) -> list[tuple[str, np.nd
 
 
 def run(o: BenchDecodeOptions, progress: bool = True) -> dict:
+    """The benchmark under ``o.threads`` torch threads (the caller's count is restored)."""
+    before = torch.get_num_threads()
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    try:
+        return _run(o, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     from vlarun.bench.accel import closed_loop  # duck-typed: tasks, episodes, seed, max_steps
 
     if o.quick:
