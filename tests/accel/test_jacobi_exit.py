@@ -5,6 +5,8 @@ import torch
 
 from vlarun.accel.jacobi import (
     JacobiConfig,
+    JacobiDecoder,
+    exit_confidence,
     fixed_counts,
     jacobi_solve,
     min_confidence,
@@ -111,6 +113,25 @@ def test_first_token_confidence_counts():
     r = jacobi_solve(table.first(), table, ZEROS, JacobiConfig(sigma=0.5))
     assert r.iterations.item() == 3 and not r.exited.item()
     assert r.confidence.item() == pytest.approx(0.45)
+
+
+def test_unsettled_rule_skips_the_tokens_jacobi_has_made_exact():
+    """The same y_1 at p = 0.45 blocks the paper's rule for good; ``exit_over="unsettled"``
+    ignores y_1..y_{k+1} after k iterations (exact by then): at iteration 1 it tests y_3, y_4
+    (0.3, 0.55: no exit), at iteration 2 y_4 alone (0.55 >= 0.5: exit, y_4 still wrong)."""
+    table = _table(first_p=0.45)
+    cfg = JacobiConfig(sigma=0.5, exit_over="unsettled")
+    r = jacobi_solve(table.first(), table, ZEROS, cfg)
+    assert r.iterations.item() == 2 and r.exited.item()
+    assert r.tokens[0].tolist() == [0, 1, 2, 2]  # y_1..y_3 exact, y_4 the exit's guess
+    assert r.confidence.item() == pytest.approx(0.55)
+    x = logits([[dist(0, 0.4), dist(1, 0.9), dist(2, 0.6)]])
+    assert exit_confidence(x, 0).item() == pytest.approx(0.4)  # "all": y_1 counts
+    assert exit_confidence(x, 0, "unsettled").item() == pytest.approx(0.6)
+    assert exit_confidence(x, 2, "unsettled").item() == 1.0  # nothing left to test
+    assert JacobiDecoder(cfg).name == "jacobi-exit-unsettled@0.5"
+    with pytest.raises(ValueError, match="exit_over"):
+        JacobiConfig(exit_over="some")
 
 
 def test_rows_exit_independently_and_stay_frozen():

@@ -20,7 +20,11 @@ earlier when an iteration changes nothing (a fixed point, which is unique: greed
 
 Early exit (CEED-VLA). With sigma set, an iteration whose tokens all have max probability
 >= sigma - the minimum over action tokens of the max token probability, y_1's included - ends
-decoding and returns that iteration's argmax tokens, converged or not.
+decoding and returns that iteration's argmax tokens, converged or not. ``exit_over="unsettled"``
+(not in the paper) takes that minimum only over the tokens not yet guaranteed greedy: after k
+iterations y_1..y_{k+1} are exact whatever their confidence, and on a distilled student the
+least confident token is most often one of the first action's (BENCHMARKS.md), which the
+paper's rule waits on although Jacobi has already settled it.
 
 Batches: rows stop independently (their tokens are frozen, their statistics say when); the batch
 runs until every row has stopped. Rows decode at their own positions after right-padded prompts,
@@ -45,6 +49,7 @@ from torch import Tensor
 from vlarun.models.vla import VLA, PrefillResult
 
 INITS = ("random", "repeat", "previous")
+EXIT_OVER = ("all", "unsettled")
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,15 @@ class JacobiConfig:
     guarantees the greedy output); init: initial guess of y_2..y_n, "random" (uniform over the
     action-token ids, as the paper), "repeat" (y_1 repeated) or "previous" (a warm start: the
     last action of the previous control step's chunk, held over the whole chunk; random on an
-    episode's first step, see ``JacobiDecoder``); seed: of the random guesses."""
+    episode's first step, see ``JacobiDecoder``); seed: of the random guesses; exit_over: the
+    tokens whose minimum confidence the exit rule tests, "all" (the paper) or "unsettled" (those
+    after the ones k iterations have made exact)."""
 
     sigma: float | None = None
     max_iters: int | None = None
     init: str = "random"
     seed: int = 0
+    exit_over: str = "all"
 
     def __post_init__(self) -> None:
         if self.sigma is not None and not 0.0 < self.sigma <= 1.0:
@@ -68,6 +76,8 @@ class JacobiConfig:
             raise ValueError(f"max_iters must be >= 1, got {self.max_iters}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.exit_over not in EXIT_OVER:
+            raise ValueError(f"exit_over must be one of {EXIT_OVER}, got {self.exit_over!r}")
 
 
 @dataclass
@@ -76,9 +86,10 @@ class JacobiResult:
 
     tokens (B, n): the output; iterations (B,): Jacobi forwards each row took part in;
     converged (B,): the output is the fixed point (== greedy); exited (B,): stopped by the
-    sigma rule before converging; confidence (B,): min over tokens of the max probability at
-    the last iteration (y_1's alone when n == 1); fixed (B, K + 1): tokens that reached their
-    final value at iteration k and kept it (k = 0: already right in the initial state);
+    sigma rule before converging; confidence (B,): the rule's min over tokens (``exit_over``)
+    of the max probability at the last iteration (y_1's alone when n == 1); fixed (B, K + 1):
+    tokens that reached their final value at iteration k and kept it (k = 0: already right in
+    the initial state);
     trajectory (B, K + 1, n): state after each iteration (K = the batch's iterations), rows
     frozen after they stop.
     """
@@ -107,6 +118,17 @@ def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
     if sigma is None:
         return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     return min_confidence(logits) >= sigma
+
+
+def exit_confidence(logits: Tensor, k: int, over: str = "all") -> Tensor:
+    """(B, n, V) logits of iteration k -> (B,): the minimum confidence the exit rule tests; with
+    ``over="unsettled"`` only over y_{k+2}..y_n (1 when none is left)."""
+    if over == "all":
+        return min_confidence(logits)
+    rest = logits[:, k + 1 :]
+    if rest.shape[1] == 0:
+        return torch.ones(logits.shape[0], device=logits.device)
+    return min_confidence(rest)
 
 
 # (y[:, start : n - 1], start) -> logits (B, n - 1 - start, V) of y[:, start + 1 :]: the
@@ -142,7 +164,7 @@ def jacobi_solve(
         new = logits.argmax(-1)
         # After k iterations y_1..y_{k+1} are greedy's: at k = n - 1 the state is the output.
         done_here = (new == y).all(-1) | (k == n - 1)
-        conf = min_confidence(logits)
+        conf = exit_confidence(logits, k, cfg.exit_over)
         exit_here = conf >= cfg.sigma if cfg.sigma is not None else torch.zeros_like(active)
         exit_here &= ~done_here
         confidence = torch.where(active, conf, confidence)
@@ -304,7 +326,10 @@ class JacobiDecoder:
 
     @property
     def name(self) -> str:
-        return "jacobi" if self.cfg.sigma is None else f"jacobi-exit@{self.cfg.sigma:g}"
+        if self.cfg.sigma is None:
+            return "jacobi"
+        over = "" if self.cfg.exit_over == "all" else f"-{self.cfg.exit_over}"
+        return f"jacobi-exit{over}@{self.cfg.sigma:g}"
 
     def reset(self) -> None:
         self._gen.manual_seed(self.cfg.seed)
@@ -361,8 +386,9 @@ def summarise_steps(steps: list[DecodeStep]) -> dict:
     }
 
 
-def make_decoder(method: str, sigma: float | None = None, seed: int = 0):
-    """``ar`` (greedy), ``jacobi`` (to the fixed point) or ``jacobi-exit`` (needs sigma)."""
+def make_decoder(method: str, sigma: float | None = None, seed: int = 0, exit_over: str = "all"):
+    """``ar`` (greedy), ``jacobi`` (to the fixed point) or ``jacobi-exit`` (needs sigma; its
+    rule tests ``exit_over`` tokens)."""
     if method == "ar":
         return GreedyDecoder()
     if method == "jacobi":
@@ -370,5 +396,5 @@ def make_decoder(method: str, sigma: float | None = None, seed: int = 0):
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
-        return JacobiDecoder(JacobiConfig(sigma=sigma, seed=seed))
+        return JacobiDecoder(JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over))
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")

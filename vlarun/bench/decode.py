@@ -60,6 +60,8 @@ class BenchDecodeOptions:
     # Pinned and recorded (torch's default follows the machine): one thread is what the
     # committed results used.
     threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
+    exit_over: str = opt("all", "tokens the exit rule tests: all (the paper) or unsettled",
+                         choices=["all", "unsettled"])  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
@@ -106,9 +108,11 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[tuple[str, 
     return rows
 
 
-def accelerated(base, method: str, sigma: float | None, seed: int = 0) -> AcceleratedPolicy:
+def accelerated(
+    base, method: str, sigma: float | None, seed: int = 0, exit_over: str = "all"
+) -> AcceleratedPolicy:
     decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(method, method)
-    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed))
+    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, exit_over))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,13 +196,15 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m.startswith("distilled") else teacher for m, _ in methods]
-    policies = [accelerated(b, m, s, o.seed) for b, (m, s) in zip(bases, methods, strict=True)]
+    policies = [accelerated(b, m, s, o.seed, o.exit_over)
+                for b, (m, s) in zip(bases, methods, strict=True)]  # fmt: skip
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
     for (method, sigma), base, timing in zip(methods, bases, timings, strict=True):
         ids = timing.pop("_ids")
-        res = ar if method == "ar" else closed_loop(accelerated(base, method, sigma, o.seed), o)
+        res = ar if method == "ar" else closed_loop(
+            accelerated(base, method, sigma, o.seed, o.exit_over), o)  # fmt: skip
         row = {"method": method, "sigma": sigma} | timing | {
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
