@@ -89,9 +89,8 @@ class JacobiResult:
     sigma rule before converging; confidence (B,): the rule's min over tokens (``exit_over``)
     of the max probability at the last iteration (y_1's alone when n == 1); fixed (B, K + 1):
     tokens that reached their final value at iteration k and kept it (k = 0: already right in
-    the initial state);
-    trajectory (B, K + 1, n): state after each iteration (K = the batch's iterations), rows
-    frozen after they stop.
+    the initial state); trajectory (B, K + 1, n): state after each iteration (K = the batch's
+    iterations), rows frozen after they stop.
     """
 
     tokens: Tensor

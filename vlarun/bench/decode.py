@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlarun.accel.jacobi import make_decoder
+from vlarun.accel.jacobi import EXIT_OVER, make_decoder
 from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
@@ -61,7 +61,7 @@ class BenchDecodeOptions:
     # committed results used.
     threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
     exit_over: str = opt("all", "tokens the exit rule tests: all (the paper) or unsettled",
-                         choices=["all", "unsettled"])  # fmt: skip
+                         choices=list(EXIT_OVER))  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
