@@ -113,7 +113,7 @@ def min_confidence(logits: Tensor) -> Tensor:
 
 def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
     """(B,) bool: CEED-VLA's early-exit rule, min_i max_r p(r | y_<i) >= sigma (the rule
-    ``jacobi_solve`` applies, from the same ``min_confidence``)."""
+    ``jacobi_solve`` applies with ``exit_over="all"``, from the same ``min_confidence``)."""
     if sigma is None:
         return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     return min_confidence(logits) >= sigma
