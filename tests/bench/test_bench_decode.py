@@ -18,22 +18,27 @@ def test_quick_bench_writes_every_field(tmp_path):
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     # The teacher stands in for the distilled policy: this checks the code path, not results.
     o = BenchDecodeOptions(quick=True, distilled=str(TINY_AR), tasks="reach-v3", episodes=1,
-                           max_steps=8, sigmas="0.5", queries=2, out=str(tmp_path))  # fmt: skip
+                           max_steps=8, sigmas="0.5", queries=2, out=str(tmp_path),
+                           exit_over="all,unsettled")  # fmt: skip
     r = run(o, progress=False)
     rows = r["rows"]
-    assert [(x["method"], x["sigma"]) for x in rows] == [
-        ("ar", None), ("jacobi", None), ("jacobi-exit", 0.5), ("distilled-exit", 0.5),
-        ("distilled", None)]  # fmt: skip
+    assert [(x["method"], x["sigma"], x["exit_over"]) for x in rows] == [
+        ("ar", None, None), ("jacobi", None, None), ("jacobi-exit", 0.5, "all"),
+        ("jacobi-exit", 0.5, "unsettled"), ("distilled-exit", 0.5, "all"),
+        ("distilled-exit", 0.5, "unsettled"), ("distilled", None, None)]  # fmt: skip
     keys = {"method", "sigma", "tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max",
             "control_rate_hz", "success_rate", "ci95", "iterations_mean", "speedup",
             "time_speedup"}  # fmt: skip
     assert all(keys <= set(x) for x in rows)
     assert rows[1]["token_agreement_with_ar"] == 1.0  # plain Jacobi is exact
-    assert rows[4]["token_agreement_with_ar"] == 1.0  # (the stand-in student is the teacher)
+    assert rows[6]["token_agreement_with_ar"] == 1.0  # (the stand-in student is the teacher)
     assert rows[0]["speedup"] == 1.0 and rows[0]["iterations_mean"] == 15
     assert rows[0]["time_speedup"] == 1.0
     # Mean decode time and mean tokens/s are two views of the same per-query timings.
     assert all(x["decode_ms_mean"] >= 16e3 / x["tokens_per_s_mean"] * (1 - 1e-9) for x in rows)
+    assert set(r["goals_by_exit_over"]) == {"all", "unsettled"}
+    assert r["goals"] == r["goals_by_exit_over"]["all"]  # the first listed rule's
+    assert r["goals_by_exit_over"]["unsettled"]["speedup"] == rows[5]["speedup"]
     assert set(r["goals"]) >= {
         "speedup_ge_4_5",
         "time_speedup_ge_3",
@@ -43,7 +48,13 @@ def test_quick_bench_writes_every_field(tmp_path):
     with open(r["files"]["json"]) as f:
         assert json.load(f)["rows"] == rows
     assert Path(r["files"]["plot"]).exists()
-    assert "| jacobi-exit | 0.5 |" in format_result(r)
+    assert "| jacobi-exit | 0.5 | unsettled |" in format_result(r)
+
+
+@pytest.mark.parametrize("rules", ["", "all,all", "all,sometimes"])
+def test_bad_exit_rules_are_named(rules):
+    with pytest.raises(ValueError, match="exit_over"):
+        BenchDecodeOptions(exit_over=rules)
 
 
 def test_cli_registers_decode_and_distill():

@@ -18,6 +18,11 @@ loop's average latency follows. Control rate = actions per inference / end-to-en
 (vision + prefill + decode). Agreement: fraction of action tokens equal to ar's on the same
 queries. Success: closed loop on held-out seeds, Wilson 95% intervals. ``--quick`` is a reduced
 version (a few minutes); it is not a result to quote.
+
+Exit rules (``--exit-over``): ``all``, the paper's minimum confidence over every action token,
+and ``unsettled``, over the tokens the iterations so far have not made exact (``accel.jacobi``;
+not in the paper). ``--exit-over all,unsettled`` times both in one interleaved run; each exit
+row names its rule, and ``goals_by_exit_over`` holds the goals under each.
 """
 
 from __future__ import annotations
@@ -60,8 +65,8 @@ class BenchDecodeOptions:
     # Pinned and recorded (torch's default follows the machine): one thread is what the
     # committed results used.
     threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
-    exit_over: str = opt("all", "tokens the exit rule tests: all (the paper) or unsettled",
-                         choices=list(EXIT_OVER))  # fmt: skip
+    exit_over: str = opt("all", "tokens the exit rules test, joined by commas: all (the paper), "
+                         "unsettled; 'all,unsettled' times both side by side")  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
@@ -73,10 +78,19 @@ class BenchDecodeOptions:
         for s in self.sigma_list:
             if not 0.0 < s <= 1.0:
                 raise ValueError(f"sigma must be in (0, 1], got {s}")
+        rules = self.exit_rules
+        if not rules or any(r not in EXIT_OVER for r in rules) or len(set(rules)) < len(rules):
+            raise ValueError(
+                f"exit_over must list distinct rules from {EXIT_OVER}, got {self.exit_over!r}"
+            )
 
     @property
     def sigma_list(self) -> list[float]:
         return [float(s) for s in self.sigmas.split(",") if s]
+
+    @property
+    def exit_rules(self) -> list[str]:
+        return [r.strip() for r in self.exit_over.split(",") if r.strip()]
 
     def reduced(self) -> BenchDecodeOptions:
         """The --quick settings (explicitly given smaller values are kept)."""
@@ -100,19 +114,23 @@ def _load(name: str):
     return Policy.from_checkpoint(path)
 
 
-def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[tuple[str, float | None]]:
-    rows: list[tuple[str, float | None]] = [("ar", None), ("jacobi", None)]
-    rows += [("jacobi-exit", s) for s in o.sigma_list]
+# (method, sigma, exit rule): sigma and rule are None for the methods without early exit.
+Method = tuple[str, float | None, str | None]
+
+
+def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[Method]:
+    exits = [(s, rule) for rule in o.exit_rules for s in o.sigma_list]
+    rows: list[Method] = [("ar", None, None), ("jacobi", None, None)]
+    rows += [("jacobi-exit", s, rule) for s, rule in exits]
     if have_distilled:
-        rows += [("distilled-exit", s) for s in o.sigma_list] + [("distilled", None)]
+        rows += [("distilled-exit", s, rule) for s, rule in exits] + [("distilled", None, None)]
     return rows
 
 
-def accelerated(
-    base, method: str, sigma: float | None, seed: int = 0, exit_over: str = "all"
-) -> AcceleratedPolicy:
-    decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(method, method)
-    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, exit_over))
+def accelerated(base, method: Method, seed: int = 0) -> AcceleratedPolicy:
+    name, sigma, rule = method
+    decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(name, name)
+    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, rule or "all"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,25 +210,23 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
             student = _load(o.distilled)
         except FileNotFoundError as e:
             log(f"skipping distilled-exit: {e}")
-    ar = closed_loop(accelerated(teacher, "ar", None), o, record=True)
+    ar = closed_loop(accelerated(teacher, ("ar", None, None)), o, record=True)
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
-    bases = [student if m.startswith("distilled") else teacher for m, _ in methods]
-    policies = [accelerated(b, m, s, o.seed, o.exit_over)
-                for b, (m, s) in zip(bases, methods, strict=True)]  # fmt: skip
+    bases = [student if m[0].startswith("distilled") else teacher for m in methods]
+    policies = [accelerated(b, m, o.seed) for b, m in zip(bases, methods, strict=True)]
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
-    for (method, sigma), base, timing in zip(methods, bases, timings, strict=True):
-        ids = timing.pop("_ids")
-        res = ar if method == "ar" else closed_loop(
-            accelerated(base, method, sigma, o.seed, o.exit_over), o)  # fmt: skip
-        row = {"method": method, "sigma": sigma} | timing | {
+    for m, base, timing in zip(methods, bases, timings, strict=True):
+        (method, sigma, rule), ids = m, timing.pop("_ids")
+        res = ar if method == "ar" else closed_loop(accelerated(base, m, o.seed), o)
+        row = {"method": method, "sigma": sigma, "exit_over": rule} | timing | {
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
             "episodes": res["episodes"]}  # fmt: skip
         rows.append(row)
-        log(f"{method} sigma={sigma}: {row['tokens_per_s_mean']:.0f} tokens/s "
+        log(f"{_label(row, ' ')}: {row['tokens_per_s_mean']:.0f} tokens/s "
             f"({row['iterations_mean']:.2f} it), success {row['success_rate']:.1%}")  # fmt: skip
     ar_speed, ar_ms = rows[0]["tokens_per_s_mean"], rows[0]["decode_ms_mean"]
     for r in rows:
@@ -226,7 +242,9 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
         "command": invoked_command("vlarun bench decode" + (" --quick" if o.quick else "")),
         "rows": rows,
-        "goals": goals(rows),
+        # The first listed rule's (the paper's by default); every rule's when several ran.
+        "goals": goals(rows, exit_over=o.exit_rules[0]),
+        "goals_by_exit_over": {rule: goals(rows, exit_over=rule) for rule in o.exit_rules},
         "wall_s": round(time.time() - t0, 1),
     }
     if o.out:
@@ -234,10 +252,12 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     return result
 
 
-def goals(rows: list[dict], sigma: float = 0.5) -> dict:
-    """The issue's goals for distilled-exit at ``sigma`` (None where that row is absent)."""
+def goals(rows: list[dict], sigma: float = 0.5, exit_over: str = "all") -> dict:
+    """The issue's goals for distilled-exit at ``sigma`` under the ``exit_over`` rule (None
+    where that row is absent)."""
     ar = rows[0]
-    d = next((r for r in rows if r["method"] == "distilled-exit" and r["sigma"] == sigma), None)
+    d = next((r for r in rows if r["method"] == "distilled-exit" and r["sigma"] == sigma
+              and r.get("exit_over", "all") == exit_over), None)  # fmt: skip
     if d is None:
         return {"speedup_ge_4_5": None, "min_above_ar_mean": None, "success_within_3pp": None}
     return {
@@ -261,8 +281,12 @@ def write_results(result: dict, out: Path) -> dict:
     return files
 
 
-def _label(r: dict) -> str:
-    return r["method"] if r["sigma"] is None else f"{r['method']}\nsigma {r['sigma']:g}"
+def _label(r: dict, sep: str = "\n") -> str:
+    """Method, sigma and the exit rule when not the paper's ('... sigma 0.5 unsettled')."""
+    if r["sigma"] is None:
+        return r["method"]
+    rule = r.get("exit_over", "all")
+    return f"{r['method']}{sep}sigma {r['sigma']:g}" + ("" if rule == "all" else f" {rule}")
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -276,8 +300,10 @@ def plot(rows: list[dict], path: str) -> None:
     mean = np.array([r["tokens_per_s_mean"] for r in rows])
     lo = mean - np.array([r["tokens_per_s_min"] for r in rows])
     hi = np.array([r["tokens_per_s_max"] for r in rows]) - mean
-    palette = {"ar": "C0", "jacobi": "C0", "jacobi-exit": "C1"}
-    colors = [palette.get(r["method"], "C2") for r in rows]
+    palette = {"ar": "C0", "jacobi": "C0", "jacobi-exit": "C1", "distilled-exit": "C2"}
+    unsettled = {"jacobi-exit": "C4", "distilled-exit": "C3"}  # the rule not in the paper
+    colors = [(unsettled if r.get("exit_over") == "unsettled" else palette).get(r["method"], "C2")
+              for r in rows]  # fmt: skip
     ax_v.bar(x, mean, yerr=[lo, hi], capsize=3, color=colors)
     ax_v.axhline(rows[0]["tokens_per_s_mean"], color="k", ls="--", lw=1, label="ar mean")
     ax_v.set(ylabel="action tokens / s (mean, min-max)", title="decode speed")
@@ -300,21 +326,23 @@ def format_result(r: dict) -> str:
         f"({r['action_tokens']} action tokens), distilled {r['distilled']}, {r['date']}, "
         f"{r['threads']} threads, {r['wall_s']} s",
         "",
-        "| method | sigma | tokens/s mean (min-max) | speedup | time speedup | iterations "
-        "| control rate | agreement | success (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | sigma | exit rule | tokens/s mean (min-max) | speedup | time speedup "
+        "| iterations | control rate | agreement | success (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in r["rows"]:
         sigma = "-" if x["sigma"] is None else f"{x['sigma']:g}"
         lines.append(
-            f"| {x['method']} | {sigma} | {x['tokens_per_s_mean']:.0f} "
+            f"| {x['method']} | {sigma} | {x.get('exit_over') or '-'} "
+            f"| {x['tokens_per_s_mean']:.0f} "
             f"({x['tokens_per_s_min']:.0f}-{x['tokens_per_s_max']:.0f}) | x{x['speedup']:.2f} "
             f"| x{x['time_speedup']:.2f} | {x['iterations_mean']:.2f} "
             f"| {x['control_rate_hz']:.1f} Hz "
             f"| {x['token_agreement_with_ar']:.1%} | {x['success_rate']:.1%} "
             f"({x['ci95'][0]:.0%}-{x['ci95'][1]:.0%}) |"
         )
-    lines.append(f"goals (distilled-exit, sigma 0.5): {r['goals']}")
+    for rule, g in r.get("goals_by_exit_over", {"all": r["goals"]}).items():
+        lines.append(f"goals (distilled-exit, sigma 0.5, exit rule {rule}): {g}")
     for kind, path in r.get("files", {}).items():
         lines.append(f"{kind}: {path}")
     return "\n".join(lines)
