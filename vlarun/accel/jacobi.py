@@ -385,9 +385,16 @@ def summarise_steps(steps: list[DecodeStep]) -> dict:
     }
 
 
-def make_decoder(method: str, sigma: float | None = None, seed: int = 0, exit_over: str = "all"):
-    """``ar`` (greedy), ``jacobi`` (to the fixed point) or ``jacobi-exit`` (needs sigma; its
-    rule tests ``exit_over`` tokens)."""
+def make_decoder(
+    method: str,
+    sigma: float | None = None,
+    seed: int = 0,
+    exit_over: str = "all",
+    max_iters: int | None = None,
+):
+    """``ar`` (greedy), ``jacobi`` (to the fixed point: exact, so never capped) or
+    ``jacobi-exit`` (needs sigma; its rule tests ``exit_over`` tokens; at most ``max_iters``
+    iterations)."""
     if method == "ar":
         return GreedyDecoder()
     if method == "jacobi":
@@ -395,5 +402,6 @@ def make_decoder(method: str, sigma: float | None = None, seed: int = 0, exit_ov
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
-        return JacobiDecoder(JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over))
+        cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters)
+        return JacobiDecoder(cfg)
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")

@@ -22,7 +22,9 @@ version (a few minutes); it is not a result to quote.
 Exit rules (``--exit-over``): ``all``, the paper's minimum confidence over every action token,
 and ``unsettled``, over the tokens the iterations so far have not made exact (``accel.jacobi``;
 not in the paper). ``--exit-over all,unsettled`` times both in one interleaved run; each exit
-row names its rule, and ``goals_by_exit_over`` holds the goals under each.
+row names its rule, and ``goals_by_exit_over`` holds the goals under each. ``--max-iters``
+caps the exit methods' iterations (the issue's iteration cap; plain Jacobi is never capped, it
+must stay exact): a query that does not exit then returns its state at the cap.
 """
 
 from __future__ import annotations
@@ -67,12 +69,15 @@ class BenchDecodeOptions:
     threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
     exit_over: str = opt("all", "tokens the exit rules test, joined by commas: all (the paper), "
                          "unsettled; 'all,unsettled' times both side by side")  # fmt: skip
+    max_iters: int = opt(0, "cap on the exit methods' Jacobi iterations; 0 = none (n - 1)")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.queries < 1:
             raise ValueError("need episodes >= 1 and queries >= 1")
+        if self.max_iters < 0:
+            raise ValueError(f"max_iters must be >= 0 (0: no cap), got {self.max_iters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         for s in self.sigma_list:
@@ -127,10 +132,12 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[Method]:
     return rows
 
 
-def accelerated(base, method: Method, seed: int = 0) -> AcceleratedPolicy:
+def accelerated(base, method: Method, seed: int = 0, max_iters: int = 0) -> AcceleratedPolicy:
+    """The policy decoding with ``method``; ``max_iters`` (0: none) caps exit methods only."""
     name, sigma, rule = method
     decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(name, name)
-    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, rule or "all"))
+    cap = max_iters or None
+    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, rule or "all", cap))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,14 +221,15 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
-    policies = [accelerated(b, m, o.seed) for b, m in zip(bases, methods, strict=True)]
+    policies = [accelerated(b, m, o.seed, o.max_iters) for b, m in zip(bases, methods, strict=True)]
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
     for m, base, timing in zip(methods, bases, timings, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
-        res = ar if method == "ar" else closed_loop(accelerated(base, m, o.seed), o)
-        row = {"method": method, "sigma": sigma, "exit_over": rule} | timing | {
+        res = ar if method == "ar" else closed_loop(accelerated(base, m, o.seed, o.max_iters), o)
+        cap = (o.max_iters or None) if rule is not None else None
+        row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap} | timing | {
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
             "episodes": res["episodes"]}  # fmt: skip
