@@ -303,7 +303,8 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_v, ax_s) = plt.subplots(1, 2, figsize=(13, 4.5))
+    # Two rules x four sigmas make ~20 bars: widen with the row count so labels stay apart.
+    fig, (ax_v, ax_s) = plt.subplots(1, 2, figsize=(max(13.0, 1.0 + 0.75 * len(rows)), 5.0))
     x = np.arange(len(rows))
     mean = np.array([r["tokens_per_s_mean"] for r in rows])
     lo = mean - np.array([r["tokens_per_s_min"] for r in rows])
@@ -322,7 +323,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax_s.bar(x, succ, yerr=err, capsize=3, color=colors)
     ax_s.set(ylabel="success (95% CI)", title="closed loop", ylim=(0, 1))
     for ax in (ax_v, ax_s):
-        ax.set_xticks(x, [_label(r) for r in rows], rotation=45, ha="right", fontsize=7)
+        ax.set_xticks(x, [_label(r, " ") for r in rows], rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
