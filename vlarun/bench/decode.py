@@ -225,10 +225,11 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
-    for m, base, timing in zip(methods, bases, timings, strict=True):
+    for m, base, policy, timing in zip(methods, bases, policies, timings, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
         res = ar if method == "ar" else closed_loop(accelerated(base, m, o.seed, o.max_iters), o)
-        cap = (o.max_iters or None) if rule is not None else None
+        # The cap the decoder ran with (``accelerated`` applies it to exit methods only).
+        cap = getattr(getattr(policy.decoder, "cfg", None), "max_iters", None)
         row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap} | timing | {
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
