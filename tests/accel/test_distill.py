@@ -112,6 +112,35 @@ def test_sample_batch_draws_non_final_states_of_each_trajectory():
         assert all((allowed == s).all(-1).any() for s in state[row])
 
 
+def test_sample_batch_can_pin_the_initial_guess():
+    n = 4
+    states = torch.arange(3 * n * n).reshape(3, n, n)
+    data = {"states": states, "length": torch.tensor([3, 2, 4]), "frame": torch.tensor([0, 1, 2])}
+    frames = Frames(torch.zeros(3, 8, 8, 3, dtype=torch.uint8), [[1], [2], [3]],
+                    torch.zeros(3, n, dtype=torch.long), torch.arange(3))  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    _, _, state, _, idx = sample_batch(data, frames, 32, gen, 4, initial=True)
+    assert torch.equal(state[:, 0], states[idx, 0])  # every row's first state is its guess
+    later = state[:, 1:] != states[idx, 0][:, None]
+    assert later.any(-1).any()  # the others are still drawn from the whole trajectory
+
+
+def test_collection_from_repeat_guesses_is_not_mixed_with_random(chunked, tmp_path):
+    cfg = chunked.model.cfg
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (4, cfg.image_size, cfg.image_size, 3), generator=gen)
+    frames = Frames(images.to(torch.uint8), [chunked.text_ids("open the drawer")] * 4,
+                    torch.zeros(4, 14, dtype=torch.long), torch.arange(4))  # fmt: skip
+    base = DistillConfig(teacher="unused", frames=2, collect_batch=2, eval_frames=1, init="repeat")
+    collect(base, chunked, frames, tmp_path, lambda m: None)
+    states = load_file(tmp_path / "trajectories.safetensors")["states"]
+    first = states[:, 1, 0]  # after one iteration y_1 is the prefill's token: the guess repeats it
+    assert (states[:, 0] == first[:, None]).all()
+    with pytest.raises(ValueError, match="init='repeat'"):
+        collect(dataclasses.replace(base, init="random", frames=3), chunked, frames, tmp_path,
+                lambda m: None)  # fmt: skip
+
+
 def test_collection_resumes_where_it_stopped(chunked, tmp_path):
     """A second call with more frames keeps the first trajectories and adds only the rest."""
     cfg = chunked.model.cfg
@@ -188,6 +217,18 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     assert all(torch.equal(v, load_file(export / "model.safetensors")[k])
                for k, v in exported.items())  # fmt: skip
     assert f"initialised from `{export}`" in (tmp_path / "cont-export" / "README.md").read_text()
+    # Frozen vision: the tower keeps the teacher's weights, the language model moves.
+    frozen = dataclasses.replace(cont, out=str(tmp_path / "frozen"), student_init="", steps=2,
+                                 freeze_vision=True, initial_state=True, lr=1e-2,
+                                 export=str(tmp_path / "frozen-export"))  # fmt: skip
+    distill(frozen)
+    teacher_w = load_file(TINY_AR / "model.safetensors")
+    frozen_w = load_file(tmp_path / "frozen-export" / "model.safetensors")
+    vision = [k for k in teacher_w if k.startswith("vision_backbone.")]
+    assert vision and all(torch.equal(frozen_w[k], teacher_w[k]) for k in vision)
+    lm = [k for k in teacher_w if k.startswith("language_model.")]
+    assert any(not torch.equal(frozen_w[k], teacher_w[k]) for k in lm)
+    assert "vision tower frozen" in (tmp_path / "frozen-export" / "README.md").read_text()
     again_name = Policy.from_checkpoint(tmp_path / "cont-export").model.cfg.name
     assert again_name == student.model.cfg.name  # one "-ceed" suffix, not two
     fast = AcceleratedPolicy(student, decoder=JacobiDecoder())

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
@@ -56,6 +57,11 @@ class DistillConfig:
     # e.g. an earlier student, continued under a new learning-rate schedule
     student_init: str = opt("", "checkpoint the student starts from (default: the teacher)")
     frames: int = opt(16000, "demo frames whose teacher Jacobi trajectories are collected; 0 = all")
+    # The student learns to jump from *this* guess to the fixed point, so decode it with the
+    # same init (``vlarun bench decode --init``). "repeat" makes the first iteration's inputs a
+    # function of the prompt alone instead of noise the student must learn to ignore.
+    init: str = opt("random", "initial Jacobi guess of the trajectories",
+                    choices=["random", "repeat"])  # fmt: skip
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
     # The defaults are one run from the teacher that fits the 90-minute budget on a 2-core CPU:
     # ~7 min of collection, then 80 min of training (the step cap is not reached).
@@ -63,6 +69,12 @@ class DistillConfig:
     batch: int = opt(16, "trajectories (demo frames) per step")
     # States of one trajectory share its prompt forward, so 8 states cost ~1.35x one state.
     states: int = opt(8, "intermediate states of each trajectory per step")
+    # Decoding starts from state 0 every time, but a uniform draw over a ~6-iteration teacher
+    # trajectory shows it ~1 time in 6; exiting after one iteration needs it learned best.
+    initial_state: bool = opt(False, "one of each trajectory's states is always its initial guess")
+    # The consistency target depends on the action tokens only; the vision tower's backward is
+    # ~15% of a step, spent on features the student does not need to change.
+    freeze_vision: bool = opt(False, "train the language model and projector only")
     lr: float = opt(3e-4, "peak learning rate (AdamW); the student starts at the teacher")
     warmup: int = opt(50, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW weight decay")
@@ -132,18 +144,19 @@ def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log)
     n = model.cfg.num_action_tokens
     want = min(cfg.frames or len(frames.order), len(frames.order) - cfg.eval_frames)
     have = _load_trajectories(out)
+    _check_init(out, cfg.init)
     parts = {k: [v] for k, v in have.items()} if have else {}
     done = int(have["frame"].shape[0]) if have else 0
     gen = torch.Generator().manual_seed(cfg.seed + done)
     bar = tqdm(total=want, initial=done, desc="collect", unit="frame")
     while done < want:
         idx = frames.order[done : min(done + cfg.collect_batch, want)]
-        r = teacher_trajectories(model, frames, idx, gen)
+        r = teacher_trajectories(model, frames, idx, gen, cfg.init)
         for k, v in r.items():
             parts.setdefault(k, []).append(v)
         done += len(idx)
         if len(parts["frame"]) % SAVE_BATCHES == 0 or done >= want:
-            _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want)
+            _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want, cfg.init)
         bar.update(len(idx))
     bar.close()
     data = _load_trajectories(out)
@@ -157,13 +170,13 @@ def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log)
 
 @torch.no_grad()
 def teacher_trajectories(
-    model: VLA, frames: Frames, idx: Tensor, gen: torch.Generator
+    model: VLA, frames: Frames, idx: Tensor, gen: torch.Generator, init: str = "random"
 ) -> dict[str, Tensor]:
-    """Jacobi trajectories (plain, to the fixed point) of frames ``idx`` in one batch."""
+    """Jacobi trajectories (plain, to the fixed point, from ``init``) of frames ``idx``."""
     images = frames.image_batch(idx)
     text = [frames.text[i] for i in idx.tolist()]
     pre = model.prefill(model.build_prefix(model.encode_images(images), text))
-    r = jacobi_decode(model, pre, JacobiConfig(), gen=gen)
+    r = jacobi_decode(model, pre, JacobiConfig(init=init), gen=gen)
     n = model.cfg.num_action_tokens
     states = r.trajectory
     pad = states[:, -1:].expand(-1, n - states.shape[1], -1)  # rows are frozen at their end
@@ -174,10 +187,24 @@ def teacher_trajectories(
     }
 
 
-def _save_trajectories(out: Path, data: dict[str, Tensor], planned: int) -> None:
+def _save_trajectories(out: Path, data: dict[str, Tensor], planned: int, init: str) -> None:
     tmp = out / f"{TRAJECTORIES}.tmp"
-    save_file({k: v.contiguous() for k, v in data.items()}, tmp, {"planned": str(planned)})
+    meta = {"planned": str(planned), "init": init}
+    save_file({k: v.contiguous() for k, v in data.items()}, tmp, meta)
     tmp.replace(out / TRAJECTORIES)
+
+
+def _check_init(out: Path, init: str) -> None:
+    """Refuse to extend or train on trajectories started from another initial guess (files
+    written before the guess was recorded are from random ids)."""
+    path = out / TRAJECTORIES
+    if not path.exists():
+        return
+    with safe_open(path, "pt") as f:
+        have = (f.metadata() or {}).get("init", "random")
+    if have != init:
+        raise ValueError(f"{path} holds trajectories from init={have!r}, not init={init!r}; "
+                         "use another --out or the same --init")  # fmt: skip
 
 
 def _load_trajectories(out: Path) -> dict[str, Tensor] | None:
@@ -274,14 +301,22 @@ def distill_losses(
 
 
 def sample_batch(
-    data: dict[str, Tensor], frames: Frames, batch: int, gen: torch.Generator, per_row: int = 1
+    data: dict[str, Tensor],
+    frames: Frames,
+    batch: int,
+    gen: torch.Generator,
+    per_row: int = 1,
+    initial: bool = False,
 ):
     """Random trajectories and ``per_row`` random non-final states of each, drawn with
-    replacement (the fixed point itself only when the initial guess already was one):
+    replacement (the fixed point itself only when the initial guess already was one); with
+    ``initial`` the first state of each row is always state 0, the initial guess:
     state (B, per_row, n), fixed (B, n)."""
     rows = torch.randint(0, data["frame"].shape[0], (batch,), generator=gen)
     length = data["length"][rows].long()
     k = (torch.rand(batch, per_row, generator=gen) * (length[:, None] - 1).clamp(min=1)).long()
+    if initial:
+        k[:, 0] = 0
     states = data["states"][rows].long()  # (B, n, n)
     state = states[torch.arange(batch)[:, None], k]
     fixed = states[torch.arange(batch), length - 1]
@@ -308,7 +343,10 @@ def distill(cfg: DistillConfig) -> dict:
                          "needs an autoregressive (action-token) one")  # fmt: skip
     torch.manual_seed(cfg.seed)
     student = Policy.from_checkpoint(cfg.student_init or cfg.teacher, dtype=torch.float32).model
-    opt_ = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.freeze_vision:
+        student.vision_backbone.requires_grad_(False)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt_ = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     meta = load_state(out, student, opt_)
     if meta is None:
         meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
@@ -333,7 +371,9 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
     gen = torch.Generator().manual_seed(cfg.seed + 1 + meta["step"])
 
     def losses_at(step: int):
-        images, text, state, fixed, idx = sample_batch(data, frames, cfg.batch, gen, cfg.states)
+        images, text, state, fixed, idx = sample_batch(
+            data, frames, cfg.batch, gen, cfg.states, cfg.initial_state
+        )
         demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             return distill_losses(student, images, text, state, fixed, cfg.omega, demo)
@@ -361,8 +401,8 @@ def evaluate_iterations(
     res: dict = {"frames": len(idx), "sigma": sigma}
     greedy = {}
     for name, model in (("teacher", teacher), ("student", student)):
-        for label, jc in (("jacobi", JacobiConfig(seed=cfg.seed)),
-                          ("exit", JacobiConfig(sigma=sigma, seed=cfg.seed))):  # fmt: skip
+        plain = JacobiConfig(seed=cfg.seed, init=cfg.init)
+        for label, jc in (("jacobi", plain), ("exit", dataclasses.replace(plain, sigma=sigma))):
             iters, toks = [], []
             for part in idx.split(cfg.collect_batch):
                 images = frames.image_batch(part)
@@ -405,7 +445,11 @@ def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:
         f"- teacher: `{cfg.teacher}`; data: `{cfg.demos}`, trajectories: {meta.get('collected')}",
         f"- loss: forward KL to the stop-gradient fixed-point distribution + {cfg.omega} x AR "
         f"({cfg.ar_target} targets)",
-        f"- student initialised from `{cfg.student_init or cfg.teacher}`",
+        f"- student initialised from `{cfg.student_init or cfg.teacher}`"
+        + (", vision tower frozen" if cfg.freeze_vision else ""),
+        f"- initial Jacobi guess: `{cfg.init}` (decode with the same: `JacobiConfig(init="
+        f"{cfg.init!r})`, `vlarun bench decode --init {cfg.init}`)"
+        + ("; state 0 in every trajectory's states" if cfg.initial_state else ""),
         f"- steps: {meta['step']} x batch {cfg.batch} frames x {cfg.states} states, lr {cfg.lr}, "
         f"{'bf16 autocast' if cfg.bf16 else 'fp32'}",
         f"- wall time: {meta['seconds'] / 60:.1f} min of training on this repository's CPU",

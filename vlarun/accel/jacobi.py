@@ -391,17 +391,19 @@ def make_decoder(
     seed: int = 0,
     exit_over: str = "all",
     max_iters: int | None = None,
+    init: str = "random",
 ):
     """``ar`` (greedy), ``jacobi`` (to the fixed point: exact, so never capped) or
     ``jacobi-exit`` (needs sigma; its rule tests ``exit_over`` tokens; at most ``max_iters``
-    iterations)."""
+    iterations); both Jacobi decoders start from ``init`` guesses."""
     if method == "ar":
         return GreedyDecoder()
     if method == "jacobi":
-        return JacobiDecoder(JacobiConfig(seed=seed))
+        return JacobiDecoder(JacobiConfig(seed=seed, init=init))
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
-        cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters)
+        cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters,
+                           init=init)  # fmt: skip
         return JacobiDecoder(cfg)
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")

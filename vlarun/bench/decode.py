@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlarun.accel.jacobi import EXIT_OVER, make_decoder
+from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
 from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
@@ -70,6 +70,10 @@ class BenchDecodeOptions:
     exit_over: str = opt("all", "tokens the exit rules test, joined by commas: all (the paper), "
                          "unsettled; 'all,unsettled' times both side by side")  # fmt: skip
     max_iters: int = opt(0, "cap on the exit methods' Jacobi iterations; 0 = none (n - 1)")
+    # A student distilled from "repeat" trajectories (`vlarun distill --init repeat`) learned
+    # to leave that guess, not random ids; plain Jacobi stays exact from either.
+    init: str = opt("random", "initial guess of every Jacobi row: random (the paper) or repeat "
+                    "(y_1 repeated)", choices=list(INITS))  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
@@ -80,6 +84,8 @@ class BenchDecodeOptions:
             raise ValueError(f"max_iters must be >= 0 (0: no cap), got {self.max_iters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         for s in self.sigma_list:
             if not 0.0 < s <= 1.0:
                 raise ValueError(f"sigma must be in (0, 1], got {s}")
@@ -132,12 +138,15 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[Method]:
     return rows
 
 
-def accelerated(base, method: Method, seed: int = 0, max_iters: int = 0) -> AcceleratedPolicy:
-    """The policy decoding with ``method``; ``max_iters`` (0: none) caps exit methods only."""
+def accelerated(
+    base, method: Method, seed: int = 0, max_iters: int = 0, init: str = "random"
+) -> AcceleratedPolicy:
+    """The policy decoding with ``method``; ``max_iters`` (0: none) caps exit methods only;
+    Jacobi methods start from ``init`` guesses."""
     name, sigma, rule = method
     decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(name, name)
-    cap = max_iters or None
-    return AcceleratedPolicy(base, decoder=make_decoder(decoder, sigma, seed, rule or "all", cap))
+    dec = make_decoder(decoder, sigma, seed, rule or "all", max_iters or None, init)
+    return AcceleratedPolicy(base, decoder=dec)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,16 +230,20 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
-    policies = [accelerated(b, m, o.seed, o.max_iters) for b, m in zip(bases, methods, strict=True)]
+    policies = [accelerated(b, m, o.seed, o.max_iters, o.init)
+                for b, m in zip(bases, methods, strict=True)]  # fmt: skip
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
     for m, base, policy, timing in zip(methods, bases, policies, timings, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
-        res = ar if method == "ar" else closed_loop(accelerated(base, m, o.seed, o.max_iters), o)
+        fresh = accelerated(base, m, o.seed, o.max_iters, o.init)  # no timing-run state
+        res = ar if method == "ar" else closed_loop(fresh, o)
         # The cap the decoder ran with (``accelerated`` applies it to exit methods only).
-        cap = getattr(getattr(policy.decoder, "cfg", None), "max_iters", None)
-        row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap} | timing | {
+        dcfg = getattr(policy.decoder, "cfg", None)
+        cap, init = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
+        row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap,
+               "init": init} | timing | {  # fmt: skip
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
             "episodes": res["episodes"]}  # fmt: skip
