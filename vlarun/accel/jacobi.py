@@ -145,21 +145,23 @@ def jacobi_solve(
     b, n = init.shape
     y = init.clone()
     y[:, 0] = first_logits.argmax(-1)
-    first = first_logits[:, None]  # (B, 1, V)
     active = torch.ones(b, dtype=torch.bool, device=y.device)
     iterations = torch.zeros(b, dtype=torch.long, device=y.device)
     converged = torch.zeros_like(active) if n > 1 else active.clone()
     exited = torch.zeros_like(active)
-    confidence = min_confidence(first)
-    states = [y.clone()]
+    confidence = min_confidence(first_logits[:, None])
+    states = [y]  # y is never written in place from here on
     cap = n - 1 if cfg.max_iters is None else min(cfg.max_iters, n - 1)
-    logits, fed = first, None  # fed: the inputs the cached action keys were computed from
+    # Row i: the distribution of y_{i+1} from the iteration that last computed it (rows before
+    # a recompute's start stay valid: their inputs did not change).
+    logits = first_logits.new_empty(b, n, first_logits.shape[-1])
+    logits[:, 0] = first_logits
+    fed = None  # the state whose inputs the cached action keys were computed from
     for k in range(1, cap + 1):
-        start = 0 if fed is None else first_change(fed, y[:, :-1])
+        start = 0 if fed is None else first_change(fed[:, :-1], y[:, :-1])
         if start < n - 1:
-            out = step(y[:, start:-1], start).to(first.dtype)
-            logits = torch.cat((logits[:, : start + 1], out), dim=1)  # (B, n, V)
-        fed = y[:, :-1].clone()
+            logits[:, start + 1 :] = step(y[:, start:-1], start)
+        fed = y  # never written in place: each iteration makes a new ``y``
         new = logits.argmax(-1)
         # After k iterations y_1..y_{k+1} are greedy's: at k = n - 1 the state is the output.
         done_here = (new == y).all(-1) | (k == n - 1)
@@ -172,7 +174,7 @@ def jacobi_solve(
         converged |= active & done_here
         exited |= active & exit_here
         active &= ~(done_here | exit_here)
-        states.append(y.clone())
+        states.append(y)
         if not bool(active.any()):
             break
     trajectory = torch.stack(states, dim=1)  # (B, K + 1, n)
