@@ -19,7 +19,8 @@ def test_quick_bench_writes_every_field(tmp_path):
     # The teacher stands in for the distilled policy: this checks the code path, not results.
     o = BenchDecodeOptions(quick=True, distilled=str(TINY_AR), tasks="reach-v3", episodes=1,
                            max_steps=8, sigmas="0.5", queries=2, out=str(tmp_path),
-                           exit_over="all,unsettled", max_iters=2, init="repeat")  # fmt: skip
+                           exit_over="all,unsettled", max_iters=2, init="repeat",
+                           distilled_init="random")  # fmt: skip
     r = run(o, progress=False)
     rows = r["rows"]
     assert [(x["method"], x["sigma"], x["exit_over"]) for x in rows] == [
@@ -32,7 +33,8 @@ def test_quick_bench_writes_every_field(tmp_path):
     assert all(keys <= set(x) for x in rows)
     assert rows[1]["token_agreement_with_ar"] == 1.0  # plain Jacobi is exact, never capped
     assert rows[1]["max_iters"] is None and rows[1]["iterations_max"] > 2
-    assert rows[0]["init"] is None and all(x["init"] == "repeat" for x in rows[1:])
+    assert rows[0]["init"] is None and all(x["init"] == "repeat" for x in rows[1:4])
+    assert all(x["init"] == "random" for x in rows[4:])  # the distilled rows' own guess
     assert all(x["max_iters"] == 2 and x["iterations_max"] <= 2 for x in rows[2:6])
     assert rows[6]["token_agreement_with_ar"] == 1.0  # (the stand-in student is the teacher)
     assert rows[0]["speedup"] == 1.0 and rows[0]["iterations_mean"] == 15
@@ -60,9 +62,10 @@ def test_bad_exit_rules_are_named(rules):
         BenchDecodeOptions(exit_over=rules)
 
 
-def test_unknown_initial_guess_is_named():
-    with pytest.raises(ValueError, match="init"):
-        BenchDecodeOptions(init="zeros")
+@pytest.mark.parametrize("field", ["init", "distilled_init"])
+def test_unknown_initial_guess_is_named(field):
+    with pytest.raises(ValueError, match=field):
+        BenchDecodeOptions(**{field: "zeros"})
 
 
 def test_negative_iteration_cap_is_named():

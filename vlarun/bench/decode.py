@@ -70,10 +70,12 @@ class BenchDecodeOptions:
     exit_over: str = opt("all", "tokens the exit rules test, joined by commas: all (the paper), "
                          "unsettled; 'all,unsettled' times both side by side")  # fmt: skip
     max_iters: int = opt(0, "cap on the exit methods' Jacobi iterations; 0 = none (n - 1)")
-    # A student distilled from "repeat" trajectories (`vlarun distill --init repeat`) learned
-    # to leave that guess, not random ids; plain Jacobi stays exact from either.
-    init: str = opt("random", "initial guess of every Jacobi row: random (the paper) or repeat "
-                    "(y_1 repeated)", choices=list(INITS))  # fmt: skip
+    # Each student leaves the guess it was distilled from (`vlarun distill --init`); the
+    # shipped one learned "repeat". Plain Jacobi stays exact from either.
+    init: str = opt("random", "initial guess of the teacher's Jacobi rows: random (the paper) "
+                    "or repeat (y_1 repeated)", choices=list(INITS))  # fmt: skip
+    distilled_init: str = opt("repeat", "initial guess of the distilled rows (the one the "
+                              "student was distilled from)", choices=list(INITS))  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     json: bool = opt(False, "print one JSON object")
 
@@ -84,8 +86,9 @@ class BenchDecodeOptions:
             raise ValueError(f"max_iters must be >= 0 (0: no cap), got {self.max_iters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        for name in ("init", "distilled_init"):
+            if getattr(self, name) not in INITS:
+                raise ValueError(f"{name} must be one of {INITS}, got {getattr(self, name)!r}")
         for s in self.sigma_list:
             if not 0.0 < s <= 1.0:
                 raise ValueError(f"sigma must be in (0, 1], got {s}")
@@ -230,20 +233,21 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
-    policies = [accelerated(b, m, o.seed, o.max_iters, o.init)
-                for b, m in zip(bases, methods, strict=True)]  # fmt: skip
+    inits = [o.distilled_init if m[0].startswith("distilled") else o.init for m in methods]
+    policies = [accelerated(b, m, o.seed, o.max_iters, i)
+                for b, m, i in zip(bases, methods, inits, strict=True)]  # fmt: skip
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
-    for m, base, policy, timing in zip(methods, bases, policies, timings, strict=True):
+    for m, base, policy, timing, init in zip(methods, bases, policies, timings, inits, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
-        fresh = accelerated(base, m, o.seed, o.max_iters, o.init)  # no timing-run state
+        fresh = accelerated(base, m, o.seed, o.max_iters, init)  # no timing-run state
         res = ar if method == "ar" else closed_loop(fresh, o)
         # The cap the decoder ran with (``accelerated`` applies it to exit methods only).
         dcfg = getattr(policy.decoder, "cfg", None)
-        cap, init = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
+        cap, guess = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
         row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap,
-               "init": init} | timing | {  # fmt: skip
+               "init": guess} | timing | {  # fmt: skip
             "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
             "episodes": res["episodes"]}  # fmt: skip
