@@ -176,3 +176,14 @@ def test_gl_selection_respects_env_and_names_packages(monkeypatch):
     monkeypatch.delenv("MUJOCO_GL")
     with pytest.raises(RuntimeError, match="libegl1.*libosmesa6"):
         env_module.select_gl_backend()
+
+
+def test_extra_cameras_give_stacked_views():
+    env = MetaWorldEnv("reach-v3", image_size=32, extra_cameras=("left",))
+    obs, _ = env.reset(seed=0)
+    assert obs["views"].shape == (2, 32, 32, 3)
+    assert np.array_equal(obs["views"][0], obs["image"])
+    assert not np.array_equal(obs["views"][1], obs["image"])  # a different camera
+    env.close()
+    with pytest.raises(ValueError, match="unknown camera 'nope'"):
+        MetaWorldEnv("reach-v3", extra_cameras=("nope",))

@@ -8,16 +8,19 @@ from vlarun.models.vla import VLA
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 
 TINY = ["tiny-openvla", "tiny-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
+# Two views (the second pooled) and a proprio token, in every head family.
+MT10 = ["mt10-ar", "mt10-oft", "mt10-dit"]
 
 
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("name", TINY + MT10)
 def test_graph_run_equals_direct_call(name):
     torch.manual_seed(0)
     cfg = get_preset(name)
     model = VLA(cfg).eval()
-    images = torch.rand(2, 3, cfg.image_size, cfg.image_size)
+    images = torch.rand(2, cfg.num_images, 3, cfg.image_size, cfg.image_size)
     ids = [[11, 12, 13, 14, 15], [21, 22, 23]]
-    packet = graph_inputs(cfg, images, ids)
+    state = torch.randn(2, cfg.proprio_dim) if cfg.proprio_dim else None
+    packet = graph_inputs(cfg, images, ids, state=state)
     direct = model.act(
         images, ids, noise=packet.tensors.get("noise"), state=packet.tensors.get("state")
     )
@@ -31,7 +34,10 @@ def test_graph_run_equals_direct_call(name):
         assert timing.in_bytes == stage.in_bytes, stage.name  # schema sizes are the real sizes
 
 
-@pytest.mark.parametrize("name", TINY + ["openvla-7b", "pi0", "smolvla", "cogact", "openvla-oft"])
+REAL = ["openvla-7b", "pi0", "smolvla", "cogact", "openvla-oft"]
+
+
+@pytest.mark.parametrize("name", TINY + MT10 + REAL)
 def test_graph_costs_are_positive_and_ordered(name):
     cfg = get_preset(name)
     graph = build_graph(cfg)

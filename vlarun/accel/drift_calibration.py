@@ -187,12 +187,12 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
         return [(get_task(t).instruction, list(r.images[r.task_index == k][: cfg.max_steps]))
                 for k, t in enumerate(r.tasks)]  # fmt: skip
     from vlarun.sim.demos import EVAL_SEED_OFFSET
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
     from vlarun.sim.evaluate import run_episode
 
     streams = []
     for task in [t for t in cfg.tasks.split(",") if t]:
-        env = MetaWorldEnv(task)
+        env = MetaWorldEnv(task, **env_views(policy.model.cfg))
         for i in range(cfg.episodes):
             frames: list[np.ndarray] = []
             keep = lambda obs, _run, out=frames: out.append(obs["image"])  # noqa: E731

@@ -89,6 +89,9 @@ class AcceleratedPolicy:
     def unnormalize(self, actions: Tensor) -> np.ndarray:
         return self.base.unnormalize(actions)
 
+    def observation(self, obs: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.base.observation(obs)
+
     def predict(self, image: np.ndarray, instruction: str, **kw) -> np.ndarray:
         return self.unnormalize(self.run_stages(image, instruction, **kw).outputs["actions"][0])
 
@@ -120,23 +123,25 @@ class AcceleratedPolicy:
         noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)  # as Policy does
         images = self.base.image_tensor(image)
         ids = self.base.text_ids(instruction)
+        st = self.base.state_tensor(state)  # normalised for a proprio token, raw for flow
         clock = time.perf_counter
         t0 = clock()
         visual = model.encode_images(images)
         t1 = clock()
-        pre, step = self._prefill(images, visual, ids)
+        pre, step = self._prefill(images, visual, ids, st if cfg.proprio_dim else None)
         t2 = clock()
-        outputs = self._head(pre, noise, state)
+        outputs = self._head(pre, noise, st if cfg.family == "flow" else None)
         t3 = clock()
         self.steps.append(self._stats(step, pre))
-        head = {"autoregressive": "decode", "parallel": "head"}.get(cfg.family, "denoise")
+        # The stage graph's names (the OFT head runs inside its prefill pass: "prefill_head").
+        head = {"autoregressive": "decode", "parallel": "prefill_head"}.get(cfg.family, "denoise")
         timings = [StageTiming("vision", t1 - t0, 0, 0), StageTiming("prefill", t2 - t1, 0, 0),
                    StageTiming(head, t3 - t2, 0, 0)]  # fmt: skip
         return GraphRun(outputs, timings)
 
-    def _prefill(self, images: Tensor, visual: Tensor, ids: list[int]):
+    def _prefill(self, images: Tensor, visual: Tensor, ids: list[int], state: Tensor | None):
         model = self.model
-        prefix = model.build_prefix(visual, [ids])
+        prefix = model.build_prefix(visual, [ids], state)
         step = StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
         need = prefix.length + model.cfg.num_action_tokens
         if self._cache is None or self._cache.max_len != need:
@@ -147,7 +152,7 @@ class AcceleratedPolicy:
         self.tokens.end(step, pre)
         return pre, step
 
-    def _head(self, pre: PrefillResult, noise: Tensor, state: np.ndarray | None) -> dict:
+    def _head(self, pre: PrefillResult, noise: Tensor, state: Tensor | None) -> dict:
         fc = self.denoise_cache() if self.denoise_cache is not None else None
         return run_head(self.model, pre, noise, state, fc, self.decoder)
 
@@ -210,7 +215,7 @@ def run_head(
     model,
     pre: PrefillResult,
     noise: Tensor,
-    state: np.ndarray | None = None,
+    state: Tensor | None = None,
     feature_cache: DenoiseFeatureCache | None = None,
     decoder: TokenDecoder | None = None,
 ) -> dict:
@@ -225,7 +230,7 @@ def run_head(
     if family == "diffusion":
         acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
         return {"actions": acts.float()}
-    st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+    st = state  # (B, state_dim) or None
     if feature_cache is None:
         return {"actions": model.denoise(pre, noise=noise, state=st)}
     if st is None:  # as VLA.denoise does

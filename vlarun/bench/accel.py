@@ -99,12 +99,12 @@ def _load(name: str):
 def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
     """Success over tasks x episodes; with ``record``, each episode's observations and chunks."""
     from vlarun.sim.demos import EVAL_SEED_OFFSET
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
 
     wins, episodes = 0, []
     tasks = [t for t in o.tasks.split(",") if t]
     for task in tasks:
-        env = MetaWorldEnv(task, max_steps=o.max_steps)
+        env = MetaWorldEnv(task, max_steps=o.max_steps, **env_views(policy.model.cfg))
         for i in range(o.episodes):
             if isinstance(policy, AcceleratedPolicy):
                 policy.reset()

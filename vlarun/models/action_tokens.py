@@ -254,3 +254,41 @@ class NormStats:
             raise ValueError(f"unnorm_key {unnorm_key!r} not found; available: " + ", ".join(keys))
         entry = norm_stats[unnorm_key]
         return cls.from_json_dict(entry.get("action", entry))  # nested or already flat
+
+
+@dataclass(frozen=True)
+class ProprioNorm:
+    """The map from a robot's proprio state to the policy's state input: zero mean, unit spread.
+
+    ``std`` is floored at 0.01 (1 cm, or 1% of the gripper's range) so a dimension the
+    demonstrations barely move cannot turn a small deviation at test time into a huge input,
+    and the result is clipped to [-5, 5]. Training and inference use this one function.
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std) or not self.mean:
+            raise ValueError(f"proprio mean {self.mean} and std {self.std} must match in length")
+
+    @classmethod
+    def select(cls, norm_stats: Mapping[str, Any], unnorm_key: str | None = None) -> ProprioNorm:
+        """The ``proprio`` entry of one dataset in OpenVLA's nested ``norm_stats``."""
+        keys = sorted(norm_stats)
+        if unnorm_key is None:
+            if len(keys) != 1:
+                raise ValueError(f"pick a dataset for the proprio statistics: {', '.join(keys)}")
+            unnorm_key = keys[0]
+        entry = norm_stats[unnorm_key]
+        if "proprio" not in entry:
+            raise ValueError(f"dataset {unnorm_key!r} has no proprio statistics")
+        p = entry["proprio"]
+        return cls(tuple(float(x) for x in p["mean"]), tuple(float(x) for x in p["std"]))
+
+    def normalize(self, states: np.ndarray) -> np.ndarray:
+        s = np.asarray(states, dtype=np.float64)
+        if s.shape[-1] != len(self.mean):
+            raise ValueError(f"state has {s.shape[-1]} entries; expected {len(self.mean)}")
+        std = np.maximum(np.asarray(self.std), 1e-2)
+        return np.clip((s - np.asarray(self.mean)) / std, -5.0, 5.0).astype(np.float32)

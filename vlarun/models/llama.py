@@ -19,6 +19,7 @@ Shallow-layer attention probes and layer skipping are arguments, not flags insid
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -372,6 +373,20 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
+@functools.cache
+def prepack_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN can prepack ``dtype`` weights on this CPU. Its bf16 path needs AVX-512
+    (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU (e.g. AMD Zen 3) raises at reorder time, so a
+    tiny weight is tried once and the plain ``nn.Linear`` path is kept where it fails."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 1)
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
 class MLP(nn.Module):
     """Gated MLP: SwiGLU for Llama, GeGLU (tanh gelu) for Gemma."""
 
@@ -498,7 +513,7 @@ class LlamaLM(nn.Module):
         change afterwards (the packed copies would go stale). No-op without oneDNN."""
         if self.model.embed_tokens.weight.device.type != "cpu":
             return self
-        if not torch.backends.mkldnn.is_available():
+        if not prepack_supported(self.dtype):
             return self
         for module in list(self.modules()):
             for name, child in list(module.named_children()):

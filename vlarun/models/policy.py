@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, select_norm_stats
 from vlarun.models.heads import NormStats
 from vlarun.models.presets import get_preset
@@ -23,6 +24,7 @@ class Policy:
     model: VLA
     tokenizer: Tokenizer
     norm: NormStats | None = None
+    proprio: ProprioNorm | None = None  # state normalisation, for models with a proprio token
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -37,9 +39,33 @@ class Policy:
     ) -> Policy:
         model, stats = load_vla(directory, dtype)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size)
-        return cls(model, tok, select_norm_stats(stats, unnorm_key))
+        proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
+        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio)
 
     # -- inputs -------------------------------------------------------------------------------
+
+    @staticmethod
+    def observation(obs: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        """(image or views, state) from an environment observation: every view the env
+        renders (``"views"``, else ``"image"``) and the proprio ``"state"`` if present."""
+        return obs.get("views", obs["image"]), obs.get("state")
+
+    def state_tensor(self, state: np.ndarray | None) -> torch.Tensor | None:
+        """(1, state_dim) model input: normalised for a proprio token, raw for a flow expert,
+        None when the model takes no state."""
+        cfg = self.model.cfg
+        if not cfg.state_dim:
+            return None
+        if state is None:
+            if cfg.proprio_dim:
+                raise ValueError(f"{cfg.name} takes the robot state ({cfg.proprio_dim} numbers)")
+            return None
+        arr = np.asarray(state, dtype=np.float32).reshape(-1)
+        if cfg.proprio_dim:
+            if self.proprio is None:
+                raise ValueError(f"{cfg.name} has a proprio token but no proprio statistics")
+            arr = self.proprio.normalize(arr)
+        return torch.as_tensor(arr, dtype=torch.float32)[None]
 
     def image_tensor(self, image: np.ndarray) -> torch.Tensor:
         """(H, W, 3) uint8 (or (n_img, H, W, 3)) -> (1, n_img, 3, S, S) floats in [0, 1]."""
@@ -83,7 +109,7 @@ class Policy:
         cfg = self.model.cfg
         gen = torch.Generator().manual_seed(seed)
         noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
-        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
+        st = self.state_tensor(state)
         packet = graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st)
         dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
         graph = build_graph(cfg, self.model, Workload(1, len(ids), dtype))

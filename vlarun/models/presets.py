@@ -372,6 +372,77 @@ def mw_dit() -> VLAConfig:
     return _mw_trunk("mw-dit", "diffusion", dit=dit)
 
 
+# -- MT10 presets: deep enough that cutting computation costs success ----------------------------
+# A 12-layer LM (width 128, so one training step stays affordable on a 2-core CPU), two views
+# (the workspace camera and its mirror on the robot's left, the second pooled 2 x 2 to 64
+# tokens: 320 visual tokens) and the hand state as a proprio token. TRIAGE probes drift at a
+# shallow layer and then has 10 more layers to save; layer pruning has 12 to choose from.
+
+MT10_WIDTH = 128
+MT10_LAYERS = 12
+
+
+def _mt10_trunk(name: str, family: str, **kw) -> VLAConfig:
+    vit = ViTConfig(
+        kind="siglip",
+        image_size=MW_IMAGE,
+        patch_size=8,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        intermediate_size=512,
+        feature_layer=-1,
+    )
+    llm = LlamaConfig(
+        vocab_size=MW_VOCAB,
+        hidden_size=MT10_WIDTH,
+        intermediate_size=4 * MT10_WIDTH,
+        num_layers=MT10_LAYERS,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=512,
+    )
+    return VLAConfig(
+        name=name,
+        family=family,
+        llm=llm,
+        vision=(vit,),
+        connector="mlp",
+        num_images=2,
+        view_pool=(1, 2),
+        views=("workspace", "left"),
+        proprio_dim=4,
+        action_dim=4,
+        chunk=MW_CHUNK,
+        max_text_tokens=32,
+        **kw,
+    )
+
+
+def mt10_ar() -> VLAConfig:
+    return _mt10_trunk("mt10-ar", "autoregressive")
+
+
+def mt10_oft() -> VLAConfig:
+    oft = OFTHeadConfig(
+        llm_dim=MT10_WIDTH, action_dim=4, chunk=MW_CHUNK, hidden_dim=256, num_blocks=2
+    )
+    return _mt10_trunk("mt10-oft", "parallel", oft=oft)
+
+
+def mt10_dit() -> VLAConfig:
+    dit = DiTConfig(
+        cond_dim=MT10_WIDTH,
+        action_dim=4,
+        horizon=MW_CHUNK,
+        hidden_size=128,
+        num_layers=3,
+        num_heads=4,
+        ddim_steps=10,
+    )
+    return _mt10_trunk("mt10-dit", "diffusion", dit=dit)
+
+
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
@@ -386,6 +457,9 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mw-ar": mw_ar,
     "mw-oft": mw_oft,
     "mw-dit": mw_dit,
+    "mt10-ar": mt10_ar,
+    "mt10-oft": mt10_oft,
+    "mt10-dit": mt10_dit,
 }
 DEFAULT_PRESET = "tiny-openvla"
 

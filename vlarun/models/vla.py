@@ -5,10 +5,11 @@
   diffusion (CogACT):       a DiT denoises an action chunk conditioned on the last LM state;
   flow (pi0, SmolVLA):      an action expert attends to the prefix KV cache, N Euler steps.
 
-Sequence layout (all families): [BOS, visual tokens, instruction tokens, right padding]. Visual
-tokens sit right after BOS as in OpenVLA, so their indices are the same in every row (TokenPlans
-need that); rows with shorter instructions are right-padded and continue decoding at their own
-positions, which keeps every row's relative positions identical to running it alone.
+Sequence layout (all families): [BOS, visual tokens, proprio token (if the config has one),
+instruction tokens, right padding]. Visual tokens sit right after BOS as in OpenVLA, so their
+indices are the same in every row (TokenPlans need that); rows with shorter instructions are
+right-padded and continue decoding at their own positions, which keeps every row's relative
+positions identical to running it alone.
 
 The model is split into the stage functions the stage graph (vlarun/stages) calls:
 ``encode_images`` -> ``prefill`` -> ``decode_tokens`` | ``parallel_head`` | ``denoise``.
@@ -54,6 +55,15 @@ class VLAConfig:
     action_dim: int = 7
     chunk: int = 1
     max_text_tokens: int = 48
+    # Per-view average pooling of the projected patch tokens (1 = none; empty = none for every
+    # view): a secondary view can cost a quarter of the main one's tokens at the same pixels.
+    view_pool: tuple[int, ...] = ()
+    # Proprioceptive state (e.g. hand xyz + gripper) as one LM token after the visual ones, the
+    # way OpenVLA-OFT's proprio projector feeds it; 0 = no state input to the prefix.
+    proprio_dim: int = 0
+    # Names of the cameras the views come from, in order (e.g. ("workspace", "left")), so an
+    # environment can render what the policy was trained on; empty = unnamed.
+    views: tuple[str, ...] = ()
     action_vocab_size: int | None = None  # OpenVLA: vocab without the padding to 64 (32000)
     prefix_causal: bool = True  # pi0 attends bidirectionally within the prefix
     oft: OFTHeadConfig | None = None
@@ -77,6 +87,20 @@ class VLAConfig:
         g = self.vision[0].grid
         if self.pixel_shuffle < 1 or g % self.pixel_shuffle:
             raise ValueError(f"pixel_shuffle {self.pixel_shuffle} must divide the grid {g}")
+        if self.view_pool and len(self.view_pool) != self.num_images:
+            raise ValueError(
+                f"view_pool has {len(self.view_pool)} entries for {self.num_images} images"
+            )
+        side = g // self.pixel_shuffle
+        for pool in self.view_pool:
+            if pool < 1 or side % pool:
+                raise ValueError(f"view_pool {pool} must divide the token grid side {side}")
+        if self.views and len(self.views) != self.num_images:
+            raise ValueError(f"views {self.views} name {len(self.views)} of {self.num_images}")
+        if self.proprio_dim < 0:
+            raise ValueError(f"proprio_dim must be >= 0, got {self.proprio_dim}")
+        if self.proprio_dim and self.family == "flow":
+            raise ValueError("the flow family takes its state in the action expert, not the prefix")
         if self.max_sequence > self.llm.max_positions:
             raise ValueError(
                 f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
@@ -92,8 +116,27 @@ class VLAConfig:
         return self.vision[0].num_patches // self.pixel_shuffle**2
 
     @property
+    def pools(self) -> tuple[int, ...]:
+        """Each view's token pooling factor."""
+        return self.view_pool or (1,) * self.num_images
+
+    def tokens_of_view(self, view: int) -> int:
+        return self.tokens_per_image // self.pools[view] ** 2
+
+    @property
     def num_visual(self) -> int:
-        return self.num_images * self.tokens_per_image
+        return sum(self.tokens_of_view(v) for v in range(self.num_images))
+
+    @property
+    def num_state_tokens(self) -> int:
+        return 1 if self.proprio_dim else 0
+
+    @property
+    def state_dim(self) -> int:
+        """Length of the state vector an inference takes (prefix proprio or flow expert)."""
+        if self.flow is not None:
+            return self.flow.state_dim
+        return self.proprio_dim
 
     @property
     def vis_start(self) -> int:
@@ -106,7 +149,13 @@ class VLAConfig:
 
     @property
     def max_sequence(self) -> int:
-        return 1 + self.num_visual + self.max_text_tokens + self.num_action_tokens
+        return (
+            1
+            + self.num_visual
+            + self.num_state_tokens
+            + self.max_text_tokens
+            + self.num_action_tokens
+        )
 
     @property
     def vision_dim(self) -> int:
@@ -184,6 +233,8 @@ class VLA(nn.Module):
         else:
             self.vision_backbone = SingleVisionBackbone(cfg.vision[0])
         self.projector = build_connector(cfg)
+        if cfg.proprio_dim:
+            self.proprio_projector = ProprioProjector(cfg.proprio_dim, cfg.llm.hidden_size)
         self.language_model = LlamaLM(cfg.llm)
         if cfg.oft is not None:
             self.action_head = L1RegressionHead(cfg.oft)
@@ -209,7 +260,11 @@ class VLA(nn.Module):
         b, n = images.shape[:2]
         flat = images.reshape(b * n, *images.shape[2:]).to(self.dtype)
         tokens = self.projector(self.vision_backbone(flat))  # (B*n, N, d)
-        return tokens.reshape(b, n * tokens.shape[1], tokens.shape[2])
+        tokens = tokens.reshape(b, n, *tokens.shape[1:])  # (B, n, N, d)
+        pools = self.cfg.pools
+        if all(p == 1 for p in pools):
+            return tokens.reshape(b, n * tokens.shape[2], tokens.shape[3])
+        return torch.cat([_pool_tokens(tokens[:, v], p) for v, p in enumerate(pools)], dim=1)
 
     def _check_images(self, images: Tensor) -> None:
         c = self.cfg
@@ -224,11 +279,24 @@ class VLA(nn.Module):
 
     # -- stage 2: prefill -----------------------------------------------------------------------
 
-    def build_prefix(self, visual: Tensor, text_ids: list[list[int]]) -> Prefix:
-        """[BOS, visual, text, pad] embeddings for a batch of tokenised instructions."""
+    def build_prefix(
+        self, visual: Tensor, text_ids: list[list[int]], state: Tensor | None = None
+    ) -> Prefix:
+        """[BOS, visual, proprio, text, pad] embeddings for a batch of tokenised instructions.
+
+        ``state`` (B, proprio_dim), normalised, is required exactly when the config has a
+        proprio token."""
         b = visual.shape[0]
         if len(text_ids) != b:
             raise ValueError(f"{len(text_ids)} instructions for {b} images")
+        visual = visual.to(self.dtype)
+        if self.cfg.proprio_dim:
+            want = (b, self.cfg.proprio_dim)
+            if state is None or tuple(state.shape) != want:
+                got = None if state is None else tuple(state.shape)
+                raise ValueError(f"{self.cfg.name} needs a state of shape {want}, got {got}")
+            state_tok = self.proprio_projector(state.to(visual.device, self.dtype))[:, None]
+            visual = torch.cat((visual, state_tok), dim=1)  # the state rides after the views
         longest = max(len(t) for t in text_ids)
         if longest > self.cfg.max_text_tokens:
             raise ValueError(
@@ -330,7 +398,8 @@ class VLA(nn.Module):
         state: Tensor | None = None,
     ) -> Tensor:
         """One inference: normalised actions (B, horizon, action_dim) in [-1, 1]."""
-        pre = self.prefill(self.build_prefix(self.encode_images(images), text_ids))
+        prefix_state = state if self.cfg.proprio_dim else None
+        pre = self.prefill(self.build_prefix(self.encode_images(images), text_ids, prefix_state))
         family = self.cfg.family
         if family == "autoregressive":
             return self.tokens_to_actions(self.decode_tokens(pre))
@@ -340,6 +409,29 @@ class VLA(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+class ProprioProjector(nn.Module):
+    """State vector -> one LM embedding (OpenVLA-OFT's two-layer GELU MLP)."""
+
+    def __init__(self, state_dim: int, llm_dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(state_dim, llm_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(llm_dim, llm_dim)
+
+    def forward(self, state: Tensor) -> Tensor:  # (B, S) -> (B, d)
+        return self.fc2(self.act(self.fc1(state)))
+
+
+def _pool_tokens(tokens: Tensor, pool: int) -> Tensor:
+    """(B, g*g, d) patch tokens -> (B, (g/p)^2, d) by averaging p x p neighbours."""
+    if pool == 1:
+        return tokens
+    b, n, d = tokens.shape
+    g = math.isqrt(n)
+    grid = tokens.transpose(1, 2).reshape(b, d, g, g)
+    return torch.nn.functional.avg_pool2d(grid, pool).flatten(2).transpose(1, 2)
 
 
 def _output_rows(out: LMOutput, last: Tensor) -> Tensor:

@@ -156,11 +156,11 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.commands import summarise
     from vlarun.runtime.transport import Security
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
 
     horizon = policy.model.cfg.horizon
     slo_s = horizon / o.control_hz
-    env = MetaWorldEnv(o.task, policy.model.cfg.image_size)
+    env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
     obs, _ = env.reset(seed=10000)
     agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s))
     agent.warmup(obs["image"], env.instruction)

@@ -191,7 +191,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.runtime.episode import run_episode
     from vlarun.runtime.transport import robot_security
     from vlarun.runtime.wire import Codec
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
 
     policy = load_policy(o.checkpoint, o.preset, o.dtype)
     horizon = policy.model.cfg.horizon
@@ -211,7 +211,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
 
         relay, edge = procs.start_relay(o.edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
     agent = RobotAgent(policy, cfg, edge, sec)
-    env = MetaWorldEnv(o.task, policy.model.cfg.image_size)
+    env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
     log = _step_logger() if o.log else None
     try:
         obs, _ = env.reset(seed=o.seed)

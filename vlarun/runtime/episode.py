@@ -33,7 +33,8 @@ def run_episode(
     done_records: list = []
 
     def infer(o: dict):
-        inf = agent.infer(o["image"], instruction, state=o.get("state"), seed=len(done_records))
+        image, state = agent.policy.observation(o)
+        inf = agent.infer(image, instruction, state=state, seed=len(done_records))
         done_records.append(inf)
         if on_inference is not None:
             on_inference(len(done_records) - 1, inf)

@@ -1,9 +1,9 @@
 """Behaviour cloning of three VLA families on one shared trunk, in one forward pass.
 
 The trunk (vision tower, projector, Llama decoder) is trained once; each family adds only its
-head, and each exports as its own VLA preset (mw-ar, mw-oft, mw-dit):
+head, and each exports as its own VLA preset (a suite: mw-ar/-oft/-dit, or mt10-ar/-oft/-dit):
 
-  sequence: [BOS, 256 visual, instruction, pad | AR action tokens (teacher forced) | OFT slots]
+  sequence: [BOS, visual, (proprio), instruction, pad | AR tokens (teacher forced) | OFT slots]
   mask:     the prompt is causal; AR tokens see the prompt and earlier AR tokens; OFT slots see
             the prompt and each other; nothing sees the OFT slots or (from OFT) the AR tokens.
 
@@ -24,17 +24,19 @@ from torch import Tensor, nn
 
 from vlarun.models.dit_head import DiTHead
 from vlarun.models.oft_head import L1RegressionHead, empty_action_embeddings
-from vlarun.models.presets import mw_ar, mw_dit, mw_oft
+from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA, VLAConfig
 
 
 @dataclass
 class Batch:
-    """images (B, 3, S, S) in [0, 1]; text: token ids per row; actions (B, K, D) in [-1, 1]."""
+    """images (B, 3, S, S) or (B, V, 3, S, S) in [0, 1]; text: token ids per row; actions
+    (B, K, D) in [-1, 1]; state (B, proprio_dim) normalised, for configs with a proprio token."""
 
     images: Tensor
     text: list[list[int]]
     actions: Tensor
+    state: Tensor | None = None
 
 
 @dataclass
@@ -51,14 +53,24 @@ class Losses:
         return {k: float(getattr(self, k).detach()) for k in ("ar", "oft", "dit")}
 
 
-class MultiHeadBC(nn.Module):
-    """Shared trunk (a mw-ar VLA) + an OFT head + a DiT head."""
+# Each suite's presets: autoregressive (the trunk), parallel (OFT head), diffusion (DiT head).
+SUITES: dict[str, tuple[str, str, str]] = {
+    "mw": ("mw-ar", "mw-oft", "mw-dit"),
+    "mt10": ("mt10-ar", "mt10-oft", "mt10-dit"),
+}
 
-    def __init__(self) -> None:
+
+class MultiHeadBC(nn.Module):
+    """Shared trunk (the suite's autoregressive VLA) + an OFT head + a DiT head."""
+
+    def __init__(self, suite: str = "mw") -> None:
         super().__init__()
-        self.trunk = VLA(mw_ar())
-        self.oft = L1RegressionHead(mw_oft().oft)
-        self.dit = DiTHead(mw_dit().dit)
+        if suite not in SUITES:
+            raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+        self.presets = tuple(get_preset(n) for n in SUITES[suite])
+        self.trunk = VLA(self.presets[0])
+        self.oft = L1RegressionHead(self.presets[1].oft)
+        self.dit = DiTHead(self.presets[2].dit)
 
     @property
     def cfg(self) -> VLAConfig:
@@ -67,7 +79,7 @@ class MultiHeadBC(nn.Module):
     def forward(self, batch: Batch) -> Losses:
         vla, cfg = self.trunk, self.trunk.cfg
         lm = vla.language_model
-        prefix = vla.build_prefix(vla.encode_images(batch.images), batch.text)
+        prefix = vla.build_prefix(vla.encode_images(batch.images), batch.text, batch.state)
         b, p = prefix.pad.shape
         n = cfg.num_action_tokens
         ids = vla.action_tokenizer.encode(batch.actions.reshape(b, n).float()).long()  # (B, n)
@@ -94,8 +106,9 @@ class MultiHeadBC(nn.Module):
         """One standalone VLA per family, sharing (copies of) the trained trunk."""
         state = self.trunk.state_dict()
         out = {}
-        for cfg, head_attr, head in ((mw_ar(), None, None), (mw_oft(), "action_head", self.oft),
-                                     (mw_dit(), "action_model", self.dit)):  # fmt: skip
+        ar, oft, dit = self.presets
+        for cfg, head_attr, head in ((ar, None, None), (oft, "action_head", self.oft),
+                                     (dit, "action_model", self.dit)):  # fmt: skip
             vla = VLA(cfg)
             vla.load_state_dict(state, strict=False)
             if head_attr is not None:

@@ -6,6 +6,7 @@
 
     data/demos/
         reach-v3_000.safetensors   images uint8 (T, S, S, 3)   camera frame before each action
+                                   (T, V, S, S, 3) with extra cameras: V views, main first
                                    states float32 (T, 4)       hand xyz + gripper opening
                                    actions float32 (T, 4)      expert action, clipped to [-1, 1]
                                    episode_index int32 (T,)    episode number within the shard
@@ -45,7 +46,7 @@ from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from vlarun.sim.env import CAMERAS, DEFAULT_CAMERA, MetaWorldEnv
-from vlarun.sim.tasks import get_task, task_names
+from vlarun.sim.tasks import MT10, get_task, task_names
 
 EVAL_SEED_OFFSET = 10_000
 """First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
@@ -76,6 +77,7 @@ class DemoConfig:
         workers: Processes running episodes in parallel (1 = in this process).
         episodes_per_shard: Most episodes in one shard file (~5 MB per 100-step episode at 128 px).
         camera: Camera name (``vlarun.sim.env.CAMERAS``); None = the env's default.
+        extra_cameras: Further views stored beside ``camera`` (images become (T, V, S, S, 3)).
         max_attempts_factor: Give up on a task after ``factor * episodes_per_task + 10`` seeds.
     """
 
@@ -87,6 +89,7 @@ class DemoConfig:
     episodes_per_shard: int = 25
     camera: str | None = None
     max_attempts_factor: float = 2.0
+    extra_cameras: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -108,8 +111,9 @@ class DemoConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.episodes_per_shard < 1:
             raise ValueError(f"episodes_per_shard must be >= 1, got {self.episodes_per_shard}")
-        if self.camera is not None and self.camera not in CAMERAS:
-            raise ValueError(f"unknown camera {self.camera!r}; valid: {', '.join(CAMERAS)}")
+        for cam in (self.camera or DEFAULT_CAMERA, *self.extra_cameras):
+            if cam not in CAMERAS:
+                raise ValueError(f"unknown camera {cam!r}; valid: {', '.join(CAMERAS)}")
         if self.max_attempts_factor < 1.0:
             raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
 
@@ -128,6 +132,7 @@ class _ShardJob:
     path: str
     image_size: int
     camera: str | None
+    extra_cameras: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,7 +160,7 @@ def run_expert_episode(env: MetaWorldEnv, seed: int) -> Episode:
     obs, _ = env.reset(seed=seed)
     while True:
         action = env.expert_action()
-        episode.images.append(obs["image"])
+        episode.images.append(obs.get("views", obs["image"]))
         episode.states.append(obs["state"])
         episode.actions.append(action)
         obs, _, terminated, truncated, _ = env.step(action)
@@ -169,7 +174,12 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
 
     Top-level (not a closure) so a spawned worker process can run it.
     """
-    env = MetaWorldEnv(job.task, image_size=job.image_size, camera=job.camera or DEFAULT_CAMERA)
+    env = MetaWorldEnv(
+        job.task,
+        image_size=job.image_size,
+        camera=job.camera or DEFAULT_CAMERA,
+        extra_cameras=job.extra_cameras,
+    )
     kept: list[Episode] = []
     failures = []
     try:
@@ -274,6 +284,7 @@ def collect(
     *,
     episodes_per_shard: int = 25,
     camera: str | None = None,
+    extra_cameras: Sequence[str] = (),
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -295,6 +306,7 @@ def collect(
         workers,
         episodes_per_shard,
         camera,
+        extra_cameras=tuple(extra_cameras),
     )
     out = Path(out_dir)
     if (out / MANIFEST).exists():
@@ -332,7 +344,10 @@ def collect(
                 path = out / f"{task}_{shard_count[task]:03d}.safetensors"
                 shard_count[task] += 1
                 chunk = tuple(seeds[i : i + cfg.episodes_per_shard])
-                jobs.append(_ShardJob(task, chunk, str(path), cfg.image_size, cfg.camera))
+                job = _ShardJob(
+                    task, chunk, str(path), cfg.image_size, cfg.camera, cfg.extra_cameras
+                )
+                jobs.append(job)
         return jobs
 
     def record(result: dict[str, Any]) -> None:
@@ -383,6 +398,7 @@ def collect(
         "format": FORMAT,
         "image_size": cfg.image_size,
         "camera": cfg.camera or DEFAULT_CAMERA,
+        "cameras": [cfg.camera or DEFAULT_CAMERA, *cfg.extra_cameras],
         "state": "Meta-World obs[:4]: hand xyz (m) + gripper opening (0..1)",
         "action": "xyz end-effector delta + gripper effort, each in [-1, 1]",
         "eval_seed_offset": EVAL_SEED_OFFSET,
@@ -434,7 +450,7 @@ class Demos:
     ``task_index`` indexes ``manifest["task_names"]``.
     """
 
-    images: np.ndarray  # uint8 (N, S, S, 3)
+    images: np.ndarray  # uint8 (N, S, S, 3), or (N, V, S, S, 3) with several cameras
     states: np.ndarray  # float32 (N, 4)
     actions: np.ndarray  # float32 (N, 4)
     episode_index: np.ndarray  # int32 (N,)
@@ -481,8 +497,9 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             arrays = {k: f.get_tensor(k) for k in TENSORS}
             meta = f.metadata() or {}
         frames = shard["frames"]
+        views = len(manifest.get("cameras", [None]))
         expected = {
-            "images": (frames, size, size, 3),
+            "images": (frames, size, size, 3) if views == 1 else (frames, views, size, size, 3),
             "states": (frames, 4),
             "actions": (frames, 4),
             "episode_index": (frames,),
@@ -528,7 +545,10 @@ def main(argv: list[str] | None = None) -> None:
         description="Collect scripted-expert Meta-World demonstrations (safetensors + JSON).",
     )
     parser.add_argument(
-        "--tasks", nargs="+", required=True, help=f"task names or 'all' ({', '.join(task_names())})"
+        "--tasks",
+        nargs="+",
+        required=True,
+        help=f"task names, 'mt10' or 'all' ({', '.join(task_names())})",
     )
     parser.add_argument("--episodes", type=int, required=True, help="successful episodes per task")
     parser.add_argument("--out", required=True, help="output directory")
@@ -537,9 +557,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--episodes-per-shard", type=int, default=25)
     parser.add_argument("--camera", default=None, help="camera name (default: workspace)")
+    parser.add_argument(
+        "--extra-cameras", nargs="*", default=[], help="further views (e.g. left), stored beside"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
     args = parser.parse_args(argv)
-    tasks = task_names() if args.tasks == ["all"] else args.tasks
+    tasks = {"all": task_names(), "mt10": list(MT10)}.get(args.tasks[0], args.tasks)
     try:
         manifest = collect(
             tasks,
@@ -550,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.workers,
             episodes_per_shard=args.episodes_per_shard,
             camera=args.camera,
+            extra_cameras=args.extra_cameras,
             overwrite=args.overwrite,
         )
     except (ValueError, FileExistsError) as err:

@@ -176,6 +176,10 @@ class CameraSpec:
 CAMERAS: dict[str, CameraSpec] = {
     # On the robot's right, 40 degrees down onto the table centre (see the module docstring).
     "workspace": CameraSpec(lookat=(0.0, 0.7, 0.16), distance=1.1, azimuth=145.0, elevation=-40.0),
+    # The mirror image of "workspace" on the robot's left: the second view of the deep policies.
+    # Two views 110 degrees apart fix an object's depth, which one view leaves ambiguous (a puck
+    # far away and a puck low in the frame look alike from one camera).
+    "left": CameraSpec(lookat=(0.0, 0.7, 0.16), distance=1.1, azimuth=35.0, elevation=-40.0),
     "corner": CameraSpec("corner", rotate_180=True),
     "corner2": CameraSpec("corner2", rotate_180=True),
     "corner3": CameraSpec("corner3", rotate_180=True),
@@ -200,6 +204,8 @@ class EnvConfig:
         max_steps: Episode limit; None uses the task's ``max_steps``.
         render: False skips the camera entirely (no "image" in observations): physics-only runs.
         antialias: Multisample anti-aliasing (Meta-World's 4x); costs ~2x render time on CPU.
+        extra_cameras: Further views (keys of ``CAMERAS``), rendered at the same size; with any,
+            observations carry ``"views"`` (V, S, S, 3): ``camera`` first, then these.
     """
 
     task: str
@@ -209,6 +215,7 @@ class EnvConfig:
     max_steps: int | None = None
     render: bool = True
     antialias: bool = False
+    extra_cameras: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         get_task(self.task)  # raises ValueError listing valid names
@@ -216,10 +223,34 @@ class EnvConfig:
             raise ValueError(f"image_size must be in 8..2048, got {self.image_size}")
         if self.seed is not None and self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.camera not in CAMERAS:
-            raise ValueError(f"unknown camera {self.camera!r}; valid: {', '.join(CAMERAS)}")
+        for cam in (self.camera, *self.extra_cameras):
+            if cam not in CAMERAS:
+                raise ValueError(f"unknown camera {cam!r}; valid: {', '.join(CAMERAS)}")
         if self.max_steps is not None and not 0 < self.max_steps <= METAWORLD_HORIZON:
             raise ValueError(f"max_steps must be in 1..{METAWORLD_HORIZON}, got {self.max_steps}")
+
+
+def env_views(cfg: Any) -> dict[str, Any]:
+    """:class:`MetaWorldEnv` keyword arguments that render the views a policy config
+    (``VLAConfig.views``) names: its first view as ``camera``, the rest as ``extra_cameras``."""
+    views = getattr(cfg, "views", ())
+    if not views:
+        return {}
+    return {"camera": views[0], "extra_cameras": tuple(views[1:])}
+
+
+def _camera(spec: CameraSpec) -> tuple[str | Any, bool]:
+    """What ``Renderer.update_scene`` takes for ``spec`` (an XML name or a free camera), and
+    whether its image is rotated 180 degrees."""
+    if spec.model_camera is not None:
+        return spec.model_camera, spec.rotate_180
+    cam = mujoco.MjvCamera()
+    cam.type = mujoco.mjtCamera.mjCAMERA_FREE
+    cam.lookat[:] = spec.lookat
+    cam.distance = spec.distance
+    cam.azimuth = spec.azimuth
+    cam.elevation = spec.elevation
+    return cam, spec.rotate_180
 
 
 # Renderers still open at exit are closed before MuJoCo's own atexit eglTerminate (handlers run
@@ -245,6 +276,7 @@ class MetaWorldEnv(gym.Env):
         max_steps: Episode limit; default the task's.
         render: False to skip rendering (observations without "image").
         antialias: Enable 4x multisampling (slower).
+        extra_cameras: Further views; observations then carry ``"views"`` (V, S, S, 3).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
@@ -258,8 +290,11 @@ class MetaWorldEnv(gym.Env):
         max_steps: int | None = None,
         render: bool = True,
         antialias: bool = False,
+        extra_cameras: tuple[str, ...] = (),
     ) -> None:
-        self.config = EnvConfig(task, image_size, seed, camera, max_steps, render, antialias)
+        self.config = EnvConfig(
+            task, image_size, seed, camera, max_steps, render, antialias, tuple(extra_cameras)
+        )
         self.task: TaskSpec = get_task(task)
         self.instruction: str = self.task.instruction
         self.max_steps: int = max_steps if max_steps is not None else self.task.max_steps
@@ -287,6 +322,9 @@ class MetaWorldEnv(gym.Env):
         if render:
             shape = (image_size, image_size, 3)
             obs_spaces["image"] = spaces.Box(0, 255, shape, dtype=np.uint8)
+            if extra_cameras:
+                views = (1 + len(extra_cameras), *shape)
+                obs_spaces["views"] = spaces.Box(0, 255, views, dtype=np.uint8)
             self._setup_renderer()
         self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
@@ -320,30 +358,22 @@ class MetaWorldEnv(gym.Env):
         flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
         # Skybox: not in view from "workspace"; the XML corner cameras show black there instead.
         flags[mujoco.mjtRndFlag.mjRND_SKYBOX] = False
-        spec = CAMERAS[self.config.camera]
-        if spec.model_camera is not None:
-            self._camera: str | mujoco.MjvCamera = spec.model_camera
-        else:
-            cam = mujoco.MjvCamera()
-            cam.type = mujoco.mjtCamera.mjCAMERA_FREE
-            cam.lookat[:] = spec.lookat
-            cam.distance = spec.distance
-            cam.azimuth = spec.azimuth
-            cam.elevation = spec.elevation
-            self._camera = cam
-        self._rotate_180 = spec.rotate_180
+        self._cameras = [
+            _camera(CAMERAS[name]) for name in (self.config.camera, *self.config.extra_cameras)
+        ]
         _OPEN_ENVS.add(self)
         if not _ATEXIT_REGISTERED:
             atexit.register(_close_open_envs)
             _ATEXIT_REGISTERED = True
 
-    def render(self) -> np.ndarray:  # type: ignore[override]
-        """The current camera image, uint8 (S, S, 3), upright."""
+    def render(self, view: int = 0) -> np.ndarray:  # type: ignore[override]
+        """The image of camera ``view`` (0 = ``camera``), uint8 (S, S, 3), upright."""
         if self._renderer is None:
             raise RuntimeError("this env was built with render=False (or is closed)")
-        self._renderer.update_scene(self._mw.data, camera=self._camera)
+        camera, rotate_180 = self._cameras[view]
+        self._renderer.update_scene(self._mw.data, camera=camera)
         image = self._renderer.render()  # a fresh array, already flipped to top-row-first
-        if self._rotate_180:
+        if rotate_180:
             image = np.ascontiguousarray(image[::-1, ::-1])
         return image
 
@@ -354,6 +384,9 @@ class MetaWorldEnv(gym.Env):
         obs = {"state": self._raw_obs[:4].astype(np.float32)}
         if self.config.render:
             obs["image"] = self.render()  # raises once closed, rather than dropping the image
+            if len(self._cameras) > 1:
+                rest = [self.render(v) for v in range(1, len(self._cameras))]
+                obs["views"] = np.stack([obs["image"], *rest])
         return obs
 
     def reset(

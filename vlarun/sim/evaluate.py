@@ -94,7 +94,8 @@ def run_episode(policy, env, seed: int, on_inference=None, frames: list | None =
         frames.append(obs["image"])
     while True:
         t0 = time.perf_counter()
-        run = policy.run_stages(obs["image"], env.instruction)
+        image, state = policy.observation(obs)
+        run = policy.run_stages(image, env.instruction, state=state)
         latencies.append((time.perf_counter() - t0) * 1e3)
         for t in run.timings:
             stages.setdefault(t.name, []).append(t.seconds * 1e3)
@@ -124,13 +125,13 @@ def _run_episodes(job: tuple[str, str, list[int], bool]) -> list[dict]:
     import torch
 
     from vlarun.models.policy import Policy
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
     checkpoint, task, seeds, keep_frames = job
     policy = Policy.from_checkpoint(checkpoint)
     _check_action_space(policy)
-    env = MetaWorldEnv(task)
+    env = MetaWorldEnv(task, **env_views(policy.model.cfg))
     results = []
     for i, seed in enumerate(seeds):
         frames = [] if keep_frames and i == 0 else None

@@ -90,7 +90,7 @@ class Rollouts:
 
 def record_rollouts(policy, tasks: list[str], episodes: int, seed: int = 0) -> Rollouts:
     """Run ``policy`` closed-loop on held-out seeds, keeping each observation and its chunk."""
-    from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.env import MetaWorldEnv, env_views
 
     images, actions, task_index, episode_index = [], [], [], []
     seeds = [EVAL_SEED_OFFSET + seed + i for i in range(episodes)]
@@ -103,7 +103,7 @@ def record_rollouts(policy, tasks: list[str], episodes: int, seed: int = 0) -> R
         episode_index.append(current["episode"])
 
     for ti, task in enumerate(tasks):
-        env = MetaWorldEnv(task)
+        env = MetaWorldEnv(task, **env_views(policy.model.cfg))
         for k, s in enumerate(seeds):
             current.update(task=ti, episode=ti * len(seeds) + k)
             run_episode(policy, env, s, on_inference=keep)

@@ -18,6 +18,9 @@ before Meta-World's own 500-step horizon. Measured with ``python -m vlarun.sim.t
     button-press-topdown-v3  65.6         75              120           20/20
     door-open-v3             86.3        107              170           19/20 (*)
     window-open-v3           87.0         95              150           20/20
+    drawer-close-v3          78.1         79              120           20/20
+    peg-insert-side-v3      111.3        249              380           19/20
+    window-close-v3          80.2         87              140           20/20
 
 (*) the door expert never succeeds (within 500 steps) when the door sits near x = 0: seeds 11
 and 28 of 0..39. Demo collection drops such episodes and records them in the manifest.
@@ -97,8 +100,32 @@ TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec("door-open-v3", "open the door", "SawyerDoorOpenV3Policy", 170, "coarse"),
         TaskSpec("window-open-v3", "open the window", "SawyerWindowOpenV3Policy", 150, "coarse"),
+        TaskSpec("drawer-close-v3", "close the drawer", "SawyerDrawerCloseV3Policy", 120, "coarse"),
+        TaskSpec(
+            "peg-insert-side-v3",
+            "insert the peg into the hole from the side",
+            "SawyerPegInsertionSideV3Policy",
+            380,
+            "precise",
+        ),
+        TaskSpec("window-close-v3", "close the window", "SawyerWindowCloseV3Policy", 140, "coarse"),
     )
 }
+
+
+# Meta-World's MT10 suite (Yu et al., 2019): the deep policies' benchmark.
+MT10: tuple[str, ...] = (
+    "reach-v3",
+    "push-v3",
+    "pick-place-v3",
+    "door-open-v3",
+    "drawer-open-v3",
+    "drawer-close-v3",
+    "button-press-topdown-v3",
+    "peg-insert-side-v3",
+    "window-open-v3",
+    "window-close-v3",
+)
 
 
 def task_names() -> list[str]:

@@ -23,18 +23,23 @@ from tqdm import tqdm
 
 from vlarun import config as cfgio
 from vlarun.config import opt
-from vlarun.models.action_tokens import NormStats
+from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
-from vlarun.sim.bc_model import Batch, MultiHeadBC
+from vlarun.sim.bc_model import SUITES, Batch, MultiHeadBC
 from vlarun.sim.demos import Demos, load_demos
 from vlarun.sim.text import build_tokenizer
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Behaviour cloning of the mw-ar/mw-oft/mw-dit policies on one shared trunk (resumable)."""
+    """Behaviour cloning of a suite's three policies on one shared trunk (resumable)."""
 
+    suite: str = opt(
+        "mw",
+        "mw: the 4-layer tiny-ar/-oft/-dit; mt10: the 12-layer two-view proprio mt10-ar/-oft/-dit",
+        choices=tuple(SUITES),
+    )
     demos: str = opt("data/demos128", "demo directory, or several joined by commas")
     out: str = opt("runs/mw", "run directory: state, log and exported policies (resumes there)")
     init_from: str = opt("", "start from a run directory or a directory of tiny-ar/-oft/-dit")
@@ -59,6 +64,8 @@ class TrainConfig:
             raise ValueError("steps, batch and lr must be positive")
         if self.shift < 0:
             raise ValueError(f"shift must be >= 0, got {self.shift}")
+        if self.suite not in SUITES:
+            raise ValueError(f"unknown suite {self.suite!r}; valid: {', '.join(SUITES)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,18 +73,29 @@ class TrainConfig:
 
 
 class DemoSampler:
-    """All frames in memory; each sample is (image, instruction ids, normalised action chunk).
+    """All frames in memory; each sample is (image(s), instruction ids, normalised action chunk,
+    normalised proprio state).
 
     ``directory`` may list several demo directories joined by commas (same tasks and image
     size); normalisation uses the first one's statistics, which the exported policies carry.
     """
 
-    def __init__(self, directory: str, chunk: int, tokenizer, seed: int) -> None:
+    def __init__(
+        self, directory: str, chunk: int, tokenizer, seed: int, num_images: int = 1
+    ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
-        self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) uint8
+        views = 1 if demos.images.ndim == 4 else demos.images.shape[1]
+        if views < num_images:
+            raise ValueError(
+                f"the policy takes {num_images} views; {directory} holds {views} "
+                "(collect with --extra-cameras)"
+            )
+        self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) or (N, V, S, S, 3) uint8
+        self.num_images = num_images
         self.stats_json = json.loads((dirs[0] / "dataset_statistics.json").read_text())
         self.norm = NormStats.select(self.stats_json, None)
+        self.states = torch.from_numpy(ProprioNorm.select(self.stats_json).normalize(demos.states))
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
         self.chunks = torch.from_numpy(_chunks(actions, demos.episode_index, chunk))
         self.task = torch.from_numpy(demos.task_index.astype(np.int64))
@@ -91,10 +109,17 @@ class DemoSampler:
 
     def sample(self, batch: int, shift: int) -> Batch:
         idx = torch.randint(0, len(self), (batch,), generator=self.gen)
-        images = self.images[idx].permute(0, 3, 1, 2).float().div_(255.0)
+        frames = self.images[idx]
+        if frames.ndim == 4:
+            frames = frames[:, None]
+        frames = frames[:, : self.num_images]  # (B, V, S, S, 3)
+        b, v = frames.shape[:2]
+        images = frames.flatten(0, 1).permute(0, 3, 1, 2).float().div_(255.0)
         if shift:
             images = random_shift(images, shift, self.gen)
-        return Batch(images, [self.text[t] for t in self.task[idx].tolist()], self.chunks[idx])
+        images = images.view(b, v, *images.shape[1:]) if v > 1 else images
+        text = [self.text[t] for t in self.task[idx].tolist()]
+        return Batch(images, text, self.chunks[idx], self.states[idx])
 
 
 def demo_dirs(spec: str) -> list[Path]:
@@ -117,7 +142,7 @@ def concat_demos(parts: list[Demos]) -> Demos:
                 f"demo directories hold different tasks: {first.manifest['task_names']} vs "
                 f"{p.manifest['task_names']}"
             )
-        if p.images.shape[1:] != first.images.shape[1:]:
+        if p.images.shape[1:] != first.images.shape[1:]:  # sizes and view counts
             shapes = f"{first.images.shape[1:]} vs {p.images.shape[1:]}"
             raise ValueError(f"demo directories hold different image shapes: {shapes}")
     if len(parts) == 1:
@@ -197,18 +222,23 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     return json.loads((out / "state.json").read_text())
 
 
-FAMILY_NAMES = {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"}
+# The exported checkpoints' names, per suite and family.
+EXPORT_NAMES = {
+    "mw": {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"},
+    "mt10": {"autoregressive": "mt10-ar", "parallel": "mt10-oft", "diffusion": "mt10-dit"},
+}
+FAMILY_NAMES = EXPORT_NAMES["mw"]
 
 
-def _source_tokenizer(source: Path) -> Path | None:
-    ar_dir = source / FAMILY_NAMES["autoregressive"]
+def _source_tokenizer(source: Path, suite: str = "mw") -> Path | None:
+    ar_dir = source / EXPORT_NAMES[suite]["autoregressive"]
     for cand in (source / "tokenizer.json", ar_dir / "tokenizer.json"):
         if cand.exists():
             return cand
     return None
 
 
-def init_weights(model: MultiHeadBC, source: Path) -> str:
+def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
     """Start a new run from earlier weights (the optimiser and step count start afresh).
 
     ``source`` is a training run directory (its ``state.safetensors``) or a directory holding
@@ -219,7 +249,7 @@ def init_weights(model: MultiHeadBC, source: Path) -> str:
         tensors = load_file(source / "state.safetensors")
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         return f"run {source}"
-    dirs = {fam: source / name for fam, name in FAMILY_NAMES.items()}
+    dirs = {fam: source / name for fam, name in EXPORT_NAMES[suite].items()}
     missing = [str(d) for d in dirs.values() if not (d / "config.json").exists()]
     if missing:
         raise ValueError(
@@ -259,20 +289,22 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     instructions = [data_manifest["tasks"][t]["instruction"] for t in data_manifest["task_names"]]
     if cfg.init_from and not tokenizer_path.exists():
         # Reuse the source's tokenizer: the embeddings being continued were trained on its ids.
-        source_tok = _source_tokenizer(Path(cfg.init_from))
+        source_tok = _source_tokenizer(Path(cfg.init_from), cfg.suite)
         if source_tok is not None:
             shutil.copyfile(source_tok, tokenizer_path)
     tokenizer = build_tokenizer(instructions, tokenizer_path)
-    model = MultiHeadBC()
+    model = MultiHeadBC(cfg.suite)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     meta = load_state(out, model, opt)
     if meta is None:
         meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
         if cfg.init_from:
-            meta["init_from"] = init_weights(model, Path(cfg.init_from))
+            meta["init_from"] = init_weights(model, Path(cfg.init_from), cfg.suite)
     spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
     if not export_only and meta["step"] < cfg.steps and not spent:
-        sampler = DemoSampler(cfg.demos, model.cfg.chunk, tokenizer, cfg.seed + meta["step"])
+        sampler = DemoSampler(
+            cfg.demos, model.cfg.chunk, tokenizer, cfg.seed + meta["step"], model.cfg.num_images
+        )
         meta = _loop(cfg, model, opt, sampler, meta, out)
     return export(cfg, model, meta, out)
 
@@ -343,7 +375,7 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     stats = json.loads((demo_dirs(cfg.demos)[0] / "dataset_statistics.json").read_text())
     written = {}
     for family, vla in model.export().items():
-        name = FAMILY_NAMES[family]
+        name = EXPORT_NAMES[cfg.suite][family]
         card = model_card(name, family, cfg, meta)
         path = save_vla(
             vla,

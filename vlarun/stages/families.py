@@ -39,7 +39,7 @@ class Workload:
 
 
 def prefix_len(cfg: VLAConfig, w: Workload) -> int:
-    return 1 + cfg.num_visual + w.text_tokens
+    return 1 + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,9 +55,14 @@ def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
     ]
     if cfg.family in ("diffusion", "flow"):
         specs.append(TensorSpec("noise", (b, cfg.horizon, cfg.action_dim), "float32"))
-    if cfg.family == "flow":
-        specs.append(TensorSpec("state", (b, cfg.flow.state_dim), "float32"))
+    if cfg.state_dim:
+        specs.append(TensorSpec("state", (b, cfg.state_dim), "float32"))
     return tuple(specs)
+
+
+def _graph_input(cfg: VLAConfig, w: Workload, name: str) -> TensorSpec:
+    (spec,) = (s for s in _graph_inputs(cfg, w) if s.name == name)
+    return spec
 
 
 def _kv_specs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
@@ -175,7 +180,8 @@ class _Runner:
 
     def _prefill(self, pk: Packet) -> PrefillResult:
         ids = [row[:n].tolist() for row, n in zip(pk["text_ids"], pk["text_len"], strict=True)]
-        return self.model.prefill(self.model.build_prefix(pk["visual"], ids))
+        state = pk["state"] if self.model.cfg.proprio_dim else None
+        return self.model.prefill(self.model.build_prefix(pk["visual"], ids, state))
 
     @torch.no_grad()
     def prefill(self, pk: Packet) -> Packet:
@@ -259,6 +265,8 @@ def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = N
         TensorSpec("text_len", (b,), "int64"),
     )
     visual = TensorSpec("visual", (b, cfg.num_visual, d), w.dtype)
+    if cfg.proprio_dim:  # the proprio token enters with the prompt
+        text = (*text, _graph_input(cfg, w, "state"))
     stages = [
         Stage(
             "vision",
@@ -307,11 +315,11 @@ def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = N
             )
         )
     else:
-        noise = _graph_inputs(cfg, w)[3]
+        noise = _graph_input(cfg, w, "noise")
         if cfg.family == "diffusion":
             ins = (_prefill_out(cfg, w)[3], noise)
         else:
-            ins = (*_prefill_out(cfg, w), noise, _graph_inputs(cfg, w)[4])
+            ins = (*_prefill_out(cfg, w), noise, _graph_input(cfg, w, "state"))
         stages.append(
             Stage(
                 "denoise",
@@ -344,4 +352,8 @@ def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, 
         )
     if cfg.family == "flow":
         tensors["state"] = state if state is not None else torch.zeros(b, cfg.flow.state_dim)
+    elif cfg.proprio_dim:
+        if state is None:
+            raise ValueError(f"{cfg.name} takes the robot state (proprio_dim {cfg.proprio_dim})")
+        tensors["state"] = state
     return Packet(tensors)
