@@ -124,3 +124,48 @@ def test_check_parity_on_a_save_pretrained_directory(capsys, tmp_path):
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     r = run_json(capsys, "check-parity", "--checkpoint", str(tmp_path))
     assert r["ok"] and r["checks"][0]["max_abs_diff"] <= 1e-4
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_every_command_without_importing_any():
+    done = _python(
+        "import sys\nfrom vlarun.cli import main\nmain(['--help'])\n"
+        "heavy = ('torch', 'mujoco', 'metaworld', 'vlarun.sim.train')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
+        "print('HEAVY', heavy)"
+    )
+    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
+    for name in ("info", "serve-edge", "bench coinfer", "calibrate-drift"):
+        assert name in done.stdout
+
+
+def test_info_works_without_mujoco_and_imports_only_its_command():
+    # None in sys.modules makes `import mujoco` raise ImportError, as on a machine without it.
+    done = _python(
+        "import sys, json\nsys.modules['mujoco'] = None\nsys.modules['metaworld'] = None\n"
+        "from vlarun.cli import main\nassert main(['info', 'openvla-7b', '--json']) == 0\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('vlarun.apps')))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "LOADED ['vlarun.apps', 'vlarun.apps.model']" in done.stdout
+
+
+def test_unknown_command_is_one_line_listing_the_valid_ones(capsys):
+    assert main(["nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "valid: info, act" in err
+    assert main(["bench", "nope"]) == 2
+    assert "valid: engine, accel" in capsys.readouterr().err
+
+
+def test_policy_names_resolve_to_shipped_policies_or_presets():
+    from vlarun.policy import Policy
+
+    assert Policy.load("tiny-ar").model.cfg.name == "mw-ar"  # the shipped checkpoint
+    assert Policy.load("tiny-oft").model.cfg.name == "mw-oft"
+    assert Policy.load("tiny-openvla-oft").norm is None  # a preset: random weights
+    with pytest.raises(ValueError, match="shipped.*tiny-ar.*nor a preset.*openvla-7b"):
+        Policy.load("no-such-policy")

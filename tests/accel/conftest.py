@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 
 INSTRUCTION = "push the red block to the goal"
 
@@ -13,7 +13,7 @@ INSTRUCTION = "push the red block to the goal"
 def oft_policy() -> Policy:
     """tiny-oft (64 visual tokens, 4 layers) with random weights: its actions depend on every
     token, which is all these tests need."""
-    return Policy.from_preset("tiny-oft", seed=0)
+    return Policy.from_preset("tiny-openvla-oft", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from vlarun.accel.baselines import (
     task_aware_selection,
     vla_cache_masks,
 )
-from vlarun.accel.policy import accelerate
-from vlarun.models.token_plan import Decision
+from vlarun.models.token_plan import TokenAction
 from vlarun.models.vla import Prefix
+from vlarun.policy.accelerated import accelerate
 
-R, U, P = int(Decision.RECOMPUTE), int(Decision.REUSE), int(Decision.PRUNE)
+R, U, P = int(TokenAction.RECOMPUTE), int(TokenAction.REUSE), int(TokenAction.PRUNE)
 
 
 def _step(nv: int = 6) -> StepInputs:

@@ -1,7 +1,6 @@
 """Consistency distillation: the training forward matches Jacobi inference; a few steps run,
 resume, and export a loadable checkpoint with a model card."""
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -11,7 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlarun.accel.distill import (
+from vlarun.accel.jacobi import JacobiDecoder, action_step
+from vlarun.cli import build_parser, command, parse_into, resolve
+from vlarun.models.presets import tiny_openvla
+from vlarun.models.tokenizer import load_tokenizer
+from vlarun.models.vla import VLA
+from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.policy.base import Policy
+from vlarun.sim.distill import (
     DistillConfig,
     Frames,
     block_logits,
@@ -21,13 +27,6 @@ from vlarun.accel.distill import (
     distill_losses,
     sample_batch,
 )
-from vlarun.accel.jacobi import JacobiDecoder, action_step
-from vlarun.accel.policy import AcceleratedPolicy
-from vlarun.cli import COMMANDS, _resolve, add_options, parse_into
-from vlarun.models.policy import Policy
-from vlarun.models.presets import tiny_openvla
-from vlarun.models.tokenizer import load_tokenizer
-from vlarun.models.vla import VLA
 
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
 
@@ -164,10 +163,9 @@ def test_collection_resumes_where_it_stopped(chunked, tmp_path):
 
 def run_command(argv: list[str]) -> dict:
     """``vlarun distill ...`` through its generated flags (only this command's parser)."""
-    cls, run, _ = COMMANDS[argv[0]]
-    parser = argparse.ArgumentParser()
-    add_options(parser, _resolve(cls))
-    return run(parse_into(_resolve(cls), parser.parse_args(argv[1:])))
+    key, module, rest = resolve(argv)
+    cls, run, _ = command(key, module)
+    return run(parse_into(cls, build_parser(key, cls).parse_args(rest)))
 
 
 @pytest.fixture(scope="module")

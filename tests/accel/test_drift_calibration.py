@@ -1,6 +1,6 @@
 """TRIAGE's drift diagnostic: the probe procedure on a tiny backbone, and the delta rule."""
 
-from vlarun.accel.drift_calibration import (
+from vlarun.sim.drift_calibration import (
     DriftCalibrationConfig,
     format_calibration,
     probe_stream,

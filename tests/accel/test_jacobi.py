@@ -14,11 +14,11 @@ from vlarun.accel.jacobi import (
     jacobi_decode,
     make_decoder,
 )
-from vlarun.accel.policy import AcceleratedPolicy
-from vlarun.models.policy import Policy
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
+from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.policy.base import Policy
 
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
 PROMPTS = ["push the red block to the goal", "open the drawer", "press the button from the top",
@@ -143,12 +143,12 @@ def test_warm_start_from_the_previous_chunk(tiny_ar):
 
 def test_decoder_needs_an_autoregressive_policy():
     with pytest.raises(ValueError, match="autoregressive"):
-        AcceleratedPolicy(Policy.from_preset("tiny-oft"), decoder=JacobiDecoder())
+        AcceleratedPolicy(Policy.from_preset("tiny-openvla-oft"), decoder=JacobiDecoder())
 
 
 def test_jacobi_composes_with_a_token_policy(tiny_ar):
     """TRIAGE reuses last step's cache; Jacobi on top still returns greedy's tokens."""
-    from vlarun.accel.methods import token_policy
+    from vlarun.policy.methods import token_policy
 
     rng = np.random.default_rng(1)
     base = rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vlarun.accel.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
+from vlarun.policy.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.fidelity import Rollouts, action_fidelity, policy_candidate
 
 

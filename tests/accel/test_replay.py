@@ -1,7 +1,7 @@
 """Interleaved replay: every policy sees every query, in turns, with warm-up statistics gone."""
 
-from vlarun.accel.methods import accelerated
 from vlarun.bench.replay import interleaved_runs
+from vlarun.policy.methods import accelerated
 
 
 def test_policies_take_turns_and_warmup_is_not_counted(oft_policy, frames, instruction):

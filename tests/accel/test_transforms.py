@@ -5,7 +5,7 @@ import torch
 
 from vlarun.accel.feature_cache import EveryNStepsCache, every_n_steps
 from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_mlp_sparsity_zero_is_identity_and_keeps_the_strongest_channels(dit_poli
 
 def test_flow_expert_feature_cache(frames):
     """The same hook on a pi0-style action expert: interval 1 is exact, 5 computes 2 of 10."""
-    from vlarun.accel.policy import AcceleratedPolicy
+    from vlarun.policy.accelerated import AcceleratedPolicy
 
     policy = Policy.from_preset("tiny-pi0", seed=0)
     frame = frames[0]

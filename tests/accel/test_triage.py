@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from vlarun.accel.policy import accelerate
 from vlarun.accel.triage import (
     Triage,
     TriageConfig,
@@ -13,7 +12,8 @@ from vlarun.accel.triage import (
     keep_all,
     value_drift,
 )
-from vlarun.models.token_plan import Decision
+from vlarun.models.token_plan import TokenAction
+from vlarun.policy.accelerated import accelerate
 
 
 def _fill(budget, important, has_cache, valid, newly, age, drift, importance, mu=0.0):
@@ -94,8 +94,8 @@ def test_every_cache_invalid_equals_drop_all(oft_policy, frames, instruction):
         plans.append((triage.tokens.last_plan, dropped.tokens.last_plan))
     for p, q in plans[1:]:
         assert torch.equal(p.decisions, q.decisions)
-        assert not (p.decisions == Decision.REUSE).any()
-        assert int((p.decisions == Decision.RECOMPUTE).sum()) == 16  # 25% of 64, every step
+        assert not (p.decisions == TokenAction.REUSE).any()
+        assert int((p.decisions == TokenAction.RECOMPUTE).sum()) == 16  # 25% of 64, every step
 
 
 def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames, instruction):
@@ -106,9 +106,9 @@ def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames, instructi
         if plan is None:
             continue  # the episode's first query recomputes everything
         d = plan.decisions[0]
-        assert int((d == Decision.RECOMPUTE).sum()) == 10
-        rest = d != Decision.RECOMPUTE
-        assert torch.equal((d == Decision.REUSE)[rest], sig["valid"][0][rest])
+        assert int((d == TokenAction.RECOMPUTE).sum()) == 10
+        rest = d != TokenAction.RECOMPUTE
+        assert torch.equal((d == TokenAction.REUSE)[rest], sig["valid"][0][rest])
 
 
 def test_keep_all_never_prunes_and_age_limit_invalidates(oft_policy, frames, actions):

@@ -1,13 +1,12 @@
 """`vlarun bench decode --quick` on the tiniest setting: one task, one short episode."""
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from vlarun.bench.decode import BenchDecodeOptions, format_result, run
-from vlarun.cli import BENCH, COMMANDS, _resolve, add_options
+from vlarun.cli import build_parser, command, resolve
 
 pytest.importorskip("metaworld")
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
@@ -76,7 +75,6 @@ def test_negative_iteration_cap_is_named():
 def test_cli_registers_decode_and_distill():
     """Flags come from the option dataclasses (only these two commands' parsers are built, so
     the check does not depend on every other command importing)."""
-    for table, name, flag in ((BENCH, "decode", "--sigmas"), (COMMANDS, "distill", "--omega")):
-        parser = argparse.ArgumentParser()
-        add_options(parser, _resolve(table[name][0]))
-        assert flag in parser.format_help()
+    for argv, flag in ((["bench", "decode"], "--sigmas"), (["distill"], "--omega")):
+        key, module, _ = resolve(argv)
+        assert flag in build_parser(key, command(key, module)[0]).format_help()

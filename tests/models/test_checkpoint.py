@@ -16,7 +16,7 @@ from vlarun.models.checkpoint import (
 from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA
 
-TINY = ["tiny-openvla", "tiny-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
+TINY = ["tiny-openvla", "tiny-openvla-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
 
 
 def _inputs(cfg, batch=1):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlarun.models.llama import AttnProbe, LlamaConfig, LlamaLM, RopeScaling
-from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
+from vlarun.models.token_plan import DeferredPlan, TokenAction, TokenPlan
 from vlarun.parity import hf_llama
 
 transformers = pytest.importorskip("transformers")
@@ -155,14 +155,14 @@ def test_reuse_and_prune_plan_semantics():
         cache = model.new_cache(1, 64)
         first = model(model.embed(ids), torch.arange(24), cache).hidden
         decisions = torch.zeros(1, 12, dtype=torch.int8)
-        decisions[0, :6] = Decision.REUSE
+        decisions[0, :6] = TokenAction.REUSE
         plan = TokenPlan(vis.start, decisions, last_shared_layer=1)
         out = model(model.embed(ids), torch.arange(24), cache, plan=plan)
         assert out.hidden.shape[1] == 24 - 6
         assert (out.hidden[:, -1] - first[:, -1]).abs().max().item() <= 1e-5
         # Prune 4 tokens: the last token's output changes (they vanish from deep layers).
         decisions = torch.zeros(1, 12, dtype=torch.int8)
-        decisions[0, 8:] = Decision.PRUNE
+        decisions[0, 8:] = TokenAction.PRUNE
         pruned = model(
             model.embed(ids), torch.arange(24), cache, plan=TokenPlan(vis.start, decisions, 1)
         )
@@ -176,7 +176,7 @@ def test_deferred_plan_equals_the_same_plan_given_upfront():
     model = _model()
     ids = torch.randint(0, 97, (1, 24))
     decisions = torch.zeros(1, 12, dtype=torch.int8)
-    decisions[0, :4], decisions[0, 8:] = Decision.REUSE, Decision.PRUNE
+    decisions[0, :4], decisions[0, 8:] = TokenAction.REUSE, TokenAction.PRUNE
     probe = AttnProbe(layer=1, query_index=torch.tensor([23]), key_start=2, key_end=14)
     seen = []
 
@@ -205,7 +205,7 @@ def test_tokens_pruned_from_deep_layers_stay_invisible_to_later_calls():
     model = _model()
     ids = torch.randint(0, 97, (1, 24))
     decisions = torch.zeros(1, 12, dtype=torch.int8)
-    decisions[0, 4:] = Decision.PRUNE
+    decisions[0, 4:] = TokenAction.PRUNE
     nxt = model.embed(torch.randint(0, 97, (1, 1)))
     outs = []
     with torch.no_grad():
@@ -247,7 +247,7 @@ def test_feature_cache_hook_sees_every_branch_and_can_replace_it():
 def test_reuse_without_cache_is_refused():
     model = _model()
     ids = torch.randint(0, 97, (1, 16))
-    decisions = torch.full((1, 8), int(Decision.REUSE), dtype=torch.int8)
+    decisions = torch.full((1, 8), int(TokenAction.REUSE), dtype=torch.int8)
     with pytest.raises(ValueError, match="no cached K/V"):
         model(
             model.embed(ids),

@@ -50,7 +50,7 @@ def test_bad_view_settings_are_named():
 
 def test_policy_from_checkpoint_normalises_state_and_takes_views(tmp_path):
     from vlarun.models.checkpoint import save_vla
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     torch.manual_seed(1)
     model = VLA(get_preset("mt10-ar")).eval()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import zmq
 
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 from vlarun.runtime import wire
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security

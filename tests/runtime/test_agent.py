@@ -160,7 +160,7 @@ def test_a_timed_out_request_caps_the_bandwidth_estimate(policy):
 def test_bench_runs_episodes_back_to_back_until_its_step_count(policy):
     """A successful episode ends early; the co-inference bench then starts the next one so a
     strategy's run always holds ``steps`` control steps (and enough requests to count)."""
-    from vlarun.runtime.bench import _episodes
+    from vlarun.bench.coinfer import _episodes
 
     agent = RobotAgent(policy, AgentConfig(slo_s=1.0, strategy="device-only"))
     seen: list[float] = []

@@ -58,7 +58,7 @@ def test_measured_table_overrides_predictor_and_scheduler():
 
 
 def test_every_plan_of_a_tiny_preset_runs_and_is_scored():
-    r = check_host("tiny-oft", repeats=2, warmup=1)
+    r = check_host("tiny-openvla-oft", repeats=2, warmup=1)
     assert len(r["plans"]) == 4  # two stages: 2^2 placements
     assert all(p["measured_median_ms"] > 0 and p["predicted_ms"] > 0 for p in r["plans"])
     assert r["uncalibrated"]["n"] == 8 and r["calibrated"]["n"] == 4

@@ -69,10 +69,15 @@ def test_accuracy_floor_excludes_unmeasured_settings():
     assert space.eligible.tolist() == [True, True, False]
 
 
-def test_vectorised_scores_match_the_scalar_predictor():
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_vectorised_scores_match_the_scalar_predictor(calibrated):
     space = space_for("pi0")
     link = Link(100.0, 10.0)
     sched = Scheduler(space, DEVICES, slo_s=1.0)
+    if calibrated:  # measured times unlike the roofline on both sides: energy must follow them
+        for name in space.stages:
+            sched.cal.observe_stage(name, ORIN.id, 1.0, 1.7)
+            sched.cal.observe_stage(name, RTX.id, 1.0, 3.0)
     state = DeviceState(available_at=0.05, queued_s={"prefill": 0.01})
     sc = sched.score(link, now=0.0, edge_state=state)
     for c in range(0, len(sched.k), 7):
@@ -85,6 +90,7 @@ def test_vectorised_scores_match_the_scalar_predictor():
             link,
             state={"edge": state},
             period_s=1.0,
+            cal=sched.cal,
         )
         assert sc.latency[c] == pytest.approx(ref.latency_s, rel=1e-9)
         assert sc.energy[c] == pytest.approx(ref.energy_j, rel=1e-9)

@@ -43,7 +43,7 @@ def test_eval_refuses_unknown_task_listing_valid_ones(capsys):
 
 def test_eval_refuses_a_policy_with_another_action_space(tmp_path, capsys):
     from vlarun.models.checkpoint import save_vla
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     save_vla(Policy.from_preset("tiny-openvla").model, tmp_path / "seven")
     assert main(["eval", "--checkpoint", str(tmp_path / "seven"), "--episodes", "1"]) == 2
@@ -53,7 +53,7 @@ def test_eval_refuses_a_policy_with_another_action_space(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def oft_rollouts():
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import POLICY_DIR
 
     policy = Policy.from_checkpoint(POLICY_DIR / "tiny-oft")
@@ -63,7 +63,7 @@ def oft_rollouts():
 def test_fidelity_is_zero_against_itself_and_grows_with_lower_precision(oft_rollouts, tmp_path):
     import torch
 
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import POLICY_DIR
 
     policy, rollouts = oft_rollouts
@@ -107,3 +107,42 @@ def test_fidelity_resets_stateful_candidates_at_each_episode():
     r = action_fidelity(rollouts, candidate)
     assert calls == ["reset", "act", "act", "act", "reset", "act", "act"]
     assert r["mean_abs_error"] == pytest.approx(0.5)
+
+
+def test_paired_difference_on_hand_built_outcomes():
+    from vlarun.sim.evaluate import paired_difference
+
+    same = paired_difference([True, False, True, True], [True, False, True, True])
+    assert same["difference"] == 0.0 and same["ci95"] == [0.0, 0.0]
+    assert same["only_base"] == same["only_other"] == 0
+    # 10 episodes: the other configuration loses 4 the base solved and wins 1 the base missed.
+    base = [True] * 8 + [False] * 2
+    other = [False] * 4 + [True] * 4 + [True, False]
+    d = paired_difference(base, other, resamples=4000)
+    assert d["difference"] == pytest.approx(-0.3)
+    assert (d["only_base"], d["only_other"]) == (4, 1)
+    assert d["ci95"][0] < -0.3 < d["ci95"][1]
+    wide = paired_difference(base * 6, other * 6, resamples=4000)  # 60 episodes: excludes 0
+    assert wide["difference"] == pytest.approx(-0.3) and wide["ci95"][1] < 0.0
+    with pytest.raises(ValueError, match="equal"):
+        paired_difference([True], [True, False])
+
+
+def test_eval_paired_with_a_token_method_runs_the_same_seeds(capsys):
+    args = ["eval", "--policy", "tiny-oft", "--tasks", "drawer-open-v3", "--episodes", "2",
+            "--workers", "1", "--paired-with", "drop-all:0.07", "--json"]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    p = r["paired"]
+    assert p["config"] == "drop-all:0.07" and p["difference"]["episodes"] == 2
+    assert p["difference"]["difference"] == pytest.approx(p["success_rate"] - r["success_rate"])
+    lo, hi = p["difference"]["ci95"]
+    assert lo <= p["difference"]["difference"] <= hi
+    assert set(p["tasks"]) == {"drawer-open-v3"}
+
+
+def test_eval_paired_with_rejects_a_bad_configuration(capsys):
+    assert main(["eval", "--paired-with", "triage:2"]) == 2
+    assert "must be in (0, 1]" in capsys.readouterr().err
+    assert main(["eval", "--paired-with", "nope:0.3"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err

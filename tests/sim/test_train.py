@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vlarun.models.checkpoint import load_vla
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 from vlarun.sim.bc_model import joint_mask
 from vlarun.sim.demos import collect
 from vlarun.sim.train import TrainConfig, _chunks, random_shift, train

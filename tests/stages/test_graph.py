@@ -7,7 +7,7 @@ from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 
-TINY = ["tiny-openvla", "tiny-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
+TINY = ["tiny-openvla", "tiny-openvla-oft", "tiny-cogact", "tiny-pi0", "tiny-smolvla"]
 # Two views (the second pooled) and a proprio token, in every head family.
 MT10 = ["mt10-ar", "mt10-oft", "mt10-dit"]
 

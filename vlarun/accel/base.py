@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from vlarun.models.llama import AttnProbe
-from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
+from vlarun.models.token_plan import DeferredPlan, TokenAction, TokenPlan
 from vlarun.models.vla import PrefillResult, Prefix
 
 PlanLike = TokenPlan | DeferredPlan | None
@@ -115,9 +115,9 @@ def plan_from_masks(
     vis_start: int, recompute: Tensor, reuse: Tensor, last_shared_layer: int
 ) -> TokenPlan:
     """Build a plan from boolean (B, Nv) masks; tokens in neither are pruned."""
-    decisions = torch.full(recompute.shape, int(Decision.PRUNE), dtype=torch.int8)
-    decisions[reuse.cpu()] = int(Decision.REUSE)
-    decisions[recompute.cpu()] = int(Decision.RECOMPUTE)
+    decisions = torch.full(recompute.shape, int(TokenAction.PRUNE), dtype=torch.int8)
+    decisions[reuse.cpu()] = int(TokenAction.REUSE)
+    decisions[recompute.cpu()] = int(TokenAction.RECOMPUTE)
     return TokenPlan(vis_start, decisions, last_shared_layer)
 
 

@@ -31,7 +31,7 @@ runs until every row has stopped. Rows decode at their own positions after right
 as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
 
   from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
-  from vlarun.accel.policy import AcceleratedPolicy
+  from vlarun.policy.accelerated import AcceleratedPolicy
   fast = AcceleratedPolicy(policy, decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
   fast.predict(image, "open the drawer"); fast.decoder.summary()
 """

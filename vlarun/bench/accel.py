@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlarun.accel.methods import EfficientVLAConfig, accelerated, efficientvla
-from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
+from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.policy.methods import EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
@@ -91,7 +91,7 @@ class BenchAccelOptions:
 
 
 def _load(name: str):
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     return Policy.from_checkpoint(POLICY_DIR / name)
 
@@ -226,10 +226,10 @@ def large_policy(llm=None):
     """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
     tokens), TinyLlama-1.1B LM (or ``llm``), autoregressive 7-dim actions, bf16, prepacked."""
     from vlarun.models.llama import LlamaConfig
-    from vlarun.models.policy import Policy
     from vlarun.models.tokenizer import load_tokenizer
     from vlarun.models.vit import ViTConfig
     from vlarun.models.vla import VLA, VLAConfig
+    from vlarun.policy.base import Policy
 
     llm = llm or LlamaConfig(
         vocab_size=32064,

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 
 from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
-from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
+from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
 SIGMAS = "0.4,0.5,0.6,0.7"
@@ -118,7 +118,7 @@ class BenchDecodeOptions:
 
 
 def _load(name: str):
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     path = Path(name)
     if not (path / "config.json").exists():

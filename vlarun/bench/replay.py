@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vlarun.accel.policy import AcceleratedPolicy
+from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.stages.graph import GraphRun
 
 

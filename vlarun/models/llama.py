@@ -19,7 +19,6 @@ Shallow-layer attention probes and layer skipping are arguments, not flags insid
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlarun.models.token_plan import Decision, DeferredPlan, TokenPlan
+from vlarun.models.device import prepack_supported
+from vlarun.models.token_plan import DeferredPlan, ProbeResult, TokenAction, TokenPlan  # noqa: F401 (re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -373,20 +373,6 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
-@functools.cache
-def prepack_supported(dtype: torch.dtype) -> bool:
-    """Whether oneDNN can prepack ``dtype`` weights on this CPU. Its bf16 path needs AVX-512
-    (BW/VL/DQ) or AVX-NE-CONVERT; an AVX2-only CPU (e.g. AMD Zen 3) raises at reorder time, so a
-    tiny weight is tried once and the plain ``nn.Linear`` path is kept where it fails."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 1)
-    except (RuntimeError, AttributeError):
-        return False
-    return True
-
-
 class MLP(nn.Module):
     """Gated MLP: SwiGLU for Llama, GeGLU (tanh gelu) for Gemma."""
 
@@ -433,15 +419,6 @@ class AttnProbe:
     query_index: Tensor
     key_start: int
     key_end: int
-
-
-@dataclass
-class ProbeResult:
-    """probs (B, H, Nq, Nk): head-wise attention of the probe queries over the key range,
-    normalised over *all* visible keys; values (B, KVH, Nk, hd): those keys' value vectors."""
-
-    probs: Tensor
-    values: Tensor
 
 
 @dataclass
@@ -639,8 +616,8 @@ class LlamaLM(nn.Module):
         vis = plan.vis_start + torch.arange(plan.num_visual, device=x.device)
         vis_pos = ctx.positions_bt[:, vis]  # (B, Nv)
         rows = torch.arange(b, device=x.device)[:, None]
-        pruned = (plan.decisions == Decision.PRUNE).to(x.device)
-        reused = (plan.decisions == Decision.REUSE).to(x.device)
+        pruned = (plan.decisions == TokenAction.PRUNE).to(x.device)
+        reused = (plan.decisions == TokenAction.REUSE).to(x.device)
         deep_valid = cache.valid[split:]  # (L', B, S)
         missing = reused & ~deep_valid[:, rows, vis_pos].all(dim=0)
         if bool(missing.any()):

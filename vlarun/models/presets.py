@@ -230,7 +230,7 @@ def tiny_openvla() -> VLAConfig:
 
 def tiny_oft() -> VLAConfig:
     oft = OFTHeadConfig(llm_dim=128, action_dim=7, chunk=4, hidden_dim=128, num_blocks=2)
-    return _tiny_openvla("tiny-oft", "parallel", chunk=4, oft=oft)
+    return _tiny_openvla("tiny-openvla-oft", "parallel", chunk=4, oft=oft)
 
 
 def tiny_cogact() -> VLAConfig:
@@ -450,7 +450,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "pi0": pi0,
     "smolvla": smolvla,
     "tiny-openvla": tiny_openvla,
-    "tiny-oft": tiny_oft,
+    "tiny-openvla-oft": tiny_oft,
     "tiny-cogact": tiny_cogact,
     "tiny-pi0": tiny_pi0,
     "tiny-smolvla": tiny_smolvla,

@@ -11,16 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from vlarun.models.llama import ProbeResult
+
+@dataclass
+class ProbeResult:
+    """What an attention probe saw at one layer (the LM fills it, token policies read it).
+
+    probs (B, H, Nq, Nk): head-wise attention of the probe queries over the key range,
+    normalised over *all* visible keys; values (B, KVH, Nk, hd): those keys' value vectors."""
+
+    probs: Tensor
+    values: Tensor
 
 
-class Decision(IntEnum):
+class TokenAction(IntEnum):
     """What happens to one visual token in layers after the shared shallow ones."""
 
     RECOMPUTE = 0
@@ -33,7 +40,7 @@ class TokenPlan:
     """Per-visual-token decisions for one forward over a prefix.
 
     Invariants:
-      * ``decisions`` is an integer tensor of shape (B, Nv) holding ``Decision`` values for the
+      * ``decisions`` is an integer tensor of shape (B, Nv) holding ``TokenAction`` values for the
         visual tokens at sequence indices ``vis_start .. vis_start + Nv - 1``;
       * every row recomputes the same number of tokens (rows are gathered into one dense batch);
       * layers ``0 .. last_shared_layer`` run on all tokens, whatever the decision, so shallow
@@ -52,7 +59,7 @@ class TokenPlan:
             )
         if self.vis_start < 0 or self.last_shared_layer < 0:
             raise ValueError("TokenPlan.vis_start and last_shared_layer must be >= 0")
-        recomputed = (self.decisions == Decision.RECOMPUTE).sum(dim=1)
+        recomputed = (self.decisions == TokenAction.RECOMPUTE).sum(dim=1)
         if bool((recomputed != recomputed[0]).any()):
             raise ValueError(
                 f"TokenPlan rows recompute different token counts {recomputed.tolist()}; "
@@ -68,7 +75,7 @@ class TokenPlan:
         cls, batch: int, vis_start: int, num_visual: int, last_shared_layer: int = 2
     ) -> TokenPlan:
         """The plan that recomputes every token: must reproduce the plain forward."""
-        decisions = torch.full((batch, num_visual), int(Decision.RECOMPUTE), dtype=torch.int8)
+        decisions = torch.full((batch, num_visual), int(TokenAction.RECOMPUTE), dtype=torch.int8)
         return cls(vis_start, decisions, last_shared_layer)
 
     def deep_keep_mask(self, seq_len: int) -> Tensor:
@@ -76,12 +83,12 @@ class TokenPlan:
         batch = self.decisions.shape[0]
         keep = torch.ones(batch, seq_len, dtype=torch.bool)
         vis = slice(self.vis_start, self.vis_start + self.num_visual)
-        keep[:, vis] = self.decisions == Decision.RECOMPUTE
+        keep[:, vis] = self.decisions == TokenAction.RECOMPUTE
         return keep
 
     def flops_fraction(self) -> float:
         """Fraction of visual tokens recomputed in the deep layers (a FLOP proxy)."""
-        return float((self.decisions == Decision.RECOMPUTE).float().mean())
+        return float((self.decisions == TokenAction.RECOMPUTE).float().mean())
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import zmq
 
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted

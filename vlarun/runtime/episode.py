@@ -69,3 +69,21 @@ def run_episode(
         "stall_ms_total": sum(queue.stalls) * 1e3,
         "inferences": [r.row() for r in done_records],
     }
+
+
+def summarise(infs: list[dict], actions: int) -> dict:
+    """Latency percentiles, SLO share, fallbacks and modelled actions per joule."""
+    if not infs:
+        return {"inferences": 0}
+    lat = sorted(r["latency_ms"] for r in infs)
+    energy = sum(r["energy_j"] for r in infs)
+    pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)]  # noqa: E731
+    return {
+        "inferences": len(infs),
+        "latency_p50_ms": pick(0.5),
+        "latency_p99_ms": pick(0.99),
+        "slo_met_fraction": sum(r["slo_met"] for r in infs) / len(infs),
+        "fallbacks": sum(r["fallback"] is not None for r in infs),
+        "edge_requests": sum("@edge" in r["ran"] for r in infs),
+        "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
+    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
-from vlarun.sched.energy import RadioPower, stage_power
+from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import DeviceState
@@ -77,26 +77,33 @@ def learn(sched: Scheduler, d: Decision, inf, stage_s: dict, edge_s: dict) -> No
     sched.cal.observe_total(roles, d.latency_s - residual, inf.latency_s)
 
 
-def modelled_energy(cfg, ran: dict, stage_s: dict, edge_s: dict, latency_s: float) -> float:
-    """Energy of one executed request from its measured times and the catalog's powers
-    (modelled, at full utilisation: an upper bound of the dynamic part). Robot: dynamic
-    power while computing + idle power over the control cycle; edge: its busy power for
-    this request's share of each batch; radio: the robot's interface while the request's
-    remote time was not edge compute."""
-    rob, edge, radio = get_device(cfg.robot_device), get_device(cfg.edge_device), RadioPower()
-    joules = rob.idle_w * max(latency_s, cfg.slo_s)
-    for name, role in ran.items():
-        if role == "robot":
-            joules += (stage_power(rob, 1.0) - rob.idle_w) * stage_s[name]
-        else:
-            joules += stage_power(edge, 1.0) * edge_s.get(name, 0.0)
+def modelled_energy(
+    cfg,
+    ran: dict,
+    stage_s: dict,
+    edge_s: dict,
+    latency_s: float,
+    radio: RadioPower | None = None,
+) -> float:
+    """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
+    measured times, at full utilisation (an upper bound of the dynamic part). Edge stages are
+    charged their per-request compute time (``edge_s``), the radio the request's remote time
+    that was not edge compute, half sending and half receiving.
+
+    The devices are ``cfg.robot_device`` / ``cfg.edge_device``: a time measured on this CPU
+    is priced as the device the configuration names, so name ``this-cpu`` when that is where
+    the stage really ran (the default)."""
+    rob, edge = get_device(cfg.robot_device), get_device(cfg.edge_device)
+    spends = [
+        StageSpend(role, stage_s[name] if role == "robot" else edge_s.get(name, 0.0))
+        for name, role in ran.items()
+    ]
     remote = [n for n, r in ran.items() if r == "edge"]
+    on_air = 0.0
     if remote:
-        on_air = max(
-            latency_s
-            - sum(stage_s[n] for n in ran if ran[n] == "robot")
-            - sum(stage_s[n] for n in remote),
-            0.0,
-        )
-        joules += on_air * (radio.tx_w + radio.rx_w) / 2
-    return joules
+        robot_busy = sum(stage_s[n] for n in ran if ran[n] == "robot")
+        on_air = max(latency_s - robot_busy - sum(stage_s[n] for n in remote), 0.0)
+    return request_energy(
+        rob, edge, spends, latency_s=latency_s, period_s=cfg.slo_s,
+        tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(),
+    )  # fmt: skip

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from vlarun.models.policy import Policy
+from vlarun.policy.base import Policy
 from vlarun.runtime import wire
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim

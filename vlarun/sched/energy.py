@@ -3,16 +3,15 @@
 Power of a device running a stage lies between its idle and busy power by utilisation:
     P(v, d) = idle_d + (busy_d - idle_d) * u(v, d),     e(v, d) = P(v, d) * t(v, d)
 Per inference (EcoVLA counts the whole control cycle, idle included, because a robot that
-finishes early still waits for the next control period):
-    E = sum over robot stages of (P - idle_robot) * t  +  idle_robot * cycle
-      + sum over edge stages of P * t / batch           (a batched stage's energy is shared)
-      + radio energy of every transfer the robot sends or receives
-with cycle = max(T, control period). The edge's idle power between requests is not charged to
+finishes early still waits for the next control period): :func:`request_energy`, the one
+account, whose docstring holds the formula; the scheduler's vectorised copy is tested equal to
+the predictor, which calls it. The edge's idle power between requests is not charged to
 any one robot: it is shared infrastructure, and charging it would only add a constant.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vlarun.sched.catalog import Device
@@ -48,6 +47,62 @@ def stage_energy(device: Device, seconds: float, utilisation: float) -> float:
 def dynamic_energy(device: Device, seconds: float, utilisation: float) -> float:
     """Energy above idle: what a stage adds on a device whose idle power is counted anyway."""
     return (stage_power(device, utilisation) - device.idle_w) * seconds
+
+
+@dataclass(frozen=True)
+class StageSpend:
+    """One stage of one request, as the energy account needs it.
+
+    role: "robot" or "edge" (the device that ran it); busy_s: the seconds that device computed
+    (calibrated prediction, or measured; on the edge, the whole batch's time); utilisation:
+    0..1 (the roofline's estimate, 1.0 when only a measured time is known); batch: requests
+    that shared this execution (edge batching): each is charged ``1 / batch`` of it."""
+
+    role: str
+    busy_s: float
+    utilisation: float = 1.0
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        if self.role not in ("robot", "edge"):
+            raise ValueError(f"stage role must be robot or edge, got {self.role!r}")
+        if self.busy_s < 0 or self.batch < 1:
+            raise ValueError(f"bad stage spend: busy_s={self.busy_s}, batch={self.batch}")
+
+
+def request_energy(
+    robot: Device,
+    edge: Device,
+    stages: Iterable[StageSpend],
+    *,
+    latency_s: float,
+    period_s: float,
+    tx_s: float = 0.0,
+    rx_s: float = 0.0,
+    radio: RadioPower | None = None,
+) -> float:
+    """The energy of one request, in joules: the one account every part of vlarun uses
+    (scheduler, predictor, fleet simulator, runtime), for plans and outcomes alike:
+
+        E = idle_robot * max(latency, period)                       robot idles the whole cycle
+          + sum over robot stages of (P_robot(u) - idle_robot) * t  what computing adds
+          + sum over edge stages of P_edge(u) * t / batch            this request's batch share
+          + tx_w * tx_s + rx_w * rx_s                                the robot's radio
+
+    with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
+    stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
+    with a GPU's."""
+    radio = radio or RadioPower()
+    joules = robot.idle_w * max(latency_s, period_s)
+    joules += sum(stage_joules(robot, edge, st) for st in stages)
+    return joules + radio.tx_w * tx_s + radio.rx_w * rx_s
+
+
+def stage_joules(robot: Device, edge: Device, st: StageSpend) -> float:
+    """One stage's term of :func:`request_energy` (for per-stage breakdowns)."""
+    if st.role == "robot":
+        return dynamic_energy(robot, st.busy_s, st.utilisation)
+    return stage_energy(edge, st.busy_s, st.utilisation) / st.batch
 
 
 def actions_per_joule(actions: int, joules: float) -> float:

@@ -31,7 +31,7 @@ import numpy as np
 from vlarun.config import opt
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import roofline
-from vlarun.sched.energy import RadioPower, stage_power
+from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import DeviceState
@@ -183,8 +183,8 @@ def execute(
     """Run one request through the world; true latency and modelled energy."""
     rob, dev_edge = world.devices["robot"], world.devices["edge"]
     end: dict[str, float] = {}
-    stage_s, transfers = {}, []
-    energy = 0.0
+    stage_s, transfers, spends = {}, [], []
+    tx_s = rx_s = 0.0
     for work, role in zip(works, roles, strict=True):
         parents = [(p, roles[[w.name for w in works].index(p)]) for p in work.parents]
         ready = release
@@ -193,7 +193,10 @@ def execute(
             if prole != role:
                 tau = world.transfer_s(work.in_bytes, t)
                 transfers.append((work.in_bytes, tau))
-                energy += tau * (radio.tx_w if prole == "robot" else radio.rx_w)
+                if prole == "robot":
+                    tx_s += tau
+                else:
+                    rx_s += tau
                 t += tau
             ready = max(ready, t)
         seconds, util = world.stage_s(work, role)
@@ -201,18 +204,18 @@ def execute(
         start = edge.place(ready, wall) if role == "edge" else ready
         end[work.name] = start + wall
         stage_s[work.name] = seconds
-        if role == "edge":
-            energy += stage_power(dev_edge, util) * seconds
-        else:
-            energy += (stage_power(rob, util) - rob.idle_w) * seconds
+        spends.append(StageSpend(role, seconds, util))
     finish = end[works[-1].name]
     if roles[-1] == "edge":
         tau = world.transfer_s(works[-1].out_bytes, finish)
         transfers.append((works[-1].out_bytes, tau))
-        energy += tau * radio.rx_w
+        rx_s += tau
         finish += tau
     latency = finish - release
-    energy += rob.idle_w * max(latency, world.cfg.slo_s)
+    energy = request_energy(
+        rob, dev_edge, spends, latency_s=latency, period_s=world.cfg.slo_s,
+        tx_s=tx_s, rx_s=rx_s, radio=radio,
+    )  # fmt: skip
     return Outcome(latency, energy, stage_s, transfers, tuple(roles))
 
 

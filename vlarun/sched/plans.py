@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.models.vla import VLAConfig
+from vlarun.paths import checkpoints_dir
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork
 from vlarun.stages.families import DTYPE_BYTES, Workload, prefix_len
@@ -99,7 +100,7 @@ def settings_from_accel_bench(result: dict, checkpoints: Path | None = None):
     out). Reduced (--quick) runs are refused: they are not results."""
     if result.get("quick"):
         raise ValueError("a --quick `bench accel` run is not a measurement to plan with")
-    checkpoints = checkpoints or Path(__file__).resolve().parents[2] / "checkpoints"
+    checkpoints = checkpoints or checkpoints_dir()
     opts, when = result.get("options", {}), result.get("date", "?")
     rows = [SettingRow(k, v, 1.0, "identity") for k, v in IDENTITY.items()]
     sweep = result.get("sweep") or []

@@ -29,9 +29,11 @@ from vlarun.sched.cost import StageWork, roofline, stage_seconds
 from vlarun.sched.energy import (
     ENERGY_SOURCE,
     RadioPower,
+    StageSpend,
     actions_per_joule,
-    dynamic_energy,
+    request_energy,
     stage_energy,
+    stage_joules,
 )
 from vlarun.sched.link import Link
 
@@ -242,19 +244,23 @@ def _stage_time(work, role, devices, dtype, cal, measured=None) -> tuple[float, 
 
 def _arrival(work, role, placement, end, now, link, cal, radio):
     """When all of a stage's input packets are on its device: (ready time, slowest incoming
-    transfer, bytes sent, radio joules). The first stage's inputs come from the robot's
-    sensors; a packet crossing between robot and edge pays the link and the boundary term."""
+    transfer, bytes sent, robot radio seconds sending, receiving). The first stage's inputs
+    come from the robot's sensors; a packet crossing between robot and edge pays the link and
+    the boundary term."""
     sources = [(p, placement[p], end[p]) for p in work.parents] or [("", ROBOT, now)]
-    ready, tau_in, sent, joules = now, 0.0, 0, 0.0
+    ready, tau_in, sent, tx_s, rx_s = now, 0.0, 0, 0.0, 0.0
     for parent, src_role, t_end in sources:
         tau = 0.0
         if src_role != role:
             wire = link.transfer_s(work.in_bytes)
             tau = wire + cal.boundary(parent, work.name)
             sent += work.in_bytes
-            joules += wire * (radio.tx_w if src_role == ROBOT else radio.rx_w)
+            if src_role == ROBOT:
+                tx_s += wire
+            else:
+                rx_s += wire
         ready, tau_in = max(ready, t_end + tau), max(tau_in, tau)
-    return ready, tau_in, sent, joules
+    return ready, tau_in, sent, tx_s, rx_s
 
 
 def predict_placement(
@@ -283,14 +289,14 @@ def predict_placement(
     state = state or {}
     end: dict[str, float] = {}
     out: list[StageTimes] = []
-    transfer_total, sent, robot_dyn, edge_j, radio_j = 0.0, 0, 0.0, 0.0, 0.0
+    transfer_total, sent, tx_s, rx_s = 0.0, 0, 0.0, 0.0
+    spends: list[StageSpend] = []
+    robot, edge = devices[ROBOT], devices.get(EDGE, devices[ROBOT])
     for work in works:
         role = placement[work.name]
         dev_state = state.get(role, DeviceState())
-        ready, tau_in, nbytes, joules_radio = _arrival(
-            work, role, placement, end, now, link, cal, radio
-        )
-        sent, radio_j = sent + nbytes, radio_j + joules_radio
+        ready, tau_in, nbytes, tx, rx = _arrival(work, role, placement, end, now, link, cal, radio)
+        sent, tx_s, rx_s = sent + nbytes, tx_s + tx, rx_s + rx
         # Energy is charged for the device's own work (busy); the wall time also includes
         # the slowdown from other tenants time-sharing the device.
         busy, util = _stage_time(work, role, devices, dtype, cal, measured)
@@ -298,14 +304,10 @@ def predict_placement(
         ready = max(ready, dev_state.available_at) + dev_state.queued_s.get(work.name, 0.0)
         start = dev_state.earliest_fit(ready, seconds)
         end[work.name] = start + seconds
-        dev = devices[role]
-        if role == ROBOT:
-            joules = dynamic_energy(dev, busy, util)
-            robot_dyn += joules
-        else:
-            joules = stage_energy(dev, busy, util)
-            edge_j += joules
+        spend = StageSpend(ROBOT if role == ROBOT else EDGE, busy, util)
+        spends.append(spend)
         transfer_total += tau_in
+        joules = stage_joules(robot, edge, spend)
         out.append(StageTimes(work.name, role, start, end[work.name], tau_in, joules))
     last = works[-1]
     finish = end[last.name]
@@ -313,11 +315,19 @@ def predict_placement(
         back = link.transfer_s(last.out_bytes)
         finish += back
         transfer_total += back
-        radio_j += back * radio.rx_w
+        rx_s += back
     placement_key = tuple(placement[w.name] for w in works)
     latency = finish - now + cal.residual(placement_key)
-    robot = devices[ROBOT]
-    energy = robot_dyn + robot.idle_w * max(latency, period_s) + edge_j + radio_j
+    energy = request_energy(
+        robot,
+        edge,
+        spends,
+        latency_s=latency,
+        period_s=period_s,
+        tx_s=tx_s,
+        rx_s=rx_s,
+        radio=radio,
+    )
     return Prediction(
         latency, energy, actions_per_joule(actions, energy), tuple(out), transfer_total, sent
     )

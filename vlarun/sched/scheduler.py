@@ -166,13 +166,15 @@ class Scheduler:
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
             # The robot is this request's own device: a robot stage starts when it is ready.
             # An edge stage also waits for the edge, its queue and committed reservations.
+            f_edge = cal.factor(name, self.devices["edge"].id)
             t_r = self.t_rob[k, s] * cal.factor(name, self.devices["robot"].id)
-            t_e = self.t_edge[k, s, 1] * cal.factor(name, self.devices["edge"].id) * st.slowdown
+            t_e = self.t_edge[k, s, 1] * f_edge * st.slowdown
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
             for r in res:
                 overlap = (s_edge < r.end) & (s_edge + t_e > r.start)
                 s_edge = np.where(overlap, r.end, s_edge)
-            e_edge = np.where(on_edge, self.e_edge[k, s, 1], 0.0)
+            # request_energy's edge term: power x calibrated busy time (not the slowed wall).
+            e_edge = np.where(on_edge, self.e_edge[k, s, 1] * f_edge, 0.0)
             s_edge, t_e, e_edge, joined[:, s] = self._join(
                 s, name, ready, res, s_edge, t_e, e_edge, st.slowdown
             )
@@ -202,7 +204,8 @@ class Scheduler:
     def _join(self, s, name, ready, res, s_edge, t_e, e_edge, slowdown=1.0):
         """Candidates flagged ``join`` take the earliest reservation of the same stage and
         setting that starts after they are ready, if the grown batch still ends within the
-        members' slack. Their time is the batch's; their energy the batch's marginal energy."""
+        members' slack. Their time is the batch's; their energy their share of the batch's
+        (``request_energy``: batch energy / batch size, at calibrated time)."""
         joined = np.full(len(ready), -1)
         mask = self.join & self.edge[:, s]
         if not mask.any():
@@ -219,9 +222,9 @@ class Scheduler:
             ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
             s_edge = np.where(ok, r.start, s_edge)
             t_e = np.where(ok, t_new, t_e)
-            e_edge = np.where(
-                ok, self.e_edge[k, s, r.batch + 1] - self.e_edge[k, s, r.batch], e_edge
-            )
+            f_edge = self.cal.factor(name, self.devices["edge"].id)
+            share = self.e_edge[k, s, r.batch + 1] * f_edge / (r.batch + 1)
+            e_edge = np.where(ok, share, e_edge)
             joined = np.where(ok, i, joined)
         return s_edge, t_e, e_edge, joined
 

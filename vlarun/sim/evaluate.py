@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.config import opt
+from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.tasks import get_task
 
@@ -32,7 +33,7 @@ TRAIN_TASKS = (
     "door-open-v3",
     "window-open-v3",
 )
-POLICY_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
+POLICY_DIR = checkpoints_dir()  # kept for callers; vlarun.paths is the source
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,23 @@ class EvalConfig:
     workers: int = opt(0, "worker processes; 0 = one per core (at most 4)")
     json: bool = opt(False, "print one JSON object")
     report: str | None = opt(None, "directory for eval.json, eval.png and episode.gif")
+    paired_with: str | None = opt(
+        None,
+        "a second configuration run on the very same seeds, reported as a paired difference: "
+        "a token method on this policy (METHOD[:BUDGET], e.g. drop-all:0.07, triage:0.34) or "
+        "another policy (name or directory)",
+    )
+    bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
             raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
         for t in self.task_list:
             get_task(t)  # unknown names raise, listing the valid ones
+        if self.paired_with is not None:
+            candidate_spec(self.paired_with)  # a malformed METHOD:BUDGET fails here
+        if self.bootstrap < 100:
+            raise ValueError(f"--bootstrap must be >= 100, got {self.bootstrap}")
 
     @property
     def task_list(self) -> list[str]:
@@ -62,11 +74,7 @@ class EvalConfig:
     def checkpoint_dir(self) -> Path:
         if self.checkpoint:
             return Path(self.checkpoint)
-        path = POLICY_DIR / self.policy
-        if not path.exists():
-            shipped = sorted(p.name for p in POLICY_DIR.glob("*")) if POLICY_DIR.exists() else []
-            raise ValueError(f"no shipped policy {self.policy!r}; shipped: {shipped}")
-        return path
+        return policy_dir(self.policy)
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -78,6 +86,59 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def candidate_spec(spec: str) -> tuple[str, float] | None:
+    """``METHOD[:BUDGET]`` -> (method, budget fraction); None when ``spec`` names a policy."""
+    from vlarun.policy.methods import METHODS
+
+    method, _, budget = spec.partition(":")
+    if method not in METHODS:
+        if budget:
+            raise ValueError(f"unknown method {method!r} in {spec!r}; valid: {', '.join(METHODS)}")
+        return None
+    try:
+        fraction = float(budget) if budget else 0.34
+    except ValueError:
+        raise ValueError(f"budget in {spec!r} must be a fraction, e.g. 0.34") from None
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"budget in {spec!r} must be in (0, 1], got {fraction}")
+    return method, fraction
+
+
+def build_candidate(policy, spec: str):
+    """The configuration ``spec`` names, built from (or beside) ``policy``."""
+    from vlarun.policy import Policy
+    from vlarun.policy.methods import accelerated
+
+    parsed = candidate_spec(spec)
+    if parsed is None:
+        return Policy.load(spec)
+    return accelerated(policy, *parsed)
+
+
+def paired_difference(
+    base: list[bool], other: list[bool], resamples: int = 2000, seed: int = 0
+) -> dict:
+    """Success of ``other`` minus ``base`` over the same episodes, with a paired bootstrap
+    95% interval (episodes resampled together, so layout difficulty cancels) and the
+    discordant counts (episodes only one of the two solved)."""
+    if len(base) != len(other) or not base:
+        raise ValueError(
+            f"paired runs need equal, non-empty episode lists ({len(base)}, {len(other)})"
+        )
+    a = np.asarray(base, dtype=float)
+    b = np.asarray(other, dtype=float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(resamples, len(a)))
+    diffs = (b[idx] - a[idx]).mean(axis=1)
+    return {
+        "difference": float(b.mean() - a.mean()),
+        "ci95": [float(np.quantile(diffs, 0.025)), float(np.quantile(diffs, 0.975))],
+        "episodes": len(a),
+        "only_base": int(((a == 1) & (b == 0)).sum()),
+        "only_other": int(((a == 0) & (b == 1)).sum()),
+    }
 
 
 def run_episode(policy, env, seed: int, on_inference=None, frames: list | None = None) -> dict:
@@ -116,7 +177,7 @@ def run_episode(policy, env, seed: int, on_inference=None, frames: list | None =
             "stages_ms": stages}  # fmt: skip
 
 
-def _run_episodes(job: tuple[str, str, list[int], bool]) -> list[dict]:
+def _run_episodes(job: tuple) -> list[dict]:
     """Worker: load the policy once, run the given (task, seed) episodes.
 
     The first inference of the worker is a warm-up and is dropped from the latencies. With
@@ -124,12 +185,14 @@ def _run_episodes(job: tuple[str, str, list[int], bool]) -> list[dict]:
     """
     import torch
 
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    checkpoint, task, seeds, keep_frames = job
+    checkpoint, task, seeds, keep_frames, spec = (*job, None)[:5]
     policy = Policy.from_checkpoint(checkpoint)
+    if spec is not None:
+        policy = build_candidate(policy, spec)
     _check_action_space(policy)
     env = MetaWorldEnv(task, **env_views(policy.model.cfg))
     results = []
@@ -157,28 +220,33 @@ def _check_action_space(policy) -> None:
 
 def evaluate(cfg: EvalConfig) -> dict:
     checkpoint = str(cfg.checkpoint_dir)
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     policy = Policy.from_checkpoint(checkpoint)
     _check_action_space(policy)  # fail before spawning workers
     workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
+    if cfg.paired_with is not None:
+        _check_action_space(build_candidate(policy, cfg.paired_with))  # fail before any episode
+    specs = [None] if cfg.paired_with is None else [None, cfg.paired_with]
     jobs = []
-    for task in cfg.task_list:
-        seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
-        per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
-        jobs += [
-            (checkpoint, task, seeds[i : i + per], cfg.report is not None)
-            for i in range(0, len(seeds), per)
-        ]
+    for spec in specs:
+        for task in cfg.task_list:
+            seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
+            per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
+            keep = cfg.report is not None and spec is None
+            jobs += [(checkpoint, task, seeds[i : i + per], keep, spec)
+                     for i in range(0, len(seeds), per)]  # fmt: skip
     t0 = time.time()
     if workers == 1:
-        episodes = [r for job in jobs for r in _run_episodes(job)]
+        runs = [_run_episodes(job) for job in jobs]
     else:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            episodes = [r for rs in pool.map(_run_episodes, jobs) for r in rs]
+            runs = list(pool.map(_run_episodes, jobs))
+    episodes = [r for job, rs in zip(jobs, runs, strict=True) if job[4] is None for r in rs]
+    others = [r for job, rs in zip(jobs, runs, strict=True) if job[4] is not None for r in rs]
     recorded = [e for e in episodes if "frames" in e]
     # The GIF shows the first recorded success (or the first episode if none succeeded).
     shown = next((e for e in recorded if e["success"]), recorded[0] if recorded else None)
@@ -186,11 +254,43 @@ def evaluate(cfg: EvalConfig) -> dict:
     for e in recorded:
         del e["frames"]
     result = summarise(cfg, episodes, time.time() - t0, workers, policy.model.cfg.horizon)
+    if others:
+        result["paired"] = paired_summary(cfg, episodes, others)
     if cfg.report is not None:
         from vlarun.sim.report import write_report
 
         result["report"] = write_report(result, frames, cfg.report)
     return result
+
+
+def paired_summary(cfg: EvalConfig, base: list[dict], other: list[dict]) -> dict:
+    """The second configuration's own summary and its paired difference to the first, overall
+    and per task; episodes are matched by (task, seed)."""
+    key = lambda e: (e["task"], e["seed"])  # noqa: E731
+    base_by, other_by = {key(e): e for e in base}, {key(e): e for e in other}
+    if set(base_by) != set(other_by):
+        raise RuntimeError("paired runs did not cover the same (task, seed) episodes")
+    order = sorted(base_by)
+    own = summarise(cfg, other, 0.0, 0, 0)
+    tasks = {}
+    for t in cfg.task_list:
+        keys = [k for k in order if k[0] == t]
+        tasks[t] = _paired(base_by, other_by, keys, cfg.bootstrap)
+    overall = _paired(base_by, other_by, order, cfg.bootstrap)
+    return {
+        "config": cfg.paired_with,
+        "success_rate": own["success_rate"],
+        "tasks_success": {t: v["success_rate"] for t, v in own["tasks"].items()},
+        "latency_ms": own["latency_ms"],
+        "difference": overall,
+        "tasks": tasks,
+        "method": "paired bootstrap over (task, seed) episodes, 95% percentile interval",
+    }
+
+
+def _paired(base_by: dict, other_by: dict, keys: list, resamples: int) -> dict:
+    wins = lambda by: [by[k]["success"] for k in keys]  # noqa: E731
+    return paired_difference(wins(base_by), wins(other_by), resamples)
 
 
 def summarise(
@@ -262,6 +362,18 @@ def format_report(r: dict) -> str:
         )
         for s, v in r["stages_ms"].items():
             lines.append(f"    {s:<14} p50 {v['p50']:.1f} ms  p99 {v['p99']:.1f} ms")
+    p = r.get("paired")
+    if p:
+        d = p["difference"]
+        lines.append(
+            f"  paired with {p['config']}: success {p['success_rate']:.1%}, difference "
+            f"{d['difference']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}; "
+            f"{d['only_base']} episodes solved only without it, {d['only_other']} only with it)"
+        )
+        for t, v in p["tasks"].items():
+            lines.append(
+                f"    {t:<26}{v['difference']:>+7.1%}  ({v['ci95'][0]:+.0%} to {v['ci95'][1]:+.0%})"
+            )
     for kind, path in r.get("report", {}).items():
         lines.append(f"  report {kind}: {path}")
     return "\n".join(lines)

@@ -155,7 +155,7 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
 
 
 def run_fidelity(cfg: FidelityConfig) -> dict:
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
     reference_dir = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
     if not (reference_dir / "config.json").exists():

@@ -7,7 +7,7 @@ listing tasks or validating a name is cheap and never touches the GL backend sel
 ``max_steps`` is the episode limit for a *learned* policy. It is 1.5x the 95th-percentile step at
 which the scripted expert first succeeds, over seeds 0..19 of ``MetaWorldEnv`` (rounded up to a
 multiple of 10), so the expert meets it comfortably while a policy that dithers is cut off well
-before Meta-World's own 500-step horizon. Measured with ``python -m vlarun.sim.tasks --measure``
+before Meta-World's own 500-step horizon. Measured with ``python -m vlarun.sim.step_limits``
 (20 seeds each; rendering does not change the physics):
 
     task                     mean  p95 success step   max_steps   expert successes
@@ -28,7 +28,6 @@ and 28 of 0..39. Demo collection drops such episodes and records them in the man
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 from dataclasses import dataclass
@@ -148,48 +147,3 @@ def max_steps_from(success_steps: list[int]) -> int:
     ordered = sorted(success_steps)
     p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
     return min(METAWORLD_HORIZON, 10 * math.ceil(1.5 * p95 / 10))
-
-
-def _measure(names: list[str], seeds: int) -> None:
-    """Run the expert (without rendering) and print the numbers that set ``max_steps``."""
-    from vlarun.sim.env import MetaWorldEnv
-
-    header = ("task", "success", "mean", "p95", "max", "-> max_steps")
-    print("{:26s} {:>8s} {:>6s} {:>5s} {:>5s} {:>12s}".format(*header))
-    for name in names:
-        env = MetaWorldEnv(name, render=False, max_steps=METAWORLD_HORIZON)
-        steps = []
-        for seed in range(seeds):
-            env.reset(seed=seed)
-            for t in range(1, METAWORLD_HORIZON + 1):
-                _, _, terminated, truncated, _ = env.step(env.expert_action())
-                if terminated:
-                    steps.append(t)
-                if terminated or truncated:
-                    break
-        env.close()
-        ok = len(steps)
-        mean = sum(steps) / ok if ok else float("nan")
-        p95 = sorted(steps)[min(ok - 1, math.ceil(0.95 * ok) - 1)] if ok else -1
-        print(
-            f"{name:26s} {ok:>4d}/{seeds:<3d} {mean:6.1f} {p95:5d} "
-            f"{max(steps, default=-1):5d} {max_steps_from(steps) if ok else -1:12d}"
-        )
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m vlarun.sim.tasks [--measure]``: list the tasks or re-measure step limits."""
-    parser = argparse.ArgumentParser(prog="python -m vlarun.sim.tasks", description=__doc__)
-    parser.add_argument("--measure", action="store_true", help="run the experts, print limits")
-    parser.add_argument("--tasks", nargs="+", default=task_names(), help="subset to measure")
-    parser.add_argument("--seeds", type=int, default=20)
-    args = parser.parse_args(argv)
-    if args.measure:
-        _measure([get_task(n).name for n in args.tasks], args.seeds)
-        return
-    for t in TASKS.values():
-        print(f"{t.name:26s} {t.difficulty:8s} max_steps={t.max_steps:<4d} {t.instruction!r}")
-
-
-if __name__ == "__main__":
-    main()

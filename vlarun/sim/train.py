@@ -58,6 +58,7 @@ class TrainConfig:
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
     budget_minutes: float = opt(0.0, "total minutes of the run (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
+    export_only: bool = opt(False, "train no further: export the run's saved state")
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.lr <= 0:
@@ -279,6 +280,7 @@ def lr_at(cfg: TrainConfig, step: int, seconds: float = 0.0) -> float:
 
 
 def train(cfg: TrainConfig, export_only: bool = False) -> dict:
+    export_only = export_only or cfg.export_only
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)

@@ -5,7 +5,7 @@ efficientvla                                        task-aware token selection, 
                                                     with layer pruning, MLP sparsity and the
                                                     DiT feature cache (``efficientvla()``).
 
-  from vlarun.accel.methods import accelerated
+  from vlarun.policy.methods import accelerated
   fast = accelerated(policy, "triage", budget_fraction=0.18)
   run_episode(fast, env, seed)          # reset() between episodes of the same task
 """
@@ -30,8 +30,8 @@ from vlarun.accel.baselines import (
 from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
 from vlarun.accel.mlp_sparsity import sparsify_mlp
-from vlarun.accel.policy import AcceleratedPolicy
 from vlarun.accel.triage import Triage, TriageConfig
+from vlarun.policy.accelerated import AcceleratedPolicy
 
 METHODS = ("full", "triage", "drop-all", "keep-all", "fastv", "vla-cache", "efficientvla")
 

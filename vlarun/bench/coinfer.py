@@ -53,16 +53,17 @@ STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun")
 def run(o: BenchCoinferOptions) -> dict:
     import torch
 
+    from vlarun.paths import checkpoints_dir
+    from vlarun.policy import Policy
     from vlarun.runtime import procs
-    from vlarun.runtime.commands import CHECKPOINTS, load_policy
 
     torch.set_num_threads(1)
     t_start = time.monotonic()
     steps = 24 if o.quick else o.steps
     robots = min(o.robots, 2) if o.quick else o.robots
     requests = 4 if o.quick else o.fleet_requests
-    ckpt = o.checkpoint or str(CHECKPOINTS / "tiny-ar")
-    policy = load_policy(ckpt, None, "float32")
+    ckpt = o.checkpoint or str(checkpoints_dir() / "tiny-ar")
+    policy = Policy.load(ckpt)
     edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
     rows, fleet = [], None
     try:
@@ -154,7 +155,7 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
     halfway (episodes end at success or the task's step limit; the next one follows at once)."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.commands import summarise
+    from vlarun.runtime.episode import summarise
     from vlarun.runtime.transport import Security
     from vlarun.sim.env import MetaWorldEnv, env_views
 
@@ -238,7 +239,7 @@ def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
     import numpy as np
 
     from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.commands import summarise
+    from vlarun.runtime.episode import summarise
     from vlarun.runtime.transport import Security
 
     horizon = policy.model.cfg.horizon

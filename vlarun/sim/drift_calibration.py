@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 
 from vlarun.accel.base import StepInputs, attention_scores
-from vlarun.accel.policy import run_head
 from vlarun.accel.triage import value_drift
 from vlarun.config import opt
 from vlarun.models.llama import KVCache
-from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.models.token_plan import TokenAction, TokenPlan
+from vlarun.policy.accelerated import run_head
 
 DRIFT_EDGES = (0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
 
@@ -126,7 +126,7 @@ def _probe_age(model, step, noise, full: _Full, old: _Full, age: int, cfg, gen) 
             continue
         pick = members[torch.randperm(len(members), generator=gen)[: cfg.probe_tokens]]
         err = {}
-        for how in (Decision.REUSE, Decision.PRUNE):
+        for how in (TokenAction.REUSE, TokenAction.PRUNE):
             decisions = torch.zeros(1, step.num_visual, dtype=torch.int8)  # RECOMPUTE
             decisions[0, pick] = int(how)
             cache = KVCache.from_export(model.cfg.llm, old.cache.k, old.cache.v, old.cache.valid,
@@ -137,7 +137,7 @@ def _probe_age(model, step, noise, full: _Full, old: _Full, age: int, cfg, gen) 
             err[how] = float((acts - full.actions).abs().mean())
         out.append({"drift": float(drift[pick].mean()), "age": age,
                     "importance_level": cell % 3,
-                    "delta": err[Decision.REUSE] - err[Decision.PRUNE]})  # fmt: skip
+                    "delta": err[TokenAction.REUSE] - err[TokenAction.PRUNE]})  # fmt: skip
     return out
 
 
@@ -203,7 +203,7 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
 
 
 def run_calibration(cfg: DriftCalibrationConfig) -> dict:
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import POLICY_DIR
 
     directory = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy

@@ -11,11 +11,11 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 from vlarun.config import opt
+from vlarun.paths import checkpoints_dir
 
-CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+CHECKPOINTS = checkpoints_dir()
 
 # ---------------------------------------------------------------------------------------------
 # keys
@@ -66,14 +66,10 @@ class ServeEdgeOptions:
 
 
 def load_policy(checkpoint: str | None, preset: str | None, dtype: str):
-    import torch
 
-    from vlarun.models.policy import Policy
+    from vlarun.policy.base import Policy
 
-    tdtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    if preset is not None and checkpoint is None:
-        return Policy.from_preset(preset, 0, tdtype)
-    return Policy.from_checkpoint(checkpoint or CHECKPOINTS / "tiny-ar", dtype=tdtype)
+    return Policy.load(checkpoint or preset or "tiny-ar", dtype)
 
 
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
@@ -188,7 +184,7 @@ class RunRobotOptions:
 
 def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.runtime.agent import AgentConfig, RobotAgent
-    from vlarun.runtime.episode import run_episode
+    from vlarun.runtime.episode import run_episode, summarise
     from vlarun.runtime.transport import robot_security
     from vlarun.runtime.wire import Codec
     from vlarun.sim.env import MetaWorldEnv, env_views
@@ -255,24 +251,6 @@ def _step_logger():
         )
 
     return log
-
-
-def summarise(infs: list[dict], actions: int) -> dict:
-    """Latency percentiles, SLO share, fallbacks and modelled actions per joule."""
-    if not infs:
-        return {"inferences": 0}
-    lat = sorted(r["latency_ms"] for r in infs)
-    energy = sum(r["energy_j"] for r in infs)
-    pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)]  # noqa: E731
-    return {
-        "inferences": len(infs),
-        "latency_p50_ms": pick(0.5),
-        "latency_p99_ms": pick(0.99),
-        "slo_met_fraction": sum(r["slo_met"] for r in infs) / len(infs),
-        "fallbacks": sum(r["fallback"] is not None for r in infs),
-        "edge_requests": sum("@edge" in r["ran"] for r in infs),
-        "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
-    }
 
 
 def show_run_robot(r: dict) -> None:

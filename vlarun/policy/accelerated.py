@@ -26,7 +26,7 @@ from torch import Tensor
 from vlarun.accel.base import FullRecompute, StepInputs, TokenDecoder, TokenPolicy
 from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.llama import KVCache, LlamaConfig
-from vlarun.models.token_plan import Decision, TokenPlan
+from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.models.vla import PrefillResult
 from vlarun.stages.graph import GraphRun, StageTiming
 
@@ -53,7 +53,7 @@ class AcceleratedPolicy:
         greedy ``VLA.decode_tokens``), e.g. ``jacobi.JacobiDecoder``; it sees the same prefix cache.
     """
 
-    base: object  # vlarun.models.policy.Policy (duck-typed: model, tokenizer, norm)
+    base: object  # vlarun.policy.base.Policy (duck-typed: model, tokenizer, norm)
     tokens: TokenPolicy = field(default_factory=FullRecompute)
     denoise_cache: Callable[[], DenoiseFeatureCache] | None = None
     reference: LlamaConfig | None = None
@@ -162,20 +162,20 @@ class AcceleratedPolicy:
         plan = getattr(self.tokens, "last_plan", None)
         nv = step.num_visual
         if plan is None:
-            counts = {Decision.RECOMPUTE: nv, Decision.REUSE: 0, Decision.PRUNE: 0}
+            counts = {TokenAction.RECOMPUTE: nv, TokenAction.REUSE: 0, TokenAction.PRUNE: 0}
         else:
-            counts = {d: int((plan.decisions[0] == d).sum()) for d in Decision}
+            counts = {d: int((plan.decisions[0] == d).sum()) for d in TokenAction}
         ratio = prefill_flops_ratio(
             self.model.cfg.llm,
             self.reference or self.model.cfg.llm,
             step.prefix.length,
-            counts[Decision.RECOMPUTE],
-            counts[Decision.PRUNE],
+            counts[TokenAction.RECOMPUTE],
+            counts[TokenAction.PRUNE],
             nv,
             None if plan is None else plan.last_shared_layer,
         )
-        return StepStats(counts[Decision.RECOMPUTE], counts[Decision.REUSE],
-                         counts[Decision.PRUNE], ratio)  # fmt: skip
+        return StepStats(counts[TokenAction.RECOMPUTE], counts[TokenAction.REUSE],
+                         counts[TokenAction.PRUNE], ratio)  # fmt: skip
 
     def summary(self) -> dict:
         """Mean decisions and FLOPs ratio over the steps run so far."""

@@ -12,9 +12,10 @@ import torch
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, select_norm_stats
 from vlarun.models.heads import NormStats
-from vlarun.models.presets import get_preset
+from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import Tokenizer, load_tokenizer, openvla_prompt
 from vlarun.models.vla import VLA
+from vlarun.paths import policy_dir
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.graph import GraphRun
 
@@ -32,6 +33,20 @@ class Policy:
         torch.manual_seed(seed)
         model = VLA(get_preset(name)).to(dtype).eval()
         return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size))
+
+    @classmethod
+    def load(cls, name: str | Path, dtype: torch.dtype | str = torch.float32) -> Policy:
+        """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
+        ``mt10-oft``, ...), or a preset (random weights). An unknown name raises one
+        ValueError listing the shipped policies and the presets."""
+        if isinstance(dtype, str):
+            dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+        try:
+            return cls.from_checkpoint(policy_dir(name), dtype=dtype)
+        except ValueError as missing:
+            if str(name) in PRESETS:
+                return cls.from_preset(str(name), 0, dtype)
+            raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
 
     @classmethod
     def from_checkpoint(

@@ -42,8 +42,8 @@ from vlarun import config as cfgio
 from vlarun.accel.jacobi import JacobiConfig, jacobi_decode
 from vlarun.config import opt
 from vlarun.models.checkpoint import save_vla
-from vlarun.models.policy import Policy
 from vlarun.models.vla import VLA
+from vlarun.policy.base import Policy
 
 
 @dataclasses.dataclass(frozen=True)

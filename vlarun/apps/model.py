@@ -1,0 +1,242 @@
+"""`vlarun info | act | check-parity | bench engine`: one model, no simulator.
+
+Nothing here imports torch, MuJoCo or the training code at import time: ``vlarun info`` works
+on a machine with neither a simulator nor a GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlarun.config import opt
+from vlarun.models.presets import DEFAULT_PRESET, PRESETS
+
+
+@dataclass(frozen=True)
+class InfoOptions:
+    """Parameters, per-stage FLOPs and bytes, and packet sizes of a preset (no weights needed)."""
+
+    preset: str = opt(help=f"model preset: {', '.join(PRESETS)}", positional=True)
+    batch: int = opt(1, "batch size")
+    text_tokens: int = opt(24, "instruction tokens in the prompt")
+    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
+    json: bool = opt(False, "print one JSON object")
+
+
+@dataclass(frozen=True)
+class ActOptions:
+    """One inference on an image file: prints the action and per-stage latency."""
+
+    image: str = opt(help="RGB image file (PNG/JPEG) or .npy (H, W, 3) uint8")
+    instruction: str = opt(help="what the robot should do")
+    preset: str = opt(DEFAULT_PRESET, f"preset for random weights: {', '.join(PRESETS)}")
+    checkpoint: str | None = opt(None, "checkpoint directory (overrides --preset)")
+    resize: bool = opt(False, "resize the image to the model's input size instead of failing")
+    unnorm_key: str | None = opt(None, "dataset statistics to un-normalise with")
+    dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    seed: int = opt(0, "seed for random weights and the initial noise")
+    repeats: int = opt(5, "timed repetitions after one warm-up run")
+    json: bool = opt(False, "print one JSON object")
+
+
+@dataclass(frozen=True)
+class ParityOptions:
+    """Compare vlarun with transformers on identical weights."""
+
+    checkpoint: str | None = opt(None, "a transformers save_pretrained directory to compare")
+    json: bool = opt(False, "print one JSON object")
+
+
+@dataclass(frozen=True)
+class BenchEngineOptions:
+    """Engine benchmark: prefill and decode against transformers on identical weights."""
+
+    quick: bool = opt(False, "reduced run (a couple of minutes)")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_info(o: InfoOptions) -> dict:
+    from vlarun.models.presets import get_preset
+    from vlarun.stages.families import Workload, build_graph, param_split, prefix_len
+
+    cfg = get_preset(o.preset)
+    w = Workload(o.batch, o.text_tokens, o.dtype)
+    graph = build_graph(cfg, w=w)
+    split = param_split(cfg)
+    params = split["total"]
+    tokens = prefix_len(cfg, w)
+    llm = cfg.llm.num_params()
+    prefill = graph.stages[1].cost.flops / w.batch
+    stages = [
+        {
+            "name": s.name,
+            "flops": s.cost.flops,
+            "bytes": s.cost.bytes,
+            "weight_bytes": s.cost.weight_bytes,
+            "passes": s.cost.passes,
+            "params": s.params,
+            "in_packet_bytes": s.in_bytes,
+            "out_packet_bytes": s.out_bytes,
+        }
+        for s in graph.stages
+    ]
+    return {
+        "preset": cfg.name,
+        "family": cfg.family,
+        "params": params,
+        "params_by_part": split,
+        "visual_tokens": cfg.num_visual,
+        "prefix_tokens": tokens,
+        "actions_per_inference": cfg.horizon,
+        "action_dim": cfg.action_dim,
+        "dtype": o.dtype,
+        "batch": o.batch,
+        "stages": stages,
+        "prefill_flops_vs_2_llm_params_tokens": prefill / (2 * llm * tokens),
+        "notes": cfg.notes,
+    }
+
+
+def _print_info(r: dict) -> None:
+    parts = ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in r["params_by_part"].items() if k != "total")
+    print(f"{r['preset']} ({r['family']}): {r['params'] / 1e9:.3f} B parameters ({parts})")
+    print(
+        f"  {r['visual_tokens']} visual tokens, prefix {r['prefix_tokens']} tokens, "
+        f"{r['actions_per_inference']} actions x {r['action_dim']} per inference, {r['dtype']}"
+    )
+    head = ("stage", "GFLOP", "GB moved", "passes", "in packet", "out packet")
+    print("  {:<14}{:>12}{:>11}{:>8}{:>13}{:>13}".format(*head))
+    for s in r["stages"]:
+        print(
+            f"  {s['name']:<14}{s['flops'] / 1e9:>12.2f}{s['bytes'] / 1e9:>11.3f}{s['passes']:>8}"
+            f"{_mb(s['in_packet_bytes']):>13}{_mb(s['out_packet_bytes']):>13}"
+        )
+    print(
+        f"  prefill FLOPs / (2 x LLM params x prefix tokens) = "
+        f"{r['prefill_flops_vs_2_llm_params_tokens']:.3f}"
+    )
+    if r["notes"]:
+        print(f"  note: {r['notes']}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _load_image(path: str, size: int, resize: bool):
+    import numpy as np
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"image file {path} does not exist")
+    if p.suffix == ".npy":
+        arr = np.load(p, allow_pickle=False)
+    else:
+        from PIL import Image
+
+        img = Image.open(p).convert("RGB")
+        if resize:
+            img = img.resize((size, size), Image.BILINEAR)
+        arr = np.asarray(img)
+    return arr
+
+
+def cmd_act(o: ActOptions) -> dict:
+    import statistics
+
+    import torch
+
+    from vlarun.models.presets import get_preset
+    from vlarun.policy import Policy
+
+    dtype = torch.bfloat16 if o.dtype == "bfloat16" else torch.float32
+    if o.checkpoint:
+        policy = Policy.from_checkpoint(o.checkpoint, o.unnorm_key, dtype)
+    else:
+        get_preset(o.preset)  # an unknown name fails here, before any allocation
+        policy = Policy.from_preset(o.preset, o.seed, dtype)
+    image = _load_image(o.image, policy.model.cfg.image_size, o.resize)
+    policy.image_tensor(image)  # validate before any work
+    policy.run_stages(image, o.instruction, seed=o.seed)  # warm-up: one-time allocations
+    runs = [policy.run_stages(image, o.instruction, seed=o.seed) for _ in range(max(o.repeats, 1))]
+    names = [t.name for t in runs[0].timings]
+    per_stage = {n: [r.timings[i].seconds * 1e3 for r in runs] for i, n in enumerate(names)}
+    totals = [sum(t.seconds for t in r.timings) * 1e3 for r in runs]
+    actions = policy.unnormalize(runs[-1].outputs["actions"][0])
+    return {
+        "model": policy.model.cfg.name,
+        "family": policy.model.cfg.family,
+        "checkpoint": o.checkpoint,
+        "instruction": o.instruction,
+        "actions": actions.round(5).tolist(),
+        "unnormalized": policy.norm is not None,
+        "timing_scope": "model stages only, in process, warm-up excluded, median of repeats",
+        "stages": [
+            {"name": n, "median_ms": statistics.median(v), "max_ms": max(v)}
+            for n, v in per_stage.items()
+        ],
+        "total_median_ms": statistics.median(totals),
+        "repeats": len(runs),
+        "dtype": o.dtype,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _print_act(r: dict) -> None:
+    print(f'{r["model"]} ({r["family"]}) - "{r["instruction"]}"')
+    units = "robot units" if r["unnormalized"] else "normalised [-1, 1]: no statistics"
+    for i, a in enumerate(r["actions"]):
+        print(f"  action[{i}] ({units}): " + " ".join(f"{x:+.4f}" for x in a))
+    print(f"  latency per stage ({r['timing_scope']}, n={r['repeats']}):")
+    for s in r["stages"]:
+        print(f"    {s['name']:<14}{s['median_ms']:>9.2f} ms  (max {s['max_ms']:.2f})")
+    print(f"    {'total':<14}{r['total_median_ms']:>9.2f} ms")
+
+
+def cmd_parity(o: ParityOptions) -> dict:
+    from vlarun.parity import check_parity
+
+    return check_parity(o.checkpoint, progress=lambda s: print(f"checking {s}", file=sys.stderr))
+
+
+def _print_parity(r: dict) -> None:
+    for c in r["checks"]:
+        print(
+            f"  {'ok ' if c['ok'] else 'FAIL'} {c['name']:<58} {c['max_abs_diff']:.2e}"
+            f" (tol {c['tolerance']:.0e})"
+        )
+    print("all checks passed" if r["ok"] else "SOME CHECKS FAILED")
+
+
+def cmd_bench_engine(o: BenchEngineOptions) -> dict:
+    from vlarun.bench import engine
+
+    return engine.run(quick=o.quick)
+
+
+def _print_bench_engine(r: dict) -> None:
+    from vlarun.bench import engine
+
+    print(engine.format_table(r))
+
+
+OPTIONS = {
+    "info": InfoOptions,
+    "act": ActOptions,
+    "check-parity": ParityOptions,
+    "bench-engine": BenchEngineOptions,
+}
+RUN = {
+    "info": cmd_info,
+    "act": cmd_act,
+    "check-parity": cmd_parity,
+    "bench-engine": cmd_bench_engine,
+}
+SHOW = {
+    "info": _print_info,
+    "act": _print_act,
+    "check-parity": _print_parity,
+    "bench-engine": _print_bench_engine,
+}

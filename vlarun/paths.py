@@ -1,0 +1,49 @@
+"""Where vlarun finds its shipped policies and its data: the one place that knows.
+
+``VLARUN_CHECKPOINTS`` (a directory of policy directories) and ``VLARUN_DATA`` override the
+defaults. Without them, shipped policies are looked up in the ``checkpoints/`` folder of the
+source checkout this package runs from (the repository's layout; an installed wheel does not
+carry the weights, so it needs ``VLARUN_CHECKPOINTS``), and data in ``./data``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def checkpoints_dir() -> Path:
+    """The directory holding the shipped policies (``tiny-ar``, ``mt10-ar``, ...)."""
+    env = os.environ.get("VLARUN_CHECKPOINTS")
+    return Path(env) if env else _SOURCE_ROOT / "checkpoints"
+
+
+def data_dir() -> Path:
+    """Where demonstrations and recorded rollouts are written by default."""
+    return Path(os.environ.get("VLARUN_DATA", "data"))
+
+
+def shipped_policies() -> list[str]:
+    """Names of the policy directories under :func:`checkpoints_dir` (sorted)."""
+    root = checkpoints_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").exists())
+
+
+def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
+    """A policy directory given by path, or by the name of a shipped policy.
+
+    Raises ValueError naming the shipped policies when neither exists."""
+    path = Path(name_or_dir)
+    if (path / "config.json").exists():
+        return path
+    shipped = checkpoints_dir() / str(name_or_dir)
+    if (shipped / "config.json").exists():
+        return shipped
+    raise ValueError(
+        f"no policy {str(name_or_dir)!r}: neither a checkpoint directory nor a shipped policy "
+        f"(shipped, under {checkpoints_dir()}: {', '.join(shipped_policies()) or 'none'})"
+    )
