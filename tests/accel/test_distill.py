@@ -232,3 +232,41 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     fast = AcceleratedPolicy(student, decoder=JacobiDecoder())
     actions = fast.predict(np.zeros((128, 128, 3), np.uint8), "reach the goal")
     assert actions.shape == (4, 4) and np.isfinite(actions).all()
+
+
+def _sharp_logits(monkeypatch, n: int = 4, vocab: int = 6):
+    """Replace the model's block logits by fixed, sharp ones (requiring grad), so the loss's
+    formula is tested on distributions where forward and reverse KL differ clearly."""
+    import vlarun.sim.distill as distill_mod
+
+    gen = torch.Generator().manual_seed(7)
+    teacher = (3 * torch.randn(2, n, vocab, generator=gen)).requires_grad_()
+    student = (3 * torch.randn(2, n, vocab, generator=gen)).requires_grad_()
+    monkeypatch.setattr(distill_mod, "block_logits", lambda *a, **k: [teacher, student])
+    return teacher, student
+
+
+def test_consistency_is_the_forward_kl_from_the_fixed_point(chunked, monkeypatch):
+    """L_C = KL(P_fixed || Q_state) = sum p (log p - log q), not the reverse sum q (log q - log p)."""
+    teacher, student = _sharp_logits(monkeypatch)
+    fixed = torch.zeros(2, 4, dtype=torch.long)
+    got = distill_losses(chunked.model, None, None, fixed, fixed).consistency
+    logp, logq = teacher.log_softmax(-1), student.log_softmax(-1)
+    forward = (logp.exp() * (logp - logq)).sum(-1).mean()
+    reverse = (logq.exp() * (logq - logp)).sum(-1).mean()
+    assert abs(forward.item() - reverse.item()) > 0.1  # the case tells the two apart
+    assert got.item() == pytest.approx(forward.item(), rel=1e-6)
+
+
+def test_consistency_gradient_stops_at_the_fixed_point_distribution(chunked, monkeypatch):
+    """The target distribution is a constant: no gradient reaches the fixed point's logits, and
+    the student's gradient is that of the formula with the target detached."""
+    teacher, student = _sharp_logits(monkeypatch)
+    fixed = torch.zeros(2, 4, dtype=torch.long)
+    loss = distill_losses(chunked.model, None, None, fixed, fixed).consistency
+    g_teacher, g_student = torch.autograd.grad(loss, [teacher, student], allow_unused=True)
+    assert g_teacher is None or g_teacher.abs().max().item() == 0.0
+    logp = teacher.detach().log_softmax(-1)
+    want = torch.autograd.grad((logp.exp() * (logp - student.log_softmax(-1))).sum(-1).mean(),
+                               student)[0]  # fmt: skip
+    assert (g_student - want).abs().max().item() < 1e-7
