@@ -247,7 +247,7 @@ def _sharp_logits(monkeypatch, n: int = 4, vocab: int = 6):
 
 
 def test_consistency_is_the_forward_kl_from_the_fixed_point(chunked, monkeypatch):
-    """L_C = KL(P_fixed || Q_state) = sum p (log p - log q), not the reverse sum q (log q - log p)."""
+    """L_C = KL(P_fixed || Q_state) = sum p (log p - log q), not the reverse KL."""
     teacher, student = _sharp_logits(monkeypatch)
     fixed = torch.zeros(2, 4, dtype=torch.long)
     got = distill_losses(chunked.model, None, None, fixed, fixed).consistency
