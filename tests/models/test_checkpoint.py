@@ -140,3 +140,26 @@ def test_transformers_vision_directory_loads_and_matches(tmp_path, kind):
     with torch.no_grad():
         diff = (hf(pixel_values=px).last_hidden_state - ours.last_hidden_state(px)).abs().max()
     assert got_kind == kind and diff <= 1e-4, diff
+
+
+def test_openvla_directories_append_29871_and_allow_long_prompts():
+    """OpenVLA's predict_action appends token 29871 after "Out:"; its checkpoints carry that
+    as a property, counted in a text budget that is the LM context minus everything else."""
+    from vlarun.models.checkpoint import vla_config_from
+    from vlarun.models.tokenizer import ByteTokenizer
+    from vlarun.models.vla import VLA
+    from vlarun.policy import Policy
+
+    cfg = vla_config_from({"model_type": "openvla", "text_config": {"vocab_size": 32064}})
+    assert cfg.prompt_suffix_ids == (29871,)
+    assert cfg.max_text_tokens == 2048 - 1 - 256 - 7 and cfg.max_sequence == 2048
+    with torch.device("meta"):
+        model = VLA(cfg)
+    policy = Policy(model, ByteTokenizer(cfg.llm.vocab_size))
+    ids = policy.text_ids("open the drawer")
+    assert ids[-1] == 29871 and ids[:-1] == ByteTokenizer(32064).encode(
+        "In: What action should the robot take to open the drawer?\nOut:"
+    )
+    assert len(policy.text_ids("go " * 500)) > 1000  # no 48-token cap
+    own = get_preset("tiny-openvla")
+    assert own.prompt_suffix_ids == ()  # our own checkpoints were trained without it

@@ -207,6 +207,9 @@ def save_vla(
     return target
 
 
+OPENVLA_PROMPT_SUFFIX = 29871  # Llama-2's "▁": OpenVLA's predict_action appends it after "Out:"
+
+
 def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
     """The VLAConfig a config.json describes (vlarun or OpenVLA), or a clear error."""
     kind = config.get("model_type")
@@ -220,10 +223,12 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
         vocab = config.get("text_config", {}).get("vocab_size", base.llm.vocab_size)
         pad = config.get("pad_to_multiple_of", 64)
         llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
-        return cfgio.from_dict(
-            VLAConfig,
-            cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm), "action_vocab_size": vocab - pad},
-        )
+        # OpenVLA allows prompts up to the LM's context; whatever the visual tokens, BOS and the
+        # action tokens leave of it is the text budget (not our presets' 48).
+        text = llm.max_positions - 1 - base.num_visual - base.num_action_tokens
+        extra = {"action_vocab_size": vocab - pad, "max_text_tokens": text,
+                 "prompt_suffix_ids": [OPENVLA_PROMPT_SUFFIX]}  # fmt: skip
+        return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
         "(expected model_type 'vlarun' or 'openvla')"

@@ -61,6 +61,11 @@ class VLAConfig:
     # Proprioceptive state (e.g. hand xyz + gripper) as one LM token after the visual ones, the
     # way OpenVLA-OFT's proprio projector feeds it; 0 = no state input to the prefix.
     proprio_dim: int = 0
+    # Token ids appended after the prompt's "Out:". OpenVLA's ``predict_action`` appends 29871
+    # (Llama's "▁") when the prompt does not end in it, and its checkpoints were trained so: a
+    # checkpoint property (set from model_type "openvla"), counted in ``max_text_tokens``; our
+    # own policies were trained without it.
+    prompt_suffix_ids: tuple[int, ...] = ()
     # Names of the cameras the views come from, in order (e.g. ("workspace", "left")), so an
     # environment can render what the policy was trained on; empty = unnamed.
     views: tuple[str, ...] = ()

@@ -100,6 +100,7 @@ class Policy:
 
     def text_ids(self, instruction: str) -> list[int]:
         ids = self.tokenizer.encode(openvla_prompt(instruction))
+        ids += list(self.model.cfg.prompt_suffix_ids)  # e.g. OpenVLA's 29871, counted below
         limit = self.model.cfg.max_text_tokens
         if len(ids) > limit:
             raise ValueError(
