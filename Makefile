@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml scripts/install-system.sh
 	# The local CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	# The real openpi client, to test serve-policy against: it pins numpy<2, which its code does
+	# not need, so it is installed without dependencies (they come with .[test]).
+	$(PY) -m pip install -q --no-deps openpi-client==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("vlarun.apps.sched", "simulate N robots on one edge"),
     "keys": ("vlarun.apps.runtime", "CurveZMQ key pairs"),
     "serve-edge": ("vlarun.apps.runtime", "the edge server"),
+    "serve-policy": ("vlarun.apps.runtime", "whole-policy inference for openpi clients"),
     "ping": ("vlarun.apps.runtime", "edge health, link RTT and bandwidth"),
     "run-robot": ("vlarun.apps.runtime", "the robot agent in closed loop"),
 }

@@ -6,6 +6,7 @@ and the model code are imported inside the commands.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -272,14 +273,99 @@ def show_run_robot(r: dict) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ServePolicyOptions:
+    """Whole-policy inference (observation in, action chunk out) for existing robot clients:
+    openpi's WebSocket protocol, so an unmodified openpi-client drives a vlarun policy."""
+
+    policy: str = opt("tiny-ar", "shipped policy name, checkpoint directory, or preset")
+    protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
+    layout: str = opt(
+        "metaworld", "observation keys the client sends", choices=["metaworld", "libero"]
+    )
+    host: str = opt("127.0.0.1", "interface to listen on (0.0.0.0: every interface)")
+    port: int = opt(8000, "TCP port (0: any free one, printed at start)")
+    api_key_file: str | None = opt(None, "file holding the API key clients must send")
+    insecure: bool = opt(False, "accept clients without an API key (warns at start)")
+    max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
+    dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    threads: int = opt(0, "torch threads (0: torch's default)")
+    json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
+
+    def __post_init__(self) -> None:
+        if self.api_key_file is None and not self.insecure:
+            raise ValueError("pass --api-key-file FILE (or --insecure to accept any client)")
+        if self.max_frame_mb <= 0:
+            raise ValueError(f"--max-frame-mb must be > 0, got {self.max_frame_mb}")
+
+
+def cmd_serve_policy(o: ServePolicyOptions) -> dict:
+    import asyncio
+
+    import torch
+
+    from vlarun.policy import Policy
+    from vlarun.runtime.openpi import OpenpiPolicyServer, get_layout
+
+    key = None
+    if o.api_key_file is not None:
+        key = open(o.api_key_file).read().strip()  # noqa: SIM115 - a one-line secret
+        if not key:
+            raise ValueError(f"{o.api_key_file} is empty")
+    if o.threads:
+        torch.set_num_threads(o.threads)
+    policy = Policy.load(o.policy, o.dtype)
+    server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
+                                api_key=key, max_frame=int(o.max_frame_mb * 2**20))  # fmt: skip
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    async def main() -> None:
+        ready, done = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(server.serve(ready, done))
+        await ready.wait()
+        start = {
+            "endpoint": f"ws://{o.host}:{server.port}",
+            "policy": policy.model.cfg.name,
+            "protocol": o.protocol,
+            "layout": o.layout,
+            "authenticated": key is not None,
+        }
+        if key is None:
+            print(
+                "vlarun serve-policy: WARNING: --insecure, any client is accepted", file=sys.stderr
+            )
+        print(json.dumps(start) if o.json else f"serving {start}", flush=True)
+        while not stop.is_set():
+            await asyncio.sleep(0.2)
+        done.set()
+        await task
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return {"requests": server.requests, "policy": policy.model.cfg.name}
+
+
+def show_serve_policy(r: dict) -> None:
+    print(f"served {r['requests']} requests ({r['policy']})")
+
+
 OPTIONS = {
+    "serve-policy": ServePolicyOptions,
     "keys": KeysOptions,
     "serve-edge": ServeEdgeOptions,
     "ping": PingOptions,
     "run-robot": RunRobotOptions,
 }
-RUN = {"keys": cmd_keys, "serve-edge": cmd_serve_edge, "ping": cmd_ping, "run-robot": cmd_run_robot}
+RUN = {
+    "serve-policy": cmd_serve_policy,
+    "keys": cmd_keys,
+    "serve-edge": cmd_serve_edge,
+    "ping": cmd_ping,
+    "run-robot": cmd_run_robot,
+}
 SHOW = {
+    "serve-policy": show_serve_policy,
     "keys": show_keys,
     "serve-edge": show_serve_edge,
     "ping": show_ping,

@@ -1,0 +1,158 @@
+"""openpi's WebSocket protocol served by vlarun, driven by the real ``openpi-client`` package
+(installed without its numpy<2 pin by the Makefile): metadata first, one reply per request,
+actions through ``ActionChunkBroker``, the API key checked before the upgrade, errors as a text
+frame then close 1011, ``/healthz``, and a Meta-World episode solved through it."""
+
+import asyncio
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+openpi_client = pytest.importorskip("openpi_client")
+pytest.importorskip("websockets")
+
+from openpi_client.action_chunk_broker import ActionChunkBroker  # noqa: E402
+from openpi_client.websocket_client_policy import WebsocketClientPolicy  # noqa: E402
+
+from vlarun.policy import Policy  # noqa: E402
+from vlarun.runtime import openpi  # noqa: E402
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def server():
+    policy = Policy.load("tiny-ar")
+    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0, api_key=KEY,
+                                    max_frame=1 << 20)  # fmt: skip
+    loop = asyncio.new_event_loop()
+    ready, stop = threading.Event(), None
+
+    def run() -> None:
+        nonlocal stop
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        started = asyncio.Event()
+
+        async def main():
+            task = asyncio.ensure_future(srv.serve(started, stop))
+            await started.wait()
+            ready.set()
+            await task
+
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    yield srv
+    loop.call_soon_threadsafe(stop.set)
+    thread.join(10)
+
+
+def test_msgpack_numpy_round_trip_and_refusals():
+    obs = {"image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "x": np.float32(2.5),
+           "prompt": "open the drawer"}  # fmt: skip
+    back = openpi.unpackb(openpi.packb(obs))
+    assert np.array_equal(back["image"], obs["image"]) and back["x"] == np.float32(2.5)
+    # openpi's own packer produces frames our decoder reads, and vice versa.
+    from openpi_client import msgpack_numpy
+
+    theirs = openpi.unpackb(msgpack_numpy.packb(obs))
+    assert np.array_equal(theirs["image"], obs["image"])
+    assert np.array_equal(msgpack_numpy.unpackb(openpi.packb(obs))["image"], obs["image"])
+    import msgpack
+
+    lying = msgpack.packb({b"__ndarray__": True, b"data": b"\0" * 10, b"dtype": "<f4",
+                           b"shape": [1000, 1000]}, use_bin_type=True)  # fmt: skip
+    with pytest.raises(ValueError, match="does not match its 10 bytes"):
+        openpi.unpackb(lying)
+    objects = msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "|O",
+                             b"shape": [0]}, use_bin_type=True)  # fmt: skip
+    with pytest.raises(ValueError, match="refused"):
+        openpi.unpackb(objects)
+
+
+def test_health_and_the_api_key_is_checked_before_the_upgrade(server):
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    assert urllib.request.urlopen(url, timeout=5).read() == b"OK\n"
+    from websockets.exceptions import InvalidStatus
+
+    for bad in (None, "wrong-key"):
+        with pytest.raises(InvalidStatus) as err:
+            WebsocketClientPolicy("127.0.0.1", server.port, api_key=bad)
+        assert err.value.response.status_code == 401
+
+
+def test_an_unmodified_openpi_client_solves_a_metaworld_episode(server):
+    pytest.importorskip("metaworld")
+    from vlarun.sim.demos import EVAL_SEED_OFFSET
+    from vlarun.sim.env import MetaWorldEnv
+
+    client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=KEY)
+    meta = client.get_server_metadata()
+    assert meta["server"] == "vlarun" and meta["action_horizon"] == 4
+    broker = ActionChunkBroker(client, action_horizon=meta["action_horizon"])
+    env = MetaWorldEnv("drawer-open-v3")
+    obs, _ = env.reset(seed=EVAL_SEED_OFFSET)
+    before = server.requests
+    success = False
+    for _ in range(env.max_steps):
+        out = broker.infer({"image": obs["image"], "state": obs["state"],
+                            "prompt": env.instruction})  # fmt: skip
+        assert out["actions"].shape == (4,)
+        obs, _, terminated, truncated, info = env.step(out["actions"])
+        if terminated or truncated:
+            success = bool(info["success"])
+            break
+    env.close()
+    assert success
+    steps = env.steps
+    assert server.requests - before == -(-steps // 4)  # one request per 4-action chunk
+
+
+def test_errors_are_a_text_frame_then_close_1011(server):
+    client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=KEY)
+    with pytest.raises(RuntimeError, match="observation lacks \\['image'\\]"):
+        client.infer({"prompt": "open the drawer"})
+    from websockets.exceptions import ConnectionClosed
+
+    with pytest.raises(ConnectionClosed) as err:
+        client.infer({"prompt": "x"})
+    assert err.value.rcvd is not None and err.value.rcvd.code == 1011
+
+
+def test_oversized_frames_are_refused(server):
+    client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=KEY)
+    from websockets.exceptions import ConnectionClosed
+
+    with pytest.raises(ConnectionClosed):
+        client.infer({"image": np.zeros((1024, 1024, 3), np.uint8), "prompt": "x"})  # 3 MiB
+
+
+def test_clients_are_served_concurrently(server):
+    """Four clients at once: each gets its replies; the slowest is not 4x one alone by more
+    than queueing on the one model thread explains (no client blocks the event loop)."""
+    frame = {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"}
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            c = WebsocketClientPolicy("127.0.0.1", server.port, api_key=KEY)
+            for _ in range(3):
+                assert c.infer(frame)["actions"].shape == (4, 4)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert time.perf_counter() - t0 < 120
