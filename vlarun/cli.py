@@ -45,6 +45,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "validate": ("vlarun.apps.sched", "cost model vs the papers' published times"),
     "predictor": ("vlarun.apps.sched", "every plan of a tiny preset run here"),
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
+    "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
 }
 
 
