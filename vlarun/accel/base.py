@@ -13,97 +13,18 @@ AttnProbe, KVCache); no model code is branched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 from torch import Tensor
 
+from vlarun.models.hooks import (  # noqa: F401 (the contract, re-exported for accelerators)
+    PlanLike,
+    StepInputs,
+    TokenDecoder,
+    TokenPolicy,
+)
 from vlarun.models.llama import AttnProbe
-from vlarun.models.token_plan import DeferredPlan, TokenAction, TokenPlan
-from vlarun.models.vla import PrefillResult, Prefix
-
-PlanLike = TokenPlan | DeferredPlan | None
-
-
-@dataclass
-class StepInputs:
-    """What a token policy sees at one control step, before the LM runs.
-
-    images: (B, n_img, 3, H, W) floats in [0, 1]; visual: (B, Nv, d) projector outputs;
-    prefix: the LM input ([BOS, visual, text, pad]); num_layers: LM depth.
-    """
-
-    images: Tensor
-    visual: Tensor
-    prefix: Prefix
-    num_layers: int
-
-    @property
-    def vis_start(self) -> int:
-        return 1  # right after BOS, in every family (vla.py's layout)
-
-    @property
-    def num_visual(self) -> int:
-        return int(self.visual.shape[1])
-
-    @property
-    def batch(self) -> int:
-        return int(self.visual.shape[0])
-
-    def action_query_index(self) -> Tensor:
-        """Index of the token that decodes the action: each row's last prompt token.
-
-        Autoregressive and diffusion heads read exactly this token; for OFT and flow heads the
-        action queries only exist after the prefill, so their last prompt token is the proxy
-        (it sees the whole prompt, as those queries do). Batched rows must share it."""
-        last = self.prefix.last
-        if bool((last != last[0]).any()):
-            raise ValueError("rows with different prompt lengths need separate token policies")
-        return last[:1].clone()
-
-    def text_query_index(self) -> Tensor:
-        """Indices of the instruction tokens (after the visual block, up to the last one)."""
-        start = self.vis_start + self.num_visual
-        return torch.arange(start, int(self.prefix.last[0]) + 1)
-
-    def probe(self, layer: int, queries: Tensor) -> AttnProbe:
-        """A probe of ``queries`` attending to the visual tokens at ``layer``."""
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(
-                f"layer {layer} does not exist in a {self.num_layers}-layer LM; "
-                "choose a shallower layer for the token policy"
-            )
-        return AttnProbe(layer, queries, self.vis_start, self.vis_start + self.num_visual)
-
-
-class TokenPolicy(Protocol):
-    """A per-step visual-token policy (full, TRIAGE, FastV, VLA-Cache, ...)."""
-
-    name: str
-
-    def reset(self) -> None:
-        """Forget per-episode state (a new episode starts)."""
-
-    def begin(self, step: StepInputs) -> tuple[PlanLike, AttnProbe | None]:
-        """The plan (or None: full recompute) and the probe for this step's prefill."""
-
-    def end(self, step: StepInputs, pre: PrefillResult) -> None:
-        """See the prefill's result (cache, probe) after it ran."""
-
-
-class TokenDecoder(Protocol):
-    """How an autoregressive head turns a prefill into action tokens (greedy, Jacobi, ...).
-
-    Decoders read and extend the prefix KV cache in ``pre`` and may keep per-episode state."""
-
-    name: str
-
-    def reset(self) -> None:
-        """Forget per-episode state (a new episode starts)."""
-
-    def decode(self, model, pre: PrefillResult) -> Tensor:
-        """Action token ids (B, n) after the prefill ``pre`` of ``model`` (a VLA)."""
+from vlarun.models.token_plan import TokenAction, TokenPlan
+from vlarun.models.vla import PrefillResult
 
 
 def attention_scores(probs: Tensor) -> Tensor:

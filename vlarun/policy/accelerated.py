@@ -1,11 +1,13 @@
-"""An accelerated policy = a Policy + a token policy (+ a denoising feature cache).
+"""An accelerated policy = a Policy whose stage graph runs with hooks: a token policy, a token
+decoder, a denoising feature cache (``vlarun.stages.hooks``). There is one executor: the stage
+graph runs plain and accelerated inference alike.
 
 ``AcceleratedPolicy`` is used wherever a ``Policy`` is: it has the same ``run_stages``,
 ``predict`` and ``unnormalize``, so closed-loop evaluation (``sim.evaluate.run_episode``) and
 action fidelity (``sim.fidelity.policy_candidate``) take it unchanged. Unlike the plain
-policy it keeps the LM's KV cache from one step to the next, which is what lets token policies
-reuse it, and so it has per-episode state: call ``reset()`` before each new episode (a changed
-instruction resets it automatically).
+policy its hooks keep the LM's KV cache from one step to the next, which is what lets token
+policies reuse it, and so it has per-episode state: call ``reset()`` before each new episode (a
+changed instruction resets it automatically).
 
 Model transforms (layer pruning, MLP sparsity) return a new model; wrap a Policy holding the
 transformed model. Per-step statistics (decisions, FLOPs of the prefill relative to full
@@ -15,7 +17,6 @@ recompute of the reference model) accumulate in ``steps``.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,10 +26,12 @@ from torch import Tensor
 
 from vlarun.accel.base import FullRecompute, StepInputs, TokenDecoder, TokenPolicy
 from vlarun.models.dit_head import DenoiseFeatureCache
-from vlarun.models.llama import KVCache, LlamaConfig
+from vlarun.models.llama import LlamaConfig
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.models.vla import PrefillResult
-from vlarun.stages.graph import GraphRun, StageTiming
+from vlarun.stages.families import Workload, build_graph, graph_inputs
+from vlarun.stages.graph import GraphRun, StageGraph
+from vlarun.stages.hooks import Hooks
 
 
 @dataclass
@@ -43,7 +46,10 @@ class StepStats:
 
 @dataclass
 class AcceleratedPolicy:
-    """A ``Policy`` whose prefill follows ``tokens`` and whose DiT denoiser uses ``denoise_cache``.
+    """A ``Policy`` whose stage graph runs with accelerator hooks: the prefill follows
+    ``tokens``, an autoregressive head decodes with ``decoder``, a DiT / flow denoiser uses
+    ``denoise_cache``. Inference is the stage graph's, exactly as ``Policy.run_stages``
+    (per-stage timings and packet bytes, optional serialisation between stages).
 
     base: the wrapped Policy (its model may already be transformed, e.g. layer-pruned);
     tokens: the visual-token policy (default: full recompute);
@@ -59,7 +65,6 @@ class AcceleratedPolicy:
     reference: LlamaConfig | None = None
     decoder: TokenDecoder | None = None
     steps: list[StepStats] = field(default_factory=list)
-    _cache: KVCache | None = field(default=None, init=False, repr=False)
     _instruction: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +72,8 @@ class AcceleratedPolicy:
             raise ValueError("denoise_cache needs a diffusion (DiT) or flow (action expert) policy")
         if self.decoder is not None and self.model.cfg.family != "autoregressive":
             raise ValueError("a token decoder needs an autoregressive (action-token) policy")
+        self.hooks = Hooks(self.tokens, self.decoder, self.denoise_cache)
+        self._graphs: dict[tuple[int, str], StageGraph] = {}
 
     # -- Policy's surface ---------------------------------------------------------------------
 
@@ -96,13 +103,19 @@ class AcceleratedPolicy:
         return self.unnormalize(self.run_stages(image, instruction, **kw).outputs["actions"][0])
 
     def reset(self) -> None:
-        """A new episode: forget the KV cache and the token policy's state."""
-        self._cache = None
-        self.tokens.reset()
-        if self.decoder is not None:
-            self.decoder.reset()
+        """A new episode: forget the KV cache and the token policy's and decoder's state."""
+        self.hooks.reset()
 
     # -- one inference --------------------------------------------------------------------------
+
+    def graph(self, text_tokens: int) -> StageGraph:
+        """The stage graph this policy runs for a prompt of ``text_tokens`` (built once)."""
+        dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
+        key = (text_tokens, dtype)
+        if key not in self._graphs:
+            w = Workload(1, text_tokens, dtype)
+            self._graphs[key] = build_graph(self.model.cfg, self.model, w, self.hooks)
+        return self._graphs[key]
 
     @torch.no_grad()
     def run_stages(
@@ -112,53 +125,26 @@ class AcceleratedPolicy:
         *,
         state: np.ndarray | None = None,
         seed: int = 0,
-        serialize: bool = False,  # accepted for Policy compatibility; stages run in process
+        serialize: bool = False,
     ) -> GraphRun:
-        """One inference, timed per stage (vision, prefill, head) like ``Policy.run_stages``."""
+        """One inference through the stage graph with this policy's hooks; ``serialize``
+        encodes and decodes every stage's input packet, as crossing a network would."""
         if instruction != self._instruction:
             self.reset()
             self._instruction = instruction
-        model, cfg = self.model, self.model.cfg
+        cfg = self.model.cfg
         gen = torch.Generator().manual_seed(seed)
         noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)  # as Policy does
-        images = self.base.image_tensor(image)
         ids = self.base.text_ids(instruction)
         st = self.base.state_tensor(state)  # normalised for a proprio token, raw for flow
-        clock = time.perf_counter
-        t0 = clock()
-        visual = model.encode_images(images)
-        t1 = clock()
-        pre, step = self._prefill(images, visual, ids, st if cfg.proprio_dim else None)
-        t2 = clock()
-        outputs = self._head(pre, noise, st if cfg.family == "flow" else None)
-        t3 = clock()
-        self.steps.append(self._stats(step, pre))
-        # The stage graph's names (the OFT head runs inside its prefill pass: "prefill_head").
-        head = {"autoregressive": "decode", "parallel": "prefill_head"}.get(cfg.family, "denoise")
-        timings = [StageTiming("vision", t1 - t0, 0, 0), StageTiming("prefill", t2 - t1, 0, 0),
-                   StageTiming(head, t3 - t2, 0, 0)]  # fmt: skip
-        return GraphRun(outputs, timings)
-
-    def _prefill(self, images: Tensor, visual: Tensor, ids: list[int], state: Tensor | None):
-        model = self.model
-        prefix = model.build_prefix(visual, [ids], state)
-        step = StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
-        need = prefix.length + model.cfg.num_action_tokens
-        if self._cache is None or self._cache.max_len != need:
-            self._cache = model.language_model.new_cache(1, need)
-            self.tokens.reset()  # no cache to reuse: the policy starts over
-        plan, probe = self.tokens.begin(step)
-        pre = model.prefill(prefix, self._cache, plan=plan, probe=probe)
-        self.tokens.end(step, pre)
-        return pre, step
-
-    def _head(self, pre: PrefillResult, noise: Tensor, state: Tensor | None) -> dict:
-        fc = self.denoise_cache() if self.denoise_cache is not None else None
-        return run_head(self.model, pre, noise, state, fc, self.decoder)
+        packet = graph_inputs(cfg, self.base.image_tensor(image), [ids], noise=noise, state=st)
+        run = self.graph(len(ids)).run(packet, serialize=serialize)
+        self.steps.append(self._stats(self.hooks.last_step))
+        return run
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _stats(self, step: StepInputs, pre: PrefillResult) -> StepStats:
+    def _stats(self, step: StepInputs) -> StepStats:
         plan = getattr(self.tokens, "last_plan", None)
         nv = step.num_visual
         if plan is None:

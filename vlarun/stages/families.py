@@ -18,6 +18,7 @@ from vlarun.models.heads import DiTHead, L1RegressionHead
 from vlarun.models.llama import KVCache
 from vlarun.models.vla import VLA, PrefillResult, VLAConfig
 from vlarun.stages.graph import Stage, StageCost, StageGraph, TensorSpec
+from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import Packet
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
@@ -169,10 +170,12 @@ def denoise_cost(cfg: VLAConfig, w: Workload, head_params: int) -> StageCost:
 
 
 class _Runner:
-    """Stage functions of one model; each rebuilds what it needs from its packet alone."""
+    """Stage functions of one model; each rebuilds what it needs from its packet alone (and,
+    under ``hooks``, from the hooks' per-stream state: the token policy's KV cache)."""
 
-    def __init__(self, model: VLA) -> None:
+    def __init__(self, model: VLA, hooks: Hooks | None = None) -> None:
         self.model = model
+        self.hooks = hooks
 
     @torch.no_grad()
     def vision(self, pk: Packet) -> Packet:
@@ -181,7 +184,10 @@ class _Runner:
     def _prefill(self, pk: Packet) -> PrefillResult:
         ids = [row[:n].tolist() for row, n in zip(pk["text_ids"], pk["text_len"], strict=True)]
         state = pk["state"] if self.model.cfg.proprio_dim else None
-        return self.model.prefill(self.model.build_prefix(pk["visual"], ids, state))
+        prefix = self.model.build_prefix(pk["visual"], ids, state)
+        if self.hooks is not None and self.hooks.tokens is not None:
+            return self.hooks.prefill(self.model, prefix, pk["images"], pk["visual"])
+        return self.model.prefill(prefix)
 
     @torch.no_grad()
     def prefill(self, pk: Packet) -> Packet:
@@ -207,7 +213,9 @@ class _Runner:
 
     @torch.no_grad()
     def decode(self, pk: Packet) -> Packet:
-        ids = self.model.decode_tokens(self._restore(pk))
+        pre = self._restore(pk)
+        decoder = self.hooks.decoder if self.hooks is not None else None
+        ids = self.model.decode_tokens(pre) if decoder is None else decoder.decode(self.model, pre)
         return Packet({"actions": self.model.tokens_to_actions(ids), "action_ids": ids})
 
     @torch.no_grad()
@@ -216,13 +224,22 @@ class _Runner:
 
     @torch.no_grad()
     def denoise(self, pk: Packet) -> Packet:
+        model, noise = self.model, pk["noise"]
         state = pk["state"] if "state" in pk.tensors else None
-        if self.model.cfg.dit is not None:
-            b = pk["last_hidden"].shape[0]
-            pre = PrefillResult(None, pk["last_hidden"], torch.zeros(b, dtype=torch.long))
-        else:
-            pre = self._restore(pk)
-        return Packet({"actions": self.model.denoise(pre, noise=pk["noise"], state=state)})
+        make = self.hooks.denoise_cache if self.hooks is not None else None
+        fc = make() if make is not None else None
+        if model.cfg.dit is not None:
+            hidden = pk["last_hidden"]
+            acts = model.action_model.sample(hidden, noise=noise, feature_cache=fc)
+            return Packet({"actions": acts.float()})
+        pre = self._restore(pk)
+        if fc is None:
+            return Packet({"actions": model.denoise(pre, noise=noise, state=state)})
+        if state is None:  # as VLA.denoise does
+            state = torch.zeros(noise.shape[0], model.cfg.flow.state_dim)
+        acts = model.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos,
+                                          feature_cache=fc)  # fmt: skip
+        return Packet({"actions": acts})
 
 
 def _unbound(name: str):
@@ -253,10 +270,13 @@ def param_split(cfg: VLAConfig) -> dict[str, int]:
     }
 
 
-def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = None) -> StageGraph:
-    """The stage DAG of ``cfg`` at workload ``w``; executable when ``model`` is given."""
+def build_graph(
+    cfg: VLAConfig, model: VLA | None = None, w: Workload | None = None, hooks: Hooks | None = None
+) -> StageGraph:
+    """The stage DAG of ``cfg`` at workload ``w``; executable when ``model`` is given, and
+    accelerated by ``hooks`` (token policy, decoder, denoiser cache) when they are given."""
     w = w or Workload()
-    run = _Runner(model) if model is not None else None
+    run = _Runner(model, hooks) if model is not None else None
     fn = (lambda n: getattr(run, n)) if run is not None else _unbound
     params = param_split(cfg)
     b, d = w.batch, cfg.llm.hidden_size
@@ -267,6 +287,8 @@ def build_graph(cfg: VLAConfig, model: VLA | None = None, w: Workload | None = N
     visual = TensorSpec("visual", (b, cfg.num_visual, d), w.dtype)
     if cfg.proprio_dim:  # the proprio token enters with the prompt
         text = (*text, _graph_input(cfg, w, "state"))
+    if hooks is not None and hooks.needs_images:  # a token policy sees the frame itself
+        text = (*text, _graph_input(cfg, w, "images"))
     stages = [
         Stage(
             "vision",
