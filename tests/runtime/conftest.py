@@ -12,9 +12,9 @@ import torch
 import zmq
 
 from vlarun.policy.base import Policy
-from vlarun.runtime import wire
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
+from vlarun.stages import wire
 from vlarun.stages.packet import Packet
 
 ROOT = Path(__file__).resolve().parents[2]

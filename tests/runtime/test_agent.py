@@ -15,7 +15,7 @@ from vlarun.runtime.agent import AgentConfig, RobotAgent
 from vlarun.runtime.chunks import ChunkQueue
 from vlarun.runtime.episode import run_episode
 from vlarun.runtime.transport import Security
-from vlarun.runtime.wire import Codec
+from vlarun.stages.wire import Codec
 
 INSECURE = Security(insecure=True)
 INSTRUCTION = "open the drawer"  # as conftest.py (not importable: several conftests)

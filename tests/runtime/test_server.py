@@ -11,10 +11,10 @@ import tracemalloc
 import pytest
 import torch
 
-from vlarun.runtime import wire
 from vlarun.runtime.client import EdgeClient, ping
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
+from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.packet import Packet
 

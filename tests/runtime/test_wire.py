@@ -16,9 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vlarun.runtime import wire
-from vlarun.runtime.wire import Codec, Message
+from vlarun.stages import wire
 from vlarun.stages.packet import DTYPES, Limits, Packet, PacketError
+from vlarun.stages.wire import Codec, Message
 
 DTYPE_NAMES = sorted(DTYPES)
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4).map(tuple)

@@ -187,8 +187,8 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.runtime.agent import AgentConfig, RobotAgent
     from vlarun.runtime.episode import run_episode, summarise
     from vlarun.runtime.transport import robot_security
-    from vlarun.runtime.wire import Codec
     from vlarun.sim.env import MetaWorldEnv, env_views
+    from vlarun.stages.wire import Codec
 
     policy = load_policy(o.checkpoint, o.preset, o.dtype)
     horizon = policy.model.cfg.horizon

@@ -1,7 +1,8 @@
 """Device-edge co-inference over a real network (EcoVLA runtime, shared/SEEDS.md section 1).
 
-wire.py       message = msgpack header frame + one raw frame per tensor; bf16 / int8 / zlib
-              (lz4) payload reduction; every claim checked before allocating; no pickle
+(the wire codec - msgpack header frame + one raw frame per tensor, bf16 / int8 / zlib / lz4
+ payload reduction, every claim checked before allocating, no pickle - is vlarun/stages/wire.py,
+ the one codec: the stage graph's serialised runs use it too)
 transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
 segments.py   a plan as alternating robot / edge segments; the edge's request schema
 queues.py     the edge's per-stage queues, EDF, batching within deadline slack
@@ -16,6 +17,6 @@ relay.py      user-space link shaping (bandwidth, delay, jitter, scheduled drops
 netns.py      kernel link shaping: network namespace + veth + tc tbf (root only)
 procs.py      edge / relay child processes
 overhead.py   runtime overhead per remote stage vs a raw ZeroMQ echo
-bench.py      `vlarun bench coinfer`
-commands.py   `vlarun keys | serve-edge | ping | run-robot`
+openpi.py     openpi's WebSocket policy protocol (`vlarun serve-policy`)
+(commands: vlarun/apps/runtime.py; `vlarun bench coinfer`: vlarun/bench/coinfer.py)
 """

@@ -33,10 +33,10 @@ from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
-from vlarun.runtime.wire import Codec
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.packet import Packet
+from vlarun.stages.wire import Codec
 
 STRATEGIES = ("vlarun", "device-only", "edge-only", "fixed-split")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from vlarun.runtime import wire
 from vlarun.runtime.transport import Security, dealer_socket
+from vlarun.stages import wire
 from vlarun.stages.packet import Limits, Packet, PacketError
 
 

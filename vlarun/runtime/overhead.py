@@ -56,9 +56,10 @@ def measure(edge: str, policy, n: int = 30) -> dict:
     """Remote vision stage on ``edge`` vs raw echo of the same bytes; medians in ms."""
     import torch
 
-    from vlarun.runtime import procs, wire
+    from vlarun.runtime import procs
     from vlarun.runtime.client import EdgeClient, ping
     from vlarun.runtime.transport import Security
+    from vlarun.stages import wire
     from vlarun.stages.packet import Packet
 
     sec = Security(insecure=True)

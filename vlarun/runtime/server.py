@@ -24,7 +24,6 @@ import torch
 import zmq
 
 from vlarun.policy.base import Policy
-from vlarun.runtime import wire
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
@@ -33,6 +32,7 @@ from vlarun.runtime.transport import (
     Security,
     router_socket,
 )
+from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Limits, Packet, PacketError
 

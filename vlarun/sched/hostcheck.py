@@ -18,7 +18,7 @@ from vlarun.sched.cost import works_from_graph
 from vlarun.sched.link import Link
 from vlarun.sched.predictor import Calibration, predict_placement
 from vlarun.sched.profile import Profile, profile_preset
-from vlarun.stages import packet as wire
+from vlarun.stages import wire
 from vlarun.stages.packet import Packet
 
 role_any = "any"
@@ -46,9 +46,9 @@ def run_plan(graph, inputs: Packet, roles: dict[str, str], link: Link) -> float:
 
 
 def _cross(pk: Packet, link: Link) -> Packet:
-    data = wire.encode(pk)
+    frames = wire.encode(wire.Message("data", packet=pk))
     time.sleep(link.transfer_s(pk.nbytes))
-    return wire.decode(data)
+    return wire.decode(frames).packet
 
 
 def _errors(pred: list[float], meas: list[float]) -> dict:

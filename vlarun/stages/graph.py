@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vlarun.stages import packet as wire
+from vlarun.stages import wire
 from vlarun.stages.packet import DTYPES, Packet
 
 DEVICES_ANY = ("robot", "edge")
@@ -117,13 +117,15 @@ class StageGraph:
 
     def run(self, inputs: Packet, *, serialize: bool = True, clock=time.perf_counter) -> GraphRun:
         """Execute stage by stage. With ``serialize``, every stage's input packet is encoded to
-        bytes and decoded again, exactly what crossing a network would do."""
+        wire frames and decoded again by the runtime's one codec (``stages.wire``), exactly
+        what crossing the network does."""
         pool = dict(inputs.tensors)
         timings = []
         for st in self.stages:
             packet = Packet({s.name: pool[s.name] for s in st.inputs})
             if serialize:
-                packet = wire.decode(wire.encode(packet))
+                frames = wire.encode(wire.Message("data", 0, st.name, packet=packet))
+                packet = wire.decode(frames).packet
             start = clock()
             out = st.fn(packet)
             timings.append(StageTiming(st.name, clock() - start, packet.nbytes, out.nbytes))
