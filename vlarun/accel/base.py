@@ -1,11 +1,6 @@
-"""The contract between the engine and every visual-token accelerator.
-
-A token policy is asked once per control step what the language model should do with each
-visual token. It answers before the prefill with a ``TokenPlan`` (decided up front), a
-``DeferredPlan`` (decided after the shared shallow layers, from that step's attention probe), or
-None (full recompute, which also resets the KV cache), plus an optional ``AttnProbe``. After the
-prefill it sees the result, so it can record what it needs for the next step (drift references,
-saliency, which tokens still have a cache). Policies hold per-episode state; ``reset`` clears it.
+"""Building blocks every visual-token accelerator shares (scores, masks, budgets, the
+full-recompute policy); the hooks contract itself (StepInputs, TokenPolicy, TokenDecoder) is
+``vlarun.models.hooks``, re-exported here.
 
 Everything here is written against the engine's public hooks (TokenPlan, DeferredPlan,
 AttnProbe, KVCache); no model code is branched.

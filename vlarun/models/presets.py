@@ -317,7 +317,10 @@ MW_CHUNK = 4  # actions per inference (4 steps x 4 dims)
 MW_VOCAB = 512  # 256 text ids (a BPE trained on the instructions) + 256 action bins
 
 
-def _mw_trunk(name: str, family: str, **kw) -> VLAConfig:
+def _mw_trunk(name: str, family: str, width: int = 192, layers: int = 4, **kw) -> VLAConfig:
+    """The Meta-World policies' shape: a 128 px SigLIP-style ViT (patch 8, width 128, 4 layers),
+    an MLP projector and a small Llama of ``width`` x ``layers``; ``kw`` adds views, proprio and
+    the head."""
     vit = ViTConfig(
         kind="siglip",
         image_size=MW_IMAGE,
@@ -330,9 +333,9 @@ def _mw_trunk(name: str, family: str, **kw) -> VLAConfig:
     )
     llm = LlamaConfig(
         vocab_size=MW_VOCAB,
-        hidden_size=192,
+        hidden_size=width,
         intermediate_size=512,
-        num_layers=4,
+        num_layers=layers,
         num_heads=4,
         num_kv_heads=2,
         max_positions=512,
@@ -383,38 +386,15 @@ MT10_LAYERS = 12
 
 
 def _mt10_trunk(name: str, family: str, **kw) -> VLAConfig:
-    vit = ViTConfig(
-        kind="siglip",
-        image_size=MW_IMAGE,
-        patch_size=8,
-        hidden_size=128,
-        num_layers=4,
-        num_heads=4,
-        intermediate_size=512,
-        feature_layer=-1,
-    )
-    llm = LlamaConfig(
-        vocab_size=MW_VOCAB,
-        hidden_size=MT10_WIDTH,
-        intermediate_size=4 * MT10_WIDTH,
-        num_layers=MT10_LAYERS,
-        num_heads=4,
-        num_kv_heads=2,
-        max_positions=512,
-    )
-    return VLAConfig(
-        name=name,
-        family=family,
-        llm=llm,
-        vision=(vit,),
-        connector="mlp",
+    return _mw_trunk(
+        name,
+        family,
+        width=MT10_WIDTH,
+        layers=MT10_LAYERS,
         num_images=2,
         view_pool=(1, 2),
         views=("workspace", "left"),
         proprio_dim=4,
-        action_dim=4,
-        chunk=MW_CHUNK,
-        max_text_tokens=32,
         **kw,
     )
 

@@ -29,7 +29,7 @@ from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.llama import LlamaConfig
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.models.vla import PrefillResult
-from vlarun.stages.families import Workload, build_graph, graph_inputs
+from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.graph import GraphRun, StageGraph
 from vlarun.stages.hooks import Hooks
 
@@ -132,12 +132,7 @@ class AcceleratedPolicy:
         if instruction != self._instruction:
             self.reset()
             self._instruction = instruction
-        cfg = self.model.cfg
-        gen = torch.Generator().manual_seed(seed)
-        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)  # as Policy does
-        ids = self.base.text_ids(instruction)
-        st = self.base.state_tensor(state)  # normalised for a proprio token, raw for flow
-        packet = graph_inputs(cfg, self.base.image_tensor(image), [ids], noise=noise, state=st)
+        packet, ids = self.base.inputs(image, instruction, state, seed)
         run = self.graph(len(ids)).run(packet, serialize=serialize)
         self.steps.append(self._stats(self.hooks.last_step))
         return run

@@ -18,6 +18,7 @@ from vlarun.models.vla import VLA
 from vlarun.paths import policy_dir
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.graph import GraphRun
+from vlarun.stages.packet import Packet
 
 
 @dataclass
@@ -109,6 +110,19 @@ class Policy:
             )
         return ids
 
+    def inputs(
+        self, image: np.ndarray, instruction: str, state: np.ndarray | None = None, seed: int = 0
+    ) -> tuple[Packet, list[int]]:
+        """The stage graph's input packet for one observation (and the prompt ids): images,
+        text, the state the model takes, and the noise of a diffusion / flow head, drawn from
+        ``seed`` so a run is reproducible."""
+        ids = self.text_ids(instruction)
+        cfg = self.model.cfg
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
+        st = self.state_tensor(state)
+        return graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st), ids
+
     # -- inference ------------------------------------------------------------------------------
 
     def run_stages(
@@ -121,12 +135,8 @@ class Policy:
         serialize: bool = False,
     ) -> GraphRun:
         """One inference through the stage graph (per-stage timings included)."""
-        ids = self.text_ids(instruction)
+        packet, ids = self.inputs(image, instruction, state, seed)
         cfg = self.model.cfg
-        gen = torch.Generator().manual_seed(seed)
-        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
-        st = self.state_tensor(state)
-        packet = graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st)
         dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
         graph = build_graph(cfg, self.model, Workload(1, len(ids), dtype))
         return graph.run(packet, serialize=serialize)
