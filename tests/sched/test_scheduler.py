@@ -152,7 +152,7 @@ def test_reservations_make_later_requests_see_committed_load():
     second = sched.decide(link, 0.0, state)
     # The first plan itself, scored again: the committed reservation delays it by at least the
     # edge time it holds (no `if`: the same candidate is compared with and without the load).
-    c = first.index
+    c = sched.candidate_index(first)
     alone = sched.score(link, 0.0, DeviceState()).latency[c]
     loaded = sched.score(link, 0.0, state).latency[c]
     held = min(r.end - r.start for r in state.reservations)
@@ -270,3 +270,28 @@ def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
     quick.write_text(json.dumps(json.loads(sample.read_text()) | {"quick": True}))
     with pytest.raises(ValueError, match="quick"):
         load_settings(quick)
+
+
+def test_observe_calibrates_a_batched_execution_against_the_batched_prediction():
+    """An edge stage that ran in a batch of 4 exactly as fast as the model predicts for a batch
+    of 4 teaches a factor of 1: comparing batch time / 4 with the batch-1 prediction (the old
+    agent's rule) would have taught the edge to look ~4x too fast."""
+    from vlarun.sched.contract import Outcome, StageOutcome
+
+    sched, devs = _edge_heavy_scheduler()
+    plan = sched.decide(Link(1000.0, 1.0))
+    edge_stages = [n for n, r in plan.placement.items() if r == "edge"]
+    assert edge_stages
+    k = sched.setting_index(plan)
+    names = list(sched.space.stages)
+    stages = []
+    for name in names:
+        role, si = plan.placement[name], names.index(name)
+        secs = sched.t_edge[k, si, 4] if role == "edge" else sched.t_rob[k, si]
+        stages.append(StageOutcome(name, role, float(secs), 4 if role == "edge" else 1))
+    sched.observe(plan, Outcome(tuple(stages), plan.latency_s))
+    for name in edge_stages:
+        assert sched.cal.factor(name, devs["edge"].id) == pytest.approx(1.0, rel=1e-9)
+    # The plan carries what it predicted per stage; no index into the scheduler's arrays.
+    assert set(plan.stage_predicted_s) == set(names)
+    assert not hasattr(plan, "index")

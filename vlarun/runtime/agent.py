@@ -109,6 +109,7 @@ class _Trace:
     ran: dict[str, str] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)
     edge_s: dict[str, float] = field(default_factory=dict)  # edge compute per request
+    batch: dict[str, int] = field(default_factory=dict)  # edge batch size per stage
     fallback: str | None = None
     overheads_ms: list[float] = field(default_factory=list)
     sent: int = 0
@@ -219,9 +220,9 @@ class RobotAgent:
             link_mbps,
         )
         if decision is not None:
-            from vlarun.runtime.planning import learn
+            from vlarun.runtime.planning import outcome
 
-            learn(self.scheduler(len(ids)), decision, inf, tr.stage_s, tr.edge_s)
+            self.scheduler(len(ids)).observe(decision, outcome(inf, tr.stage_s, tr.batch))
         return inf
 
     def _execute(self, graph, placement, pool: dict, text_tokens: int, deadline: float) -> _Trace:
@@ -256,8 +257,10 @@ class RobotAgent:
         pool.update(rep.packet.tensors)
         for t in rep.timings:
             tr.ran[t["stage"]] = "edge"
+            # Energy: this request's share of the batch; calibration: the execution itself.
             tr.edge_s[t["stage"]] = t["compute_s"] / max(t["batch"], 1)
             tr.stage_s[t["stage"]] = t["compute_s"]
+            tr.batch[t["stage"]] = max(int(t["batch"]), 1)
         tr.overheads_ms.append((rep.wall_s - rep.server_s) * 1e3)
         tr.sent += rep.sent_bytes
         self._observe_transfer(rep)

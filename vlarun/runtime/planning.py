@@ -1,4 +1,6 @@
-"""The agent's side of the scheduler contract: build it, ask it, teach it, price a request.
+"""The agent's side of the scheduler contract (``sched.contract``): build the scheduler, ask
+it for an ExecutionPlan, turn what ran into an Outcome for ``Scheduler.observe``, price a
+request with the one energy account.
 
 The runtime executes placements only: every accelerator knob stays at its identity value
 (``accelerators=False``), because the runtime does not yet apply TRIAGE budgets, layer
@@ -14,12 +16,13 @@ table is the simulator's, ``vlarun fleet``).
 from __future__ import annotations
 
 from vlarun.sched.catalog import get_device
+from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import DeviceState
-from vlarun.sched.scheduler import Decision, Scheduler
+from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
 
@@ -28,26 +31,19 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     devices = {"robot": get_device(cfg.robot_device), "edge": get_device(cfg.edge_device)}
     w = Workload(1, text_tokens, dtype)
     space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, accelerators=False)
-    sched = Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon)
-    sched.join[:] = False  # batching is the edge's own business (its queues), not reserved here
-    return sched
+    # Batching is the edge's own business (its queues), not reserved here.
+    return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
+                     join_batches=False)  # fmt: skip
 
 
 def prime(sched: Scheduler, robot_s: dict[str, float], edge_ms: dict[str, float]) -> None:
     """Start calibrated: stage times already measured (the robot's warm-up runs, the edge's
     per-stage estimates from its health reply) set the stage factors before the first
     request, so the first plan is not a guess from catalog peaks."""
-    for si, name in enumerate(sched.space.stages):
-        if name in robot_s:
-            sched.cal.observe_stage(
-                name, sched.devices["robot"].id, sched.t_rob[0, si], robot_s[name]
-            )
-        if name in edge_ms:
-            edge_s = edge_ms[name] * 1e-3
-            sched.cal.observe_stage(name, sched.devices["edge"].id, sched.t_edge[0, si, 1], edge_s)
+    sched.prime(robot_s, {name: ms * 1e-3 for name, ms in edge_ms.items()})
 
 
-def decide(sched: Scheduler, link: Link, health: dict) -> Decision:
+def decide(sched: Scheduler, link: Link, health: dict) -> ExecutionPlan:
     """The scheduler's decision for a request made now, given the edge's last health reply."""
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
@@ -55,26 +51,16 @@ def decide(sched: Scheduler, link: Link, health: dict) -> Decision:
     return sched.decide(link, 0.0, DeviceState(queued_s=queued), top=0)
 
 
-def learn(sched: Scheduler, d: Decision, inf, stage_s: dict, edge_s: dict) -> None:
-    """Feed one executed request back: stage factors for what ran where it ran, and the
-    planned placement's end-to-end latency (its residual)."""
-    k = int(sched.k[d.index])
-    for si, name in enumerate(sched.space.stages):
-        role = inf.ran.get(name)
-        if role == "robot" and name in stage_s:
-            sched.cal.observe_stage(
-                name, sched.devices["robot"].id, sched.t_rob[k, si], stage_s[name]
-            )
-        elif role == "edge" and name in edge_s:
-            sched.cal.observe_stage(
-                name, sched.devices["edge"].id, sched.t_edge[k, si, 1], edge_s[name]
-            )
-    # The planned placement is charged what choosing it cost, fallback included: a plan that
-    # keeps timing out on a congested link must lose to the robot-only plan, and the
-    # residual's slow forgetting lets it be tried again later.
-    roles = tuple(d.placement[n] for n in sched.space.stages)
-    residual = sched.cal.residual(roles)
-    sched.cal.observe_total(roles, d.latency_s - residual, inf.latency_s)
+def outcome(inf, stage_s: dict[str, float], batch: dict[str, int]) -> Outcome:
+    """The plan contract's Outcome of one executed request: per stage where it ran, its
+    execution time (an edge batch's whole compute time, which this request waited for) and
+    the batch it ran in."""
+    stages = tuple(
+        StageOutcome(name, role, stage_s[name], batch.get(name, 1))
+        for name, role in inf.ran.items()
+        if name in stage_s
+    )
+    return Outcome(stages, inf.latency_s, inf.fallback, inf.energy_j)
 
 
 def modelled_energy(

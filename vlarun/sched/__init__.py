@@ -9,13 +9,14 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
                 EWMA calibration
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
                 memory/dtype filter, accuracy floor
-  scheduler.py  the core rule, vectorised over all candidates; reservations, edge batching
+  contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)
+  scheduler.py  the core rule, vectorised over all candidates; reservations, edge batching;
+                Scheduler.observe(plan, outcome), the only feedback path
   profile.py    `vlarun profile`: stage medians on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
   validate.py   predictions vs the papers' published times (`vlarun bench validate`)
   hostcheck.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
   fleet.py      N robots + one edge simulation (`vlarun fleet`)
-  commands.py   `vlarun predict | plan | profile | fleet | bench sched|validate|predictor`
 
 Energy is modelled everywhere (labelled "modelled") unless a meter was read.
 """

@@ -30,6 +30,7 @@ import numpy as np
 
 from vlarun.config import opt
 from vlarun.sched.catalog import Device
+from vlarun.sched.contract import Outcome, StageOutcome
 from vlarun.sched.cost import roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
@@ -169,7 +170,7 @@ def make_world(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device], s
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Executed:
     latency_s: float
     energy_j: float
     stage_s: dict[str, float]  # true compute seconds per stage
@@ -216,7 +217,7 @@ def execute(
         rob, dev_edge, spends, latency_s=latency, period_s=world.cfg.slo_s,
         tx_s=tx_s, rx_s=rx_s, radio=radio,
     )  # fmt: skip
-    return Outcome(latency, energy, stage_s, transfers, tuple(roles))
+    return Executed(latency, energy, stage_s, transfers, tuple(roles))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[d
             state.expire(release)
             d = sched.decide(links[robot], release, state, top=0)
             sched.commit(d, state)
-            k, roles = int(sched.k[d.index]), tuple(d.placement.values())
+            k, roles = sched.setting_index(d), tuple(d.placement.values())
         works = space.works[k]
         out = execute(world, works, roles, release, edge, radio, rho)
         if sched is not None:
@@ -286,17 +287,16 @@ def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[d
     return records
 
 
-def _learn(sched: Scheduler, link: Link, d, works, out: Outcome) -> None:
-    """Feed the observed request back: link EWMA, stage factors, placement residual."""
+def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
+    """Feed the observed request back through the plan contract: the link's EWMA from the
+    transfers, then ``Scheduler.observe`` (stage factors, placement residual)."""
     for nbytes, seconds in out.transfers:
         link.observe_transfer(nbytes, seconds)
-    for work, role in zip(works, out.placement, strict=True):
-        dev = sched.devices[role]
-        sched.cal.observe_stage(
-            work.name, dev.id, roofline(work, dev).seconds, out.stage_s[work.name]
-        )
-    residual = sched.cal.residual(out.placement)
-    sched.cal.observe_total(out.placement, d.latency_s - residual, out.latency_s)
+    stages = tuple(
+        StageOutcome(w.name, role, out.stage_s[w.name])
+        for w, role in zip(works, out.placement, strict=True)
+    )
+    sched.observe(d, Outcome(stages, out.latency_s, energy_j=out.energy_j))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ decision over thousands of plans takes well under a millisecond of Python.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from vlarun.sched.catalog import Device
+from vlarun.sched.contract import ExecutionPlan, Outcome
 from vlarun.sched.cost import at_batch, roofline
 from vlarun.sched.energy import ENERGY_SOURCE, RadioPower, stage_power
 from vlarun.sched.link import Link
@@ -32,31 +34,6 @@ from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import Calibration, DeviceState, Reservation
 
 MAX_EDGE_BATCH = 8
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The scheduler's output, the contract with the runtime (an ExecutionPlan).
-
-    Invariant: ``feasible`` is True iff ``latency_s`` plus the learned tail margin is within
-    ``slo_s``; when False the plan is the fallback's choice. Times are on the scheduler's
-    clock."""
-
-    index: int
-    placement: dict[str, str]
-    settings: dict
-    relative_success: float | None
-    joined_batch: bool
-    latency_s: float
-    energy_j: float
-    actions_per_joule: float
-    feasible: bool
-    slo_s: float
-    stage_start: dict[str, float]
-    stage_end: dict[str, float]
-    alternatives: list[dict] = field(default_factory=list)
-    candidates: int = 0
-    eligible: int = 0
 
 
 @dataclass
@@ -85,6 +62,7 @@ class Scheduler:
         cal: Calibration | None = None,
         actions: int | None = None,
         measured: dict[tuple[str, str], float] | None = None,
+        join_batches: bool = True,
     ) -> None:
         self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
         self.actions = actions or space.actions  # actions executed per inference (the chunk)
@@ -94,8 +72,11 @@ class Scheduler:
         k_n, p_n = len(space.settings), len(space.placements)
         k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
         self.k, self.p, self.join = k.ravel(), p.ravel(), j.ravel().astype(bool)
+        if not join_batches:  # plans never count on joining a committed edge batch
+            self.join[:] = False
         self.edge = space.placements[self.p]  # (C, S)
         self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
+        self._by_settings: dict[tuple, int] | None = None
         self._tables()
         if measured:
             self._override(measured)
@@ -232,7 +213,7 @@ class Scheduler:
 
     def decide(
         self, link: Link, now: float = 0.0, edge_state: DeviceState | None = None, top: int = 5
-    ) -> Decision:
+    ) -> ExecutionPlan:
         """Apply the core rule; raises if no candidate is executable and eligible."""
         sc = self.score(link, now, edge_state)
         if not self.allowed.any():
@@ -248,13 +229,8 @@ class Scheduler:
             best = self._fallback(sc)
         d = self._decision(best, sc, apj)
         alts = self._alternatives(best, sc, apj, feasible, top)
-        return Decision(
-            **{
-                **d.__dict__,
-                "alternatives": alts,
-                "candidates": len(self.k),
-                "eligible": int(self.allowed.sum()),
-            }
+        return dataclasses.replace(
+            d, alternatives=alts, candidates=len(self.k), eligible=int(self.allowed.sum())
         )
 
     def _fallback(self, sc: Scores) -> int:
@@ -263,22 +239,31 @@ class Scheduler:
         the means are far apart). With nothing measured this is exactly EcoVLA's argmin T."""
         return int(np.argmin(np.where(self.allowed, sc.latency + sc.sigma, np.inf)))
 
-    def _decision(self, c: int, sc: Scores, apj: np.ndarray) -> Decision:
+    def _decision(self, c: int, sc: Scores, apj: np.ndarray) -> ExecutionPlan:
         sp = self.space
-        setting = sp.settings[self.k[c]]
-        return Decision(
-            index=c,
-            placement=dict(zip(sp.stages, sp.roles(self.p[c]), strict=True)),
+        k = int(self.k[c])
+        setting = sp.settings[k]
+        roles = sp.roles(self.p[c])
+        predicted = {
+            name: float(self.t_edge[k, s, 1] * self.cal.factor(name, self.devices["edge"].id))
+            if role == "edge"
+            else float(self.t_rob[k, s] * self.cal.factor(name, self.devices["robot"].id))
+            for s, (name, role) in enumerate(zip(sp.stages, roles, strict=True))
+        }
+        return ExecutionPlan(
+            placement=dict(zip(sp.stages, roles, strict=True)),
             settings=setting.as_dict(),
             relative_success=setting.relative_success,
             joined_batch=bool((sc.joined[c] >= 0).any()),
             latency_s=float(sc.latency[c]),
+            residual_s=float(self.cal.residual(tuple(roles))),
             energy_j=float(sc.energy[c]),
             actions_per_joule=float(apj[c]),
             feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
             slo_s=self.slo_s,
             stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
             stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
+            stage_predicted_s=predicted,
         )
 
     def _alternatives(self, best, sc, apj, feasible, top) -> list[dict]:
@@ -302,12 +287,68 @@ class Scheduler:
     def _key(self, c: int) -> tuple:
         return (int(self.k[c]), int(self.p[c]))
 
+    # -- the plan contract ------------------------------------------------------------------------
+
+    def setting_index(self, plan: ExecutionPlan) -> int:
+        """Which of this scheduler's settings ``plan`` runs (its knobs name it)."""
+        if self._by_settings is None:
+            self._by_settings = {
+                tuple(sorted(g.as_dict().items())): k for k, g in enumerate(self.space.settings)
+            }
+        try:
+            return self._by_settings[tuple(sorted(plan.settings.items()))]
+        except KeyError:
+            raise ValueError(f"plan settings {plan.settings} are not in this plan space") from None
+
+    def candidate_index(self, plan: ExecutionPlan) -> int:
+        """The candidate (setting, placement, no batch join) ``plan`` is, for re-scoring it."""
+        k = self.setting_index(plan)
+        roles = [plan.placement[n] for n in self.space.stages]
+        for c in np.flatnonzero((self.k == k) & ~self.join):
+            if list(self.space.roles(self.p[c])) == roles:
+                return int(c)
+        raise ValueError(f"placement {plan.placement} is not in this plan space")
+
+    def prime(self, robot_s: dict[str, float], edge_s: dict[str, float]) -> None:
+        """Start calibrated from stage times already measured at batch 1 on the identity
+        setting (the robot's warm-up runs; the edge's per-stage estimates)."""
+        for si, name in enumerate(self.space.stages):
+            if name in robot_s:
+                self.cal.observe_stage(
+                    name, self.devices["robot"].id, self.t_rob[0, si], robot_s[name]
+                )
+            if name in edge_s:
+                self.cal.observe_stage(
+                    name, self.devices["edge"].id, self.t_edge[0, si, 1], edge_s[name]
+                )
+
+    def observe(self, plan: ExecutionPlan, outcome: Outcome) -> None:
+        """The one feedback path: each stage's measured execution time teaches the factor of the
+        device it ran on, against the model's time for that setting *at the batch it ran in*
+        (a batched execution is compared with the batched prediction, not divided by its size);
+        the planned placement's end-to-end latency teaches its residual. A plan that fell back is
+        charged what choosing it cost, so a link that keeps failing loses to local plans and the
+        residual's slow forgetting lets it be tried again later."""
+        k = self.setting_index(plan)
+        index = {name: si for si, name in enumerate(self.space.stages)}
+        for st in outcome.stages:
+            si = index.get(st.name)
+            if si is None:
+                continue
+            if st.role == "robot":
+                base = self.t_rob[k, si]
+            else:
+                base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
+            self.cal.observe_stage(st.name, self.devices[st.role].id, base, st.seconds)
+        roles = tuple(plan.placement[n] for n in self.space.stages)
+        self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
+
     # -- reservations -----------------------------------------------------------------------------
 
-    def commit(self, d: Decision, edge_state: DeviceState, edge_id: str = "edge") -> None:
+    def commit(self, d: ExecutionPlan, edge_state: DeviceState, edge_id: str = "edge") -> None:
         """Register the chosen plan's edge stages so later requests see the committed load."""
         slack = max(self.slo_s - d.latency_s, 0.0)
-        k = int(self.k[d.index])
+        k = self.setting_index(d)
         for name, role in d.placement.items():
             if role != "edge":
                 continue
@@ -327,7 +368,7 @@ class Scheduler:
                 edge_state.reserve(Reservation(edge_id, name, start, end, 1, k, end + slack))
 
 
-def plan_row(d: Decision) -> dict:
+def plan_row(d: ExecutionPlan) -> dict:
     """A plan as JSON: placement, settings, predicted latency/energy, actions per joule."""
     return {
         "placement": d.placement,

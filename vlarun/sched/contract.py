@@ -1,0 +1,81 @@
+"""The contract between the scheduler and whoever executes its plans (the runtime's agent, the
+fleet simulator): plain frozen data both sides read, as vLLM v1's ``SchedulerOutput`` is.
+
+  ExecutionPlan  what to run where, with which accelerator setting, and what the scheduler
+                 predicted for it (per stage and end to end, latency and energy);
+  Outcome        what happened when it ran: per stage where it ran, its measured execution
+                 time and batch size, the end-to-end latency, the fallback and why.
+
+``Scheduler.observe(plan, outcome)`` is the only feedback path. Neither side holds an index into
+the other's arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLES = ("robot", "edge")
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """The scheduler's output for one request.
+
+    Invariant: ``feasible`` is True iff ``latency_s`` plus the learned tail margin is within
+    ``slo_s``; when False the plan is the fallback's choice. ``latency_s`` includes
+    ``residual_s`` (the learned end-to-end correction of this placement). Times are on the
+    scheduler's clock; ``stage_predicted_s`` is each stage's calibrated time on its device."""
+
+    placement: dict[str, str]
+    settings: dict
+    relative_success: float | None
+    joined_batch: bool
+    latency_s: float
+    residual_s: float
+    energy_j: float
+    actions_per_joule: float
+    feasible: bool
+    slo_s: float
+    stage_start: dict[str, float]
+    stage_end: dict[str, float]
+    stage_predicted_s: dict[str, float] = field(default_factory=dict)
+    energy_source: str = "modelled"
+    alternatives: list[dict] = field(default_factory=list)
+    candidates: int = 0
+    eligible: int = 0
+
+    def __post_init__(self) -> None:
+        bad = {s: r for s, r in self.placement.items() if r not in ROLES}
+        if bad:
+            raise ValueError(f"placement roles must be {ROLES}, got {bad}")
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """One stage as it ran: where, how long its execution took (the whole batch's compute
+    time, which this request waited for), and how many requests shared that execution."""
+
+    name: str
+    role: str
+    seconds: float
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES or self.seconds < 0 or self.batch < 1:
+            raise ValueError(f"bad stage outcome {self}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one executed request measured; ``fallback`` says why stages planned for the edge
+    ran on the robot (None: as planned)."""
+
+    stages: tuple[StageOutcome, ...]
+    latency_s: float
+    fallback: str | None = None
+    energy_j: float | None = None
+    energy_source: str = "modelled"
+
+    @property
+    def ran(self) -> dict[str, str]:
+        return {s.name: s.role for s in self.stages}
