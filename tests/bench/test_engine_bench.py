@@ -52,9 +52,8 @@ def test_schema_and_honesty(tiny_result):
                     "decode_ms_per_token_hf", "prefill_gflops", "peak_gflops"):  # fmt: skip
             assert case[key] > 0, (key, case[key])
         assert case["prefill_ms_vlarun_p90"] >= case["prefill_ms_vlarun"]
-        assert case["prefill_speedup"] == pytest.approx(
-            case["prefill_ms_hf"] / case["prefill_ms_vlarun"]
-        )
+        # (The speedups are the producer's own division; restating it here could not fail.
+        # What can: both engines timed the same computation, checked below by the tokens.)
         assert case["decode_hf_variant"] in case["hf_variants"]
         assert case["params"] == engine.SHAPES["tiny"].num_params()
         # Same weights, same greedy tokens: the speed comparison is between equal computations.
