@@ -38,8 +38,17 @@ from vlarun.policy.methods import EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
-SWEEP_METHODS = "triage,drop-all,keep-all,fastv,vla-cache"
-LATENCY_METHODS = ("full", "triage", "drop-all", "keep-all", "fastv", "vla-cache", "efficientvla")
+SWEEP_METHODS = "triage,drop-all,keep-all,fastv,vla-cache,vla-pruner"
+LATENCY_METHODS = (
+    "full",
+    "triage",
+    "drop-all",
+    "keep-all",
+    "fastv",
+    "vla-cache",
+    "vla-pruner",
+    "efficientvla",
+)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Method ids -> accelerated policies, the one place benchmarks and the CLI build them from.
 
-full, triage, drop-all, keep-all, fastv, vla-cache   token policies at a budget fraction;
+full, triage, drop-all, keep-all, fastv, vla-cache, vla-pruner   token policies at a budget;
 efficientvla                                        task-aware token selection, optionally
                                                     with layer pruning, MLP sparsity and the
                                                     DiT feature cache (``efficientvla()``).
@@ -31,9 +31,19 @@ from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
 from vlarun.accel.mlp_sparsity import sparsify_mlp
 from vlarun.accel.triage import Triage, TriageConfig
+from vlarun.accel.vla_pruner import VLAPruner, VLAPrunerConfig
 from vlarun.policy.accelerated import AcceleratedPolicy
 
-METHODS = ("full", "triage", "drop-all", "keep-all", "fastv", "vla-cache", "efficientvla")
+METHODS = (
+    "full",
+    "triage",
+    "drop-all",
+    "keep-all",
+    "fastv",
+    "vla-cache",
+    "vla-pruner",
+    "efficientvla",
+)
 
 
 def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
@@ -46,6 +56,7 @@ def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
         "keep-all": lambda: Triage(TriageConfig(budget_fraction=f, rest="reuse")),
         "fastv": lambda: FastV(FastVConfig(budget_fraction=f)),
         "vla-cache": lambda: VLACache(VLACacheConfig(budget_fraction=f)),
+        "vla-pruner": lambda: VLAPruner(VLAPrunerConfig(budget_fraction=f)),
         "efficientvla": lambda: EfficientVLATokens(EfficientVLATokensConfig(budget_fraction=f)),
     }
     if method not in makers:
