@@ -1,5 +1,9 @@
 """Each baseline's plan on a hand-built case, and each running as a policy."""
 
+import dataclasses
+
+import numpy as np
+import pytest
 import torch
 
 from vlarun.accel.base import FullRecompute, StepInputs
@@ -92,3 +96,36 @@ def test_vla_cache_on_static_frames_matches_full(oft_policy, frames, actions):
     full = actions(oft_policy, [frames[0]] * 3)
     got = actions(accelerate(oft_policy, VLACache()), [frames[0]] * 3)
     assert max((a - b).abs().max().item() for a, b in zip(got, full, strict=True)) <= 1e-5
+
+
+def test_vla_cache_on_a_two_view_pooled_policy():
+    """mt10-style inputs (a second view pooled 2 x 2): patch similarity follows each view's own
+    token grid, so a change in the second view marks that view's coarse tokens, not others."""
+    from vlarun.accel.baselines import patch_similarity
+
+    before = torch.rand(1, 2, 3, 16, 16)
+    now = before.clone()
+    now[:, 1, :, :8, :8] = torch.rand(3, 8, 8)  # top-left quarter of view 2 changes
+    sim = patch_similarity(now, before, (16, 4))  # view 1: 4x4 grid, view 2: pooled 2x2
+    assert sim.shape == (1, 20)
+    assert torch.allclose(sim[0, :16], torch.ones(16))  # view 1 untouched
+    assert sim[0, 16] < 0.99 and torch.allclose(sim[0, 17:], torch.ones(3))
+    with pytest.raises(ValueError, match="not a square grid"):
+        patch_similarity(now, before, (16, 5))
+
+
+def test_vla_cache_runs_on_mt10_shapes():
+    from vlarun.models.tokenizer import load_tokenizer
+    from vlarun.paths import checkpoints_dir
+    from vlarun.policy.base import Policy
+    from vlarun.policy.methods import accelerated
+
+    random = Policy.from_preset("mt10-oft", seed=0)  # the shipped BPE fits its 32-token prompt
+    base = dataclasses.replace(random, tokenizer=load_tokenizer(checkpoints_dir() / "tiny-ar", 512))
+    fast = accelerated(base, "vla-cache", 0.34)
+    rng = np.random.default_rng(0)
+    views = rng.integers(0, 255, (2, 128, 128, 3), dtype=np.uint8)
+    for _ in range(2):
+        out = fast.run_stages(views, "open the drawer", state=np.zeros(4, np.float32))
+    assert torch.isfinite(out.outputs["actions"]).all()
+    assert fast.steps[-1].reused > 0  # identical frames: static tokens were reused

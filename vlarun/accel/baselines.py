@@ -110,19 +110,30 @@ class VLACacheConfig:
             raise ValueError(f"relevant_fraction must be in [0, 1], got {self.relevant_fraction}")
 
 
-def patch_similarity(images: Tensor, previous: Tensor, tokens_per_image: int) -> Tensor:
-    """(B, n_img, 3, H, W) now and before -> (B, n_img * tokens) cosine similarity of the
-    pixel patches each visual token covers (VLA-Cache compares raw patches, not features)."""
+def patch_similarity(
+    images: Tensor, previous: Tensor, tokens_per_image: int | tuple[int, ...]
+) -> Tensor:
+    """(B, n_img, 3, H, W) now and before -> (B, sum of tokens) cosine similarity of the pixel
+    patches each visual token covers (VLA-Cache compares raw patches, not features).
+    ``tokens_per_image``: one count for every view, or each view's (a pooled view's tokens
+    cover larger patches)."""
     b, n, c, h, w = images.shape
-    side = math.isqrt(tokens_per_image)
-    p = h // side
+    counts = (tokens_per_image,) * n if isinstance(tokens_per_image, int) else tokens_per_image
+    if len(counts) != n:
+        raise ValueError(f"{len(counts)} token counts for {n} views")
+    sims = []
+    for v, tokens in enumerate(counts):
+        side = math.isqrt(tokens)
+        if side * side != tokens or h % side:
+            raise ValueError(f"view {v}: {tokens} tokens are not a square grid over {h} px")
+        p = h // side
 
-    def patches(x: Tensor) -> Tensor:  # (B, n, 3, H, W) -> (B, n*tokens, 3*p*p)
-        x = x.reshape(b * n, c, h, w)
-        cols = F.unfold(x.float(), kernel_size=p, stride=p)  # (B*n, 3*p*p, tokens)
-        return cols.transpose(1, 2).reshape(b, n * side * side, -1)
+        def patches(x: Tensor, p: int = p) -> Tensor:  # (B, 3, H, W) -> (B, tokens, 3*p*p)
+            return F.unfold(x.float(), kernel_size=p, stride=p).transpose(1, 2)
 
-    return F.cosine_similarity(patches(images), patches(previous), dim=-1, eps=1e-6)
+        now, before = patches(images[:, v]), patches(previous[:, v])
+        sims.append(F.cosine_similarity(now, before, dim=-1, eps=1e-6))
+    return torch.cat(sims, dim=1)
 
 
 def vla_cache_masks(
@@ -159,8 +170,7 @@ class VLACache:
         if self.previous is None:
             self.last_plan = None
             return None, None  # first frame: nothing to reuse, full recompute
-        per_image = step.num_visual // step.images.shape[1]
-        sim = patch_similarity(step.images, self.previous, per_image)  # (B, Nv)
+        sim = patch_similarity(step.images, self.previous, step.tokens_of_views())  # (B, Nv)
 
         def decide(probe: ProbeResult | None) -> TokenPlan:
             relevance = attention_scores(probe.probs)

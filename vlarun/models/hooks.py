@@ -32,13 +32,22 @@ class StepInputs:
     """What a token policy sees at one control step, before the LM runs.
 
     images: (B, n_img, 3, H, W) floats in [0, 1]; visual: (B, Nv, d) projector outputs;
-    prefix: the LM input ([BOS, visual, text, pad]); num_layers: LM depth.
+    prefix: the LM input ([BOS, visual, text, pad]); num_layers: LM depth; view_tokens: the
+    visual tokens of each view in order (they differ when a view is pooled; None: the views
+    split Nv evenly).
     """
 
     images: Tensor
     visual: Tensor
     prefix: Prefix
     num_layers: int
+    view_tokens: tuple[int, ...] | None = None
+
+    def tokens_of_views(self) -> tuple[int, ...]:
+        if self.view_tokens is not None:
+            return self.view_tokens
+        n = self.images.shape[1]
+        return (self.num_visual // n,) * n
 
     @property
     def vis_start(self) -> int:

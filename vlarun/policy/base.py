@@ -33,7 +33,9 @@ class Policy:
         """Random weights at a preset's shape (no statistics: actions stay in [-1, 1])."""
         torch.manual_seed(seed)
         model = VLA(get_preset(name)).to(dtype).eval()
-        return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size))
+        d = model.cfg.proprio_dim  # no statistics either: the state is fed as given
+        proprio = ProprioNorm((0.0,) * d, (1.0,) * d) if d else None
+        return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size), None, proprio)
 
     @classmethod
     def load(cls, name: str | Path, dtype: torch.dtype | str = torch.float32) -> Policy:

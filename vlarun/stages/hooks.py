@@ -48,7 +48,9 @@ class Hooks:
     def prefill(self, model: VLA, prefix: Prefix, images: Tensor, visual: Tensor) -> PrefillResult:
         """The prefill under the token policy: it plans on this step's inputs, the engine
         executes the plan on the cache kept from the previous step, the policy sees the result."""
-        step = StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
+        cfg = model.cfg
+        views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
+        step = StepInputs(images, visual, prefix, cfg.llm.num_layers, views)
         need = prefix.length + model.cfg.num_action_tokens
         if self.cache is None or self.cache.max_len != need:
             self.cache = model.language_model.new_cache(prefix.pad.shape[0], need)
