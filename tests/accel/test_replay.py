@@ -5,7 +5,7 @@ from vlarun.policy.methods import accelerated
 
 
 def test_policies_take_turns_and_warmup_is_not_counted(oft_policy, frames, instruction):
-    stream = [(instruction, f) for f in frames[:4]]
+    stream = [(instruction, f, None) for f in frames[:4]]
     order: list[str] = []
     policies = [accelerated(oft_policy, "full"), accelerated(oft_policy, "triage", 0.34)]
     for p in policies:

@@ -120,7 +120,8 @@ def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
             seen: list[tuple[np.ndarray, np.ndarray]] = []
 
             def keep(obs, run, out=seen):
-                out.append((obs["image"], run.outputs["actions"][0].float().numpy()))
+                # What the policy saw (all views, the state) and the chunk it answered.
+                out.append((*policy.observation(obs), run.outputs["actions"][0].float().numpy()))
 
             r = run_episode(
                 policy, env, EVAL_SEED_OFFSET + o.seed + i, on_inference=keep if record else None
@@ -142,8 +143,8 @@ def fidelity(policy: AcceleratedPolicy, recorded: list[dict]) -> float:
     errors = []
     for ep in recorded:
         policy.reset()
-        for image, ref in ep["obs"]:
-            got = policy.run_stages(image, ep["instruction"]).outputs["actions"][0]
+        for image, state, ref in ep["obs"]:
+            got = policy.run_stages(image, ep["instruction"], state=state).outputs["actions"][0]
             errors.append(float(np.abs(got.float().numpy() - ref).mean()))
     return float(np.mean(errors)) if errors else float("nan")
 
@@ -212,8 +213,11 @@ def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -
             "p99_all_ms": float(np.percentile(e2e, 99)), "queries": len(e2e)}  # fmt: skip
 
 
-def synthetic_stream(size: int, n: int, instruction: str) -> list[tuple[str, np.ndarray]]:
-    """A slowly changing scene (random background, a moving block) for random-weight models."""
+def synthetic_stream(
+    size: int, n: int, instruction: str, state_dim: int = 0
+) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+    """A slowly changing scene (random background, a moving block) for random-weight models,
+    as (instruction, frame, state) queries (a zero state when the model takes one)."""
     rng = np.random.default_rng(0)
     bg = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
     out = []
@@ -221,7 +225,7 @@ def synthetic_stream(size: int, n: int, instruction: str) -> list[tuple[str, np.
         f = bg.copy()
         y = (t * size // 40) % (size * 3 // 4)
         f[y : y + size // 5, size // 4 : size // 2] = 255
-        out.append((instruction, f))
+        out.append((instruction, f, np.zeros(state_dim, np.float32) if state_dim else None))
     return out
 
 
@@ -286,10 +290,12 @@ def latency(o: BenchAccelOptions, log) -> list[dict]:
     recorded = closed_loop(
         accelerated(policy, "full"), _with(o, tasks=task, episodes=1), record=True
     )["recorded"]
-    stream = [(instruction, img) for img, _ in recorded[0]["obs"]][: o.latency_queries]
+    stream = [(instruction, img, st) for img, st, _ in recorded[0]["obs"]][: o.latency_queries]
     if len(stream) < o.latency_queries:  # a short episode: pad with a synthetic continuation
-        size = policy.model.cfg.image_size
-        stream += synthetic_stream(size, o.latency_queries - len(stream), instruction)
+        cfg = policy.model.cfg
+        stream += synthetic_stream(
+            cfg.image_size, o.latency_queries - len(stream), instruction, cfg.proprio_dim
+        )
     rows = latency_rows(o.policy, policy, stream, o.latency_budget, log)
     if o.large:
         big = large_policy()
@@ -321,8 +327,8 @@ ABLATION = {
 def ablation(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.diffusion_policy)
     full = closed_loop(accelerated(policy, "full"), o, record=True)
-    frames = [(ep["instruction"], img) for ep in full["recorded"] for img, _ in ep["obs"]]
-    calibration = [(policy.image_tensor(img), policy.text_ids(ins)) for ins, img in frames[:16]]
+    frames = [(ep["instruction"], img, st) for ep in full["recorded"] for img, st, _ in ep["obs"]]
+    calibration = [(policy.image_tensor(img), policy.text_ids(ins)) for ins, img, _ in frames[:16]]
     stream = frames[: o.latency_queries]
     fast = {name: efficientvla(policy, cfg, calibration) for name, cfg in ABLATION.items()}
     timings = dict(zip(fast, time_streams(list(fast.values()), stream), strict=True))

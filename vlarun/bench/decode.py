@@ -189,9 +189,12 @@ def summarise_runs(policy: AcceleratedPolicy, runs: list) -> dict:
     }
 
 
-def recorded_stream(recorded: list[dict], queries: int) -> list[tuple[str, np.ndarray]]:
-    """``queries`` observations spread evenly over the recorded episodes' observations."""
-    obs = [(ep["instruction"], img) for ep in recorded for img, _ in ep["obs"]]
+def recorded_stream(
+    recorded: list[dict], queries: int
+) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+    """``queries`` (instruction, image, state) observations spread evenly over the recorded
+    episodes' observations."""
+    obs = [(ep["instruction"], img, st) for ep in recorded for img, st, _ in ep["obs"]]
     if not obs:
         raise RuntimeError("the autoregressive run recorded no observations")
     pick = np.linspace(0, len(obs) - 1, min(queries, len(obs))).round().astype(int)

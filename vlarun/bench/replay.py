@@ -14,22 +14,25 @@ from vlarun.stages.graph import GraphRun
 
 
 def interleaved_runs(
-    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]], warmup: int = 2
+    policies: list[AcceleratedPolicy],
+    stream: list[tuple[str, np.ndarray, np.ndarray | None]],
+    warmup: int = 2,
 ) -> list[list[GraphRun]]:
-    """Each policy's runs over the (instruction, image) ``stream``, as one episode per policy.
+    """Each policy's runs over the (instruction, image or views, state) ``stream``, as one
+    episode per policy.
 
     Before timing, each policy runs the first ``warmup`` queries (allocations, oneDNN kernels of
     every shape) and is then reset with its per-step statistics cleared, so those describe the
     timed queries only."""
     for policy in policies:
-        for instruction, image in stream[:warmup]:
-            policy.run_stages(image, instruction)
+        for instruction, image, state in stream[:warmup]:
+            policy.run_stages(image, instruction, state=state)
         policy.reset()
         policy.steps.clear()
         if policy.decoder is not None:
             policy.decoder.steps.clear()
     runs: list[list[GraphRun]] = [[] for _ in policies]
-    for instruction, image in stream:
+    for instruction, image, state in stream:
         for policy, out in zip(policies, runs, strict=True):
-            out.append(policy.run_stages(image, instruction))
+            out.append(policy.run_stages(image, instruction, state=state))
     return runs
