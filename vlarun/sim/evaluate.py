@@ -23,7 +23,7 @@ import numpy as np
 from vlarun.config import opt
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.sim.demos import EVAL_SEED_OFFSET
-from vlarun.sim.tasks import get_task
+from vlarun.sim.tasks import MT10, get_task
 
 TRAIN_TASKS = (
     "reach-v3",
@@ -42,7 +42,7 @@ class EvalConfig:
 
     policy: str = opt("tiny-ar", "shipped policy under checkpoints/ (tiny-ar, tiny-oft, tiny-dit)")
     checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
-    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks")
+    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks, or mt10")
     episodes: int = opt(25, "episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
     workers: int = opt(0, "worker processes; 0 = one per core (at most 4)")
@@ -68,6 +68,9 @@ class EvalConfig:
 
     @property
     def task_list(self) -> list[str]:
+        """The tasks; ``mt10`` names Meta-World's MT10 suite (what the mt10-* policies learn)."""
+        if self.tasks == "mt10":
+            return list(MT10)
         return [t for t in self.tasks.split(",") if t]
 
     @property
