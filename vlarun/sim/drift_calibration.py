@@ -70,16 +70,16 @@ class _Full:
 
 
 @torch.no_grad()
-def probe_stream(
-    policy, instruction: str, frames: list[np.ndarray], ages: list[int], cfg
-) -> list[dict]:
-    """Probes over one observation stream: dicts of drift, age, importance level, Delta."""
+def probe_stream(policy, instruction: str, frames: list, ages: list[int], cfg) -> list[dict]:
+    """Probes over one observation stream (frames, or (views, state) pairs as
+    ``Policy.observation`` gives them): dicts of drift, age, importance level, Delta."""
     model = policy.model
     gen = torch.Generator().manual_seed(0)
     history: deque[_Full] = deque(maxlen=max(ages))
     out = []
     for frame in frames:
-        step = _step_inputs(policy, frame, instruction)
+        image, state = frame if isinstance(frame, tuple) else (frame, None)
+        step = _step_inputs(policy, image, state, instruction)
         noise = torch.randn(1, model.cfg.horizon, model.cfg.action_dim,
                             generator=torch.Generator().manual_seed(0))  # fmt: skip
         full = _full_recompute(model, step, noise, cfg.layer)
@@ -90,12 +90,14 @@ def probe_stream(
     return out
 
 
-def _step_inputs(policy, frame: np.ndarray, instruction: str) -> StepInputs:
-    model = policy.model
+def _step_inputs(policy, frame: np.ndarray, state, instruction: str) -> StepInputs:
+    model, cfg = policy.model, policy.model.cfg
     images = policy.image_tensor(frame)
     visual = model.encode_images(images)
-    prefix = model.build_prefix(visual, [policy.text_ids(instruction)])
-    return StepInputs(images, visual, prefix, model.cfg.llm.num_layers)
+    st = policy.state_tensor(state) if cfg.proprio_dim else None
+    prefix = model.build_prefix(visual, [policy.text_ids(instruction)], st)
+    views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
+    return StepInputs(images, visual, prefix, cfg.llm.num_layers, views)
 
 
 def _full_recompute(model, step: StepInputs, noise: Tensor, layer: int) -> _Full:
@@ -194,8 +196,8 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
     for task in [t for t in cfg.tasks.split(",") if t]:
         env = MetaWorldEnv(task, **env_views(policy.model.cfg))
         for i in range(cfg.episodes):
-            frames: list[np.ndarray] = []
-            keep = lambda obs, _run, out=frames: out.append(obs["image"])  # noqa: E731
+            frames: list = []
+            keep = lambda obs, _run, out=frames: out.append(policy.observation(obs))  # noqa: E731
             run_episode(policy, env, EVAL_SEED_OFFSET + cfg.seed + i, on_inference=keep)
             streams.append((env.instruction, frames[: cfg.max_steps]))
         env.close()
