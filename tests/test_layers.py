@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "vlarun.models": 1,
     "vlarun.accel": 2,
     "vlarun.stages": 2,
+    "vlarun.transforms": 2,
     "vlarun.policy": 3,
     "vlarun.sched": 4,
     "vlarun.runtime": 5,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from vlarun.accel.feature_cache import EveryNStepsCache, every_n_steps
-from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
 from vlarun.policy.base import Policy
+from vlarun.transforms.layer_prune import layer_importance, least_important, prune_layers
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_layer_importance_ranks_an_identity_layer_last(dit_policy):
 
 
 def test_mlp_sparsity_zero_is_identity_and_keeps_the_strongest_channels(dit_policy):
-    from vlarun.accel.mlp_sparsity import channel_scores, sparsify_mlp
+    from vlarun.transforms.mlp_sparsity import channel_scores, sparsify_mlp
 
     model = dit_policy.model
     images, ids = _samples(dit_policy, 1)[0]

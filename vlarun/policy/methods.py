@@ -28,11 +28,11 @@ from vlarun.accel.baselines import (
     VLACacheConfig,
 )
 from vlarun.accel.feature_cache import every_n_steps
-from vlarun.accel.layer_prune import layer_importance, least_important, prune_layers
-from vlarun.accel.mlp_sparsity import sparsify_mlp
 from vlarun.accel.triage import Triage, TriageConfig
 from vlarun.accel.vla_pruner import VLAPruner, VLAPrunerConfig
 from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.transforms.layer_prune import layer_importance, least_important, prune_layers
+from vlarun.transforms.mlp_sparsity import sparsify_mlp
 
 METHODS = (
     "full",

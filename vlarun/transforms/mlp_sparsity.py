@@ -15,9 +15,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from vlarun.accel.layer_prune import _shallow_module_copy
 from vlarun.models.llama import MLP
 from vlarun.models.vla import VLA
+from vlarun.transforms.layer_prune import _shallow_module_copy
 
 
 def channel_scores(mlp: MLP) -> torch.Tensor:
