@@ -177,16 +177,20 @@ def prefill_flops_ratio(
     num_visual: int,
     last_shared_layer: int | None,
 ) -> float:
-    """Prefill FLOPs under a plan over full recompute of ``reference`` (the unpruned LM).
+    """Prefill FLOPs under a plan over full recompute of ``reference`` (the unpruned LM), as the
+    engine executes it (tested against a FLOP-counted forward).
 
     Shared layers process all tokens; deeper ones only the recomputed visual and all text
-    tokens, attending to the keys not pruned (reused keys cost attention, not projections)."""
+    tokens. Their attention runs over every key slot of the cache: reused keys are attended,
+    and pruned ones are masked out, not removed, so they cost attention FLOPs too (``pruned``
+    is kept in the signature for the day the engine drops them from attention)."""
+    del pruned  # masked, not removed: see the docstring
     full = reference.flops(prefix_len)
     if last_shared_layer is None:
         return llm.flops(prefix_len) / full
     split = min(last_shared_layer + 1, llm.num_layers)
     kept = prefix_len - num_visual + recomputed
-    visible = prefix_len - pruned
+    visible = prefix_len
     shallow = llm.flops(prefix_len, layers=split)
     deep = llm.flops(kept, context=(visible + 1) / 2, layers=llm.num_layers - split)
     return (shallow + deep) / full
