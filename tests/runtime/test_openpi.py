@@ -156,3 +156,37 @@ def test_clients_are_served_concurrently(server):
         t.join(120)
     assert not errors, errors
     assert time.perf_counter() - t0 < 120
+
+
+def test_serve_policy_command_end_to_end(tmp_path):
+    """`vlarun serve-policy` as its own process: endpoint line, an authenticated client's
+    request, a clean exit on SIGTERM with its statistics; no key file and no --insecure is
+    refused in one line."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    key = tmp_path / "policy.key"
+    key.write_text("file-key\n")
+    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--policy", "tiny-ar", "--port",
+           "0", "--api-key-file", str(key), "--threads", "1", "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    try:
+        start = json.loads(proc.stdout.readline())
+        assert start["authenticated"] and start["protocol"] == "openpi"
+        port = int(start["endpoint"].rsplit(":", 1)[1])
+        client = WebsocketClientPolicy("127.0.0.1", port, api_key="file-key")
+        reply = client.infer(
+            {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"}
+        )
+        assert reply["actions"].shape == (4, 4)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and json.loads(out.strip().splitlines()[-1])["requests"] == 1
+    refused = subprocess.run([sys.executable, "-m", "vlarun.cli", "serve-policy"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "--api-key-file" in refused.stderr

@@ -315,6 +315,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype)
+    _warm_up(policy)
     server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
                                 api_key=key, max_frame=int(o.max_frame_mb * 2**20))  # fmt: skip
     stop = threading.Event()
@@ -344,6 +345,18 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
     return {"requests": server.requests, "policy": policy.model.cfg.name}
+
+
+def _warm_up(policy) -> None:
+    """One inference before the port opens: one-time allocations and kernel choices would
+    otherwise land on the first robot's first request (seconds on a CPU)."""
+    import numpy as np
+
+    cfg = policy.model.cfg
+    shape = (cfg.image_size, cfg.image_size, 3)
+    image = np.zeros(shape if cfg.num_images == 1 else (cfg.num_images, *shape), np.uint8)
+    state = np.zeros(cfg.state_dim, np.float32) if cfg.state_dim else None
+    policy.predict(image, "warm up", state=state)
 
 
 def show_serve_policy(r: dict) -> None:
