@@ -109,9 +109,10 @@ def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
     """Success over tasks x episodes; with ``record``, each episode's observations and chunks."""
     from vlarun.sim.demos import EVAL_SEED_OFFSET
     from vlarun.sim.env import MetaWorldEnv, env_views
+    from vlarun.sim.tasks import parse_tasks
 
     wins, episodes = 0, []
-    tasks = [t for t in o.tasks.split(",") if t]
+    tasks = parse_tasks(o.tasks)
     for task in tasks:
         env = MetaWorldEnv(task, max_steps=o.max_steps, **env_views(policy.model.cfg))
         for i in range(o.episodes):
@@ -282,10 +283,10 @@ def large_policy(llm=None):
 
 
 def latency(o: BenchAccelOptions, log) -> list[dict]:
-    from vlarun.sim.tasks import get_task
+    from vlarun.sim.tasks import get_task, parse_tasks
 
     policy = _load(o.policy)
-    task = o.tasks.split(",")[0]
+    task = parse_tasks(o.tasks)[0]
     instruction = get_task(task).instruction
     recorded = closed_loop(
         accelerated(policy, "full"), _with(o, tasks=task, episodes=1), record=True

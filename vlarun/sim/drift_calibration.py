@@ -193,7 +193,9 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
     from vlarun.sim.evaluate import run_episode
 
     streams = []
-    for task in [t for t in cfg.tasks.split(",") if t]:
+    from vlarun.sim.tasks import parse_tasks
+
+    for task in parse_tasks(cfg.tasks):
         env = MetaWorldEnv(task, **env_views(policy.model.cfg))
         for i in range(cfg.episodes):
             frames: list = []

@@ -23,7 +23,7 @@ import numpy as np
 from vlarun.config import opt
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.sim.demos import EVAL_SEED_OFFSET
-from vlarun.sim.tasks import MT10, get_task
+from vlarun.sim.tasks import get_task, parse_tasks
 
 TRAIN_TASKS = (
     "reach-v3",
@@ -69,9 +69,7 @@ class EvalConfig:
     @property
     def task_list(self) -> list[str]:
         """The tasks; ``mt10`` names Meta-World's MT10 suite (what the mt10-* policies learn)."""
-        if self.tasks == "mt10":
-            return list(MT10)
-        return [t for t in self.tasks.split(",") if t]
+        return parse_tasks(self.tasks)
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 from vlarun.config import opt
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode
-from vlarun.sim.tasks import get_task
+from vlarun.sim.tasks import get_task, parse_tasks
 
 # (image uint8 (S, S, 3), instruction) -> normalised action chunk (K, D)
 Candidate = Callable[[np.ndarray, str], np.ndarray]
@@ -50,8 +50,7 @@ class FidelityConfig:
             raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--dtype must be float32 or bfloat16, got {self.dtype!r}")
-        for t in self.tasks.split(","):
-            get_task(t)
+        parse_tasks(self.tasks)  # unknown names raise, listing the valid ones
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ def run_fidelity(cfg: FidelityConfig) -> dict:
     reference_dir = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
     if not (reference_dir / "config.json").exists():
         raise ValueError(f"no policy at {reference_dir} (no config.json)")
-    tasks = [t for t in cfg.tasks.split(",") if t]
+    tasks = parse_tasks(cfg.tasks)
     path = Path(cfg.rollouts) if cfg.rollouts else None
     if path is not None and path.exists():
         rollouts = Rollouts.load(path)

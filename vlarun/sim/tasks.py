@@ -127,6 +127,15 @@ MT10: tuple[str, ...] = (
 )
 
 
+def parse_tasks(spec: str) -> list[str]:
+    """A task list as the command line gives it: comma-separated names, or ``mt10`` (the suite);
+    unknown names raise ValueError listing the valid ones."""
+    names = list(MT10) if spec.strip() == "mt10" else [t for t in spec.split(",") if t]
+    for name in names:
+        get_task(name)
+    return names
+
+
 def task_names() -> list[str]:
     """All registered task names, in registry order."""
     return list(TASKS)
