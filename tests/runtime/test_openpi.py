@@ -3,7 +3,6 @@
 actions through ``ActionChunkBroker``, the API key checked before the upgrade, errors as a text
 frame then close 1011, ``/healthz``, and a Meta-World episode solved through it."""
 
-import asyncio
 import threading
 import time
 import urllib.error
@@ -29,29 +28,9 @@ def server():
     policy = Policy.load("tiny-ar")
     srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0, api_key=KEY,
                                     max_frame=1 << 20)  # fmt: skip
-    loop = asyncio.new_event_loop()
-    ready, stop = threading.Event(), None
-
-    def run() -> None:
-        nonlocal stop
-        asyncio.set_event_loop(loop)
-        stop = asyncio.Event()
-        started = asyncio.Event()
-
-        async def main():
-            task = asyncio.ensure_future(srv.serve(started, stop))
-            await started.wait()
-            ready.set()
-            await task
-
-        loop.run_until_complete(main())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
+    stop = srv.start_in_thread(30)
     yield srv
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(10)
+    stop()
 
 
 def test_msgpack_numpy_round_trip_and_refusals():

@@ -34,21 +34,12 @@ import torch
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
-from vlarun.policy.methods import EfficientVLAConfig, accelerated, efficientvla
+from vlarun.policy.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
 SWEEP_METHODS = "triage,drop-all,keep-all,fastv,vla-cache,vla-pruner"
-LATENCY_METHODS = (
-    "full",
-    "triage",
-    "drop-all",
-    "keep-all",
-    "fastv",
-    "vla-cache",
-    "vla-pruner",
-    "efficientvla",
-)
+LATENCY_METHODS = METHODS  # every method, full recompute first
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ The server runs in this process (its own event-loop thread and model thread), th
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import threading
 import time
@@ -37,31 +36,6 @@ class BenchServeOptions:
     def __post_init__(self) -> None:
         if self.requests < 2 or self.clients < 1:
             raise ValueError("--requests must be >= 2 and --clients >= 1")
-
-
-def _start(server):
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict = {}
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        box["stop"] = asyncio.Event()
-        started = asyncio.Event()
-
-        async def main():
-            task = asyncio.ensure_future(server.serve(started, box["stop"]))
-            await started.wait()
-            ready.set()
-            await task
-
-        loop.run_until_complete(main())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    if not ready.wait(60):
-        raise RuntimeError("the policy server did not start within 60 s")
-    return lambda: (loop.call_soon_threadsafe(box["stop"].set), thread.join(10))
 
 
 def _client_run(port: int, key: str, frame: dict, n: int, out: list) -> None:
@@ -90,7 +64,7 @@ def run(o: BenchServeOptions) -> dict:
     policy = Policy.load(o.policy)
     key = "bench-key"
     server = OpenpiPolicyServer(policy, get_layout("metaworld"), port=0, api_key=key)
-    stop = _start(server)
+    stop = server.start_in_thread()
     cfg = policy.model.cfg
     rng = np.random.default_rng(0)
     frame = {"image": rng.integers(0, 255, (cfg.image_size,) * 2 + (3,), dtype=np.uint8),

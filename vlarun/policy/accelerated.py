@@ -28,7 +28,6 @@ from vlarun.accel.base import FullRecompute, StepInputs, TokenDecoder, TokenPoli
 from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.llama import LlamaConfig
 from vlarun.models.token_plan import TokenAction, TokenPlan
-from vlarun.models.vla import PrefillResult
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.graph import GraphRun, StageGraph
 from vlarun.stages.hooks import Hooks
@@ -151,7 +150,6 @@ class AcceleratedPolicy:
             self.reference or self.model.cfg.llm,
             step.prefix.length,
             counts[TokenAction.RECOMPUTE],
-            counts[TokenAction.PRUNE],
             nv,
             None if plan is None else plan.last_shared_layer,
         )
@@ -173,7 +171,6 @@ def prefill_flops_ratio(
     reference: LlamaConfig,
     prefix_len: int,
     recomputed: int,
-    pruned: int,
     num_visual: int,
     last_shared_layer: int | None,
 ) -> float:
@@ -182,9 +179,8 @@ def prefill_flops_ratio(
 
     Shared layers process all tokens; deeper ones only the recomputed visual and all text
     tokens. Their attention runs over every key slot of the cache: reused keys are attended,
-    and pruned ones are masked out, not removed, so they cost attention FLOPs too (``pruned``
-    is kept in the signature for the day the engine drops them from attention)."""
-    del pruned  # masked, not removed: see the docstring
+    and pruned ones are masked out, not removed, so they cost attention FLOPs too: reuse and
+    prune cost the same here."""
     full = reference.flops(prefix_len)
     if last_shared_layer is None:
         return llm.flops(prefix_len) / full
@@ -194,35 +190,6 @@ def prefill_flops_ratio(
     shallow = llm.flops(prefix_len, layers=split)
     deep = llm.flops(kept, context=(visible + 1) / 2, layers=llm.num_layers - split)
     return (shallow + deep) / full
-
-
-def run_head(
-    model,
-    pre: PrefillResult,
-    noise: Tensor,
-    state: Tensor | None = None,
-    feature_cache: DenoiseFeatureCache | None = None,
-    decoder: TokenDecoder | None = None,
-) -> dict:
-    """The family's action head after a prefill: {"actions": (B, horizon, D), ...}; action
-    tokens are decoded by ``decoder`` if given, else greedily."""
-    family = model.cfg.family
-    if family == "autoregressive":
-        ids = model.decode_tokens(pre) if decoder is None else decoder.decode(model, pre)
-        return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
-    if family == "parallel":
-        return {"actions": model.parallel_head(pre)}
-    if family == "diffusion":
-        acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
-        return {"actions": acts.float()}
-    st = state  # (B, state_dim) or None
-    if feature_cache is None:
-        return {"actions": model.denoise(pre, noise=noise, state=st)}
-    if st is None:  # as VLA.denoise does
-        st = torch.zeros(1, model.cfg.flow.state_dim, device=pre.last_hidden.device)
-    acts = model.action_expert.sample(pre.cache, st, noise=noise, start=pre.next_pos,
-                                      feature_cache=feature_cache)  # fmt: skip
-    return {"actions": acts}
 
 
 def accelerate(policy, tokens: TokenPolicy | None = None, **kw) -> AcceleratedPolicy:

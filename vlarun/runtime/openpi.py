@@ -23,7 +23,9 @@ import asyncio
 import hmac
 import http
 import math
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -224,6 +226,37 @@ class OpenpiPolicyServer:
             prev_total_ms = (time.perf_counter() - t0) * 1e3
             self.requests += 1
             self.server_ms.append(prev_total_ms - model_ms)
+
+    def start_in_thread(self, timeout_s: float = 60.0) -> Callable[[], None]:
+        """Serve on an event loop of its own in a daemon thread (benchmarks, tests, an
+        embedding program); returns once the port is open, with a function that stops it."""
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        box: dict = {}
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            box["stop"] = asyncio.Event()
+            started = asyncio.Event()
+
+            async def main() -> None:
+                task = asyncio.ensure_future(self.serve(started, box["stop"]))
+                await started.wait()
+                ready.set()
+                await task
+
+            loop.run_until_complete(main())
+
+        thread = threading.Thread(target=run, daemon=True, name="vlarun-openpi")
+        thread.start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"the policy server did not start within {timeout_s:.0f} s")
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(box["stop"].set)
+            thread.join(10)
+
+        return stop
 
     async def serve(self, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None):
         """Serve until ``stop`` is set (forever without one)."""

@@ -27,7 +27,7 @@ from vlarun.accel.triage import value_drift
 from vlarun.config import opt
 from vlarun.models.llama import KVCache
 from vlarun.models.token_plan import TokenAction, TokenPlan
-from vlarun.policy.accelerated import run_head
+from vlarun.stages.families import run_head
 
 DRIFT_EDGES = (0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
+from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.heads import DiTHead, L1RegressionHead
+from vlarun.models.hooks import TokenDecoder
 from vlarun.models.llama import KVCache
 from vlarun.models.vla import VLA, PrefillResult, VLAConfig
 from vlarun.stages.graph import Stage, StageCost, StageGraph, TensorSpec
@@ -213,10 +216,8 @@ class _Runner:
 
     @torch.no_grad()
     def decode(self, pk: Packet) -> Packet:
-        pre = self._restore(pk)
         decoder = self.hooks.decoder if self.hooks is not None else None
-        ids = self.model.decode_tokens(pre) if decoder is None else decoder.decode(self.model, pre)
-        return Packet({"actions": self.model.tokens_to_actions(ids), "action_ids": ids})
+        return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder))
 
     @torch.no_grad()
     def prefill_head(self, pk: Packet) -> Packet:
@@ -224,22 +225,48 @@ class _Runner:
 
     @torch.no_grad()
     def denoise(self, pk: Packet) -> Packet:
-        model, noise = self.model, pk["noise"]
+        model = self.model
         state = pk["state"] if "state" in pk.tensors else None
         make = self.hooks.denoise_cache if self.hooks is not None else None
+        if model.cfg.dit is not None:  # the DiT reads only the last hidden state
+            b = pk["last_hidden"].shape[0]
+            pre = PrefillResult(None, pk["last_hidden"], torch.zeros(b, dtype=torch.long))
+        else:
+            pre = self._restore(pk)
         fc = make() if make is not None else None
-        if model.cfg.dit is not None:
-            hidden = pk["last_hidden"]
-            acts = model.action_model.sample(hidden, noise=noise, feature_cache=fc)
-            return Packet({"actions": acts.float()})
-        pre = self._restore(pk)
-        if fc is None:
-            return Packet({"actions": model.denoise(pre, noise=noise, state=state)})
-        if state is None:  # as VLA.denoise does
-            state = torch.zeros(noise.shape[0], model.cfg.flow.state_dim)
-        acts = model.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos,
-                                          feature_cache=fc)  # fmt: skip
-        return Packet({"actions": acts})
+        return Packet(run_head(model, pre, pk["noise"], state, fc))
+
+
+def run_head(
+    model: VLA,
+    pre: PrefillResult,
+    noise: Tensor | None,
+    state: Tensor | None = None,
+    feature_cache: DenoiseFeatureCache | None = None,
+    decoder: TokenDecoder | None = None,
+) -> dict:
+    """The family's action head after a prefill, the one place it is run (the stage functions
+    and the drift diagnostic call it): {"actions": (B, horizon, D), ...}; action tokens are
+    decoded by ``decoder`` if given, else greedily; ``feature_cache`` serves a DiT / flow
+    denoiser."""
+    family = model.cfg.family
+    if family == "autoregressive":
+        ids = model.decode_tokens(pre) if decoder is None else decoder.decode(model, pre)
+        return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
+    if family == "parallel":
+        return {"actions": model.parallel_head(pre)}
+    if family == "diffusion":
+        acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
+        return {"actions": acts.float()}
+    st = state  # (B, state_dim) or None
+    if feature_cache is None:
+        return {"actions": model.denoise(pre, noise=noise, state=st)}
+    if st is None:  # as VLA.denoise does
+        b = pre.last_hidden.shape[0]
+        st = torch.zeros(b, model.cfg.flow.state_dim, device=pre.last_hidden.device)
+    acts = model.action_expert.sample(pre.cache, st, noise=noise, start=pre.next_pos,
+                                      feature_cache=feature_cache)  # fmt: skip
+    return {"actions": acts}
 
 
 def _unbound(name: str):
