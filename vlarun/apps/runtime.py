@@ -62,6 +62,7 @@ class ServeEdgeOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
+    max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
@@ -83,7 +84,10 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
     policy = load_policy(o.checkpoint, o.preset, o.dtype)
-    cfg = ServerConfig(f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3)
+    cfg = ServerConfig(
+        f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
+        max_streams=o.max_streams,
+    )  # fmt: skip
     server = EdgeServer(policy, sec, cfg)
     server.warmup()
     stop = threading.Event()
@@ -168,6 +172,11 @@ class RunRobotOptions:
     seed: int = opt(10000, "first episode seed")
     max_steps: int | None = opt(None, "stop an episode after this many steps")
     strategy: str = opt("vlarun", "vlarun | device-only | edge-only | fixed-split")
+    setting: str = opt(
+        "full",
+        "accelerator setting of every request, run on whichever side each stage runs: "
+        "full | triage:0.34 | fastv:0.18 | exit:0.5 | cache:2, joined by +",
+    )
     control_hz: float = opt(20.0, "actions executed per second")
     slo_ms: float | None = opt(None, "deadline per inference (default: chunk / control rate)")
     robot_slowdown: float = opt(1.0, "stand in for a slower robot: local stages take this x longer")
@@ -184,13 +193,16 @@ class RunRobotOptions:
 
 
 def cmd_run_robot(o: RunRobotOptions) -> dict:
+    from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig, RobotAgent
     from vlarun.runtime.episode import run_episode, summarise
     from vlarun.runtime.transport import robot_security
     from vlarun.sim.env import MetaWorldEnv, env_views
     from vlarun.stages.wire import Codec
 
+    setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
     policy = load_policy(o.checkpoint, o.preset, o.dtype)
+    setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
     cfg = AgentConfig(
@@ -200,6 +212,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         Codec(o.reduce, o.compress),
         robot_device=o.robot_device,
         edge_device=o.edge_device,
+        setting=setting,
     )
     sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
     relay, edge = None, o.edge
@@ -229,6 +242,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         if relay is not None
         else None,
         "strategy": o.strategy,
+        "setting": str(setting),
         "task": o.task,
         "slo_ms": slo_s * 1e3,
         "robot_slowdown": o.robot_slowdown,

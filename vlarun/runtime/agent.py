@@ -15,12 +15,21 @@ One inference (``RobotAgent.infer``):
   4. feed back what was measured: stage times (edge times come in the reply), transfers and
      round trips (link EWMA), and the end-to-end latency (placement residual).
 
+Accelerator settings run on whichever side each stage runs: the plan's setting (or the
+configured one, for the fixed strategies) becomes hooks here (``AccelSetting.hooks``) and
+travels with each edge request (``meta.setting``), where the edge keeps the same hooks for this
+robot's stream. Hook state that carries across control steps (the token policy's KV cache,
+the Jacobi decoder's generator) lives on the side that last ran its stage; when a stage moves,
+its state on the new side is reset first (``meta.fresh`` on the edge), so a move costs one full
+recompute, never a reuse of stale state. ``reset()`` starts a new episode (a new stream).
+
 A robot slower than this host can be stood in for by ``robot_slowdown``: each local stage
 sleeps (slowdown - 1) times its measured duration, and every result says so.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +38,7 @@ import torch
 import zmq
 
 from vlarun.policy.base import Policy
+from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
@@ -44,7 +54,8 @@ STRATEGIES = ("vlarun", "device-only", "edge-only", "fixed-split")
 @dataclass(frozen=True)
 class AgentConfig:
     """How the robot runs its policy. ``slo_s``: deadline of one inference (chunk / control
-    rate); ``margin_s``: kept in hand when deciding to give up on the edge."""
+    rate); ``margin_s``: kept in hand when deciding to give up on the edge; ``setting``: the
+    accelerator setting every request runs (the scheduler plans its placement under it)."""
 
     slo_s: float = 0.5
     strategy: str = "vlarun"
@@ -55,6 +66,7 @@ class AgentConfig:
     edge_device: str = "this-cpu"
     bandwidth_mbps: float = 1000.0  # initial link estimate; measured transfers refine it
     rtt_ms: float = 1.0
+    setting: AccelSetting = AccelSetting()
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -80,6 +92,7 @@ class Inference:
     remote_overhead_ms: list[float] = field(default_factory=list)
     bytes_sent: int = 0
     link_mbps: float | None = None  # the bandwidth estimate the plan was made with
+    setting: str = "full"  # the accelerator setting it ran (AccelSetting's text form)
 
     @property
     def late_s(self) -> float:
@@ -99,6 +112,7 @@ class Inference:
             "remote_overhead_ms": self.remote_overhead_ms,
             "bytes_sent": self.bytes_sent,
             "link_mbps": self.link_mbps,
+            "setting": self.setting,
         }
 
 
@@ -132,7 +146,11 @@ class RobotAgent:
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
         self.remote_s: dict[tuple[str, ...], float] = {}  # EWMA of each edge segment's wall time
-        self._graphs: dict[int, object] = {}
+        self._graphs: dict[tuple, object] = {}  # (text tokens, setting key) -> graph
+        self._hooks: dict[tuple, object] = {}  # setting key -> this side's hooks (None: plain)
+        self._where: dict[tuple, dict[str, str]] = {}  # setting key -> stateful stage -> side
+        self.stream = secrets.randbits(62)  # this episode's id on the edge
+        self._instruction: str | None = None
         self._scheds: dict[int, object] = {}
         self.client = self.monitor = None
         if edge is not None:
@@ -153,11 +171,26 @@ class RobotAgent:
 
     # -- graph and plan ------------------------------------------------------------------------
 
-    def graph(self, text_tokens: int):
-        if text_tokens not in self._graphs:
+    def reset(self) -> None:
+        """A new episode: a new stream on the edge and fresh hook state here."""
+        self.stream = secrets.randbits(62)
+        for hooks in self._hooks.values():
+            if hooks is not None:
+                hooks.reset()
+        self._where.clear()
+
+    def graph(self, text_tokens: int, setting: AccelSetting | None = None):
+        """The stage graph for a prompt of ``text_tokens`` under ``setting`` (default: the
+        configured one), bound to this side's hooks for it."""
+        setting = setting or self.cfg.setting
+        key = (text_tokens, setting.key)
+        if key not in self._graphs:
+            model = self.policy.model
+            if setting.key not in self._hooks:
+                self._hooks[setting.key] = setting.hooks(model.cfg.family)
             w = Workload(1, text_tokens, self.dtype)
-            self._graphs[text_tokens] = build_graph(self.policy.model.cfg, self.policy.model, w)
-        return self._graphs[text_tokens]
+            self._graphs[key] = build_graph(model.cfg, model, w, self._hooks[setting.key])
+        return self._graphs[key]
 
     def scheduler(self, text_tokens: int):
         if text_tokens not in self._scheds:
@@ -169,20 +202,23 @@ class RobotAgent:
             self._scheds[text_tokens] = sched
         return self._scheds[text_tokens]
 
-    def plan(self, graph, text_tokens: int):
-        """(placement, decision or None). The edge being down forces the robot-only plan."""
-        names = [s.name for s in graph.stages]
+    def plan(self, text_tokens: int):
+        """(placement, decision or None, setting). The edge being down forces the robot-only
+        plan; the fixed strategies run the configured setting, the scheduler its plan's."""
+        names = [s.name for s in self.graph(text_tokens).stages]
+        setting = self.cfg.setting
         if not self.edge_up or self.cfg.strategy == "device-only":
-            return dict.fromkeys(names, "robot"), None
+            return dict.fromkeys(names, "robot"), None, setting
         if self.cfg.strategy == "edge-only":
-            return dict.fromkeys(names, "edge"), None
+            return dict.fromkeys(names, "edge"), None, setting
         if self.cfg.strategy == "fixed-split":
-            return {n: ("robot" if i == 0 else "edge") for i, n in enumerate(names)}, None
+            return {n: ("robot" if i == 0 else "edge") for i, n in enumerate(names)}, None, setting
         from vlarun.runtime.planning import decide
 
         sched = self.scheduler(text_tokens)
         d = decide(sched, self.link, self.monitor.health if self.monitor else {})
-        return dict(d.placement), d
+        setting = AccelSetting.from_knobs(d.settings, self.cfg.setting.token_method)
+        return dict(d.placement), d, setting
 
     # -- one inference ------------------------------------------------------------------------
 
@@ -190,20 +226,27 @@ class RobotAgent:
         """Local runs that fill the per-stage local time estimates (and one-time allocations)."""
         ids = self.policy.text_ids(instruction)
         graph = self.graph(len(ids))
+        state = None
+        if self.policy.model.cfg.proprio_dim:
+            state = np.zeros(self.policy.model.cfg.state_dim, dtype=np.float32)
         for _ in range(runs):
-            pool = dict(self._inputs(image, ids, None, 0).tensors)
+            pool = dict(self._inputs(image, ids, state, 0).tensors)
             for st in graph.stages:
                 self._local(st, pool, {})
+        self.reset()  # the warm-up's hook state is not the episode's
 
     def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
         t0 = time.perf_counter()
+        if instruction != self._instruction:  # a new task: hook state of the old one is stale
+            self.reset()
+            self._instruction = instruction
         self._refresh_link()
         link_mbps = self.link.bandwidth_mbps
         ids = self.policy.text_ids(instruction)
-        graph = self.graph(len(ids))
-        placement, decision = self.plan(graph, len(ids))
+        placement, decision, setting = self.plan(len(ids))
+        graph = self.graph(len(ids), setting)
         pool = dict(self._inputs(image, ids, state, seed).tensors)
-        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s)
+        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting)
         latency = time.perf_counter() - t0
         inf = Inference(
             self.policy.unnormalize(pool["actions"][0]),
@@ -218,6 +261,7 @@ class RobotAgent:
             tr.overheads_ms,
             tr.sent,
             link_mbps,
+            str(setting),
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
@@ -225,27 +269,48 @@ class RobotAgent:
             self.scheduler(len(ids)).observe(decision, outcome(inf, tr.stage_s, tr.batch))
         return inf
 
-    def _execute(self, graph, placement, pool: dict, text_tokens: int, deadline: float) -> _Trace:
+    def _execute(
+        self, graph, placement, pool: dict, text_tokens: int, deadline: float, setting: AccelSetting
+    ) -> _Trace:
         """Run the plan's segments; after the first edge failure, everything left runs here."""
         tr = _Trace()
         segs = segments(graph, placement)
+        stateful = setting.stateful_stages(self.policy.model.cfg.family)
+        where = self._where.setdefault(setting.key, {})
+        hooks = self._hooks.get(setting.key)
         for i, seg in enumerate(segs):
             remote = seg.role == "edge" and tr.fallback is None
-            if remote and self._try_remote(
-                graph, placement, segs, i, pool, text_tokens, deadline, tr
-            ):
-                continue
+            if remote:
+                moved = [n for n in seg.stages if n in stateful and where.get(n) != "edge"]
+                fresh = [stateful[n] for n in moved]
+                extra = {"setting": setting.to_meta(), "stream": self.stream, "fresh": fresh}
+                if setting.identity:
+                    extra = {}
+                if self._try_remote(
+                    graph, placement, segs, i, pool, text_tokens, deadline, tr, extra
+                ):
+                    continue
             for name in seg.stages:
+                if name in stateful and where.get(name) != "robot":
+                    hooks.reset(stateful[name])  # its state here is stale (or none yet)
                 tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran)
+        for name in stateful:
+            if name in tr.ran:
+                where[name] = tr.ran[name]
         return tr
 
-    def _try_remote(self, graph, placement, segs, i, pool, text_tokens, deadline, tr) -> bool:
-        """One edge segment into ``pool``; False (with the reason in ``tr``) to run it here."""
+    def _try_remote(
+        self, graph, placement, segs, i, pool, text_tokens, deadline, tr, extra
+    ) -> bool:
+        """One edge segment into ``pool``; False (with the reason in ``tr``) to run it here.
+        ``extra``: the setting's part of the request meta (setting, stream, fresh)."""
         if not self.edge_up:
             tr.fallback = "link: edge down"
             return False
         try:
-            rep = self._remote(graph, placement, segs[i], pool, text_tokens, deadline, segs[i:])
+            rep = self._remote(
+                graph, placement, segs[i], pool, text_tokens, deadline, segs[i:], extra
+            )
         except LinkDown as e:
             tr.fallback = f"link: {e}"
             self.monitor.mark_down()
@@ -287,7 +352,7 @@ class RobotAgent:
         ran[stage.name] = "robot"
         return seconds
 
-    def _remote(self, graph, placement, seg, pool, text_tokens, deadline, rest):
+    def _remote(self, graph, placement, seg, pool, text_tokens, deadline, rest, extra):
         """One edge segment, waited for no longer than ``_timeout`` allows."""
         left = deadline - time.perf_counter()
         if left <= 0:
@@ -296,7 +361,7 @@ class RobotAgent:
         timeout = self._timeout(seg.stages, left, local_rest)
         want = wanted(graph, placement, seg)
         packet = Packet({n: pool[n] for n in seg.needs})
-        meta = {"batch": 1, "text_tokens": text_tokens}
+        meta = {"batch": 1, "text_tokens": text_tokens, **extra}
         self.monitor.last_remote = time.monotonic()
         t0 = time.perf_counter()
         rep = self.client.run(seg.stages, packet, want, left, timeout, meta, self.cfg.codec)

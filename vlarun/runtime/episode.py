@@ -28,6 +28,7 @@ def run_episode(
 ) -> dict:
     """One episode; ``on_inference(i, inference)`` sees each inference as it completes."""
     obs, _ = env.reset(seed=seed)
+    agent.reset()  # a new episode: a new stream of accelerator state on both sides
     horizon = agent.policy.model.cfg.horizon
     instruction = env.instruction
     done_records: list = []

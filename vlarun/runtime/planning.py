@@ -2,10 +2,10 @@
 it for an ExecutionPlan, turn what ran into an Outcome for ``Scheduler.observe``, price a
 request with the one energy account.
 
-The runtime executes placements only: every accelerator knob stays at its identity value
-(``accelerators=False``), because the runtime does not yet apply TRIAGE budgets, layer
-pruning or cache intervals to the stages it runs, and a plan must never promise a setting
-that is not executed.
+The plan space holds one setting: the agent's configured one (identity by default), which the
+agent then executes on both sides (``AccelSetting.hooks``), so a plan never promises a setting
+that does not run. Its accuracy cost is whatever the user accepted by choosing it: it is
+priced (analytic FLOPs), not measured, and the space's notes say so.
 
 The edge's view comes from its health reply: per-stage queue depth times its measured stage
 time becomes the predictor's queued work. Each robot keeps its own scheduler, so the edge's
@@ -20,17 +20,23 @@ from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
-from vlarun.sched.plans import build_space
+from vlarun.sched.plans import IDENTITY, SettingRow, build_space
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
 
 def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
-    """A placement-only scheduler between the agent's robot and edge devices."""
+    """A scheduler of placements under the agent's one setting (``cfg.setting``), between its
+    robot and edge devices."""
     devices = {"robot": get_device(cfg.robot_device), "edge": get_device(cfg.edge_device)}
     w = Workload(1, text_tokens, dtype)
-    space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, accelerators=False)
+    rows = tuple(
+        SettingRow(k, v, 1.0, "identity") if v == IDENTITY[k]
+        else SettingRow(k, v, None, f"the run's setting {cfg.setting}")
+        for k, v in {**IDENTITY, **cfg.setting.knobs()}.items()
+    )  # fmt: skip
+    space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, settings_rows=rows)
     # Batching is the edge's own business (its queues), not reserved here.
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
                      join_batches=False)  # fmt: skip

@@ -34,6 +34,11 @@ class Job:
     arrival: float
     deadline: float
     reply_codec: dict = field(default_factory=dict)
+    # An accelerated request runs its stream's graph (stage functions bound to the stream's
+    # hooks); ``fresh``: hook parts to reset before its first stage. None: the plain graph.
+    graph: object | None = field(default=None, repr=False)
+    hooks: object | None = field(default=None, repr=False)
+    fresh: tuple[str, ...] = ()
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)
@@ -43,8 +48,11 @@ class Job:
         return self.stages[self.pos]
 
     def signature(self, inputs: tuple[str, ...]) -> tuple:
-        """Stage + per input (name, dtype, shape without the batch axis)."""
+        """Stage + per input (name, dtype, shape without the batch axis). A request with hooks
+        never batches: its hooks hold one stream's state (a KV cache of batch 1)."""
         sig = [self.stage]
+        if self.hooks is not None:
+            sig.append(("stream", id(self)))
         for n in inputs:
             t = self.pool[n]
             shape = list(t.shape)

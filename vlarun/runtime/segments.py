@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from vlarun.accel.base import FullRecompute
 from vlarun.models.vla import VLAConfig
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.graph import StageGraph, TensorSpec
+from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import PacketError
 
 # Which axis of a tensor is the batch: the exported KV cache is (layers, batch, ...).
@@ -88,8 +90,11 @@ class Schema:
         self.names = tuple(s.name for s in self._graph(1, 1).stages)
 
     @lru_cache(maxsize=256)  # noqa: B019 - one Schema per server; entries are small
-    def _graph(self, batch: int, text_tokens: int) -> StageGraph:
-        return build_graph(self.cfg, None, Workload(batch, text_tokens, self.dtype))
+    def _graph(self, batch: int, text_tokens: int, token_policy: bool = False) -> StageGraph:
+        # Under a token policy the prefill also reads the frames (its schema, not its weights,
+        # is what matters here: any token policy stands for all).
+        hooks = Hooks(tokens=FullRecompute()) if token_policy else None
+        return build_graph(self.cfg, None, Workload(batch, text_tokens, self.dtype), hooks)
 
     def parse_stages(self, text: str) -> tuple[str, ...]:
         """'prefill+decode' -> ('prefill', 'decode'); must be consecutive graph stages."""
@@ -102,15 +107,16 @@ class Schema:
         return names
 
     def expected(
-        self, names: tuple[str, ...], batch: object, text_tokens: object
+        self, names: tuple[str, ...], batch: object, text_tokens: object, token_policy: bool = False
     ) -> tuple[Segment, dict[str, TensorSpec]]:
-        """The segment and the exact specs of the tensors a request for it must carry."""
+        """The segment and the exact specs of the tensors a request for it must carry
+        (``token_policy``: its setting has a token policy, so the prefill reads the frames)."""
         if not isinstance(batch, int) or not 1 <= batch <= self.max_batch:
             raise PacketError(f"meta.batch must be an integer in 1..{self.max_batch}")
         limit = self.cfg.max_text_tokens
         if not isinstance(text_tokens, int) or not 1 <= text_tokens <= limit:
             raise PacketError(f"meta.text_tokens must be an integer in 1..{limit}")
-        graph = self._graph(batch, text_tokens)
+        graph = self._graph(batch, text_tokens, token_policy)
         seg = segment_of(graph, names)
         specs = {s.name: s for s in graph.graph_inputs}
         for st in graph.stages:

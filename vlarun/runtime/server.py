@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import zmq
 
 from vlarun.policy.base import Policy
+from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
@@ -48,11 +50,15 @@ class ServerConfig:
     batch_window_s: float = 0.002
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_queued: int = 256  # requests waiting in all stage queues; more are refused at once
+    # Accelerated streams (one robot's episode under one setting) whose hook state (KV cache,
+    # token-policy and decoder state) the edge keeps; the least recently used is forgotten
+    # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
+    max_streams: int = 64
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.batch_window_s < 0:
-            raise ValueError("max_batch must be >= 1 and batch_window_s >= 0")
+        if self.max_batch < 1 or self.batch_window_s < 0 or self.max_streams < 1:
+            raise ValueError("max_batch, max_streams must be >= 1 and batch_window_s >= 0")
 
 
 class EdgeServer:
@@ -81,10 +87,13 @@ class EdgeServer:
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)
         self.stop_event = threading.Event()
-        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0}
+        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
+                      "streams": 0}  # fmt: skip
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
+        # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
+        self._streams: OrderedDict[tuple, tuple] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -192,7 +201,10 @@ class EdgeServer:
         """Check the request against the stage schema, then (only then) read its tensors."""
         names = self.schema.parse_stages(header.stage)
         meta = header.meta
-        seg, specs = self.schema.expected(names, meta.get("batch"), meta.get("text_tokens"))
+        setting = self._setting(meta)
+        seg, specs = self.schema.expected(
+            names, meta.get("batch"), meta.get("text_tokens"), setting.token_budget < 1.0
+        )
         got = {e.name: e for e in header.entries}
         if set(got) != set(specs):
             raise PacketError(
@@ -215,9 +227,12 @@ class EdgeServer:
             wire.Codec(**codec)
         except (TypeError, ValueError) as e:
             raise PacketError(f"bad reply_codec: {e}") from None
+        fresh = meta.get("fresh", [])
+        if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
+            raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
         msg = wire.materialize(header, frames, self.cfg.limits)
         budget = header.deadline_s if header.deadline_s > 0 else 0.0
-        return Job(
+        job = Job(
             identity,
             header.rid,
             names,
@@ -227,6 +242,39 @@ class EdgeServer:
             now + min(budget, 3600.0),
             codec,
         )
+        if not setting.identity:
+            job.hooks, job.graph = self._stream(identity, meta.get("stream"), setting)
+            job.fresh = tuple(fresh)
+        return job
+
+    def _setting(self, meta: dict) -> AccelSetting:
+        """The request's accelerator setting (identity when it names none), checked against
+        this model's family before anything is allocated."""
+        try:
+            setting = AccelSetting.from_meta(meta.get("setting"))
+            setting.check_family(self.policy.model.cfg.family)
+        except (TypeError, ValueError) as e:
+            raise PacketError(f"bad setting: {e}") from None
+        return setting
+
+    def _stream(self, identity: bytes, stream: object, setting: AccelSetting) -> tuple:
+        """The hooks and graph of one robot's accelerated stream, made on its first request.
+        Only the I/O thread calls this; a job keeps its own reference, so forgetting a stream
+        here never pulls state from under a running stage."""
+        if not isinstance(stream, int) or not 0 <= stream < 2**63:
+            raise PacketError("an accelerated request needs meta.stream, an integer in 0..2^63")
+        key = (identity, stream, setting.key)
+        if key in self._streams:
+            self._streams.move_to_end(key)
+            return self._streams[key]
+        model = self.policy.model
+        hooks = setting.hooks(model.cfg.family)
+        entry = (hooks, build_graph(model.cfg, model, Workload(1, 1, self.dtype), hooks))
+        self._streams[key] = entry
+        while len(self._streams) > self.cfg.max_streams:
+            self._streams.popitem(last=False)
+        self.stats["streams"] += 1
+        return entry
 
     def _control(self, header: wire.Header) -> list[bytes]:
         op = header.meta.get("op")
@@ -247,6 +295,7 @@ class EdgeServer:
             "queue": self.queues.depth(),
             "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
             "max_batch": self.cfg.max_batch,
+            "streams_kept": len(self._streams),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             **self.stats,
@@ -286,7 +335,11 @@ class EdgeServer:
                 live.append(job)
         if not live:
             return
-        stage = self.graph.stage(live[0].stage)
+        stage = (live[0].graph or self.graph).stage(live[0].stage)
+        for job in live:
+            if job.pos == 0:  # in the worker thread, so no stage of the stream is running
+                for part in job.fresh:
+                    job.hooks.reset(part)
         try:
             seconds = self._execute(stage, live)
         except Exception as e:  # one bad request must not fail its batch mates

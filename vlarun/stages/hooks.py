@@ -38,12 +38,18 @@ class Hooks:
         takes the images too."""
         return self.tokens is not None
 
-    def reset(self) -> None:
-        """A new episode: forget the KV cache and every hook's own state."""
-        self.cache, self.last_step = None, None
-        for hook in (self.tokens, self.decoder):
-            if hook is not None:
-                hook.reset()
+    def reset(self, part: str | None = None) -> None:
+        """A new episode: forget the KV cache and every hook's own state. ``part`` ("tokens"
+        or "decoder") forgets only that hook's state (the tokens' includes the KV cache): what
+        a stream does when that stage last ran on the other side and its state here is stale."""
+        if part not in (None, "tokens", "decoder"):
+            raise ValueError(f"part must be None, 'tokens' or 'decoder', got {part!r}")
+        if part in (None, "tokens"):
+            self.cache, self.last_step = None, None
+            if self.tokens is not None:
+                self.tokens.reset()
+        if part in (None, "decoder") and self.decoder is not None:
+            self.decoder.reset()
 
     def prefill(self, model: VLA, prefix: Prefix, images: Tensor, visual: Tensor) -> PrefillResult:
         """The prefill under the token policy: it plans on this step's inputs, the engine
