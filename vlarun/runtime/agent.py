@@ -44,7 +44,7 @@ from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
-from vlarun.stages.families import Workload, build_graph, graph_inputs
+from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
@@ -230,7 +230,7 @@ class RobotAgent:
         if self.policy.model.cfg.proprio_dim:
             state = np.zeros(self.policy.model.cfg.state_dim, dtype=np.float32)
         for _ in range(runs):
-            pool = dict(self._inputs(image, ids, state, 0).tensors)
+            pool = dict(self.policy.inputs(image, instruction, state, 0)[0].tensors)
             for st in graph.stages:
                 self._local(st, pool, {})
         self.reset()  # the warm-up's hook state is not the episode's
@@ -245,7 +245,8 @@ class RobotAgent:
         ids = self.policy.text_ids(instruction)
         placement, decision, setting = self.plan(len(ids))
         graph = self.graph(len(ids), setting)
-        pool = dict(self._inputs(image, ids, state, seed).tensors)
+        # The policy's own input packet: its image resize and state normalisation.
+        pool = dict(self.policy.inputs(image, instruction, state, seed)[0].tensors)
         tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting)
         latency = time.perf_counter() - t0
         inf = Inference(
@@ -330,13 +331,6 @@ class RobotAgent:
         tr.sent += rep.sent_bytes
         self._observe_transfer(rep)
         return True
-
-    def _inputs(self, image, ids, state, seed) -> Packet:
-        cfg = self.policy.model.cfg
-        gen = torch.Generator().manual_seed(seed)
-        noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
-        st = None if state is None else torch.as_tensor(state, dtype=torch.float32)[None]
-        return graph_inputs(cfg, self.policy.image_tensor(image), [ids], noise=noise, state=st)
 
     def _local(self, stage, pool: dict, ran: dict) -> float:
         start = time.perf_counter()

@@ -10,6 +10,9 @@ wait, and the new chunk starts about when it was meant to, stale only by its own
 (starting earlier would make every action staler; later, the robot would stall). With the
 deadline chunk / control rate, an inference that meets it never lets the queue run dry.
 If it does run dry, the robot waits: that wait is a stall, counted and timed, never hidden.
+
+``inline=True`` runs each inference in the caller's thread (simulated time: evaluation, where
+no clock runs while the policy thinks, so there is nothing to overlap and nothing to time).
 """
 
 from __future__ import annotations
@@ -30,11 +33,16 @@ class ChunkQueue:
         horizon: int,
         tick_s: float,
         lead: bool = True,
+        inline: bool = False,
     ) -> None:
-        """``lead=False``: no overlap, the next inference starts when the queue is empty."""
+        """``lead=False``: no overlap, the next inference starts when the queue is empty;
+        ``inline``: inferences run in the caller's thread (needs ``lead=False``)."""
         if lead and horizon < 2:
             raise ValueError("asynchronous chunks need a horizon of at least 2 actions")
+        if inline and lead:
+            raise ValueError("inline inference cannot overlap execution (lead=True)")
         self.infer, self.horizon, self.tick_s, self.lead = infer, horizon, tick_s, lead
+        self.inline = inline
         self.actions: deque[np.ndarray] = deque()
         self.cond = threading.Condition()
         self.pending = False
@@ -59,6 +67,11 @@ class ChunkQueue:
             if self.pending:
                 return False
             self.pending = True
+        if self.inline:
+            self._run(obs)
+            if self.errors:
+                raise self.errors.pop()
+            return True
         t = threading.Thread(target=self._run, args=(obs,), daemon=True)
         self._threads.append(t)
         t.start()

@@ -1,20 +1,80 @@
-"""A closed-loop episode driven by the robot agent, at a real control rate.
+"""The closed-loop episode: one loop (``run_loop``) for evaluation in simulated time and for
+the robot agent at a real control rate.
 
-The environment is stepped once per control tick (1 / control_hz seconds of wall time, as a
-real robot would execute its actions), the action coming from the chunk queue; inference
-overlaps execution (``asynchronous=True``) or blocks between chunks (False, the simple loop).
+At a control rate the environment is stepped once per control tick (1 / control_hz seconds of
+wall time, as a real robot would execute its actions), the action coming from the chunk queue;
+inference overlaps execution (``asynchronous=True``) or blocks between chunks (False).
 Reported: the control rate achieved, stalls (ticks the robot had no action for), and every
-inference as ``Inference.row()``.
+inference as ``Inference.row()``. In simulated time (``control_hz=None``; ``sim.evaluate``) a
+chunk is inferred, executed whole, and the next inferred from the latest observation.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vlarun.runtime.agent import RobotAgent
 from vlarun.runtime.chunks import ChunkQueue
+
+if TYPE_CHECKING:  # the agent (and ZeroMQ) only where agent episodes run
+    from vlarun.runtime.agent import RobotAgent
+
+
+def run_loop(
+    infer: Callable[[dict], tuple[np.ndarray, object]],
+    env,
+    seed: int,
+    horizon: int,
+    control_hz: float | None = None,
+    asynchronous: bool = False,
+    max_steps: int | None = None,
+    frames: list | None = None,
+) -> dict:
+    """The one episode loop: ``infer(obs) -> (chunk of actions, record)`` feeds a chunk queue
+    that the environment is stepped from until success, the environment's limit or
+    ``max_steps``. ``control_hz=None``: simulated time (evaluation): inference runs inline and
+    nothing sleeps; else one step per control tick of wall time, inference overlapping
+    execution when ``asynchronous``. ``frames`` receives every camera image. Returns the
+    episode's outcome with ``records`` (what ``infer`` returned beside each chunk, in order)."""
+    obs, _ = env.reset(seed=seed)
+    if frames is not None:
+        frames.append(obs["image"])
+    real_time = control_hz is not None
+    period = 1.0 / control_hz if real_time else 0.0
+    queue = ChunkQueue(infer, horizon, period, lead=asynchronous and real_time,
+                       inline=not real_time)  # fmt: skip
+    steps, success, t_start = 0, False, time.perf_counter()
+    next_tick = t_start
+    queue.request(obs)
+    while max_steps is None or steps < max_steps:
+        action = queue.pop()
+        obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
+        steps += 1
+        if frames is not None:
+            frames.append(obs["image"])
+        if terminated or truncated:
+            success = bool(info.get("success", False))
+            break
+        if queue.needs_refill():
+            queue.request(obs)
+        if real_time:  # a stall delays the schedule instead of being made up by a burst
+            next_tick = max(next_tick + period, time.perf_counter())
+            time.sleep(max(next_tick - time.perf_counter(), 0.0))
+    wall = time.perf_counter() - t_start
+    queue.join()
+    return {
+        "seed": seed,
+        "success": success,
+        "steps": steps,
+        "wall_s": wall,
+        "control_hz": steps / wall if wall > 0 else 0.0,
+        "stalls": len(queue.stalls),
+        "stall_ms_total": sum(queue.stalls) * 1e3,
+        "records": queue.records,
+    }
 
 
 def run_episode(
@@ -26,50 +86,24 @@ def run_episode(
     max_steps: int | None = None,
     on_inference=None,
 ) -> dict:
-    """One episode; ``on_inference(i, inference)`` sees each inference as it completes."""
-    obs, _ = env.reset(seed=seed)
+    """One episode of the robot agent at a real control rate (``run_loop``);
+    ``on_inference(i, inference)`` sees each inference as it completes."""
     agent.reset()  # a new episode: a new stream of accelerator state on both sides
-    horizon = agent.policy.model.cfg.horizon
     instruction = env.instruction
-    done_records: list = []
+    done: list = []
 
     def infer(o: dict):
         image, state = agent.policy.observation(o)
-        inf = agent.infer(image, instruction, state=state, seed=len(done_records))
-        done_records.append(inf)
+        inf = agent.infer(image, instruction, state=state, seed=len(done))
+        done.append(inf)
         if on_inference is not None:
-            on_inference(len(done_records) - 1, inf)
+            on_inference(len(done) - 1, inf)
         return inf.actions, inf
 
-    queue = ChunkQueue(infer, horizon, 1.0 / control_hz, lead=asynchronous)
-    period = 1.0 / control_hz
-    steps, success, t_start = 0, False, time.perf_counter()
-    next_tick = t_start
-    queue.request(obs)
-    while max_steps is None or steps < max_steps:
-        action = queue.pop()
-        obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
-        steps += 1
-        if terminated or truncated:
-            success = bool(info.get("success", False))
-            break
-        if queue.needs_refill():
-            queue.request(obs)
-        # A stall delays the schedule instead of being made up by a burst of actions.
-        next_tick = max(next_tick + period, time.perf_counter())
-        time.sleep(max(next_tick - time.perf_counter(), 0.0))
-    wall = time.perf_counter() - t_start
-    queue.join()
-    return {
-        "seed": seed,
-        "success": success,
-        "steps": steps,
-        "wall_s": wall,
-        "control_hz": steps / wall if wall > 0 else 0.0,
-        "stalls": len(queue.stalls),
-        "stall_ms_total": sum(queue.stalls) * 1e3,
-        "inferences": [r.row() for r in done_records],
-    }
+    horizon = agent.policy.model.cfg.horizon
+    r = run_loop(infer, env, seed, horizon, control_hz, asynchronous, max_steps)
+    r["inferences"] = [inf.row() for inf in r.pop("records")]
+    return r
 
 
 def summarise(infs: list[dict], actions: int) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 
 from vlarun.config import opt
 from vlarun.paths import checkpoints_dir, policy_dir
+from vlarun.runtime.episode import run_loop
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.tasks import get_task, parse_tasks
 
@@ -143,39 +144,31 @@ def paired_difference(
 
 
 def run_episode(policy, env, seed: int, on_inference=None, frames: list | None = None) -> dict:
-    """One closed-loop episode: infer a chunk, execute it, repeat until success or the limit.
+    """One closed-loop episode in simulated time (``runtime.episode.run_loop``): infer a chunk,
+    execute it, repeat until success or the limit.
 
     ``on_inference(obs, run)`` sees every observation and its graph run (fidelity recording);
     ``frames``, if given, receives every camera image (the report's GIF).
     """
     if hasattr(policy, "reset"):  # stateful (accelerated) policies start each episode afresh
         policy.reset()
-    obs, _ = env.reset(seed=seed)
-    steps, latencies, stages, success = 0, [], {}, False
-    if frames is not None:
-        frames.append(obs["image"])
-    while True:
+
+    def infer(obs: dict):
         t0 = time.perf_counter()
         image, state = policy.observation(obs)
         run = policy.run_stages(image, env.instruction, state=state)
-        latencies.append((time.perf_counter() - t0) * 1e3)
-        for t in run.timings:
-            stages.setdefault(t.name, []).append(t.seconds * 1e3)
+        ms = (time.perf_counter() - t0) * 1e3
         if on_inference is not None:
             on_inference(obs, run)
-        done = False
-        for action in policy.unnormalize(run.outputs["actions"][0]):
-            obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
-            steps += 1
-            if frames is not None:
-                frames.append(obs["image"])
-            if terminated or truncated:
-                success, done = bool(info["success"]), True
-                break
-        if done:
-            break
-    return {"seed": seed, "success": success, "steps": steps, "latency_ms": latencies,
-            "stages_ms": stages}  # fmt: skip
+        return policy.unnormalize(run.outputs["actions"][0]), (ms, run.timings)
+
+    r = run_loop(infer, env, seed, policy.model.cfg.horizon, frames=frames)
+    stages: dict[str, list[float]] = {}
+    for _, timings in r["records"]:
+        for t in timings:
+            stages.setdefault(t.name, []).append(t.seconds * 1e3)
+    return {"seed": seed, "success": r["success"], "steps": r["steps"],
+            "latency_ms": [ms for ms, _ in r["records"]], "stages_ms": stages}  # fmt: skip
 
 
 def _run_episodes(job: tuple) -> list[dict]:
