@@ -106,9 +106,8 @@ def test_a_stage_that_moves_starts_its_state_afresh_on_the_new_side(policies):
         expected.append(ref.predict(f, INSTRUCTION, seed=i))
     with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
         agent = RobotAgent(policy, AgentConfig(slo_s=10.0, setting=st), srv.address, INSECURE)
-        plans = iter(
-            ({"vision": "robot", "prefill": side, "decode": "edge"}, None, st) for side in prefill_at
-        )
+        placements = [{"vision": "robot", "prefill": p, "decode": "edge"} for p in prefill_at]
+        plans = iter((placement, None, st) for placement in placements)
         agent.plan = lambda _text_tokens: next(plans)  # the placement sequence under test
         try:
             got = _run(agent, steps)

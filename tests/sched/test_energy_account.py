@@ -5,7 +5,7 @@ import pytest
 
 from vlarun.models.presets import get_preset
 from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.planning import modelled_energy
+from vlarun.runtime.planning import modelled_energy, stand_in_factors
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
@@ -44,5 +44,36 @@ def test_runtime_realised_energy_equals_the_plans_prediction_on_identical_inputs
                              period_s=slo, radio=radio, measured=measured)  # fmt: skip
     agent = AgentConfig(slo_s=slo, robot_device=ORIN.id, edge_device=RTX.id)
     edge_s = {n: t for n, t in times.items() if placement[n] == "edge"}
-    realised = modelled_energy(agent, placement, times, edge_s, pred.latency_s, radio=radio)
+    same = {"robot": {}, "edge": {}}  # the times are already the named devices'
+    realised = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same, radio=radio)
     assert realised == pytest.approx(pred.energy_j, rel=1e-9)
+
+
+def test_a_time_measured_here_is_priced_on_the_device_it_stands_in_for():
+    """An edge stage timed on this CPU, priced as an RTX 4090: its time is first converted
+    (roofline ratio: the calibrated 4090 prediction), never this CPU's seconds at 4090 watts;
+    a role that names this-cpu is priced as measured."""
+    cfg = get_preset("openvla-7b")
+    agent = AgentConfig(slo_s=0.5, robot_device="this-cpu", edge_device=RTX.id)
+    f = stand_in_factors(cfg, agent, 8, "bfloat16")
+    assert set(f["robot"].values()) == {1.0}
+    assert all(0 < x < 0.2 for x in f["edge"].values())  # a 4090 beats this CPU at 7B shapes
+    placement = {"vision": "robot", "prefill": "edge", "decode": "edge"}
+    times = {"vision": 0.01, "prefill": 0.05, "decode": 0.08}
+    edge_s = {n: times[n] for n in ("prefill", "decode")}
+    latency = 0.16  # 0.02 s on the link
+    got = modelled_energy(agent, placement, times, edge_s, latency, f, radio=RadioPower(1, 1))
+    here = get_device("this-cpu")
+    converted = [StageSpend("robot", 0.01)] + [
+        StageSpend("edge", edge_s[n] * f["edge"][n]) for n in edge_s
+    ]
+    lat = 0.01 + sum(converted[i].busy_s for i in (1, 2)) + 0.02
+    want = request_energy(here, RTX, converted, latency_s=lat, period_s=0.5, tx_s=0.01, rx_s=0.01,
+                          radio=RadioPower(1, 1))  # fmt: skip
+    assert got == pytest.approx(want, rel=1e-9)
+    naive = request_energy(here, RTX, [StageSpend("robot", 0.01)] + [
+        StageSpend("edge", t) for t in edge_s.values()], latency_s=latency, period_s=0.5,
+        tx_s=0.01, rx_s=0.01, radio=RadioPower(1, 1))  # fmt: skip
+    assert got < 0.9 * naive
+    with pytest.raises(ValueError, match="robot_slowdown"):
+        AgentConfig(robot_slowdown=2.0, robot_device="orin-nx-16gb")

@@ -180,8 +180,14 @@ class RunRobotOptions:
     control_hz: float = opt(20.0, "actions executed per second")
     slo_ms: float | None = opt(None, "deadline per inference (default: chunk / control rate)")
     robot_slowdown: float = opt(1.0, "stand in for a slower robot: local stages take this x longer")
-    robot_device: str = opt("orin-nx-16gb", "catalog device the scheduler and energy model assume")
-    edge_device: str = opt("rtx4090", "catalog device of the edge for the scheduler")
+    robot_device: str = opt(
+        "this-cpu",
+        "catalog device the robot's stages are planned and priced as (this-cpu: as measured; "
+        "another: this CPU stands in, its times converted to that device's)",
+    )
+    edge_device: str = opt(
+        "this-cpu", "catalog device the edge's stages are planned and priced as (as above)"
+    )
     link_mbps: float | None = opt(None, "shape the link: a relay process at this bandwidth")
     link_delay_ms: float = opt(0.0, "one-way delay the relay adds, ms")
     link_schedule: str = opt("", "bandwidth changes over time, e.g. '5:4,12:200' (s:Mbit/s)")

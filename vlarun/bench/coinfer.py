@@ -36,8 +36,12 @@ class BenchCoinferOptions:
     steps: int = opt(160, "control steps per strategy")
     control_hz: float = opt(20.0, "actions executed per second")
     robot_slowdown: float = opt(4.0, "local stages take this x longer (slow-robot stand-in)")
-    robot_device: str = opt("orin-nx-16gb", "catalog device for the scheduler and energy")
-    edge_device: str = opt("rtx4090", "catalog device for the scheduler and energy")
+    robot_device: str = opt(
+        "this-cpu", "catalog device for the scheduler and energy (another: times converted)"
+    )
+    edge_device: str = opt(
+        "this-cpu", "catalog device for the scheduler and energy (another: times converted)"
+    )
     bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")

@@ -73,6 +73,11 @@ class AgentConfig:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.slo_s <= 0 or self.robot_slowdown < 1:
             raise ValueError("slo_s must be positive and robot_slowdown >= 1")
+        if self.robot_slowdown > 1 and self.robot_device != "this-cpu":
+            raise ValueError(
+                "robot_slowdown stands in for a slower robot by sleeping on this CPU, a named "
+                f"robot device ({self.robot_device}) by converting this CPU's times: use one"
+            )
 
 
 @dataclass
@@ -152,6 +157,7 @@ class RobotAgent:
         self.stream = secrets.randbits(62)  # this episode's id on the edge
         self._instruction: str | None = None
         self._scheds: dict[int, object] = {}
+        self._factors: dict[int, dict] = {}
         self.client = self.monitor = None
         if edge is not None:
             sec = sec or Security(insecure=True)
@@ -192,13 +198,22 @@ class RobotAgent:
             self._graphs[key] = build_graph(model.cfg, model, w, self._hooks[setting.key])
         return self._graphs[key]
 
+    def factors(self, text_tokens: int) -> dict:
+        """Measured-here to named-device time factors (``planning.stand_in_factors``)."""
+        if text_tokens not in self._factors:
+            from vlarun.runtime.planning import stand_in_factors
+
+            cfg = self.policy.model.cfg
+            self._factors[text_tokens] = stand_in_factors(cfg, self.cfg, text_tokens, self.dtype)
+        return self._factors[text_tokens]
+
     def scheduler(self, text_tokens: int):
         if text_tokens not in self._scheds:
             from vlarun.runtime.planning import make_scheduler, prime
 
             sched = make_scheduler(self.policy.model.cfg, self.cfg, text_tokens, self.dtype)
             health = self.monitor.health if self.monitor is not None else {}
-            prime(sched, self.local_s, health.get("stage_ms") or {})
+            prime(sched, self.local_s, health.get("stage_ms") or {}, self.factors(text_tokens))
             self._scheds[text_tokens] = sched
         return self._scheds[text_tokens]
 
@@ -257,7 +272,7 @@ class RobotAgent:
             self.cfg.slo_s,
             tr.fallback,
             None if decision is None else decision.latency_s,
-            self._energy(graph, tr.ran, tr.stage_s, tr.edge_s, latency),
+            self._energy(len(ids), tr.ran, tr.stage_s, tr.edge_s, latency),
             {k: v * 1e3 for k, v in tr.stage_s.items()},
             tr.overheads_ms,
             tr.sent,
@@ -267,7 +282,8 @@ class RobotAgent:
         if decision is not None:
             from vlarun.runtime.planning import outcome
 
-            self.scheduler(len(ids)).observe(decision, outcome(inf, tr.stage_s, tr.batch))
+            sched, factors = self.scheduler(len(ids)), self.factors(len(ids))
+            sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors))
         return inf
 
     def _execute(
@@ -402,7 +418,8 @@ class RobotAgent:
             rep.sent_bytes + rep.recv_bytes, max(rep.wall_s - rep.server_s, 1e-6)
         )
 
-    def _energy(self, graph, ran, stage_s, edge_times, latency) -> float:
+    def _energy(self, text_tokens, ran, stage_s, edge_times, latency) -> float:
         from vlarun.runtime.planning import modelled_energy
 
-        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency)
+        factors = self.factors(text_tokens)
+        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from vlarun.sched.catalog import get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
-from vlarun.sched.cost import stage_works
+from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space
@@ -42,11 +42,43 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
                      join_batches=False)  # fmt: skip
 
 
-def prime(sched: Scheduler, robot_s: dict[str, float], edge_ms: dict[str, float]) -> None:
+HOST = "this-cpu"  # where the runtime's processes really run, robot and edge alike
+
+
+def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, dict[str, float]]:
+    """Role -> stage -> seconds on the role's named device per second measured on this host.
+
+    Every stage the runtime runs, runs here. When a role names another catalog device (a
+    Jetson, an RTX 4090) this host stands in for it, and its measured times are converted
+    before they are priced or taught to the scheduler: t_device = t_here x roofline(device) /
+    roofline(here), i.e. the calibrated prediction for the named device (this host's
+    calibration factor, measured / roofline, carries over). Time and power then always belong
+    to the same device; never this CPU's milliseconds at a GPU's watts. 1.0 for ``this-cpu``."""
+    host = get_device(HOST)
+    works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
+    out = {}
+    for role, name in (("robot", cfg.robot_device), ("edge", cfg.edge_device)):
+        dev = get_device(name)
+        out[role] = {
+            w.name: 1.0 if dev.id == host.id
+            else roofline(w, dev, dtype).seconds / max(roofline(w, host, dtype).seconds, 1e-12)
+            for w in works
+        }  # fmt: skip
+    return out
+
+
+def convert(times: dict[str, float], factors: dict[str, float]) -> dict[str, float]:
+    return {name: t * factors.get(name, 1.0) for name, t in times.items()}
+
+
+def prime(
+    sched: Scheduler, robot_s: dict[str, float], edge_ms: dict[str, float], factors: dict
+) -> None:
     """Start calibrated: stage times already measured (the robot's warm-up runs, the edge's
-    per-stage estimates from its health reply) set the stage factors before the first
-    request, so the first plan is not a guess from catalog peaks."""
-    sched.prime(robot_s, {name: ms * 1e-3 for name, ms in edge_ms.items()})
+    per-stage estimates from its health reply), converted to the named devices, set the stage
+    factors before the first request, so the first plan is not a guess from catalog peaks."""
+    edge_s = {name: ms * 1e-3 for name, ms in edge_ms.items()}
+    sched.prime(convert(robot_s, factors["robot"]), convert(edge_s, factors["edge"]))
 
 
 def decide(sched: Scheduler, link: Link, health: dict) -> ExecutionPlan:
@@ -57,16 +89,23 @@ def decide(sched: Scheduler, link: Link, health: dict) -> ExecutionPlan:
     return sched.decide(link, 0.0, DeviceState(queued_s=queued), top=0)
 
 
-def outcome(inf, stage_s: dict[str, float], batch: dict[str, int]) -> Outcome:
+def outcome(inf, stage_s: dict[str, float], batch: dict[str, int], factors: dict) -> Outcome:
     """The plan contract's Outcome of one executed request: per stage where it ran, its
     execution time (an edge batch's whole compute time, which this request waited for) and
-    the batch it ran in."""
+    the batch it ran in, all converted to the named devices (``stand_in_factors``)."""
     stages = tuple(
-        StageOutcome(name, role, stage_s[name], batch.get(name, 1))
+        StageOutcome(name, role, stage_s[name] * factors[role].get(name, 1.0), batch.get(name, 1))
         for name, role in inf.ran.items()
         if name in stage_s
     )
-    return Outcome(stages, inf.latency_s, inf.fallback, inf.energy_j)
+    latency = _converted_latency(inf.latency_s, inf.ran, stage_s, factors)
+    return Outcome(stages, latency, inf.fallback, inf.energy_j)
+
+
+def _converted_latency(latency_s: float, ran: dict, stage_s: dict, factors: dict) -> float:
+    """The request's latency with each stage's time replaced by its named device's."""
+    delta = sum(stage_s[n] * (factors[r].get(n, 1.0) - 1.0) for n, r in ran.items() if n in stage_s)
+    return max(latency_s + delta, 0.0)
 
 
 def modelled_energy(
@@ -75,6 +114,7 @@ def modelled_energy(
     stage_s: dict,
     edge_s: dict,
     latency_s: float,
+    factors: dict,
     radio: RadioPower | None = None,
 ) -> float:
     """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
@@ -82,20 +122,22 @@ def modelled_energy(
     charged their per-request compute time (``edge_s``), the radio the request's remote time
     that was not edge compute, half sending and half receiving.
 
-    The devices are ``cfg.robot_device`` / ``cfg.edge_device``: a time measured on this CPU
-    is priced as the device the configuration names, so name ``this-cpu`` when that is where
-    the stage really ran (the default)."""
+    The devices are ``cfg.robot_device`` / ``cfg.edge_device``; times measured on this host
+    are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
     rob, edge = get_device(cfg.robot_device), get_device(cfg.edge_device)
+    f_rob, f_edge = factors["robot"], factors["edge"]
     spends = [
-        StageSpend(role, stage_s[name] if role == "robot" else edge_s.get(name, 0.0))
+        StageSpend(role, stage_s[name] * f_rob.get(name, 1.0) if role == "robot"
+                   else edge_s.get(name, 0.0) * f_edge.get(name, 1.0))
         for name, role in ran.items()
-    ]
+    ]  # fmt: skip
     remote = [n for n, r in ran.items() if r == "edge"]
     on_air = 0.0
-    if remote:
+    if remote:  # the link's time is the link's: measured, never converted
         robot_busy = sum(stage_s[n] for n in ran if ran[n] == "robot")
         on_air = max(latency_s - robot_busy - sum(stage_s[n] for n in remote), 0.0)
+    latency = _converted_latency(latency_s, ran, stage_s, factors)
     return request_energy(
-        rob, edge, spends, latency_s=latency_s, period_s=cfg.slo_s,
+        rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
         tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(),
     )  # fmt: skip
