@@ -326,16 +326,16 @@ def test_prepacked_matches_plain(name):
 
 
 def test_sdpa_fast_paths_only_when_the_mask_allows(monkeypatch):
-    import vlarun.models.llama as llama
+    import vlarun.models.attn_context as attn_context
 
-    seen, orig = [], llama._sdpa_mask
+    seen, orig = [], attn_context.sdpa_mask
 
     def spy(mask):
         out = orig(mask)
         seen.append((out[0] is None, out[1]))
         return out
 
-    monkeypatch.setattr(llama, "_sdpa_mask", spy)
+    monkeypatch.setattr(attn_context, "sdpa_mask", spy)
     model = _model()
     ids = torch.randint(0, 97, (1, 12))
     pad = torch.ones(1, 12, dtype=torch.bool)

@@ -17,15 +17,13 @@ such as ``action_model.net.`` aside), so their weights load without renaming.
 """
 
 from vlarun.models.action_tokens import ActionTokenizer, NormStats
+from vlarun.models.ddim import alphas_cumprod, ddim_sample_loop, ddim_timesteps
 from vlarun.models.dit_head import (
     COGACT_DIT_SIZES,
     DenoiseFeatureCache,
     DiTBlock,
     DiTConfig,
     DiTHead,
-    alphas_cumprod,
-    ddim_sample_loop,
-    ddim_timesteps,
 )
 from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
 from vlarun.models.oft_head import L1RegressionHead, OFTHeadConfig, empty_action_embeddings

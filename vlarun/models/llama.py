@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vlarun.models.attn_context import Context
 from vlarun.models.device import prepack_supported
 from vlarun.models.kv_cache import KVCache  # noqa: F401 (re-exported)
 from vlarun.models.token_plan import DeferredPlan, ProbeResult, TokenAction, TokenPlan  # noqa: F401 (re-exported)
@@ -474,7 +475,8 @@ class LlamaLM(nn.Module):
         if feature_cache is not None and any(a is not None for a in (cache, plan, probe)):
             raise ValueError("feature_cache cannot be combined with a cache, plan or probe")
         self._check_positions(positions, cache)
-        ctx = _Context.build(self, embeds, positions, cache, causal, attn_mask, pad_mask, prefix)
+        rope = (self.model.rope_cos, self.model.rope_sin, self.dtype)
+        ctx = Context.build(rope, embeds, positions, cache, causal, attn_mask, pad_mask, prefix)
         x, probe_out = embeds, None
         n_layers = len(self.model.layers)
         split = plan.last_shared_layer + 1 if plan is not None else n_layers
@@ -506,7 +508,7 @@ class LlamaLM(nn.Module):
             )
 
     def _layer(
-        self, i: int, x: Tensor, ctx: _Context, probe: AttnProbe | None
+        self, i: int, x: Tensor, ctx: Context, probe: AttnProbe | None
     ) -> tuple[Tensor, ProbeResult | None]:
         layer = self.model.layers[i]
         attn = layer.self_attn
@@ -517,7 +519,7 @@ class LlamaLM(nn.Module):
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, probe_out
 
-    def _cached_layer(self, i: int, x: Tensor, ctx: _Context, branches: BranchCache) -> Tensor:
+    def _cached_layer(self, i: int, x: Tensor, ctx: Context, branches: BranchCache) -> Tensor:
         """``_layer`` with each residual branch routed through ``branches`` (kept apart so the
         plain path stays free of per-branch closures)."""
         layer = self.model.layers[i]
@@ -533,8 +535,8 @@ class LlamaLM(nn.Module):
         return h + branches(i, "mlp", lambda: layer.mlp(layer.post_attention_layernorm(h)))
 
     def _enter_deep_layers(
-        self, x: Tensor, ctx: _Context, plan: TokenPlan, cache: KVCache, split: int
-    ) -> tuple[Tensor, _Context, Tensor]:
+        self, x: Tensor, ctx: Context, plan: TokenPlan, cache: KVCache, split: int
+    ) -> tuple[Tensor, Context, Tensor]:
         """Keep recomputed and non-visual tokens; prune/reuse the others in layers >= split."""
         b, t, _ = x.shape
         keep = plan.deep_keep_mask(t).to(x.device)  # (B, T)
@@ -558,180 +560,7 @@ class LlamaLM(nn.Module):
         return x, ctx, index
 
 
-@dataclass
-class _Context:
-    """Per-call tensors shared by all layers: RoPE tables, the mask, where to write the cache."""
-
-    model: LlamaLM
-    cos: Tensor  # (1 or B, 1, T, hd)
-    sin: Tensor
-    positions_bt: Tensor  # (B, T)
-    local: Tensor  # (B, T, T) bool: visibility among the call's own tokens
-    pad: Tensor  # (B, T) bool: False for padding
-    hide_future: bool  # causal: cached slots after a query's position are invisible
-    cache: KVCache | None
-    prefix: KVCache | None
-    prefix_len: int
-    kv_len: int
-    aligned: bool = True  # every row writes the same positions (one index_copy_ per layer)
-    mask: Tensor | None = None  # (B, 1, T, S), built lazily by the first layer that runs
-    layered: bool = False  # cache/prefix validity differs by layer: build the mask per layer
-    # What SDPA gets: None when every key is visible (plain decode), or None + is_causal when the
-    # mask is exactly lower-triangular with S == T (plain prefill): no (B,1,T,S) float mask is
-    # materialised per layer, and the causal kernel skips the upper triangle.
-    sdpa_mask: Tensor | None = None
-    sdpa_causal: bool = False
-
-    @classmethod
-    def build(
-        cls,
-        model: LlamaLM,
-        embeds: Tensor,
-        positions: Tensor,
-        cache: KVCache | None,
-        causal: bool,
-        attn_mask: Tensor | None,
-        pad_mask: Tensor | None,
-        prefix: KVCache | None,
-    ) -> _Context:
-        b, t, _ = embeds.shape
-        dev = embeds.device
-        pos_bt = positions.expand(b, t) if positions.ndim == 1 else positions
-        if attn_mask is not None:
-            local = attn_mask.to(dev).expand(b, t, t)
-        elif causal:
-            local = pos_bt[:, None, :] <= pos_bt[:, :, None]
-        else:
-            local = torch.ones(b, t, t, dtype=torch.bool, device=dev)
-        pad = (
-            torch.ones(b, t, dtype=torch.bool, device=dev) if pad_mask is None else pad_mask.to(dev)
-        )
-        eye = torch.eye(t, dtype=torch.bool, device=dev)
-        local = (local & pad[:, None, :]) | eye  # a query always sees itself: no all-masked rows
-        hide_future = causal and attn_mask is None
-        prefix_len = prefix.filled_length() if prefix is not None else 0
-        kv_len = int(pos_bt.max()) + 1 if cache is not None else t
-        cos, sin = _rope(model, positions)
-        # One host sync per call instead of one per layer (in _write).
-        aligned = cache is None or b == 1 or bool((pos_bt == pos_bt[:1]).all())
-        layered = any(c is not None and c.layered for c in (cache, prefix))
-        return cls(
-            model,
-            cos,
-            sin,
-            pos_bt,
-            local,
-            pad,
-            hide_future,
-            cache,
-            prefix,
-            prefix_len,
-            kv_len,
-            aligned,
-            layered=layered,
-        )
-
-    def _build_mask(self, layer: int) -> Tensor:
-        """(B, 1, T, S) visibility of [prefix keys | cached or own keys] for each query."""
-        b, t = self.pad.shape
-        dev = self.pad.device
-        if self.cache is not None:
-            s = self.kv_len
-            vis = self.cache.valid[layer, :, None, :s].expand(b, t, s).clone()
-            if self.hide_future:
-                vis &= torch.arange(s, device=dev)[None, None, :] <= self.positions_bt[:, :, None]
-            # The call's own slots follow the local mask exactly.
-            rows = torch.arange(b, device=dev)[:, None, None]
-            qi = torch.arange(t, device=dev)[None, :, None]
-            vis[rows, qi, self.positions_bt[:, None, :]] = self.local
-        else:
-            vis = self.local
-        if self.prefix is not None:
-            pre = self.prefix.valid[layer, :, None, : self.prefix_len].expand(b, t, -1)
-            vis = torch.cat((pre, vis), dim=-1)
-        return vis[:, None]
-
-    def keys_values(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's k/v into the cache; return all keys/values the call attends to.
-
-        The mask is built once per call (per segment under a TokenPlan): validity is the same
-        in every layer of a segment, so rebuilding it per layer would only cost time."""
-        if self.cache is not None:
-            kc, vc = self.cache.k[layer], self.cache.v[layer]  # (B, KVH, S, hd)
-            _write(kc, vc, self.positions_bt, k, v, self.aligned)
-            if self.aligned:
-                self.cache.valid[layer].index_copy_(1, self.positions_bt[0], self.pad)
-            else:
-                rows = torch.arange(self.pad.shape[0], device=self.pad.device)[:, None]
-                self.cache.valid[layer][rows, self.positions_bt] = self.pad
-            k, v = kc[:, :, : self.kv_len], vc[:, :, : self.kv_len]
-        if self.prefix is not None:
-            n = self.prefix_len
-            k = torch.cat((self.prefix.k[layer][:, :, :n], k), dim=2)
-            v = torch.cat((self.prefix.v[layer][:, :, :n], v), dim=2)
-        if self.mask is None or self.layered:
-            self.mask = self._build_mask(layer)
-            self.sdpa_mask, self.sdpa_causal = _sdpa_mask(self.mask)
-        return k, v
-
-    def subset(self, index: Tensor) -> _Context:
-        """The context for the deep layers, restricted to the tokens at ``index`` (B, T')."""
-        rows = torch.arange(index.shape[0], device=index.device)[:, None, None]
-        pos = self.positions_bt.gather(1, index)
-        cos, sin = _rope(self.model, pos)
-        local = self.local[rows, index[:, :, None], index[:, None, :]]
-        return _Context(
-            self.model,
-            cos,
-            sin,
-            pos,
-            local,
-            self.pad.gather(1, index),
-            self.hide_future,
-            self.cache,
-            self.prefix,
-            self.prefix_len,
-            self.kv_len,
-            pos.shape[0] == 1 or bool((pos == pos[:1]).all()),
-            layered=any(c is not None and c.layered for c in (self.cache, self.prefix)),
-        )
-
-
-def _rope(model: LlamaLM, positions: Tensor) -> tuple[Tensor, Tensor]:
-    cos = model.model.rope_cos[positions].to(model.dtype)
-    sin = model.model.rope_sin[positions].to(model.dtype)
-    if positions.ndim == 1:
-        return cos[None, None], sin[None, None]  # (1, 1, T, hd)
-    return cos[:, None], sin[:, None]  # (B, 1, T, hd)
-
-
-def _sdpa_mask(mask: Tensor) -> tuple[Tensor | None, bool]:
-    """(mask or None, is_causal) for SDPA, equivalent to the explicit (B, 1, T, S) bool mask.
-
-    Checked once per call (two small reductions), not assumed from the arguments, so stale or
-    padded cache slots can never be silently unmasked."""
-    t, s = mask.shape[-2:]
-    if bool(mask.all()):
-        return None, False
-    if t == s and t > 1:
-        tril = torch.ones(t, s, dtype=torch.bool, device=mask.device).tril_()
-        if bool((mask == tril).all()):
-            return None, True
-    return mask, False
-
-
-def _write(kc: Tensor, vc: Tensor, pos: Tensor, k: Tensor, v: Tensor, aligned: bool) -> None:
-    """Scatter k/v (B, KVH, T, hd) into the cache at positions pos (B, T)."""
-    if aligned:  # common case: all rows aligned
-        kc.index_copy_(2, pos[0], k)
-        vc.index_copy_(2, pos[0], v)
-        return
-    for r in range(pos.shape[0]):
-        kc[r].index_copy_(1, pos[r], k[r])
-        vc[r].index_copy_(1, pos[r], v[r])
-
-
-def _probe(q: Tensor, keys: Tensor, values: Tensor, probe: AttnProbe, ctx: _Context) -> ProbeResult:
+def _probe(q: Tensor, keys: Tensor, values: Tensor, probe: AttnProbe, ctx: Context) -> ProbeResult:
     """Explicit softmax for a handful of query rows only; the layer itself keeps using SDPA, so
     probing never forces the slow attention path on all tokens. Key positions are indices into
     the attended keys after any prefix (= absolute positions when a cache is used)."""

@@ -10,9 +10,11 @@ server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + sta
 client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
 monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
 planning.py   the scheduler contract: decide per request, calibrate, modelled energy
-agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback
+              (this host's times converted to the catalog devices the roles name)
+agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback,
+              the plan's accelerator setting on both sides (policy/setting.py)
 chunks.py     asynchronous action-chunk queue (inference overlaps execution)
-episode.py    closed-loop episode at a real control rate
+episode.py    the one closed-loop episode loop (simulated time for eval, or a real control rate)
 relay.py      user-space link shaping (bandwidth, delay, jitter, scheduled drops)
 netns.py      kernel link shaping: network namespace + veth + tc tbf (root only)
 procs.py      edge / relay child processes
