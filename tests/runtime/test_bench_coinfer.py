@@ -9,8 +9,12 @@ import pytest
 
 from vlarun.cli import main
 
-ROW_KEYS = {
+ROW_KEYS = {  # the co-inference issue's row contract
     "strategy",
+    "bandwidth_mbps",
+    "load",
+    "energy_source",
+    "mean_batch",
     "control_hz",
     "latency_p50_ms",
     "latency_p99_ms",
@@ -33,6 +37,8 @@ def test_bench_coinfer_quick_json(capsys, tmp_path):
     ]
     assert all(set(x) >= ROW_KEYS for x in r["rows"])
     assert r["rows"][0]["fallbacks"] == 0 and r["quick"]
+    assert r["rows"][0]["mean_batch"] is None  # device-only: nothing ran on the edge
+    assert r["rows"][1]["mean_batch"] >= 1 and r["rows"][1]["energy_source"] == "modelled"
     assert r["fleet"]["robots"] == 2 and r["fleet"]["inferences"] == 8
     assert r["runtime_overhead"]["raw_round_trip_ms"] > 0
     assert "modelled" in r["energy_source"]

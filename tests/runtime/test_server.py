@@ -196,3 +196,40 @@ def test_overloaded_edge_refuses_at_once(policy):
                 )
         finally:
             client.close()
+
+
+def test_admission_refuses_at_once_what_cannot_finish_before_its_deadline(policy, dealer):
+    """A burst of requests whose deadlines fit only a few of them: the edge answers every one,
+    most either with a result or with a refusal on arrival (fast, naming the prediction)
+    instead of queueing them to expire; a request with time to spare is served."""
+    cfg = ServerConfig(max_batch=1, admission=True)
+    with EdgeServer(policy, INSECURE, cfg) as srv:
+        srv.warmup()
+        est = srv.queues.work_s(("vision",))
+        assert est > 0
+        ids = policy.text_ids(INSTRUCTION)
+        packet = Packet({"images": torch.rand(1, 1, 3, 128, 128)})
+        budget = 3.5 * est  # room for about three requests in a row
+        meta = {"batch": 1, "text_tokens": len(ids), "want": ["visual"]}
+        socks = [dealer(srv.address) for _ in range(12)]
+        for rid, sock in enumerate(socks, start=1):
+            sock.send_multipart(
+                wire.encode(wire.Message("data", rid, "vision", budget, meta, packet))
+            )
+        kinds = []
+        for sock in socks:
+            reply = wire.decode(sock.recv_multipart())
+            if reply.kind == "result":
+                kinds.append("result")
+            elif "refused: predicted to finish" in reply.meta["error"]:
+                kinds.append("refused")
+            else:  # admitted on a prediction the machine then did not keep
+                assert reply.meta["error"] == "deadline passed on the edge", reply.meta
+                kinds.append("expired")
+        assert kinds.count("result") >= 1 and kinds.count("refused") >= 6, kinds
+        assert srv.stats["refused"] == kinds.count("refused")
+        assert srv.stats["expired"] == kinds.count("expired")
+        assert srv.stats["errors"] == 0  # a refusal is not an error
+        roomy = wire.Message("data", 99, "vision", 100 * est + 1.0, meta, packet)
+        socks[0].send_multipart(wire.encode(roomy))
+        assert wire.decode(socks[0].recv_multipart()).kind == "result"

@@ -38,6 +38,7 @@ class ActOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     seed: int = opt(0, "seed for random weights and the initial noise")
     repeats: int = opt(5, "timed repetitions after one warm-up run")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
 
@@ -54,6 +55,7 @@ class BenchEngineOptions:
     """Engine benchmark: prefill and decode against transformers on identical weights."""
 
     quick: bool = opt(False, "reduced run (a couple of minutes)")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
 
@@ -148,15 +150,18 @@ def cmd_act(o: ActOptions) -> dict:
 
     import torch
 
+    from vlarun.models.device import resolve_device
     from vlarun.models.presets import get_preset
     from vlarun.policy import Policy
 
+    device = resolve_device(o.device)  # before anything loads
     dtype = torch.bfloat16 if o.dtype == "bfloat16" else torch.float32
     if o.checkpoint:
         policy = Policy.from_checkpoint(o.checkpoint, o.unnorm_key, dtype)
     else:
         get_preset(o.preset)  # an unknown name fails here, before any allocation
         policy = Policy.from_preset(o.preset, o.seed, dtype)
+    policy = policy.to(device)
     image = _load_image(o.image, policy.model.cfg.image_size, o.resize)
     policy.image_tensor(image)  # validate before any work
     policy.run_stages(image, o.instruction, seed=o.seed)  # warm-up: one-time allocations
@@ -212,7 +217,9 @@ def _print_parity(r: dict) -> None:
 
 def cmd_bench_engine(o: BenchEngineOptions) -> dict:
     from vlarun.bench import engine
+    from vlarun.models.device import cpu_only
 
+    cpu_only(o.device, "vlarun bench engine")
     return engine.run(quick=o.quick)
 
 

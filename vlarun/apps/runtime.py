@@ -63,27 +63,29 @@ class ServeEdgeOptions:
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
     max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
 
-def load_policy(checkpoint: str | None, preset: str | None, dtype: str):
-
+def load_policy(checkpoint: str | None, preset: str | None, dtype: str, device: str = "cpu"):
     from vlarun.policy.base import Policy
 
-    return Policy.load(checkpoint or preset or "tiny-ar", dtype)
+    return Policy.load(checkpoint or preset or "tiny-ar", dtype, device)
 
 
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
+    from vlarun.models.device import resolve_device
     from vlarun.runtime.server import EdgeServer, ServerConfig
     from vlarun.runtime.transport import edge_security
 
+    resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
-    policy = load_policy(o.checkpoint, o.preset, o.dtype)
+    policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device)
     cfg = ServerConfig(
         f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
         max_streams=o.max_streams,
@@ -194,6 +196,7 @@ class RunRobotOptions:
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
     sync: bool = opt(False, "no overlap: infer, then execute the chunk")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
     json: bool = opt(False, "print one JSON object")
 
@@ -207,7 +210,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.stages.wire import Codec
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
-    policy = load_policy(o.checkpoint, o.preset, o.dtype)
+    policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device)
     setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
@@ -309,6 +312,7 @@ class ServePolicyOptions:
     insecure: bool = opt(False, "accept clients without an API key (warns at start)")
     max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
@@ -334,7 +338,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
             raise ValueError(f"{o.api_key_file} is empty")
     if o.threads:
         torch.set_num_threads(o.threads)
-    policy = Policy.load(o.policy, o.dtype)
+    policy = Policy.load(o.policy, o.dtype, o.device)
     _warm_up(policy)
     server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
                                 api_key=key, max_frame=int(o.max_frame_mb * 2**20))  # fmt: skip

@@ -106,6 +106,7 @@ class ProfileOptions:
     repeats: int = opt(5, "timed repetitions per shape after one warm-up")
     out: str | None = opt(None, "profile file (default: the cache directory)")
     device_only: bool = opt(False, "only measure the device peaks (matmul, memory bandwidth)")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
 
@@ -117,6 +118,9 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def cmd_profile(o: ProfileOptions) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(o.device, "vlarun profile")
     from vlarun.sched.catalog import measure_this_cpu
     from vlarun.sched.profile import default_profile_path, profile_preset, save_profile
 

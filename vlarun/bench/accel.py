@@ -60,6 +60,7 @@ class BenchAccelOptions:
     large: bool = opt(True, "also time the ~1B random-weight OpenVLA-like shape")
     parts: str = opt("sweep,latency,ablation", "which parts to run")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plots")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -353,6 +354,9 @@ def _with(o: BenchAccelOptions, **kw) -> BenchAccelOptions:
 
 
 def run(o: BenchAccelOptions, progress: bool = True) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(o.device, "vlarun bench accel")
     if o.quick:
         o = o.reduced()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)

@@ -96,7 +96,8 @@ def run(o: BenchCoinferOptions) -> dict:
             "delay_ms": o.delay_ms,
             "shaping": "user-space relay process",
         },
-        "energy_source": "modelled (measured times x catalog power; edge = this CPU standing in)",
+        "energy_source": "modelled (measured times at the catalog powers of the devices the "
+        "roles name; this-cpu unless --robot-device / --edge-device convert them)",
         "rows": rows,
         "fleet": fleet,
         "runtime_overhead": overhead,
@@ -194,6 +195,11 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
         plans[r["ran"]] = plans.get(r["ran"], 0) + 1
     return {
         "strategy": strategy,
+        "bandwidth_mbps": o.bandwidth,  # before the drop
+        "bandwidth_after_mbps": o.drop_to,
+        "load": "light",  # this robot alone on the edge
+        "energy_source": s["energy_source"],
+        "mean_batch": s["mean_batch"],
         "control_hz": ep["control_hz"],
         "latency_p50_ms": s["latency_p50_ms"],
         "latency_p99_ms": s["latency_p99_ms"],

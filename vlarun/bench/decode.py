@@ -77,6 +77,7 @@ class BenchDecodeOptions:
     distilled_init: str = opt("repeat", "initial guess of the distilled rows (the one the "
                               "student was distilled from)", choices=list(INITS))  # fmt: skip
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -207,6 +208,9 @@ def recorded_stream(
 
 def run(o: BenchDecodeOptions, progress: bool = True) -> dict:
     """The benchmark under ``o.threads`` torch threads (the caller's count is restored)."""
+    from vlarun.models.device import cpu_only
+
+    cpu_only(o.device, "vlarun bench decode")
     before = torch.get_num_threads()
     if o.threads:
         torch.set_num_threads(o.threads)

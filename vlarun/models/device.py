@@ -1,4 +1,5 @@
-"""What this machine's CPU can do fast, probed once per process.
+"""Which device a command runs on (``resolve_device``), and what this machine's CPU can do
+fast, probed once per process.
 
 bf16 matmul is ~4x fp32 on a CPU with AVX-512 BF16 or AMX (the development machines of earlier
 sessions), but ~100x slower than fp32 on an AVX2-only CPU such as AMD Zen 3, where oneDNN
@@ -50,3 +51,51 @@ def bf16_is_fast() -> bool:
         return best(torch.bfloat16) <= 2.0 * best(torch.float32)
     finally:
         torch.set_num_threads(threads)
+
+
+DEVICE_HELP = "cpu | cuda | cuda:N (default cpu)"
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device ``--device NAME`` asks for. Asking for CUDA where there is none raises
+    one ValueError naming what is missing (a CPU-only torch build, or no visible GPU, or an
+    index past the last GPU); nothing is allocated before the check."""
+    text = str(name).strip().lower()
+    if text == "cpu":
+        return torch.device("cpu")
+    head, _, index = text.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if torch.version.cuda is None:
+        raise ValueError(
+            f"--device {name}: this torch ({torch.__version__}) is a CPU-only build; install a "
+            "CUDA build of torch on a machine with an NVIDIA GPU"
+        )
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name}: no CUDA device is visible (driver, CUDA_VISIBLE_DEVICES)"
+        )
+    count = torch.cuda.device_count()
+    i = int(index) if index else 0
+    if i >= count:
+        raise ValueError(f"--device {name}: only {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device("cuda", i)
+
+
+def cpu_only(name: str, command: str) -> torch.device:
+    """``resolve_device`` for a command whose CUDA path is not built yet: CUDA where there is
+    none fails as everywhere; CUDA where there is one fails naming the command."""
+    device = resolve_device(name)
+    if device.type != "cpu":
+        raise ValueError(f"{command} --device {name}: this command runs on the CPU only so far")
+    return device
+
+
+def settle(tensors) -> None:
+    """Wait for the device work that produces ``tensors`` (a dict or iterable), so a host
+    timer around it measures the work, not its launch. A no-op on the CPU."""
+    values = tensors.values() if isinstance(tensors, dict) else tensors
+    for t in values:
+        if t.device.type == "cuda":
+            torch.cuda.synchronize(t.device)
+            return

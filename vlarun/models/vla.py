@@ -255,6 +255,10 @@ class VLA(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.language_model.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.language_model.lm_head.weight.device
+
     # -- stage 1: vision ----------------------------------------------------------------------
 
     def encode_images(self, images: Tensor) -> Tensor:

@@ -3,6 +3,7 @@ robot actions. This is the object a user (or the simulator, or the robot agent) 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, select_norm_stats
+from vlarun.models.device import resolve_device
 from vlarun.models.heads import NormStats
 from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import Tokenizer, load_tokenizer, openvla_prompt
@@ -38,18 +40,31 @@ class Policy:
         return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size), None, proprio)
 
     @classmethod
-    def load(cls, name: str | Path, dtype: torch.dtype | str = torch.float32) -> Policy:
+    def load(
+        cls, name: str | Path, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+    ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
-        ``mt10-oft``, ...), or a preset (random weights). An unknown name raises one
-        ValueError listing the shipped policies and the presets."""
+        ``mt10-oft``, ...), or a preset (random weights), on ``device`` (cpu, cuda, cuda:N;
+        checked before anything loads). An unknown name raises one ValueError listing the
+        shipped policies and the presets."""
+        target = resolve_device(device)
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         try:
-            return cls.from_checkpoint(policy_dir(name), dtype=dtype)
+            policy = cls.from_checkpoint(policy_dir(name), dtype=dtype)
         except ValueError as missing:
-            if str(name) in PRESETS:
-                return cls.from_preset(str(name), 0, dtype)
-            raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
+            if str(name) not in PRESETS:
+                raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
+            policy = cls.from_preset(str(name), 0, dtype)
+        return policy.to(target)
+
+    def to(self, device: torch.device | str) -> Policy:
+        """This policy with its model on ``device``; the stage functions move their inputs
+        there, and outputs come back to the host where they leave the graph (wire, actions)."""
+        device = torch.device(device)
+        if device == self.model.device:
+            return self
+        return dataclasses.replace(self, model=self.model.to(device))
 
     @classmethod
     def from_checkpoint(
@@ -144,7 +159,7 @@ class Policy:
         return graph.run(packet, serialize=serialize)
 
     def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
-        a = actions.float().numpy()
+        a = actions.detach().float().cpu().numpy()
         return np.asarray(self.norm.unnormalize(a)) if self.norm is not None else a
 
     def predict(self, image: np.ndarray, instruction: str, **kw) -> np.ndarray:

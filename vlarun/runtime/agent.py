@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import zmq
 
+from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.client import EdgeClient, LinkDown
@@ -98,6 +99,7 @@ class Inference:
     bytes_sent: int = 0
     link_mbps: float | None = None  # the bandwidth estimate the plan was made with
     setting: str = "full"  # the accelerator setting it ran (AccelSetting's text form)
+    edge_batch: dict[str, int] = field(default_factory=dict)  # batch each edge stage ran in
 
     @property
     def late_s(self) -> float:
@@ -118,6 +120,7 @@ class Inference:
             "bytes_sent": self.bytes_sent,
             "link_mbps": self.link_mbps,
             "setting": self.setting,
+            "edge_batch": self.edge_batch,
         }
 
 
@@ -278,6 +281,7 @@ class RobotAgent:
             tr.sent,
             link_mbps,
             str(setting),
+            dict(tr.batch),
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
@@ -352,6 +356,7 @@ class RobotAgent:
         start = time.perf_counter()
         with torch.no_grad():
             out = stage.fn(Packet({s.name: pool[s.name] for s in stage.inputs}))
+        settle(out.tensors)
         own = time.perf_counter() - start
         if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer
             time.sleep(own * (self.cfg.robot_slowdown - 1))
@@ -374,7 +379,8 @@ class RobotAgent:
         meta = {"batch": 1, "text_tokens": text_tokens, **extra}
         self.monitor.last_remote = time.monotonic()
         t0 = time.perf_counter()
-        rep = self.client.run(seg.stages, packet, want, left, timeout, meta, self.cfg.codec)
+        # The edge's deadline is when this robot stops waiting: later work would be wasted.
+        rep = self.client.run(seg.stages, packet, want, timeout, timeout, meta, self.cfg.codec)
         old = self.remote_s.get(seg.stages)
         wall = time.perf_counter() - t0
         self.remote_s[seg.stages] = wall if old is None else 0.7 * old + 0.3 * wall

@@ -121,4 +121,13 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "fallbacks": sum(r["fallback"] is not None for r in infs),
         "edge_requests": sum("@edge" in r["ran"] for r in infs),
         "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
+        "energy_source": "modelled",  # no meter is read at run time on this machine
+        "mean_batch": mean_batch(infs),
     }
+
+
+def mean_batch(infs: list[dict]) -> float | None:
+    """Mean batch size of the edge stage executions these requests ran in (None: none ran on
+    the edge)."""
+    sizes = [b for r in infs for b in (r.get("edge_batch") or {}).values()]
+    return sum(sizes) / len(sizes) if sizes else None

@@ -80,6 +80,23 @@ class StageQueues:
         with self.cond:
             return {s: len(q) for s, q in self.queues.items()}
 
+    def backlog_s(self, deadline: float) -> float:
+        """Predicted seconds of queued work the worker serves before a request due at
+        ``deadline`` (EDF: every queued request due no later), each at its stages' measured
+        per-request time; stages never measured count 0 (no evidence to refuse on)."""
+        with self.cond:
+            return sum(
+                self.est_s.get(name, 0.0)
+                for q in self.queues.values()
+                for job in q
+                if job.deadline <= deadline
+                for name in job.stages[job.pos :]
+            )
+
+    def work_s(self, stages: tuple[str, ...]) -> float:
+        """Predicted seconds of ``stages`` for one request (0 for stages never measured)."""
+        return sum(self.est_s.get(name, 0.0) for name in stages)
+
     def observe(self, stage: str, seconds: float, batch: int) -> None:
         per = seconds / max(batch, 1)
         old = self.est_s.get(stage)

@@ -11,6 +11,11 @@ size, so the robot's predictor can calibrate on them.
 
 A message that cannot be parsed at all is answered with an error (rid 0) and counted; the
 server keeps serving everyone else.
+
+Admission: a request the edge cannot finish before its deadline is refused on arrival, not
+queued to expire: predicted finish = now + the rest of the batch running now + the queued work
+due no later than it (EDF order) + its own stages, each at its measured per-request time. The
+robot hears the refusal at once and runs the segment itself, with all of its slack left.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
+from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.queues import Job, StageQueues
@@ -37,6 +43,10 @@ from vlarun.runtime.transport import (
 from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Limits, Packet, PacketError
+
+
+class Refused(PacketError):
+    """A valid request the edge cannot finish before its deadline."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class ServerConfig:
     # token-policy and decoder state) the edge keeps; the least recently used is forgotten
     # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
     max_streams: int = 64
+    admission: bool = True  # refuse on arrival what cannot finish before its deadline
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
 
     def __post_init__(self) -> None:
@@ -88,7 +99,8 @@ class EdgeServer:
         self._pull.bind(self._pipe)
         self.stop_event = threading.Event()
         self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0}  # fmt: skip
+                      "streams": 0, "refused": 0}  # fmt: skip
+        self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
@@ -167,6 +179,8 @@ class EdgeServer:
             body = [f.buffer for f in frames[1:]]
             try:
                 self._handle(identity, body)
+            except Refused as e:  # not an error: the robot runs it itself, in time
+                self._send([identity, *wire.error(_rid_of(body), str(e))])
             except PacketError as e:
                 self.stats["errors"] += 1
                 self._send([identity, *wire.error(_rid_of(body), str(e))])
@@ -230,8 +244,10 @@ class EdgeServer:
         fresh = meta.get("fresh", [])
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
-        msg = wire.materialize(header, frames, self.cfg.limits)
         budget = header.deadline_s if header.deadline_s > 0 else 0.0
+        if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
+            self._admit(names, now + min(budget, 3600.0), now)
+        msg = wire.materialize(header, frames, self.cfg.limits)
         job = Job(
             identity,
             header.rid,
@@ -246,6 +262,18 @@ class EdgeServer:
             job.hooks, job.graph = self._stream(identity, meta.get("stream"), setting)
             job.fresh = tuple(fresh)
         return job
+
+    def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
+        """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
+        finish in time."""
+        finish = max(self._busy_until, now) + self.queues.backlog_s(deadline)
+        finish += self.queues.work_s(stages)
+        if finish > deadline:
+            self.stats["refused"] += 1
+            raise Refused(
+                f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
+                f"the deadline is in {1e3 * (deadline - now):.1f} ms"
+            )
 
     def _setting(self, meta: dict) -> AccelSetting:
         """The request's accelerator setting (identity when it names none), checked against
@@ -296,6 +324,7 @@ class EdgeServer:
             "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
             "max_batch": self.cfg.max_batch,
             "streams_kept": len(self._streams),
+            "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             **self.stats,
@@ -336,6 +365,7 @@ class EdgeServer:
         if not live:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
+        self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
                 for part in job.fresh:
@@ -350,6 +380,7 @@ class EdgeServer:
             self.stats["errors"] += 1
             push.send_multipart([live[0].identity, *wire.error(live[0].rid, f"stage failed: {e}")])
             return
+        self._busy_until = 0.0
         self.queues.observe(stage.name, seconds, len(live))
         for job in live:
             job.timings.append(
@@ -376,6 +407,7 @@ class EdgeServer:
         start = time.perf_counter()
         with torch.no_grad():
             out = stage.fn(packet)
+        settle(out.tensors)
         seconds = time.perf_counter() - start
         sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
         for name, t in out.tensors.items():

@@ -90,6 +90,7 @@ class DistillConfig:
     budget_minutes: float = opt(78.0, "total training minutes (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
     export_only: bool = opt(False, "skip collection and training; export the current state")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -326,6 +327,9 @@ def sample_batch(
 
 
 def distill(cfg: DistillConfig) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(cfg.device, "vlarun distill")
     """Collect (or resume collecting), train (or resume training), export."""
     from vlarun.sim.train import load_state
 

@@ -56,6 +56,7 @@ class EvalConfig:
         "another policy (name or directory)",
     )
     bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
     def __post_init__(self) -> None:
         if self.episodes < 1:
@@ -183,8 +184,8 @@ def _run_episodes(job: tuple) -> list[dict]:
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    checkpoint, task, seeds, keep_frames, spec = (*job, None)[:5]
-    policy = Policy.from_checkpoint(checkpoint)
+    checkpoint, task, seeds, keep_frames, spec, device = job
+    policy = Policy.from_checkpoint(checkpoint).to(device)
     if spec is not None:
         policy = build_candidate(policy, spec)
     _check_action_space(policy)
@@ -214,8 +215,10 @@ def _check_action_space(policy) -> None:
 
 def evaluate(cfg: EvalConfig) -> dict:
     checkpoint = str(cfg.checkpoint_dir)
+    from vlarun.models.device import resolve_device
     from vlarun.policy.base import Policy
 
+    device = str(resolve_device(cfg.device))  # before any policy loads
     policy = Policy.from_checkpoint(checkpoint)
     _check_action_space(policy)  # fail before spawning workers
     workers = cfg.workers or max(1, min(os.cpu_count() or 1, 4))
@@ -228,7 +231,7 @@ def evaluate(cfg: EvalConfig) -> dict:
             seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
             per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
             keep = cfg.report is not None and spec is None
-            jobs += [(checkpoint, task, seeds[i : i + per], keep, spec)
+            jobs += [(checkpoint, task, seeds[i : i + per], keep, spec, device)
                      for i in range(0, len(seeds), per)]  # fmt: skip
     t0 = time.time()
     if workers == 1:

@@ -43,6 +43,7 @@ class FidelityConfig:
     episodes: int = opt(2, "recorded reference episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
     rollouts: str | None = opt(None, ".safetensors file of recorded rollouts: reused if present")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -154,6 +155,9 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
 
 
 def run_fidelity(cfg: FidelityConfig) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(cfg.device, "vlarun fidelity")
     from vlarun.policy.base import Policy
 
     reference_dir = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy

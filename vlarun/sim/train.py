@@ -59,6 +59,7 @@ class TrainConfig:
     budget_minutes: float = opt(0.0, "total minutes of the run (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
     export_only: bool = opt(False, "train no further: export the run's saved state")
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.lr <= 0:
@@ -280,6 +281,9 @@ def lr_at(cfg: TrainConfig, step: int, seconds: float = 0.0) -> float:
 
 
 def train(cfg: TrainConfig, export_only: bool = False) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(cfg.device, "vlarun train")
     export_only = export_only or cfg.export_only
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -180,6 +180,21 @@ class _Runner:
         self.model = model
         self.hooks = hooks
 
+    def stage(self, name: str):
+        """Stage ``name``'s function: its packet moved to the model's device first (a packet
+        decoded from the wire, or built on the host, lives on the CPU)."""
+        method = getattr(self, name)
+        device = self.model.device
+        if device.type == "cpu":
+            return method
+
+        def on_device(pk: Packet) -> Packet:
+            return method(
+                Packet({k: t.to(device, non_blocking=True) for k, t in pk.tensors.items()})
+            )
+
+        return on_device
+
     @torch.no_grad()
     def vision(self, pk: Packet) -> Packet:
         return Packet({"visual": self.model.encode_images(pk["images"])})
@@ -304,7 +319,7 @@ def build_graph(
     accelerated by ``hooks`` (token policy, decoder, denoiser cache) when they are given."""
     w = w or Workload()
     run = _Runner(model, hooks) if model is not None else None
-    fn = (lambda n: getattr(run, n)) if run is not None else _unbound
+    fn = run.stage if run is not None else _unbound
     params = param_split(cfg)
     b, d = w.batch, cfg.llm.hidden_size
     text = (

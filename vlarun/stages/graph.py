@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vlarun.models.device import settle
 from vlarun.stages import wire
 from vlarun.stages.packet import DTYPES, Packet
 
@@ -128,6 +129,7 @@ class StageGraph:
                 packet = wire.decode(frames).packet
             start = clock()
             out = st.fn(packet)
+            settle(out.tensors)  # a GPU stage is timed to its end, not its launch
             timings.append(StageTiming(st.name, clock() - start, packet.nbytes, out.nbytes))
             pool.update(out.tensors)
         return GraphRun(pool, timings)
