@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages vlarun needs: a venv-capable Python, and (for the Meta-World benchmark)
-# OSMesa/EGL to render MuJoCo headless. Installs only what is missing; needs root or sudo then.
+# Debian packages vlarun needs: a venv-capable Python, (for the Meta-World benchmark)
+# OSMesa/EGL to render MuJoCo headless, and Chromium, the real browser the edge dashboard's
+# test renders the page in. Installs only what is missing; needs root or sudo then.
 set -euo pipefail
-want=(python3-venv python3-dev libosmesa6 libegl1 libgl1)
+want=(python3-venv python3-dev libosmesa6 libegl1 libgl1 chromium)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -63,6 +63,12 @@ class ServeEdgeOptions:
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
     max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
+    dashboard: int | None = opt(
+        None, "serve the live dashboard and /metrics on this HTTP port (0: any free port)"
+    )
+    dashboard_key_file: str | None = opt(
+        None, "file holding the dashboard key (default: a random key, printed with the address)"
+    )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
@@ -92,19 +98,40 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     )  # fmt: skip
     server = EdgeServer(policy, sec, cfg)
     server.warmup()
+    dash = None
+    if o.dashboard is not None:
+        from vlarun.runtime.dashboard import Dashboard
+
+        key = _read_key(o.dashboard_key_file) if o.dashboard_key_file else None
+        dash = Dashboard(server, o.host, o.dashboard, key).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     start = {"endpoint": server.address, "model": policy.model.cfg.name, "secure": server.secure}
+    if dash is not None:
+        start["dashboard"] = dash.url
     if o.json:
         print(json.dumps(start), flush=True)
     else:
         how = "CurveZMQ" if server.secure else "INSECURE (plain TCP)"
         print(f"serving {start['model']} on {server.address} ({how}); Ctrl-C stops", flush=True)
-    with server:
-        while not stop.wait(0.2):
-            pass
-        return {"stopped": True, **server.health()}
+        if dash is not None:
+            print(f"dashboard: {dash.url}", flush=True)
+    try:
+        with server:
+            while not stop.wait(0.2):
+                pass
+            return {"stopped": True, **server.health()}
+    finally:
+        if dash is not None:
+            dash.stop()
+
+
+def _read_key(path: str) -> str:
+    key = open(path).read().strip()  # noqa: SIM115 - a one-line secret
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
 
 
 def show_serve_edge(r: dict) -> None:

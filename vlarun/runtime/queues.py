@@ -39,6 +39,7 @@ class Job:
     graph: object | None = field(default=None, repr=False)
     hooks: object | None = field(default=None, repr=False)
     fresh: tuple[str, ...] = ()
+    setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)

@@ -21,9 +21,10 @@ robot hears the refusal at once and runs the segment itself, with all of its sla
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import torch
@@ -99,13 +100,16 @@ class EdgeServer:
         self._pull.bind(self._pipe)
         self.stop_event = threading.Event()
         self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0, "refused": 0}  # fmt: skip
+                      "streams": 0, "refused": 0, "compute_s": 0.0}  # fmt: skip
         self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
         # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
         self._streams: OrderedDict[tuple, tuple] = OrderedDict()
+        # The last replies and refusals, for the dashboard (appends are thread-safe; bounded).
+        self.recent: deque[dict] = deque(maxlen=2048)
+        self.events: deque[dict] = deque(maxlen=512)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -204,10 +208,10 @@ class EdgeServer:
         queued = sum(self.queues.depth().values())
         if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
             raise PacketError(f"edge overloaded: {queued} requests queued")
-        job = self._job(identity, header, body[1:], now)
         if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
             self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-        self._seen[identity] = now
+        self._seen[identity] = now  # a robot whose request is refused is still connected
+        job = self._job(identity, header, body[1:], now)
         self.stats["requests"] += 1
         self.queues.put(job)
 
@@ -261,6 +265,7 @@ class EdgeServer:
         if not setting.identity:
             job.hooks, job.graph = self._stream(identity, meta.get("stream"), setting)
             job.fresh = tuple(fresh)
+            job.setting = str(setting)
         return job
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
@@ -270,6 +275,7 @@ class EdgeServer:
         finish += self.queues.work_s(stages)
         if finish > deadline:
             self.stats["refused"] += 1
+            self.events.append({"t": now, "kind": "refused", "stages": "+".join(stages)})
             raise Refused(
                 f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
                 f"the deadline is in {1e3 * (deadline - now):.1f} ms"
@@ -357,6 +363,7 @@ class EdgeServer:
         for job in batch:
             if now > job.deadline:  # the robot has already run this locally; save the edge
                 self.stats["expired"] += 1
+                self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
                 push.send_multipart(
                     [job.identity, *wire.error(job.rid, "deadline passed on the edge")]
                 )
@@ -417,10 +424,28 @@ class EdgeServer:
 
     def _reply(self, job: Job) -> list[bytes]:
         self.stats["replies"] += 1
+        now = time.monotonic()
+        compute_s = sum(t["compute_s"] / t["batch"] for t in job.timings)  # this request's share
+        self.stats["compute_s"] += compute_s
+        self.recent.append({
+            "t": now,
+            "robot": robot_id(job.identity),
+            "stages": "+".join(job.stages),
+            "setting": job.setting,
+            "server_s": now - job.arrival,
+            "budget_s": job.deadline - job.arrival,
+            "compute_s": compute_s,
+            "batch": {t["stage"]: t["batch"] for t in job.timings},
+        })  # fmt: skip
         packet = Packet({n: job.pool[n] for n in job.want})
         meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival}
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
         return wire.encode(msg, wire.Codec(**job.reply_codec))
+
+
+def robot_id(identity: bytes) -> str:
+    """A short stable name for a robot's connection (its ZeroMQ identity, hashed)."""
+    return hashlib.blake2s(identity, digest_size=3).hexdigest()
 
 
 def _wildcard(address: str) -> str:
