@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("vlarun.apps.evaluate", "closed-loop success on held-out Meta-World seeds"),
     "fidelity": ("vlarun.apps.evaluate", "action fidelity of accelerated policies"),
     "calibrate-drift": ("vlarun.apps.evaluate", "TRIAGE's drift diagnostic"),
+    "layer-importance": ("vlarun.apps.evaluate", "EfficientVLA's per-layer LM importance table"),
     "predict": ("vlarun.apps.sched", "predicted latency/energy of one placement"),
     "profile": ("vlarun.apps.sched", "stage medians on this machine"),
     "plan": ("vlarun.apps.sched", "choose placement and accelerator settings"),

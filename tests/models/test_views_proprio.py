@@ -76,3 +76,18 @@ def test_policy_from_checkpoint_normalises_state_and_takes_views(tmp_path):
     assert actions.shape == (4, 4)
     with pytest.raises(ValueError, match="takes the robot state"):
         policy.predict(image, "reach the red goal")
+
+
+def test_layer_importance_takes_the_state_of_a_proprio_policy(mt10):
+    """EfficientVLA's layer ranking on a deep proprio policy: its calibration samples carry
+    the state the prefix needs; a sample without it is refused by name."""
+    from vlarun.transforms.layer_prune import layer_importance, least_important
+
+    cfg = mt10.cfg
+    images = torch.rand(1, 2, 3, cfg.image_size, cfg.image_size)
+    state = torch.zeros(1, cfg.proprio_dim)
+    imp = layer_importance(mt10, [(images, [5, 6, 7], state), (images, [8, 9], state + 0.5)])
+    assert imp.shape == (cfg.llm.num_layers,) and bool(torch.isfinite(imp).all())
+    assert len(least_important(imp, 3)) == 3
+    with pytest.raises(ValueError, match="takes the robot state"):
+        layer_importance(mt10, [(images, [5, 6, 7])])

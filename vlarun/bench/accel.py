@@ -321,7 +321,8 @@ def ablation(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.diffusion_policy)
     full = closed_loop(accelerated(policy, "full"), o, record=True)
     frames = [(ep["instruction"], img, st) for ep in full["recorded"] for img, st, _ in ep["obs"]]
-    calibration = [(policy.image_tensor(img), policy.text_ids(ins)) for ins, img, _ in frames[:16]]
+    calibration = [(policy.image_tensor(img), policy.text_ids(ins), policy.state_tensor(st))
+                   for ins, img, st in frames[:16]]  # fmt: skip
     stream = frames[: o.latency_queries]
     fast = {name: efficientvla(policy, cfg, calibration) for name, cfg in ABLATION.items()}
     timings = dict(zip(fast, time_streams(list(fast.values()), stream), strict=True))

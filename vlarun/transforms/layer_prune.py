@@ -26,11 +26,13 @@ from vlarun.models.vla import VLA
 
 
 @torch.no_grad()
-def layer_importance(model: VLA, samples: Iterable[tuple[Tensor, list[int]]]) -> Tensor:
-    """(L,) importance of each LM layer over calibration ``samples`` of (images, text ids).
+def layer_importance(model: VLA, samples: Iterable[tuple]) -> Tensor:
+    """(L,) importance of each LM layer over calibration ``samples`` of (images, text ids) or
+    (images, text ids, state).
 
-    images: (1, n_img, 3, H, W) in [0, 1]; text ids: one tokenised prompt. Every real prefix
-    position counts (padding excluded)."""
+    images: (1, n_img, 3, H, W) in [0, 1]; text ids: one tokenised prompt; state: the (1, S)
+    model input a policy with a proprio token takes (``Policy.state_tensor``), required by it.
+    Every real prefix position counts (padding excluded)."""
     lm = model.language_model
     n = len(lm.model.layers)
     taps = [layer.input_layernorm for layer in lm.model.layers] + [lm.model.norm]
@@ -38,9 +40,12 @@ def layer_importance(model: VLA, samples: Iterable[tuple[Tensor, list[int]]]) ->
     hooks = [t.register_forward_pre_hook(lambda _m, args: seen.append(args[0])) for t in taps]
     sums, count = torch.zeros(n, dtype=torch.float64), 0
     try:
-        for images, ids in samples:
+        for images, ids, *state in samples:
+            if model.cfg.proprio_dim and not state:
+                raise ValueError(f"{model.cfg.name} takes the robot state: (images, ids, state)")
             seen.clear()
-            prefix = model.build_prefix(model.encode_images(images), [ids])
+            st = state[0] if state and model.cfg.proprio_dim else None
+            prefix = model.build_prefix(model.encode_images(images), [ids], st)
             model.prefill(prefix)
             states = seen[: n + 1]  # x_0 .. x_L (later calls, e.g. none here, are ignored)
             keep = prefix.pad  # (B, P)
