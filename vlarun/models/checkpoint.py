@@ -236,18 +236,92 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
 
 
 def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[VLA, dict]:
-    """Load a VLA directory. Returns (model in eval mode, norm_stats dict or {})."""
+    """Load a VLA directory. Returns (model in eval mode, norm_stats dict or {}).
+
+    Streamed: the model is built on the meta device (no memory, no random init), already in
+    ``dtype``, and each tensor is read from its safetensors file, cast and put in place one at
+    a time, so the peak is about the model's size in ``dtype`` plus one tensor (a 7B
+    checkpoint in bf16 needs ~15 GB, not the ~75 GB of building in fp32, holding every shard
+    and casting a copy). Vision towers (timm names, their q/k/v fused) are collected and
+    converted together: they are small. Missing, unexpected and mis-shaped keys are reported
+    by name, as ``load_checked`` does."""
     d = Path(directory)
     config = read_config(d)
     cfg = vla_config_from(config, d)
-    model = VLA(cfg)
-    state = prismatic_to_vla_state(read_weights(d), model)
-    load_checked(model, state, f"{d}")
+    with torch.device("meta"):
+        model = VLA(cfg)
     if dtype is not None:
         model = model.to(dtype)
+    for module in model.modules():  # computed buffers (RoPE tables) become real on the host
+        if hasattr(module, "init_buffers"):
+            module.init_buffers(device="cpu")
+    own = dict(model.named_parameters())  # names -> meta parameters (shape, dtype)
+    problems: dict[str, list[str]] = {"unexpected": [], "mis-shaped": []}
+    towers: dict[str, Tensor] = {}
+    for name, tensor in stream_weights(d):
+        if name.startswith("vision_backbone."):
+            towers[name] = tensor
+            continue
+        _put(model, own, name, tensor, problems)
+    for name, tensor in prismatic_to_vla_state(towers, model).items():
+        _put(model, own, name, tensor, problems)
+    towers.clear()
+    _retie(model)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    report = [("missing", missing), *problems.items()]
+    text = []
+    for label, keys in report:
+        if keys:
+            shown = ", ".join(keys[:MAX_REPORTED])
+            more = f" (+{len(keys) - MAX_REPORTED} more)" if len(keys) > MAX_REPORTED else ""
+            text.append(f"{len(keys)} {label} keys: {shown}{more}")
+    if text:
+        raise CheckpointError(f"{d} does not match the model: " + "; ".join(text))
     stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
     stats = stats or config.get("norm_stats", {})
     return model.eval(), stats
+
+
+def stream_weights(directory: Path):
+    """(name, tensor) of every tensor in a directory's safetensors file(s), one at a time."""
+    from safetensors import safe_open
+
+    index = directory / f"{WEIGHTS}.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [directory / f for f in shards]
+    else:
+        files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        read_weights(directory)  # raises the error that names what is there instead
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)
+
+
+def _put(model: nn.Module, own: dict, name: str, tensor: Tensor, problems: dict) -> None:
+    """Make ``tensor`` (cast to the model's dtype) parameter ``name``, or note why not."""
+    target = own.get(name)
+    if target is None:
+        problems["unexpected"].append(name)
+        return
+    if tuple(tensor.shape) != tuple(target.shape):
+        problems["mis-shaped"].append(
+            f"{name}: checkpoint {tuple(tensor.shape)} vs model {tuple(target.shape)}"
+        )
+        return
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    data = tensor.to(target.dtype) if tensor.dtype != target.dtype else tensor
+    module._parameters[leaf] = nn.Parameter(data, requires_grad=target.requires_grad)
+
+
+def _retie(model: nn.Module) -> None:
+    """Tied LM heads share the embedding again (the checkpoint stores the tensor once)."""
+    for module in model.modules():
+        if isinstance(module, LlamaLM) and module.cfg.tie_embeddings:
+            module.lm_head.weight = module.model.embed_tokens.weight
 
 
 def select_norm_stats(stats: dict, unnorm_key: str | None = None) -> NormStats | None:

@@ -371,9 +371,14 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norm)
-        freqs = torch.outer(
-            torch.arange(cfg.max_positions, dtype=torch.float32), rope_inv_freq(cfg)
-        )
+        self.init_buffers()
+
+    def init_buffers(self, device: torch.device | str | None = None) -> None:
+        """The RoPE tables, computed from the config (never stored in a checkpoint). A model
+        built on the meta device (``checkpoint.load_vla`` streams weights into one) calls this
+        again with ``device="cpu"`` to make them real."""
+        pos = torch.arange(self.cfg.max_positions, dtype=torch.float32, device=device)
+        freqs = torch.outer(pos, rope_inv_freq(self.cfg).to(pos.device))
         emb = torch.cat((freqs, freqs), dim=-1)  # (S, hd)
         self.register_buffer("rope_cos", emb.cos(), persistent=False)
         self.register_buffer("rope_sin", emb.sin(), persistent=False)
