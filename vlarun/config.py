@@ -60,6 +60,20 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
+def items(value, kind: type = str) -> list:
+    """The values of a list option: a tuple from the command line (``--tasks a b``), whose
+    elements may also be comma-joined (``--tasks a,b``, as older scripts write it), or one
+    comma-joined string (configs and code that predate list options). Converted by ``kind``."""
+    parts = [value] if isinstance(value, str) else list(value)
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            out += [kind(x.strip()) for x in part.split(",") if x.strip()]
+        else:
+            out.append(kind(part))
+    return out
+
+
 def invoked_command(default: str) -> str:
     """The command line this process was started with, as a user would retype it (so a result
     file names exactly what produced it); ``default`` when not run from the ``vlarun`` CLI."""

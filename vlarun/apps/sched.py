@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlarun.config import opt
+from vlarun.config import items, opt
 
 # ---------------------------------------------------------------------------------------------
 # predict
@@ -100,8 +100,8 @@ class ProfileOptions:
     batch sizes and prompt lengths; stores a profile file the cost model uses."""
 
     preset: str | None = opt(None, "model preset to profile (tiny presets run in seconds)")
-    batches: str = opt("1", "comma-separated batch sizes")
-    text_tokens: str = opt("24", "comma-separated instruction lengths")
+    batches: tuple[int, ...] = opt((1,), "batch sizes")
+    text_tokens: tuple[int, ...] = opt((24,), "instruction lengths")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     repeats: int = opt(5, "timed repetitions per shape after one warm-up")
     out: str | None = opt(None, "profile file (default: the cache directory)")
@@ -110,11 +110,11 @@ class ProfileOptions:
     json: bool = opt(False, "print one JSON object")
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(value) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(items(value, int))
     except ValueError as e:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from e
+        raise ValueError(f"expected integers, got {value!r}") from e
 
 
 def cmd_profile(o: ProfileOptions) -> dict:

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from vlarun.bench.replay import interleaved_runs
-from vlarun.config import invoked_command, opt, to_dict
+from vlarun.config import invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
-SWEEP_BUDGETS = "0.34,0.25,0.18,0.11,0.07"
-SWEEP_METHODS = "triage,drop-all,keep-all,fastv,vla-cache,vla-pruner"
+SWEEP_BUDGETS = (0.34, 0.25, 0.18, 0.11, 0.07)
+SWEEP_METHODS = ("triage", "drop-all", "keep-all", "fastv", "vla-cache", "vla-pruner")
 LATENCY_METHODS = METHODS  # every method, full recompute first
 
 
@@ -49,16 +49,16 @@ class BenchAccelOptions:
     quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, 2 budgets")
     policy: str = opt("tiny-oft", "shipped policy for the sweep and latency table")
     diffusion_policy: str = opt("tiny-dit", "shipped diffusion policy for the ablation")
-    tasks: str = opt(",".join(TRAIN_TASKS), "Meta-World tasks")
+    tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(10, "episodes per task and configuration")
     seed: int = opt(0, "first held-out seed")
     max_steps: int | None = opt(None, "episode step limit (default: each task's)")
-    budgets: str = opt(SWEEP_BUDGETS, "budget fractions of the sweep")
-    methods: str = opt(SWEEP_METHODS, "token methods of the sweep")
+    budgets: tuple[float, ...] = opt(SWEEP_BUDGETS, "budget fractions of the sweep")
+    methods: tuple[str, ...] = opt(SWEEP_METHODS, "token methods of the sweep")
     latency_budget: float = opt(0.34, "budget fraction of the latency table")
     latency_queries: int = opt(60, "replayed queries per latency row")
     large: bool = opt(True, "also time the ~1B random-weight OpenVLA-like shape")
-    parts: str = opt("sweep,latency,ablation", "which parts to run")
+    parts: tuple[str, ...] = opt(("sweep", "latency", "ablation"), "which parts to run")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plots")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
@@ -72,17 +72,23 @@ class BenchAccelOptions:
 
     @property
     def part_list(self) -> list[str]:
-        return [p for p in self.parts.split(",") if p]
+        return items(self.parts)
+
+    @property
+    def _default_budgets(self) -> bool:
+        return items(self.budgets, float) == list(SWEEP_BUDGETS)
 
     def reduced(self) -> BenchAccelOptions:
         """The --quick settings (explicitly given smaller values are kept)."""
         import dataclasses
 
+        from vlarun.sim.tasks import parse_tasks
+
         return dataclasses.replace(
             self,
-            tasks=",".join(self.tasks.split(",")[:2]),
+            tasks=tuple(parse_tasks(self.tasks)[:2]),
             episodes=min(self.episodes, 2),
-            budgets="0.34,0.07" if self.budgets == SWEEP_BUDGETS else self.budgets,
+            budgets=(0.34, 0.07) if self._default_budgets else self.budgets,
             latency_queries=min(self.latency_queries, 12),
         )
 
@@ -156,8 +162,8 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
         }
     ]
     log(f"sweep full: {full['success_rate']:.1%}")
-    for b in [float(x) for x in o.budgets.split(",") if x]:
-        for method in [m for m in o.methods.split(",") if m]:
+    for b in items(o.budgets, float):
+        for method in items(o.methods):
             fast = accelerated(policy, method, b)
             res = closed_loop(fast, o)
             err = fidelity(accelerated(policy, method, b), full["recorded"])
@@ -383,7 +389,7 @@ def write_results(result: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # A run of some parts only gets their names in its file name, so runs of different parts
     # (e.g. the sweep in one process, latency in a quiet window) do not overwrite each other.
-    parts = result["options"]["parts"].split(",")
+    parts = items(result["options"]["parts"])
     which = "" if set(parts) >= {"sweep", "latency", "ablation"} else "_" + "-".join(parts)
     stem = f"accel{'_quick' if result['quick'] else ''}{which}_{result['date'][:10]}"
     files = {"json": str(out / f"{stem}.json")}

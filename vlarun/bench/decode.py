@@ -43,11 +43,11 @@ import torch
 
 from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
 from vlarun.bench.replay import interleaved_runs
-from vlarun.config import invoked_command, opt, to_dict
+from vlarun.config import invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
-SIGMAS = "0.4,0.5,0.6,0.7"
+SIGMAS = (0.4, 0.5, 0.6, 0.7)
 METHODS = ("ar", "jacobi", "jacobi-exit", "distilled-exit", "distilled")
 
 
@@ -58,8 +58,8 @@ class BenchDecodeOptions:
     quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, sigma 0.5")
     policy: str = opt("tiny-ar", "shipped autoregressive policy (or a checkpoint directory)")
     distilled: str = opt("tiny-ar-ceed", "distilled policy (shipped name or directory); '' = skip")
-    sigmas: str = opt(SIGMAS, "early-exit thresholds")
-    tasks: str = opt(",".join(TRAIN_TASKS), "Meta-World tasks")
+    sigmas: tuple[float, ...] = opt(SIGMAS, "early-exit thresholds")
+    tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(10, "episodes per task and method")
     seed: int = opt(0, "first held-out seed")
     max_steps: int | None = opt(None, "episode step limit (default: each task's)")
@@ -67,8 +67,9 @@ class BenchDecodeOptions:
     # Pinned and recorded (torch's default follows the machine): one thread is what the
     # committed results used.
     threads: int = opt(1, "torch threads for the whole run; 0 = torch's default")
-    exit_over: str = opt("all", "tokens the exit rules test, joined by commas: all (the paper), "
-                         "unsettled; 'all,unsettled' times both side by side")  # fmt: skip
+    exit_over: tuple[str, ...] = opt(
+        ("all",), "tokens the exit rules test: all (the paper), unsettled; both: side by side"
+    )
     max_iters: int = opt(0, "cap on the exit methods' Jacobi iterations; 0 = none (n - 1)")
     # Each student leaves the guess it was distilled from (`vlarun distill --init`); the
     # shipped one learned "repeat". Plain Jacobi stays exact from either.
@@ -101,19 +102,21 @@ class BenchDecodeOptions:
 
     @property
     def sigma_list(self) -> list[float]:
-        return [float(s) for s in self.sigmas.split(",") if s]
+        return items(self.sigmas, float)
 
     @property
     def exit_rules(self) -> list[str]:
-        return [r.strip() for r in self.exit_over.split(",") if r.strip()]
+        return items(self.exit_over)
 
     def reduced(self) -> BenchDecodeOptions:
         """The --quick settings (explicitly given smaller values are kept)."""
+        from vlarun.sim.tasks import parse_tasks
+
         return dataclasses.replace(
             self,
-            tasks=",".join(self.tasks.split(",")[:2]),
+            tasks=tuple(parse_tasks(self.tasks)[:2]),
             episodes=min(self.episodes, 2),
-            sigmas="0.5" if self.sigmas == SIGMAS else self.sigmas,
+            sigmas=(0.5,) if items(self.sigmas, float) == list(SIGMAS) else self.sigmas,
             queries=min(self.queries, 12),
         )
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlarun.config import opt
+from vlarun.config import items, opt
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import Outcome, StageOutcome
 from vlarun.sched.cost import roofline
@@ -62,7 +62,7 @@ class FleetConfig:
     bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
     rtt_ms: float = opt(5.0, "link round-trip time, ms")
-    loads: str = opt("light,medium,heavy", "background edge load levels to run")
+    loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "background edge load levels")
     bias_sigma: float = opt(0.15, "hidden per-stage bias of the true times (lognormal sigma)")
     jitter_sigma: float = opt(0.05, "per-call jitter of the true times (lognormal sigma)")
     guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
@@ -87,7 +87,7 @@ class FleetConfig:
 
     @property
     def load_levels(self) -> list[str]:
-        return [x.strip() for x in self.loads.split(",") if x.strip()]
+        return items(self.loads)
 
     @property
     def slo_s(self) -> float:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from vlarun.accel.base import StepInputs, attention_scores
 from vlarun.accel.triage import value_drift
-from vlarun.config import opt
+from vlarun.config import items, opt
 from vlarun.models.llama import KVCache
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.stages.families import run_head
@@ -38,11 +38,13 @@ class DriftCalibrationConfig:
 
     policy: str = opt("tiny-oft", "shipped policy (full recompute gives the reference)")
     checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
-    tasks: str = opt("reach-v3,push-v3", "Meta-World tasks whose rollouts are replayed")
+    tasks: tuple[str, ...] = opt(
+        ("reach-v3", "push-v3"), "Meta-World tasks whose rollouts are replayed"
+    )
     episodes: int = opt(1, "episodes per task")
     seed: int = opt(0, "first held-out seed")
     rollouts: str | None = opt(None, "replay this rollouts file (vlarun fidelity) instead")
-    ages: str = opt("1,2,5,10,20", "cache ages in queries, comma-separated")
+    ages: tuple[int, ...] = opt((1, 2, 5, 10, 20), "cache ages in queries")
     probe_tokens: int = opt(16, "tokens per probe")
     layer: int = opt(2, "shallow layer of drift and importance")
     max_steps: int = opt(40, "at most this many steps per episode")
@@ -56,7 +58,7 @@ class DriftCalibrationConfig:
 
     @property
     def age_list(self) -> list[int]:
-        return [int(a) for a in self.ages.split(",") if a.strip()]
+        return items(self.ages, int)
 
 
 @dataclass

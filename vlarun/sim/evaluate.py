@@ -43,7 +43,7 @@ class EvalConfig:
 
     policy: str = opt("tiny-ar", "shipped policy under checkpoints/ (tiny-ar, tiny-oft, tiny-dit)")
     checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
-    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks, or mt10")
+    tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(25, "episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
     workers: int = opt(0, "worker processes; 0 = one per core (at most 4)")

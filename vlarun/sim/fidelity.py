@@ -39,7 +39,7 @@ class FidelityConfig:
     checkpoint: str | None = opt(None, "reference checkpoint directory (overrides --policy)")
     candidate: str | None = opt(None, "candidate checkpoint directory (default: the reference)")
     dtype: str = opt("float32", "the candidate's compute dtype", choices=["float32", "bfloat16"])
-    tasks: str = opt(",".join(TRAIN_TASKS), "comma-separated Meta-World tasks")
+    tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(2, "recorded reference episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
     rollouts: str | None = opt(None, ".safetensors file of recorded rollouts: reused if present")

@@ -127,10 +127,13 @@ MT10: tuple[str, ...] = (
 )
 
 
-def parse_tasks(spec: str) -> list[str]:
-    """A task list as the command line gives it: comma-separated names, or ``mt10`` (the suite);
-    unknown names raise ValueError listing the valid ones."""
-    names = list(MT10) if spec.strip() == "mt10" else [t for t in spec.split(",") if t]
+def parse_tasks(spec) -> list[str]:
+    """A task list as the command line gives it: names (a tuple, or comma-joined), or ``mt10``
+    (the suite); unknown names raise ValueError listing the valid ones."""
+    from vlarun.config import items
+
+    names = items(spec)
+    names = list(MT10) if names == ["mt10"] else names
     for name in names:
         get_task(name)
     return names
