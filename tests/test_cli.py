@@ -169,3 +169,14 @@ def test_policy_names_resolve_to_shipped_policies_or_presets():
     assert Policy.load("tiny-openvla-oft").norm is None  # a preset: random weights
     with pytest.raises(ValueError, match="shipped.*tiny-ar.*nor a preset.*openvla-7b"):
         Policy.load("no-such-policy")
+
+
+def test_every_command_prints_its_help(capsys):
+    """--help of every command renders (a '%' in a help text or a tuple default once broke it)."""
+    from vlarun.cli import BENCH, COMMANDS
+
+    for argv in [[c] for c in COMMANDS] + [["bench", b] for b in BENCH]:
+        with pytest.raises(SystemExit) as done:
+            main([*argv, "--help"])
+        assert done.value.code == 0, argv
+        assert "usage: vlarun" in capsys.readouterr().out

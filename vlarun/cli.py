@@ -89,7 +89,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         meta, hint = f.metadata, hints[f.name]
         base = _base_type(hint)
         shown = "" if f.default in (dataclasses.MISSING, None, False, "") else f.default
-        kw: dict = {"help": meta.get("help", "") + (f" (default: {shown})" if shown != "" else "")}
+        if isinstance(shown, tuple):  # as it is typed: --tasks a b
+            shown = " ".join(map(str, shown))
+        text = meta.get("help", "") + (f" (default: {shown})" if shown != "" else "")
+        kw: dict = {"help": text.replace("%", "%%")}  # argparse formats help with %
         if meta.get("choices"):
             kw["choices"] = meta["choices"]
         if typing.get_origin(base) is typing.Literal:
