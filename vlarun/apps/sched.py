@@ -172,7 +172,12 @@ class PlanOptions:
     slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
     chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
     accuracy_floor: float | None = opt(
-        None, "minimum measured success relative to the full model (e.g. 0.97)"
+        None,
+        "minimum relative success (e.g. 0.97) the 95% lower bound of a setting's measured "
+        "success must clear; default: no measurable loss (its interval reaches full compute)",
+    )
+    unmeasured_settings: bool = opt(
+        False, "also admit settings whose accuracy cost nobody measured (the output says so)"
     )
     edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
@@ -191,7 +196,7 @@ def make_scheduler(o: PlanOptions):
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import build_space, load_settings
+    from vlarun.sched.plans import NO_LOSS, build_space, load_settings
     from vlarun.sched.profile import Profile
     from vlarun.sched.scheduler import Scheduler
     from vlarun.stages.families import Workload
@@ -202,9 +207,10 @@ def make_scheduler(o: PlanOptions):
     devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
     w = Workload(1, o.text_tokens, o.dtype)
     rows = load_settings(o.settings) if o.settings else None
-    space = build_space(
-        cfg, stage_works(cfg, w), devices, w, o.accuracy_floor, rows, not o.no_accelerators
-    )
+    floor = o.accuracy_floor if o.accuracy_floor is not None else NO_LOSS
+    if o.unmeasured_settings:
+        floor = None
+    space = build_space(cfg, stage_works(cfg, w), devices, w, floor, rows, not o.no_accelerators)
     chunk = o.chunk or cfg.horizon
     if chunk < 1:
         raise ValueError("--chunk must be at least 1")
@@ -241,7 +247,11 @@ def cmd_plan(o: PlanOptions) -> dict:
         "slo_ms": sched.slo_s * 1e3,
         "bandwidth_mbps": o.bandwidth,
         "rtt_ms": o.rtt,
-        "accuracy_floor": o.accuracy_floor,
+        "accuracy_floor": o.accuracy_floor
+        if o.accuracy_floor is not None
+        else (
+            "none (unmeasured settings admitted)" if o.unmeasured_settings else "no measurable loss"
+        ),
         **plan_row(d),
         "fallback": not d.feasible,
         "candidates": d.candidates,

@@ -44,6 +44,9 @@ KNOB_FAMILIES = {
     "early_exit_sigma": ("autoregressive",),
 }
 IDENTITY = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "early_exit_sigma": None}
+# The accuracy floor `plan` uses by default: admit a setting only if it was measured and its
+# interval reaches full compute (no loss the measurement can tell from zero).
+NO_LOSS = "no-loss"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,19 @@ class SettingRow:
     source: str | None
     modelled: bool = True
     models: tuple[str, ...] | None = None
+    # The 95% interval of the relative success, where the measurement gave one (None: a point
+    # estimate only, e.g. a paper's table, which then stands for both bounds).
+    lower: float | None = None
+    upper: float | None = None
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        if self.relative_success is None:
+            return None
+        return (
+            self.relative_success if self.lower is None else self.lower,
+            self.relative_success if self.upper is None else self.upper,
+        )
 
 
 def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
@@ -109,13 +125,27 @@ def settings_from_accel_bench(result: dict, checkpoints: Path | None = None):
         model = _model_of(opts.get("policy", "?"), checkpoints)
         for r in sweep:
             if r["method"] == "triage":
-                rel = r["success_rate"] / full["success_rate"]
+                base = full["success_rate"]
+                rel = r["success_rate"] / base
                 src = (
                     f"vlarun bench accel {when}: TRIAGE B={r['budget_fraction']:g}, success "
                     f"{r['success_rate']:.3f} vs {full['success_rate']:.3f}, n={r['episodes']}"
                 )
+                # The setting's own 95% interval over the full policy's rate: the full rate's
+                # own uncertainty is not in it (the sweep is not paired), said in the source.
+                ci = r.get("ci95")
+                lo, hi = (ci[0] / base, ci[1] / base) if ci else (None, None)
                 rows.append(
-                    SettingRow("token_budget", r["budget_fraction"], rel, src, True, (model,))
+                    SettingRow(
+                        "token_budget",
+                        r["budget_fraction"],
+                        rel,
+                        src + "; bounds: the setting's Wilson 95% interval / full's rate",
+                        True,
+                        (model,),
+                        lo,
+                        hi,
+                    )  # fmt: skip
                 )
     abl = {r["config"]: r for r in result.get("ablation") or []}
     if "none" in abl and abl["none"]["success_rate"] > 0:
@@ -139,6 +169,8 @@ class Setting:
 
     knobs: tuple[tuple[str, float | None], ...]
     relative_success: float | None
+    lower: float | None = None  # products of the knobs' bounds (None: unmeasured)
+    upper: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -173,7 +205,11 @@ def setting_grid(
     for combo in itertools.product(*by_knob.values()):
         rel = [r.relative_success for r in combo]
         success = None if any(x is None for x in rel) else math.prod(rel)
-        grid.append(Setting(tuple((r.knob, r.value) for r in combo), success))
+        lo = hi = None
+        if success is not None:
+            lo = math.prod(r.bounds[0] for r in combo)
+            hi = math.prod(r.bounds[1] for r in combo)
+        grid.append(Setting(tuple((r.knob, r.value) for r in combo), success, lo, hi))
     return grid, notes
 
 
@@ -300,12 +336,16 @@ def build_space(
     base_works: tuple[StageWork, ...],
     devices: dict[str, Device],
     w: Workload,
-    accuracy_floor: float | None = None,
+    accuracy_floor: float | str | None = None,
     settings_rows: tuple[SettingRow, ...] | None = None,
     accelerators: bool = True,
 ) -> PlanSpace:
     """Enumerate and filter the plan space of ``cfg`` between ``devices['robot']`` and
-    ``devices['edge']``. ``accelerators=False`` keeps only the identity setting."""
+    ``devices['edge']``. ``accelerators=False`` keeps only the identity setting.
+
+    ``accuracy_floor``: None admits every setting (unmeasured ones with a note); a number F
+    admits a measured setting whose relative success has a 95% lower bound >= F; ``NO_LOSS``
+    admits a measured setting whose interval reaches 1.0 (no loss the measurement can tell)."""
     rows = settings_rows if settings_rows is not None else load_settings()
     grid, notes = setting_grid(cfg.family, rows, cfg.name)
     if not accelerators:
@@ -327,11 +367,17 @@ def build_space(
                 f"{unmeasured} of {len(grid)} settings have no measured accuracy cost; "
                 "they are eligible only because no accuracy floor was given"
             )
+    elif accuracy_floor == NO_LOSS:
+        eligible = np.array([g.measured and g.upper >= 1.0 for g in grid])
+        notes.append(
+            f"no measurable loss: {int(eligible.sum())} of {len(grid)} settings have a measured "
+            "success whose 95% interval reaches the full policy's (unmeasured ones are left out)"
+        )
     else:
-        eligible = np.array([g.measured and g.relative_success >= accuracy_floor for g in grid])
+        eligible = np.array([g.measured and g.lower >= accuracy_floor for g in grid])
         notes.append(
             f"accuracy floor {accuracy_floor}: {int(eligible.sum())} of {len(grid)} "
-            "settings have a measured relative success at or above it"
+            "settings have a measured relative success whose 95% lower bound clears it"
         )
     return PlanSpace(
         cfg.name,
