@@ -214,3 +214,32 @@ def test_the_agents_scheduler_plans_the_configured_setting(policies):
     flops = lambda s: {w.name: w.flops for w in s.space.works[0]}  # noqa: E731
     assert flops(sched)["prefill_head"] < 0.9 * flops(plain)["prefill_head"]  # budget priced
     assert flops(sched)["vision"] == flops(plain)["vision"]
+
+
+def test_joint_strategy_executes_the_setting_its_plan_chose(policies, tmp_path):
+    """vlarun-joint plans placement and setting together from a settings table; a measured
+    setting whose interval reaches full compute is admitted (no measurable loss) and the
+    agent runs exactly what each plan names, on both sides; an unmeasured one never is."""
+    import json
+
+    policy = policies["tiny-oft"]
+    table = {"settings": [
+        {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
+        {"knob": "token_budget", "value": 0.34, "relative_success": 0.98, "source": "test",
+         "models": [policy.model.cfg.name], "lower": 0.9, "upper": 1.05},
+        {"knob": "token_budget", "value": 0.07, "relative_success": None, "source": None},
+    ]}  # fmt: skip
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(table))
+    cfg = AgentConfig(slo_s=10.0, strategy="vlarun-joint", settings_file=str(path))
+    with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
+        agent = RobotAgent(policy, cfg, srv.address, INSECURE)
+        try:
+            got = _run(agent, frames(4))
+        finally:
+            agent.close()
+    assert {inf.setting for inf in got} == {"triage:0.34"}  # the cheaper admitted setting
+    plan_space = agent.scheduler(len(policy.text_ids(INSTRUCTION))).space
+    admitted = {s.value("token_budget") for s, e in zip(plan_space.settings, plan_space.eligible,
+                                                         strict=True) if e}  # fmt: skip
+    assert admitted == {1.0, 0.34}

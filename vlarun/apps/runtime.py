@@ -200,7 +200,19 @@ class RunRobotOptions:
     episodes: int = opt(1, "episodes")
     seed: int = opt(10000, "first episode seed")
     max_steps: int | None = opt(None, "stop an episode after this many steps")
-    strategy: str = opt("vlarun", "vlarun | device-only | edge-only | fixed-split")
+    strategy: str = opt(
+        "vlarun",
+        "vlarun (placement) | vlarun-joint (placement x measured settings) | device-only | "
+        "edge-only | fixed-split",
+    )
+    settings: str | None = opt(
+        None, "vlarun-joint: settings table or `bench accel` result (default: the shipped one)"
+    )
+    accuracy_floor: float | None = opt(
+        None,
+        "vlarun-joint: 95% lower bound a setting's success must clear (default: no "
+        "measurable loss)",
+    )
     setting: str = opt(
         "full",
         "accelerator setting of every request, run on whichever side each stage runs: "
@@ -249,6 +261,8 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         robot_device=o.robot_device,
         edge_device=o.edge_device,
         setting=setting,
+        settings_file=o.settings,
+        accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
     )
     sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
     relay, edge = None, o.edge

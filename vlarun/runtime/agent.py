@@ -49,7 +49,7 @@ from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
-STRATEGIES = ("vlarun", "device-only", "edge-only", "fixed-split")
+STRATEGIES = ("vlarun", "vlarun-joint", "device-only", "edge-only", "fixed-split")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class AgentConfig:
     bandwidth_mbps: float = 1000.0  # initial link estimate; measured transfers refine it
     rtt_ms: float = 1.0
     setting: AccelSetting = AccelSetting()
+    # vlarun-joint: the settings table the plan space reads (None: the shipped one) and the
+    # accuracy floor its settings must clear (plans.NO_LOSS, a number, or "none").
+    settings_file: str | None = None
+    accuracy_floor: float | str = "no-loss"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -159,6 +163,7 @@ class RobotAgent:
         self._where: dict[tuple, dict[str, str]] = {}  # setting key -> stateful stage -> side
         self.stream = secrets.randbits(62)  # this episode's id on the edge
         self._instruction: str | None = None
+        self._last_setting: tuple | None = None
         self._scheds: dict[int, object] = {}
         self._factors: dict[int, dict] = {}
         self.client = self.monitor = None
@@ -297,6 +302,9 @@ class RobotAgent:
         tr = _Trace()
         segs = segments(graph, placement)
         stateful = setting.stateful_stages(self.policy.model.cfg.family)
+        if self._last_setting not in (None, setting.key):  # switched: its old state is stale
+            self._where.pop(setting.key, None)
+        self._last_setting = setting.key
         where = self._where.setdefault(setting.key, {})
         hooks = self._hooks.get(setting.key)
         for i, seg in enumerate(segs):

@@ -20,23 +20,34 @@ from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
-from vlarun.sched.plans import IDENTITY, SettingRow, build_space
+from vlarun.sched.plans import IDENTITY, SettingRow, build_space, load_settings
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
 
 def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
-    """A scheduler of placements under the agent's one setting (``cfg.setting``), between its
-    robot and edge devices."""
+    """The agent's scheduler between its robot and edge devices: placements under its one
+    setting (``cfg.setting``; strategy "vlarun"), or placements x every setting the runtime can
+    execute whose measured success clears the accuracy floor (strategy "vlarun-joint": the
+    settings table ``cfg.settings_file`` or the shipped one; layer pruning is a model
+    transform the runtime does not run, so those rows are left out)."""
     devices = {"robot": get_device(cfg.robot_device), "edge": get_device(cfg.edge_device)}
     w = Workload(1, text_tokens, dtype)
-    rows = tuple(
-        SettingRow(k, v, 1.0, "identity") if v == IDENTITY[k]
-        else SettingRow(k, v, None, f"the run's setting {cfg.setting}")
-        for k, v in {**IDENTITY, **cfg.setting.knobs()}.items()
-    )  # fmt: skip
-    space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, settings_rows=rows)
+    if cfg.strategy == "vlarun-joint":
+        rows = tuple(
+            r for r in load_settings(cfg.settings_file)
+            if r.knob != "layers_kept" or r.value == IDENTITY["layers_kept"]
+        )  # fmt: skip
+        floor = None if cfg.accuracy_floor == "none" else cfg.accuracy_floor
+    else:
+        rows = tuple(
+            SettingRow(k, v, 1.0, "identity") if v == IDENTITY[k]
+            else SettingRow(k, v, None, f"the run's setting {cfg.setting}")
+            for k, v in {**IDENTITY, **cfg.setting.knobs()}.items()
+        )  # fmt: skip
+        floor = None
+    space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, floor, rows)
     # Batching is the edge's own business (its queues), not reserved here.
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
                      join_batches=False)  # fmt: skip

@@ -93,7 +93,16 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
             raise ValueError(f"{r['knob']}={r['value']}: a measured accuracy cost must name models")
         modelled = r.get("modelled", True)
         out.append(
-            SettingRow(r["knob"], r["value"], r["relative_success"], r["source"], modelled, models)
+            SettingRow(
+                r["knob"],
+                r["value"],
+                r["relative_success"],
+                r["source"],
+                modelled,
+                models,
+                r.get("lower"),
+                r.get("upper"),
+            )  # fmt: skip
         )
     return tuple(out)
 
