@@ -44,22 +44,16 @@ def make(out: Path) -> None:
 
     import torch
 
-    from vlarun.models.checkpoint import save_vla
+    from vlarun.models.checkpoint import random_vla, save_vla
     from vlarun.models.llama import LlamaConfig
     from vlarun.models.presets import get_preset
-    from vlarun.models.vla import VLA
 
     base = get_preset("tiny-openvla")
     llm = LlamaConfig(vocab_size=32064, hidden_size=2048, intermediate_size=5632, num_layers=22,
                       num_heads=32, num_kv_heads=4, max_positions=2048)  # fmt: skip
     cfg = dataclasses.replace(base, name="load-memory-1b", llm=llm, action_vocab_size=32000)
     torch.manual_seed(0)
-    with torch.device("meta"):
-        model = VLA(cfg)
-    model = model.to(torch.bfloat16).to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
+    model = random_vla(cfg, torch.bfloat16)
     save_vla(model, out)
     print(json.dumps({"made": str(out), "params": sum(p.numel() for p in model.parameters())}))
 

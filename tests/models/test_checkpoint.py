@@ -179,12 +179,9 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
     llm = LlamaConfig(vocab_size=32064, hidden_size=1024, intermediate_size=2816, num_layers=12,
                       num_heads=16, num_kv_heads=4, max_positions=1024)  # fmt: skip
     cfg = dataclasses.replace(get_preset("tiny-openvla"), llm=llm, action_vocab_size=32000)
-    with torch.device("meta"):
-        model = VLA(cfg)
-    model = model.to(torch.bfloat16).to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
+    from vlarun.models.checkpoint import random_vla
+
+    model = random_vla(cfg, torch.bfloat16)
     out = save_vla(model, tmp_path / "ckpt")
     state = load_file(out / "model.safetensors")
     names = sorted(state)

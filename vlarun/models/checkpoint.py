@@ -113,15 +113,35 @@ def load_checked(module: nn.Module, state: dict[str, Tensor], what: str) -> None
         for k in sorted(set(own) & set(state))
         if state[k].shape != own[k].shape
     ]
-    problems = []
-    for label, keys in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes)):
+    _raise_mismatch(what, {"missing": missing, "unexpected": unexpected, "mis-shaped": shapes})
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+
+
+def _raise_mismatch(what: str, problems: dict[str, list[str]]) -> None:
+    """CheckpointError naming the first keys of each kind of mismatch, if there is any."""
+    text = []
+    for label, keys in problems.items():
         if keys:
             shown = ", ".join(keys[:MAX_REPORTED])
             more = f" (+{len(keys) - MAX_REPORTED} more)" if len(keys) > MAX_REPORTED else ""
-            problems.append(f"{len(keys)} {label} keys: {shown}{more}")
-    if problems:
-        raise CheckpointError(f"{what} does not match the model: " + "; ".join(problems))
-    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+            text.append(f"{len(keys)} {label} keys: {shown}{more}")
+    if text:
+        raise CheckpointError(f"{what} does not match the model: " + "; ".join(text))
+
+
+def random_vla(cfg: VLAConfig, dtype: torch.dtype = torch.bfloat16, std: float = 0.02) -> VLA:
+    """A VLA of ``cfg`` with normal(0, std) weights, made directly in ``dtype`` (no fp32 build,
+    no per-layer init): large random-weight shapes for benchmarks and memory tests."""
+    with torch.device("meta"):
+        model = VLA(cfg)
+    model = model.to(dtype).to_empty(device="cpu")
+    for module in model.modules():
+        if hasattr(module, "init_buffers"):
+            module.init_buffers(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, std)
+    return model.eval()
 
 
 def _is_tied(module: nn.Module, key: str) -> bool:
@@ -268,15 +288,7 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     towers.clear()
     _retie(model)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
-    report = [("missing", missing), *problems.items()]
-    text = []
-    for label, keys in report:
-        if keys:
-            shown = ", ".join(keys[:MAX_REPORTED])
-            more = f" (+{len(keys) - MAX_REPORTED} more)" if len(keys) > MAX_REPORTED else ""
-            text.append(f"{len(keys)} {label} keys: {shown}{more}")
-    if text:
-        raise CheckpointError(f"{d} does not match the model: " + "; ".join(text))
+    _raise_mismatch(str(d), {"missing": missing, **problems})
     stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
     stats = stats or config.get("norm_stats", {})
     return model.eval(), stats
