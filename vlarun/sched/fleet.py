@@ -123,17 +123,24 @@ class EdgeTimeline:
 
 @dataclass
 class World:
+    """One world per seed, the same at every load level: its hidden biases, and separate random
+    streams for stage jitter, link jitter and the other tenants' load, so that a policy that
+    never touches the edge (Device-Only) lives through exactly the same times at every load."""
+
     cfg: FleetConfig
     devices: dict[str, Device]
     bias: dict[tuple[str, str], float]
-    rng: np.random.Generator
+    rng: np.random.Generator  # the other tenants' background load
+    stage_rng: np.random.Generator
+    link_rng: np.random.Generator
 
-    def jitter(self) -> float:
-        return float(self.rng.lognormal(0.0, self.cfg.jitter_sigma))
+    def jitter(self, rng: np.random.Generator) -> float:
+        return float(rng.lognormal(0.0, self.cfg.jitter_sigma))
 
     def stage_s(self, work, role: str) -> tuple[float, float]:
         roof = roofline(work, self.devices[role])
-        return roof.seconds * self.bias[(work.name, role)] * self.jitter(), roof.utilisation
+        t = roof.seconds * self.bias[(work.name, role)] * self.jitter(self.stage_rng)
+        return t, roof.utilisation
 
     def stretch(self, seconds: float, load: float) -> float:
         """Wall time of ``seconds`` of edge work while other tenants time-share the edge: add
@@ -152,17 +159,19 @@ class World:
 
     def transfer_s(self, nbytes: float, t: float) -> float:
         wire = self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
-        return wire * self.jitter()
+        return wire * self.jitter(self.link_rng)
 
 
 def make_world(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device], seed: int) -> World:
-    rng = np.random.default_rng(seed)
+    bias_seq, load_seq, stage_seq, link_seq = np.random.SeedSequence(seed).spawn(4)
+    rng = np.random.default_rng(bias_seq)
     bias = {
         (s, role): float(rng.lognormal(0.0, cfg.bias_sigma))
         for s in space.stages
         for role in ("robot", "edge")
     }
-    return World(cfg, devices, bias, rng)
+    return World(cfg, devices, bias, np.random.default_rng(load_seq),
+                 np.random.default_rng(stage_seq), np.random.default_rng(link_seq))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,9 +258,10 @@ def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[d
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
     sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
     if policy == "vlarun":
-        sched = Scheduler(space, devices, cfg.slo_s * cfg.guard, actions=cfg.chunk)
+        # The simulator does not execute edge batches: no plan may count on joining one.
+        sched = Scheduler(space, devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
+                          join_batches=False)  # fmt: skip
         sched.period_s = period
-        sched.join[:] = False  # the simulator does not execute edge batches
         links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
     k_id = _identity_index(space)
     releases = sorted(
@@ -334,10 +344,10 @@ def _count(xs) -> dict:
 
 def simulate(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device]) -> dict:
     results, traces = {}, {}
-    for li, load in enumerate(cfg.load_levels):
+    for load in cfg.load_levels:
         results[load] = {}
-        for policy in POLICIES:
-            recs = run_policy(cfg, space, devices, policy, load, cfg.seed + 100 * li)
+        for policy in POLICIES:  # one world (cfg.seed) at every load level
+            recs = run_policy(cfg, space, devices, policy, load, cfg.seed)
             results[load][policy] = summarise(recs, cfg.chunk)
             traces[(load, policy)] = [
                 (r["release"], r["latency_s"]) for r in recs if r["robot"] == 0
