@@ -13,6 +13,7 @@ from vlarun.models.checkpoint import (
     load_vla,
     read_weights,
     save_vla,
+    vla_config_from,
 )
 from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA
@@ -199,3 +200,33 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
                                   capture_output=True, text=True, check=True).stdout)  # fmt: skip
     assert r["params"] > 150e6 and r["dtype"] == "torch.bfloat16"
     assert r["ratio_after_reading_every_weight"] <= 1.3, r
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("use_fused_vision_backbone", False, "use_fused_vision_backbone=False"),
+        ("timm_model_ids", ["vit_base_patch16_clip_224"], "timm_model_ids="),
+        ("image_sizes", [224, 384], r"image_sizes=\[224, 384\]"),
+        ("image_sizes", [225, 225], "multiple of their 14-pixel patch"),
+        ("n_action_bins", 512, "n_action_bins=512"),
+    ],
+)
+def test_a_prismatic_field_vlarun_cannot_build_is_named_in_one_line(field, value, message):
+    config = {"model_type": "openvla", "text_config": {"vocab_size": 32064}, field: value}
+    with pytest.raises(CheckpointError, match=message) as err:
+        vla_config_from(config, "ckpt")
+    assert "\n" not in str(err.value) and "ckpt/config.json" in str(err.value)
+
+
+def test_prismatic_text_config_and_image_size_shape_the_model():
+    """The LM's sizes come from text_config and the towers' resolution from image_sizes, not
+    from the 7B preset: another Prismatic shape builds (here a small Llama at 112 px)."""
+    text = {"vocab_size": 544, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    config = {"model_type": "openvla", "text_config": text, "image_sizes": [112, 112],
+              "llm_max_length": 1024, "pad_to_multiple_of": 32}  # fmt: skip
+    cfg = vla_config_from(config, "ckpt")
+    assert (cfg.llm.hidden_size, cfg.llm.num_layers, cfg.llm.num_kv_heads) == (64, 2, 2)
+    assert cfg.llm.max_positions == 1024 and cfg.image_size == 112
+    assert cfg.num_visual == (112 // 14) ** 2 and cfg.action_vocab_size == 512

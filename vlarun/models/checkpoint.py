@@ -12,6 +12,7 @@ Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ from vlarun.models.vit import (
     ViTEncoder,
     canonical_hf_state_dict,
     hf_to_timm_vit,
+    openvla_vision_configs,
     timm_to_hf_vit,
 )
 from vlarun.models.vla import VLA, VLAConfig
@@ -240,19 +242,62 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
             raise CheckpointError(f"{directory}/config.json: bad vlarun config ({e})") from None
     if kind == "openvla":
         base = openvla_7b()
-        vocab = config.get("text_config", {}).get("vocab_size", base.llm.vocab_size)
+        _check_prismatic(config, directory)
+        text = config.get("text_config", {}) or {}
+        vocab = text.get("vocab_size", base.llm.vocab_size)
         pad = config.get("pad_to_multiple_of", 64)
-        llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
+        if "hidden_size" in text:  # a full text_config: its sizes, not the 7B preset's
+            try:
+                hf = {
+                    "model_type": "llama",
+                    "max_position_embeddings": config.get("llm_max_length", 2048),
+                } | text
+                llm = LlamaConfig.from_hf(hf)
+            except (KeyError, TypeError, ValueError) as e:
+                raise CheckpointError(f"{directory}/config.json: text_config: {e}") from None
+        else:
+            llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
+        size = int((config.get("image_sizes") or [224])[0])
+        base = dataclasses.replace(base, vision=openvla_vision_configs(size))
         # OpenVLA allows prompts up to the LM's context; whatever the visual tokens, BOS and the
         # action tokens leave of it is the text budget (not our presets' 48).
-        text = llm.max_positions - 1 - base.num_visual - base.num_action_tokens
-        extra = {"action_vocab_size": vocab - pad, "max_text_tokens": text,
+        budget = llm.max_positions - 1 - base.num_visual - base.num_action_tokens
+        extra = {"action_vocab_size": vocab - pad, "max_text_tokens": budget,
                  "prompt_suffix_ids": [OPENVLA_PROMPT_SUFFIX]}  # fmt: skip
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
         "(expected model_type 'vlarun' or 'openvla')"
     )
+
+
+# The Prismatic variant vlarun builds: OpenVLA's fused DINOv2 + SigLIP towers (timm names).
+PRISMATIC_TOWERS = ("vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224")
+
+
+def _check_prismatic(config: dict, directory) -> None:
+    """One CheckpointError naming the first Prismatic field vlarun cannot build (instead of a
+    thousand missing keys at load time)."""
+    where = f"{directory}/config.json"
+    if config.get("use_fused_vision_backbone", True) is not True:
+        raise CheckpointError(
+            f"{where}: use_fused_vision_backbone={config['use_fused_vision_backbone']!r}; vlarun "
+            "builds the fused DINOv2 + SigLIP backbone only"
+        )
+    towers = config.get("timm_model_ids")
+    if towers is not None and tuple(towers) != PRISMATIC_TOWERS:
+        raise CheckpointError(
+            f"{where}: timm_model_ids={list(towers)}; vlarun builds {list(PRISMATIC_TOWERS)}"
+        )
+    sizes = config.get("image_sizes")
+    if sizes is not None and (len(set(sizes)) != 1 or int(sizes[0]) % 14):
+        raise CheckpointError(
+            f"{where}: image_sizes={list(sizes)}; both towers must share one size, a multiple "
+            "of their 14-pixel patch"
+        )
+    bins = config.get("n_action_bins", 256)
+    if bins != 256:
+        raise CheckpointError(f"{where}: n_action_bins={bins!r}; vlarun's action tokens use 256")
 
 
 def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[VLA, dict]:
