@@ -73,9 +73,10 @@ def main() -> int:
                 env = {**os.environ, "PYTHONPATH": str(where)}
                 print(f"run {i + 1}/{a.runs} at {side} ...", file=sys.stderr, flush=True)
                 p = subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True)
-                if p.returncode != 0:
-                    print(p.stderr[-2000:], file=sys.stderr)
-                    return p.returncode
+                if p.returncode != 0:  # negative: killed by a signal (e.g. the OOM killer)
+                    print(f"{side} run {i + 1} failed, rc {p.returncode}:\n{p.stderr[-2000:]}",
+                          file=sys.stderr)  # fmt: skip
+                    return 1
                 (out / f"{side}-{i}.json").write_text(p.stdout)
                 results[side].append(numbers(json.loads(p.stdout)))
     finally:
