@@ -235,6 +235,9 @@ class RunRobotOptions:
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
     sync: bool = opt(False, "no overlap: infer, then execute the chunk")
+    meter: str = opt(
+        "auto", "robot power meter read around each request: auto | none | rapl | nvml | ina3221"
+    )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
     json: bool = opt(False, "print one JSON object")
@@ -262,6 +265,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         edge_device=o.edge_device,
         setting=setting,
         settings_file=o.settings,
+        meter=o.meter,
         accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
     )
     sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
@@ -296,7 +300,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         "task": o.task,
         "slo_ms": slo_s * 1e3,
         "robot_slowdown": o.robot_slowdown,
-        "energy_source": "modelled",
+        "energy_source": summarise(infs, horizon).get("energy_source", "modelled"),
         "summary": summarise(infs, horizon),
         "episodes": episodes,
     }

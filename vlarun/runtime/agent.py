@@ -72,6 +72,9 @@ class AgentConfig:
     # accuracy floor its settings must clear (plans.NO_LOSS, a number, or "none").
     settings_file: str | None = None
     accuracy_floor: float | str = "no-loss"
+    # A power meter on the robot (RAPL, NVML, Jetson INA rails) read around every request:
+    # "auto" (the first readable one; none on a machine without), "none", or its name.
+    meter: str = "auto"
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -104,6 +107,10 @@ class Inference:
     link_mbps: float | None = None  # the bandwidth estimate the plan was made with
     setting: str = "full"  # the accelerator setting it ran (AccelSetting's text form)
     edge_batch: dict[str, int] = field(default_factory=dict)  # batch each edge stage ran in
+    # What the robot's meter read over this request (None: no meter); energy_j stays the
+    # modelled account the plan was priced with, so prediction and outcome compare.
+    measured_robot_j: float | None = None
+    meter: str | None = None
 
     @property
     def late_s(self) -> float:
@@ -125,6 +132,10 @@ class Inference:
             "link_mbps": self.link_mbps,
             "setting": self.setting,
             "edge_batch": self.edge_batch,
+            "measured_robot_j": self.measured_robot_j,
+            "energy_source": "modelled"
+            if self.meter is None
+            else f"modelled; robot measured by {self.meter}",
         }
 
 
@@ -151,8 +162,13 @@ class RobotAgent:
         edge: str | None = None,
         sec: Security | None = None,
         ctx: zmq.Context | None = None,
+        meter=None,
     ) -> None:
+        """``meter``: a ``sched.meters.WindowMeter`` to read instead of ``cfg.meter``'s."""
         self.policy, self.cfg = policy, cfg or AgentConfig()
+        from vlarun.sched.meters import window_meter
+
+        self.meter = meter if meter is not None else window_meter(self.cfg.meter)
         model = policy.model
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
@@ -260,6 +276,7 @@ class RobotAgent:
 
     def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
         t0 = time.perf_counter()
+        reading = self.meter.start() if self.meter is not None else None
         if instruction != self._instruction:  # a new task: hook state of the old one is stale
             self.reset()
             self._instruction = instruction
@@ -272,6 +289,7 @@ class RobotAgent:
         pool = dict(self.policy.inputs(image, instruction, state, seed)[0].tensors)
         tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting)
         latency = time.perf_counter() - t0
+        measured = self.meter.stop(reading) if reading is not None else None
         inf = Inference(
             self.policy.unnormalize(pool["actions"][0]),
             placement,
@@ -287,6 +305,8 @@ class RobotAgent:
             link_mbps,
             str(setting),
             dict(tr.batch),
+            measured,
+            None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome

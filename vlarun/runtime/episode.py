@@ -121,9 +121,21 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "fallbacks": sum(r["fallback"] is not None for r in infs),
         "edge_requests": sum("@edge" in r["ran"] for r in infs),
         "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
-        "energy_source": "modelled",  # no meter is read at run time on this machine
+        "energy_source": _source(infs),
+        "measured_robot_j_mean": _mean([r.get("measured_robot_j") for r in infs]),
         "mean_batch": mean_batch(infs),
     }
+
+
+def _source(infs: list[dict]) -> str:
+    """ "modelled" unless every request's robot side was also read from a meter."""
+    sources = {r.get("energy_source", "modelled") for r in infs}
+    return sources.pop() if len(sources) == 1 else "modelled; robot measured for some requests"
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def mean_batch(infs: list[dict]) -> float | None:

@@ -236,3 +236,53 @@ def detect_meters() -> list[PowerMeter]:
     except Exception:  # no library, no driver or no GPU: NVML is simply absent
         pass
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Energy over a window (what the runtime reads around each request)
+
+
+@dataclass
+class WindowMeter:
+    """Joules a meter saw between ``start()`` and ``stop()``: counter differences where the
+    meter has a cumulative counter (RAPL, NVML: exact), else the mean of the power read at
+    both ends times the window (rails sampled twice: coarse, and said in ``how``)."""
+
+    meter: PowerMeter
+
+    @property
+    def how(self) -> str:
+        return "counter" if isinstance(self.meter, RaplMeter | NvmlMeter) else "two-point"
+
+    def start(self) -> tuple:
+        import time
+
+        if isinstance(self.meter, RaplMeter):
+            return time.monotonic(), read_rapl(self.meter.root)
+        if isinstance(self.meter, NvmlMeter):
+            return time.monotonic(), self.meter.energy_joules()
+        return time.monotonic(), self.meter.read_watts()
+
+    def stop(self, token: tuple) -> float:
+        import time
+
+        t0, first = token
+        if isinstance(self.meter, RaplMeter):
+            return rapl_joules(first, read_rapl(self.meter.root))
+        if isinstance(self.meter, NvmlMeter):
+            return self.meter.energy_joules() - first
+        return (first + self.meter.read_watts()) / 2 * (time.monotonic() - t0)
+
+
+def window_meter(name: str = "auto") -> WindowMeter | None:
+    """The robot's meter for ``name`` ("auto": the first one readable here, "none": none;
+    "rapl" / "nvml" / "ina3221": that one, or ValueError saying it cannot be read)."""
+    if name == "none":
+        return None
+    found = {m.name: m for m in detect_meters()}
+    if name == "auto":
+        return WindowMeter(next(iter(found.values()))) if found else None
+    if name not in found:
+        have = ", ".join(found) or "none"
+        raise ValueError(f"meter {name!r} cannot be read on this machine (readable: {have})")
+    return WindowMeter(found[name])
