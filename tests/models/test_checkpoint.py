@@ -230,3 +230,38 @@ def test_prismatic_text_config_and_image_size_shape_the_model():
     assert (cfg.llm.hidden_size, cfg.llm.num_layers, cfg.llm.num_kv_heads) == (64, 2, 2)
     assert cfg.llm.max_positions == 1024 and cfg.image_size == 112
     assert cfg.num_visual == (112 // 14) ** 2 and cfg.action_vocab_size == 512
+
+
+def test_openvla_directories_resize_any_frame_bicubic(tmp_path):
+    """An OpenVLA-layout directory takes frames of any size, resized bicubic to the processor's
+    size before anything else (as its processor does); vlarun's own checkpoints refuse them."""
+    import numpy as np
+    from PIL import Image
+
+    from vlarun.policy import Policy
+
+    torch.manual_seed(0)
+    model = VLA(get_preset("tiny-openvla"))
+    out = save_vla(model, tmp_path / "ours")
+    frame = np.random.default_rng(0).integers(0, 255, (96, 160, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match="expects"):
+        Policy.from_checkpoint(out).image_tensor(frame)
+    size = model.cfg.image_size
+    processor = {"image_resize_strategy": "resize-naive", "input_sizes": [[3, size, size]] * 2}
+    (out / "preprocessor_config.json").write_text(json.dumps(processor))
+    from vlarun.policy.base import frame_resize
+
+    assert frame_resize(out, size) is None  # a vlarun directory keeps refusing
+    (out / "config.json").write_text(json.dumps({"model_type": "openvla"}))
+    assert frame_resize(out, size) == "bicubic"
+    from vlarun.models.tokenizer import ByteTokenizer
+
+    policy = Policy(model, ByteTokenizer(model.cfg.llm.vocab_size), resize="bicubic")
+    want = np.asarray(Image.fromarray(frame).resize((size, size), Image.BICUBIC))
+    got = policy.image_tensor(frame)
+    assert got.shape == (1, 1, 3, size, size)
+    expected = torch.from_numpy(want.copy()).permute(2, 0, 1).float().div(255)[None, None]
+    assert torch.equal(got, expected)
+    (out / "preprocessor_config.json").write_text(json.dumps({"input_sizes": [[3, 448, 448]]}))
+    with pytest.raises(ValueError, match="input sizes"):
+        frame_resize(out, size)

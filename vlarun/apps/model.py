@@ -33,7 +33,9 @@ class ActOptions:
     instruction: str = opt(help="what the robot should do")
     preset: str = opt(DEFAULT_PRESET, f"preset for random weights: {', '.join(PRESETS)}")
     checkpoint: str | None = opt(None, "checkpoint directory (overrides --preset)")
-    resize: bool = opt(False, "resize the image to the model's input size instead of failing")
+    resize: bool = opt(
+        False, "resize the image (bicubic) to the model's input size instead of failing"
+    )
     unnorm_key: str | None = opt(None, "dataset statistics to un-normalise with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     seed: int = opt(0, "seed for random weights and the initial noise")
@@ -138,10 +140,11 @@ def _load_image(path: str, size: int, resize: bool):
     else:
         from PIL import Image
 
-        img = Image.open(p).convert("RGB")
-        if resize:
-            img = img.resize((size, size), Image.BILINEAR)
-        arr = np.asarray(img)
+        arr = np.asarray(Image.open(p).convert("RGB"))
+    if resize and arr.shape[:2] != (size, size):
+        from vlarun.policy.base import resize_frame
+
+        arr = resize_frame(arr, size, "bicubic")  # as OpenVLA's processor does
     return arr
 
 

@@ -29,6 +29,10 @@ class Policy:
     tokenizer: Tokenizer
     norm: NormStats | None = None
     proprio: ProprioNorm | None = None  # state normalisation, for models with a proprio token
+    # Frames of another size are resized to the model's, as the checkpoint's own processor does
+    # (OpenVLA: bicubic, its "resize-naive"); None: they are refused (vlarun's own policies
+    # were trained at one size, and a silent resize would hide a camera misconfiguration).
+    resize: str | None = None
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -73,7 +77,8 @@ class Policy:
         model, stats = load_vla(directory, dtype)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size)
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
-        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio)
+        resize = frame_resize(directory, model.cfg.image_size)
+        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize)
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -109,6 +114,13 @@ class Policy:
         want = (cfg.num_images, cfg.image_size, cfg.image_size, 3)
         if arr.dtype != np.uint8:
             raise ValueError(f"image must be uint8 RGB, got dtype {arr.dtype}")
+        if (
+            self.resize
+            and arr.ndim == 4
+            and arr.shape[0] == want[0]
+            and arr.shape[1:3] != want[1:3]
+        ):
+            arr = np.stack([resize_frame(v, cfg.image_size, self.resize) for v in arr])
         if arr.shape != want:
             raise ValueError(
                 f"image is {'x'.join(map(str, arr.shape))}; {cfg.name} expects "
@@ -166,3 +178,40 @@ class Policy:
         """Actions (horizon, action_dim) in robot units (if statistics are known)."""
         run = self.run_stages(image, instruction, **kw)
         return self.unnormalize(run.outputs["actions"][0])
+
+
+RESIZE_FILTERS = ("bicubic", "bilinear")
+
+
+def frame_resize(directory: str | Path, size: int) -> str | None:
+    """How a checkpoint's own processor resizes frames, or None (refuse other sizes): OpenVLA
+    directories resize any frame to the processor's size, bicubic ("resize-naive"); their
+    ``preprocessor_config.json``, when present, must agree with the model's input size."""
+    import json
+
+    d = Path(directory)
+    config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+    if config.get("model_type") != "openvla":
+        return None
+    pre = d / "preprocessor_config.json"
+    if pre.exists():
+        p = json.loads(pre.read_text())
+        strategy = p.get("image_resize_strategy", "resize-naive")
+        if strategy != "resize-naive":
+            raise ValueError(f"{pre}: image_resize_strategy {strategy!r}; vlarun does resize-naive")
+        sizes = {int(s[-1]) if isinstance(s, list) else int(s)
+                 for s in p.get("input_sizes", [[3, size, size]])}  # fmt: skip
+        if sizes != {size}:
+            raise ValueError(f"{pre}: input sizes {sorted(sizes)} but the model takes {size}")
+    return "bicubic"
+
+
+def resize_frame(frame: np.ndarray, size: int, how: str) -> np.ndarray:
+    """(H, W, 3) uint8 -> (size, size, 3) uint8 with PIL's filter (what torchvision's Resize
+    does on a PIL image, as OpenVLA's processor runs it)."""
+    from PIL import Image
+
+    if how not in RESIZE_FILTERS:
+        raise ValueError(f"resize must be one of {RESIZE_FILTERS}, got {how!r}")
+    method = Image.BICUBIC if how == "bicubic" else Image.BILINEAR
+    return np.asarray(Image.fromarray(frame).resize((size, size), method))
