@@ -26,7 +26,7 @@ ROW_KEYS = {  # the co-inference issue's row contract
 @pytest.mark.slow
 def test_bench_coinfer_quick_json(capsys, tmp_path):
     out = tmp_path / "coinfer.json"
-    assert main(["bench", "coinfer", "--quick", "--json", "--out", str(out)]) == 0
+    assert main(["bench", "coinfer", "--quick", "--batching", "--json", "--out", str(out)]) == 0
     r = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == r
     assert [x["strategy"] for x in r["rows"]] == [
@@ -41,4 +41,6 @@ def test_bench_coinfer_quick_json(capsys, tmp_path):
     assert r["rows"][1]["mean_batch"] >= 1 and r["rows"][1]["energy_source"] == "modelled"
     assert r["fleet"]["robots"] == 2 and r["fleet"]["inferences"] == 8
     assert r["runtime_overhead"]["raw_round_trip_ms"] > 0
+    one = r["batching"]["max_batch_1"]
+    assert one["inferences"] == 8 and one["mean_batch"] in (None, 1.0)
     assert "modelled" in r["energy_source"]

@@ -46,6 +46,11 @@ class BenchCoinferOptions:
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
     robots: int = opt(8, "robots sharing the edge in the fleet run (0: skip)")
+    batching: bool = opt(
+        False,
+        "also run the fleet against an edge that never batches (--max-batch 1): "
+        "edge compute per request and SLO share, batched vs not",
+    )
     fleet_requests: int = opt(20, "requests per robot in the fleet run")
     out: str | None = opt(None, "write the result JSON here")
     json: bool = opt(False, "print one JSON object")
@@ -80,6 +85,16 @@ def run(o: BenchCoinferOptions) -> dict:
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
     finally:
         procs.stop(edge)
+    batching = None
+    if o.batching and robots > 0:
+        single, at = procs.start_edge(
+            extra=["--checkpoint", ckpt, "--threads", "1", "--max-batch", "1"]
+        )
+        try:
+            unbatched = _fleet_run(o, policy, at, robots, requests)
+        finally:
+            procs.stop(single)
+        batching = {"max_batch_8": fleet, "max_batch_1": unbatched}
     result = {
         "quick": o.quick,
         "command": invoked_command("vlarun bench coinfer" + (" --quick" if o.quick else "")),
@@ -100,6 +115,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "roles name; this-cpu unless --robot-device / --edge-device convert them)",
         "rows": rows,
         "fleet": fleet,
+        "batching": batching,
         "runtime_overhead": overhead,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
@@ -282,7 +298,17 @@ def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
     for t in threads:
         t.join(600)
     s = summarise(rows, horizon)
-    return {"robots": robots, "requests_per_robot": requests, **s}
+    edge = [ms for r in rows for n, ms in r["stage_ms"].items() if "@edge" in r["ran"]
+            and f"{n}@edge" in r["ran"].split("/")]  # fmt: skip
+    per_request = [
+        sum(ms / r["edge_batch"].get(n, 1) for n, ms in r["stage_ms"].items()
+            if f"{n}@edge" in r["ran"].split("/"))
+        for r in rows if "@edge" in r["ran"]
+    ]  # fmt: skip
+    return {"robots": robots, "requests_per_robot": requests, **s,
+            "edge_stage_ms_mean": sum(edge) / len(edge) if edge else None,
+            "edge_compute_ms_per_request": sum(per_request) / len(per_request)
+            if per_request else None}  # fmt: skip
 
 
 def show(r: dict) -> None:
@@ -301,6 +327,7 @@ def show(r: dict) -> None:
             f"{x['actions_per_joule']:>8.3f}{x['fallbacks']:>10}"
         )
     _show_overhead(r["runtime_overhead"])
+    _show_batching(r.get("batching"))
     f = r.get("fleet")
     if f and f.get("inferences"):
         print(
@@ -308,6 +335,20 @@ def show(r: dict) -> None:
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
             f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
         )
+
+
+def _show_batching(b: dict | None) -> None:
+    if not b:
+        return
+    for name, f in b.items():
+        if f and f.get("inferences"):
+            per = f.get("edge_compute_ms_per_request")
+            print(
+                f"  {name}: mean edge batch {f['mean_batch'] or 0:.2f}, edge compute "
+                f"{'-' if per is None else f'{per:.1f}'} ms per request, SLO met "
+                f"{_pct(f['slo_met_fraction'])}, p99 {f['latency_p99_ms']:.0f} ms, "
+                f"{f['fallbacks']} fallbacks"
+            )
 
 
 def _show_overhead(x: dict) -> None:
