@@ -233,3 +233,24 @@ def test_admission_refuses_at_once_what_cannot_finish_before_its_deadline(policy
         roomy = wire.Message("data", 99, "vision", 100 * est + 1.0, meta, packet)
         socks[0].send_multipart(wire.encode(roomy))
         assert wire.decode(socks[0].recv_multipart()).kind == "result"
+
+
+def test_a_stale_estimate_is_not_enough_to_refuse(policy, dealer):
+    """Refusals rest on fresh measurements: once the edge has not run a stage for a while, a
+    request is admitted again and measures it, so a busy spell cannot close the edge for good."""
+    cfg = ServerConfig(max_batch=1, admission=True, admission_fresh_s=0.3)
+    with EdgeServer(policy, INSECURE, cfg) as srv:
+        srv.warmup()
+        est = srv.queues.work_s(("vision",))
+        ids = policy.text_ids(INSTRUCTION)
+        packet = Packet({"images": torch.rand(1, 1, 3, 128, 128)})
+        meta = {"batch": 1, "text_tokens": len(ids), "want": ["visual"]}
+        sock = dealer(srv.address)
+        tight = wire.Message("data", 1, "vision", 0.2 * est, meta, packet)
+        sock.send_multipart(wire.encode(tight))
+        assert "refused" in wire.decode(sock.recv_multipart()).meta.get("error", "")
+        time.sleep(0.4)  # the estimate is now stale
+        sock.send_multipart(wire.encode(wire.Message("data", 2, "vision", 0.2 * est, meta, packet)))
+        reply = wire.decode(sock.recv_multipart())
+        assert "refused" not in reply.meta.get("error", "")  # admitted: ran (or expired) instead
+        assert srv.stats["refused"] == 1

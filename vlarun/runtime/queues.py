@@ -70,6 +70,7 @@ class StageQueues:
         self.queues: dict[str, deque[Job]] = {s: deque() for s in stage_inputs}
         self.cond = threading.Condition()
         self.est_s: dict[str, float] = {}  # EWMA of measured stage time at batch 1
+        self.est_at: dict[str, float] = {}  # when each estimate was last measured (monotonic)
 
     def put(self, job: Job) -> None:
         with self.cond:
@@ -94,12 +95,18 @@ class StageQueues:
                 for name in job.stages[job.pos :]
             )
 
+    def fresh(self, stages: tuple[str, ...], within_s: float) -> bool:
+        """Whether every stage's estimate was measured in the last ``within_s`` seconds."""
+        now = time.monotonic()
+        return all(now - self.est_at.get(name, -1e9) <= within_s for name in stages)
+
     def work_s(self, stages: tuple[str, ...]) -> float:
         """Predicted seconds of ``stages`` for one request (0 for stages never measured)."""
         return sum(self.est_s.get(name, 0.0) for name in stages)
 
     def observe(self, stage: str, seconds: float, batch: int) -> None:
         per = seconds / max(batch, 1)
+        self.est_at[stage] = time.monotonic()
         old = self.est_s.get(stage)
         self.est_s[stage] = per if old is None else 0.8 * old + 0.2 * per
 

@@ -66,6 +66,9 @@ class ServerConfig:
     # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
     max_streams: int = 64
     admission: bool = True  # refuse on arrival what cannot finish before its deadline
+    # An estimate older than this is not enough to refuse on: the request is admitted and its
+    # execution measures the stages again (a busy spell must not close the edge for good).
+    admission_fresh_s: float = 2.0
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
 
     def __post_init__(self) -> None:
@@ -273,7 +276,7 @@ class EdgeServer:
         finish in time."""
         finish = max(self._busy_until, now) + self.queues.backlog_s(deadline)
         finish += self.queues.work_s(stages)
-        if finish > deadline:
+        if finish > deadline and self.queues.fresh(stages, self.cfg.admission_fresh_s):
             self.stats["refused"] += 1
             self.events.append({"t": now, "kind": "refused", "stages": "+".join(stages)})
             raise Refused(
