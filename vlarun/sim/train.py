@@ -395,11 +395,19 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
 
 
 def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
+    precision = "bf16 autocast" if cfg.bf16 else "fp32"
+    start = (
+        f"- initialised from: `{cfg.init_from}` ({meta.get('init_from', 'its weights')}); the "
+        "steps and wall time below are this run's only\n"
+        if cfg.init_from
+        else ""
+    )
     return (
         f"# {name}\n\nA {family} VLA trained by behaviour cloning on scripted Meta-World v3 "
         f"demonstrations (`vlarun train`).\n\n- data: `{cfg.demos}` "
-        f"({meta.get('demos_manifest', 'see manifest')})\n- steps: {meta['step']} x batch "
-        f"{cfg.batch}, lr {cfg.lr}, random shift {cfg.shift} px, bf16 autocast\n"
+        f"({meta.get('demos_manifest', 'see manifest')})\n{start}- steps: {meta['step']} x batch "
+        f"{cfg.batch}, lr {cfg.lr}, random shift {cfg.shift} px, {precision}, "
+        f"{cfg.threads or 'default'} torch thread(s)\n"
         f"- wall time: {meta['seconds'] / 60:.1f} min on this repository's development CPU\n"
         "- success: see BENCHMARKS.md (`vlarun eval`)\n"
     )
