@@ -282,11 +282,11 @@ class RobotAgent:
             self._instruction = instruction
         self._refresh_link()
         link_mbps = self.link.bandwidth_mbps
-        ids = self.policy.text_ids(instruction)
+        # The policy's own input packet (its resize and state normalisation) and prompt ids.
+        packet, ids = self.policy.inputs(image, instruction, state, seed)
+        pool = dict(packet.tensors)
         placement, decision, setting = self.plan(len(ids))
         graph = self.graph(len(ids), setting)
-        # The policy's own input packet: its image resize and state normalisation.
-        pool = dict(self.policy.inputs(image, instruction, state, seed)[0].tensors)
         tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting)
         latency = time.perf_counter() - t0
         measured = self.meter.stop(reading) if reading is not None else None
@@ -330,11 +330,11 @@ class RobotAgent:
         for i, seg in enumerate(segs):
             remote = seg.role == "edge" and tr.fallback is None
             if remote:
-                moved = [n for n in seg.stages if n in stateful and where.get(n) != "edge"]
-                fresh = [stateful[n] for n in moved]
-                extra = {"setting": setting.to_meta(), "stream": self.stream, "fresh": fresh}
-                if setting.identity:
-                    extra = {}
+                extra = {}  # the plain path needs no setting, stream or resets
+                if not setting.identity:
+                    fresh = [stateful[n] for n in seg.stages
+                             if n in stateful and where.get(n) != "edge"]  # fmt: skip
+                    extra = {"setting": setting.to_meta(), "stream": self.stream, "fresh": fresh}
                 if self._try_remote(
                     graph, placement, segs, i, pool, text_tokens, deadline, tr, extra
                 ):

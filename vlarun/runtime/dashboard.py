@@ -162,17 +162,9 @@ class _Collector:
         yield GaugeMetricFamily("vlarun_edge_robots_connected",
                                 f"robots that sent data in the last {ACTIVE_S:g} s",
                                 value=len(st["robots"]))  # fmt: skip
-        depth = GaugeMetricFamily("vlarun_edge_queue_depth", "requests queued per stage",
-                                  labels=["stage"])  # fmt: skip
-        for stage, n in st["queue"].items():
-            depth.add_metric([stage], n)
-        yield depth
-        batch = GaugeMetricFamily("vlarun_edge_batch_size_mean",
-                                  f"mean batch per stage over the last {WINDOW} replies",
-                                  labels=["stage"])  # fmt: skip
-        for stage, b in st["batch_mean"].items():
-            batch.add_metric([stage], b)
-        yield batch
+        yield _per_stage("vlarun_edge_queue_depth", "requests queued per stage", st["queue"])
+        recent = f"mean batch per stage over the last {WINDOW} replies"
+        yield _per_stage("vlarun_edge_batch_size_mean", recent, st["batch_mean"])
         lat = GaugeMetricFamily("vlarun_edge_server_latency_seconds",
                                 f"edge time per request over the last {WINDOW} replies",
                                 labels=["quantile"])  # fmt: skip
@@ -191,6 +183,16 @@ class _Collector:
         )
         energy.add_metric(["modelled"], st["energy"]["joules"])
         yield energy
+
+
+def _per_stage(name: str, text: str, values: dict):
+    """One gauge with a sample per stage."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    gauge = GaugeMetricFamily(name, text, labels=["stage"])
+    for stage, value in values.items():
+        gauge.add_metric([stage], value)
+    return gauge
 
 
 def page() -> bytes:
