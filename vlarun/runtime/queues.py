@@ -40,6 +40,7 @@ class Job:
     hooks: object | None = field(default=None, repr=False)
     fresh: tuple[str, ...] = ()
     setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
+    origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)

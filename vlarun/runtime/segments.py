@@ -17,6 +17,8 @@ from functools import lru_cache
 
 from vlarun.accel.base import FullRecompute
 from vlarun.models.vla import VLAConfig
+from vlarun.policy.setting import AccelSetting
+from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.graph import StageGraph, TensorSpec
 from vlarun.stages.hooks import Hooks
@@ -81,6 +83,19 @@ def wanted(graph: StageGraph, placement: dict[str, str], seg: Segment) -> tuple[
     return tuple(n for n in seg.makes if n in reads)
 
 
+@dataclass(frozen=True)
+class Request:
+    """A data request checked against the schema (its tensors not read yet): the stages, what
+    it wants back, the reply codec, hook parts to reset, its setting and time budget (s)."""
+
+    stages: tuple[str, ...]
+    want: tuple[str, ...]
+    reply_codec: dict
+    fresh: tuple[str, ...]
+    setting: AccelSetting
+    budget_s: float
+
+
 class Schema:
     """Stage schemas of one model for any workload, cached (building specs is cheap but not
     free, and a robot fleet asks for the same few workloads over and over)."""
@@ -122,3 +137,47 @@ class Schema:
         for st in graph.stages:
             specs.update({s.name: s for s in st.outputs})
         return seg, {n: specs[n] for n in seg.needs}
+
+    def check(self, header: wire.Header) -> Request:
+        """Check a data request's header against the stage schema: stage list, batch and
+        instruction length, the exact names, dtypes and shapes of its tensors, what it wants
+        back, its reply codec and accelerator setting. Raises PacketError naming the first
+        problem; nothing is allocated (the edge and a scale-out front share this check)."""
+        names = self.parse_stages(header.stage)
+        meta = header.meta
+        try:
+            setting = AccelSetting.from_meta(meta.get("setting"))
+            setting.check_family(self.cfg.family)
+        except (TypeError, ValueError) as e:
+            raise PacketError(f"bad setting: {e}") from None
+        seg, specs = self.expected(
+            names, meta.get("batch"), meta.get("text_tokens"), setting.token_budget < 1.0
+        )
+        got = {e.name: e for e in header.entries}
+        if set(got) != set(specs):
+            raise PacketError(
+                f"stages {list(names)} need tensors {sorted(specs)}, got {sorted(got)}"
+            )
+        for name, spec in specs.items():
+            e = got[name]
+            if e.dtype != spec.dtype or e.shape != spec.shape:
+                raise PacketError(
+                    f"tensor {name!r}: expected {spec.dtype}{list(spec.shape)}, "
+                    f"got {e.dtype}{list(e.shape)}"
+                )
+        last = self._graph(1, 1).stage(names[-1])
+        want = meta.get("want", [s.name for s in last.outputs])
+        if not isinstance(want, list) or not want or not set(want) <= set(seg.makes):
+            raise PacketError(f"meta.want must name outputs of {list(names)}: {list(seg.makes)}")
+        codec = meta.get("reply_codec", {})
+        if not isinstance(codec, dict):
+            raise PacketError("meta.reply_codec must be a map")
+        try:
+            wire.Codec(**codec)
+        except (TypeError, ValueError) as e:
+            raise PacketError(f"bad reply_codec: {e}") from None
+        fresh = meta.get("fresh", [])
+        if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
+            raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
+        budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
+        return Request(names, tuple(want), codec, tuple(fresh), setting, budget)

@@ -70,6 +70,9 @@ class ServerConfig:
     # execution measures the stages again (a busy spell must not close the edge for good).
     admission_fresh_s: float = 2.0
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
+    # A worker behind a scale-out front (runtime/scaleout.py): its only peer is the front,
+    # which names the robot of each request (streams and batching are per robot, not per peer).
+    relayed: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_window_s < 0 or self.max_streams < 1:
@@ -94,7 +97,7 @@ class EdgeServer:
         self.ctx = ctx or zmq.Context()
         self.auth = EdgeAuth(self.ctx, sec)
         self.sock = router_socket(
-            self.ctx, _wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
+            self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
         )
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.secure = not sec.insecure
@@ -187,13 +190,13 @@ class EdgeServer:
             try:
                 self._handle(identity, body)
             except Refused as e:  # not an error: the robot runs it itself, in time
-                self._send([identity, *wire.error(_rid_of(body), str(e))])
+                self._send([identity, *wire.error(rid_of(body), str(e))])
             except PacketError as e:
                 self.stats["errors"] += 1
-                self._send([identity, *wire.error(_rid_of(body), str(e))])
+                self._send([identity, *wire.error(rid_of(body), str(e))])
             except Exception as e:  # never let one message take the server down
                 self.stats["errors"] += 1
-                self._send([identity, *wire.error(_rid_of(body), f"internal: {type(e).__name__}")])
+                self._send([identity, *wire.error(rid_of(body), f"internal: {type(e).__name__}")])
 
     def _send(self, frames: list) -> None:
         with contextlib.suppress(zmq.ZMQError):
@@ -211,65 +214,44 @@ class EdgeServer:
         queued = sum(self.queues.depth().values())
         if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
             raise PacketError(f"edge overloaded: {queued} requests queued")
+        origin = self._origin(identity, header)
         if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
             self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-        self._seen[identity] = now  # a robot whose request is refused is still connected
-        job = self._job(identity, header, body[1:], now)
+        self._seen[origin] = now  # a robot whose request is refused is still connected
+        job = self._job(identity, origin, header, body[1:], now)
         self.stats["requests"] += 1
         self.queues.put(job)
 
-    def _job(self, identity: bytes, header: wire.Header, frames: list, now: float) -> Job:
-        """Check the request against the stage schema, then (only then) read its tensors."""
-        names = self.schema.parse_stages(header.stage)
-        meta = header.meta
-        setting = self._setting(meta)
-        seg, specs = self.schema.expected(
-            names, meta.get("batch"), meta.get("text_tokens"), setting.token_budget < 1.0
-        )
-        got = {e.name: e for e in header.entries}
-        if set(got) != set(specs):
-            raise PacketError(
-                f"stages {list(names)} need tensors {sorted(specs)}, got {sorted(got)}"
-            )
-        for name, spec in specs.items():
-            e = got[name]
-            if e.dtype != spec.dtype or e.shape != spec.shape:
-                raise PacketError(
-                    f"tensor {name!r}: expected {spec.dtype}{list(spec.shape)}, "
-                    f"got {e.dtype}{list(e.shape)}"
-                )
-        want = meta.get("want", [s.name for s in self.graph.stage(names[-1]).outputs])
-        if not isinstance(want, list) or not want or not set(want) <= set(seg.makes):
-            raise PacketError(f"meta.want must name outputs of {list(names)}: {list(seg.makes)}")
-        codec = meta.get("reply_codec", {})
-        if not isinstance(codec, dict):
-            raise PacketError("meta.reply_codec must be a map")
-        try:
-            wire.Codec(**codec)
-        except (TypeError, ValueError) as e:
-            raise PacketError(f"bad reply_codec: {e}") from None
-        fresh = meta.get("fresh", [])
-        if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
-            raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
-        budget = header.deadline_s if header.deadline_s > 0 else 0.0
+    def _job(
+        self, identity: bytes, origin: bytes, header: wire.Header, frames: list, now: float
+    ) -> Job:
+        """Check the request against the stage schema, then (only then) read its tensors.
+        ``identity``: the connection to answer; ``origin``: the robot the request is from
+        (the same, unless a scale-out front relays it and names the robot)."""
+        req = self.schema.check(header)
+        deadline = now + req.budget_s
         if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
-            self._admit(names, now + min(budget, 3600.0), now)
+            self._admit(req.stages, deadline, now)
         msg = wire.materialize(header, frames, self.cfg.limits)
-        job = Job(
-            identity,
-            header.rid,
-            names,
-            tuple(want),
-            dict(msg.packet.tensors),
-            now,
-            now + min(budget, 3600.0),
-            codec,
-        )
-        if not setting.identity:
-            job.hooks, job.graph = self._stream(identity, meta.get("stream"), setting)
-            job.fresh = tuple(fresh)
-            job.setting = str(setting)
+        tensors = dict(msg.packet.tensors)
+        job = Job(identity, header.rid, req.stages, req.want, tensors, now, deadline,
+                  req.reply_codec, origin=origin)  # fmt: skip
+        if not req.setting.identity:
+            job.hooks, job.graph = self._stream(origin, header.meta.get("stream"), req.setting)
+            job.fresh = req.fresh
+            job.setting = str(req.setting)
         return job
+
+    def _origin(self, identity: bytes, header: wire.Header) -> bytes:
+        """The robot a request is from. Behind a scale-out front (``cfg.relayed``: Curve admits
+        the front's key alone) the front names it in meta.robot; otherwise the connection is
+        the robot."""
+        if not self.cfg.relayed:
+            return identity
+        robot = header.meta.get("robot")  # a string: the header refuses binary values
+        if not isinstance(robot, str) or not 0 < len(robot) <= 512:
+            raise PacketError("a relayed request needs meta.robot (a string of 1-512 chars)")
+        return robot.encode()
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
@@ -283,16 +265,6 @@ class EdgeServer:
                 f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
                 f"the deadline is in {1e3 * (deadline - now):.1f} ms"
             )
-
-    def _setting(self, meta: dict) -> AccelSetting:
-        """The request's accelerator setting (identity when it names none), checked against
-        this model's family before anything is allocated."""
-        try:
-            setting = AccelSetting.from_meta(meta.get("setting"))
-            setting.check_family(self.policy.model.cfg.family)
-        except (TypeError, ValueError) as e:
-            raise PacketError(f"bad setting: {e}") from None
-        return setting
 
     def _stream(self, identity: bytes, stream: object, setting: AccelSetting) -> tuple:
         """The hooks and graph of one robot's accelerated stream, made on its first request.
@@ -432,7 +404,7 @@ class EdgeServer:
         self.stats["compute_s"] += compute_s
         self.recent.append({
             "t": now,
-            "robot": robot_id(job.identity),
+            "robot": robot_id(job.origin),
             "stages": "+".join(job.stages),
             "setting": job.setting,
             "server_s": now - job.arrival,
@@ -451,12 +423,12 @@ def robot_id(identity: bytes) -> str:
     return hashlib.blake2s(identity, digest_size=3).hexdigest()
 
 
-def _wildcard(address: str) -> str:
+def wildcard(address: str) -> str:
     """ZeroMQ spells "any free port" as '*'; accept the usual ':0' too."""
     return address[:-2] + ":*" if address.endswith(":0") else address
 
 
-def _rid_of(body: list) -> int:
+def rid_of(body: list) -> int:
     """Best-effort request id of a message that failed validation (0 if unreadable)."""
     import msgpack
 

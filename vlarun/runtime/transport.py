@@ -81,12 +81,15 @@ def load_keys(path: str | Path) -> KeyPair:
 class Security:
     """How a socket authenticates. ``insecure`` = plain TCP; otherwise ``own`` is this side's
     key pair, ``server_public`` the edge's public key (robots), ``authorized_dir`` a folder
-    of robot public keys the edge accepts (None: any robot that knows the edge's key)."""
+    of robot public keys the edge accepts (None: any robot that knows the edge's key);
+    ``authorized_keys``: public keys accepted besides (a scale-out worker admits only its
+    front's, handed over in memory)."""
 
     insecure: bool = False
     own: KeyPair | None = None
     server_public: bytes | None = None
     authorized_dir: str | None = None
+    authorized_keys: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.insecure and self.own is None:
@@ -98,21 +101,39 @@ def warn_insecure() -> None:
 
 
 class EdgeAuth:
-    """Starts pyzmq's ZAP authenticator when the edge restricts robots to authorized keys."""
+    """Starts pyzmq's ZAP authenticator when the edge restricts robots to authorized keys
+    (a folder of public key files, or keys given in memory)."""
 
     def __init__(self, ctx: zmq.Context, sec: Security) -> None:
         self.auth = None
-        if sec.insecure or sec.authorized_dir is None:
+        if sec.insecure or (sec.authorized_dir is None and not sec.authorized_keys):
             return
         from zmq.auth.thread import ThreadAuthenticator
 
         self.auth = ThreadAuthenticator(ctx)
         self.auth.start()
-        self.auth.configure_curve(domain="*", location=str(sec.authorized_dir))
+        if sec.authorized_keys:
+            allowed = set(sec.authorized_keys)
+            if sec.authorized_dir is not None:
+                allowed |= {load_keys(p).public for p in Path(sec.authorized_dir).glob("*.key")}
+            self.auth.configure_curve_callback(domain="*", credentials_provider=_Allowed(allowed))
+        else:
+            self.auth.configure_curve(domain="*", location=str(sec.authorized_dir))
 
     def stop(self) -> None:
         if self.auth is not None:
             self.auth.stop()
+
+
+class _Allowed:
+    """pyzmq's credentials provider: admit exactly these public keys (Z85 text, as the
+    authenticator passes them)."""
+
+    def __init__(self, keys: set[bytes]) -> None:
+        self.keys = frozenset(keys)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
 
 
 def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int) -> zmq.Socket:

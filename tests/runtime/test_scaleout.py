@@ -1,0 +1,148 @@
+"""Edge scale-out on Ray (runtime/scaleout.py), with a real local Ray cluster of two workers:
+two robots served by both workers with the plain graph's actions, robots outside the
+authorized keys rejected at the front, and a killed worker's requests re-dispatched or
+refused before their deadline, then the worker's return picked up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import zmq
+
+from vlarun.runtime.client import EdgeClient, LinkDown, ping
+from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_keys, load_keys
+from vlarun.stages.families import Workload, build_graph, graph_inputs
+
+ray = pytest.importorskip("ray")
+from vlarun.runtime.scaleout import EdgeFront, RayWorkers, WorkerSpec  # noqa: E402
+
+INSTRUCTION = "open the drawer"
+STAGES = ("vision", "prefill", "decode")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A front with robot authentication (one authorized robot key) before two Ray workers."""
+    d = tmp_path_factory.mktemp("keys")
+    edge = generate_keys(d / "edge", "edge")
+    robot = generate_keys(d / "authorized", "robot1")
+    sec = edge_security(False, edge["secret"], str(d / "authorized"))
+    workers = RayWorkers(WorkerSpec("tiny-ar", threads=1), count=2)
+    front = EdgeFront(workers, sec).start()
+    robot_sec = Security(
+        own=load_keys(robot["secret"]), server_public=load_keys(edge["public"]).public
+    )
+    try:
+        yield front, robot_sec, edge
+    finally:
+        front.stop()
+
+
+def _inputs(policy, seed: int):
+    cfg = policy.model.cfg
+    ids = policy.text_ids(INSTRUCTION)
+    g = torch.Generator().manual_seed(seed)
+    images = torch.rand(1, 1, 3, cfg.image_size, cfg.image_size, generator=g)
+    inputs = graph_inputs(cfg, images, [ids])
+    graph = build_graph(cfg, policy.model, Workload(1, len(ids), "float32"))
+    return inputs, graph.run(inputs, serialize=False).outputs["actions"], len(ids)
+
+
+def _client(front, sec) -> EdgeClient:
+    ping(front.address, sec, count=1, timeout_s=5.0)
+    c = EdgeClient(front.address, sec)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        try:
+            c.health(0.5)
+            return c
+        except LinkDown:
+            time.sleep(0.02)
+    raise AssertionError("front did not answer")
+
+
+def _robots(front, sec, policy, n: int, requests: int, budget_s: float, out: list) -> list:
+    def robot(k: int) -> None:
+        inputs, actions, text = _inputs(policy, k)
+        c = _client(front, sec)
+        try:
+            for _ in range(requests):
+                t0 = time.monotonic()
+                try:
+                    r = c.run(STAGES, inputs, ("actions",), budget_s, budget_s,
+                              {"batch": 1, "text_tokens": text})  # fmt: skip
+                    kind = "result" if torch.equal(r.packet["actions"], actions) else "wrong"
+                except RuntimeError as e:  # the front (or a worker) refused it
+                    kind = "refused" if "refused" in str(e) else f"error: {e}"
+                except LinkDown:
+                    kind = "lost"
+                out.append((kind, time.monotonic() - t0))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=robot, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_two_workers_serve_two_robots(fleet, policy):
+    front, sec, _ = fleet
+    out: list = []
+    for t in _robots(front, sec, policy, 2, 8, 5.0, out):
+        t.join(120)
+    assert [k for k, _ in out] == ["result"] * 16
+    r = ping(front.address, sec, count=2, timeout_s=5.0)
+    h = r["health"]
+    assert h["capacity"] == 2 and len(h["workers"]) == 2
+    assert all(w["replies"] > 0 for w in h["workers"]), h["workers"]  # both served
+    assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
+
+
+def test_robot_outside_the_authorized_keys_is_rejected_at_the_front(fleet):
+    front, _, edge = fleet
+    stranger = Security(
+        own=KeyPair(*zmq.curve_keypair()), server_public=load_keys(edge["public"]).public
+    )
+    with pytest.raises(LinkDown):
+        ping(front.address, stranger, count=1, timeout_s=1.0)
+    with pytest.raises(LinkDown):
+        ping(front.address, Security(insecure=True), count=1, timeout_s=1.0)
+    assert front.stats["requests"] == 0 or front.stats["errors"] == 0
+
+
+def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, policy):
+    front, sec, _ = fleet
+    before = dict(front.stats)
+    out: list = []
+    budget = 4.0
+    threads = _robots(front, sec, policy, 4, 3, budget, out)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:  # kill a worker while it holds requests
+        busy = [w for w in front.health()["workers"] if w["in_flight"] > 0 and w["up"]]
+        if busy:
+            break
+        time.sleep(0.002)
+    assert busy, "no worker ever held a request"
+    os.kill(busy[0]["pid"], signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    assert len(out) == 12
+    assert not [k for k, _ in out if k not in ("result", "refused")], out
+    assert all(s <= budget for _, s in out)  # answered (or refused) before the deadline
+    moved = front.stats["redispatched"] - before["redispatched"]
+    moved += front.stats["lost_refused"] - before["lost_refused"]
+    assert front.stats["worker_down"] > before["worker_down"] and moved >= 1
+    end = time.monotonic() + 60
+    while time.monotonic() < end and front.health()["capacity"] < 2:
+        time.sleep(0.1)
+    assert front.health()["capacity"] == 2  # Ray restarted it; the front found it again
+    out.clear()
+    for t in _robots(front, sec, policy, 2, 4, 5.0, out):
+        t.join(120)
+    assert [k for k, _ in out] == ["result"] * 8
