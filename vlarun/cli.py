@@ -47,6 +47,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "predictor": ("vlarun.apps.sched", "every plan of a tiny preset run here"),
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
+    "scaleout": ("vlarun.bench.scaleout", "robots against 1 and 2 Ray edge workers, a kill"),
 }
 
 

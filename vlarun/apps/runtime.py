@@ -70,8 +70,19 @@ class ServeEdgeOptions:
         None, "file holding the dashboard key (default: a random key, printed with the address)"
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
-    threads: int = opt(0, "torch threads (0: torch's default)")
+    threads: int = opt(0, "torch threads (0: torch's default; with --workers: cores / workers)")
+    workers: int = opt(
+        0, "edge workers on a local Ray cluster started here (0: serve in this process)"
+    )
+    ray_address: str | None = opt(
+        None, "join this Ray cluster: one worker per 'edge' resource (ray start ... "
+        "--resources '{\"edge\": 1}' on each edge machine)",
+    )  # fmt: skip
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError("--workers must be >= 0")
 
 
 def load_policy(checkpoint: str | None, preset: str | None, dtype: str, device: str = "cpu"):
@@ -91,13 +102,18 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
-    policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device)
     cfg = ServerConfig(
         f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
         max_streams=o.max_streams,
     )  # fmt: skip
-    server = EdgeServer(policy, sec, cfg)
-    server.warmup()
+    if o.workers or o.ray_address:
+        server = _scale_out(o, cfg, sec)
+        model = server.model_cfg.name
+    else:
+        policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device)
+        server = EdgeServer(policy, sec, cfg)
+        server.warmup()
+        model = policy.model.cfg.name
     dash = None
     if o.dashboard is not None:
         from vlarun.runtime.dashboard import Dashboard
@@ -107,14 +123,17 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    start = {"endpoint": server.address, "model": policy.model.cfg.name, "secure": server.secure}
+    start = {"endpoint": server.address, "model": model, "secure": server.secure}
+    if o.workers or o.ray_address:
+        start["workers"] = len(server.worker_pids())
     if dash is not None:
         start["dashboard"] = dash.url
     if o.json:
         print(json.dumps(start), flush=True)
     else:
         how = "CurveZMQ" if server.secure else "INSECURE (plain TCP)"
-        print(f"serving {start['model']} on {server.address} ({how}); Ctrl-C stops", flush=True)
+        behind = f", {start['workers']} Ray workers" if "workers" in start else ""
+        print(f"serving {model} on {server.address} ({how}{behind}); Ctrl-C stops", flush=True)
         if dash is not None:
             print(f"dashboard: {dash.url}", flush=True)
     try:
@@ -125,6 +144,27 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     finally:
         if dash is not None:
             dash.stop()
+
+
+def _scale_out(o: ServeEdgeOptions, cfg, sec):
+    """The robot-facing front before Ray edge workers (runtime/scaleout.py)."""
+    import os
+    from pathlib import Path
+
+    from vlarun.runtime.scaleout import EdgeFront, RayWorkers, WorkerSpec
+
+    name = o.checkpoint or o.preset or "tiny-ar"
+    if Path(name).exists():  # workers may start in another directory
+        name = str(Path(name).resolve())
+    threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
+    spec = WorkerSpec(name, o.dtype, o.device, threads, o.max_batch, cfg.batch_window_s,
+                      o.max_streams)  # fmt: skip
+    workers = RayWorkers(spec, o.workers, o.ray_address)
+    try:
+        return EdgeFront(workers, sec, cfg)
+    except BaseException:
+        workers.shutdown()
+        raise
 
 
 def _read_key(path: str) -> str:
@@ -176,6 +216,13 @@ def show_ping(r: dict) -> None:
         f"{r['rtt_max_ms']:.2f}, n={r['count']}); {h.get('model')} queue: {q}; "
         f"{'CurveZMQ' if r['secure'] else 'INSECURE'}"
     )
+    for w in h.get("workers", []):  # a scale-out front: each worker's health
+        ms = ", ".join(f"{k} {v:.1f}" for k, v in w["stage_ms"].items())
+        print(
+            f"  worker {w['worker']}: {'up' if w['up'] else 'DOWN'} (pid {w['pid']}, "
+            f"incarnation {w['incarnation']}), in flight {w['in_flight']}, "
+            f"{w['replies']} replies, stage ms: {ms}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

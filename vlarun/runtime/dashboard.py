@@ -123,6 +123,7 @@ class Dashboard:
             "queue": health["queue"],
             "batch_mean": {s: float(np.mean(b)) for s, b in batches.items()},
             "stage_ms": health["stage_ms"],
+            "workers": health.get("workers", []),  # a scale-out front's workers
             "latency": {
                 "t_s": [round(r["t"] - now, 3) for r in recent],
                 "server_ms": server_ms.round(3).tolist(),

@@ -16,9 +16,12 @@ store), against the issue's 1 ms budget for the whole hop. So the front relays t
 wire frames over ZeroMQ to the worker, untouched apart from the header, which it relabels (its
 own request id, the time left, and ``meta.robot``: the robot the request is from, so streams and
 batching stay per robot). Nothing a robot sent is ever unpickled: the frames are bytes, and the
-worker checks them again against the same schema. Front-to-worker sockets are Curve too: each
-worker incarnation makes a key pair and admits only the front's public key; the front makes its
-own per start. Secret keys never leave their process.
+worker checks them again against the same schema. Front-to-worker sockets on other machines are
+Curve too: each worker incarnation makes a key pair and admits only the front's public key; the
+front makes its own per start; secret keys never leave their process. A worker on the front's
+own machine binds a Unix socket in the front's private folder (mode 0700) instead: only this
+user can open it (as only this user can read Ray's token), and the payload is not encrypted
+twice on its way through one machine.
 
 Dispatch: for each request the front predicts, per live worker, when it would finish: now + the
 per-request time of every stage still in flight there (from the stage times the worker's
@@ -43,6 +46,8 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import OrderedDict, deque
@@ -77,9 +82,12 @@ class WorkerSpec:
 
 class WorkerActor:
     """One edge worker: an ``EdgeServer`` in relayed mode inside a Ray actor, bound to this
-    node's address with a key pair of its own, admitting only the front's key."""
+    node's address with a key pair of its own, admitting only the front's key (or, on the
+    front's own machine, to a Unix socket in the front's private folder)."""
 
-    def __init__(self, spec: WorkerSpec, front_public: bytes) -> None:
+    def __init__(
+        self, spec: WorkerSpec, front_public: bytes, front_node: str, ipc_dir: str
+    ) -> None:
         import ray
         import torch
 
@@ -89,15 +97,24 @@ class WorkerActor:
         if spec.threads > 0:
             torch.set_num_threads(spec.threads)
         policy = Policy.load(spec.policy, spec.dtype, spec.device)
-        public, secret = zmq.curve_keypair()
-        sec = Security(own=KeyPair(public, secret), authorized_keys=(front_public,))
         host = ray.util.get_node_ip_address()
+        if host == front_node and os.path.isdir(ipc_dir):
+            # Beside the front: a Unix socket in the front's private (0700) folder, which only
+            # this user can open; no TCP stack and no encryption on the payload's way.
+            address, public = f"ipc://{ipc_dir}/worker-{os.getpid()}", None
+            sec = Security(insecure=True)
+        else:
+            public, secret = zmq.curve_keypair()
+            sec = Security(own=KeyPair(public, secret), authorized_keys=(front_public,))
+            address = f"tcp://{host}:0"
         cfg = ServerConfig(
-            f"tcp://{host}:0", spec.max_batch, spec.batch_window_s,
-            max_streams=spec.max_streams, relayed=True,
+            address, spec.max_batch, spec.batch_window_s, max_streams=spec.max_streams,
+            relayed=True,
         )  # fmt: skip
         self.server = EdgeServer(policy, sec, cfg)
-        self.server.warmup()
+        self.server.warmup()  # one-time costs (allocation, first kernels) ...
+        self.server.queues.est_s.clear()
+        self.server.warmup()  # ... are not what the front should dispatch by
         self.server.start()
         self.public = public
         self.stopped = threading.Event()
@@ -142,6 +159,7 @@ class RayWorkers:
             raise ValueError("--workers must be >= 1 (or give --ray-address)")
         self.ray, self.spec = ray, spec
         self.front = KeyPair(*zmq.curve_keypair())
+        self.ipc_dir = tempfile.mkdtemp(prefix="vlarun-front-")  # 0700: this user's alone
         quiet = {"include_dashboard": False, "log_to_driver": False,
                  "logging_level": logging.ERROR}  # fmt: skip
         self.owned = not ray.is_initialized()
@@ -163,7 +181,10 @@ class RayWorkers:
             resources={EDGE_RESOURCE: 1}, num_cpus=0, max_restarts=-1, max_task_retries=0,
             max_concurrency=4,
         )  # fmt: skip
-        self.actors = [actor.remote(spec, self.front.public) for _ in range(count)]
+        node = ray.util.get_node_ip_address()
+        self.actors = [
+            actor.remote(spec, self.front.public, node, self.ipc_dir) for _ in range(count)
+        ]
 
     def hello(self, index: int, timeout_s: float) -> dict:
         return self.ray.get(self.actors[index].hello.remote(), timeout=timeout_s)
@@ -181,6 +202,7 @@ class RayWorkers:
                 self.ray.kill(a, no_restart=True)
         if self.owned and self.ray.is_initialized():
             self.ray.shutdown()
+        shutil.rmtree(getattr(self, "ipc_dir", ""), ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +340,10 @@ class EdgeFront:
 
     def _connect(self, w: _Worker, hello: dict) -> None:
         self._disconnect(w)
-        sec = Security(own=self.workers.front, server_public=hello["public"])
+        if hello["public"] is None:  # a Unix socket in the front's private folder
+            sec = Security(insecure=True)
+        else:
+            sec = Security(own=self.workers.front, server_public=hello["public"])
         w.sock = dealer_socket(self.ctx, hello["endpoint"], sec)
         w.monitor = w.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
         w.endpoint, w.pid = hello["endpoint"], hello["pid"]
@@ -491,12 +516,14 @@ class EdgeFront:
         })  # fmt: skip
 
     def _expire(self, now: float) -> None:
-        """Forget flights whose deadline passed (the robot has run them itself)."""
+        """Answer and forget flights whose deadline passed without a reply: the robot has
+        run them itself (or is told to now), and no reply will follow."""
         for w in self._w:
             late = [rid for rid, f in w.flights.items() if now > f.deadline + 0.05]
             for rid in late:
-                del w.flights[rid]
+                f = w.flights.pop(rid)
                 self.stats["expired"] += 1
+                self._send(f.identity, wire.error(f.rid, "deadline passed on the edge"))
 
     def _monitor_event(self, w: _Worker) -> None:
         try:

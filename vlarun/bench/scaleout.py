@@ -1,0 +1,477 @@
+"""`vlarun bench scaleout`: robots against 1 and 2 Ray edge workers, a worker killed mid-load,
+the Ray hop's overhead, and a projection to more workers from the measured per-worker profile.
+
+Everything runs as real processes on this machine: `vlarun serve-edge --workers N` (the front
+and its Ray cluster) in a child process, robot threads in this one, each with its own
+EdgeClient. A robot sends one request for the whole graph (Edge-Only) every ``period_ms``, with
+``slo_ms`` as its deadline, and waits up to a second longer than the deadline, so that late
+answers are told apart from lost ones. Per request: ``ok`` (answered within the deadline),
+``late`` (answered after it), ``refused`` (the edge said at once it could not make it: the robot
+runs it locally, in time), ``lost`` (no answer at all). Fallbacks = refused + late + lost.
+
+The hop: one robot, one stage at a time, against a single-process edge and against the front with
+one worker: overhead = median(round trip - the edge's own time from arrival to reply), front
+minus direct.
+
+The projection is a queueing simulation of the front's dispatch rule (earliest predicted finish,
+refusal when no worker can make the deadline), with each request's service time drawn from the
+per-request compute times the 1-worker run measured; it is checked against the measured 1- and
+2-worker runs, then run with more workers. It models workers that do not share cores (one GPU
+or machine each), which this 2-core machine cannot show beyond two.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from vlarun.config import items, opt
+
+
+@dataclass(frozen=True)
+class BenchScaleoutOptions:
+    """Robots against 1 and 2 Ray edge workers (throughput, SLO share, p99, fallbacks), a
+    worker killed mid-load, the Ray hop's overhead, and a projection to more workers."""
+
+    policy: str = opt("tiny-ar", "policy every worker serves (shipped name or directory)")
+    workers: tuple[int, ...] = opt((1, 2), "worker counts to measure")
+    robots: tuple[int, ...] = opt((1, 2, 4, 8, 16), "robot counts to measure")
+    period_ms: float = opt(1000.0, "each robot sends one request per period")
+    slo_ms: float = opt(500.0, "each request's deadline")
+    seconds: float = opt(8.0, "measured seconds per (workers, robots) cell")
+    kill: bool = opt(True, "also kill a worker mid-load (the largest worker count)")
+    kill_robots: int = opt(8, "robots during the kill run")
+    hop_requests: int = opt(60, "sequential requests per side for the hop overhead")
+    project: tuple[int, ...] = opt((1, 2, 4, 8), "worker counts of the projection")
+    plot: str | None = opt(None, "write a PNG plot here")
+    json: bool = opt(False, "print one JSON object")
+
+    def __post_init__(self) -> None:
+        if self.period_ms <= 0 or self.slo_ms <= 0 or self.seconds <= 0:
+            raise ValueError("--period-ms, --slo-ms and --seconds must be positive")
+        if min(items(self.workers, int)) < 1 or min(items(self.robots, int)) < 1:
+            raise ValueError("--workers and --robots must be >= 1")
+
+
+STAGES = ("vision", "prefill", "decode")
+
+
+def _edge(extra: list[str]):
+    from vlarun.runtime.procs import start_edge
+
+    return start_edge(0, extra, timeout_s=180.0)
+
+
+def _request(policy, seed: int):
+    import torch
+
+    from vlarun.stages.families import graph_inputs
+
+    cfg = policy.model.cfg
+    ids = policy.text_ids("open the drawer")
+    g = torch.Generator().manual_seed(seed)
+    images = torch.rand(1, 1, 3, cfg.image_size, cfg.image_size, generator=g)
+    return graph_inputs(cfg, images, [ids]), {"batch": 1, "text_tokens": len(ids)}
+
+
+def _connect(endpoint: str):
+    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.transport import Security
+
+    sec = Security(insecure=True)
+    c = EdgeClient(endpoint, sec)
+    end = time.monotonic() + 10
+    while True:
+        try:
+            c.health(0.5)
+            return c
+        except LinkDown:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.02)
+
+
+def _robot(endpoint, policy, k, o, start, end, out, lock) -> None:
+    from vlarun.runtime.client import LinkDown
+
+    inputs, meta = _request(policy, k)
+    c = _connect(endpoint)
+    period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
+    t = start + random.Random(k).uniform(0, period)  # robots out of phase, as in a fleet
+    try:
+        while t < end:
+            time.sleep(max(t - time.monotonic(), 0.0))
+            sent = time.monotonic()
+            compute = 0.0
+            try:
+                r = c.run(STAGES, inputs, ("actions",), slo, slo + 1.0, meta)
+                wall = time.monotonic() - sent
+                kind = "ok" if wall <= slo else "late"
+                compute = sum(x["compute_s"] / max(x["batch"], 1) for x in r.timings)
+            except RuntimeError:  # refused at once: the robot runs it itself, in time
+                wall, kind = time.monotonic() - sent, "refused"
+            except LinkDown:
+                wall, kind = time.monotonic() - sent, "lost"
+                c.reset()
+            with lock:
+                out.append({"t": sent - start, "kind": kind, "wall_s": wall, "compute_s": compute})
+            t += period
+    finally:
+        c.close()
+
+
+def _load(endpoint, policy, robots: int, o, seconds: float) -> tuple[list[dict], float, list]:
+    """Start ``robots`` robot threads for ``seconds``: (their rows, start time, threads)."""
+    out: list[dict] = []
+    lock = threading.Lock()
+    start = time.monotonic() + 0.5
+    end = start + seconds
+    threads = [
+        threading.Thread(target=_robot, args=(endpoint, policy, k, o, start, end, out, lock))
+        for k in range(robots)
+    ]
+    for th in threads:
+        th.start()
+    return out, start, threads
+
+
+def _summary(rows: list[dict], seconds: float) -> dict:
+    n = len(rows)
+    count = {k: sum(r["kind"] == k for r in rows) for k in ("ok", "late", "refused", "lost")}
+    answered = [r["wall_s"] * 1e3 for r in rows if r["kind"] in ("ok", "late")]
+    return {
+        "requests": n,
+        **count,
+        "served_per_s": count["ok"] / seconds,
+        "slo_share": count["ok"] / n if n else 0.0,
+        "fallbacks": count["refused"] + count["late"] + count["lost"],
+        "p50_ms": float(np.percentile(answered, 50)) if answered else None,
+        "p99_ms": float(np.percentile(answered, 99)) if answered else None,
+    }
+
+
+def _health(endpoint: str) -> dict:
+    from vlarun.runtime.client import ping
+    from vlarun.runtime.transport import Security
+
+    return ping(endpoint, Security(insecure=True), 1, 2.0)["health"]
+
+
+def _cells(o, policy, workers: int, progress) -> tuple[list[dict], list[float]]:
+    from vlarun.runtime.procs import stop
+
+    proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
+    rows, samples = [], []
+    try:
+        for robots in items(o.robots, int):
+            out, _, threads = _load(endpoint, policy, robots, o, o.seconds)
+            for th in threads:
+                th.join()
+            rows.append({"workers": workers, "robots": robots, **_summary(out, o.seconds)})
+            samples += [r["compute_s"] for r in out if r["compute_s"] > 0]
+            progress(rows[-1])
+    finally:
+        stop(proc)
+    return rows, samples
+
+
+def _kill_run(o, policy, workers: int) -> dict:
+    """``kill_robots`` robots against ``workers`` workers; worker 0 SIGKILLed a third in."""
+    from vlarun.runtime.procs import stop
+
+    proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
+    seconds = max(o.seconds, 9.0)
+    try:
+        pid = _health(endpoint)["workers"][0]["pid"]
+        out, start, threads = _load(endpoint, policy, o.kill_robots, o, seconds)
+        time.sleep(max(start + seconds / 3 - time.monotonic(), 0.0))
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        back = None
+        while time.monotonic() < start + seconds + 30:
+            h = _health(endpoint)
+            if h["capacity"] == workers and h["workers"][0]["pid"] != pid:
+                back = time.monotonic() - killed
+                break
+            time.sleep(0.05)
+        for th in threads:
+            th.join()
+        h = _health(endpoint)
+    finally:
+        stop(proc)
+    t_kill = killed - start
+    ok_times = sorted(r["t"] + r["wall_s"] for r in out if r["kind"] == "ok")
+    after = [t for t in ok_times if t >= t_kill]
+    gaps = np.diff([t_kill, *after]) if after else np.array([seconds])
+    window = [r for r in out if t_kill - 0.5 <= r["t"] <= t_kill + 2.0]
+    return {
+        "workers": workers,
+        "robots": o.kill_robots,
+        "seconds": seconds,
+        "kill_at_s": t_kill,
+        **_summary(out, seconds),
+        "around_kill": _summary(window, 2.5),
+        "lost_requests": sum(r["kind"] == "lost" for r in out),
+        "answered_late": sum(r["kind"] == "late" for r in out),
+        "longest_gap_after_kill_s": float(gaps.max()),
+        "first_ok_after_kill_s": float(after[0] - t_kill) if after else None,
+        "worker_back_s": back,
+        "front": {
+            k: h[k]
+            for k in (
+                "redispatched",
+                "lost_refused",
+                "refused",
+                "worker_down",
+                "worker_up",
+                "expired",
+                "late",
+            )
+        },  # fmt: skip
+    }
+
+
+def _hop(o, policy) -> dict:
+    """Median round trip minus the edge's own time, direct edge vs front + 1 worker."""
+    from vlarun.runtime.procs import stop
+    from vlarun.stages.packet import Packet
+
+    inputs, meta = _request(policy, 0)
+    packet = {"images": inputs["images"]}
+    res = {}
+    for name, extra in (
+        ("direct", ["--threads", "1"]),
+        ("ray", ["--workers", "1", "--threads", "1"]),
+    ):
+        proc, endpoint = _edge(extra)
+        try:
+            c = _connect(endpoint)
+            over = []
+            for i in range(o.hop_requests + 5):
+                t0 = time.perf_counter()
+                r = c.run(("vision",), Packet(packet), ("visual",), 5.0, 5.0, meta)
+                if i >= 5:
+                    over.append((time.perf_counter() - t0 - r.server_s) * 1e3)
+                    res[f"{name}_bytes"] = r.sent_bytes
+            c.close()
+        finally:
+            stop(proc)
+        res[f"{name}_ms"] = statistics.median(over)
+    res["hop_ms"] = res["ray_ms"] - res["direct_ms"]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Projection
+
+
+def simulate(
+    workers: int, robots: int, period_s: float, slo_s: float, samples: list[float],
+    seconds: float, seed: int = 0,
+) -> dict:  # fmt: skip
+    """The front's dispatch rule on ``workers`` independent workers: each request goes to the
+    worker predicted to finish it first (its backlog at the mean service time), and is refused
+    when that finish is past the deadline; service times are drawn from ``samples``."""
+    rng = random.Random(seed)
+    mean = statistics.fmean(samples)
+    arrivals = sorted(
+        (rng.uniform(0, period_s) + k * period_s, r)
+        for r in range(robots)
+        for k in range(int(seconds / period_s) + 1)
+    )
+    free = [0.0] * workers  # when each worker's queue empties (FIFO per worker)
+    queued = [[] for _ in range(workers)]  # finish times of requests in each worker
+    count = {"ok": 0, "late": 0, "refused": 0}
+    for t, _ in arrivals:
+        if t >= seconds:
+            break
+        for q in queued:
+            while q and q[0] <= t:
+                heapq.heappop(q)
+        predicted = [t + len(q) * mean + mean for q in queued]
+        w = min(range(workers), key=lambda i: predicted[i])
+        if predicted[w] > t + slo_s:
+            count["refused"] += 1
+            continue
+        finish = max(free[w], t) + rng.choice(samples)
+        free[w] = finish
+        heapq.heappush(queued[w], finish)
+        count["ok" if finish - t <= slo_s else "late"] += 1
+    n = sum(count.values())
+    return {"workers": workers, "robots": robots, "served_per_s": count["ok"] / seconds,
+            "slo_share": count["ok"] / n if n else 0.0, **count}  # fmt: skip
+
+
+def projection(o, samples: list[float], measured: list[dict]) -> dict:
+    """The simulation against the measured cells, then at saturation for more workers, next
+    to the profile's own capacity (workers / mean service time)."""
+    period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
+    mean = statistics.fmean(samples)
+    check = []
+    for m in measured:
+        s = simulate(m["workers"], m["robots"], period, slo, samples, 60.0)
+        check.append({"workers": m["workers"], "robots": m["robots"],
+                      "measured_per_s": m["served_per_s"], "simulated_per_s": s["served_per_s"],
+                      "measured_slo": m["slo_share"], "simulated_slo": s["slo_share"]})  # fmt: skip
+    scale = []
+    for w in items(o.project, int):
+        robots = int(np.ceil(3 * w * period / mean))  # offered load 3x capacity: saturated
+        s = simulate(w, robots, period, slo, samples, 60.0)
+        capacity = w / mean
+        scale.append({**s, "profile_capacity_per_s": capacity,
+                      "ratio_to_profile": s["served_per_s"] / capacity})  # fmt: skip
+    p90 = float(np.percentile(samples, 90))
+    return {"service_ms_mean": mean * 1e3, "service_ms_p90": p90 * 1e3,
+            "samples": len(samples), "check": check, "scale": scale}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def run(o: BenchScaleoutOptions) -> dict:
+    import torch
+    from tqdm import tqdm
+
+    from vlarun.policy.base import Policy
+
+    torch.set_num_threads(1)
+    policy = Policy.load(o.policy, "float32")
+    cells = len(items(o.workers, int)) * len(items(o.robots, int))
+    bar = tqdm(total=cells, desc="scaleout", leave=False)
+
+    def progress(row):
+        bar.set_postfix_str(f"{row['workers']}w {row['robots']}r {row['served_per_s']:.1f}/s")
+        bar.update()
+
+    rows, samples = [], []
+    for w in items(o.workers, int):
+        got, s = _cells(o, policy, w, progress)
+        rows += got
+        if w == min(items(o.workers, int)):
+            samples = s
+    bar.close()
+    result = {
+        "benchmark": "scaleout",
+        "policy": o.policy,
+        "machine": _machine(),
+        "period_ms": o.period_ms,
+        "slo_ms": o.slo_ms,
+        "seconds": o.seconds,
+        "cells": rows,
+        "ratio": _ratios(rows),
+    }
+    if o.kill:
+        result["kill"] = _kill_run(o, policy, max(items(o.workers, int)))
+    result["hop"] = _hop(o, policy)
+    if samples:
+        result["projection"] = projection(o, samples, rows)
+    if o.plot:
+        plot(result, o.plot)
+    return result
+
+
+def _ratios(rows: list[dict]) -> dict:
+    """Served requests/s of the largest worker count over the smallest, per robot count."""
+    ws = sorted({r["workers"] for r in rows})
+    if len(ws) < 2:
+        return {}
+    by = {(r["workers"], r["robots"]): r for r in rows}
+    lo, hi = ws[0], ws[-1]
+    out = {}
+    for (w, n), r in by.items():
+        if w == hi and (lo, n) in by and by[(lo, n)]["served_per_s"] > 0:
+            out[str(n)] = r["served_per_s"] / by[(lo, n)]["served_per_s"]
+    return {"workers": [lo, hi], "served_ratio_by_robots": out,
+            "peak_ratio": max(r["served_per_s"] for r in rows if r["workers"] == hi)
+            / max(r["served_per_s"] for r in rows if r["workers"] == lo)}  # fmt: skip
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):  # noqa: SIM115
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for w in sorted({c["workers"] for c in r["cells"]}):
+        cs = [c for c in r["cells"] if c["workers"] == w]
+        xs = [c["robots"] for c in cs]
+        a.plot(xs, [c["served_per_s"] for c in cs], "o-", label=f"{w} worker(s)")
+        b.plot(xs, [c["slo_share"] for c in cs], "o-", label=f"{w} worker(s)")
+    a.set_xlabel("robots")
+    a.set_ylabel("requests served within deadline / s")
+    b.set_xlabel("robots")
+    b.set_ylabel("SLO share")
+    a.set_xscale("log", base=2)
+    b.set_xscale("log", base=2)
+    a.legend()
+    a.set_title(f"{r['policy']}, deadline {r['slo_ms']:.0f} ms, period {r['period_ms']:.0f} ms")
+    b.set_title(r["machine"], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def show(r: dict) -> None:
+    print(f"bench scaleout: {r['policy']}, one request per {r['period_ms']:.0f} ms per robot, "
+          f"deadline {r['slo_ms']:.0f} ms, {r['seconds']:.0f} s per cell "
+          f"({r['machine']})")  # fmt: skip
+    print(f"  {'workers':>7} {'robots':>6} {'served/s':>8} {'SLO':>6} {'p99 ms':>7} "
+          f"{'fallbacks':>9} {'refused':>7} {'lost':>4}")  # fmt: skip
+    for c in r["cells"]:
+        p99 = f"{c['p99_ms']:.0f}" if c["p99_ms"] is not None else "-"
+        print(f"  {c['workers']:>7} {c['robots']:>6} {c['served_per_s']:>8.2f} "
+              f"{c['slo_share']:>6.1%} {p99:>7} {c['fallbacks']:>9} {c['refused']:>7} "
+              f"{c['lost']:>4}")  # fmt: skip
+    if r["ratio"]:
+        lo, hi = r["ratio"]["workers"]
+        per = ", ".join(
+            f"{n} robots {x:.2f}x" for n, x in r["ratio"]["served_ratio_by_robots"].items()
+        )
+        print(f"  {hi} vs {lo} workers, served/s: peak {r['ratio']['peak_ratio']:.2f}x ({per})")
+    if "kill" in r:
+        k = r["kill"]
+        print(f"  kill: worker 0 SIGKILLed at {k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
+              f"{k['robots']} robots: lost {k['lost_requests']}, answered late "
+              f"{k['answered_late']}, first success after the kill "
+              f"{k['first_ok_after_kill_s'] or float('nan'):.3f} s, longest gap "
+              f"{k['longest_gap_after_kill_s']:.3f} s, worker back after "
+              f"{k['worker_back_s'] or float('nan'):.1f} s; front: {k['front']}")  # fmt: skip
+    h = r["hop"]
+    print(f"  hop: round trip minus edge time, median {h['direct_ms']:.3f} ms direct vs "
+          f"{h['ray_ms']:.3f} ms via front + worker: {h['hop_ms']:+.3f} ms "
+          f"({h['direct_bytes']} B requests)")  # fmt: skip
+    if "projection" in r:
+        p = r["projection"]
+        print(f"  projection (service {p['service_ms_mean']:.1f} ms mean, n={p['samples']}):")
+        for c in p["check"]:
+            print(f"    check {c['workers']}w {c['robots']}r: measured {c['measured_per_s']:.2f}/s "
+                  f"vs simulated {c['simulated_per_s']:.2f}/s")  # fmt: skip
+        for s in p["scale"]:
+            print(f"    {s['workers']} workers, {s['robots']} robots: {s['served_per_s']:.2f}/s, "
+                  f"profile capacity {s['profile_capacity_per_s']:.2f}/s "
+                  f"({s['ratio_to_profile']:.2f}x)")  # fmt: skip
+
+
+OPTIONS = {"bench-scaleout": BenchScaleoutOptions}
+RUN = {"bench-scaleout": run}
+SHOW = {"bench-scaleout": show}
