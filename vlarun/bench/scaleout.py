@@ -10,8 +10,8 @@ answers are told apart from lost ones. Per request: ``ok`` (answered within the 
 runs it locally, in time), ``lost`` (no answer at all). Fallbacks = refused + late + lost.
 
 The hop: one robot, one stage at a time, against a single-process edge and against the front with
-one worker: overhead = median(round trip - the edge's own time from arrival to reply), front
-minus direct.
+one worker, asked in turn: the hop = median over pairs of (round trip - the edge's own time from
+arrival to reply), front minus direct, with a bootstrap 95% interval.
 
 The projection is a queueing simulation of the front's dispatch rule (earliest predicted finish,
 refusal when no worker can make the deadline), with each request's service time drawn from the
@@ -43,7 +43,7 @@ class BenchScaleoutOptions:
 
     policy: str = opt("tiny-ar", "policy every worker serves (shipped name or directory)")
     workers: tuple[int, ...] = opt((1, 2), "worker counts to measure")
-    robots: tuple[int, ...] = opt((1, 2, 4, 8, 16), "robot counts to measure")
+    robots: tuple[int, ...] = opt((1, 2, 4, 8, 12, 16, 20, 24), "robot counts to measure")
     period_ms: float = opt(1000.0, "each robot sends one request per period")
     slo_ms: float = opt(500.0, "each request's deadline")
     seconds: float = opt(8.0, "measured seconds per (workers, robots) cell")
@@ -51,6 +51,7 @@ class BenchScaleoutOptions:
     kill_robots: int = opt(8, "robots during the kill run")
     hop_requests: int = opt(60, "sequential requests per side for the hop overhead")
     project: tuple[int, ...] = opt((1, 2, 4, 8), "worker counts of the projection")
+    parts: tuple[str, ...] = opt(("cells", "kill", "hop"), "what to run: cells, kill, hop")
     plot: str | None = opt(None, "write a PNG plot here")
     json: bool = opt(False, "print one JSON object")
 
@@ -59,6 +60,9 @@ class BenchScaleoutOptions:
             raise ValueError("--period-ms, --slo-ms and --seconds must be positive")
         if min(items(self.workers, int)) < 1 or min(items(self.robots, int)) < 1:
             raise ValueError("--workers and --robots must be >= 1")
+        bad = set(items(self.parts)) - {"cells", "kill", "hop"}
+        if bad:
+            raise ValueError(f"unknown --parts {sorted(bad)}; choose from cells, kill, hop")
 
 
 STAGES = ("vision", "prefill", "decode")
@@ -240,33 +244,42 @@ def _kill_run(o, policy, workers: int) -> dict:
 
 
 def _hop(o, policy) -> dict:
-    """Median round trip minus the edge's own time, direct edge vs front + 1 worker."""
+    """Round trip minus the edge's own time (arrival to reply), a single-process edge and the
+    front + 1 worker side by side: both run at once and are asked in turn, so drifts of this
+    shared machine fall on both alike; the paired differences give the hop and its 95% CI."""
     from vlarun.runtime.procs import stop
     from vlarun.stages.packet import Packet
 
     inputs, meta = _request(policy, 0)
-    packet = {"images": inputs["images"]}
-    res = {}
-    for name, extra in (
-        ("direct", ["--threads", "1"]),
-        ("ray", ["--workers", "1", "--threads", "1"]),
-    ):
-        proc, endpoint = _edge(extra)
-        try:
-            c = _connect(endpoint)
-            over = []
-            for i in range(o.hop_requests + 5):
+    packet = Packet({"images": inputs["images"]})
+    procs = [_edge(["--threads", "1"]), _edge(["--workers", "1", "--threads", "1"])]
+    try:
+        clients = [_connect(endpoint) for _, endpoint in procs]
+        over: list[list[float]] = [[], []]
+        sent = 0
+        for i in range(o.hop_requests + 5):
+            for side, c in enumerate(clients):
                 t0 = time.perf_counter()
-                r = c.run(("vision",), Packet(packet), ("visual",), 5.0, 5.0, meta)
-                if i >= 5:
-                    over.append((time.perf_counter() - t0 - r.server_s) * 1e3)
-                    res[f"{name}_bytes"] = r.sent_bytes
+                r = c.run(("vision",), packet, ("visual",), 5.0, 5.0, meta)
+                if i >= 5:  # the first few pay for connections and caches
+                    over[side].append((time.perf_counter() - t0 - r.server_s) * 1e3)
+                sent = r.sent_bytes
+        for c in clients:
             c.close()
-        finally:
+    finally:
+        for proc, _ in procs:
             stop(proc)
-        res[f"{name}_ms"] = statistics.median(over)
-    res["hop_ms"] = res["ray_ms"] - res["direct_ms"]
-    return res
+    diff = np.array(over[1]) - np.array(over[0])
+    rng = np.random.default_rng(0)
+    boot = [np.median(rng.choice(diff, diff.size)) for _ in range(2000)]
+    return {
+        "direct_ms": float(np.median(over[0])),
+        "ray_ms": float(np.median(over[1])),
+        "hop_ms": float(np.median(diff)),
+        "hop_ci95_ms": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        "requests": int(diff.size),
+        "request_bytes": sent,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,8 +364,9 @@ def run(o: BenchScaleoutOptions) -> dict:
         bar.set_postfix_str(f"{row['workers']}w {row['robots']}r {row['served_per_s']:.1f}/s")
         bar.update()
 
+    parts = set(items(o.parts))
     rows, samples = [], []
-    for w in items(o.workers, int):
+    for w in items(o.workers, int) if "cells" in parts else []:
         got, s = _cells(o, policy, w, progress)
         rows += got
         if w == min(items(o.workers, int)):
@@ -368,9 +382,10 @@ def run(o: BenchScaleoutOptions) -> dict:
         "cells": rows,
         "ratio": _ratios(rows),
     }
-    if o.kill:
+    if o.kill and "kill" in parts:
         result["kill"] = _kill_run(o, policy, max(items(o.workers, int)))
-    result["hop"] = _hop(o, policy)
+    if "hop" in parts:
+        result["hop"] = _hop(o, policy)
     if samples:
         result["projection"] = projection(o, samples, rows)
     if o.plot:
@@ -378,8 +393,12 @@ def run(o: BenchScaleoutOptions) -> dict:
     return result
 
 
+SLO_FLOOR = 0.9  # "at the same SLO share": capacity = the most served/s at >= 90% in time
+
+
 def _ratios(rows: list[dict]) -> dict:
-    """Served requests/s of the largest worker count over the smallest, per robot count."""
+    """Served requests/s of the largest worker count over the smallest: per robot count, at
+    the peak, and as capacity at an SLO share of at least ``SLO_FLOOR``."""
     ws = sorted({r["workers"] for r in rows})
     if len(ws) < 2:
         return {}
@@ -389,9 +408,22 @@ def _ratios(rows: list[dict]) -> dict:
     for (w, n), r in by.items():
         if w == hi and (lo, n) in by and by[(lo, n)]["served_per_s"] > 0:
             out[str(n)] = r["served_per_s"] / by[(lo, n)]["served_per_s"]
-    return {"workers": [lo, hi], "served_ratio_by_robots": out,
-            "peak_ratio": max(r["served_per_s"] for r in rows if r["workers"] == hi)
-            / max(r["served_per_s"] for r in rows if r["workers"] == lo)}  # fmt: skip
+
+    def capacity(w: int) -> float:
+        ok = [r["served_per_s"] for r in rows if r["workers"] == w and r["slo_share"] >= SLO_FLOOR]
+        return max(ok, default=0.0)
+
+    def peak(w: int) -> float:
+        return max(r["served_per_s"] for r in rows if r["workers"] == w)
+
+    return {
+        "workers": [lo, hi],
+        "served_ratio_by_robots": out,
+        "peak_ratio": peak(hi) / peak(lo),
+        "capacity_at_slo": {str(w): capacity(w) for w in ws},
+        "slo_floor": SLO_FLOOR,
+        "capacity_ratio": capacity(hi) / capacity(lo) if capacity(lo) else None,
+    }
 
 
 def _machine() -> str:
@@ -448,6 +480,10 @@ def show(r: dict) -> None:
             f"{n} robots {x:.2f}x" for n, x in r["ratio"]["served_ratio_by_robots"].items()
         )
         print(f"  {hi} vs {lo} workers, served/s: peak {r['ratio']['peak_ratio']:.2f}x ({per})")
+        cap = r["ratio"]["capacity_at_slo"]
+        print(f"  capacity at SLO share >= {r['ratio']['slo_floor']:.0%}: "
+              + ", ".join(f"{w} worker(s) {c:.2f}/s" for w, c in cap.items())
+              + f"; ratio {r['ratio']['capacity_ratio'] or float('nan'):.2f}x")  # fmt: skip
     if "kill" in r:
         k = r["kill"]
         print(f"  kill: worker 0 SIGKILLed at {k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
@@ -456,10 +492,12 @@ def show(r: dict) -> None:
               f"{k['first_ok_after_kill_s'] or float('nan'):.3f} s, longest gap "
               f"{k['longest_gap_after_kill_s']:.3f} s, worker back after "
               f"{k['worker_back_s'] or float('nan'):.1f} s; front: {k['front']}")  # fmt: skip
-    h = r["hop"]
-    print(f"  hop: round trip minus edge time, median {h['direct_ms']:.3f} ms direct vs "
-          f"{h['ray_ms']:.3f} ms via front + worker: {h['hop_ms']:+.3f} ms "
-          f"({h['direct_bytes']} B requests)")  # fmt: skip
+    h = r.get("hop")
+    if h:
+        print(f"  hop: round trip minus edge time, median {h['direct_ms']:.3f} ms direct vs "
+              f"{h['ray_ms']:.3f} ms via front + worker: hop {h['hop_ms']:+.3f} ms (paired, "
+              f"95% CI {h['hop_ci95_ms'][0]:+.3f} to {h['hop_ci95_ms'][1]:+.3f}; "
+              f"{h['requests']} requests of {h['request_bytes']} B each way)")  # fmt: skip
     if "projection" in r:
         p = r["projection"]
         print(f"  projection (service {p['service_ms_mean']:.1f} ms mean, n={p['samples']}):")

@@ -41,9 +41,17 @@ class Job:
     fresh: tuple[str, ...] = ()
     setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
     origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
+    route: object | None = field(default=None, repr=False)  # a front's Route (server.py)
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)
+
+    def address(self, with_timings: bool = False) -> list[bytes]:
+        """The frames a reply to this request starts with: the peer's identity, then, when a
+        front relayed it, the front's route echoed (with this request's timings)."""
+        if self.route is None:
+            return [self.identity]
+        return [self.identity, self.route.echo(self.timings if with_timings else None)]
 
     @property
     def stage(self) -> str:

@@ -13,10 +13,12 @@ plane (Ray >= 2.59 turns token authentication on for local clusters; keep it on)
 What Ray does not carry: the payloads. A Ray actor call measured 1.3 ms for 100 bytes and 6.4 ms
 one way for a 197 kB frame on this 2-core machine (objects over 100 kB go through the object
 store), against the issue's 1 ms budget for the whole hop. So the front relays the robot's raw
-wire frames over ZeroMQ to the worker, untouched apart from the header, which it relabels (its
-own request id, the time left, and ``meta.robot``: the robot the request is from, so streams and
-batching stay per robot). Nothing a robot sent is ever unpickled: the frames are bytes, and the
-worker checks them again against the same schema. Front-to-worker sockets on other machines are
+wire frames over ZeroMQ to the worker, untouched, after a small route frame of its own
+(``server.Route``: the front's request id, the robot the request is from, so streams and
+batching stay per robot, and the time left). The worker echoes the route first in its reply
+(with the stage timings), so the front forwards the robot's reply untouched too. Nothing a robot
+sent is ever unpickled: the frames are bytes, and the worker checks them against the stage
+schema before it allocates anything. Front-to-worker sockets on other machines are
 Curve too: each worker incarnation makes a key pair and admits only the front's public key; the
 front makes its own per start; secret keys never leave their process. A worker on the front's
 own machine binds a Unix socket in the front's private folder (mode 0700) instead: only this
@@ -46,6 +48,7 @@ import contextlib
 import itertools
 import logging
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -57,8 +60,9 @@ import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.segments import Schema
-from vlarun.runtime.server import Refused, ServerConfig, rid_of, robot_id, wildcard
+from vlarun.runtime.server import Refused, Route, ServerConfig, rid_of, robot_id, wildcard
 from vlarun.runtime.transport import EdgeAuth, KeyPair, Security, dealer_socket, router_socket
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
@@ -192,10 +196,6 @@ class RayWorkers:
     def lifetime(self, index: int):
         return self.actors[index].lifetime.remote()
 
-    def wait(self, refs: list, timeout_s: float) -> list:
-        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout_s)
-        return ready
-
     def shutdown(self) -> None:
         for a in getattr(self, "actors", []):
             with contextlib.suppress(Exception):
@@ -215,7 +215,7 @@ class _Flight:
 
     identity: bytes
     rid: int  # the robot's request id
-    body: list  # the robot's frames (header first), kept for a re-dispatch
+    body: list  # the robot's frames (zmq.Frame, header first), kept for a re-dispatch
     stages: tuple[str, ...]
     setting: str
     arrival: float
@@ -365,14 +365,14 @@ class EdgeFront:
     # -- I/O thread --------------------------------------------------------------------------------
 
     def _io_loop(self) -> None:
+        poller, sockets, swept = None, None, 0.0
         while not self.stop_event.is_set():
-            poller = zmq.Poller()  # rebuilt each turn: workers' sockets come and go
-            poller.register(self.sock, zmq.POLLIN)
-            poller.register(self._pull, zmq.POLLIN)
-            for w in self._w:
-                if w.sock is not None:
-                    poller.register(w.sock, zmq.POLLIN)
-                    poller.register(w.monitor, zmq.POLLIN)
+            now_socks = [(w.sock, w.monitor) for w in self._w]
+            if now_socks != sockets:  # rebuilt only when a worker's sockets came or went
+                sockets, poller = now_socks, zmq.Poller()
+                for sock in (self.sock, self._pull, *(x for pair in now_socks for x in pair)):
+                    if sock is not None:
+                        poller.register(sock, zmq.POLLIN)
             events = dict(poller.poll(20))
             if self._pull in events:
                 self._supervisor_news()
@@ -383,7 +383,10 @@ class EdgeFront:
                     self._drain_worker(w)
             if self.sock in events:
                 self._drain_requests()
-            self._expire(time.monotonic())
+            now = time.monotonic()
+            if now - swept > 0.01:  # flights past their deadline: a sweep every 10 ms is enough
+                self._expire(now)
+                swept = now
 
     def _drain_requests(self) -> None:
         for _ in range(256):  # bounded, so workers' replies are not starved by a flood
@@ -394,16 +397,20 @@ class EdgeFront:
             if len(frames) < 2:
                 continue
             identity = frames[0].bytes
-            body = [f.buffer for f in frames[1:]]
+            # The frames themselves, not views of them: sending a zmq.Frame on shares its
+            # message (no copy, and none of pyzmq's garbage-collector-thread round trip that a
+            # zero-copy send of a Python buffer costs).
+            body = frames[1:]
             try:
                 self._handle(identity, body)
             except PacketError as e:  # Refused included: answered at once, the robot runs it
                 if not isinstance(e, Refused):
                     self.stats["errors"] += 1
-                self._send(identity, wire.error(rid_of(body), str(e)))
+                self._send(identity, wire.error(rid_of([body[0].bytes]), str(e)))
             except Exception as e:  # never let one message take the front down
                 self.stats["errors"] += 1
-                self._send(identity, wire.error(rid_of(body), f"internal: {type(e).__name__}"))
+                why = f"internal: {type(e).__name__}"
+                self._send(identity, wire.error(rid_of([body[0].bytes]), why))
 
     def _send(self, identity: bytes, frames: list) -> None:
         with contextlib.suppress(zmq.ZMQError):
@@ -411,7 +418,7 @@ class EdgeFront:
 
     def _handle(self, identity: bytes, body: list) -> None:
         now = time.monotonic()
-        header = wire.decode_header(body[0], self.cfg.limits)
+        header = wire.decode_header(body[0].bytes, self.cfg.limits)
         if header.kind == "control":
             self.stats["control"] += 1
             self._send(identity, self._control(header))
@@ -421,15 +428,21 @@ class EdgeFront:
         inflight = sum(len(w.flights) for w in self._w)
         if inflight >= self.cfg.max_queued:  # refuse before keeping its frames
             raise PacketError(f"edge overloaded: {inflight} requests in flight")
-        req = self.schema.check(header)  # what each worker checks too, before it allocates
+        # What dispatch needs; the worker checks the rest (schema, shapes, codec) before it
+        # allocates anything, and its error comes back to the robot like any reply. The front
+        # itself never allocates a tensor: the frames are already here, bounded by the socket.
+        stages = self.schema.parse_stages(header.stage)
+        try:
+            setting = AccelSetting.from_meta(header.meta.get("setting"))
+        except (TypeError, ValueError) as e:
+            raise PacketError(f"bad setting: {e}") from None
+        budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
         if len(self._seen) > 1024:
             self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
         self._seen[identity] = now
-        stream = None
-        if not req.setting.identity:
-            stream = (identity, header.meta.get("stream"))
-        flight = _Flight(identity, header.rid, body, req.stages, str(req.setting), now,
-                         now + req.budget_s, stream)  # fmt: skip
+        stream = None if setting.identity else (identity, header.meta.get("stream"))
+        flight = _Flight(identity, header.rid, body, stages, str(setting), now, now + budget,
+                         stream)  # fmt: skip
         self.stats["requests"] += 1
         self._dispatch(flight, now, first=True)
 
@@ -461,9 +474,9 @@ class EdgeFront:
 
     def _forward(self, w: _Worker, f: _Flight, now: float) -> bool:
         rid = next(self._rids)
-        header = wire.relabel(f.body[0], rid, max(f.deadline - now, 1e-6), robot=f.identity.hex())
-        try:
-            w.sock.send_multipart([header, *f.body[1:]], zmq.NOBLOCK, copy=False)
+        route = Route(rid, f.identity.hex().encode(), max(f.deadline - now, 1e-6)).pack()
+        try:  # the robot's own frames, untouched, after the route
+            w.sock.send_multipart([route, *f.body], zmq.NOBLOCK, copy=False)
         except zmq.Again:  # not connected (yet, or any more): the next worker
             return False
         f.worker = w.index
@@ -481,26 +494,24 @@ class EdgeFront:
                 frames = w.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                header = wire.decode_header(frames[0].buffer, self.cfg.limits)
-            except PacketError:
+            try:  # the route the worker echoed: our rid (and a result's timings)
+                echo = msgpack.unpackb(frames[0].bytes, raw=False)
+                f = w.flights.pop(echo["rid"], None)
+            except Exception:
                 continue  # a worker's garbage: the flight stays and expires or is re-sent
-            f = w.flights.pop(header.rid, None)
             if f is None:
                 continue  # already answered (expired, or re-dispatched after a loss)
             now = time.monotonic()
-            w.observe(header.meta.get("timings"))
+            timings = echo.get("timings") or []
+            w.observe(timings)
             w.replies += 1
-            if header.kind == "result":
-                self._record(w, f, header, now)
+            if timings:
+                self._record(w, f, timings, now)
             if now > f.deadline:
                 self.stats["late"] += 1
-            out = wire.relabel(frames[0].buffer, f.rid)
-            self._send(f.identity, [out, *(fr.buffer for fr in frames[1:])])
+            self._send(f.identity, frames[1:])  # the robot's reply, untouched
 
-    def _record(self, w: _Worker, f: _Flight, header: wire.Header, now: float) -> None:
-        timings = header.meta.get("timings", [])
-        timings = timings if isinstance(timings, list) else []
+    def _record(self, w: _Worker, f: _Flight, timings: list, now: float) -> None:
         compute_s = sum(
             t.get("compute_s", 0.0) / max(t.get("batch", 1), 1)
             for t in timings
@@ -565,32 +576,37 @@ class EdgeFront:
 
     def _supervise(self) -> None:
         """Watch every worker's lifetime through Ray; after a death, wait for Ray's restart
-        and hand the new incarnation's hello to the I/O thread."""
+        and hand the new incarnation's hello to the I/O thread. Deaths arrive as callbacks
+        of the lifetime calls' futures: nothing polls Ray while all workers live."""
         push = self.ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
         push.connect(self._pipe)
-        n = len(self.workers.actors)
-        refs = {i: self.workers.lifetime(i) for i in range(n)}
-        restarting: dict[int, float] = {}
+        deaths: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        def watch(i: int) -> None:
+            self.workers.lifetime(i).future().add_done_callback(lambda _: deaths.put(i))
+
+        for i in range(len(self.workers.actors)):
+            watch(i)
+        restarting: set[int] = set()
         try:
             while not self.stop_event.is_set():
-                for ref in self.workers.wait(list(refs.values()), 0.05) if refs else []:
-                    i = next(k for k, r in refs.items() if r == ref)
-                    del refs[i]
+                try:
+                    i = deaths.get(timeout=0.2 if restarting else 0.5)
                     push.send(msgpack.packb({"op": "down", "i": i}))
-                    restarting[i] = time.monotonic()
+                    restarting.add(i)
+                except queue.Empty:
+                    pass
                 for i in list(restarting):
                     try:
                         hello = self.workers.hello(i, 0.5)
                     except Exception:  # still restarting (or gone): try again
                         continue
-                    del restarting[i]
-                    refs[i] = self.workers.lifetime(i)
+                    restarting.discard(i)
+                    watch(i)
                     keep = ("endpoint", "public", "pid", "stage_ms")
                     news = {"op": "up", "i": i, **{k: hello[k] for k in keep}}
                     push.send(msgpack.packb(news, use_bin_type=True))
-                if not refs and not restarting:
-                    time.sleep(0.05)
         finally:
             push.close(0)
 

@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+import msgpack
 import torch
 import zmq
 
@@ -51,6 +52,42 @@ class Refused(PacketError):
 
 
 @dataclass(frozen=True)
+class Route:
+    """What a scale-out front puts before a relayed request (runtime/scaleout.py): its own
+    request id (echoed back first, so the front finds the request without parsing the
+    reply), the robot it is from (streams and batching are per robot), and the time left."""
+
+    rid: int
+    robot: bytes
+    budget_s: float
+
+    MAX_BYTES = 512
+
+    @classmethod
+    def parse(cls, raw) -> Route:
+        if len(raw) > cls.MAX_BYTES:
+            raise PacketError("route frame too long")
+        try:
+            r = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=True, max_bin_len=0)
+            rid, robot, budget = r["rid"], r["robot"], float(r["budget_s"])
+        except Exception:
+            raise PacketError("bad route frame") from None
+        if not isinstance(rid, int) or not isinstance(robot, str) or not 0 < len(robot) <= 256:
+            raise PacketError("bad route frame")
+        return cls(rid, robot.encode(), budget)
+
+    def pack(self) -> bytes:
+        return msgpack.packb(
+            {"rid": self.rid, "robot": self.robot.decode(), "budget_s": self.budget_s}
+        )
+
+    def echo(self, timings: list | None = None) -> bytes:
+        """The frame a reply to the front starts with: its rid (and, for results, the
+        per-stage timings, so the front keeps its estimates without parsing the reply)."""
+        return msgpack.packb({"rid": self.rid, "timings": timings or []})
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Edge server settings. ``batch_window_s``: the longest a batch waits for more robots
     (also bounded by half the slack of its most urgent member); ``limits``: what a request
@@ -71,7 +108,8 @@ class ServerConfig:
     admission_fresh_s: float = 2.0
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
     # A worker behind a scale-out front (runtime/scaleout.py): its only peer is the front,
-    # which names the robot of each request (streams and batching are per robot, not per peer).
+    # whose route frame before each request names the robot (streams and batching are per
+    # robot, not per peer), the time left and the front's request id.
     relayed: bool = False
 
     def __post_init__(self) -> None:
@@ -185,73 +223,71 @@ class EdgeServer:
                 return
             if len(frames) < 2:
                 continue  # no identity + header: nothing to answer to
-            identity = frames[0].bytes
             body = [f.buffer for f in frames[1:]]
             try:
-                self._handle(identity, body)
+                route = Route.parse(body.pop(0)) if self.cfg.relayed else None
+            except PacketError:
+                self.stats["errors"] += 1
+                continue  # only the front talks to a relayed worker, and always routes
+            to = [frames[0].bytes] if route is None else [frames[0].bytes, route.echo()]
+            try:
+                self._handle(to, route, body)
             except Refused as e:  # not an error: the robot runs it itself, in time
-                self._send([identity, *wire.error(rid_of(body), str(e))])
+                self._send([*to, *wire.error(rid_of(body), str(e))])
             except PacketError as e:
                 self.stats["errors"] += 1
-                self._send([identity, *wire.error(rid_of(body), str(e))])
+                self._send([*to, *wire.error(rid_of(body), str(e))])
             except Exception as e:  # never let one message take the server down
                 self.stats["errors"] += 1
-                self._send([identity, *wire.error(rid_of(body), f"internal: {type(e).__name__}")])
+                self._send([*to, *wire.error(rid_of(body), f"internal: {type(e).__name__}")])
 
     def _send(self, frames: list) -> None:
         with contextlib.suppress(zmq.ZMQError):
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
 
-    def _handle(self, identity: bytes, body: list) -> None:
+    def _handle(self, to: list[bytes], route: Route | None, body: list) -> None:
+        """``to``: the frames a reply starts with (the peer's identity, then the front's route
+        when relayed)."""
         now = time.monotonic()
         header = wire.decode_header(body[0], self.cfg.limits)
         if header.kind == "control":
             self.stats["control"] += 1
-            self._send([identity, *self._control(header)])
+            self._send([*to, *self._control(header)])
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
         queued = sum(self.queues.depth().values())
         if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
             raise PacketError(f"edge overloaded: {queued} requests queued")
-        origin = self._origin(identity, header)
+        origin = to[0] if route is None else route.robot
         if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
             self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
         self._seen[origin] = now  # a robot whose request is refused is still connected
-        job = self._job(identity, origin, header, body[1:], now)
+        job = self._job(to, origin, header, body[1:], now, route)
         self.stats["requests"] += 1
         self.queues.put(job)
 
     def _job(
-        self, identity: bytes, origin: bytes, header: wire.Header, frames: list, now: float
-    ) -> Job:
+        self, to: list[bytes], origin: bytes, header: wire.Header, frames: list, now: float,
+        route: Route | None = None,
+    ) -> Job:  # fmt: skip
         """Check the request against the stage schema, then (only then) read its tensors.
-        ``identity``: the connection to answer; ``origin``: the robot the request is from
-        (the same, unless a scale-out front relays it and names the robot)."""
+        ``to``: where replies go; ``origin``: the robot the request is from (the connection,
+        unless a scale-out front relays it and names the robot in its route)."""
         req = self.schema.check(header)
-        deadline = now + req.budget_s
+        budget = req.budget_s if route is None else min(route.budget_s, 3600.0)
+        deadline = now + budget
         if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
             self._admit(req.stages, deadline, now)
         msg = wire.materialize(header, frames, self.cfg.limits)
         tensors = dict(msg.packet.tensors)
-        job = Job(identity, header.rid, req.stages, req.want, tensors, now, deadline,
-                  req.reply_codec, origin=origin)  # fmt: skip
+        job = Job(to[0], header.rid, req.stages, req.want, tensors, now, deadline,
+                  req.reply_codec, origin=origin, route=route)  # fmt: skip
         if not req.setting.identity:
             job.hooks, job.graph = self._stream(origin, header.meta.get("stream"), req.setting)
             job.fresh = req.fresh
             job.setting = str(req.setting)
         return job
-
-    def _origin(self, identity: bytes, header: wire.Header) -> bytes:
-        """The robot a request is from. Behind a scale-out front (``cfg.relayed``: Curve admits
-        the front's key alone) the front names it in meta.robot; otherwise the connection is
-        the robot."""
-        if not self.cfg.relayed:
-            return identity
-        robot = header.meta.get("robot")  # a string: the header refuses binary values
-        if not isinstance(robot, str) or not 0 < len(robot) <= 512:
-            raise PacketError("a relayed request needs meta.robot (a string of 1-512 chars)")
-        return robot.encode()
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
@@ -294,7 +330,9 @@ class EdgeServer:
         return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
     def health(self) -> dict:
-        """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates."""
+        """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates
+        (and how old each is)."""
+        now = time.monotonic()
         return {
             "ok": True,
             "model": self.policy.model.cfg.name,
@@ -303,6 +341,7 @@ class EdgeServer:
             "stages": list(self.schema.names),
             "queue": self.queues.depth(),
             "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
+            "stage_age_s": {k: now - t for k, t in self.queues.est_at.items()},
             "max_batch": self.cfg.max_batch,
             "streams_kept": len(self._streams),
             "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
@@ -340,7 +379,7 @@ class EdgeServer:
                 self.stats["expired"] += 1
                 self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
                 push.send_multipart(
-                    [job.identity, *wire.error(job.rid, "deadline passed on the edge")]
+                    [*job.address(), *wire.error(job.rid, "deadline passed on the edge")]
                 )
             else:
                 live.append(job)
@@ -360,7 +399,8 @@ class EdgeServer:
                     self._run_batch([job], push)
                 return
             self.stats["errors"] += 1
-            push.send_multipart([live[0].identity, *wire.error(live[0].rid, f"stage failed: {e}")])
+            failed = wire.error(live[0].rid, f"stage failed: {e}")
+            push.send_multipart([*live[0].address(), *failed])
             return
         self._busy_until = 0.0
         self.queues.observe(stage.name, seconds, len(live))
@@ -377,7 +417,7 @@ class EdgeServer:
             if job.pos < len(job.stages):
                 self.queues.put(job)
             else:
-                push.send_multipart([job.identity, *self._reply(job)])
+                push.send_multipart([*job.address(with_timings=True), *self._reply(job)])
 
     def _execute(self, stage, jobs: list[Job]) -> float:
         """Run one stage on the jobs' inputs concatenated along each tensor's batch axis."""

@@ -324,19 +324,6 @@ def _decompress(e: Entry, view: memoryview) -> bytes:
         ) from None
 
 
-def relabel(raw: bytes | memoryview, rid: int, deadline_s: float | None = None, **meta) -> bytes:
-    """A header frame already checked by ``decode_header``, with a new request id (and
-    optionally a new time budget and extra meta fields); its tensor entries are kept as they
-    are, so the tensor frames travel on untouched (a scale-out front relays them this way)."""
-    h = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=True, max_bin_len=0)
-    h["rid"] = int(rid)
-    if deadline_s is not None:
-        h["deadline_s"] = float(deadline_s)
-    if meta:
-        h["meta"] = {**h.get("meta", {}), **meta}
-    return msgpack.packb(h, use_bin_type=True)
-
-
 def control(op: str, rid: int = 0, **meta) -> list[bytes]:
     """Frames of a control message (no tensors): ``meta`` carries ``op`` and its fields."""
     return encode(Message("control", rid, meta={"op": op, **meta}))
