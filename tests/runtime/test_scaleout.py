@@ -102,6 +102,11 @@ def test_two_workers_serve_two_robots(fleet, policy):
     assert h["capacity"] == 2 and len(h["workers"]) == 2
     assert all(w["replies"] > 0 for w in h["workers"]), h["workers"]  # both served
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
+    from vlarun.runtime.dashboard import Dashboard
+
+    state = Dashboard(front).state()  # the live page reads the front as it reads one edge
+    assert state["counts"]["replies"] >= 16 and len(state["workers"]) == 2
+    assert len(state["robots"]) == 2
 
 
 def test_robot_outside_the_authorized_keys_is_rejected_at_the_front(fleet):

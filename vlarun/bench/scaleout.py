@@ -43,10 +43,13 @@ class BenchScaleoutOptions:
 
     policy: str = opt("tiny-ar", "policy every worker serves (shipped name or directory)")
     workers: tuple[int, ...] = opt((1, 2), "worker counts to measure")
-    robots: tuple[int, ...] = opt((1, 2, 4, 8, 12, 16, 20, 24), "robot counts to measure")
+    robots: tuple[int, ...] = opt(
+        (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24), "robot counts to measure"
+    )
     period_ms: float = opt(1000.0, "each robot sends one request per period")
     slo_ms: float = opt(500.0, "each request's deadline")
     seconds: float = opt(8.0, "measured seconds per (workers, robots) cell")
+    repeats: int = opt(1, "rounds of every worker count, one after the other (paired by round)")
     kill: bool = opt(True, "also kill a worker mid-load (the largest worker count)")
     kill_robots: int = opt(8, "robots during the kill run")
     hop_requests: int = opt(60, "sequential requests per side for the hop overhead")
@@ -56,8 +59,8 @@ class BenchScaleoutOptions:
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
-        if self.period_ms <= 0 or self.slo_ms <= 0 or self.seconds <= 0:
-            raise ValueError("--period-ms, --slo-ms and --seconds must be positive")
+        if self.period_ms <= 0 or self.slo_ms <= 0 or self.seconds <= 0 or self.repeats < 1:
+            raise ValueError("--period-ms, --slo-ms, --seconds and --repeats must be positive")
         if min(items(self.workers, int)) < 1 or min(items(self.robots, int)) < 1:
             raise ValueError("--workers and --robots must be >= 1")
         bad = set(items(self.parts)) - {"cells", "kill", "hop"}
@@ -169,7 +172,7 @@ def _health(endpoint: str) -> dict:
     return ping(endpoint, Security(insecure=True), 1, 2.0)["health"]
 
 
-def _cells(o, policy, workers: int, progress) -> tuple[list[dict], list[float]]:
+def _cells(o, policy, workers: int, progress, round_: int = 0) -> tuple[list[dict], list[float]]:
     from vlarun.runtime.procs import stop
 
     proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
@@ -179,7 +182,8 @@ def _cells(o, policy, workers: int, progress) -> tuple[list[dict], list[float]]:
             out, _, threads = _load(endpoint, policy, robots, o, o.seconds)
             for th in threads:
                 th.join()
-            rows.append({"workers": workers, "robots": robots, **_summary(out, o.seconds)})
+            rows.append({"round": round_, "workers": workers, "robots": robots,
+                         **_summary(out, o.seconds)})  # fmt: skip
             samples += [r["compute_s"] for r in out if r["compute_s"] > 0]
             progress(rows[-1])
     finally:
@@ -188,21 +192,28 @@ def _cells(o, policy, workers: int, progress) -> tuple[list[dict], list[float]]:
 
 
 def _kill_run(o, policy, workers: int) -> dict:
-    """``kill_robots`` robots against ``workers`` workers; worker 0 SIGKILLed a third in."""
+    """``kill_robots`` robots against ``workers`` workers; a third of the way in, the first
+    worker seen holding a request is SIGKILLed (so its requests must be re-dispatched or
+    refused)."""
     from vlarun.runtime.procs import stop
 
     proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
     seconds = max(o.seconds, 9.0)
     try:
-        pid = _health(endpoint)["workers"][0]["pid"]
         out, start, threads = _load(endpoint, policy, o.kill_robots, o, seconds)
         time.sleep(max(start + seconds / 3 - time.monotonic(), 0.0))
+        while True:  # (the robots keep the workers busy: this takes a few ms)
+            busy = [w for w in _health(endpoint)["workers"] if w["up"] and w["in_flight"]]
+            if busy or time.monotonic() > start + seconds / 2:
+                break
+        victim = (busy or _health(endpoint)["workers"])[0]
         killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        os.kill(victim["pid"], signal.SIGKILL)
         back = None
         while time.monotonic() < start + seconds + 30:
             h = _health(endpoint)
-            if h["capacity"] == workers and h["workers"][0]["pid"] != pid:
+            w = h["workers"][victim["worker"]]
+            if h["capacity"] == workers and w["pid"] != victim["pid"]:
                 back = time.monotonic() - killed
                 break
             time.sleep(0.05)
@@ -221,6 +232,7 @@ def _kill_run(o, policy, workers: int) -> dict:
         "robots": o.kill_robots,
         "seconds": seconds,
         "kill_at_s": t_kill,
+        "killed_in_flight": victim["in_flight"],
         **_summary(out, seconds),
         "around_kill": _summary(window, 2.5),
         "lost_requests": sum(r["kind"] == "lost" for r in out),
@@ -323,24 +335,38 @@ def simulate(
             "slo_share": count["ok"] / n if n else 0.0, **count}  # fmt: skip
 
 
+def sim_capacity(workers: int, o, samples: list[float]) -> dict:
+    """The simulated front's capacity at the SLO floor: robots added until the share falls
+    below it (the measured runs' metric, on the simulated cells)."""
+    period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
+    mean = statistics.fmean(samples)
+    top = int(np.ceil(2 * workers * period / mean))
+    rows = [simulate(workers, n, period, slo, samples, 120.0, seed=n)
+            for n in range(max(1, top // 40), top + 1, max(1, top // 40))]  # fmt: skip
+    return {"workers": workers, "capacity_per_s": capacity_at(rows),
+            "profile_capacity_per_s": workers / mean}  # fmt: skip
+
+
 def projection(o, samples: list[float], measured: list[dict]) -> dict:
-    """The simulation against the measured cells, then at saturation for more workers, next
-    to the profile's own capacity (workers / mean service time)."""
+    """The simulation against the measured cells, then capacity at the SLO floor for more
+    workers, next to what the per-worker profile predicts: ``workers`` times the simulated
+    capacity of one (linear scaling), and ``workers`` / mean service time (no queueing loss)."""
     period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
     mean = statistics.fmean(samples)
     check = []
     for m in measured:
         s = simulate(m["workers"], m["robots"], period, slo, samples, 60.0)
-        check.append({"workers": m["workers"], "robots": m["robots"],
+        check.append({"round": m["round"], "workers": m["workers"], "robots": m["robots"],
                       "measured_per_s": m["served_per_s"], "simulated_per_s": s["served_per_s"],
                       "measured_slo": m["slo_share"], "simulated_slo": s["slo_share"]})  # fmt: skip
+    one = sim_capacity(1, o, samples)["capacity_per_s"]
     scale = []
     for w in items(o.project, int):
-        robots = int(np.ceil(3 * w * period / mean))  # offered load 3x capacity: saturated
-        s = simulate(w, robots, period, slo, samples, 60.0)
-        capacity = w / mean
-        scale.append({**s, "profile_capacity_per_s": capacity,
-                      "ratio_to_profile": s["served_per_s"] / capacity})  # fmt: skip
+        c = sim_capacity(w, o, samples)
+        c["linear_per_s"] = w * one if one else None
+        c["ratio_to_linear"] = c["capacity_per_s"] / c["linear_per_s"] if one else None
+        c["ratio_to_profile"] = c["capacity_per_s"] / c["profile_capacity_per_s"]
+        scale.append(c)
     p90 = float(np.percentile(samples, 90))
     return {"service_ms_mean": mean * 1e3, "service_ms_p90": p90 * 1e3,
             "samples": len(samples), "check": check, "scale": scale}  # fmt: skip
@@ -357,7 +383,7 @@ def run(o: BenchScaleoutOptions) -> dict:
 
     torch.set_num_threads(1)
     policy = Policy.load(o.policy, "float32")
-    cells = len(items(o.workers, int)) * len(items(o.robots, int))
+    cells = len(items(o.workers, int)) * len(items(o.robots, int)) * o.repeats
     bar = tqdm(total=cells, desc="scaleout", leave=False)
 
     def progress(row):
@@ -366,11 +392,12 @@ def run(o: BenchScaleoutOptions) -> dict:
 
     parts = set(items(o.parts))
     rows, samples = [], []
-    for w in items(o.workers, int) if "cells" in parts else []:
-        got, s = _cells(o, policy, w, progress)
-        rows += got
-        if w == min(items(o.workers, int)):
-            samples = s
+    for k in range(o.repeats if "cells" in parts else 0):
+        for w in items(o.workers, int):
+            got, s = _cells(o, policy, w, progress, k)
+            rows += got
+            if w == min(items(o.workers, int)):
+                samples += s
     bar.close()
     result = {
         "benchmark": "scaleout",
@@ -393,37 +420,47 @@ def run(o: BenchScaleoutOptions) -> dict:
     return result
 
 
-SLO_FLOOR = 0.9  # "at the same SLO share": capacity = the most served/s at >= 90% in time
+SLO_FLOOR = 0.9  # "at the same SLO share": capacity = served/s where the share falls to 90%
+# Student's t, 97.5% quantile by degrees of freedom (a few rounds: the normal's 1.96 is too tight)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+
+
+def capacity_at(rows: list[dict], floor: float = SLO_FLOOR) -> float | None:
+    """Requests served in time per second where the SLO share crosses ``floor`` as robots are
+    added, interpolated linearly between the two cells around the crossing (robot counts in
+    order); None if the share never falls below the floor (the load never saturated)."""
+    rows = sorted(rows, key=lambda r: r["robots"])
+    for a, b in zip(rows, rows[1:], strict=False):
+        if a["slo_share"] >= floor > b["slo_share"]:
+            f = (a["slo_share"] - floor) / (a["slo_share"] - b["slo_share"])
+            return a["served_per_s"] + f * (b["served_per_s"] - a["served_per_s"])
+    if rows and rows[0]["slo_share"] < floor:
+        return rows[0]["served_per_s"]
+    return None
 
 
 def _ratios(rows: list[dict]) -> dict:
-    """Served requests/s of the largest worker count over the smallest: per robot count, at
-    the peak, and as capacity at an SLO share of at least ``SLO_FLOOR``."""
+    """Capacity at the SLO floor of the largest worker count over the smallest's, per round
+    (rounds run back to back, so each ratio is paired), with a t interval over rounds."""
     ws = sorted({r["workers"] for r in rows})
     if len(ws) < 2:
         return {}
-    by = {(r["workers"], r["robots"]): r for r in rows}
     lo, hi = ws[0], ws[-1]
-    out = {}
-    for (w, n), r in by.items():
-        if w == hi and (lo, n) in by and by[(lo, n)]["served_per_s"] > 0:
-            out[str(n)] = r["served_per_s"] / by[(lo, n)]["served_per_s"]
-
-    def capacity(w: int) -> float:
-        ok = [r["served_per_s"] for r in rows if r["workers"] == w and r["slo_share"] >= SLO_FLOOR]
-        return max(ok, default=0.0)
-
-    def peak(w: int) -> float:
-        return max(r["served_per_s"] for r in rows if r["workers"] == w)
-
-    return {
-        "workers": [lo, hi],
-        "served_ratio_by_robots": out,
-        "peak_ratio": peak(hi) / peak(lo),
-        "capacity_at_slo": {str(w): capacity(w) for w in ws},
-        "slo_floor": SLO_FLOOR,
-        "capacity_ratio": capacity(hi) / capacity(lo) if capacity(lo) else None,
-    }
+    rounds = sorted({r["round"] for r in rows})
+    per = []
+    for k in rounds:
+        caps = {w: capacity_at([r for r in rows if r["round"] == k and r["workers"] == w])
+                for w in (lo, hi)}  # fmt: skip
+        per.append({"round": k, "capacity": {str(w): c for w, c in caps.items()},
+                    "ratio": caps[hi] / caps[lo] if caps[lo] and caps[hi] else None})  # fmt: skip
+    ratios = [p["ratio"] for p in per if p["ratio"] is not None]
+    out = {"workers": [lo, hi], "slo_floor": SLO_FLOOR, "rounds": per,
+           "ratio_mean": statistics.fmean(ratios) if ratios else None}  # fmt: skip
+    if len(ratios) > 1:
+        t = T975.get(len(ratios) - 1, 1.96)
+        half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
+        out["ratio_ci95"] = [out["ratio_mean"] - half, out["ratio_mean"] + half]
+    return out
 
 
 def _machine() -> str:
@@ -476,17 +513,22 @@ def show(r: dict) -> None:
               f"{c['lost']:>4}")  # fmt: skip
     if r["ratio"]:
         lo, hi = r["ratio"]["workers"]
-        per = ", ".join(
-            f"{n} robots {x:.2f}x" for n, x in r["ratio"]["served_ratio_by_robots"].items()
-        )
-        print(f"  {hi} vs {lo} workers, served/s: peak {r['ratio']['peak_ratio']:.2f}x ({per})")
-        cap = r["ratio"]["capacity_at_slo"]
-        print(f"  capacity at SLO share >= {r['ratio']['slo_floor']:.0%}: "
-              + ", ".join(f"{w} worker(s) {c:.2f}/s" for w, c in cap.items())
-              + f"; ratio {r['ratio']['capacity_ratio'] or float('nan'):.2f}x")  # fmt: skip
+        floor = r["ratio"]["slo_floor"]
+        for p in r["ratio"]["rounds"]:
+            caps = ", ".join(f"{w} worker(s) {c:.2f}/s" if c else f"{w} worker(s) unsaturated"
+                             for w, c in p["capacity"].items())  # fmt: skip
+            ratio = f"{p['ratio']:.2f}x" if p["ratio"] else "-"
+            print(f"  round {p['round']}: capacity at SLO share {floor:.0%}: {caps}; "
+                  f"{hi} vs {lo}: {ratio}")  # fmt: skip
+        if r["ratio"].get("ratio_mean"):
+            ci = r["ratio"].get("ratio_ci95")
+            ci = f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
+            print(f"  {hi} vs {lo} workers at SLO share {floor:.0%}: "
+                  f"{r['ratio']['ratio_mean']:.2f}x{ci}")  # fmt: skip
     if "kill" in r:
         k = r["kill"]
-        print(f"  kill: worker 0 SIGKILLed at {k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
+        print(f"  kill: a worker holding {k['killed_in_flight']} request(s) SIGKILLed at "
+              f"{k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
               f"{k['robots']} robots: lost {k['lost_requests']}, answered late "
               f"{k['answered_late']}, first success after the kill "
               f"{k['first_ok_after_kill_s'] or float('nan'):.3f} s, longest gap "
@@ -502,12 +544,16 @@ def show(r: dict) -> None:
         p = r["projection"]
         print(f"  projection (service {p['service_ms_mean']:.1f} ms mean, n={p['samples']}):")
         for c in p["check"]:
-            print(f"    check {c['workers']}w {c['robots']}r: measured {c['measured_per_s']:.2f}/s "
-                  f"vs simulated {c['simulated_per_s']:.2f}/s")  # fmt: skip
-        for s in p["scale"]:
-            print(f"    {s['workers']} workers, {s['robots']} robots: {s['served_per_s']:.2f}/s, "
-                  f"profile capacity {s['profile_capacity_per_s']:.2f}/s "
-                  f"({s['ratio_to_profile']:.2f}x)")  # fmt: skip
+            print(f"    check round {c['round']} {c['workers']}w {c['robots']}r: measured "
+                  f"{c['measured_per_s']:.2f}/s vs simulated "
+                  f"{c['simulated_per_s']:.2f}/s")  # fmt: skip
+        for c in p["scale"]:
+            lin = f"{c['linear_per_s']:.2f}/s" if c["linear_per_s"] else "-"
+            rl = f"{c['ratio_to_linear']:.2f}x" if c["ratio_to_linear"] else "-"
+            print(f"    {c['workers']} workers: capacity at the SLO floor "
+                  f"{c['capacity_per_s'] or float('nan'):.2f}/s; linear from one worker {lin} "
+                  f"({rl}); workers / mean service {c['profile_capacity_per_s']:.2f}/s "
+                  f"({c['ratio_to_profile']:.2f}x)")  # fmt: skip
 
 
 OPTIONS = {"bench-scaleout": BenchScaleoutOptions}
