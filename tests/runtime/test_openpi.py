@@ -137,6 +137,42 @@ def test_clients_are_served_concurrently(server):
     assert time.perf_counter() - t0 < 120
 
 
+def test_clients_requests_are_batched_through_the_edge_queues():
+    """Three real clients sending at once, a generous batch window: their requests run as one
+    batch per stage in the in-process edge's queues, and each still gets the actions its own
+    observation gives alone (batched fp32 matmuls may differ in the last bits)."""
+    policy = Policy.load("tiny-oft")
+    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0,
+                                    max_batch=4, batch_window_s=0.3)  # fmt: skip
+    stop = srv.start_in_thread(30)
+    rng = np.random.default_rng(0)
+    frames = [{"image": rng.integers(0, 255, (128, 128, 3), dtype=np.uint8),
+               "prompt": "open the drawer"} for _ in range(3)]  # fmt: skip
+    alone = [policy.predict(f["image"], f["prompt"]) for f in frames]
+    got: dict[int, np.ndarray] = {}
+    clients = [WebsocketClientPolicy("127.0.0.1", srv.port) for _ in frames]
+    go = threading.Barrier(3)
+
+    def one(k: int) -> None:
+        go.wait()
+        got[k] = clients[k].infer(frames[k])["actions"]
+
+    try:
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        batches = [b for r in srv.edge.recent for b in r["batch"].values()]
+    finally:
+        stop()
+    assert sorted(got) == [0, 1, 2]
+    for k in range(3):
+        np.testing.assert_allclose(got[k], alone[k], atol=1e-4)
+    assert max(batches) >= 2, batches  # they shared stage batches
+    assert srv.edge.stats["replies"] >= 3 and srv.edge.stats["errors"] == 0
+
+
 def test_serve_policy_command_end_to_end(tmp_path):
     """`vlarun serve-policy` as its own process: endpoint line, an authenticated client's
     request, a clean exit on SIGTERM with its statistics; no key file and no --insecure is

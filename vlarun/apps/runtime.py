@@ -403,12 +403,16 @@ class ServePolicyOptions:
     api_key_file: str | None = opt(None, "file holding the API key clients must send")
     insecure: bool = opt(False, "accept clients without an API key (warns at start)")
     max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
+    max_batch: int = opt(8, "largest batch of one stage across clients")
+    batch_window_ms: float = opt(2.0, "longest wait for other clients' requests to batch with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
     def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.batch_window_ms < 0:
+            raise ValueError("--max-batch must be >= 1 and --batch-window-ms >= 0")
         if self.api_key_file is None and not self.insecure:
             raise ValueError("pass --api-key-file FILE (or --insecure to accept any client)")
         if self.max_frame_mb <= 0:
@@ -433,7 +437,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     policy = Policy.load(o.policy, o.dtype, o.device)
     _warm_up(policy)
     server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
-                                api_key=key, max_frame=int(o.max_frame_mb * 2**20))  # fmt: skip
+                                api_key=key, max_frame=int(o.max_frame_mb * 2**20),
+                                max_batch=o.max_batch,
+                                batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 

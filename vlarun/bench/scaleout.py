@@ -476,6 +476,8 @@ def _machine() -> str:
 
 
 def plot(r: dict, path: str) -> None:
+    """Served/s and SLO share against robots per worker count: the mean over rounds, with the
+    rounds' range shaded; the capacity at the SLO floor marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -483,18 +485,24 @@ def plot(r: dict, path: str) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for w in sorted({c["workers"] for c in r["cells"]}):
-        cs = [c for c in r["cells"] if c["workers"] == w]
-        xs = [c["robots"] for c in cs]
-        a.plot(xs, [c["served_per_s"] for c in cs], "o-", label=f"{w} worker(s)")
-        b.plot(xs, [c["slo_share"] for c in cs], "o-", label=f"{w} worker(s)")
-    a.set_xlabel("robots")
-    a.set_ylabel("requests served within deadline / s")
+        xs = sorted({c["robots"] for c in r["cells"] if c["workers"] == w})
+        for ax, key in ((a, "served_per_s"), (b, "slo_share")):
+            vals = [[c[key] for c in r["cells"] if c["workers"] == w and c["robots"] == n]
+                    for n in xs]  # fmt: skip
+            line = ax.plot(xs, [np.mean(v) for v in vals], "o-", label=f"{w} worker(s)")[0]
+            ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals],
+                            color=line.get_color(), alpha=0.2)  # fmt: skip
+    floor = r.get("ratio", {}).get("slo_floor")
+    if floor:
+        b.axhline(floor, color="grey", ls="--", lw=1)
+    a.set_xlabel(f"robots (one request per {r['period_ms']:.0f} ms each)")
+    a.set_ylabel("requests answered within the deadline / s")
     b.set_xlabel("robots")
-    b.set_ylabel("SLO share")
-    a.set_xscale("log", base=2)
-    b.set_xscale("log", base=2)
+    b.set_ylabel(f"SLO share (answered within {r['slo_ms']:.0f} ms)")
     a.legend()
-    a.set_title(f"{r['policy']}, deadline {r['slo_ms']:.0f} ms, period {r['period_ms']:.0f} ms")
+    ratio = r.get("ratio", {}).get("ratio_mean")
+    title = f"{r['policy']}: 2 vs 1 workers at the SLO floor {ratio:.2f}x" if ratio else r["policy"]
+    a.set_title(title, fontsize=10)
     b.set_title(r["machine"], fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -13,8 +13,11 @@ Where vlarun differs, on purpose:
   * frames are limited (``max_frame`` bytes, 16 MiB by default) and every array's declared
     dtype and shape are checked against its byte length before anything is built; object,
     void and complex dtypes are refused (openpi's decoder refuses them too);
-  * inference runs on a worker thread, off the event loop, so a slow request never stalls the
-    handshakes, health checks and frame parsing of other clients (openpi issue #717).
+  * inference runs off the event loop, so a slow request never stalls the handshakes, health
+    checks and frame parsing of other clients (openpi issue #717): each request goes into the
+    per-stage queues of an in-process edge server (``EdgeServer.submit``), the same queues,
+    batching and worker robots' requests use, so requests of several clients that arrive
+    together run as one batch per stage (same instruction length; ``max_batch`` at most).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,9 +165,14 @@ class OpenpiPolicyServer:
         api_key: str | None = None,
         max_frame: int = MAX_FRAME,
         metadata: dict | None = None,
+        max_batch: int = 8,
+        batch_window_s: float = 0.002,
     ) -> None:
         if max_frame < 1024:
             raise ValueError(f"max_frame must be >= 1024 bytes, got {max_frame}")
+        from vlarun.runtime.server import EdgeServer, ServerConfig
+        from vlarun.runtime.transport import Security
+
         self.policy, self.layout = policy, layout
         self.host, self.port = host, port
         self._expected = None if api_key is None else f"Api-Key {api_key}".encode()
@@ -174,7 +182,13 @@ class OpenpiPolicyServer:
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
             "action_horizon": cfg.horizon, "action_dim": cfg.action_dim,
         }  # fmt: skip
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="vlarun-infer")  # one model
+        # The model runs on the edge's worker thread; these threads only prepare a request and
+        # wait for it, so several clients' requests can be queued (and batched) at once.
+        cfg_edge = ServerConfig(f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s,
+                                admission=False)  # fmt: skip
+        self.edge = EdgeServer(policy, Security(insecure=True), cfg_edge)  # no network socket
+        self.edge.warmup()
+        self._pool = ThreadPoolExecutor(2 * max_batch, thread_name_prefix="vlarun-infer")
         self.requests = 0
         self.server_ms: list[float] = []  # per request: server time minus model time
         self._server = None
@@ -189,18 +203,28 @@ class OpenpiPolicyServer:
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "bad or missing API key\n")
         return None
 
-    def _infer(self, frame: bytes) -> tuple[dict, float]:
+    def _infer(self, frame: bytes, client: bytes) -> tuple[dict, float]:
+        """One request: decode, map the layout, queue it on the edge, wait. The model time
+        is the compute of the stage batches it ran in (each batch's whole time: it waited
+        for all of it)."""
         obs = unpackb(frame)
         images, state, prompt = self.layout.inputs(obs, self.policy.model.cfg.num_images)
-        t0 = time.perf_counter()
-        actions = self.policy.predict(images, prompt, state=state)
-        model_ms = (time.perf_counter() - t0) * 1e3
+        packet, _ = self.policy.inputs(images, prompt, state)
+        box: Future = Future()
+        self.edge.submit(packet.tensors, ("actions",), 3600.0, client,
+                         lambda out, err, timings: box.set_result((out, err, timings)))  # fmt: skip
+        out, err, timings = box.result()
+        if err is not None:
+            raise RuntimeError(err)
+        model_ms = 1e3 * sum(t["compute_s"] for t in timings)
+        actions = self.policy.unnormalize(out["actions"][0])
         return {"actions": np.asarray(actions, dtype=np.float32)}, model_ms
 
     async def _handle(self, ws) -> None:
         from websockets.exceptions import ConnectionClosed
 
         loop = asyncio.get_running_loop()
+        client = f"openpi-{id(ws)}".encode()  # one "robot" per connection (batching, dashboard)
         await ws.send(packb(self.metadata))
         prev_total_ms = None
         while True:
@@ -212,7 +236,7 @@ class OpenpiPolicyServer:
             try:
                 if not isinstance(frame, bytes):
                     raise ValueError("requests must be binary msgpack frames")
-                reply, model_ms = await loop.run_in_executor(self._pool, self._infer, frame)
+                reply, model_ms = await loop.run_in_executor(self._pool, self._infer, frame, client)
             except Exception as e:  # noqa: BLE001 - every failure becomes openpi's error reply
                 await ws.send(f"vlarun: {type(e).__name__}: {e}")
                 await ws.close(1011, "inference error")
@@ -264,6 +288,7 @@ class OpenpiPolicyServer:
 
         options = dict(compression=None, max_size=self.max_frame,
                        process_request=self._process_request)  # fmt: skip
+        self.edge.start()
         async with serve(self._handle, self.host, self.port, **options) as srv:
             self._server = srv
             self.port = srv.sockets[0].getsockname()[1]  # the real one when port 0 was asked
@@ -271,3 +296,4 @@ class OpenpiPolicyServer:
                 ready.set()
             await (stop.wait() if stop is not None else asyncio.Future())
         self._pool.shutdown(wait=False)
+        self.edge.stop()

@@ -42,6 +42,7 @@ class Job:
     setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
     origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
     route: object | None = field(default=None, repr=False)  # a front's Route (server.py)
+    done: Callable | None = field(default=None, repr=False)  # an in-process request's callback
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)

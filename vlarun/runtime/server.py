@@ -25,6 +25,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -149,6 +150,7 @@ class EdgeServer:
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
+        self._lock = threading.Lock()  # _seen and the request count: socket and submit()
         # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
         self._streams: OrderedDict[tuple, tuple] = OrderedDict()
         # The last replies and refusals, for the dashboard (appends are thread-safe; bounded).
@@ -260,11 +262,13 @@ class EdgeServer:
         if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
             raise PacketError(f"edge overloaded: {queued} requests queued")
         origin = to[0] if route is None else route.robot
-        if len(self._seen) > 1024:  # forget robots long gone (only this thread writes it)
-            self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-        self._seen[origin] = now  # a robot whose request is refused is still connected
+        with self._lock:  # (in-process submissions write it too)
+            if len(self._seen) > 1024:  # forget robots long gone
+                self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
+            self._seen[origin] = now  # a robot whose request is refused is still connected
         job = self._job(to, origin, header, body[1:], now, route)
-        self.stats["requests"] += 1
+        with self._lock:
+            self.stats["requests"] += 1
         self.queues.put(job)
 
     def _job(
@@ -288,6 +292,30 @@ class EdgeServer:
             job.fresh = req.fresh
             job.setting = str(req.setting)
         return job
+
+    def submit(
+        self,
+        tensors: dict[str, torch.Tensor],
+        want: tuple[str, ...],
+        budget_s: float,
+        origin: bytes,
+        done: Callable[[dict | None, str | None, list[dict]], None],
+    ) -> None:
+        """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
+        same queues, batching and worker as robots' requests over the socket.
+        ``done(outputs, error, timings)`` is called on the worker thread; no admission (a
+        whole-policy client has no local fallback, so its request waits its turn)."""
+        names = self.schema.names
+        missing = {s.name for s in self.graph.graph_inputs} - set(tensors)
+        if missing:
+            raise ValueError(f"submit needs the graph inputs {sorted(missing)}")
+        now = time.monotonic()
+        job = Job(b"", 0, names, want, dict(tensors), now, now + budget_s, origin=origin)
+        job.done = done
+        with self._lock:
+            self._seen[origin] = now
+            self.stats["requests"] += 1
+        self.queues.put(job)
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
@@ -378,9 +406,7 @@ class EdgeServer:
             if now > job.deadline:  # the robot has already run this locally; save the edge
                 self.stats["expired"] += 1
                 self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
-                push.send_multipart(
-                    [*job.address(), *wire.error(job.rid, "deadline passed on the edge")]
-                )
+                self._answer(push, job, "deadline passed on the edge")
             else:
                 live.append(job)
         if not live:
@@ -399,8 +425,7 @@ class EdgeServer:
                     self._run_batch([job], push)
                 return
             self.stats["errors"] += 1
-            failed = wire.error(live[0].rid, f"stage failed: {e}")
-            push.send_multipart([*live[0].address(), *failed])
+            self._answer(push, live[0], f"stage failed: {e}")
             return
         self._busy_until = 0.0
         self.queues.observe(stage.name, seconds, len(live))
@@ -417,7 +442,7 @@ class EdgeServer:
             if job.pos < len(job.stages):
                 self.queues.put(job)
             else:
-                push.send_multipart([*job.address(with_timings=True), *self._reply(job)])
+                self._answer(push, job)
 
     def _execute(self, stage, jobs: list[Job]) -> float:
         """Run one stage on the jobs' inputs concatenated along each tensor's batch axis."""
@@ -437,7 +462,20 @@ class EdgeServer:
                 job.pool[name] = part
         return seconds
 
-    def _reply(self, job: Job) -> list[bytes]:
+    def _answer(self, push: zmq.Socket, job: Job, error: str | None = None) -> None:
+        """Hand a finished (or failed) request back: over the socket, or to the callback of
+        an in-process request (``submit``)."""
+        if error is None:
+            self._record(job)
+        if job.done is not None:
+            out = None if error else {n: job.pool[n] for n in job.want}
+            job.done(out, error, job.timings)
+        elif error is not None:
+            push.send_multipart([*job.address(), *wire.error(job.rid, error)])
+        else:
+            push.send_multipart([*job.address(with_timings=True), *self._reply(job)])
+
+    def _record(self, job: Job) -> None:
         self.stats["replies"] += 1
         now = time.monotonic()
         compute_s = sum(t["compute_s"] / t["batch"] for t in job.timings)  # this request's share
@@ -452,6 +490,8 @@ class EdgeServer:
             "compute_s": compute_s,
             "batch": {t["stage"]: t["batch"] for t in job.timings},
         })  # fmt: skip
+
+    def _reply(self, job: Job) -> list[bytes]:
         packet = Packet({n: job.pool[n] for n in job.want})
         meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival}
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
