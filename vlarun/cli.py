@@ -48,6 +48,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
     "scaleout": ("vlarun.bench.scaleout", "robots against 1 and 2 Ray edge workers, a kill"),
+    "gpu-check": ("vlarun.bench.gpucheck", "one-call GPU check: parity, engine, policies, JSON"),
 }
 
 

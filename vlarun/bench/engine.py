@@ -120,20 +120,26 @@ def _skip_init() -> Iterator[None]:
         yield
 
 
-def build_pair(cfg: LlamaConfig, dtype: torch.dtype, seed: int = SEED) -> tuple[object, LlamaLM]:
+def build_pair(
+    cfg: LlamaConfig, dtype: torch.dtype, seed: int = SEED, device: torch.device | str = "cpu"
+) -> tuple[object, LlamaLM]:
     """An HF ``LlamaForCausalLM`` and a vlarun ``LlamaLM`` that share the very same weight
-    tensors (random, std 0.02 like HF's init), both cast with ``.to(dtype)``."""
+    tensors (random, std 0.02 like HF's init), both cast with ``.to(dtype)``, allocated and
+    filled on ``device`` (a 7B pair would take minutes to fill on a CPU and then to copy)."""
     import transformers
 
     hf_dict = {k: v for k, v in cfg.to_hf().items() if k not in ("model_type", "architectures")}
     config = transformers.LlamaConfig(**hf_dict)
     config._attn_implementation = "sdpa"  # HF's default and its fastest CPU attention
-    with _skip_init():
+    place = torch.device(device)
+    # The CPU path stays exactly as it was (no device mode); elsewhere tensors are made there.
+    on_device = contextlib.nullcontext() if place.type == "cpu" else place
+    with _skip_init(), on_device:
         hf = transformers.LlamaForCausalLM(config).eval()
         ours = LlamaLM(cfg).eval()
-    hf.to(dtype)  # cast the (uninitialised) storage first: filling bf16 is half the traffic
+    hf.to(place, dtype)  # cast the (uninitialised) storage first: filling bf16 is half the traffic
     _restore_fp32_rope(hf)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(place).manual_seed(seed)
     # Uniform with std 0.02 (uniform_ is ~2x faster than normal_ here), except q/k: with std 0.02
     # a random model's attention is nearly uniform, so positions barely matter and a RoPE or
     # mask bug would hide under bf16 noise in ``greedy_check``. q/k std 1.2/sqrt(d) gives
@@ -151,7 +157,7 @@ def build_pair(cfg: LlamaConfig, dtype: torch.dtype, seed: int = SEED) -> tuple[
     # assign=True shares HF's tensors instead of copying: identical weights by construction
     # and half the memory (the fp32 1B pair would otherwise need ~9 GB).
     ours.load_state_dict(hf.state_dict(), assign=True)
-    ours.to(dtype)  # casts vlarun's remaining buffers (RoPE tables) exactly as a user would
+    ours.to(place, dtype)  # casts vlarun's remaining buffers (RoPE tables) exactly as a user would
     ours.prepack()  # vlarun's CPU inference path: weights packed once for oneDNN
     return hf, ours
 
@@ -170,9 +176,10 @@ def _restore_fp32_rope(hf) -> None:
         if getattr(module, "rope_type", "default") != "default":
             continue  # the benchmark shapes use default RoPE; leave anything else as HF made it
         inv_freq, _ = init(hf.config)
-        module.inv_freq = inv_freq.float()
+        inv_freq = inv_freq.float().to(module.inv_freq.device)  # made on the CPU
+        module.inv_freq = inv_freq
         if hasattr(module, "original_inv_freq"):
-            module.original_inv_freq = inv_freq.float().clone()
+            module.original_inv_freq = inv_freq.clone()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,14 +207,15 @@ class VlarunRunner(_Runner):
         self.model = model
         # Preallocated cache is the design: creating it is not part of any forward.
         self.cache = model.new_cache(1, CACHE_LEN)
-        self.positions = [torch.tensor([prompt_len + i]) for i in range(n_decode)]
+        device = model.model.embed_tokens.weight.device
+        self.positions = [torch.tensor([prompt_len + i], device=device) for i in range(n_decode)]
 
     def reset(self) -> None:
         self.cache.reset()
 
     def prefill(self, ids: Tensor) -> Tensor:
         m = self.model
-        out = m(m.embed(ids), torch.arange(ids.shape[1]), self.cache)
+        out = m(m.embed(ids), torch.arange(ids.shape[1], device=ids.device), self.cache)
         return m.logits(out.hidden[:, -1:]).argmax(-1)
 
     def step(self, tok: Tensor, i: int) -> Tensor:
@@ -349,11 +357,11 @@ def greedy_check(hf, ours: LlamaLM, ids: Tensor, n_decode: int, dtype_name: str)
     Call it last: in bf16 it casts ``hf`` to fp32 in place."""
     t = ids.shape[1]
     cache = ours.new_cache(1, CACHE_LEN)
-    out = ours(ours.embed(ids), torch.arange(t), cache)
+    out = ours(ours.embed(ids), torch.arange(t, device=ids.device), cache)
     logits = [ours.logits(out.hidden[:, -1:])]
     toks = [logits[-1].argmax(-1)]
     for i in range(n_decode):
-        out = ours(ours.embed(toks[-1]), torch.tensor([t + i]), cache)
+        out = ours(ours.embed(toks[-1]), torch.tensor([t + i], device=ids.device), cache)
         logits.append(ours.logits(out.hidden))
         toks.append(logits[-1].argmax(-1))
     got = torch.cat(logits, dim=1)[0].float()  # (n+1, V)
