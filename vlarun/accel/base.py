@@ -43,7 +43,7 @@ def top_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
     if allowed is not None:
         s[~allowed] = float("-inf")
         k = min(k, int(allowed.sum()))
-    mask = torch.zeros(s.shape, dtype=torch.bool)
+    mask = torch.zeros(s.shape, dtype=torch.bool, device=s.device)
     if k > 0:
         order = torch.sort(s, descending=True, stable=True).indices  # stable: ties by index
         mask[order[:k]] = True

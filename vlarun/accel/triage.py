@@ -181,10 +181,10 @@ class Triage:
         self.state = _Episode(
             query=1,
             reference=pre.cache.v[self.cfg.layer][:, :, vis].clone(),
-            last_recompute=torch.zeros(b, nv, dtype=torch.long),
-            has_cache=torch.ones(b, nv, dtype=torch.bool),
+            last_recompute=torch.zeros(b, nv, dtype=torch.long, device=deep.device),
+            has_cache=torch.ones(b, nv, dtype=torch.bool, device=deep.device),
             # Everything was just computed with full context: nothing is "new" next query.
-            important=torch.ones(b, nv, dtype=torch.bool),
+            important=torch.ones(b, nv, dtype=torch.bool, device=deep.device),
             memory=deep / deep.sum(dim=1, keepdim=True).clamp_min(1e-12),
             memory_feats=torch.nn.functional.normalize(step.visual.float(), dim=-1),
         )

@@ -182,6 +182,7 @@ class RobotAgent:
         self._last_setting: tuple | None = None
         self._scheds: dict[int, object] = {}
         self._factors: dict[int, dict] = {}
+        self._schedule: tuple[float, list] = (0.0, [])  # (when, the edge's schedule then)
         self.client = self.monitor = None
         if edge is not None:
             sec = sec or Security(insecure=True)
@@ -255,9 +256,20 @@ class RobotAgent:
         from vlarun.runtime.planning import decide
 
         sched = self.scheduler(text_tokens)
-        d = decide(sched, self.link, self.monitor.health if self.monitor else {})
+        health = self.monitor.health if self.monitor else {}
+        schedule, age = self._edge_schedule(health)
+        d = decide(sched, self.link, health, schedule, age)
         setting = AccelSetting.from_knobs(d.settings, self.cfg.setting.token_method)
         return dict(d.placement), d, setting
+
+    def _edge_schedule(self, health: dict) -> tuple[list | None, float]:
+        """The edge's committed schedule (other robots' reservations included) and its age:
+        from the last reply, or the monitor's last health reply when that is fresher."""
+        now = time.monotonic()
+        at, schedule = self._schedule
+        if self.monitor is not None and self.monitor.health_at > at and "schedule" in health:
+            at, schedule = self.monitor.health_at, health["schedule"]
+        return (schedule, now - at) if at else (None, 0.0)
 
     # -- one inference ------------------------------------------------------------------------
 
@@ -409,6 +421,7 @@ class RobotAgent:
         t0 = time.perf_counter()
         # The edge's deadline is when this robot stops waiting: later work would be wasted.
         rep = self.client.run(seg.stages, packet, want, timeout, timeout, meta, self.cfg.codec)
+        self._schedule = (time.monotonic(), rep.schedule)
         old = self.remote_s.get(seg.stages)
         wall = time.perf_counter() - t0
         self.remote_s[seg.stages] = wall if old is None else 0.7 * old + 0.3 * wall

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import zmq
@@ -40,6 +40,7 @@ class Reply:
     wall_s: float
     sent_bytes: int
     recv_bytes: int
+    schedule: list = field(default_factory=list)  # the edge's committed schedule at the reply
 
 
 _ids = itertools.count(1)
@@ -141,6 +142,7 @@ class EdgeClient:
             wall,
             sent,
             recv,
+            reply.meta.get("schedule", []) if isinstance(reply.meta.get("schedule"), list) else [],
         )
 
 

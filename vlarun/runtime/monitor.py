@@ -35,6 +35,7 @@ class LinkMonitor:
         self.up = threading.Event()
         self.lock = threading.Lock()
         self.health: dict = {}
+        self.health_at = 0.0  # monotonic time the last health reply came
         self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
         # A robot that runs everything locally sends nothing, so its bandwidth estimate would
         # stay at the last bad value forever; idle links are probed to notice a recovery.
@@ -92,6 +93,7 @@ class LinkMonitor:
                 else:
                     with self.lock:
                         self.health = health
+                        self.health_at = time.monotonic()
                         self.rtts.append(rtt)
                     if not was_up:
                         self.reconnects += 1

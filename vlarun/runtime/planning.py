@@ -7,13 +7,17 @@ agent then executes on both sides (``AccelSetting.hooks``), so a plan never prom
 that does not run. Its accuracy cost is whatever the user accepted by choosing it: it is
 priced (analytic FLOPs), not measured, and the space's notes say so.
 
-The edge's view comes from its health reply: per-stage queue depth times its measured stage
-time becomes the predictor's queued work. Each robot keeps its own scheduler, so the edge's
-reservations of other robots are seen only through that queue (the fleet-wide reservation
-table is the simulator's, ``vlarun fleet``).
+The edge's view is its committed schedule (``EdgeServer.schedule``: the batch running now and
+every queued request's stages, whose robot, when, how long, due when), which comes with every
+reply and health answer: each slot that will still run and is due no later than this request
+(EDF serves those first) becomes a reservation the predictor places the request's edge stages
+after (``edge_state``). Without one (an older edge), per-stage queue depth times the measured
+stage time is the queued work.
 """
 
 from __future__ import annotations
+
+import math
 
 from vlarun.sched.catalog import get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
@@ -21,7 +25,7 @@ from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space, load_settings
-from vlarun.sched.predictor import DeviceState
+from vlarun.sched.predictor import DeviceState, Reservation
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -92,12 +96,32 @@ def prime(
     sched.prime(convert(robot_s, factors["robot"]), convert(edge_s, factors["edge"]))
 
 
-def decide(sched: Scheduler, link: Link, health: dict) -> ExecutionPlan:
-    """The scheduler's decision for a request made now, given the edge's last health reply."""
+def edge_state(
+    health: dict, schedule: list | None = None, age_s: float = 0.0, slo_s: float = math.inf
+) -> DeviceState:
+    """The edge's load for a request made now, due in ``slo_s``: the edge's committed schedule
+    (``age_s`` old) as reservations, or else its queue depth x measured stage times."""
+    if schedule:
+        res = []
+        for slot in schedule:
+            start, end = slot["start_ms"] * 1e-3 - age_s, slot["end_ms"] * 1e-3 - age_s
+            due = slot["deadline_ms"] * 1e-3 - age_s
+            if end <= 0 or (start > 0 and due > slo_s):
+                continue  # done by now, or not started and served after this request (EDF)
+            res.append(Reservation("edge", slot["stage"], max(start, 0.0), end))
+        return DeviceState(reservations=res)
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
-    queued = {s: n * stage_ms.get(s, 0.0) * 1e-3 for s, n in queue.items()}
-    return sched.decide(link, 0.0, DeviceState(queued_s=queued), top=0)
+    return DeviceState(queued_s={s: n * stage_ms.get(s, 0.0) * 1e-3 for s, n in queue.items()})
+
+
+def decide(
+    sched: Scheduler, link: Link, health: dict, schedule: list | None = None, age_s: float = 0.0
+) -> ExecutionPlan:
+    """The scheduler's decision for a request made now, given the edge's last health reply
+    and its committed schedule (``age_s`` old)."""
+    state = edge_state(health, schedule, age_s, sched.slo_s)
+    return sched.decide(link, 0.0, state, top=0)
 
 
 def outcome(inf, stage_s: dict[str, float], batch: dict[str, int], factors: dict) -> Outcome:

@@ -105,6 +105,12 @@ class StageQueues:
                 for name in job.stages[job.pos :]
             )
 
+    def ordered(self) -> list[Job]:
+        """Every queued request, in the order the worker will serve them (EDF)."""
+        with self.cond:
+            jobs = [j for q in self.queues.values() for j in q]
+        return sorted(jobs, key=lambda j: j.deadline)
+
     def fresh(self, stages: tuple[str, ...], within_s: float) -> bool:
         """Whether every stage's estimate was measured in the last ``within_s`` seconds."""
         now = time.monotonic()

@@ -450,7 +450,7 @@ class EdgeFront:
         """Send ``f`` to the worker predicted to finish it first; refuse it (raise on a first
         dispatch, answer at once on a re-dispatch) when none can finish before its deadline."""
         live = [w for w in self._w if w.up and w.index != exclude]
-        finish = {w.index: now + w.load_s() + w.work_s(f.stages) for w in live}
+        finish = {w.index: now + w.load_s() + self._work_s(w, live, f.stages) for w in live}
         order = sorted(live, key=lambda w: finish[w.index])
         sticky = self._affinity.get(f.stream) if f.stream is not None else None
         if sticky is not None and sticky in finish and finish[sticky] <= f.deadline:
@@ -471,6 +471,16 @@ class EdgeFront:
             raise Refused(why)
         self._send(f.identity, wire.error(f.rid, why))
         return False
+
+    def _work_s(self, w: _Worker, live: list[_Worker], stages) -> float:
+        """``w``'s predicted time for ``stages``. An estimate not refreshed for
+        ``admission_fresh_s`` counts as the best live worker's: a worker once measured slow
+        (a warm-up on a busy machine) still gets a request now and then, and is measured
+        again, instead of being passed over for good."""
+        own = w.work_s(stages)
+        if w.fresh(stages, self.cfg.admission_fresh_s):
+            return own
+        return min([own, *(x.work_s(stages) for x in live)])
 
     def _forward(self, w: _Worker, f: _Flight, now: float) -> bool:
         rid = next(self._rids)

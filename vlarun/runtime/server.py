@@ -147,6 +147,7 @@ class EdgeServer:
         self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
                       "streams": 0, "refused": 0, "compute_s": 0.0}  # fmt: skip
         self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
+        self._running: tuple = ()  # (stage, [robot ids], earliest deadline) of that batch
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
@@ -317,6 +318,29 @@ class EdgeServer:
             self.stats["requests"] += 1
         self.queues.put(job)
 
+    def schedule(self, limit: int = 64) -> list[dict]:
+        """The committed schedule, as admission sees it: the batch running now, then every
+        queued request's remaining stages in EDF order at their measured per-request times,
+        one after another (one worker). Times in ms from now; each entry names the robot, the
+        stage and the deadline it must meet. Robots plan against it (``planning.edge_state``)."""
+        now = time.monotonic()
+        out, cursor = [], now
+        busy, running = self._busy_until, self._running
+        if busy > now and running:
+            stage, robots, deadline = running
+            out.append(_slot(",".join(robots), stage, 0.0, busy - now, deadline - now))
+            cursor = busy
+        for job in self.queues.ordered():
+            for name in job.stages[job.pos :]:
+                seconds = self.queues.est_s.get(name, 0.0)
+                start = cursor - now
+                out.append(_slot(robot_id(job.origin), name, start, start + seconds,
+                                 job.deadline - now))  # fmt: skip
+                cursor += seconds
+                if len(out) >= limit:
+                    return out
+        return out
+
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
         finish in time."""
@@ -373,6 +397,7 @@ class EdgeServer:
             "max_batch": self.cfg.max_batch,
             "streams_kept": len(self._streams),
             "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
+            "schedule": self.schedule(),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             **self.stats,
@@ -413,6 +438,8 @@ class EdgeServer:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
         self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
+        self._running = (stage.name, [robot_id(j.origin) for j in live],
+                         min(j.deadline for j in live))  # fmt: skip
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
                 for part in job.fresh:
@@ -493,9 +520,15 @@ class EdgeServer:
 
     def _reply(self, job: Job) -> list[bytes]:
         packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival}
+        meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival,
+                "schedule": self.schedule()}  # fmt: skip
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
         return wire.encode(msg, wire.Codec(**job.reply_codec))
+
+
+def _slot(robot: str, stage: str, start_s: float, end_s: float, deadline_s: float) -> dict:
+    return {"robot": robot, "stage": stage, "start_ms": 1e3 * start_s, "end_ms": 1e3 * end_s,
+            "deadline_ms": 1e3 * deadline_s}  # fmt: skip
 
 
 def robot_id(identity: bytes) -> str:

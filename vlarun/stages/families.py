@@ -271,6 +271,8 @@ def run_head(
     if family == "parallel":
         return {"actions": model.parallel_head(pre)}
     if family == "diffusion":
+        if noise is not None:  # drawn in fp32 by the policy; the DiT runs in the model's dtype
+            noise = noise.to(pre.last_hidden.dtype)
         acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
         return {"actions": acts.float()}
     st = state  # (B, state_dim) or None
