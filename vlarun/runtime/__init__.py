@@ -6,7 +6,10 @@
 transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
 segments.py   a plan as alternating robot / edge segments; the edge's request schema
 queues.py     the edge's per-stage queues, EDF, batching within deadline slack
-server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + stage worker
+server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + stage worker;
+              the committed schedule (reservations) in every reply; in-process requests
+scaleout.py   `serve-edge --workers N | --ray-address`: the robot-facing front before Ray edge
+              workers (earliest-finish dispatch, refusal, re-dispatch on a worker's loss)
 client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
 monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
 planning.py   the scheduler contract: decide per request, calibrate, modelled energy
