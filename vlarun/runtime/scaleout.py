@@ -222,6 +222,7 @@ class _Flight:
     deadline: float
     stream: tuple | None
     worker: int = -1
+    predicted: float = 0.0  # when the front predicted the worker would answer (monotonic)
 
 
 @dataclass
@@ -239,6 +240,9 @@ class _Worker:
     est_at: dict[str, float] = field(default_factory=dict)
     flights: dict[int, _Flight] = field(default_factory=dict)  # front rid -> flight
     replies: int = 0
+    # How much later than predicted its answers come (EWMA, >= 0): what the stage times miss
+    # when the worker's machine gets busier (on a shared machine: a neighbour's restart).
+    lag_s: float = 0.0
 
     def work_s(self, stages) -> float:
         return sum(self.est_s.get(s, 0.0) for s in stages)
@@ -450,7 +454,9 @@ class EdgeFront:
         """Send ``f`` to the worker predicted to finish it first; refuse it (raise on a first
         dispatch, answer at once on a re-dispatch) when none can finish before its deadline."""
         live = [w for w in self._w if w.up and w.index != exclude]
-        finish = {w.index: now + w.load_s() + self._work_s(w, live, f.stages) for w in live}
+        finish = {
+            w.index: now + w.load_s() + self._work_s(w, live, f.stages) + w.lag_s for w in live
+        }
         order = sorted(live, key=lambda w: finish[w.index])
         sticky = self._affinity.get(f.stream) if f.stream is not None else None
         if sticky is not None and sticky in finish and finish[sticky] <= f.deadline:
@@ -458,6 +464,7 @@ class EdgeFront:
         for w in order:
             if finish[w.index] > f.deadline and w.fresh(f.stages, self.cfg.admission_fresh_s):
                 break  # the rest are later still
+            f.predicted = finish[w.index]
             if self._forward(w, f, now):
                 return True
         why = "no edge worker is up" if not live else (
@@ -514,6 +521,7 @@ class EdgeFront:
             now = time.monotonic()
             timings = echo.get("timings") or []
             w.observe(timings)
+            w.lag_s = 0.7 * w.lag_s + 0.3 * max(now - f.predicted, 0.0)
             w.replies += 1
             if timings:
                 self._record(w, f, timings, now)
@@ -644,7 +652,7 @@ class EdgeFront:
         workers = [
             {"worker": w.index, "up": w.up, "pid": w.pid, "endpoint": w.endpoint,
              "incarnation": w.incarnation, "in_flight": len(w.flights), "replies": w.replies,
-             "load_ms": 1e3 * w.load_s(),
+             "load_ms": 1e3 * w.load_s(), "lag_ms": 1e3 * w.lag_s,
              "stage_ms": {k: v * 1e3 for k, v in w.est_s.items()}}
             for w in self._w
         ]  # fmt: skip
