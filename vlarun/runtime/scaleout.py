@@ -252,6 +252,25 @@ class _Worker:
         whole, whatever part of it has run)."""
         return sum(self.work_s(f.stages) for f in list(self.flights.values()))
 
+    def schedule(self, limit: int = 64) -> list[dict]:
+        """This worker's committed schedule as the front sees it (the contract of
+        ``EdgeServer.schedule``): its requests in flight in EDF order, each stage at the
+        estimated per-request time, one after another from now (what has run of a request is
+        not known here, so each counts whole: conservative)."""
+        now = time.monotonic()
+        out, cursor = [], now
+        for f in sorted(list(self.flights.values()), key=lambda f: f.deadline):
+            for stage in f.stages:
+                seconds = self.est_s.get(stage, 0.0)
+                out.append({"robot": robot_id(f.identity), "stage": stage,
+                            "start_ms": 1e3 * (cursor - now),
+                            "end_ms": 1e3 * (cursor + seconds - now),
+                            "deadline_ms": 1e3 * (f.deadline - now)})  # fmt: skip
+                cursor += seconds
+                if len(out) >= limit:
+                    return out
+        return out
+
     def fresh(self, stages, within_s: float) -> bool:
         now = time.monotonic()
         return all(now - self.est_at.get(s, -1e9) <= within_s for s in stages)
@@ -639,9 +658,10 @@ class EdgeFront:
         return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
     def health(self) -> dict:
-        """One edge's health contract for the fleet: ``queue`` and ``stage_ms`` are those of
-        the worker a request sent now would go to (the least loaded live one), so a robot's
-        scheduler sees the capacity it would get; ``workers`` lists each one."""
+        """One edge's health contract for the fleet: ``queue``, ``stage_ms`` and ``schedule``
+        (the reservations a robot plans against) are those of the worker a request sent now
+        would go to (the least loaded live one), so a robot's scheduler sees the capacity it
+        would get; ``capacity`` counts live workers, ``workers`` lists each one."""
         live = [w for w in self._w if w.up]
         best = min(live, key=lambda w: w.load_s()) if live else None
         queue = {s: 0 for s in self.schema.names}
@@ -666,6 +686,7 @@ class EdgeFront:
             "stage_ms": {k: v * 1e3 for k, v in best.est_s.items()} if best else {},
             "max_batch": self.cfg.max_batch,
             "backlog_ms": 1e3 * best.load_s() if best else 0.0,
+            "schedule": best.schedule() if best else [],
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             "capacity": len(live),
