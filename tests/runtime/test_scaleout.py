@@ -99,7 +99,7 @@ def test_two_workers_serve_two_robots(fleet, policy):
     assert [k for k, _ in out] == ["result"] * 16
     r = ping(front.address, sec, count=2, timeout_s=5.0)
     h = r["health"]
-    assert h["capacity"] == 2 and len(h["workers"]) == 2
+    assert h["capacity"] == 2 and len(h["workers"]) == 2 and h["ray_auth"] == "token"
     assert all(w["replies"] > 0 for w in h["workers"]), h["workers"]  # both served
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
     assert h["schedule"] == []  # the same reservations contract as one edge (nothing in flight)

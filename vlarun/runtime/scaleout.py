@@ -172,6 +172,10 @@ class RayWorkers:
                      object_store_memory=100 << 20, **quiet)  # fmt: skip
         elif self.owned:
             ray.init(address=address, **quiet)
+        # Token authentication inside the cluster: Ray's default for local clusters since 2.59
+        # (it generates the token and sets RAY_AUTH_MODE itself; setting it first breaks a local
+        # start). Reported in health, so a cluster running open is visible.
+        self.auth_mode = os.environ.get("RAY_AUTH_MODE", "disabled")
         have = int(ray.cluster_resources().get(EDGE_RESOURCE, 0))
         count = count or have
         if have < count or count < 1:
@@ -691,5 +695,6 @@ class EdgeFront:
             "uptime_s": time.monotonic() - self.started,
             "capacity": len(live),
             "workers": workers,
+            "ray_auth": self.workers.auth_mode,
             **self.stats,
         }
