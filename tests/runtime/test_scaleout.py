@@ -19,7 +19,8 @@ from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 
 ray = pytest.importorskip("ray")
-from vlarun.runtime.scaleout import EdgeFront, RayWorkers, WorkerSpec  # noqa: E402
+from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec  # noqa: E402
+from vlarun.runtime.scaleout import EdgeFront  # noqa: E402
 
 INSTRUCTION = "open the drawer"
 STAGES = ("vision", "prefill", "decode")

@@ -151,7 +151,8 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     import os
     from pathlib import Path
 
-    from vlarun.runtime.scaleout import EdgeFront, RayWorkers, WorkerSpec
+    from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec
+    from vlarun.runtime.scaleout import EdgeFront
 
     name = o.checkpoint or o.preset or "tiny-ar"
     if Path(name).exists():  # workers may start in another directory
