@@ -38,9 +38,8 @@ def main() -> None:
         t = time.perf_counter()
         for _ in range(n):
             ray.get(actor.small.remote(frames))
-        print(
-            f"{size:>7} B: echo {echo_ms:.2f} ms, one way {(time.perf_counter() - t) / n * 1e3:.2f} ms"
-        )
+        one_way_ms = (time.perf_counter() - t) / n * 1e3
+        print(f"{size:>7} B: echo {echo_ms:.2f} ms, one way {one_way_ms:.2f} ms")
     ray.shutdown()
 
 
