@@ -60,7 +60,15 @@ from zmq.utils.monitor import recv_monitor_message
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.ray_workers import RayWorkers
 from vlarun.runtime.segments import Schema
-from vlarun.runtime.server import Refused, Route, ServerConfig, rid_of, robot_id, wildcard
+from vlarun.runtime.server import (
+    Refused,
+    Route,
+    ServerConfig,
+    control_reply,
+    rid_of,
+    robot_id,
+    wildcard,
+)
 from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, router_socket
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
@@ -510,12 +518,7 @@ class EdgeFront:
     # -- health ------------------------------------------------------------------------------------
 
     def _control(self, header: wire.Header) -> list[bytes]:
-        op = header.meta.get("op")
-        if op in ("health", "ping"):
-            return wire.control("health", header.rid, **self.health())
-        if op == "probe":
-            return wire.control("probe", header.rid, ok=True)
-        return wire.error(header.rid, f"unknown control op {op!r:.40}")
+        return control_reply(header, self.health)
 
     def health(self) -> dict:
         """One edge's health contract for the fleet: ``queue``, ``stage_ms`` and ``schedule``

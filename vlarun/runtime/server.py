@@ -374,12 +374,7 @@ class EdgeServer:
         return entry
 
     def _control(self, header: wire.Header) -> list[bytes]:
-        op = header.meta.get("op")
-        if op in ("health", "ping"):
-            return wire.control("health", header.rid, **self.health())
-        if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
-            return wire.control("probe", header.rid, ok=True)
-        return wire.error(header.rid, f"unknown control op {op!r:.40}")
+        return control_reply(header, self.health)
 
     def health(self) -> dict:
         """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates
@@ -529,6 +524,16 @@ class EdgeServer:
 def _slot(robot: str, stage: str, start_s: float, end_s: float, deadline_s: float) -> dict:
     return {"robot": robot, "stage": stage, "start_ms": 1e3 * start_s, "end_ms": 1e3 * end_s,
             "deadline_ms": 1e3 * deadline_s}  # fmt: skip
+
+
+def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
+    """The answer to a control message, the same from one edge and from a scale-out front."""
+    op = header.meta.get("op")
+    if op in ("health", "ping"):
+        return wire.control("health", header.rid, **health())
+    if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
+        return wire.control("probe", header.rid, ok=True)
+    return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
 
 def robot_id(identity: bytes) -> str:
