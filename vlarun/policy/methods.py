@@ -1,6 +1,8 @@
 """Method ids -> accelerated policies, the one place benchmarks and the CLI build them from.
 
 full, triage, drop-all, keep-all, fastv, vla-cache, vla-pruner   token policies at a budget;
+vla-cache-uncapped                                  VLA-Cache without the cap (TRIAGE's Table I
+                                                    form): takes no budget;
 efficientvla                                        task-aware token selection, optionally
                                                     with layer pruning, MLP sparsity and the
                                                     DiT feature cache (``efficientvla()``).
@@ -32,7 +34,7 @@ from vlarun.accel.triage import Triage, TriageConfig
 from vlarun.accel.vla_pruner import VLAPruner, VLAPrunerConfig
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.transforms.layer_prune import layer_importance, least_important, prune_layers
-from vlarun.transforms.mlp_sparsity import sparsify_mlp
+from vlarun.transforms.mlp_sparsity import SCORES, sparsify_mlp
 
 METHODS = (
     "full",
@@ -43,7 +45,10 @@ METHODS = (
     "vla-cache",
     "vla-pruner",
     "efficientvla",
+    "vla-cache-uncapped",
 )
+# Methods whose recomputed share follows from the scene, not from a budget.
+BUDGETLESS = ("full", "vla-cache-uncapped")
 
 
 def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
@@ -58,6 +63,9 @@ def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
         "vla-cache": lambda: VLACache(VLACacheConfig(budget_fraction=f)),
         "vla-pruner": lambda: VLAPruner(VLAPrunerConfig(budget_fraction=f)),
         "efficientvla": lambda: EfficientVLATokens(EfficientVLATokensConfig(budget_fraction=f)),
+        # Every changed or task-relevant token is recomputed and every static one reused from
+        # layer 1 on: the only shared layer is the one whose attention gives the relevance.
+        "vla-cache-uncapped": lambda: VLACache(VLACacheConfig(budget_fraction=1.0, layer=0)),
     }
     if method not in makers:
         raise ValueError(f"unknown accelerator {method!r}; choose from {METHODS}")
@@ -76,12 +84,14 @@ class EfficientVLAConfig:
     tokens: keep this fraction of visual tokens (None: all, no token selection);
     layers_removed: LM layers removed by cosine importance on calibration samples;
     mlp_sparsity: fraction of MLP channels removed in the remaining layers;
+    mlp_score: how channels are ranked: "magnitude" (weights) or "activation" (calibration);
     cache_interval: DiT / action-expert features recomputed every N denoising steps (1: none);
     token_layer: tokens are ranked at, and pruned after, this layer (of the pruned LM)."""
 
     tokens: float | None = 0.22
     layers_removed: int = 0
     mlp_sparsity: float = 0.0
+    mlp_score: str = "magnitude"
     cache_interval: int = 1
     token_layer: int = 2
 
@@ -90,6 +100,8 @@ class EfficientVLAConfig:
             raise ValueError(f"tokens must be in (0, 1], got {self.tokens}")
         if self.layers_removed < 0 or self.cache_interval < 1:
             raise ValueError("layers_removed must be >= 0 and cache_interval >= 1")
+        if self.mlp_score not in SCORES:
+            raise ValueError(f"mlp_score must be one of {SCORES}, got {self.mlp_score!r}")
 
 
 def efficientvla(
@@ -97,16 +109,21 @@ def efficientvla(
     cfg: EfficientVLAConfig = EfficientVLAConfig(),
     calibration: Iterable[tuple[Tensor, list[int]]] | None = None,
 ) -> AcceleratedPolicy:
-    """``policy`` with EfficientVLA's transforms applied (layers need ``calibration``:
-    (images (1, n_img, 3, H, W), prompt ids) samples, e.g. frames of recorded rollouts)."""
+    """``policy`` with EfficientVLA's transforms applied (layers and activation-scored MLP
+    sparsity need ``calibration``: (images (1, n_img, 3, H, W), prompt ids[, state]) samples,
+    e.g. demo frames or frames of recorded rollouts)."""
     model = policy.model
+    calibration = list(calibration) if calibration is not None else None  # read twice
     if cfg.layers_removed:
         if calibration is None:
             raise ValueError("layer pruning needs calibration samples")
         importance = layer_importance(model, calibration)
         model = prune_layers(model, least_important(importance, cfg.layers_removed))
     if cfg.mlp_sparsity:
-        model = sparsify_mlp(model, cfg.mlp_sparsity)
+        if cfg.mlp_score == "activation" and calibration is None:
+            raise ValueError("activation-scored MLP sparsity needs calibration samples")
+        # Scored on the model as it now is: a removed layer changes what the rest receive.
+        model = sparsify_mlp(model, cfg.mlp_sparsity, cfg.mlp_score, calibration)
     tokens: TokenPolicy = FullRecompute()
     if cfg.tokens is not None:
         token_cfg = EfficientVLATokensConfig(budget_fraction=cfg.tokens, layer=cfg.token_layer)
@@ -114,3 +131,24 @@ def efficientvla(
     cache = every_n_steps(cfg.cache_interval) if cfg.cache_interval > 1 else None
     base = dataclasses.replace(policy, model=model) if model is not policy.model else policy
     return AcceleratedPolicy(base, tokens, denoise_cache=cache, reference=policy.model.cfg.llm)
+
+
+# EfficientVLA's parts on a deep (12-layer) trunk, each alone and all together (issue 18).
+# The paper removes 10 of LLaMA-2's 32 layers (31%): "layers4" is that share of 12, "layers2"
+# half of it. Tokens are selected after layer 2 (of the pruned LM), keeping 22% (56 of 256 on
+# the paper's shape); the DiT recomputes its features every 5th of 10 denoising steps; MLP
+# sparsity is the paper's optional 25%, ranked by weights or by activations on demo frames.
+DEPTH_PARTS = {
+    "tokens": EfficientVLAConfig(tokens=0.22),
+    "cache": EfficientVLAConfig(tokens=None, cache_interval=5),
+    "layers2": EfficientVLAConfig(tokens=None, layers_removed=2),
+    "layers4": EfficientVLAConfig(tokens=None, layers_removed=4),
+    "mlp-magnitude": EfficientVLAConfig(tokens=None, mlp_sparsity=0.25),
+    "mlp-activation": EfficientVLAConfig(tokens=None, mlp_sparsity=0.25, mlp_score="activation"),
+    "all": EfficientVLAConfig(
+        tokens=0.22, layers_removed=4, mlp_sparsity=0.25, mlp_score="activation", cache_interval=5
+    ),
+    "all-layers2": EfficientVLAConfig(
+        tokens=0.22, layers_removed=2, mlp_sparsity=0.25, mlp_score="activation", cache_interval=5
+    ),
+}

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, fields
 from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
 from vlarun.policy.accelerated import AcceleratedPolicy
-from vlarun.policy.methods import METHODS, token_policy
+from vlarun.policy.methods import BUDGETLESS, METHODS, token_policy
 from vlarun.stages.hooks import Hooks
 
 # Token policies a budget can run with (efficientvla's token selection is stateless per step,
 # the others keep the KV cache across steps; all are hooks).
-TOKEN_METHODS = tuple(m for m in METHODS if m != "full")
+TOKEN_METHODS = tuple(m for m in METHODS if m not in BUDGETLESS)
 # Which families each knob applies to (as the plan space's KNOB_FAMILIES).
 FAMILIES = {
     "token_budget": ("autoregressive", "parallel", "diffusion", "flow"),

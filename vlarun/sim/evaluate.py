@@ -52,10 +52,12 @@ class EvalConfig:
     paired_with: str | None = opt(
         None,
         "a second configuration run on the very same seeds, reported as a paired difference: "
-        "a token method on this policy (METHOD[:BUDGET], e.g. drop-all:0.07, triage:0.34) or "
+        "a token method on this policy (METHOD[:BUDGET], e.g. drop-all:0.07, triage:0.34), an "
+        "accelerator setting (exit:0.5, cache:5), an EfficientVLA part (evla:layers4) or "
         "another policy (name or directory)",
     )
     bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
+    demos: str = opt("data/mt10-2view", "demo frames calibrating --paired-with evla:PART")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
     def __post_init__(self) -> None:
@@ -64,7 +66,7 @@ class EvalConfig:
         for t in self.task_list:
             get_task(t)  # unknown names raise, listing the valid ones
         if self.paired_with is not None:
-            candidate_spec(self.paired_with)  # a malformed METHOD:BUDGET fails here
+            check_candidate(self.paired_with)  # a malformed spec fails here
         if self.bootstrap < 100:
             raise ValueError(f"--bootstrap must be >= 100, got {self.bootstrap}")
 
@@ -92,14 +94,15 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def candidate_spec(spec: str) -> tuple[str, float] | None:
-    """``METHOD[:BUDGET]`` -> (method, budget fraction); None when ``spec`` names a policy."""
-    from vlarun.policy.methods import METHODS
+    """``METHOD[:BUDGET]`` -> (method, budget fraction); None when ``spec`` is not a token
+    method (an accelerator setting, an EfficientVLA part, or a policy)."""
+    from vlarun.policy.methods import BUDGETLESS, METHODS
 
     method, _, budget = spec.partition(":")
     if method not in METHODS:
-        if budget:
-            raise ValueError(f"unknown method {method!r} in {spec!r}; valid: {', '.join(METHODS)}")
         return None
+    if budget and method in BUDGETLESS:
+        raise ValueError(f"{method} takes no budget (got {spec!r})")
     try:
         fraction = float(budget) if budget else 0.34
     except ValueError:
@@ -109,15 +112,54 @@ def candidate_spec(spec: str) -> tuple[str, float] | None:
     return method, fraction
 
 
-def build_candidate(policy, spec: str):
-    """The configuration ``spec`` names, built from (or beside) ``policy``."""
-    from vlarun.policy import Policy
-    from vlarun.policy.methods import accelerated
+def check_candidate(spec: str) -> None:
+    """Raise ValueError naming what is wrong with a configuration spec (before any episode);
+    a spec that is none of the accelerator forms must name a policy (checked when loaded)."""
+    from vlarun.policy.methods import DEPTH_PARTS
+    from vlarun.policy.setting import AccelSetting
 
+    if candidate_spec(spec) is not None:
+        return
+    head, _, rest = spec.partition(":")
+    if head == "evla":
+        if rest not in DEPTH_PARTS:
+            raise ValueError(f"unknown EfficientVLA part {rest!r}; valid: {', '.join(DEPTH_PARTS)}")
+    elif head in ("exit", "cache") or "+" in spec:
+        AccelSetting.parse(spec)
+    elif rest:  # METHOD:VALUE with no such method (a policy name has no colon)
+        from vlarun.policy.methods import METHODS
+
+        valid = ", ".join((*METHODS, "exit", "cache", "evla"))
+        raise ValueError(f"unknown method {head!r} in {spec!r}; valid: {valid}")
+
+
+def build_candidate(policy, spec: str, demos: str | None = None):
+    """The configuration ``spec`` names, built from (or beside) ``policy``:
+
+    METHOD[:BUDGET]   a token method at a budget (``triage:0.34``, ``vla-cache-uncapped``);
+    exit:S, cache:N   an accelerator setting (``AccelSetting.parse``; parts joined by +);
+    evla:PART         an EfficientVLA part on depth (``policy.methods.DEPTH_PARTS``), whose
+                      layer and activation scores are calibrated on 32 frames of ``demos``;
+    anything else     another policy (shipped name or directory)."""
+    from vlarun.policy import Policy
+    from vlarun.policy.methods import DEPTH_PARTS, accelerated, efficientvla
+    from vlarun.policy.setting import AccelSetting, accelerated_with
+
+    check_candidate(spec)
     parsed = candidate_spec(spec)
-    if parsed is None:
-        return Policy.load(spec)
-    return accelerated(policy, *parsed)
+    if parsed is not None:
+        return accelerated(policy, *parsed)
+    head, _, rest = spec.partition(":")
+    if head == "evla":
+        from vlarun.sim.layer_table import calibration_frames
+
+        if demos is None:
+            raise ValueError(f"{spec} needs demonstration frames to calibrate on (--demos)")
+        frames = calibration_frames(policy, Path(demos), 32, 0)
+        return efficientvla(policy, DEPTH_PARTS[rest], frames)
+    if head in ("exit", "cache") or "+" in spec:
+        return accelerated_with(policy, AccelSetting.parse(spec))
+    return Policy.load(spec)
 
 
 def paired_difference(
@@ -172,36 +214,91 @@ def run_episode(policy, env, seed: int, on_inference=None, frames: list | None =
             "latency_ms": [ms for ms, _ in r["records"]], "stages_ms": stages}  # fmt: skip
 
 
-def _run_episodes(job: tuple) -> list[dict]:
-    """Worker: load the policy once, run the given (task, seed) episodes.
+@dataclass(frozen=True)
+class EpisodeJob:
+    """Episodes one worker runs: ``seeds`` of ``task`` with the configuration ``spec`` of the
+    policy at ``checkpoint`` (None: the policy itself).
 
-    The first inference of the worker is a warm-up and is dropped from the latencies. With
-    ``keep_frames`` the first episode's camera images come back too (for the report's GIF).
-    """
+    keep_frames: the first episode's camera images come back (the report's GIF);
+    record: what the policy saw (views, state) and answered (its normalised chunk) in the
+        first ``record`` episodes comes back, for action fidelity;
+    replay: recorded episodes ((instruction, [(views, state, chunk), ...]), ...) on which the
+        configuration's mean |chunk - recorded chunk| is measured after the episodes;
+    demos: calibration frames for configurations that need them (``build_candidate``)."""
+
+    checkpoint: str
+    task: str
+    seeds: tuple[int, ...]
+    spec: str | None = None
+    device: str = "cpu"
+    keep_frames: bool = False
+    record: int = 0
+    replay: tuple = ()
+    demos: str | None = None
+
+
+def run_job(job: EpisodeJob) -> dict:
+    """Worker: load the policy once, run the job's episodes; {"episodes", "summary",
+    "action_errors"}. The first inference of the worker is a warm-up and is dropped from the
+    latencies."""
     import torch
 
     from vlarun.policy.base import Policy
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    checkpoint, task, seeds, keep_frames, spec, device = job
-    policy = Policy.from_checkpoint(checkpoint).to(device)
-    if spec is not None:
-        policy = build_candidate(policy, spec)
+    policy = Policy.from_checkpoint(job.checkpoint).to(job.device)
+    if job.spec is not None:
+        policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
-    env = MetaWorldEnv(task, **env_views(policy.model.cfg))
-    results = []
-    for i, seed in enumerate(seeds):
-        frames = [] if keep_frames and i == 0 else None
-        r = run_episode(policy, env, seed, frames=frames)
+    env = MetaWorldEnv(job.task, **env_views(policy.model.cfg))
+    results, summaries = [], []
+    for i, seed in enumerate(job.seeds):
+        frames = [] if job.keep_frames and i == 0 else None
+        seen: list = []
+
+        def keep(obs, run, out=seen):
+            out.append((*policy.observation(obs), run.outputs["actions"][0].float().numpy()))
+
+        r = run_episode(policy, env, seed, frames=frames,
+                        on_inference=keep if i < job.record else None)  # fmt: skip
         if i == 0:
             r["latency_ms"] = r["latency_ms"][1:]
             r["stages_ms"] = {k: v[1:] for k, v in r["stages_ms"].items()}
         if frames is not None:
             r["frames"] = np.stack(frames)
-        results.append({"task": task} | r)
+        if i < job.record:
+            r["recorded"] = (env.instruction, seen)
+        if hasattr(policy, "summary"):
+            summaries.append(policy.summary())
+        results.append({"task": job.task} | r)
     env.close()
-    return results
+    return {"episodes": results, "summary": _mean_summary(summaries),
+            "action_errors": _replay_errors(policy, job.replay)}  # fmt: skip
+
+
+def _mean_summary(summaries: list[dict]) -> dict:
+    """Decision counts and FLOPs ratio per inference over the job's episodes (weighted by
+    each episode's steps)."""
+    summaries = [s for s in summaries if s.get("steps")]
+    total = sum(s["steps"] for s in summaries)
+    if not total:
+        return {}
+    keys = [k for k in summaries[0] if k != "steps"]
+    return {"steps": total} | {k: sum(s[k] * s["steps"] for s in summaries) / total for k in keys}
+
+
+def _replay_errors(policy, replay: tuple) -> list[float]:
+    """|chunk - recorded chunk| means over recorded episodes, one per observation, with the
+    policy reset before each episode (what it would have answered on the reference's path)."""
+    errors = []
+    for instruction, obs in replay:
+        if hasattr(policy, "reset"):
+            policy.reset()
+        for views, state, ref in obs:
+            got = policy.run_stages(views, instruction, state=state).outputs["actions"][0]
+            errors.append(float(np.abs(got.float().numpy() - ref).mean()))
+    return errors
 
 
 def _check_action_space(policy) -> None:
@@ -229,21 +326,13 @@ def evaluate(cfg: EvalConfig) -> dict:
     for spec in specs:
         for task in cfg.task_list:
             seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
-            per = math.ceil(len(seeds) / max(1, workers // len(cfg.task_list) or 1))
             keep = cfg.report is not None and spec is None
-            jobs += [(checkpoint, task, seeds[i : i + per], keep, spec, device)
-                     for i in range(0, len(seeds), per)]  # fmt: skip
+            jobs += [EpisodeJob(checkpoint, task, chunk, spec, device, keep, demos=cfg.demos)
+                     for chunk in split_seeds(seeds, workers, len(cfg.task_list))]  # fmt: skip
     t0 = time.time()
-    if workers == 1:
-        runs = [_run_episodes(job) for job in jobs]
-    else:
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            runs = list(pool.map(_run_episodes, jobs))
-    episodes = [r for job, rs in zip(jobs, runs, strict=True) if job[4] is None for r in rs]
-    others = [r for job, rs in zip(jobs, runs, strict=True) if job[4] is not None for r in rs]
+    runs = [r["episodes"] for r in run_jobs(jobs, workers)]
+    episodes = [r for job, rs in zip(jobs, runs, strict=True) if job.spec is None for r in rs]
+    others = [r for job, rs in zip(jobs, runs, strict=True) if job.spec is not None for r in rs]
     recorded = [e for e in episodes if "frames" in e]
     # The GIF shows the first recorded success (or the first episode if none succeeded).
     shown = next((e for e in recorded if e["success"]), recorded[0] if recorded else None)
@@ -258,6 +347,24 @@ def evaluate(cfg: EvalConfig) -> dict:
 
         result["report"] = write_report(result, frames, cfg.report)
     return result
+
+
+def split_seeds(seeds: list[int], workers: int, tasks: int) -> list[tuple[int, ...]]:
+    """A task's seeds in chunks, so that ``workers`` processes stay busy over ``tasks`` tasks
+    (one chunk per task when there are at least as many tasks as workers)."""
+    per = math.ceil(len(seeds) / max(1, workers // tasks or 1))
+    return [tuple(seeds[i : i + per]) for i in range(0, len(seeds), per)]
+
+
+def run_jobs(jobs: list[EpisodeJob], workers: int) -> list[dict]:
+    """``run_job`` over ``jobs`` in ``workers`` spawned processes (in this one for 1), in order."""
+    if workers == 1:
+        return [run_job(job) for job in jobs]
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        return list(pool.map(run_job, jobs))
 
 
 def paired_summary(cfg: EvalConfig, base: list[dict], other: list[dict]) -> dict:
