@@ -34,7 +34,13 @@ import torch
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
-from vlarun.policy.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
+from vlarun.policy.methods import (
+    DEPTH_PARTS,
+    METHODS,
+    EfficientVLAConfig,
+    accelerated,
+    efficientvla,
+)
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = (0.34, 0.25, 0.18, 0.11, 0.07)
@@ -47,14 +53,29 @@ class BenchAccelOptions:
     """Accelerator benchmark: budget sweep, latency table, EfficientVLA ablation."""
 
     quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, 2 budgets")
-    policy: str = opt("tiny-oft", "shipped policy for the sweep and latency table")
-    diffusion_policy: str = opt("tiny-dit", "shipped diffusion policy for the ablation")
-    tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
+    policy: str | None = opt(
+        None,
+        "policy of the sweep, latency table and the table's token rows "
+        "(default: tiny-oft; with --table mt10-oft)",
+    )
+    diffusion_policy: str | None = opt(
+        None,
+        "diffusion policy of the ablation and the table's "
+        "EfficientVLA rows (default: tiny-dit; --table mt10-dit)",
+    )
+    tasks: tuple[str, ...] | None = opt(
+        None,
+        "Meta-World tasks (names, or mt10; default: the six tiny-policy tasks; with --table mt10)",
+    )
     episodes: int = opt(10, "episodes per task and configuration")
     seed: int = opt(0, "first held-out seed")
     max_steps: int | None = opt(None, "episode step limit (default: each task's)")
-    budgets: tuple[float, ...] = opt(SWEEP_BUDGETS, "budget fractions of the sweep")
-    methods: tuple[str, ...] = opt(SWEEP_METHODS, "token methods of the sweep")
+    budgets: tuple[float, ...] = opt(
+        SWEEP_BUDGETS, "budget fractions of the sweep (--table: 34, 18, 7%)"
+    )
+    methods: tuple[str, ...] = opt(
+        SWEEP_METHODS, "token methods of the sweep (--table adds vla-cache-uncapped)"
+    )
     latency_budget: float = opt(0.34, "budget fraction of the latency table")
     latency_queries: int = opt(60, "replayed queries per latency row")
     large: bool = opt(True, "also time the ~1B random-weight OpenVLA-like shape")
@@ -62,10 +83,28 @@ class BenchAccelOptions:
     out: str | None = opt("benchmarks/results", "directory for the JSON and plots")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
+    # -- the paired accuracy table (bench/accel_table.py) -----------------------------------
+    table: bool = opt(False, "the paired accuracy table instead of the parts (accel_table.py)")
+    groups: tuple[str, ...] = opt(("tokens", "efficientvla", "decode"), "table row groups")
+    evla_parts: tuple[str, ...] = opt(tuple(DEPTH_PARTS), "EfficientVLA parts of the table")
+    ar_policy: str = opt("mt10-ar", "autoregressive policy of the table's decode rows")
+    student: str = opt(
+        "",
+        "distilled (CEED) student the decode rows run on (default: none, the "
+        "autoregressive policy itself)",
+    )
+    sigmas: tuple[float, ...] = opt((0.4, 0.5, 0.6), "early-exit sigmas of the decode rows")
+    workers: int = opt(2, "table: episode worker processes (one thread each)")
+    demos: str = opt("data/mt10-2view", "table: demo frames calibrating EfficientVLA's parts")
+    fidelity_episodes: int = opt(1, "table: full-compute episodes per task replayed for fidelity")
+    bootstrap: int = opt(2000, "table: bootstrap resamples of each paired interval")
+    timing: bool = opt(True, "table: time every row by replay on the quiet machine")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.latency_queries < 1:
             raise ValueError("need episodes >= 1 and latency_queries >= 1")
+        if self.workers < 1 or self.fidelity_episodes < 0 or self.bootstrap < 100:
+            raise ValueError("need workers >= 1, fidelity_episodes >= 0 and bootstrap >= 100")
         unknown = set(self.part_list) - {"sweep", "latency", "ablation"}
         if unknown:
             raise ValueError(f"unknown parts {sorted(unknown)}; use sweep, latency, ablation")
@@ -78,12 +117,34 @@ class BenchAccelOptions:
     def _default_budgets(self) -> bool:
         return items(self.budgets, float) == list(SWEEP_BUDGETS)
 
+    def resolved(self) -> BenchAccelOptions:
+        """Defaults that depend on the mode: the table runs on the deep MT10 policies."""
+        import dataclasses
+
+        deep = self.table
+        methods = items(self.methods)
+        if deep and list(self.methods) == list(SWEEP_METHODS):
+            methods = [*methods, "vla-cache-uncapped"]
+        return dataclasses.replace(
+            self,
+            policy=self.policy or ("mt10-oft" if deep else "tiny-oft"),
+            diffusion_policy=self.diffusion_policy or ("mt10-dit" if deep else "tiny-dit"),
+            tasks=self.tasks or (("mt10",) if deep else tuple(TRAIN_TASKS)),
+            methods=tuple(methods),
+        )
+
     def reduced(self) -> BenchAccelOptions:
         """The --quick settings (explicitly given smaller values are kept)."""
         import dataclasses
 
         from vlarun.sim.tasks import parse_tasks
 
+        if self.table:
+            return dataclasses.replace(
+                self, tasks=tuple(parse_tasks(self.tasks)[:1]), episodes=min(self.episodes, 1),
+                budgets=(0.34,) if self._default_budgets else self.budgets,
+                latency_queries=min(self.latency_queries, 6), large=False,
+            )  # fmt: skip
         return dataclasses.replace(
             self,
             tasks=tuple(parse_tasks(self.tasks)[:2]),
@@ -364,9 +425,17 @@ def run(o: BenchAccelOptions, progress: bool = True) -> dict:
     from vlarun.models.device import cpu_only
 
     cpu_only(o.device, "vlarun bench accel")
+    o = o.resolved()
     if o.quick:
         o = o.reduced()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    if o.table:
+        from vlarun.bench import accel_table
+
+        result = accel_table.run_table(o, log)
+        if o.out:
+            result["files"] = accel_table.write_table(result, Path(o.out))
+        return result
     t0 = time.time()
     result: dict = {
         "quick": o.quick,
@@ -461,6 +530,10 @@ def plot_latency(rows: list[dict], path: str) -> None:
 
 
 def format_result(r: dict) -> str:
+    if "table" in r:
+        from vlarun.bench.accel_table import format_table
+
+        return format_table(r)
     lines = [
         f"vlarun bench accel ({'quick' if r['quick'] else 'full'}), {r['date']}, "
         f"{r['threads']} threads, {r['wall_s']} s"

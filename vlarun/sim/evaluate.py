@@ -153,10 +153,13 @@ def build_candidate(policy, spec: str, demos: str | None = None):
     if head == "evla":
         from vlarun.sim.layer_table import calibration_frames
 
-        if demos is None:
-            raise ValueError(f"{spec} needs demonstration frames to calibrate on (--demos)")
-        frames = calibration_frames(policy, Path(demos), 32, 0)
-        return efficientvla(policy, DEPTH_PARTS[rest], frames)
+        part = DEPTH_PARTS[rest]
+        frames = None
+        if part.layers_removed or (part.mlp_sparsity and part.mlp_score == "activation"):
+            if demos is None:
+                raise ValueError(f"{spec} needs demonstration frames to calibrate on (--demos)")
+            frames = calibration_frames(policy, Path(demos), 32, 0)
+        return efficientvla(policy, part, frames)
     if head in ("exit", "cache") or "+" in spec:
         return accelerated_with(policy, AccelSetting.parse(spec))
     return Policy.load(spec)
