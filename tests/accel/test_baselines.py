@@ -129,3 +129,29 @@ def test_vla_cache_runs_on_mt10_shapes():
         out = fast.run_stages(views, "open the drawer", state=np.zeros(4, np.float32))
     assert torch.isfinite(out.outputs["actions"]).all()
     assert fast.steps[-1].reused > 0  # identical frames: static tokens were reused
+
+
+def test_uncapped_vla_cache_recomputes_every_changed_token_and_reuses_from_layer_one(
+    oft_policy, frames, actions
+):
+    """TRIAGE's Table I form: no budget, so a frame that changes everywhere is recomputed
+    whole, a static one is reused except its task-relevant tokens; layer 0 is the only shared
+    layer (its attention gives relevance), so reuse starts at layer 1."""
+    from vlarun.policy.methods import accelerated
+
+    nv = oft_policy.model.cfg.num_visual
+    fast = accelerated(oft_policy, "vla-cache-uncapped")
+    actions(fast, [frames[0], frames[0], 255 - frames[0]])
+    first, static, changed = fast.steps
+    assert first.recomputed == nv
+    relevant = round(0.1 * nv)  # VLACacheConfig.relevant_fraction: never reused
+    assert static.recomputed == relevant and static.reused == nv - relevant
+    assert changed.recomputed == nv and changed.pruned == 0
+    assert fast.tokens.last_plan.last_shared_layer == 0
+    capped = accelerated(oft_policy, "vla-cache", 0.1)
+    actions(capped, [frames[0], 255 - frames[0]])
+    assert capped.steps[-1].recomputed == round(0.1 * nv)  # the cap binds where uncapped does not
+    with pytest.raises(ValueError, match="takes no budget"):
+        from vlarun.sim.evaluate import check_candidate
+
+        check_candidate("vla-cache-uncapped:0.34")

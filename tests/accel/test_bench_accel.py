@@ -65,3 +65,43 @@ def test_part_runs_get_their_own_file_and_the_command_line(tmp_path, monkeypatch
     assert c["json"].endswith("accel_2026-11-30.json")
     monkeypatch.setattr(sys, "argv", ["pytest"])
     assert invoked_command("fallback") == "fallback"
+
+
+def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(tmp_path):
+    """The paired table on the tiny policies: every row runs full compute's episodes, its
+    difference is the paired one, fidelity is measured on full's recorded observations, and
+    the settings file it writes is read by the plan space with an accuracy floor."""
+    from vlarun.sched.plans import load_settings, setting_grid
+
+    o = BenchAccelOptions(table=True, policy="tiny-oft", ar_policy="tiny-ar", tasks="reach-v3",
+                          episodes=2, max_steps=8, configs="triage:0.34,exit:0.5", workers=1,
+                          latency_queries=3, large=False, bootstrap=200,
+                          out=str(tmp_path))  # fmt: skip
+    r = run(o, progress=False)
+    rows = {(x["group"], x["config"]): x for x in r["table"]}
+    assert set(rows) == {("tokens", "full"), ("tokens", "triage:0.34"), ("decode", "full"),
+                         ("decode", "exit:0.5")}  # fmt: skip
+    for x in rows.values():
+        d = x["difference"]
+        assert x["episodes"] == d["episodes"] == 2
+        full = rows[(x["group"], "full")]
+        assert d["difference"] == pytest.approx(x["success_rate"] - full["success_rate"])
+        assert set(x["tasks"]) == {"reach-v3"}
+    triage = rows[("tokens", "triage:0.34")]
+    assert triage["action_error"] > 0 and triage["flops_ratio"] < 1.0
+    assert 0.0 <= triage["reused_share"] <= 1.0
+    assert rows[("tokens", "full")]["action_error"] == 0.0
+    assert {t["config"] for t in r["timing"]} == {"full", "triage:0.34", "exit:0.5"}
+    text = format_result(r)
+    assert "| tokens | triage:0.34 |" in text and "paired diff" in text
+    settings = load_settings(r["files"]["settings"])
+    measured = [s for s in settings if s.source != "identity"]
+    assert {(s.knob, s.value) for s in measured} <= {("token_budget", 0.34),
+                                                    ("early_exit_sigma", 0.5)}  # fmt: skip
+    for s in measured:
+        assert s.lower <= s.relative_success <= s.upper
+    grid, _ = setting_grid("parallel", settings, measured[0].models[0] if measured else None)
+    assert grid
+    with pytest.raises(ValueError, match="unknown method"):
+        run(BenchAccelOptions(table=True, configs="nope:0.3", workers=1, out=None),
+            progress=False)  # fmt: skip

@@ -134,3 +134,37 @@ def test_flow_expert_feature_cache(frames):
     layers = policy.model.cfg.flow.expert.num_layers
     assert made[-1].computed == 2 * 2 * layers and made[-1].reused == 8 * 2 * layers
     assert not torch.equal(five.outputs["actions"], plain)
+
+
+def test_activation_scores_are_mean_abs_activation_times_down_norm(dit_policy):
+    """The activation score of a channel is what it adds on the data: checked against the MLP
+    recomputed by hand from its inputs, and the channel it ranks lowest is the one removed."""
+    from vlarun.transforms.mlp_sparsity import activation_scores, sparsify_mlp
+
+    model = dit_policy.model
+    samples = _samples(dit_policy, 2)
+    mlp = model.language_model.model.layers[1].mlp
+    inputs = []
+    hook = mlp.register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
+    try:
+        scores = activation_scores(model, samples)
+    finally:
+        hook.remove()
+    acts, count = 0.0, 0
+    for (images, ids), x in zip(samples, inputs, strict=True):
+        keep = model.build_prefix(model.encode_images(images), [ids]).pad
+        h = torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)
+        acts = acts + h.float().abs()[keep].sum(dim=0)
+        count += int(keep.sum())
+    want = acts / count * mlp.down_proj.weight.float().norm(dim=0)
+    assert len(scores) == model.cfg.llm.num_layers
+    assert torch.allclose(scores[1], want, rtol=1e-4, atol=1e-7)
+    sparse = sparsify_mlp(model, 0.25, "activation", samples)
+    kept = sparse.language_model.model.layers[1].mlp.gate_proj.weight
+    weakest, strongest = int(scores[1].argmin()), int(scores[1].argmax())
+    assert not (kept == mlp.gate_proj.weight[weakest]).all(dim=1).any()
+    assert (kept == mlp.gate_proj.weight[strongest]).all(dim=1).any()
+    with pytest.raises(ValueError, match="calibration"):
+        sparsify_mlp(model, 0.25, "activation")
+    with pytest.raises(ValueError, match="must be one of"):
+        sparsify_mlp(model, 0.25, "prunenet", samples)

@@ -86,6 +86,12 @@ class BenchAccelOptions:
     # -- the paired accuracy table (bench/accel_table.py) -----------------------------------
     table: bool = opt(False, "the paired accuracy table instead of the parts (accel_table.py)")
     groups: tuple[str, ...] = opt(("tokens", "efficientvla", "decode"), "table row groups")
+    configs: tuple[str, ...] = opt(
+        (),
+        "table: exactly these configurations (e.g. triage:0.34,"
+        "evla:all,exit:0.5), each in its group, instead of the "
+        "groups' defaults",
+    )
     evla_parts: tuple[str, ...] = opt(tuple(DEPTH_PARTS), "EfficientVLA parts of the table")
     ar_policy: str = opt("mt10-ar", "autoregressive policy of the table's decode rows")
     student: str = opt(

@@ -52,10 +52,24 @@ UNCAPPED = "vla-cache-uncapped"
 # Which rows
 
 
-def group_specs(o, group: str) -> tuple[str, list[str]]:
-    """(policy, the group's configuration specs after its full compute) for ``group``."""
-    from vlarun.policy.methods import DEPTH_PARTS
+def spec_group(spec: str) -> str:
+    """The group a configuration spec belongs to (which policy it runs on)."""
+    head = spec.partition(":")[0]
+    return {"evla": "efficientvla", "exit": "decode"}.get(head, "tokens")
 
+
+def group_specs(o, group: str) -> tuple[str, list[str]]:
+    """(policy, the group's configuration specs after its full compute) for ``group``:
+    ``--configs`` where given (each spec to its group), else the group's defaults."""
+    from vlarun.policy.methods import DEPTH_PARTS
+    from vlarun.sim.evaluate import check_candidate
+
+    policy = {"tokens": o.policy, "efficientvla": o.diffusion_policy,
+              "decode": o.ar_policy}.get(group)  # fmt: skip
+    if o.configs:
+        for spec in items(o.configs):
+            check_candidate(spec)
+        return policy, [s for s in items(o.configs) if spec_group(s) == group and s != "full"]
     if group == "tokens":
         budgets = items(o.budgets, float) if not o._default_budgets else list(TABLE_BUDGETS)
         methods = [m for m in items(o.methods) if m != UNCAPPED]
@@ -68,8 +82,7 @@ def group_specs(o, group: str) -> tuple[str, list[str]]:
             raise ValueError(f"unknown EfficientVLA parts {unknown}; valid: {list(DEPTH_PARTS)}")
         return o.diffusion_policy, [f"evla:{p}" for p in parts]
     if group == "decode":
-        specs = [f"exit:{s:g}" for s in items(o.sigmas, float)]
-        return (o.student or o.ar_policy), specs
+        return o.ar_policy, [f"exit:{s:g}" for s in items(o.sigmas, float)]
     raise ValueError(f"unknown table group {group!r}; use {', '.join(GROUPS)}")
 
 
@@ -97,7 +110,7 @@ def _episodes(o, checkpoint: str, spec: str | None, replay: dict, record: int) -
             jobs.append(EpisodeJob(checkpoint, task, chunk, spec, o.device,
                                    record=record if k == 0 else 0,
                                    replay=tuple(replay.get(task, ())) if k == 0 else (),
-                                   demos=o.demos))  # fmt: skip
+                                   demos=o.demos, max_steps=o.max_steps))  # fmt: skip
     return jobs
 
 
@@ -134,7 +147,12 @@ def closed_loop(o, log) -> dict:
     full_jobs = {}
     for group in items(o.groups):
         policy, specs = group_specs(o, group)
-        groups[group] = {"policy": policy, "specs": specs, "checkpoint": _checkpoint(policy)}
+        if o.configs and not specs:
+            continue  # --configs named nothing of this group
+        # Full compute is the group's policy; a distilled student's rows run on the student.
+        rows_on = o.student if group == "decode" and o.student else policy
+        groups[group] = {"policy": policy, "specs": specs, "checkpoint": _checkpoint(policy),
+                         "rows_checkpoint": _checkpoint(rows_on), "rows_on": rows_on}  # fmt: skip
         full_jobs[group] = _episodes(o, groups[group]["checkpoint"], None, {}, o.fidelity_episodes)
     flat = [j for js in full_jobs.values() for j in js]
     log(f"table: full compute of {len(full_jobs)} groups, {len(flat)} jobs")
@@ -154,7 +172,7 @@ def closed_loop(o, log) -> dict:
     other_jobs = []
     for group, g in groups.items():
         for spec in g["specs"]:
-            jobs = _episodes(o, g["checkpoint"], spec, g["replay"], 0)
+            jobs = _episodes(o, g["rows_checkpoint"], spec, g["replay"], 0)
             other_jobs += [(group, spec, j) for j in jobs]
     log(f"table: {len(other_jobs)} jobs of accelerated configurations")
     res = run_pool([j for _, _, j in other_jobs], o.workers, log)
@@ -213,7 +231,8 @@ def analyse(o, groups: dict) -> list[dict]:
             diff = paired_difference(base, wins, o.bootstrap)
             n_win = sum(wins)
             rows.append({
-                "group": group, "policy": g["policy"], "config": spec,
+                "group": group, "policy": g["policy"] if spec == "full" else g["rows_on"],
+                "config": spec,
                 "success_rate": n_win / len(wins), "ci95": list(wilson(n_win, len(wins))),
                 "episodes": len(wins), "difference": diff, "tasks": per_task,
                 "action_error": float(np.mean(r["action_errors"])) if r["action_errors"] else None,
@@ -245,13 +264,15 @@ def timing(o, groups: dict, log) -> list[dict]:
     out = []
     for group, g in groups.items():
         policy = Policy.from_checkpoint(g["checkpoint"])
+        rows_policy = Policy.from_checkpoint(g["rows_checkpoint"])
         stream = [(ins, views, st) for ins, obs in
                   (ep for eps in g["replay"].values() for ep in eps)
                   for views, st, _ in obs][: o.latency_queries]  # fmt: skip
         if not stream:
             continue
         specs = ["full"] + g["specs"]
-        candidates = [build_candidate(policy, "full" if s == "full" else s, o.demos) for s in specs]
+        candidates = [build_candidate(policy if s == "full" else rows_policy, s, o.demos)
+                      for s in specs]  # fmt: skip
         out += _timed(group, g["policy"], specs, candidates, stream, time_streams, log)
         if group == "tokens" and o.large:
             big = large_policy()
@@ -298,14 +319,13 @@ def settings_rows(rows: list[dict]) -> list[dict]:
         base = full["success_rate"]
         if base <= 0:
             continue
-        model = _model_name(full["policy"])
         for r in rs:
             knob, value = _knob(r["config"])
             if knob is None:
                 continue
             d = r["difference"]
             out.append({
-                "knob": knob, "value": value, "models": [model],
+                "knob": knob, "value": value, "models": [_model_name(r["policy"])],
                 "relative_success": r["success_rate"] / base,
                 "lower": max(0.0, (base + d["ci95"][0]) / base),
                 "upper": (base + d["ci95"][1]) / base,

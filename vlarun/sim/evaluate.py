@@ -227,7 +227,8 @@ class EpisodeJob:
         first ``record`` episodes comes back, for action fidelity;
     replay: recorded episodes ((instruction, [(views, state, chunk), ...]), ...) on which the
         configuration's mean |chunk - recorded chunk| is measured after the episodes;
-    demos: calibration frames for configurations that need them (``build_candidate``)."""
+    demos: calibration frames for configurations that need them (``build_candidate``);
+    max_steps: episode step limit (None: the task's)."""
 
     checkpoint: str
     task: str
@@ -238,6 +239,7 @@ class EpisodeJob:
     record: int = 0
     replay: tuple = ()
     demos: str | None = None
+    max_steps: int | None = None
 
 
 def run_job(job: EpisodeJob) -> dict:
@@ -254,7 +256,7 @@ def run_job(job: EpisodeJob) -> dict:
     if job.spec is not None:
         policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
-    env = MetaWorldEnv(job.task, **env_views(policy.model.cfg))
+    env = MetaWorldEnv(job.task, max_steps=job.max_steps, **env_views(policy.model.cfg))
     results, summaries = [], []
     for i, seed in enumerate(job.seeds):
         frames = [] if job.keep_frames and i == 0 else None
