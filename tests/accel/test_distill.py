@@ -72,6 +72,32 @@ def test_training_forward_equals_a_jacobi_iteration(chunked):
 
 
 @torch.no_grad()
+def test_training_forward_takes_both_views_and_the_state_of_a_deep_mt10_policy():
+    """mt10-ar (two views, a proprio token): the training forward still equals a Jacobi
+    iteration on the prefix the policy builds, and Frames hands out both views and the state."""
+    policy = Policy.from_preset("mt10-ar", seed=0)
+    model, cfg = policy.model, policy.model.cfg
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 255, (3, 2, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8)
+    states = torch.randn(3, cfg.proprio_dim, generator=gen)
+    ids = [1, 2, 3]
+    frames = Frames(raw, [ids] * 3, torch.zeros(3, 1), torch.arange(3), states, cfg.num_images)
+    idx = torch.tensor([0, 2])
+    images, proprio = frames.image_batch(idx), frames.state_batch(idx)
+    assert images.shape == (2, 2, 3, cfg.image_size, cfg.image_size)
+    assert torch.equal(images[1, 1], raw[2, 1].permute(2, 0, 1).float() / 255)
+    n = cfg.num_action_tokens
+    act = model.action_tokenizer.action_ids
+    block = torch.randint(act.start, act.stop, (2, n), generator=gen)
+    text = [ids, ids]
+    (got,) = block_logits(model, images, text, [block], proprio)
+    pre = model.prefill(model.build_prefix(model.encode_images(images), text, proprio))
+    first = model.language_model.logits(pre.last_hidden)[:, None]
+    want = torch.cat((first, action_step(model, pre)(block[:, :-1], 0)), dim=1)
+    assert (got - want).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
 def test_consistency_loss_vanishes_at_the_fixed_point(chunked):
     images, text, _, fixed = _inputs(chunked, 1)
     same = distill_losses(chunked.model, images, text, fixed, fixed)

@@ -114,29 +114,41 @@ SAVE_BATCHES = 10  # collection batches between saves of the partial trajectorie
 
 @dataclasses.dataclass
 class Frames:
-    """Demo frames in memory: images (N, S, S, 3) uint8, prompt ids per frame, demo action
-    tokens (N, n), and the frame order (seeded permutation: collected first, held out last)."""
+    """Demo frames in memory: images (N, S, S, 3) or (N, V, S, S, 3) uint8, prompt ids per
+    frame, demo action tokens (N, n), the frame order (seeded permutation: collected first,
+    held out last), and for a policy with a proprio token the normalised states (N, D)."""
 
     images: Tensor
     text: list[list[int]]
     demo_tokens: Tensor
     order: Tensor
+    states: Tensor | None = None
+    num_images: int = 1
 
     def image_batch(self, idx: Tensor) -> Tensor:
-        return self.images[idx].permute(0, 3, 1, 2).float().div(255.0)[:, None]
+        """(B, V, 3, S, S) floats in [0, 1]: the policy's views of frames ``idx``."""
+        x = self.images[idx]
+        x = x[:, None] if x.ndim == 4 else x[:, : self.num_images]
+        return x.permute(0, 1, 4, 2, 3).float().div(255.0)
+
+    def state_batch(self, idx: Tensor) -> Tensor | None:
+        return None if self.states is None else self.states[idx]
 
 
 def load_frames(cfg: DistillConfig, teacher: Policy) -> Frames:
     from vlarun.sim.train import DemoSampler  # one loader for BC and distillation
 
     model = teacher.model
-    sampler = DemoSampler(cfg.demos, model.cfg.chunk, teacher.tokenizer, cfg.seed)
+    sampler = DemoSampler(
+        cfg.demos, model.cfg.chunk, teacher.tokenizer, cfg.seed, model.cfg.num_images
+    )
     n = model.cfg.num_action_tokens
     chunks = sampler.chunks.reshape(-1, n)
     demo_tokens = model.action_tokenizer.encode(chunks).long()
     order = torch.randperm(len(sampler), generator=torch.Generator().manual_seed(cfg.seed))
     text = [sampler.text[t] for t in sampler.task.tolist()]
-    return Frames(sampler.images, text, demo_tokens, order)
+    states = sampler.states.float() if model.cfg.proprio_dim else None
+    return Frames(sampler.images, text, demo_tokens, order, states, model.cfg.num_images)
 
 
 def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log) -> dict:
@@ -177,7 +189,8 @@ def teacher_trajectories(
     """Jacobi trajectories (plain, to the fixed point, from ``init``) of frames ``idx``."""
     images = frames.image_batch(idx)
     text = [frames.text[i] for i in idx.tolist()]
-    pre = model.prefill(model.build_prefix(model.encode_images(images), text))
+    visual = model.encode_images(images)
+    pre = model.prefill(model.build_prefix(visual, text, frames.state_batch(idx)))
     r = jacobi_decode(model, pre, JacobiConfig(init=init), gen=gen)
     n = model.cfg.num_action_tokens
     states = r.trajectory
@@ -247,14 +260,18 @@ def block_mask(prefix_len: int, block: int, blocks: int) -> Tensor:
 
 
 def block_logits(
-    model: VLA, images: Tensor, text: list[list[int]], blocks: list[Tensor]
+    model: VLA,
+    images: Tensor,
+    text: list[list[int]],
+    blocks: list[Tensor],
+    proprio: Tensor | None = None,
 ) -> list[Tensor]:
     """Logits (B, n, V) of every action token for each block of guesses (B, n), in one forward.
 
     Row i of a block's logits is the distribution of y_i given the prompt and the block's
     y_<i: exactly what a Jacobi iteration over that block computes on the prefix cache."""
     lm = model.language_model
-    prefix = model.build_prefix(model.encode_images(images), text)
+    prefix = model.build_prefix(model.encode_images(images), text, proprio)
     b, p = prefix.pad.shape
     n = blocks[0].shape[1]
     embeds = torch.cat([prefix.embeds] + [lm.embed(x[:, :-1]) for x in blocks], dim=1)
@@ -279,15 +296,17 @@ def distill_losses(
     fixed: Tensor,
     omega: float = 1.0,
     ar_tokens: Tensor | None = None,
+    proprio: Tensor | None = None,
 ) -> DistillLosses:
     """Consistency + AR losses of one batch.
 
-    images (B, 1, 3, S, S); state (B, n) or (B, K, n): intermediate Jacobi states (K of the same
-    trajectory share the prompt forward, one block each); fixed (B, n): their fixed point;
-    ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens)."""
+    images (B, V, 3, S, S); state (B, n) or (B, K, n): intermediate Jacobi states (K of the
+    same trajectory share the prompt forward, one block each); fixed (B, n): their fixed point;
+    ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens); proprio
+    (B, D): the robot state, for a policy with a proprio token."""
     states = list((state[:, None] if state.dim() == 2 else state).unbind(1))
     blocks = [fixed, *states] + ([ar_tokens] if ar_tokens is not None else [])
-    logits = block_logits(model, images, text, blocks)
+    logits = block_logits(model, images, text, blocks, proprio)
     teacher = logits[0]
     target = teacher.detach().log_softmax(-1)  # stop-gradient fixed-point distribution
     kl = [(target.exp() * (target - x.log_softmax(-1))).sum(-1).mean()
@@ -381,7 +400,8 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
         )
         demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            return distill_losses(student, images, text, state, fixed, cfg.omega, demo)
+            return distill_losses(student, images, text, state, fixed, cfg.omega, demo,
+                                  frames.state_batch(idx))  # fmt: skip
 
     meta = resumable_loop(cfg, student, opt_, meta, out, losses_at, log_file, "distill")
     student.eval()
@@ -412,7 +432,8 @@ def evaluate_iterations(
             for part in idx.split(cfg.collect_batch):
                 images = frames.image_batch(part)
                 text = [frames.text[i] for i in part.tolist()]
-                pre = model.prefill(model.build_prefix(model.encode_images(images), text))
+                visual = model.encode_images(images)
+                pre = model.prefill(model.build_prefix(visual, text, frames.state_batch(part)))
                 r = jacobi_decode(model, pre, jc)
                 iters.append(r.iterations.float())
                 toks.append(r.tokens)

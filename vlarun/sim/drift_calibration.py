@@ -48,6 +48,7 @@ class DriftCalibrationConfig:
     probe_tokens: int = opt(16, "tokens per probe")
     layer: int = opt(2, "shallow layer of drift and importance")
     max_steps: int = opt(40, "at most this many steps per episode")
+    out: str | None = opt(None, "directory for drift_<policy>_<date>.json and its plot")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -215,11 +216,69 @@ def run_calibration(cfg: DriftCalibrationConfig) -> dict:
     directory = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
     if not (directory / "config.json").exists():
         raise ValueError(f"no policy at {directory} (no config.json)")
+    import datetime
+    import json
+    import time
+
+    from tqdm import tqdm
+
     policy = Policy.from_checkpoint(directory)
+    t0 = time.time()
+    streams = _streams(cfg, policy)
     probes = []
-    for instruction, frames in _streams(cfg, policy):
+    for instruction, frames in tqdm(streams, desc="probed episodes", unit="ep"):
         probes += probe_stream(policy, instruction, frames, cfg.age_list, cfg)
-    return summarise_probes(probes) | {"policy": str(directory), "ages": cfg.age_list}
+    result = summarise_probes(probes) | {
+        "policy": str(directory),
+        "ages": cfg.age_list,
+        "tasks": list(cfg.tasks),
+        "frames": sum(len(f) for _, f in streams),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"drift_{directory.name}_{result['date'][:10]}"
+        result["files"] = {"json": f"{stem}.json", "plot": f"{stem}.png"}
+        plot_calibration(result, result["files"]["plot"])
+        Path(result["files"]["json"]).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def plot_calibration(r: dict, path: str) -> None:
+    """Mean Delta (reuse - prune action error) per drift bin with 95% intervals, pooled and
+    per cache age; below zero, reusing the cache is closer to full recompute than pruning."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bins = [b for b in r["bins"] if b["n"]]
+    labels = [f"{b['drift'][0]:g}-{b['drift'][1]:g}" if b["drift"][1] is not None
+              else f">{b['drift'][0]:g}" for b in bins]  # fmt: skip
+    x = np.arange(len(bins))
+    ages = sorted({int(a) for b in bins for a in b["by_age"]})
+    width = 0.8 / (len(ages) + 1)
+    for k, a in enumerate(ages):
+        vals = [b["by_age"].get(str(a)) for b in bins]
+        ys = [v["mean_delta"] if v and v["n"] else np.nan for v in vals]
+        ax.bar(x + (k - len(ages) / 2) * width, ys, width, label=f"age {a}", alpha=0.6)
+    m = [b["mean_delta"] for b in bins]
+    lo = [b["mean_delta"] - b["ci95"][0] for b in bins]
+    hi = [b["ci95"][1] - b["mean_delta"] for b in bins]
+    ax.errorbar(x + (len(ages) / 2) * width, m, yerr=[lo, hi], fmt="ko", capsize=4,
+                label="pooled (95% CI)")  # fmt: skip
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, [f"{lab}\nn={b['n']}" for lab, b in zip(labels, bins, strict=True)])
+    ax.set(xlabel="mean drift of the probed tokens", ylabel="Delta = err(reuse) - err(prune)",
+           title=f"{Path(r['policy']).name}: {r['probes']} probes, recommended delta "
+                 f"{r['recommended_delta']}")  # fmt: skip
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def format_calibration(r: dict) -> str:
