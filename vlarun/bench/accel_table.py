@@ -385,7 +385,10 @@ def run_table(o, log) -> dict:
 
 def write_table(result: dict, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"accel_table{'_quick' if result['quick'] else ''}_{result['date'][:10]}"
+    # Runs of different groups (e.g. the token rows at 100 episodes, the EfficientVLA parts at
+    # 30) get their own files, so one does not overwrite the other.
+    groups = "-".join(dict.fromkeys(r["group"] for r in result["table"]))
+    stem = f"accel_table{'_quick' if result['quick'] else ''}_{groups}_{result['date'][:10]}"
     files = {"json": str(out / f"{stem}.json"), "settings": str(out / f"{stem}_settings.json"),
              "plot": str(out / f"{stem}.png")}  # fmt: skip
     about = ("Accelerator settings measured by `vlarun bench accel --table` on vlarun's own "

@@ -4,7 +4,8 @@ robot actions. This is the object a user (or the simulator, or the robot agent) 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,10 @@ class Policy:
     # (OpenVLA: bicubic, its "resize-naive"); None: they are refused (vlarun's own policies
     # were trained at one size, and a silent resize would hide a camera misconfiguration).
     resize: str | None = None
+    # Accelerator settings calibrated for this checkpoint (``calibration.json`` beside its
+    # weights, e.g. {"triage": {"delta": 0.5}} from `vlarun calibrate-drift --write-delta`):
+    # every token policy built for it starts from these instead of the papers' defaults.
+    calibration: dict = field(default_factory=dict)
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -78,7 +83,8 @@ class Policy:
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size)
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
-        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize)
+        calibration = load_calibration(directory)
+        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize, calibration)
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -215,3 +221,28 @@ def resize_frame(frame: np.ndarray, size: int, how: str) -> np.ndarray:
         raise ValueError(f"resize must be one of {RESIZE_FILTERS}, got {how!r}")
     method = Image.BICUBIC if how == "bicubic" else Image.BILINEAR
     return np.asarray(Image.fromarray(frame).resize((size, size), method))
+
+
+CALIBRATION_FILE = "calibration.json"
+# What a calibration file may set, per accelerator: checked on load, so a typo fails loudly.
+CALIBRATED = {"triage": ("delta", "max_age")}
+
+
+def load_calibration(directory: str | Path) -> dict:
+    """A checkpoint's calibrated accelerator settings ({} when it has none); ValueError names
+    an unknown accelerator or knob, or a value that is not a number."""
+    path = Path(directory) / CALIBRATION_FILE
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    out = {}
+    for name, knobs in data.items():
+        if name.startswith("_"):  # "_source" and other notes
+            continue
+        if name not in CALIBRATED or not isinstance(knobs, dict):
+            raise ValueError(f"{path}: unknown accelerator {name!r}; known: {sorted(CALIBRATED)}")
+        for k, v in knobs.items():
+            if k not in CALIBRATED[name] or not isinstance(v, int | float):
+                raise ValueError(f"{path}: {name}.{k}={v!r}; calibratable: {CALIBRATED[name]}")
+        out[name] = dict(knobs)
+    return out

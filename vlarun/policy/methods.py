@@ -51,14 +51,19 @@ METHODS = (
 BUDGETLESS = ("full", "vla-cache-uncapped")
 
 
-def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
-    """A fresh token policy for ``method`` recomputing ``budget_fraction`` of the tokens."""
+def token_policy(
+    method: str, budget_fraction: float = 0.34, calibration: dict | None = None
+) -> TokenPolicy:
+    """A fresh token policy for ``method`` recomputing ``budget_fraction`` of the tokens, with
+    a checkpoint's calibrated knobs (``Policy.calibration``, e.g. TRIAGE's delta) where it has
+    them. Drop-all and keep-all share TRIAGE's ranking and so its calibration."""
     f = budget_fraction
+    tri = (calibration or {}).get("triage", {})
     makers = {
         "full": FullRecompute,
-        "triage": lambda: Triage(TriageConfig(budget_fraction=f)),
-        "drop-all": lambda: Triage(TriageConfig(budget_fraction=f, rest="prune")),
-        "keep-all": lambda: Triage(TriageConfig(budget_fraction=f, rest="reuse")),
+        "triage": lambda: Triage(TriageConfig(budget_fraction=f, **tri)),
+        "drop-all": lambda: Triage(TriageConfig(budget_fraction=f, rest="prune", **tri)),
+        "keep-all": lambda: Triage(TriageConfig(budget_fraction=f, rest="reuse", **tri)),
         "fastv": lambda: FastV(FastVConfig(budget_fraction=f)),
         "vla-cache": lambda: VLACache(VLACacheConfig(budget_fraction=f)),
         "vla-pruner": lambda: VLAPruner(VLAPrunerConfig(budget_fraction=f)),
@@ -73,8 +78,9 @@ def token_policy(method: str, budget_fraction: float = 0.34) -> TokenPolicy:
 
 
 def accelerated(policy, method: str, budget_fraction: float = 0.34) -> AcceleratedPolicy:
-    """``policy`` (a Policy) running ``method``'s token policy."""
-    return AcceleratedPolicy(policy, token_policy(method, budget_fraction))
+    """``policy`` (a Policy) running ``method``'s token policy (with its calibration)."""
+    calibration = getattr(policy, "calibration", None)
+    return AcceleratedPolicy(policy, token_policy(method, budget_fraction, calibration))
 
 
 @dataclass(frozen=True)

@@ -101,14 +101,15 @@ class AccelSetting:
                 f"policy ({', '.join(f'{k}: {FAMILIES[k]}' for k in bad)})"
             )
 
-    def hooks(self, family: str) -> Hooks | None:
-        """Fresh hooks (own state) running this setting on a ``family`` policy; None: plain."""
+    def hooks(self, family: str, calibration: dict | None = None) -> Hooks | None:
+        """Fresh hooks (own state) running this setting on a ``family`` policy with the
+        checkpoint's ``calibration`` (``Policy.calibration``); None: plain."""
         self.check_family(family)
         if self.identity:
             return None
         tokens = None
         if self.token_budget < 1.0:
-            tokens = token_policy(self.token_method, self.token_budget)
+            tokens = token_policy(self.token_method, self.token_budget, calibration)
         decoder = None
         if self.early_exit_sigma is not None:
             decoder = JacobiDecoder(JacobiConfig(sigma=float(self.early_exit_sigma)))
@@ -201,7 +202,7 @@ class AccelSetting:
 def accelerated_with(policy, setting: AccelSetting) -> AcceleratedPolicy:
     """``policy`` (a Policy) running ``setting`` in process: the same hooks the robot and the
     edge make from it."""
-    hooks = setting.hooks(policy.model.cfg.family)
+    hooks = setting.hooks(policy.model.cfg.family, getattr(policy, "calibration", None))
     if hooks is None:
         return AcceleratedPolicy(policy)
     kw = {"denoise_cache": hooks.denoise_cache, "decoder": hooks.decoder}

@@ -218,7 +218,7 @@ class RobotAgent:
         if key not in self._graphs:
             model = self.policy.model
             if setting.key not in self._hooks:
-                self._hooks[setting.key] = setting.hooks(model.cfg.family)
+                self._hooks[setting.key] = setting.hooks(model.cfg.family, self.policy.calibration)
             w = Workload(1, text_tokens, self.dtype)
             self._graphs[key] = build_graph(model.cfg, model, w, self._hooks[setting.key])
         return self._graphs[key]

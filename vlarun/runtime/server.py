@@ -365,7 +365,7 @@ class EdgeServer:
             self._streams.move_to_end(key)
             return self._streams[key]
         model = self.policy.model
-        hooks = setting.hooks(model.cfg.family)
+        hooks = setting.hooks(model.cfg.family, self.policy.calibration)
         entry = (hooks, build_graph(model.cfg, model, Workload(1, 1, self.dtype), hooks))
         self._streams[key] = entry
         while len(self._streams) > self.cfg.max_streams:

@@ -49,6 +49,11 @@ class DriftCalibrationConfig:
     layer: int = opt(2, "shallow layer of drift and importance")
     max_steps: int = opt(40, "at most this many steps per episode")
     out: str | None = opt(None, "directory for drift_<policy>_<date>.json and its plot")
+    write_delta: bool = opt(
+        False,
+        "write the recommended delta into the checkpoint's "
+        "calibration.json (TRIAGE built for it then uses it)",
+    )
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
@@ -236,6 +241,8 @@ def run_calibration(cfg: DriftCalibrationConfig) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
         "wall_s": round(time.time() - t0, 1),
     }
+    if cfg.write_delta:
+        result["calibration"] = str(write_delta(directory, result))
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -244,6 +251,27 @@ def run_calibration(cfg: DriftCalibrationConfig) -> dict:
         plot_calibration(result, result["files"]["plot"])
         Path(result["files"]["json"]).write_text(json.dumps(result, indent=1))
     return result
+
+
+def write_delta(directory: Path, result: dict) -> Path:
+    """Record ``result``'s recommended delta in ``directory``/calibration.json (other entries
+    kept), with where it came from; a recommendation of 0 (reuse never safe) is refused."""
+    import json
+
+    from vlarun.policy.base import CALIBRATION_FILE, load_calibration
+
+    delta = result["recommended_delta"]
+    if not delta:
+        raise ValueError("the diagnostic found no drift level where reuse is safe; not written")
+    path = Path(directory) / CALIBRATION_FILE
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("triage", {})["delta"] = delta
+    data["_source"] = (f"vlarun calibrate-drift ({result.get('date', '?')}): {result['probes']} "
+                       f"probes, tasks {', '.join(result.get('tasks', []))}, ages "
+                       f"{result.get('ages')}")  # fmt: skip
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    load_calibration(directory)  # what was written loads
+    return path
 
 
 def plot_calibration(r: dict, path: str) -> None:
