@@ -49,3 +49,45 @@ def test_efficientvla_all_parts(oft_policy, frames, actions, instruction):
         efficientvla(oft_policy, cfg)
     with pytest.raises(ValueError, match="denoise_cache"):
         efficientvla(oft_policy, EfficientVLAConfig(cache_interval=5))  # OFT: no denoiser
+
+
+def test_a_checkpoints_calibration_reaches_every_triage_it_builds(tmp_path):
+    """calibration.json beside the weights sets TRIAGE's delta for the token policies made for
+    that checkpoint, in process and from a runtime setting; a bad file fails naming the key."""
+    import json
+    import shutil
+
+    from vlarun.paths import checkpoints_dir
+    from vlarun.policy.base import Policy
+    from vlarun.policy.setting import AccelSetting
+
+    ckpt = tmp_path / "oft"
+    shutil.copytree(checkpoints_dir() / "tiny-oft", ckpt)
+    plain = Policy.from_checkpoint(ckpt)
+    assert plain.calibration == {} and accelerated(plain, "triage").tokens.cfg.delta == 0.3
+    (ckpt / "calibration.json").write_text(json.dumps({"triage": {"delta": 0.5}, "_source": "x"}))
+    policy = Policy.from_checkpoint(ckpt)
+    assert policy.calibration == {"triage": {"delta": 0.5}}
+    for method in ("triage", "drop-all", "keep-all"):
+        assert accelerated(policy, method, 0.18).tokens.cfg.delta == 0.5
+    hooks = AccelSetting.parse("triage:0.18").hooks("parallel", policy.calibration)
+    assert hooks.tokens.cfg.delta == 0.5
+    (ckpt / "calibration.json").write_text(json.dumps({"triage": {"dleta": 0.5}}))
+    with pytest.raises(ValueError, match="dleta"):
+        Policy.from_checkpoint(ckpt)
+    (ckpt / "calibration.json").write_text(json.dumps({"fastv": {"layer": 1}}))
+    with pytest.raises(ValueError, match="unknown accelerator 'fastv'"):
+        Policy.from_checkpoint(ckpt)
+
+
+def test_write_delta_records_the_recommendation_and_refuses_none(tmp_path):
+    import json
+
+    from vlarun.policy.base import load_calibration
+    from vlarun.sim.drift_calibration import write_delta
+
+    (tmp_path / "calibration.json").write_text(json.dumps({"triage": {"max_age": 12}}))
+    write_delta(tmp_path, {"recommended_delta": 0.4, "probes": 10, "ages": [1]})
+    assert load_calibration(tmp_path) == {"triage": {"max_age": 12, "delta": 0.4}}
+    with pytest.raises(ValueError, match="not written"):
+        write_delta(tmp_path, {"recommended_delta": 0.0, "probes": 10})
