@@ -304,9 +304,14 @@ def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
     return rows
 
 
-def large_policy(llm=None):
+def large_policy(llm=None, family: str = "autoregressive"):
     """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
-    tokens), TinyLlama-1.1B LM (or ``llm``), autoregressive 7-dim actions, bf16, prepacked."""
+    tokens), TinyLlama-1.1B LM (or ``llm``); autoregressive 7-dim actions, or with
+    ``family="diffusion"`` CogACT's DiT-Base action module (16 actions, 10 DDIM steps). bf16
+    and prepacked where this CPU runs bf16 natively, else fp32 (emulated bf16 is ~190x slower
+    and would time the emulation, not the method)."""
+    from vlarun.models.device import bf16_is_fast
+    from vlarun.models.dit_head import DiTConfig
     from vlarun.models.llama import LlamaConfig
     from vlarun.models.tokenizer import load_tokenizer
     from vlarun.models.vit import ViTConfig
@@ -331,20 +336,32 @@ def large_policy(llm=None):
         num_heads=6,
         intermediate_size=1536,
     )
+    head = {}
+    if family == "diffusion":
+        dit = DiTConfig.cogact("DiT-B", cond_dim=llm.hidden_size, action_dim=7, future_steps=15)
+        head = {"dit": dit, "chunk": 16}
     cfg = VLAConfig(
-        name="openvla-like-1b",
-        family="autoregressive",
+        name=f"openvla-like-1b{'-dit' if family == 'diffusion' else ''}",
+        family=family,
         llm=llm,
         vision=(vit,),
         connector="mlp",
         action_dim=7,
-        chunk=1,
+        chunk=head.pop("chunk", 1),
         max_text_tokens=128,
+        **head,
     )
     torch.manual_seed(0)
-    model = VLA(cfg).to(torch.bfloat16).eval()
+    dtype = torch.bfloat16 if bf16_is_fast() else torch.float32
+    model = VLA(cfg).to(dtype).eval()
     model.language_model.prepack()
     return Policy(model, load_tokenizer(None, llm.vocab_size))
+
+
+def large_label(policy) -> str:
+    """The ~1B row's name, with the dtype it ran in."""
+    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+    return f"{policy.model.cfg.name} (random, {dtype})"
 
 
 def latency(o: BenchAccelOptions, log) -> list[dict]:
@@ -367,7 +384,7 @@ def latency(o: BenchAccelOptions, log) -> list[dict]:
         big = large_policy()
         queries = max(4, o.latency_queries // 4)  # ~1-2 s a query on two cores
         stream = synthetic_stream(big.model.cfg.image_size, queries, instruction)
-        rows += latency_rows("openvla-like-1b (random, bf16)", big, stream, o.latency_budget, log)
+        rows += latency_rows(large_label(big), big, stream, o.latency_budget, log)
     return rows
 
 

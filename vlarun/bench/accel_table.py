@@ -257,7 +257,7 @@ def _p50(episodes: list[dict]) -> float | None:
 def timing(o, groups: dict, log) -> list[dict]:
     """Per group: every configuration and full compute over one recorded stream, taking turns
     (``time_streams``); the token rows also on the ~1B random-weight shape."""
-    from vlarun.bench.accel import large_policy, synthetic_stream, time_streams
+    from vlarun.bench.accel import large_label, large_policy, synthetic_stream, time_streams
     from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import build_candidate
 
@@ -274,15 +274,29 @@ def timing(o, groups: dict, log) -> list[dict]:
         candidates = [build_candidate(policy if s == "full" else rows_policy, s, o.demos)
                       for s in specs]  # fmt: skip
         out += _timed(group, g["policy"], specs, candidates, stream, time_streams, log)
-        if group == "tokens" and o.large:
-            big = large_policy()
-            n = max(4, o.latency_queries // 6)
-            ins = stream[0][0]
-            synth = synthetic_stream(big.model.cfg.image_size, n, ins)
-            cands = [build_candidate(big, s) for s in specs]
-            out += _timed(group, "openvla-like-1b (random, bf16)", specs, cands, synth,
-                          time_streams, log)  # fmt: skip
+        if o.large and group in ("tokens", "efficientvla"):
+            # ~1B shapes: the token rows on the OpenVLA-like AR, EfficientVLA's parts on the
+            # CogACT-like DiT (layers and MLP channels calibrated on the synthetic frames).
+            family = "autoregressive" if group == "tokens" else "diffusion"
+            big = large_policy(family=family)
+            synth = synthetic_stream(big.model.cfg.image_size, max(4, o.latency_queries // 10),
+                                     stream[0][0])  # fmt: skip
+            calib = [(big.image_tensor(f), big.text_ids(ins)) for ins, f, _ in synth]
+            cands = [_large_candidate(big, s, calib) for s in specs]
+            out += _timed(group, large_label(big), specs, cands, synth, time_streams, log)
     return out
+
+
+def _large_candidate(big, spec: str, calibration: list):
+    """A configuration on a random-weight ~1B policy (EfficientVLA parts calibrated on
+    ``calibration`` instead of demo frames, which a random model has none of)."""
+    from vlarun.policy.methods import DEPTH_PARTS, efficientvla
+    from vlarun.sim.evaluate import build_candidate
+
+    head, _, part = spec.partition(":")
+    if head == "evla":
+        return efficientvla(big, DEPTH_PARTS[part], calibration)
+    return build_candidate(big, spec)
 
 
 def _timed(group, model, specs, candidates, stream, time_streams, log) -> list[dict]:
