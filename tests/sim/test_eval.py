@@ -146,3 +146,22 @@ def test_eval_paired_with_rejects_a_bad_configuration(capsys):
     assert "must be in (0, 1]" in capsys.readouterr().err
     assert main(["eval", "--paired-with", "nope:0.3"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+def test_episode_job_counts_each_inference_once_and_replays_what_it_recorded():
+    """run_job's summary covers every inference of its episodes exactly once (the first,
+    a warm-up, is dropped from the latencies only), and a recorded episode replayed through
+    the same configuration gives one action error per recorded observation."""
+    from vlarun.paths import policy_dir
+    from vlarun.sim.evaluate import EpisodeJob, run_job
+
+    ckpt = str(policy_dir("tiny-oft"))
+    full = run_job(EpisodeJob(ckpt, "reach-v3", (10000, 10001), record=1, max_steps=12))
+    instruction, seen = full["episodes"][0]["recorded"]
+    assert len(seen) == len(full["episodes"][0]["latency_ms"]) + 1 and instruction
+    job = EpisodeJob(ckpt, "reach-v3", (10000, 10001), "triage:0.34", max_steps=12,
+                     replay=((instruction, seen),))  # fmt: skip
+    r = run_job(job)
+    inferences = sum(len(e["latency_ms"]) for e in r["episodes"]) + 1
+    assert r["summary"]["steps"] == inferences
+    assert len(r["action_errors"]) == len(seen) and min(r["action_errors"]) >= 0

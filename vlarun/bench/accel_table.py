@@ -143,6 +143,8 @@ def run_pool(jobs: list, workers: int, log) -> list[dict]:
 
 def closed_loop(o, log) -> dict:
     """Per group: full compute recorded, then every configuration on the same episodes."""
+    from vlarun.sim.evaluate import merge_summaries
+
     groups = {}
     full_jobs = {}
     for group in items(o.groups):
@@ -166,7 +168,7 @@ def closed_loop(o, log) -> dict:
                 replay.setdefault(e["task"], []).append(e.pop("recorded"))
         groups[group]["full"] = {
             "episodes": episodes,
-            "summary": _merge([r["summary"] for r in res]),
+            "summary": merge_summaries([r["summary"] for r in res]),
         }
         groups[group]["replay"] = replay
     other_jobs = []
@@ -186,19 +188,10 @@ def closed_loop(o, log) -> dict:
             ]
             g["rows"][spec] = {
                 "episodes": [e for r in mine for e in r["episodes"]],
-                "summary": _merge([r["summary"] for r in mine]),
+                "summary": merge_summaries([r["summary"] for r in mine]),
                 "action_errors": [x for r in mine for x in r["action_errors"]],
             }
     return groups
-
-
-def _merge(summaries: list[dict]) -> dict:
-    summaries = [s for s in summaries if s]
-    total = sum(s["steps"] for s in summaries)
-    if not total:
-        return {}
-    keys = [k for k in summaries[0] if k != "steps"]
-    return {"steps": total} | {k: sum(s[k] * s["steps"] for s in summaries) / total for k in keys}
 
 
 def analyse(o, groups: dict) -> list[dict]:

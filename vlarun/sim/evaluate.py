@@ -257,7 +257,7 @@ def run_job(job: EpisodeJob) -> dict:
         policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
     env = MetaWorldEnv(job.task, max_steps=job.max_steps, **env_views(policy.model.cfg))
-    results, summaries = [], []
+    results = []
     for i, seed in enumerate(job.seeds):
         frames = [] if job.keep_frames and i == 0 else None
         seen: list = []
@@ -274,17 +274,18 @@ def run_job(job: EpisodeJob) -> dict:
             r["frames"] = np.stack(frames)
         if i < job.record:
             r["recorded"] = (env.instruction, seen)
-        if hasattr(policy, "summary"):
-            summaries.append(policy.summary())
         results.append({"task": job.task} | r)
     env.close()
-    return {"episodes": results, "summary": _mean_summary(summaries),
+    # The policy's per-step statistics run over all the job's episodes (reset() keeps them),
+    # so one summary at the end covers each step once; taken before the replay adds steps.
+    summary = policy.summary() if hasattr(policy, "summary") else {}
+    return {"episodes": results, "summary": summary,
             "action_errors": _replay_errors(policy, job.replay)}  # fmt: skip
 
 
-def _mean_summary(summaries: list[dict]) -> dict:
-    """Decision counts and FLOPs ratio per inference over the job's episodes (weighted by
-    each episode's steps)."""
+def merge_summaries(summaries: list[dict]) -> dict:
+    """Decision counts and FLOPs ratio per inference over several summaries (episodes, or jobs),
+    each weighted by its steps; {} when none ran a step."""
     summaries = [s for s in summaries if s.get("steps")]
     total = sum(s["steps"] for s in summaries)
     if not total:
