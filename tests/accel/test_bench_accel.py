@@ -45,6 +45,25 @@ def test_large_shape_latency_rows_run_with_a_small_lm():
     assert next(r for r in rows if r["method"] == "triage")["flops_ratio"] < 1.0
 
 
+def test_large_dit_shape_times_efficientvla_parts_with_a_small_lm():
+    """The table's ~1B CogACT-like row (a DiT head) with a 12-layer toy LM: every part builds,
+    calibrated on the synthetic frames, and the all-on configuration does fewer FLOPs."""
+    from vlarun.bench.accel import large_label, large_policy, synthetic_stream, time_streams
+    from vlarun.bench.accel_table import _large_candidate
+    from vlarun.models.llama import LlamaConfig
+
+    llm = LlamaConfig(vocab_size=32064, hidden_size=128, intermediate_size=256, num_layers=12,
+                      num_heads=4, num_kv_heads=2, max_positions=512)  # fmt: skip
+    big = large_policy(llm, family="diffusion", dit_size="DiT-S")
+    assert big.model.cfg.family == "diffusion" and "-dit (random, " in large_label(big)
+    stream = synthetic_stream(224, 2, "pick up the cube")
+    calib = [(big.image_tensor(f), big.text_ids(ins)) for ins, f, _ in stream]
+    specs = ["full", "evla:all", "evla:mlp-activation"]
+    rows = time_streams([_large_candidate(big, s, calib) for s in specs], stream)
+    assert rows[0]["flops_ratio"] == 1.0 and rows[1]["flops_ratio"] < 0.6
+    assert all(r["e2e_ms"] > 0 for r in rows)
+
+
 def test_part_runs_get_their_own_file_and_the_command_line(tmp_path, monkeypatch):
     """A sweep-only run must not overwrite a later latency-only run's file (and vice versa),
     and the result names the command line that produced it."""

@@ -304,10 +304,11 @@ def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
     return rows
 
 
-def large_policy(llm=None, family: str = "autoregressive"):
+def large_policy(llm=None, family: str = "autoregressive", dit_size: str = "DiT-B"):
     """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
     tokens), TinyLlama-1.1B LM (or ``llm``); autoregressive 7-dim actions, or with
-    ``family="diffusion"`` CogACT's DiT-Base action module (16 actions, 10 DDIM steps). bf16
+    ``family="diffusion"`` CogACT's DiT action module (``dit_size``, default DiT-Base; 16
+    actions, 10 DDIM steps). bf16
     and prepacked where this CPU runs bf16 natively, else fp32 (emulated bf16 is ~190x slower
     and would time the emulation, not the method)."""
     from vlarun.models.device import bf16_is_fast
@@ -338,7 +339,7 @@ def large_policy(llm=None, family: str = "autoregressive"):
     )
     head = {}
     if family == "diffusion":
-        dit = DiTConfig.cogact("DiT-B", cond_dim=llm.hidden_size, action_dim=7, future_steps=15)
+        dit = DiTConfig.cogact(dit_size, cond_dim=llm.hidden_size, action_dim=7, future_steps=15)
         head = {"dit": dit, "chunk": 16}
     cfg = VLAConfig(
         name=f"openvla-like-1b{'-dit' if family == 'diffusion' else ''}",
