@@ -64,6 +64,21 @@ def test_large_dit_shape_times_efficientvla_parts_with_a_small_lm():
     assert all(r["e2e_ms"] > 0 for r in rows)
 
 
+def test_triage_lead_is_paired_per_budget():
+    from vlarun.bench.accel_table import triage_leads
+
+    def row(config, outcomes):
+        return {"group": "tokens", "config": config, "outcomes": outcomes}
+
+    rows = [row("full", [1, 1, 1, 1]), row("triage:0.07", [1, 1, 0, 1]),
+            row("fastv:0.07", [0, 1, 0, 0]), row("fastv:0.34", [1, 1, 1, 1])]  # fmt: skip
+    triage_leads(rows, 200)
+    lead = rows[2]["triage_lead"]
+    assert lead["difference"] == 0.5 and lead["only_other"] == 2 and lead["only_base"] == 0
+    assert "triage_lead" not in rows[3]  # no TRIAGE at 34% to pair with
+    assert "triage_lead" not in rows[0] and "triage_lead" not in rows[1]
+
+
 def test_part_runs_get_their_own_file_and_the_command_line(tmp_path, monkeypatch):
     """A sweep-only run must not overwrite a later latency-only run's file (and vice versa),
     and the result names the command line that produced it."""
@@ -106,6 +121,8 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
         full = rows[(x["group"], "full")]
         assert d["difference"] == pytest.approx(x["success_rate"] - full["success_rate"])
         assert set(x["tasks"]) == {"reach-v3"}
+    assert len(rows[("tokens", "full")]["keys"]) == 2
+    assert all(len(x["outcomes"]) == 2 for x in rows.values())
     triage = rows[("tokens", "triage:0.34")]
     assert triage["action_error"] > 0 and triage["flops_ratio"] < 1.0
     assert 0.0 <= triage["reused_share"] <= 1.0

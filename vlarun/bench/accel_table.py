@@ -234,8 +234,29 @@ def analyse(o, groups: dict) -> list[dict]:
                 "pruned": s.get("pruned"),
                 "reused_share": (s["reused"] / not_recomputed) if not_recomputed else None,
                 "closed_loop_p50_ratio": _p50(r["episodes"]) / base_lat if base_lat else None,
+                # Each episode's outcome in (task, seed) order, so any two rows of the group
+                # can be paired later (the order is the group's "full" row's "keys").
+                "outcomes": [int(w) for w in wins],
             })  # fmt: skip
+            if spec == "full":
+                rows[-1]["keys"] = [list(k) for k in order]
+    triage_leads(rows, o.bootstrap)
     return rows
+
+
+def triage_leads(rows: list[dict], resamples: int = 2000) -> None:
+    """TRIAGE's paired lead over every other token method at the same budget (the paper's
+    "beats the strongest baseline by 24.4 pp" is this, at B = 7%): ``row["triage_lead"]``."""
+    from vlarun.sim.evaluate import paired_difference
+
+    by = {(r["group"], r["config"]): r for r in rows}
+    for r in rows:
+        method, _, budget = r["config"].partition(":")
+        tri = by.get((r["group"], f"triage:{budget}"))
+        if not budget or method == "triage" or tri is None or r["group"] != "tokens":
+            continue
+        d = paired_difference(r["outcomes"], tri["outcomes"], resamples)
+        r["triage_lead"] = {k: d[k] for k in ("difference", "ci95", "only_base", "only_other")}
 
 
 def _p50(episodes: list[dict]) -> float | None:
@@ -461,6 +482,15 @@ def format_table(r: dict) -> str:
             f"{x['ci95'][1]:.0%}) | {d['difference'] * 100:+.1f} pp ({d['ci95'][0] * 100:+.1f} "
             f"to {d['ci95'][1] * 100:+.1f}) | {x['episodes']} | {err} | {flops} | {share} |"
         )
+    leads = [x for x in r["table"] if x.get("triage_lead")]
+    if leads:
+        lines += ["", "| TRIAGE vs | paired lead (95% CI) | only TRIAGE | only the baseline |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for x in leads:
+            d = x["triage_lead"]
+            lines.append(f"| {x['config']} | {d['difference'] * 100:+.1f} pp "
+                         f"({d['ci95'][0] * 100:+.1f} to {d['ci95'][1] * 100:+.1f}) | "
+                         f"{d['only_other']} | {d['only_base']} |")  # fmt: skip
     tasks = r["tasks"]
     lines += ["", "| config | " + " | ".join(t.removesuffix("-v3") for t in tasks) + " |",
               "|---|" + "---|" * len(tasks)]  # fmt: skip
