@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlarun.bench.replay import interleaved_runs
+from vlarun.bench.replay import time_streams
+from vlarun.bench.shapes import large_label, large_policy, synthetic_stream
 from vlarun.config import invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.methods import (
@@ -253,48 +253,6 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
 # Latency
 
 
-def time_streams(
-    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
-) -> list[dict]:
-    """Timings of each policy over the stream, replayed as one episode per policy, the
-    policies taking turns query by query (``replay.interleaved_runs``). Stateful methods
-    recompute every token at an episode's first query, so that query is reported apart
-    (``first_query_ms``); mean and p99 are over the other, steady-state queries (``p99_all_ms``
-    includes the first)."""
-    out = []
-    for policy, runs in zip(policies, interleaved_runs(policies, stream), strict=True):
-        times = [{s.name: s.seconds * 1e3 for s in run.timings} for run in runs]
-        # An OFT graph has no separate prefill: its "prefill_head" stage (prefill + the one
-        # parallel pass of the action slots) is what token methods shorten.
-        prefill = [t["prefill"] if "prefill" in t else t["prefill_head"] for t in times]
-        out.append(_timing(policy, prefill, [sum(t.values()) for t in times]))
-    return out
-
-
-def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -> dict:
-    steady = slice(1, None) if len(e2e) > 1 else slice(None)
-    return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.steps[steady]])),
-            "prefill_ms": statistics.mean(prefill[steady]), "e2e_ms": statistics.mean(e2e[steady]),
-            "p99_ms": float(np.percentile(e2e[steady], 99)), "first_query_ms": e2e[0],
-            "p99_all_ms": float(np.percentile(e2e, 99)), "queries": len(e2e)}  # fmt: skip
-
-
-def synthetic_stream(
-    size: int, n: int, instruction: str, state_dim: int = 0
-) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
-    """A slowly changing scene (random background, a moving block) for random-weight models,
-    as (instruction, frame, state) queries (a zero state when the model takes one)."""
-    rng = np.random.default_rng(0)
-    bg = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
-    out = []
-    for t in range(n):
-        f = bg.copy()
-        y = (t * size // 40) % (size * 3 // 4)
-        f[y : y + size // 5, size // 4 : size // 2] = 255
-        out.append((instruction, f, np.zeros(state_dim, np.float32) if state_dim else None))
-    return out
-
-
 def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
     fast = [accelerated(policy, method, budget) for method in LATENCY_METHODS]
     rows = []
@@ -302,67 +260,6 @@ def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
         rows.append({"model": name, "method": method, "budget_fraction": budget} | r)
         log(f"latency {name} {method}: prefill {r['prefill_ms']:.1f} ms, e2e {r['e2e_ms']:.1f}")
     return rows
-
-
-def large_policy(llm=None, family: str = "autoregressive", dit_size: str = "DiT-B"):
-    """A random-weight OpenVLA-like policy: SigLIP-S-ish ViT at 224 px / 14 (256 visual
-    tokens), TinyLlama-1.1B LM (or ``llm``); autoregressive 7-dim actions, or with
-    ``family="diffusion"`` CogACT's DiT action module (``dit_size``, default DiT-Base; 16
-    actions, 10 DDIM steps). bf16
-    and prepacked where this CPU runs bf16 natively, else fp32 (emulated bf16 is ~190x slower
-    and would time the emulation, not the method)."""
-    from vlarun.models.device import bf16_is_fast
-    from vlarun.models.dit_head import DiTConfig
-    from vlarun.models.llama import LlamaConfig
-    from vlarun.models.tokenizer import load_tokenizer
-    from vlarun.models.vit import ViTConfig
-    from vlarun.models.vla import VLA, VLAConfig
-    from vlarun.policy.base import Policy
-
-    llm = llm or LlamaConfig(
-        vocab_size=32064,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_layers=22,
-        num_heads=32,
-        num_kv_heads=4,
-        max_positions=512,
-    )
-    vit = ViTConfig(
-        kind="siglip",
-        image_size=224,
-        patch_size=14,
-        hidden_size=384,
-        num_layers=6,
-        num_heads=6,
-        intermediate_size=1536,
-    )
-    head = {}
-    if family == "diffusion":
-        dit = DiTConfig.cogact(dit_size, cond_dim=llm.hidden_size, action_dim=7, future_steps=15)
-        head = {"dit": dit, "chunk": 16}
-    cfg = VLAConfig(
-        name=f"openvla-like-1b{'-dit' if family == 'diffusion' else ''}",
-        family=family,
-        llm=llm,
-        vision=(vit,),
-        connector="mlp",
-        action_dim=7,
-        chunk=head.pop("chunk", 1),
-        max_text_tokens=128,
-        **head,
-    )
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if bf16_is_fast() else torch.float32
-    model = VLA(cfg).to(dtype).eval()
-    model.language_model.prepack()
-    return Policy(model, load_tokenizer(None, llm.vocab_size))
-
-
-def large_label(policy) -> str:
-    """The ~1B row's name, with the dtype it ran in."""
-    dtype = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
-    return f"{policy.model.cfg.name} (random, {dtype})"
 
 
 def latency(o: BenchAccelOptions, log) -> list[dict]:

@@ -21,7 +21,7 @@ the share of non-recomputed tokens whose cache was reused (TRIAGE: valid by drif
 pruned. Episodes run in ``--workers`` processes of one thread each.
 
 Time ratios are measured apart, by replaying one recorded stream with every configuration of a
-group taking turns query by query (``bench.accel.time_streams``) on the quiet machine: on the
+group taking turns query by query (``bench.replay.time_streams``) on the quiet machine: on the
 group's own policy, and for the token rows also on the ~1B random-weight OpenVLA-like shape.
 
 The settings file (``*_settings.json``, the format of ``sched/settings.json``) carries what the
@@ -271,7 +271,8 @@ def _p50(episodes: list[dict]) -> float | None:
 def timing(o, groups: dict, log) -> list[dict]:
     """Per group: every configuration and full compute over one recorded stream, taking turns
     (``time_streams``); the token rows also on the ~1B random-weight shape."""
-    from vlarun.bench.accel import large_label, large_policy, synthetic_stream, time_streams
+    from vlarun.bench.replay import time_streams
+    from vlarun.bench.shapes import large_label, large_policy, synthetic_stream
     from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import build_candidate
 

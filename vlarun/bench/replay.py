@@ -7,6 +7,8 @@ happened to run at that moment.
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 
 from vlarun.policy.accelerated import AcceleratedPolicy
@@ -36,3 +38,29 @@ def interleaved_runs(
         for policy, out in zip(policies, runs, strict=True):
             out.append(policy.run_stages(image, instruction, state=state))
     return runs
+
+
+def time_streams(
+    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
+) -> list[dict]:
+    """Timings of each policy over the stream, replayed as one episode per policy, the
+    policies taking turns query by query (``replay.interleaved_runs``). Stateful methods
+    recompute every token at an episode's first query, so that query is reported apart
+    (``first_query_ms``); mean and p99 are over the other, steady-state queries (``p99_all_ms``
+    includes the first)."""
+    out = []
+    for policy, runs in zip(policies, interleaved_runs(policies, stream), strict=True):
+        times = [{s.name: s.seconds * 1e3 for s in run.timings} for run in runs]
+        # An OFT graph has no separate prefill: its "prefill_head" stage (prefill + the one
+        # parallel pass of the action slots) is what token methods shorten.
+        prefill = [t["prefill"] if "prefill" in t else t["prefill_head"] for t in times]
+        out.append(_timing(policy, prefill, [sum(t.values()) for t in times]))
+    return out
+
+
+def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -> dict:
+    steady = slice(1, None) if len(e2e) > 1 else slice(None)
+    return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.steps[steady]])),
+            "prefill_ms": statistics.mean(prefill[steady]), "e2e_ms": statistics.mean(e2e[steady]),
+            "p99_ms": float(np.percentile(e2e[steady], 99)), "first_query_ms": e2e[0],
+            "p99_all_ms": float(np.percentile(e2e, 99)), "queries": len(e2e)}  # fmt: skip
