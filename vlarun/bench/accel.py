@@ -206,12 +206,9 @@ def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
 
 def fidelity(policy: AcceleratedPolicy, recorded: list[dict]) -> float:
     """Mean |action - full recompute's| over every recorded observation, episode by episode."""
-    errors = []
-    for ep in recorded:
-        policy.reset()
-        for image, state, ref in ep["obs"]:
-            got = policy.run_stages(image, ep["instruction"], state=state).outputs["actions"][0]
-            errors.append(float(np.abs(got.float().numpy() - ref).mean()))
+    from vlarun.sim.evaluate import replay_errors
+
+    errors = replay_errors(policy, tuple((ep["instruction"], ep["obs"]) for ep in recorded))
     return float(np.mean(errors)) if errors else float("nan")
 
 

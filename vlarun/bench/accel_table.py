@@ -36,7 +36,6 @@ import datetime
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -114,37 +113,11 @@ def _episodes(o, checkpoint: str, spec: str | None, replay: dict, record: int) -
     return jobs
 
 
-def run_pool(jobs: list, workers: int, log) -> list[dict]:
-    """``run_job`` over ``jobs`` in ``workers`` processes, results in job order, a progress
-    line per finished job (the table is hours of episodes on a 2-core CPU)."""
-    import multiprocessing
-
-    from vlarun.sim.evaluate import run_job
-
-    if workers == 1:
-        out = []
-        for i, job in enumerate(jobs):
-            out.append(run_job(job))
-            log(f"table: {i + 1}/{len(jobs)} jobs ({job.spec or 'full'} {job.task})")
-        return out
-    t0, results = time.time(), [None] * len(jobs)
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
-        for n, fut in enumerate(as_completed(futures), 1):
-            i = futures[fut]
-            results[i] = fut.result()
-            done = (time.time() - t0) / 60
-            left = done / n * (len(jobs) - n)
-            log(f"table: {n}/{len(jobs)} jobs, {done:.1f} min, ~{left:.0f} min left "
-                f"({jobs[i].spec or 'full'} {jobs[i].task})")  # fmt: skip
-    return results
-
-
 def closed_loop(o, log) -> dict:
     """Per group: full compute recorded, then every configuration on the same episodes."""
-    from vlarun.sim.evaluate import merge_summaries
+    from vlarun.sim.evaluate import merge_summaries, run_jobs
 
+    progress = lambda msg: log(f"table: {msg}")  # noqa: E731
     groups = {}
     full_jobs = {}
     for group in items(o.groups):
@@ -158,7 +131,7 @@ def closed_loop(o, log) -> dict:
         full_jobs[group] = _episodes(o, groups[group]["checkpoint"], None, {}, o.fidelity_episodes)
     flat = [j for js in full_jobs.values() for j in js]
     log(f"table: full compute of {len(full_jobs)} groups, {len(flat)} jobs")
-    results = iter(run_pool(flat, o.workers, log))
+    results = iter(run_jobs(flat, o.workers, progress))
     for group, jobs in full_jobs.items():
         res = [next(results) for _ in jobs]
         episodes = [e for r in res for e in r["episodes"]]
@@ -177,7 +150,7 @@ def closed_loop(o, log) -> dict:
             jobs = _episodes(o, g["rows_checkpoint"], spec, g["replay"], 0)
             other_jobs += [(group, spec, j) for j in jobs]
     log(f"table: {len(other_jobs)} jobs of accelerated configurations")
-    res = run_pool([j for _, _, j in other_jobs], o.workers, log)
+    res = run_jobs([j for _, _, j in other_jobs], o.workers, progress)
     for group, g in groups.items():
         g["rows"] = {}
         for spec in g["specs"]:

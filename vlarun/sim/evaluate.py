@@ -280,7 +280,7 @@ def run_job(job: EpisodeJob) -> dict:
     # so one summary at the end covers each step once; taken before the replay adds steps.
     summary = policy.summary() if hasattr(policy, "summary") else {}
     return {"episodes": results, "summary": summary,
-            "action_errors": _replay_errors(policy, job.replay)}  # fmt: skip
+            "action_errors": replay_errors(policy, job.replay)}  # fmt: skip
 
 
 def merge_summaries(summaries: list[dict]) -> dict:
@@ -294,7 +294,7 @@ def merge_summaries(summaries: list[dict]) -> dict:
     return {"steps": total} | {k: sum(s[k] * s["steps"] for s in summaries) / total for k in keys}
 
 
-def _replay_errors(policy, replay: tuple) -> list[float]:
+def replay_errors(policy, replay: tuple) -> list[float]:
     """|chunk - recorded chunk| means over recorded episodes, one per observation, with the
     policy reset before each episode (what it would have answered on the reference's path)."""
     errors = []
@@ -362,15 +362,32 @@ def split_seeds(seeds: list[int], workers: int, tasks: int) -> list[tuple[int, .
     return [tuple(seeds[i : i + per]) for i in range(0, len(seeds), per)]
 
 
-def run_jobs(jobs: list[EpisodeJob], workers: int) -> list[dict]:
-    """``run_job`` over ``jobs`` in ``workers`` spawned processes (in this one for 1), in order."""
+def run_jobs(jobs: list[EpisodeJob], workers: int, log=None) -> list[dict]:
+    """``run_job`` over ``jobs`` in ``workers`` spawned processes (in this one for 1), results
+    in job order; ``log`` (optional) gets a progress line per finished job."""
+    t0, results = time.time(), [None] * len(jobs)
+
+    def done(n: int, i: int) -> None:
+        if log is not None:
+            spent = (time.time() - t0) / 60
+            log(f"{n}/{len(jobs)} jobs, {spent:.1f} min, ~{spent / n * (len(jobs) - n):.0f} min "
+                f"left ({jobs[i].spec or 'full'} {jobs[i].task})")  # fmt: skip
+
     if workers == 1:
-        return [run_job(job) for job in jobs]
+        for i, job in enumerate(jobs):
+            results[i] = run_job(job)
+            done(i + 1, i)
+        return results
     import multiprocessing
+    from concurrent.futures import as_completed
 
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        return list(pool.map(run_job, jobs))
+        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        for n, fut in enumerate(as_completed(futures), 1):
+            results[futures[fut]] = fut.result()
+            done(n, futures[fut])
+    return results
 
 
 def paired_summary(cfg: EvalConfig, base: list[dict], other: list[dict]) -> dict:
