@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlarun.models.static_step import check_room
 from vlarun.models.vla import VLA, PrefillResult
 
 INITS = ("random", "repeat", "previous")
@@ -234,11 +235,12 @@ def action_step(model: VLA, pre: PrefillResult) -> Step:
     lm = model.language_model
     n = model.cfg.num_action_tokens
     positions = pre.next_pos[:, None] + torch.arange(n - 1, device=pre.next_pos.device)[None]
+    if n > 1:
+        check_room(pre.cache, lm, positions[:, -1])
 
     def step(tokens: Tensor, start: int = 0) -> Tensor:
         pos = positions[:, start : start + tokens.shape[1]]
-        hidden = lm(lm.embed(tokens), pos, pre.cache).hidden  # (B, T, d)
-        return lm.logits(hidden)
+        return model.steps.iterate(lm, pre.cache, tokens, pos)  # (B, T, V), static shapes
 
     return step
 

@@ -51,6 +51,7 @@ from torch import Tensor
 
 from vlarun.models.device import bf16_is_fast
 from vlarun.models.llama import LlamaConfig, LlamaLM
+from vlarun.models.static_step import DecodeSteps, mark_static
 
 PREFILL_TOKENS = 280  # OpenVLA: 256 visual tokens + ~24 text tokens
 DECODE_TOKENS = 8
@@ -202,11 +203,19 @@ class _Runner:
 
 
 class VlarunRunner(_Runner):
-    def __init__(self, model: LlamaLM, prompt_len: int, n_decode: int) -> None:
-        self.name = "vlarun"
+    """vlarun's prefill, then its static decode step (``static_step.decode_one``, or the
+    compiled one of ``steps``) on a cache sized to the request, as ``VLA.prefill`` sizes it."""
+
+    def __init__(
+        self, model: LlamaLM, prompt_len: int, n_decode: int, steps: DecodeSteps | None = None
+    ) -> None:
+        self.steps = steps or DecodeSteps()
+        self.name = "vlarun" if self.steps.mode == "eager" else f"vlarun-{self.steps.mode}"
         self.model = model
         # Preallocated cache is the design: creating it is not part of any forward.
-        self.cache = model.new_cache(1, CACHE_LEN)
+        self.cache = model.new_cache(1, prompt_len + n_decode + 1)
+        if self.steps.mode != "eager":
+            mark_static(self.cache)
         device = model.model.embed_tokens.weight.device
         self.positions = [torch.tensor([prompt_len + i], device=device) for i in range(n_decode)]
 
@@ -219,9 +228,7 @@ class VlarunRunner(_Runner):
         return m.logits(out.hidden[:, -1:]).argmax(-1)
 
     def step(self, tok: Tensor, i: int) -> Tensor:
-        m = self.model
-        out = m(m.embed(tok), self.positions[i], self.cache)
-        return m.logits(out.hidden).argmax(-1)
+        return self.steps.one(self.model, self.cache, tok[:, 0], self.positions[i])[:, None]
 
 
 class HFRunner(_Runner):

@@ -391,6 +391,7 @@ def engine_section(env: Env) -> dict:
         runners.append(static)
     except Exception as e:  # a transformers version whose StaticCache breaks eager use
         notes.append(f"hf-static unavailable: {type(e).__name__}: {e}")
+    notes += _add_compiled_runner(env, runners, ours, ids)
     pre: dict[str, list[float]] = {r.name: [] for r in runners}
     dec: dict[str, list[float]] = {r.name: [] for r in runners}
     for rep in range(env.warmup + env.repeats):
@@ -424,6 +425,9 @@ def engine_section(env: Env) -> dict:
     ours_p, ours_d = p_ms["vlarun"][0], d_ms["vlarun"][0]
     eager_p, eager_d = p_ms["hf-dynamic"][0], d_ms["hf-dynamic"][0]
     ours_total = ours_p + DECODE_STEPS * ours_d
+    # The goals take vlarun's faster decode: eager, or compiled as CUDA graphs where it ran.
+    best = min((n for n in d_ms if n.startswith("vlarun")), key=lambda n: d_ms[n][0])
+    best_d = d_ms[best][0]
     return {
         "model": "openvla-7b LM (Llama-2-7B)" if not env.quick else "engine tiny shape",
         "params": cfg.num_params(),
@@ -446,13 +450,37 @@ def engine_section(env: Env) -> dict:
         "decode_bytes_per_token": nbytes,
         "decode_floor_ms": floor_ms,
         "decode_floor_fraction": floor_ms / ours_d,
+        "decode_speedup_best_vs_hf_eager": eager_d / best_d,
+        "decode_floor_fraction_best": floor_ms / best_d,
         "goals": {  # the issue's, for a GPU at the real shape
-            "decode_ge_2x_hf_eager": eager_d / ours_d >= 2.0,
-            "decode_within_15pct_of_floor": ours_d <= floor_ms * 1.15,
+            "decode_runner": best,
+            "decode_ge_2x_hf_eager": eager_d / best_d >= 2.0,
+            "decode_within_15pct_of_floor": best_d <= floor_ms * 1.15,
             "prefill_ge_1.2x_hf_eager": eager_p / ours_p >= 1.2,
         },
         "notes": notes,
     }
+
+
+def _add_compiled_runner(env: Env, runners: list, ours, ids) -> list[str]:
+    """On CUDA, vlarun's decode step compiled as CUDA graphs (``reduce-overhead``, gpt-fast's
+    mode) joins the runners after its compile-and-capture warm-up; returns notes."""
+    from vlarun.bench import engine
+    from vlarun.models.static_step import compile_steps
+
+    if env.device.type != "cuda":
+        return ["compiled decode not timed off CUDA: torch.compile measured no faster on the "
+                "project's CPU (BENCHMARKS.md, compile probe)"]  # fmt: skip
+    try:
+        steps = compile_steps("reduce-overhead")
+        runner = engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS, steps)
+        t0 = time.perf_counter()
+        for _ in range(3):  # compile, then CUDA-graph recording, then a replay
+            _lm_infer(env, runner, ids)
+        runners.append(runner)
+        return [f"{runner.name}: compile + capture {time.perf_counter() - t0:.1f} s"]
+    except Exception as e:  # a compiler failure must not cost the eager rows
+        return [f"compiled decode unavailable: {type(e).__name__}: {e}"]
 
 
 def policies(env: Env) -> dict:

@@ -33,6 +33,7 @@ from vlarun.models.heads import (
     empty_action_embeddings,
 )
 from vlarun.models.llama import AttnProbe, KVCache, LlamaConfig, LlamaLM, LMOutput
+from vlarun.models.static_step import DecodeSteps, check_room
 from vlarun.models.token_plan import DeferredPlan, TokenPlan
 from vlarun.models.tokenizer import BOS_ID, PAD_ID
 from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbone, ViTConfig
@@ -250,6 +251,9 @@ class VLA(nn.Module):
         self.action_tokenizer = ActionTokenizer(
             vocab_size=cfg.action_vocab_size or cfg.llm.vocab_size
         )
+        # The static decode / Jacobi steps (static_step.py); ``static_step.compile_steps()``
+        # swaps in compiled ones (CUDA graphs on a GPU).
+        self.steps = DecodeSteps()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -358,16 +362,18 @@ class VLA(nn.Module):
     # -- stage 3: the family's head ---------------------------------------------------------------
 
     def decode_tokens(self, pre: PrefillResult) -> Tensor:
-        """Autoregressive greedy decoding of chunk*D action tokens -> ids (B, chunk*D)."""
+        """Autoregressive greedy decoding of chunk*D action tokens -> ids (B, chunk*D): one
+        static-shape step per token (``static_step.decode_one``), positions checked once."""
         lm = self.language_model
+        n = self.cfg.num_action_tokens
         tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
+        check_room(pre.cache, lm, pre.next_pos + n - 2)
         out = [tok]
-        pos = pre.next_pos.clone()
-        for _ in range(self.cfg.num_action_tokens - 1):
-            h = lm(lm.embed(tok[:, None]), pos[:, None], pre.cache).hidden[:, -1]
-            tok = lm.logits(h).argmax(-1)
+        pos = pre.next_pos
+        for _ in range(n - 1):
+            tok = self.steps.one(lm, pre.cache, tok, pos)
             out.append(tok)
-            pos += 1
+            pos = pos + 1
         return torch.stack(out, dim=1)
 
     def tokens_to_actions(self, ids: Tensor) -> Tensor:

@@ -1,0 +1,176 @@
+"""The static-shape decode steps equal the general forward, and have no host synchronisation."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from vlarun.models.llama import LlamaConfig, LlamaLM
+from vlarun.models.presets import tiny_openvla
+from vlarun.models.static_step import (
+    check_room,
+    compile_steps,
+    decode_one,
+    iterate_logits,
+    static_forward,
+)
+from vlarun.models.vla import VLA
+
+CFG = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=4,
+                  num_heads=4, num_kv_heads=2, max_positions=64)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lm() -> LlamaLM:
+    torch.manual_seed(0)
+    return LlamaLM(CFG).eval()
+
+
+def _prefilled(lm: LlamaLM, lengths: list[int], max_len: int = 40):
+    """A cache holding right-padded prompts of ``lengths`` and each row's next position."""
+    b, p = len(lengths), max(lengths)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, CFG.vocab_size, (b, p), generator=gen)
+    pad = torch.arange(p)[None] < torch.tensor(lengths)[:, None]
+    cache = lm.new_cache(b, max_len)
+    with torch.no_grad():
+        lm(lm.embed(ids), torch.arange(p), cache, pad_mask=pad)
+    return cache, torch.tensor(lengths)
+
+
+@pytest.mark.parametrize("lengths", [[9], [9, 6, 11]])
+@pytest.mark.parametrize("t", [1, 5])
+@torch.no_grad()
+def test_static_forward_equals_the_general_forward(lm, lengths, t):
+    """Decode (T = 1) and a Jacobi block (T = 5) at each row's own positions after a padded
+    prompt: the same hidden states, and the same cache afterwards."""
+    cache, nxt = _prefilled(lm, lengths)
+    ref_cache = copy.deepcopy(cache)
+    tokens = torch.randint(0, CFG.vocab_size, (len(lengths), t), generator=torch.Generator())
+    pos = nxt[:, None] + torch.arange(t)[None]
+    got = static_forward(lm, lm.embed(tokens), pos, cache)
+    want = lm(lm.embed(tokens), pos, ref_cache).hidden
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in ((cache.k, ref_cache.k), (cache.v, ref_cache.v)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert torch.equal(cache.valid, ref_cache.valid)
+
+
+@torch.no_grad()
+def test_static_forward_honours_per_layer_validity(lm):
+    """A cache whose deep layers lost pruned prompt tokens (TRIAGE): the deep layers' queries
+    must not see them, exactly as in the general forward."""
+    cache, nxt = _prefilled(lm, [12, 12])
+    cache.valid[2:, :, 3:7] = False
+    cache.layered = True
+    ref_cache = copy.deepcopy(cache)
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    pos = nxt[:, None] + torch.arange(3)[None]
+    got = static_forward(lm, lm.embed(tokens), pos, cache)
+    want = lm(lm.embed(tokens), pos, ref_cache).hidden
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # And the mask matters: with the slots valid again the result is different.
+    full, _ = _prefilled(lm, [12, 12])
+    other = static_forward(lm, lm.embed(tokens), pos, full)
+    assert (other - got).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_a_jacobi_iteration_from_a_later_start_sees_the_earlier_slots(lm):
+    """Rewriting only tokens 2..4 of a block leaves tokens 0..1's keys in the cache; the
+    queries must attend to them (the general forward's partial-recompute case)."""
+    cache, nxt = _prefilled(lm, [8])
+    ref = copy.deepcopy(cache)
+    block = torch.tensor([[3, 4, 5, 6, 7]])
+    pos = nxt[:, None] + torch.arange(5)[None]
+    iterate_logits(lm, cache, block, pos)
+    lm(lm.embed(block), pos, ref)
+    changed = torch.tensor([[50, 51, 52]])
+    got = iterate_logits(lm, cache, changed, pos[:, 2:])
+    want = lm.logits(lm(lm.embed(changed), pos[:, 2:], ref).hidden)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_the_steps_compile_as_one_graph(lm):
+    """fullgraph=True turns any host sync (.item(), int(tensor), a data-dependent shape) into
+    an error: the steps are capturable as CUDA graphs. The eager backend traces without
+    generating code, so the test needs no compiler."""
+    cache, nxt = _prefilled(lm, [9, 7])
+    ref = copy.deepcopy(cache)
+    tok = torch.tensor([1, 2])
+    one = torch.compile(decode_one, fullgraph=True, dynamic=False, backend="eager")
+    assert torch.equal(one(lm, cache, tok, nxt), decode_one(lm, ref, tok, nxt))
+    block = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    pos = nxt[:, None] + 1 + torch.arange(3)[None]
+    many = torch.compile(iterate_logits, fullgraph=True, dynamic=False, backend="eager")
+    torch.testing.assert_close(many(lm, cache, block, pos), iterate_logits(lm, ref, block, pos))
+
+
+@torch.no_grad()
+def test_the_general_forward_would_not_compile_as_one_graph(lm):
+    """Why the steps exist: the general forward syncs with the host (position checks, trimmed
+    keys), so fullgraph tracing refuses it."""
+    cache, nxt = _prefilled(lm, [9])
+
+    def general(tok, pos):
+        return lm(lm.embed(tok[:, None]), pos[:, None], cache).hidden
+
+    with pytest.raises(Exception):  # noqa: B017 (dynamo's error type varies by version)
+        torch.compile(general, fullgraph=True, backend="eager")(torch.tensor([1]), nxt)
+
+
+@torch.no_grad()
+def test_vla_greedy_decode_equals_one_general_forward_per_token():
+    torch.manual_seed(0)
+    model = VLA(dataclasses.replace(tiny_openvla(), chunk=2)).eval()
+    gen = torch.Generator().manual_seed(3)
+    images = torch.rand(2, model.cfg.num_images, 3, model.cfg.image_size, model.cfg.image_size,
+                        generator=gen)  # fmt: skip
+    ids = [[5, 6, 7, 8], [9, 10]]
+    prefix = model.build_prefix(model.encode_images(images), ids)
+    got = model.decode_tokens(model.prefill(prefix))
+    pre = model.prefill(prefix)
+    lm, tok, pos = model.language_model, lm_first(model, pre), pre.next_pos.clone()
+    want = [tok]
+    for _ in range(model.cfg.num_action_tokens - 1):
+        tok = lm.logits(lm(lm.embed(tok[:, None]), pos[:, None], pre.cache).hidden[:, -1])
+        tok = tok.argmax(-1)
+        want.append(tok)
+        pos += 1
+    assert torch.equal(got, torch.stack(want, dim=1))
+
+
+def lm_first(model: VLA, pre) -> torch.Tensor:
+    return model.language_model.logits(pre.last_hidden).argmax(-1)
+
+
+def test_positions_past_the_cache_fail_in_one_line(lm):
+    cache = lm.new_cache(1, 10)
+    with pytest.raises(ValueError, match="position 10 exceeds the context"):
+        check_room(cache, lm, torch.tensor([10]))
+    check_room(cache, lm, torch.tensor([9]))
+
+
+def test_unknown_compile_mode_is_refused():
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        compile_steps("fastest")
+
+
+@torch.no_grad()
+def test_a_dit_denoising_step_compiles_as_one_graph():
+    """The diffusion family's step (one DiT forward) is static already: fullgraph tracing
+    accepts it. (The DDIM loop reads its alpha table on the host, where it lives.)"""
+    from vlarun.models.presets import get_preset
+
+    torch.manual_seed(0)
+    cfg = get_preset("tiny-cogact")
+    head = VLA(cfg).eval().action_model
+    c = head.config
+    x = torch.randn(2, c.horizon, c.action_dim)
+    cond = torch.randn(2, cfg.llm.hidden_size)
+    t = torch.tensor([10, 10])
+    step = torch.compile(lambda x, t, cond: head(x, t, cond), fullgraph=True, backend="eager")
+    torch.testing.assert_close(step(x, t, cond), head(x, t, cond))
+    assert head.alphas_cumprod.device.type == "cpu"  # never a device sync in the loop

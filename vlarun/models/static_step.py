@@ -1,0 +1,124 @@
+"""Static-shape decode steps: the one-token decode and the Jacobi iteration (gpt-fast's pattern).
+
+``LlamaLM.forward`` serves every mode and pays for it in host synchronisation: it validates
+positions (``int(positions.max())``), trims the attended keys to the filled part of the cache
+(a data-dependent length) and checks whether the mask is trivial (``bool(mask.all())``) so that
+SDPA can skip it. Each of these stops the host until the device is idle, which on a GPU costs
+more than the decode step's kernels, and none of them can be captured in a CUDA graph.
+
+Here the decode-time forward is written so that every shape follows from the input's (B, T)
+and the cache's size, and nothing leaves the device:
+
+* keys are always all S cache slots; a query at position p sees slot s iff the slot is valid in
+  that layer and s <= p (its own and earlier action tokens were just written there, so causal
+  attention among the call's tokens follows from their positions);
+* K/V and validity are written with ``index_put_`` at tensor positions, per row;
+* RoPE rows are gathered by tensor positions.
+
+The result equals ``LlamaLM.forward`` on a cache for causal calls at contiguous positions (the
+decode and Jacobi cases; tests/models/test_static_step.py), including caches whose deep
+layers lost pruned tokens (TRIAGE's layered validity is per layer here too). Positions are
+checked once per decode call on the host (``check_room``), not in the step.
+
+``compile_steps`` swaps the eager functions for ``torch.compile``d ones (``fullgraph=True``:
+any host sync or data-dependent shape is an error, not a silent graph break); with
+``mode="reduce-overhead"`` on CUDA they run as CUDA graphs, as gpt-fast's ``decode_one_token``
+does. On this project's CPUs compiling measured no faster (BENCHMARKS.md), so the eager
+functions are the default everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vlarun.models.kv_cache import KVCache
+from vlarun.models.llama import LlamaLM
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def static_forward(lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    """Hidden states (B, T, d) of ``embeds`` (B, T, d) at ``positions`` (B, T), causal over
+    absolute positions, attending to every valid slot of ``cache`` and writing their K/V there.
+
+    No host synchronisation and no data-dependent shape: safe to compile with
+    ``fullgraph=True`` or to capture in a CUDA graph."""
+    b = embeds.shape[0]
+    dev = embeds.device
+    cos = lm.model.rope_cos[positions].to(lm.dtype)[:, None]  # (B, 1, T, hd)
+    sin = lm.model.rope_sin[positions].to(lm.dtype)[:, None]
+    slots = torch.arange(cache.max_len, device=dev)
+    before = slots[None, None, :] <= positions[:, :, None]  # (B, T, S)
+    rows = torch.arange(b, device=dev)[:, None]  # (B, 1), broadcast against positions (B, T)
+    x = embeds
+    for i, layer in enumerate(lm.model.layers):
+        attn = layer.self_attn
+        q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+        kc, vc, valid = cache.k[i], cache.v[i], cache.valid[i]  # (B, KVH, S, hd), (B, S)
+        # Advanced indices around a slice put (B, T) first: values are (B, T, KVH, hd).
+        kc[rows, :, positions] = k.transpose(1, 2)
+        vc[rows, :, positions] = v.transpose(1, 2)
+        valid[rows, positions] = True
+        mask = (valid[:, None, :] & before)[:, None]  # (B, 1, T, S)
+        x = x + attn.attend(q, kc, vc, mask)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return lm.model.norm(x)
+
+
+def decode_one(lm: LlamaLM, cache: KVCache, tokens: Tensor, positions: Tensor) -> Tensor:
+    """One greedy decode step: tokens (B,) at positions (B,) -> the next tokens (B,)."""
+    hidden = static_forward(lm, lm.embed(tokens[:, None]), positions[:, None], cache)
+    return lm.logits(hidden[:, -1]).argmax(-1)
+
+
+def iterate_logits(lm: LlamaLM, cache: KVCache, tokens: Tensor, positions: Tensor) -> Tensor:
+    """One Jacobi iteration's forward: tokens (B, T) at positions (B, T) -> logits (B, T, V)
+    of the tokens that follow each of them."""
+    return lm.logits(static_forward(lm, lm.embed(tokens), positions, cache))
+
+
+def check_room(cache: KVCache, lm: LlamaLM, last_position: Tensor) -> None:
+    """The one host check of a decode call: its last position fits the cache and the context
+    (the steps themselves never look)."""
+    top = int(last_position.max())
+    limit = min(cache.max_len, lm.cfg.max_positions)
+    if top >= limit:
+        raise ValueError(
+            f"position {top} exceeds the context ({limit} tokens); "
+            "shorten the instruction or raise max_positions"
+        )
+
+
+StepFn = Callable[[LlamaLM, KVCache, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeSteps:
+    """The two static functions a VLA decodes with (eager by default, see ``compile_steps``)."""
+
+    one: StepFn = decode_one
+    iterate: StepFn = iterate_logits
+    mode: str = "eager"
+
+
+def compile_steps(mode: str = "reduce-overhead") -> DecodeSteps:
+    """``torch.compile`` both steps with ``fullgraph=True`` and static shapes (one graph per
+    (B, T): a VLA's decode shapes repeat every inference). ``reduce-overhead`` runs them as
+    CUDA graphs on CUDA; the cache's tensors must then keep their addresses between calls
+    (``mark_static``), as gpt-fast's model-owned cache does."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    kw = {"fullgraph": True, "dynamic": False, "mode": mode}
+    return DecodeSteps(torch.compile(decode_one, **kw), torch.compile(iterate_logits, **kw), mode)
+
+
+def mark_static(cache: KVCache) -> KVCache:
+    """Tell the compiler the cache's tensors live at fixed addresses (CUDA graphs replay on
+    them instead of copying them in)."""
+    for t in (cache.k, cache.v, cache.valid):
+        torch._dynamo.mark_static_address(t)
+    return cache
