@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vlarun.models.llama import AttnProbe, LlamaConfig, LlamaLM, RopeScaling
+from vlarun.models.static_step import expert_forward
 from vlarun.models.token_plan import DeferredPlan, TokenAction, TokenPlan
 from vlarun.parity import hf_llama
 
@@ -217,31 +218,11 @@ def test_tokens_pruned_from_deep_layers_stay_invisible_to_later_calls():
                 cache.k[2:, :, :, 6:14] = torch.randn_like(cache.k[2:, :, :, 6:14])
                 cache.v[2:, :, :, 6:14] = torch.randn_like(cache.v[2:, :, :, 6:14])
             outs.append(model(nxt, torch.tensor([24]), cache).hidden)
-            prefix_out = model(nxt, torch.tensor([24]), prefix=cache).hidden
+            own = torch.ones(1, 1, dtype=torch.bool)
+            prefix_out = expert_forward(model, nxt, torch.tensor([[24]]), cache, own)
             outs.append(prefix_out)
     assert (outs[0] - outs[2]).abs().max().item() <= 1e-6
     assert (outs[1] - outs[3]).abs().max().item() <= 1e-6
-
-
-def test_feature_cache_hook_sees_every_branch_and_can_replace_it():
-    model = _model()
-    ids = torch.randint(0, 97, (1, 10))
-    calls = []
-
-    def passthrough(layer, kind, compute):
-        calls.append((layer, kind))
-        return compute()
-
-    with torch.no_grad():
-        plain = model(model.embed(ids)).hidden
-        hooked = model(model.embed(ids), feature_cache=passthrough).hidden
-        zeroed = model(model.embed(ids), feature_cache=lambda i, k, f: torch.zeros_like(f())).hidden
-    assert torch.equal(plain, hooked)
-    n = model.cfg.num_layers
-    assert calls == [(i, k) for i in range(n) for k in ("attn", "mlp")]
-    assert not torch.allclose(zeroed, plain)
-    with pytest.raises(ValueError, match="feature_cache"):
-        model(model.embed(ids), cache=model.new_cache(1, 16), feature_cache=passthrough)
 
 
 def test_reuse_without_cache_is_refused():
@@ -286,18 +267,6 @@ def test_skip_layers_equals_model_without_them():
         fewer_model.load_state_dict(state)
         fewer = fewer_model(fewer_model.embed(ids)).hidden
     assert (skipped - fewer).abs().max().item() <= 1e-6
-
-
-def test_prefix_attention_equals_joint_sequence():
-    """An expert attending to a prefix cache equals one joint forward when it shares weights."""
-    model = _model("gqa")
-    ids = torch.randint(0, 97, (1, 18))
-    with torch.no_grad():
-        joint = model(model.embed(ids)).hidden[:, 12:]
-        cache = model.new_cache(1, 32)
-        model(model.embed(ids[:, :12]), torch.arange(12), cache)
-        suffix = model(model.embed(ids[:, 12:]), torch.arange(12, 18), prefix=cache).hidden
-    assert (suffix - joint).abs().max().item() <= 1e-5
 
 
 def test_context_overflow_is_a_clear_error():

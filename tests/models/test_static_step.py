@@ -12,6 +12,7 @@ from vlarun.models.static_step import (
     check_room,
     compile_steps,
     decode_one,
+    expert_forward,
     iterate_logits,
     static_forward,
 )
@@ -174,3 +175,47 @@ def test_a_dit_denoising_step_compiles_as_one_graph():
     step = torch.compile(lambda x, t, cond: head(x, t, cond), fullgraph=True, backend="eager")
     torch.testing.assert_close(step(x, t, cond), head(x, t, cond))
     assert head.alphas_cumprod.device.type == "cpu"  # never a device sync in the loop
+
+
+@torch.no_grad()
+def test_an_expert_on_a_prefix_cache_equals_one_joint_sequence(lm):
+    """Attending to a prefix cache (pi0's action expert) with the suffix causal among itself
+    equals one causal forward over prefix + suffix when the expert shares the weights."""
+    ids = torch.randint(0, CFG.vocab_size, (1, 18), generator=torch.Generator().manual_seed(4))
+    joint = lm(lm.embed(ids)).hidden[:, 12:]
+    cache = lm.new_cache(1, 32)
+    lm(lm.embed(ids[:, :12]), torch.arange(12), cache)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    suffix = expert_forward(lm, lm.embed(ids[:, 12:]), torch.arange(12, 18)[None], cache, causal)
+    torch.testing.assert_close(suffix, joint, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_the_expert_branch_hook_sees_every_branch_and_can_replace_it(lm):
+    cache, nxt = _prefilled(lm, [8])
+    x = lm.embed(torch.randint(0, CFG.vocab_size, (1, 5), generator=torch.Generator()))
+    pos = nxt[:, None] + torch.arange(5)[None]
+    local = torch.ones(5, 5, dtype=torch.bool)
+    calls = []
+
+    def passthrough(layer, kind, compute):
+        calls.append((layer, kind))
+        return compute()
+
+    plain = expert_forward(lm, x, pos, cache, local)
+    assert torch.equal(expert_forward(lm, x, pos, cache, local, passthrough), plain)
+    assert calls == [(i, k) for i in range(CFG.num_layers) for k in ("attn", "mlp")]
+    zeroed = expert_forward(lm, x, pos, cache, local, lambda i, k, f: torch.zeros_like(f()))
+    assert not torch.allclose(zeroed, plain)
+
+
+@torch.no_grad()
+def test_the_expert_step_compiles_as_one_graph(lm):
+    cache, nxt = _prefilled(lm, [8, 5])
+    x = lm.embed(torch.randint(0, CFG.vocab_size, (2, 5), generator=torch.Generator()))
+    pos = nxt[:, None] + torch.arange(5)[None]
+    local = torch.ones(5, 5, dtype=torch.bool)
+    step = torch.compile(expert_forward, fullgraph=True, dynamic=False, backend="eager")
+    torch.testing.assert_close(
+        step(lm, x, pos, cache, local), expert_forward(lm, x, pos, cache, local)
+    )

@@ -2,8 +2,8 @@
 cached and own keys each query sees (the mask, built once per call or per layer when cache
 validity differs by layer), the RoPE rows of the call's positions, and where its keys and
 values are written into the cache. Kept apart from the layers so that the model file holds the
-network and this one the bookkeeping every mode (prefill, decode, Jacobi, TRIAGE's partial
-recompute, prefix attention) shares."""
+network and this one the bookkeeping the general modes (prefill, OFT's head, TRIAGE's partial
+recompute) share. The decode, Jacobi and action-expert steps keep theirs in ``static_step``."""
 
 from __future__ import annotations
 
@@ -27,12 +27,10 @@ class Context:
     pad: Tensor  # (B, T) bool: False for padding
     hide_future: bool  # causal: cached slots after a query's position are invisible
     cache: KVCache | None
-    prefix: KVCache | None
-    prefix_len: int
     kv_len: int
     aligned: bool = True  # every row writes the same positions (one index_copy_ per layer)
     mask: Tensor | None = None  # (B, 1, T, S), built lazily by the first layer that runs
-    layered: bool = False  # cache/prefix validity differs by layer: build the mask per layer
+    layered: bool = False  # cache validity differs by layer: build the mask per layer
     # What SDPA gets: None when every key is visible (plain decode), or None + is_causal when the
     # mask is exactly lower-triangular with S == T (plain prefill): no (B,1,T,S) float mask is
     # materialised per layer, and the causal kernel skips the upper triangle.
@@ -49,7 +47,6 @@ class Context:
         causal: bool,
         attn_mask: Tensor | None,
         pad_mask: Tensor | None,
-        prefix: KVCache | None,
     ) -> Context:
         b, t, _ = embeds.shape
         dev = embeds.device
@@ -66,12 +63,11 @@ class Context:
         eye = torch.eye(t, dtype=torch.bool, device=dev)
         local = (local & pad[:, None, :]) | eye  # a query always sees itself: no all-masked rows
         hide_future = causal and attn_mask is None
-        prefix_len = prefix.filled_length() if prefix is not None else 0
         kv_len = int(pos_bt.max()) + 1 if cache is not None else t
         cos, sin = rope_at(rope, positions)
         # One host sync per call instead of one per layer (in _write).
         aligned = cache is None or b == 1 or bool((pos_bt == pos_bt[:1]).all())
-        layered = any(c is not None and c.layered for c in (cache, prefix))
+        layered = cache is not None and cache.layered
         return cls(
             rope,
             cos,
@@ -81,15 +77,13 @@ class Context:
             pad,
             hide_future,
             cache,
-            prefix,
-            prefix_len,
             kv_len,
             aligned,
             layered=layered,
         )
 
     def _build_mask(self, layer: int) -> Tensor:
-        """(B, 1, T, S) visibility of [prefix keys | cached or own keys] for each query."""
+        """(B, 1, T, S) visibility of the cached or own keys for each query."""
         b, t = self.pad.shape
         dev = self.pad.device
         if self.cache is not None:
@@ -103,9 +97,6 @@ class Context:
             vis[rows, qi, self.positions_bt[:, None, :]] = self.local
         else:
             vis = self.local
-        if self.prefix is not None:
-            pre = self.prefix.valid[layer, :, None, : self.prefix_len].expand(b, t, -1)
-            vis = torch.cat((pre, vis), dim=-1)
         return vis[:, None]
 
     def keys_values(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -122,10 +113,6 @@ class Context:
                 rows = torch.arange(self.pad.shape[0], device=self.pad.device)[:, None]
                 self.cache.valid[layer][rows, self.positions_bt] = self.pad
             k, v = kc[:, :, : self.kv_len], vc[:, :, : self.kv_len]
-        if self.prefix is not None:
-            n = self.prefix_len
-            k = torch.cat((self.prefix.k[layer][:, :, :n], k), dim=2)
-            v = torch.cat((self.prefix.v[layer][:, :, :n], v), dim=2)
         if self.mask is None or self.layered:
             self.mask = self._build_mask(layer)
             self.sdpa_mask, self.sdpa_causal = sdpa_mask(self.mask)
@@ -146,11 +133,9 @@ class Context:
             self.pad.gather(1, index),
             self.hide_future,
             self.cache,
-            self.prefix,
-            self.prefix_len,
             self.kv_len,
             pos.shape[0] == 1 or bool((pos == pos[:1]).all()),
-            layered=any(c is not None and c.layered for c in (self.cache, self.prefix)),
+            layered=self.cache is not None and self.cache.layered,
         )
 
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.llama import BranchCache, KVCache, LlamaConfig, LlamaLM
+from vlarun.models.static_step import expert_forward
 
 
 @dataclass(frozen=True)
@@ -124,16 +125,10 @@ class FlowMatchingExpert(nn.Module):
         tokens = torch.cat((state_tok, act), dim=1)  # (B, 1 + H, w)
         offsets = torch.arange(tokens.shape[1], device=tokens.device)
         if start is None:
-            positions = prefix.filled_length() + offsets  # (T,)
-        else:
-            positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
-        out = self.expert(
-            tokens,
-            positions,
-            prefix=prefix,
-            attn_mask=self.suffix_mask(tokens.device),
-            feature_cache=feature_cache,
-        ).hidden
+            start = torch.full((tokens.shape[0],), prefix.filled_length(), device=tokens.device)
+        positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
+        mask = self.suffix_mask(tokens.device)
+        out = expert_forward(self.expert, tokens, positions, prefix, mask, feature_cache)
         return self.action_out_proj(out[:, 1:]).float()
 
     @torch.no_grad()

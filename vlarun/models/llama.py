@@ -13,7 +13,8 @@ cached keys are visible:
   * bidirectional:   ``causal=False`` (OFT's empty action tokens see each other);
   * partial recompute: a ``TokenPlan`` (see token_plan.py) - shallow layers on all tokens, deep
     layers on recomputed tokens only, attending to reused tokens' cached K/V;
-  * prefix attention: an action expert attends to another decoder's cache (pi0).
+  * (prefix attention - an action expert reading another decoder's cache, pi0 - and the
+    static decode / Jacobi steps live in static_step.py.)
 Shallow-layer attention probes and layer skipping are arguments, not flags inside the blocks.
 """
 
@@ -444,8 +445,6 @@ class LlamaLM(nn.Module):
         plan: TokenPlan | DeferredPlan | None = None,
         probe: AttnProbe | None = None,
         skip_layers: frozenset[int] = frozenset(),
-        prefix: KVCache | None = None,
-        feature_cache: BranchCache | None = None,
     ) -> LMOutput:
         """Run the decoder over ``embeds`` (B, T, d).
 
@@ -460,12 +459,9 @@ class LlamaLM(nn.Module):
             shared layers from this call's probe.
         probe: return attention probabilities at one shallow layer.
         skip_layers: layer indices not executed (their cache slots are left untouched).
-        prefix: another decoder's cache to attend to (read only, its valid slots), e.g. the
-            VLM prefix for a pi0-style action expert; its positions precede ``positions``.
-        feature_cache: called as ``feature_cache(layer, kind, compute)`` for each attention
-            ("attn") and MLP ("mlp") branch; it returns ``compute()`` or a stored output of the
-            same shape (denoising accelerators). A reused attention branch writes no K/V, so
-            it cannot be combined with ``cache``, plans or probes.
+
+        An action expert attending to this decoder's cache (pi0) and the one-token decode /
+        Jacobi steps run in ``static_step`` (no host synchronisation), over these same layers.
         """
         b, t, _ = embeds.shape
         if positions is None:
@@ -477,19 +473,14 @@ class LlamaLM(nn.Module):
                 f"probe layer {probe.layer} is deeper than the plan's shared layers "
                 f"(0..{plan.last_shared_layer}); only those see every token"
             )
-        if feature_cache is not None and any(a is not None for a in (cache, plan, probe)):
-            raise ValueError("feature_cache cannot be combined with a cache, plan or probe")
         self._check_positions(positions, cache)
         rope = (self.model.rope_cos, self.model.rope_sin, self.dtype)
-        ctx = Context.build(rope, embeds, positions, cache, causal, attn_mask, pad_mask, prefix)
+        ctx = Context.build(rope, embeds, positions, cache, causal, attn_mask, pad_mask)
         x, probe_out = embeds, None
         n_layers = len(self.model.layers)
         split = plan.last_shared_layer + 1 if plan is not None else n_layers
         for i in range(min(split, n_layers)):
             if i in skip_layers:
-                continue
-            if feature_cache is not None:
-                x = self._cached_layer(i, x, ctx, feature_cache)
                 continue
             x, p = self._layer(i, x, ctx, probe if probe is not None and probe.layer == i else None)
             probe_out = p or probe_out
@@ -524,21 +515,6 @@ class LlamaLM(nn.Module):
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         return x, probe_out
 
-    def _cached_layer(self, i: int, x: Tensor, ctx: Context, branches: BranchCache) -> Tensor:
-        """``_layer`` with each residual branch routed through ``branches`` (kept apart so the
-        plain path stays free of per-branch closures)."""
-        layer = self.model.layers[i]
-        attn = layer.self_attn
-
-        def attention() -> Tensor:
-            q, k, v = attn.qkv(layer.input_layernorm(x), ctx.cos, ctx.sin)
-            keys, values = ctx.keys_values(i, k, v)
-            return attn.attend(q, keys, values, ctx.sdpa_mask, ctx.sdpa_causal)
-
-        x = x + branches(i, "attn", attention)
-        h = x
-        return h + branches(i, "mlp", lambda: layer.mlp(layer.post_attention_layernorm(h)))
-
     def _enter_deep_layers(
         self, x: Tensor, ctx: Context, plan: TokenPlan, cache: KVCache, split: int
     ) -> tuple[Tensor, Context, Tensor]:
@@ -568,7 +544,7 @@ class LlamaLM(nn.Module):
 def _probe(q: Tensor, keys: Tensor, values: Tensor, probe: AttnProbe, ctx: Context) -> ProbeResult:
     """Explicit softmax for a handful of query rows only; the layer itself keeps using SDPA, so
     probing never forces the slow attention path on all tokens. Key positions are indices into
-    the attended keys after any prefix (= absolute positions when a cache is used)."""
+    the attended keys (= absolute positions when a cache is used)."""
     qi = probe.query_index.to(q.device)
     qs = q[:, :, qi]  # (B, H, Nq, hd)
     n_rep = q.shape[1] // keys.shape[1]
@@ -576,5 +552,5 @@ def _probe(q: Tensor, keys: Tensor, values: Tensor, probe: AttnProbe, ctx: Conte
     scores = (qs.float() @ kk.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~ctx.mask[:, :, qi], float("-inf"))
     probs = scores.softmax(-1)  # normalised over every visible key, as the layer itself does
-    span = slice(ctx.prefix_len + probe.key_start, ctx.prefix_len + probe.key_end)
+    span = slice(probe.key_start, probe.key_end)
     return ProbeResult(probs[..., span], values[:, :, span])

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from vlarun.models.kv_cache import KVCache
-from vlarun.models.llama import LlamaLM
+from vlarun.models.llama import BranchCache, LlamaLM
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -66,6 +66,50 @@ def static_forward(lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCach
         mask = (valid[:, None, :] & before)[:, None]  # (B, 1, T, S)
         x = x + attn.attend(q, kc, vc, mask)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return lm.model.norm(x)
+
+
+def expert_forward(
+    lm: LlamaLM,
+    embeds: Tensor,
+    positions: Tensor,
+    prefix: KVCache,
+    local: Tensor,
+    branches: BranchCache | None = None,
+) -> Tensor:
+    """Hidden states (B, T, d) of an action expert's tokens (pi0's state + noisy actions): each
+    layer's queries see the valid slots of the same layer of another decoder's cache
+    (``prefix``, read only) plus the call's own tokens as ``local`` (T, T) bool allows (a token
+    always sees itself). Nothing is written; no host synchronisation (every prefix slot is a
+    key, masked by its validity), so a denoising step is capturable like a decode step.
+
+    ``branches`` (a ``BranchCache``) is called as ``branches(layer, kind, compute)`` for each
+    attention ("attn") and MLP ("mlp") branch and returns ``compute()`` or a stored output of
+    the same shape: the hook denoising caches use (EfficientVLA's, on the flow family)."""
+    b, t = embeds.shape[:2]
+    dev = embeds.device
+    cos = lm.model.rope_cos[positions].to(lm.dtype)[:, None]  # (B, 1, T, hd)
+    sin = lm.model.rope_sin[positions].to(lm.dtype)[:, None]
+    own = (local.to(dev) | torch.eye(t, dtype=torch.bool, device=dev)).expand(b, t, t)
+    x = embeds
+    for i, layer in enumerate(lm.model.layers):
+        attn = layer.self_attn
+
+        def attention(i: int = i, x: Tensor = x, layer=layer, attn=attn) -> Tensor:
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            keys = torch.cat((prefix.k[i], k), dim=2)
+            values = torch.cat((prefix.v[i], v), dim=2)
+            seen = prefix.valid[i][:, None, :].expand(b, t, -1)
+            mask = torch.cat((seen, own), dim=-1)[:, None]  # (B, 1, T, S + T)
+            return attn.attend(q, keys, values, mask)
+
+        x = x + (attention() if branches is None else branches(i, "attn", attention))
+        h = x
+
+        def mlp(h: Tensor = h, layer=layer) -> Tensor:
+            return layer.mlp(layer.post_attention_layernorm(h))
+
+        x = h + (mlp() if branches is None else branches(i, "mlp", mlp))
     return lm.model.norm(x)
 
 
