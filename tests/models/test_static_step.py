@@ -219,3 +219,21 @@ def test_the_expert_step_compiles_as_one_graph(lm):
     torch.testing.assert_close(
         step(lm, x, pos, cache, local), expert_forward(lm, x, pos, cache, local)
     )
+
+
+def test_a_policy_loads_with_compiled_steps_and_acts_the_same():
+    """``Policy.load(..., compile_steps=MODE)`` (serve-edge / run-robot / serve-policy
+    ``--compile-steps``): inductor-compiled decode steps give the eager policy's actions."""
+    import numpy as np
+
+    from vlarun.policy.base import Policy
+
+    eager = Policy.load("tiny-openvla")
+    fast = Policy.load("tiny-openvla", compile_steps="default")
+    assert fast.model.steps.mode == "default" and eager.model.steps.mode == "eager"
+    size = eager.model.cfg.image_size
+    frame = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(fast.predict(frame, "open the drawer"),
+                                  eager.predict(frame, "open the drawer"))  # fmt: skip
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        Policy.load("tiny-openvla", compile_steps="fast")

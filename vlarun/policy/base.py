@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlarun.models import static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, select_norm_stats
 from vlarun.models.device import resolve_device
@@ -50,13 +51,19 @@ class Policy:
 
     @classmethod
     def load(
-        cls, name: str | Path, dtype: torch.dtype | str = torch.float32, device: str = "cpu"
+        cls,
+        name: str | Path,
+        dtype: torch.dtype | str = torch.float32,
+        device: str = "cpu",
+        compile_steps: str = "",
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
         ``mt10-oft``, ...), or a preset (random weights), on ``device`` (cpu, cuda, cuda:N;
         checked before anything loads). An unknown name raises one ValueError listing the
-        shipped policies and the presets."""
+        shipped policies and the presets. ``compile_steps`` (a ``torch.compile`` mode, empty
+        for eager) compiles its static decode / Jacobi steps on first use (``static_step``)."""
         target = resolve_device(device)
+        steps = static_step.compile_steps(compile_steps) if compile_steps else None
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         try:
@@ -65,6 +72,8 @@ class Policy:
             if str(name) not in PRESETS:
                 raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
             policy = cls.from_preset(str(name), 0, dtype)
+        if steps is not None:
+            policy.model.steps = steps
         return policy.to(target)
 
     def to(self, device: torch.device | str) -> Policy:
