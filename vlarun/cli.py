@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("vlarun.apps.model", "parameters, per-stage FLOPs/bytes and packets of a preset"),
     "act": ("vlarun.apps.model", "one inference on an image file, per-stage latency"),
     "check-parity": ("vlarun.apps.model", "compare the engine with transformers"),
+    "convert": ("vlarun.apps.model", "OpenVLA-OFT's pickled heads -> safetensors, once"),
     "train": ("vlarun.apps.train", "behaviour cloning on Meta-World demonstrations"),
     "distill": ("vlarun.apps.train", "CEED-VLA consistency distillation of a student"),
     "eval": ("vlarun.apps.evaluate", "closed-loop success on held-out Meta-World seeds"),

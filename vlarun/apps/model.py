@@ -1,4 +1,4 @@
-"""`vlarun info | act | check-parity | bench engine`: one model, no simulator.
+"""`vlarun info | act | check-parity | convert | bench engine`: one model, no simulator.
 
 Nothing here imports torch, MuJoCo or the training code at import time: ``vlarun info`` works
 on a machine with neither a simulator nor a GPU.
@@ -218,6 +218,52 @@ def _print_parity(r: dict) -> None:
     print("all checks passed" if r["ok"] else "SOME CHECKS FAILED")
 
 
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Convert an OpenVLA-OFT directory's pickled heads to safetensors, once (never loaded)."""
+
+    directory: str = opt(help="OpenVLA-OFT checkpoint directory", positional=True)
+    platform: str = opt(
+        "libero", "OFT's platform sizes (chunk, action, state, views): libero 8/7/8/2, "
+        "aloha 25/14/14/3, bridge 5/7/7/1", choices=["libero", "aloha", "bridge"],
+    )  # fmt: skip
+    chunk: int = opt(0, "action chunk (0: the platform's)")
+    action_dim: int = opt(0, "action dimensions (0: the platform's)")
+    proprio_dim: int = opt(0, "robot state dimensions (0: the platform's)")
+    num_images: int = opt(0, "camera views (0: the platform's)")
+    step: str | None = opt(None, "which checkpoint step (default: latest, else the highest)")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_convert(o: ConvertOptions) -> dict:
+    import dataclasses
+    import warnings
+
+    from vlarun.models.oft_heads import PLATFORMS, convert
+
+    base = PLATFORMS[o.platform]
+    mine = {"chunk": o.chunk, "action_dim": o.action_dim, "proprio_dim": o.proprio_dim,
+            "num_images": o.num_images}  # fmt: skip
+    if any(v < 0 for v in mine.values()):
+        raise ValueError(f"sizes must be >= 0, got {mine}")
+    platform = dataclasses.replace(base, **{k: v for k, v in mine.items() if v})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        meta = convert(o.directory, platform, o.step)
+    for w in seen:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return {"directory": o.directory, "platform": o.platform} | meta
+
+
+def _print_convert(r: dict) -> None:
+    print(f"wrote {r['directory']}/oft_heads.safetensors and oft_heads.json: chunk "
+          f"{r['chunk']}, action {r['action_dim']}, state {r['proprio_dim']}, views "
+          f"{r['num_images']}, head {r['num_blocks']} blocks x {r['hidden_dim']} on "
+          f"{r['llm_dim']}-wide LM states")  # fmt: skip
+    for name, sha in r["sources"].items():
+        print(f"  from {name} (sha256 {sha[:16]}...)")
+
+
 def cmd_bench_engine(o: BenchEngineOptions) -> dict:
     from vlarun.bench import engine
     from vlarun.models.device import cpu_only
@@ -236,17 +282,20 @@ OPTIONS = {
     "info": InfoOptions,
     "act": ActOptions,
     "check-parity": ParityOptions,
+    "convert": ConvertOptions,
     "bench-engine": BenchEngineOptions,
 }
 RUN = {
     "info": cmd_info,
     "act": cmd_act,
     "check-parity": cmd_parity,
+    "convert": cmd_convert,
     "bench-engine": cmd_bench_engine,
 }
 SHOW = {
     "info": _print_info,
     "act": _print_act,
     "check-parity": _print_parity,
+    "convert": _print_convert,
     "bench-engine": _print_bench_engine,
 }

@@ -5,7 +5,8 @@ Layouts read and written:
     layout: ``vision_backbone.featurizer.*`` / ``.fused_featurizer.*`` in timm names (as OpenVLA's
     released weights), ``projector.*``, ``language_model.model.*``, ``language_model.lm_head.*``,
     plus ``dataset_statistics.json`` (action normalisation) and an optional ``tokenizer.json``;
-  * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not;
+  * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not, and OpenVLA-OFT's
+    (the same, plus heads converted once from pickles by ``vlarun convert``: oft_heads.py);
   * transformers ``save_pretrained`` directories of Llama, Gemma, SigLIP and DINOv2 models.
 Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitrary code.
 """
@@ -24,8 +25,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vlarun import config as cfgio
-from vlarun.models.heads import NormStats
+from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
+from vlarun.models.oft_heads import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
 from vlarun.models.presets import openvla_7b
 from vlarun.models.vit import (
     ViTConfig,
@@ -259,9 +261,11 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
             llm = cfgio.from_dict(LlamaConfig, cfgio.to_dict(base.llm) | {"vocab_size": vocab})
         size = int((config.get("image_sizes") or [224])[0])
         base = dataclasses.replace(base, vision=openvla_vision_configs(size))
+        base = _with_oft_heads(base, llm, directory)
         # OpenVLA allows prompts up to the LM's context; whatever the visual tokens, BOS and the
         # action tokens leave of it is the text budget (not our presets' 48).
-        budget = llm.max_positions - 1 - base.num_visual - base.num_action_tokens
+        budget = (llm.max_positions - 1 - base.num_visual - base.num_state_tokens
+                  - base.num_action_tokens)  # fmt: skip
         extra = {"action_vocab_size": vocab - pad, "max_text_tokens": budget,
                  "prompt_suffix_ids": [OPENVLA_PROMPT_SUFFIX]}  # fmt: skip
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
@@ -269,6 +273,29 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
         "(expected model_type 'vlarun' or 'openvla')"
     )
+
+
+def _with_oft_heads(base: VLAConfig, llm: LlamaConfig, directory) -> VLAConfig:
+    """The parallel (OpenVLA-OFT) family when the directory holds converted OFT heads
+    (``oft_heads.py``); the autoregressive OpenVLA otherwise."""
+    try:
+        heads = read_heads_config(directory) if directory else None
+    except HeadsError as e:
+        raise CheckpointError(str(e)) from None
+    if heads is None:
+        return base
+    if heads["llm_dim"] != llm.hidden_size:
+        raise CheckpointError(
+            f"{directory}/{HEADS_CONFIG}: the action head reads {heads['llm_dim']}-wide LM "
+            f"states, the LM is {llm.hidden_size} wide"
+        )
+    oft = OFTHeadConfig(heads["llm_dim"], heads["action_dim"], heads["chunk"],
+                        heads["hidden_dim"], heads["num_blocks"])  # fmt: skip
+    return dataclasses.replace(
+        base, name="openvla-oft", family="parallel", oft=oft, chunk=heads["chunk"],
+        action_dim=heads["action_dim"], num_images=heads["num_images"],
+        proprio_dim=heads["proprio_dim"],
+    )  # fmt: skip
 
 
 # The Prismatic variant vlarun builds: OpenVLA's fused DINOv2 + SigLIP towers (timm names).
@@ -347,6 +374,8 @@ def stream_weights(directory: Path):
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [directory / f for f in shards]
+        if (directory / HEADS_FILE).exists():  # converted OpenVLA-OFT heads (oft_heads.py)
+            files.append(directory / HEADS_FILE)
     else:
         files = sorted(directory.glob("*.safetensors"))
     if not files:
