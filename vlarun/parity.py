@@ -211,3 +211,102 @@ def check_parity(
             progress("vision")
         checks += _vit_checks()
     return {"ok": all(c.ok for c in checks), "checks": [c.as_dict() for c in checks]}
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenVLA's own predict_action, recorded once (scripts/openvla-reference.py, issue 20)
+
+OPENVLA_REFERENCE_SEED = 20
+OPENVLA_REFERENCE_PROMPT = "open the drawer"
+# Frame sizes the reference saw (OpenVLA's processor resizes any size, bicubic).
+OPENVLA_REFERENCE_FRAMES = ((224, 224), (256, 320), (180, 240))
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def openvla_reference_frames() -> list:
+    """The uint8 (H, W, 3) frames of the reference run (seeded)."""
+    import numpy as np
+
+    rng = np.random.default_rng(OPENVLA_REFERENCE_SEED)
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in OPENVLA_REFERENCE_FRAMES]
+
+
+def make_openvla_reference_dir(out: str | Path) -> dict:
+    """An OpenVLA-layout directory of seeded random weights that OpenVLA's own code loads
+    unchanged: the real fused DINOv2-L + SigLIP-So400m towers (timm names, bf16), a 2-layer
+    Llama ``text_config`` with OpenVLA's 32064-token vocabulary, its norm_stats and image
+    processor config. Deterministic for a given torch build; returns the inputs the reference
+    run needs (the prompt's ids, the weights' SHA-256)."""
+    import hashlib
+    import json
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from vlarun.models.checkpoint import vla_config_from, vla_state_to_prismatic
+    from vlarun.models.tokenizer import ByteTokenizer, openvla_prompt
+    from vlarun.models.vla import VLA
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = {"model_type": "llama", "vocab_size": 32064, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "pad_token_id": 32000}  # fmt: skip
+    q01 = [-0.03, -0.05, -0.04, -0.2, -0.15, -0.3, 0.0]
+    q99 = [0.03, 0.05, 0.04, 0.2, 0.15, 0.3, 1.0]
+    action = {"q01": q01, "q99": q99, "mask": [True] * 6 + [False], "mean": [0.0] * 7,
+              "std": [1.0] * 7, "min": q01, "max": q99}  # fmt: skip
+    config = {
+        "model_type": "openvla",
+        "vision_backbone_id": "dinosiglip-vit-so-224px",
+        "llm_backbone_id": "llama2-7b-pure",
+        "arch_specifier": "no-align+fused-gelu-mlp",
+        "use_fused_vision_backbone": True,
+        "image_resize_strategy": "resize-naive",
+        "timm_model_ids": [
+            "vit_large_patch14_reg4_dinov2.lvd142m",
+            "vit_so400m_patch14_siglip_224",
+        ],  # fmt: skip
+        "image_sizes": [224, 224],
+        "text_config": text,
+        "llm_max_length": 2048,
+        "pad_token_id": 32000,
+        "pad_to_multiple_of": 64,
+        "n_action_bins": 256,
+        "norm_stats": {"reference": {"action": action}},
+    }
+    cfg = vla_config_from(config, out)
+    with torch.device("meta"):
+        model = VLA(cfg)
+    model = model.to(torch.bfloat16).to_empty(device="cpu")
+    # numpy's generator, not torch's: its stream is the same on every CPU (torch's vectorised
+    # normal_ may differ between instruction sets), so the weights' SHA-256 is portable.
+    rng = np.random.default_rng(OPENVLA_REFERENCE_SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.from_numpy(rng.standard_normal(tuple(p.shape), dtype=np.float32))
+            if p.ndim == 1 and name.endswith(("weight", "lambda1", "lambda2")):
+                p.copy_(1.0 + 0.02 * noise)  # norms and layer scales near 1: activations keep scale
+            else:
+                p.copy_(0.02 * noise)
+        # Larger head rows for the 256 action tokens, so that greedy decoding picks action bins
+        # (with equal rows it picks any of 32k tokens and every action clips to one bin).
+        model.language_model.lm_head.weight[32000 - 256 : 32000] *= 4
+    # metadata as transformers writes it (its loader requires the "pt" format tag)
+    save_file(vla_state_to_prismatic(model), out / "model.safetensors", {"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    processor = {"image_processor_type": "PrismaticImageProcessor",
+                 "use_fused_vision_backbone": True, "image_resize_strategy": "resize-naive",
+                 "input_sizes": [[3, 224, 224], [3, 224, 224]],
+                 "interpolations": ["bicubic", "bicubic"],
+                 "means": [IMAGENET_MEAN, (0.5, 0.5, 0.5)],
+                 "stds": [IMAGENET_STD, (0.5, 0.5, 0.5)]}  # fmt: skip
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
+    prompt = ByteTokenizer(32064).encode(openvla_prompt(OPENVLA_REFERENCE_PROMPT))
+    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    inputs = {"input_ids": [1, *prompt], "weights_sha256": digest, "torch": torch.__version__,
+              "frames_seed": OPENVLA_REFERENCE_SEED,
+              "frame_sizes": [list(s) for s in OPENVLA_REFERENCE_FRAMES]}  # fmt: skip
+    (out / "reference_inputs.json").write_text(json.dumps(inputs))
+    return inputs

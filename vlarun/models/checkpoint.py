@@ -158,12 +158,15 @@ def _is_tied(module: nn.Module, key: str) -> bool:
 
 
 def vla_state_to_prismatic(model: VLA) -> dict[str, Tensor]:
-    """The model's tensors under OpenVLA's names (vision towers in timm names)."""
+    """The model's tensors under OpenVLA's names (vision towers in timm names, LayerScale as
+    OpenVLA's ``scale_factor``), so OpenVLA's own code loads what vlarun writes."""
     out = {}
     for tower in ("featurizer", "fused_featurizer"):
         if hasattr(model.vision_backbone, tower):
             enc: ViTEncoder = getattr(model.vision_backbone, tower)
-            for k, v in hf_to_timm_vit(enc.state_dict(), enc.config.kind).items():
+            # LayerScale as OpenVLA's released weights (and its code) name it: ``scale_factor``
+            renamed = hf_to_timm_vit(enc.state_dict(), enc.config.kind, "scale_factor")
+            for k, v in renamed.items():
                 out[f"vision_backbone.{tower}.{k}"] = v
     for k, v in model.state_dict().items():
         if k.startswith("vision_backbone."):
