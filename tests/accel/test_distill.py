@@ -233,6 +233,12 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     assert {"teacher_jacobi_iterations", "student_exit_iterations"} <= set(again["evaluation"])
     student = Policy.from_checkpoint(export)
     assert student.model.cfg.name.endswith("-ceed") and student.norm is not None
+    # Early exit on the student decodes from the guesses it was distilled from.
+    assert student.calibration == {"jacobi": {"init": cfg.init}}
+    from vlarun.policy.setting import AccelSetting
+
+    decoder = AccelSetting(early_exit_sigma=0.5).hooks("autoregressive", student.calibration)
+    assert decoder.decoder.cfg.init == cfg.init
     # A new run continuing from that student (fresh schedule) starts from its weights.
     cont = dataclasses.replace(cfg, out=str(tmp_path / "cont"), student_init=str(export),
                                steps=1, states=3, export=str(tmp_path / "cont-export"))  # fmt: skip

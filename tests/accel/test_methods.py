@@ -91,3 +91,26 @@ def test_write_delta_records_the_recommendation_and_refuses_none(tmp_path):
     assert load_calibration(tmp_path) == {"triage": {"max_age": 12, "delta": 0.4}}
     with pytest.raises(ValueError, match="not written"):
         write_delta(tmp_path, {"recommended_delta": 0.0, "probes": 10})
+
+
+def test_jacobi_init_is_a_calibrated_word(tmp_path):
+    """A distilled checkpoint's calibration names the initial Jacobi guess it was distilled
+    from; early-exit settings built for it use it, others keep the paper's random guesses."""
+    import json
+
+    from vlarun.policy.base import load_calibration
+    from vlarun.policy.setting import AccelSetting
+
+    (tmp_path / "calibration.json").write_text(json.dumps({"jacobi": {"init": "repeat"}}))
+    cal = load_calibration(tmp_path)
+    assert AccelSetting(early_exit_sigma=0.5).hooks("autoregressive", cal).decoder.cfg.init == (
+        "repeat"
+    )
+    assert AccelSetting(early_exit_sigma=0.5).hooks("autoregressive").decoder.cfg.init == "random"
+    for bad in ("zigzag", 1, True):
+        (tmp_path / "calibration.json").write_text(json.dumps({"jacobi": {"init": bad}}))
+        with pytest.raises(ValueError, match=r"jacobi.init=.*one of \('random', 'repeat'\)"):
+            load_calibration(tmp_path)
+    (tmp_path / "calibration.json").write_text(json.dumps({"triage": {"delta": True}}))
+    with pytest.raises(ValueError, match="triage.delta=True"):
+        load_calibration(tmp_path)

@@ -234,7 +234,9 @@ def resize_frame(frame: np.ndarray, size: int, how: str) -> np.ndarray:
 
 CALIBRATION_FILE = "calibration.json"
 # What a calibration file may set, per accelerator: checked on load, so a typo fails loudly.
-CALIBRATED = {"triage": ("delta", "max_age")}
+CALIBRATED = {"triage": ("delta", "max_age"), "jacobi": ("init",)}
+# Knobs whose value is a word rather than a number, with the words allowed.
+CALIBRATED_WORDS = {("jacobi", "init"): ("random", "repeat")}
 
 
 def load_calibration(directory: str | Path) -> dict:
@@ -251,7 +253,12 @@ def load_calibration(directory: str | Path) -> dict:
         if name not in CALIBRATED or not isinstance(knobs, dict):
             raise ValueError(f"{path}: unknown accelerator {name!r}; known: {sorted(CALIBRATED)}")
         for k, v in knobs.items():
-            if k not in CALIBRATED[name] or not isinstance(v, int | float):
-                raise ValueError(f"{path}: {name}.{k}={v!r}; calibratable: {CALIBRATED[name]}")
+            words = CALIBRATED_WORDS.get((name, k))
+            ok = v in words if words else isinstance(v, int | float) and not isinstance(v, bool)
+            if k not in CALIBRATED[name] or not ok:
+                allowed = f" (one of {words})" if words else ""
+                raise ValueError(
+                    f"{path}: {name}.{k}={v!r}; calibratable: {CALIBRATED[name]}{allowed}"
+                )
         out[name] = dict(knobs)
     return out

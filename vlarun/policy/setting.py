@@ -112,7 +112,10 @@ class AccelSetting:
             tokens = token_policy(self.token_method, self.token_budget, calibration)
         decoder = None
         if self.early_exit_sigma is not None:
-            decoder = JacobiDecoder(JacobiConfig(sigma=float(self.early_exit_sigma)))
+            # A distilled student decodes from the guesses it was distilled from (its
+            # checkpoint's calibration says which); others from random ones, as the paper.
+            init = (calibration or {}).get("jacobi", {}).get("init", "random")
+            decoder = JacobiDecoder(JacobiConfig(sigma=float(self.early_exit_sigma), init=init))
         cache = every_n_steps(self.cache_interval) if self.cache_interval > 1 else None
         return Hooks(tokens, decoder, cache)
 

@@ -454,7 +454,13 @@ def export(cfg: DistillConfig, student: VLA, meta: dict, evaluation: dict) -> di
     student.cfg = dataclasses.replace(student.cfg, name=name)
     path = save_vla(student.eval(), cfg.export_dir, norm_stats=stats,
                     tokenizer_file=tok if tok.exists() else None,
-                    extra_files={"README.md": model_card(cfg, meta, evaluation)})  # fmt: skip
+                    extra_files={"README.md": model_card(cfg, meta, evaluation),
+                                 # Decode from the guesses it learned to jump from: every
+                                 # early-exit setting built for this checkpoint reads this.
+                                 "calibration.json": json.dumps(
+                                     {"_source": "vlarun distill: trajectories from "
+                                      f"{cfg.init!r} initial guesses",
+                                      "jacobi": {"init": cfg.init}}, indent=1)})  # fmt: skip
     return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": str(path),
             "collected": meta.get("collected"), "evaluation": evaluation}  # fmt: skip
 
