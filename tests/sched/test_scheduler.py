@@ -305,3 +305,49 @@ def test_observe_calibrates_a_batched_execution_against_the_batched_prediction()
     # The plan carries what it predicted per stage; no index into the scheduler's arrays.
     assert set(plan.stage_predicted_s) == set(names)
     assert not hasattr(plan, "index")
+
+
+def _best_unmeasured(sched, link):
+    """The candidate with the most actions per joule overall, and its predicted latency."""
+    sc = sched.score(link)
+    apj = np.where(sched.allowed & ~sched.join, sched.actions / sc.energy, -np.inf)
+    c = int(np.argmax(apj))
+    return c, float(sc.latency[c])
+
+
+def test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it():
+    """A plan the cost model predicts 5% too slow is rejected by the rule; within the model's
+    prior error it could meet the deadline and it would save energy, so every third decision
+    may try it; once it ran (faster than predicted) the rule itself chooses it."""
+    link = Link(200.0, 5.0)
+    probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
+    c, latency = _best_unmeasured(probe, link)
+    slo = latency / 1.05
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20,
+                      explore_every=3)  # fmt: skip
+    roles = tuple(sched.space.roles(sched.p[c]))
+    first, second = sched.decide(link), sched.decide(link)
+    assert first.feasible and not first.explored and tuple(first.placement.values()) != roles
+    assert second == first
+    third = sched.decide(link)
+    assert third.explored and not third.feasible and tuple(third.placement.values()) == roles
+    assert third.actions_per_joule > first.actions_per_joule
+    # It ran 20% faster than predicted: measured now, the rule admits it with its residual.
+    sched.cal.observe_total(roles, third.latency_s - third.residual_s, 0.8 * latency)
+    fourth = sched.decide(link)
+    assert tuple(fourth.placement.values()) == roles and fourth.feasible and not fourth.explored
+    # Off by default (a one-shot `vlarun plan` has no outcome to learn from).
+    plain = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20)
+    assert not any(plain.decide(link).explored for _ in range(30))
+
+
+def test_exploration_never_tries_what_the_model_error_cannot_explain():
+    link = Link(200.0, 5.0)
+    probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
+    c, latency = _best_unmeasured(probe, link)
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=latency / 1.3,
+                      actions=20, explore_every=1)  # fmt: skip
+    roles = tuple(sched.space.roles(sched.p[c]))
+    for _ in range(5):  # 30% over the deadline is beyond the 15% prior error
+        d = sched.decide(link)
+        assert tuple(d.placement.values()) != roles

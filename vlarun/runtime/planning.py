@@ -52,9 +52,14 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
         )  # fmt: skip
         floor = None
     space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, floor, rows)
-    # Batching is the edge's own business (its queues), not reserved here.
+    # Batching is the edge's own business (its queues), not reserved here. Outcomes come back
+    # (``RobotAgent.infer``), so a plan never run may be tried now and then (bounded
+    # exploration): its cost is capped by the agent's timeout at deadline + one local run.
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
-                     join_batches=False)  # fmt: skip
+                     join_batches=False, explore_every=EXPLORE_EVERY)  # fmt: skip
+
+
+EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most
 
 
 HOST = "this-cpu"  # where the runtime's processes really run, robot and edge alike

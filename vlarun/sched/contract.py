@@ -22,9 +22,10 @@ class ExecutionPlan:
     """The scheduler's output for one request.
 
     Invariant: ``feasible`` is True iff ``latency_s`` plus the learned tail margin is within
-    ``slo_s``; when False the plan is the fallback's choice. ``latency_s`` includes
-    ``residual_s`` (the learned end-to-end correction of this placement). Times are on the
-    scheduler's clock; ``stage_predicted_s`` is each stage's calibrated time on its device."""
+    ``slo_s``; when False the plan is the fallback's choice or an ``explored`` one.
+    ``latency_s`` includes ``residual_s`` (the learned end-to-end correction of this
+    placement). Times are on the scheduler's clock; ``stage_predicted_s`` is each stage's
+    calibrated time on its device."""
 
     placement: dict[str, str]
     settings: dict
@@ -39,6 +40,9 @@ class ExecutionPlan:
     stage_start: dict[str, float]
     stage_end: dict[str, float]
     stage_predicted_s: dict[str, float] = field(default_factory=dict)
+    # Chosen by bounded exploration (a never-run plan the rule rejected for want of evidence),
+    # not by the core rule.
+    explored: bool = False
     energy_source: str = "modelled"
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0

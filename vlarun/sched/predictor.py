@@ -113,6 +113,11 @@ class Calibration:
     # Residuals of placements not run lately fade by this share per observation: a placement
     # that once met a burst of load would otherwise stay excluded after the load is gone.
     forget: float = 0.02
+    # A placement never measured has no learned spread; its prediction is only the cost model's,
+    # off by tens of percent (BENCHMARKS: split plans ran 30-40% over). This is that model's
+    # 1-sigma relative error: exploration tries such a plan when it could meet the deadline
+    # within the spread (``Scheduler.explore_every``).
+    prior_rel: float = 0.15
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residual_s: dict[tuple[str, ...], float] = field(default_factory=dict)
@@ -130,6 +135,10 @@ class Calibration:
     def sigma(self, placement: tuple[str, ...]) -> float:
         """Learned standard deviation of the placement's latency around its prediction."""
         return math.sqrt(self.residual_var.get(placement, 0.0))
+
+    def measured(self, placement: tuple[str, ...]) -> bool:
+        """Whether the placement's end-to-end latency was ever observed."""
+        return placement in self.residual_s
 
     def observe_stage(self, stage: str, device: str, predicted_s: float, measured_s: float):
         """Measured compute time of a stage; the factor tracks measured / uncalibrated model."""

@@ -6,6 +6,9 @@
 T includes the learned residual. Beyond the paper, once a placement has been measured its
 latency spread sigma counts too: feasible means T + z * sigma <= T_SLO, and the fallback
 minimises T + sigma, which is argmin T while nothing has been measured (predictor.Calibration).
+And a placement never run is tried now and then (bounded exploration, ``_exploration``) when the
+cost model's own error could make it feasible and it would save energy: otherwise a plan the
+model mis-predicts as too slow would never be run, and so never corrected.
 
 over every executable, accuracy-eligible candidate (placement x accelerator setting x "join an
 edge batch already reserved"). T_SLO = chunk / control rate: one inference must deliver its
@@ -63,12 +66,17 @@ class Scheduler:
         actions: int | None = None,
         measured: dict[tuple[str, str], float] | None = None,
         join_batches: bool = True,
+        explore_every: int = 0,
     ) -> None:
         self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
         self.actions = actions or space.actions  # actions executed per inference (the chunk)
         # The control cycle the robot idles through; may exceed slo_s when planning with headroom.
         self.period_s = slo_s
         self.radio, self.cal = radio or RadioPower(), cal or Calibration()
+        # Bounded exploration (``_exploration``): at most one tried plan per this many decisions
+        # (0: never, as for a one-shot ``vlarun plan``: exploring needs the outcome fed back).
+        self.explore_every = explore_every
+        self._since_explore = 0
         k_n, p_n = len(space.settings), len(space.placements)
         k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
         self.k, self.p, self.join = k.ravel(), p.ravel(), j.ravel().astype(bool)
@@ -227,11 +235,31 @@ class Scheduler:
             best = int(np.argmax(np.where(feasible, apj, -np.inf)))
         else:
             best = self._fallback(sc)
-        d = self._decision(best, sc, apj)
+        tried = self._exploration(sc, apj, best)
+        d = self._decision(best if tried is None else tried, sc, apj, explored=tried is not None)
         alts = self._alternatives(best, sc, apj, feasible, top)
         return dataclasses.replace(
             d, alternatives=alts, candidates=len(self.k), eligible=int(self.allowed.sum())
         )
+
+    def _exploration(self, sc: Scores, apj: np.ndarray, best: int) -> int | None:
+        """A plan the rule rejected only for want of evidence, or None. A placement never run has
+        no learned residual or spread: its latency is the cost model's alone, which is off by
+        tens of percent (``Calibration.prior_rel``, one sigma). If it could meet the deadline
+        within that spread and would beat the chosen plan's actions per joule, it is tried, at
+        most once every ``explore_every`` decisions, so a plan is not held infeasible forever
+        because it was never run. What a wrong guess costs is bounded by the runtime (a late
+        edge answer is abandoned in time to run the rest locally: deadline + one local run)."""
+        self._since_explore += 1
+        if not self.explore_every or self._since_explore < self.explore_every:
+            return None
+        unmeasured = ~self._per_placement(lambda roles: self.cal.measured(tuple(roles)))
+        plausible = sc.latency * (1.0 - self.cal.prior_rel) <= self.slo_s
+        cand = self.allowed & ~self.join & unmeasured & plausible & (apj > apj[best])
+        if not cand.any():
+            return None
+        self._since_explore = 0
+        return int(np.argmax(np.where(cand, apj, -np.inf)))
 
     def _fallback(self, sc: Scores) -> int:
         """No plan is feasible: the lowest latency, read as mean plus one learned spread, so a
@@ -239,7 +267,9 @@ class Scheduler:
         the means are far apart). With nothing measured this is exactly EcoVLA's argmin T."""
         return int(np.argmin(np.where(self.allowed, sc.latency + sc.sigma, np.inf)))
 
-    def _decision(self, c: int, sc: Scores, apj: np.ndarray) -> ExecutionPlan:
+    def _decision(
+        self, c: int, sc: Scores, apj: np.ndarray, explored: bool = False
+    ) -> ExecutionPlan:
         sp = self.space
         k = int(self.k[c])
         setting = sp.settings[k]
@@ -264,6 +294,7 @@ class Scheduler:
             stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
             stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
             stage_predicted_s=predicted,
+            explored=explored,
         )
 
     def _alternatives(self, best, sc, apj, feasible, top) -> list[dict]:
@@ -381,4 +412,5 @@ def plan_row(d: ExecutionPlan) -> dict:
         "energy_source": ENERGY_SOURCE,
         "actions_per_joule": d.actions_per_joule,
         "feasible": d.feasible,
+        "explored": d.explored,
     }
