@@ -111,6 +111,7 @@ class Inference:
     # modelled account the plan was priced with, so prediction and outcome compare.
     measured_robot_j: float | None = None
     meter: str | None = None
+    explored: bool = False  # the plan was tried by bounded exploration, not the core rule
 
     @property
     def late_s(self) -> float:
@@ -133,6 +134,7 @@ class Inference:
             "setting": self.setting,
             "edge_batch": self.edge_batch,
             "measured_robot_j": self.measured_robot_j,
+            "explored": self.explored,
             "energy_source": "modelled"
             if self.meter is None
             else f"modelled; robot measured by {self.meter}",
@@ -319,6 +321,7 @@ class RobotAgent:
             dict(tr.batch),
             measured,
             None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
+            decision is not None and decision.explored,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
