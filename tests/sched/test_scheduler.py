@@ -13,7 +13,7 @@ from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
 from vlarun.sched.plans import NO_LOSS, SettingRow, build_space, feasibility, setting_grid
-from vlarun.sched.predictor import DeviceState, predict_placement
+from vlarun.sched.predictor import INPUT, OUTPUT, DeviceState, predict_placement
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -78,6 +78,11 @@ def test_vectorised_scores_match_the_scalar_predictor(calibrated):
         for name in space.stages:
             sched.cal.observe_stage(name, ORIN.id, 1.0, 1.7)
             sched.cal.observe_stage(name, RTX.id, 1.0, 3.0)
+        # Boundary terms on every cut, the sensor input and the answer (learned overheads).
+        names = list(space.stages)
+        cuts = [(INPUT, names[0]), *zip(names, names[1:], strict=False), (names[-1], OUTPUT)]
+        for a, b in cuts:
+            sched.cal.observe_boundary(a, b, 0.0, 0.004 + 0.001 * len(a))
     state = DeviceState(available_at=0.05, queued_s={"prefill": 0.01})
     sc = sched.score(link, now=0.0, edge_state=state)
     for c in range(0, len(sched.k), 7):
@@ -351,3 +356,37 @@ def test_exploration_never_tries_what_the_model_error_cannot_explain():
     for _ in range(5):  # 30% over the deadline is beyond the 15% prior error
         d = sched.decide(link)
         assert tuple(d.placement.values()) != roles
+
+
+def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut():
+    """Each edge call's time off the edge, beyond the link model, is taught to the boundaries
+    it crossed; a plan that crosses the same boundary, run or not, then pays it."""
+    from vlarun.sched.contract import Outcome, StageOutcome, TransferOutcome
+
+    link = Link(200.0, 5.0)
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=10.0, actions=20)
+    names = list(sched.space.stages)
+    edge_only = next(
+        c
+        for c in range(len(sched.k))
+        if set(sched.space.roles(sched.p[c])) == {"edge"} and not sched.join[c]
+    )
+    split = next(c for c in range(len(sched.k))  # vision on the robot, the rest on the edge
+                 if tuple(sched.space.roles(sched.p[c])) == ("robot", "edge", "edge")
+                 and not sched.join[c] and sched.k[c] == sched.k[edge_only])  # fmt: skip
+    before = sched.score(link).latency
+    plan = sched._decision(edge_only, sched.score(link), np.ones(len(sched.k)))
+    sent, recv = 600_000, 2_000
+    model_s = link.rtt_ms * 1e-3 + (sent + recv) / link.bytes_per_s
+    stages = tuple(StageOutcome(n, "edge", float(sched.t_edge[sched.k[edge_only], i, 1]))
+                   for i, n in enumerate(names))  # fmt: skip
+    for _ in range(60):  # every call spends 30 ms more off the edge than the link model says
+        tr = TransferOutcome(names[0], names[-1], model_s + 0.030, sent, recv)
+        sched.observe(plan, Outcome(stages, plan.latency_s, transfers=(tr,)))
+    assert sched.cal.boundary(INPUT, names[0]) == pytest.approx(0.015, abs=1e-4)
+    assert sched.cal.boundary(names[-1], OUTPUT) == pytest.approx(0.015, abs=1e-4)
+    after = sched.score(link).latency
+    # The edge-only plan pays both halves; the split plan pays the answer's half (its input
+    # boundary is vision -> prefill, never observed) - and it never ran.
+    assert after[edge_only] - before[edge_only] == pytest.approx(0.030, abs=2e-4)
+    assert after[split] - before[split] == pytest.approx(0.015, abs=2e-4)

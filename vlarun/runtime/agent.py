@@ -44,6 +44,7 @@ from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
+from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Packet
@@ -152,6 +153,7 @@ class _Trace:
     fallback: str | None = None
     overheads_ms: list[float] = field(default_factory=list)
     sent: int = 0
+    transfers: list = field(default_factory=list)  # contract.TransferOutcome per edge call
 
 
 class RobotAgent:
@@ -327,7 +329,7 @@ class RobotAgent:
             from vlarun.runtime.planning import outcome
 
             sched, factors = self.scheduler(len(ids)), self.factors(len(ids))
-            sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors))
+            sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers))
         return inf
 
     def _execute(
@@ -391,6 +393,9 @@ class RobotAgent:
             tr.stage_s[t["stage"]] = t["compute_s"]
             tr.batch[t["stage"]] = max(int(t["batch"]), 1)
         tr.overheads_ms.append((rep.wall_s - rep.server_s) * 1e3)
+        seg = segs[i].stages
+        tr.transfers.append(TransferOutcome(seg[0], seg[-1], max(rep.wall_s - rep.server_s, 0.0),
+                                            rep.sent_bytes, rep.recv_bytes))  # fmt: skip
         tr.sent += rep.sent_bytes
         self._observe_transfer(rep)
         return True

@@ -129,17 +129,20 @@ def decide(
     return sched.decide(link, 0.0, state, top=0)
 
 
-def outcome(inf, stage_s: dict[str, float], batch: dict[str, int], factors: dict) -> Outcome:
+def outcome(
+    inf, stage_s: dict[str, float], batch: dict[str, int], factors: dict, transfers=()
+) -> Outcome:
     """The plan contract's Outcome of one executed request: per stage where it ran, its
     execution time (an edge batch's whole compute time, which this request waited for) and
-    the batch it ran in, all converted to the named devices (``stand_in_factors``)."""
+    the batch it ran in, all converted to the named devices (``stand_in_factors``); and each
+    edge call's time off the edge (``TransferOutcome``: the boundaries it crossed)."""
     stages = tuple(
         StageOutcome(name, role, stage_s[name] * factors[role].get(name, 1.0), batch.get(name, 1))
         for name, role in inf.ran.items()
         if name in stage_s
     )
     latency = _converted_latency(inf.latency_s, inf.ran, stage_s, factors)
-    return Outcome(stages, latency, inf.fallback, inf.energy_j)
+    return Outcome(stages, latency, inf.fallback, inf.energy_j, transfers=tuple(transfers))
 
 
 def _converted_latency(latency_s: float, ran: dict, stage_s: dict, factors: dict) -> float:

@@ -4,7 +4,8 @@ fleet simulator): plain frozen data both sides read, as vLLM v1's ``SchedulerOut
   ExecutionPlan  what to run where, with which accelerator setting, and what the scheduler
                  predicted for it (per stage and end to end, latency and energy);
   Outcome        what happened when it ran: per stage where it ran, its measured execution
-                 time and batch size, the end-to-end latency, the fallback and why.
+                 time and batch size, each edge call's time off the edge (the boundaries'
+                 transfers), the end-to-end latency, the fallback and why.
 
 ``Scheduler.observe(plan, outcome)`` is the only feedback path. Neither side holds an index into
 the other's arrays.
@@ -70,6 +71,23 @@ class StageOutcome:
 
 
 @dataclass(frozen=True)
+class TransferOutcome:
+    """One call to the edge as the robot saw it: the edge ran stages ``into`` .. ``out_of``,
+    and ``seconds`` is the call's wall time minus the edge's own time (queueing + compute),
+    i.e. both transfers with their encoding, dispatch and decoding; the bytes each way."""
+
+    into: str
+    out_of: str
+    seconds: float
+    sent_bytes: int
+    recv_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.seconds < 0 or self.sent_bytes < 0 or self.recv_bytes < 0:
+            raise ValueError(f"bad transfer outcome {self}")
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one executed request measured; ``fallback`` says why stages planned for the edge
     ran on the robot (None: as planned)."""
@@ -79,6 +97,7 @@ class Outcome:
     fallback: str | None = None
     energy_j: float | None = None
     energy_source: str = "modelled"
+    transfers: tuple[TransferOutcome, ...] = ()
 
     @property
     def ran(self) -> dict[str, str]:

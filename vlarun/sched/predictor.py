@@ -97,6 +97,11 @@ def ewma(old: float | None, sample: float, alpha: float) -> float:
     return sample if old is None else (1 - alpha) * old + alpha * sample
 
 
+# Boundary ends that are not stages: the sensor packet into the first stage and the answer out
+# of the last (``Calibration.boundary(INPUT, stage)`` / ``(stage, OUTPUT)``).
+INPUT, OUTPUT = "<input>", "<output>"
+
+
 @dataclass
 class Calibration:
     """EWMA corrections learned from measurements (EcoVLA: stage latency, boundary overhead,
@@ -256,7 +261,7 @@ def _arrival(work, role, placement, end, now, link, cal, radio):
     transfer, bytes sent, robot radio seconds sending, receiving). The first stage's inputs
     come from the robot's sensors; a packet crossing between robot and edge pays the link and
     the boundary term."""
-    sources = [(p, placement[p], end[p]) for p in work.parents] or [("", ROBOT, now)]
+    sources = [(p, placement[p], end[p]) for p in work.parents] or [(INPUT, ROBOT, now)]
     ready, tau_in, sent, tx_s, rx_s = now, 0.0, 0, 0.0, 0.0
     for parent, src_role, t_end in sources:
         tau = 0.0
@@ -321,7 +326,7 @@ def predict_placement(
     last = works[-1]
     finish = end[last.name]
     if placement[last.name] != ROBOT:  # the actions return to the robot
-        back = link.transfer_s(last.out_bytes)
+        back = link.transfer_s(last.out_bytes) + cal.boundary(last.name, OUTPUT)
         finish += back
         transfer_total += back
         rx_s += back

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from vlarun.sched.catalog import Device
-from vlarun.sched.contract import ExecutionPlan, Outcome
+from vlarun.sched.contract import ExecutionPlan, Outcome, TransferOutcome
 from vlarun.sched.cost import at_batch, roofline
 from vlarun.sched.energy import ENERGY_SOURCE, RadioPower, stage_power
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
-from vlarun.sched.predictor import Calibration, DeviceState, Reservation
+from vlarun.sched.predictor import INPUT, OUTPUT, Calibration, DeviceState, Reservation
 
 MAX_EDGE_BATCH = 8
 
@@ -73,6 +73,7 @@ class Scheduler:
         # The control cycle the robot idles through; may exceed slo_s when planning with headroom.
         self.period_s = slo_s
         self.radio, self.cal = radio or RadioPower(), cal or Calibration()
+        self._link: Link | None = None  # the last scored link (observe compares transfers)
         # Bounded exploration (``_exploration``): at most one tried plan per this many decisions
         # (0: never, as for a one-shot ``vlarun plan``: exploring needs the outcome fed back).
         self.explore_every = explore_every
@@ -133,6 +134,7 @@ class Scheduler:
     def score(self, link: Link, now: float = 0.0, edge_state: DeviceState | None = None) -> Scores:
         """The predictor's recursion for every candidate at once."""
         st = edge_state or DeviceState()
+        self._link = link  # what observe() compares each boundary's transfers with
         sp, cal, k = self.space, self.cal, self.k
         c_n, s_n = len(k), len(sp.stages)
         start, end = np.zeros((c_n, s_n)), np.zeros((c_n, s_n))
@@ -151,7 +153,7 @@ class Scheduler:
                     ready = np.maximum(ready, end[:, p] + tau)
                     energy += np.where(cut, wire * self._radio_w(self.edge[:, p]), 0.0)
             else:  # sensor packet starts on the robot
-                ready = now + np.where(on_edge, wire, 0.0)
+                ready = now + np.where(on_edge, wire + cal.boundary(INPUT, name), 0.0)
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
             # The robot is this request's own device: a robot stage starts when it is ready.
             # An edge stage also waits for the edge, its queue and committed reservations.
@@ -171,7 +173,8 @@ class Scheduler:
             end[:, s] = start[:, s] + np.where(on_edge, t_e, t_r)
             energy += np.where(on_edge, e_edge, self.p_rob_dyn * self.u_rob[k, s] * t_r)
         last = s_n - 1
-        back = np.where(self.edge[:, last], half_rtt + self.out_bytes[k, last] / bps, 0.0)
+        back_s = half_rtt + self.out_bytes[k, last] / bps + cal.boundary(sp.stages[last], OUTPUT)
+        back = np.where(self.edge[:, last], back_s, 0.0)
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
         energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
@@ -371,8 +374,31 @@ class Scheduler:
             else:
                 base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
             self.cal.observe_stage(st.name, self.devices[st.role].id, base, st.seconds)
+        for tr in outcome.transfers:
+            self._observe_transfer(plan, tr)
         roles = tuple(plan.placement[n] for n in self.space.stages)
         self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
+
+    def _observe_transfer(self, plan: ExecutionPlan, tr: TransferOutcome) -> None:
+        """One edge call's time off the edge against the link model (a round trip plus the
+        bytes at the estimated bandwidth): what the model misses (encoding, dispatch, decoding)
+        is taught half to the boundary into the call's first stage and half to the one out of
+        its last, the terms ``score`` adds on every cut edge (and on the sensor input and the
+        final answer), so every plan that crosses those boundaries is corrected, not only the
+        placement that ran."""
+        link = self._link
+        names = list(self.space.stages)
+        if link is None or tr.into not in names or tr.out_of not in names:
+            return
+        model_s = link.rtt_ms * 1e-3 + (tr.sent_bytes + tr.recv_bytes) / link.bytes_per_s
+        i, o = names.index(tr.into), names.index(tr.out_of)
+        into = [names[p] for p in self.space.parents[i] if plan.placement[names[p]] == "robot"]
+        out = [names[c] for c, ps in enumerate(self.space.parents)
+               if o in ps and plan.placement[names[c]] == "robot"]  # fmt: skip
+        for parent in into or [INPUT]:
+            self.cal.observe_boundary(parent, tr.into, model_s / 2, tr.seconds / 2)
+        for child in out or ([OUTPUT] if o == len(names) - 1 else []):
+            self.cal.observe_boundary(tr.out_of, child, model_s / 2, tr.seconds / 2)
 
     # -- reservations -----------------------------------------------------------------------------
 
