@@ -44,3 +44,40 @@ def test_bench_coinfer_quick_json(capsys, tmp_path):
     one = r["batching"]["max_batch_1"]
     assert one["inferences"] == 8 and one["mean_batch"] in (None, 1.0)
     assert "modelled" in r["energy_source"]
+
+
+@pytest.mark.slow
+def test_bench_coinfer_quick_matrix_json(capsys, tmp_path):
+    out = tmp_path / "matrix.json"
+    argv = ["bench", "coinfer", "--quick", "--matrix", "--load-robots", "0", "1", "2"]
+    assert main([*argv, "--json", "--out", str(out)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    cells = {(x["bandwidth"], x["load"]) for x in r["rows"]}
+    assert cells == {(b, load) for b in ("200", "200-50") for load in ("light", "heavy")}
+    strategies = {x["strategy"] for x in r["rows"]}
+    assert strategies == {"device-only", "edge-only", "fixed-split", "vlarun-placement",
+                          "vlarun-joint"}  # fmt: skip
+    assert all(set(x) >= ROW_KEYS for x in r["rows"])
+    heavy = [x for x in r["rows"] if x["load"] == "heavy"]
+    assert all(x["load_robots"] == 2 and x["background_requests"] > 0 for x in heavy)
+    assert len(r["matrix"]["cells"]) == 4 and r["plot"].endswith(".png")
+
+
+def test_matrix_summary_on_hand_built_rows():
+    from vlarun.bench.coinfer_matrix import parse_bandwidth, summarise_matrix
+
+    def row(strategy, apj, slo):
+        return {"strategy": strategy, "bandwidth": "50", "load": "light",
+                "actions_per_joule": apj, "slo_met_fraction": slo}  # fmt: skip
+
+    rows = [row("device-only", 1.0, 1.0), row("edge-only", 3.0, 0.9), row("fixed-split", 2.0, 1.0),
+            row("vlarun-placement", 2.5, 1.0), row("vlarun-joint", 2.0, 1.0)]  # fmt: skip
+    s = summarise_matrix(rows)
+    (cell,) = s["cells"]
+    # edge-only has more actions/J but misses the SLO bar: the best fixed is fixed-split.
+    assert cell["best_fixed"] == "fixed-split" and cell["joint_over_best_fixed"] == 1.0
+    assert cell["joint_meets_goal"] and s["cells_meeting_goal"] == 1
+    assert s["joint_over_fixed_split_mean"] == 1.0 and s["joint_over_placement_mean"] == 0.8
+    assert parse_bandwidth("200-50") == (200.0, 50.0) and parse_bandwidth("10") == (10.0, None)
+    with pytest.raises(ValueError, match="expected Mbit/s"):
+        parse_bandwidth("fast")

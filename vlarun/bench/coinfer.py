@@ -52,6 +52,15 @@ class BenchCoinferOptions:
         "edge compute per request and SLO share, batched vs not",
     )
     fleet_requests: int = opt(20, "requests per robot in the fleet run")
+    matrix: bool = opt(
+        False, "the condition matrix instead (coinfer_matrix.py): bandwidth x edge load x "
+        "strategy, vlarun-joint and vlarun-placement among them",
+    )  # fmt: skip
+    matrix_bandwidths: tuple[str, ...] = opt(
+        ("200", "50", "10", "200-50"), "matrix bandwidths, Mbit/s (A-B: a drop from A to B)"
+    )
+    matrix_loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "matrix edge-load names")
+    load_robots: tuple[int, ...] = opt((0, 2, 5), "other robots on the edge at each load")
     out: str | None = opt(None, "write the result JSON here")
     json: bool = opt(False, "print one JSON object")
 
@@ -74,14 +83,24 @@ def run(o: BenchCoinferOptions) -> dict:
     ckpt = o.checkpoint or str(checkpoints_dir() / "tiny-ar")
     policy = Policy.load(ckpt)
     edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
-    rows, fleet = [], None
+    rows, fleet, matrix = [], None, None
     try:
         from vlarun.runtime.overhead import measure
 
         overhead = measure(endpoint, policy, 10 if o.quick else 50)
-        for strategy in STRATEGIES:
-            rows.append(_strategy_run(o, policy, endpoint, strategy, steps))
-        if robots > 0:
+        if o.matrix:
+            from vlarun.bench.coinfer_matrix import run_matrix
+
+            def cell(strategy, n, before, after, load):
+                return _strategy_run(o, policy, endpoint, strategy, n, before, after, load)
+
+            matrix = run_matrix(o, policy, endpoint, steps, cell,
+                                lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
+            rows, matrix = matrix["rows"], matrix["summary"]
+        else:
+            for strategy in STRATEGIES:
+                rows.append(_strategy_run(o, policy, endpoint, strategy, steps))
+        if robots > 0 and not o.matrix:
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
     finally:
         procs.stop(edge)
@@ -116,12 +135,19 @@ def run(o: BenchCoinferOptions) -> dict:
         "rows": rows,
         "fleet": fleet,
         "batching": batching,
+        "matrix": matrix,
         "runtime_overhead": overhead,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     if o.out:
         Path(o.out).parent.mkdir(parents=True, exist_ok=True)
-        result["plot"] = plot(result, str(Path(o.out).with_suffix(".png")))
+        png = str(Path(o.out).with_suffix(".png"))
+        if matrix is not None:
+            from vlarun.bench.coinfer_matrix import plot_matrix
+
+            result["plot"] = plot_matrix({"rows": rows}, png)
+        else:
+            result["plot"] = plot(result, png)
         Path(o.out).write_text(json.dumps(result, indent=1))
     return result
 
@@ -158,7 +184,7 @@ def plot(r: dict, path: str) -> str | None:
     return path
 
 
-def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float):
+def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float):
     from vlarun.runtime.agent import AgentConfig
 
     return AgentConfig(
@@ -167,13 +193,26 @@ def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float):
         o.robot_slowdown,
         robot_device=o.robot_device,
         edge_device=o.edge_device,
-        bandwidth_mbps=o.bandwidth,
+        bandwidth_mbps=bandwidth,
     )
 
 
-def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
-    """``steps`` control steps of closed loop through a fresh relay whose bandwidth drops
-    halfway (episodes end at success or the task's step limit; the next one follows at once)."""
+def _strategy_run(
+    o,
+    policy,
+    endpoint: str,
+    strategy: str,
+    steps: int,
+    bandwidth: float | None = None,
+    drop_to: float | None = -1.0,
+    load: str = "light",
+) -> dict:
+    """``steps`` control steps of closed loop through a fresh relay at ``bandwidth`` (default
+    --bandwidth) that drops to ``drop_to`` halfway (default --drop-to; None: no drop).
+    Episodes end at success or the task's step limit; the next one follows at once. ``load``
+    names the edge's load during the run (other robots are the caller's)."""
+    bandwidth = o.bandwidth if bandwidth is None else bandwidth
+    drop_to = o.drop_to if drop_to == -1.0 else drop_to
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.episode import summarise
@@ -184,15 +223,18 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
     slo_s = horizon / o.control_hz
     env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
     obs, _ = env.reset(seed=10000)
-    agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s))
+    agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s, bandwidth))
     agent.warmup(obs["image"], env.instruction)
     local = dict(agent.local_s)
     agent.close()
     drop_after = steps / o.control_hz / 2  # seconds into the episode
-    relay, via = procs.start_relay(endpoint, o.bandwidth, o.delay_ms, f"{drop_after}:{o.drop_to}")
+    schedule = "" if drop_to is None else f"{drop_after}:{drop_to}"
+    relay, via = procs.start_relay(endpoint, bandwidth, o.delay_ms, schedule)
     times: list[float] = []
     try:
-        agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s), via, Security(insecure=True))
+        agent = RobotAgent(
+            policy, _agent_cfg(o, strategy, slo_s, bandwidth), via, Security(insecure=True)
+        )
         agent.local_s.update(local)
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = time.monotonic()
@@ -211,9 +253,9 @@ def _strategy_run(o, policy, endpoint: str, strategy: str, steps: int) -> dict:
         plans[r["ran"]] = plans.get(r["ran"], 0) + 1
     return {
         "strategy": strategy,
-        "bandwidth_mbps": o.bandwidth,  # before the drop
-        "bandwidth_after_mbps": o.drop_to,
-        "load": "light",  # this robot alone on the edge
+        "bandwidth_mbps": bandwidth,  # before the drop
+        "bandwidth_after_mbps": drop_to,
+        "load": load,
         "energy_source": s["energy_source"],
         "mean_batch": s["mean_batch"],
         "control_hz": ep["control_hz"],
@@ -278,7 +320,7 @@ def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
 
     def robot(i: int) -> None:
         agent = RobotAgent(
-            policy, _agent_cfg(o, "vlarun", period), endpoint, Security(insecure=True)
+            policy, _agent_cfg(o, "vlarun", period, o.bandwidth), endpoint, Security(insecure=True)
         )
         try:
             agent.warmup(image, instruction, runs=1)
@@ -312,6 +354,9 @@ def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
 
 
 def show(r: dict) -> None:
+    if r.get("matrix") is not None:
+        _show_matrix(r)
+        return
     print(
         f"co-inference, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
         f"{r['robot_slowdown']:g}x, link {r['link']['before_mbps']:g} -> "
@@ -335,6 +380,26 @@ def show(r: dict) -> None:
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
             f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
         )
+
+
+def _show_matrix(r: dict) -> None:
+    print(f"co-inference matrix, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
+          f"{r['robot_slowdown']:g}x; energy {r['energy_source']}")  # fmt: skip
+    head = ("load", "Mbit/s", "strategy", "act/J", "SLO", "p50 ms", "p99 ms", "fallbacks", "batch")
+    print("  {:<8}{:>8}  {:<18}{:>7}{:>7}{:>9}{:>9}{:>10}{:>7}".format(*head))
+    for x in r["rows"]:
+        batch = "-" if x["mean_batch"] is None else f"{x['mean_batch']:.2f}"
+        print(
+            f"  {x['load']:<8}{x['bandwidth']:>8}  {x['strategy']:<18}"
+            f"{x['actions_per_joule']:>7.3f}{_pct(x['slo_met_fraction']):>7}"
+            f"{x['latency_p50_ms']:>9.1f}{x['latency_p99_ms']:>9.1f}{x['fallbacks']:>10}{batch:>7}"
+        )
+    m = r["matrix"]
+    split, place = m["joint_over_fixed_split_mean"], m["joint_over_placement_mean"]
+    print(f"  vlarun-joint meets the goal (>= 0.97 x best fixed, SLO >= 99.9%) in "
+          f"{m['cells_meeting_goal']} of {len(m['cells'])} cells; mean joint / Fixed Split "
+          f"{'-' if split is None else f'{split:.2f}'}, joint / placement "
+          f"{'-' if place is None else f'{place:.2f}'}")  # fmt: skip
 
 
 def _show_batching(b: dict | None) -> None:

@@ -1,0 +1,182 @@
+"""`vlarun bench coinfer --matrix`: the condition matrix of co-inference (issue 19).
+
+Every cell is real processes on this machine: the edge (`vlarun serve-edge`), a shaping relay
+in front of it at the cell's bandwidth (a "200-50" cell drops from 200 to 50 Mbit/s halfway),
+and one robot agent in closed loop on Meta-World through the relay. The edge load is other
+robots on the same edge: ``--load-robots`` agents per load level (light, medium, heavy) sending
+edge-only requests at the control rate straight to the edge, replaying a camera frame, for as
+long as the cell runs. Per cell and strategy (device-only, edge-only, fixed-split,
+vlarun-placement: the scheduler over placements, vlarun-joint: over placements and the
+accelerator settings whose measured success clears the accuracy floor) a row: actions per
+joule (modelled from the measured times; the row says so), SLO share, p50/p99, fallbacks and
+the mean edge batch.
+
+The summary sets vlarun-joint against the best fixed strategy of each cell (actions/J at an
+SLO share of at least 99.9%, the issue's bar; a cell where no fixed strategy reaches it is
+compared on actions/J alone and says so) and, averaged over the cells, against Fixed Split.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+MATRIX_STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint")
+FIXED = ("device-only", "edge-only", "fixed-split")
+SLO_BAR = 0.999  # the SLO share a strategy must reach to count as meeting the deadline
+AGENT_STRATEGY = {"vlarun-placement": "vlarun"}  # the agent's name for the matrix's label
+
+
+def parse_bandwidth(spec: str) -> tuple[float, float | None]:
+    """ "200" -> (200, None); "200-50" -> (200, 50): a drop halfway through the run."""
+    before, _, after = str(spec).partition("-")
+    try:
+        out = float(before), (float(after) if after else None)
+    except ValueError:
+        raise ValueError(f"bandwidth {spec!r}: expected Mbit/s like 200 or a drop 200-50") from None
+    if out[0] <= 0 or (out[1] is not None and out[1] <= 0):
+        raise ValueError(f"bandwidth {spec!r} must be positive")
+    return out
+
+
+class BackgroundLoad:
+    """``robots`` agents sending edge-only requests to ``endpoint`` at the control period until
+    stopped: the other robots of a loaded edge."""
+
+    def __init__(self, policy, endpoint: str, robots: int, period_s: float, make_cfg) -> None:
+        self.policy, self.endpoint, self.robots = policy, endpoint, robots
+        self.period_s, self.make_cfg = period_s, make_cfg
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.requests = 0
+
+    def __enter__(self) -> BackgroundLoad:
+        for i in range(self.robots):
+            t = threading.Thread(target=self._robot, args=(i,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _robot(self, i: int) -> None:
+        from vlarun.runtime.agent import RobotAgent
+        from vlarun.runtime.transport import Security
+
+        size = self.policy.model.cfg.image_size
+        image = np.random.default_rng(i).integers(0, 255, (size, size, 3), dtype=np.uint8)
+        agent = RobotAgent(self.policy, self.make_cfg("edge-only", self.period_s), self.endpoint,
+                           Security(insecure=True))  # fmt: skip
+        try:
+            time.sleep(i * self.period_s / max(self.robots, 1))  # out of phase
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                agent.infer(image, "open the drawer")
+                self.requests += 1
+                self._stop.wait(max(self.period_s - (time.monotonic() - t0), 0.0))
+        finally:
+            agent.close()
+
+
+def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> dict:
+    """Every (bandwidth, load, strategy) cell; ``strategy_run(strategy, steps, before, after,
+    load)`` runs one closed loop through a fresh relay (coinfer._strategy_run)."""
+    bandwidths = o.matrix_bandwidths[::3] if o.quick else o.matrix_bandwidths
+    loads = dict(zip(o.matrix_loads, o.load_robots, strict=True))
+    if o.quick:
+        loads = {k: loads[k] for k in (o.matrix_loads[0], o.matrix_loads[-1])}
+    period = policy.model.cfg.horizon / o.control_hz
+    rows = []
+    for load, robots in loads.items():
+        with BackgroundLoad(policy, endpoint, robots, period, make_cfg) as bg:
+            for spec in bandwidths:
+                before, after = parse_bandwidth(spec)
+                for label in MATRIX_STRATEGIES:
+                    strategy = AGENT_STRATEGY.get(label, label)
+                    row = strategy_run(strategy, steps, before, after, load)
+                    rows.append(row | {"strategy": label, "bandwidth": spec,
+                                       "load_robots": robots})  # fmt: skip
+            background = bg.requests
+        for row in rows:
+            if row["load"] == load:
+                row["background_requests"] = background
+    return {"rows": rows, "summary": summarise_matrix(rows)}
+
+
+def summarise_matrix(rows: list[dict]) -> dict:
+    """Per cell: vlarun-joint / the best fixed strategy meeting the SLO bar (actions/J), and
+    whether joint met the bar; over the cells: mean joint / Fixed Split and joint / placement."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cells.setdefault((r["bandwidth"], r["load"]), {})[r["strategy"]] = r
+    out, vs_split, vs_place = [], [], []
+    for (bw, load), by in cells.items():
+        joint = by.get("vlarun-joint")
+        if joint is None:
+            continue
+        meeting = [by[s] for s in FIXED if s in by and by[s]["slo_met_fraction"] >= SLO_BAR]
+        pool = meeting or [by[s] for s in FIXED if s in by]
+        best = max(pool, key=lambda r: r["actions_per_joule"])
+        ratio = joint["actions_per_joule"] / best["actions_per_joule"]
+        out.append({
+            "bandwidth": bw, "load": load, "best_fixed": best["strategy"],
+            "best_fixed_meets_slo_bar": bool(meeting),
+            "joint_over_best_fixed": ratio,
+            "joint_slo_met_fraction": joint["slo_met_fraction"],
+            "joint_meets_goal": ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR,
+        })  # fmt: skip
+        if "fixed-split" in by and by["fixed-split"]["actions_per_joule"] > 0:
+            vs_split.append(joint["actions_per_joule"] / by["fixed-split"]["actions_per_joule"])
+        if "vlarun-placement" in by and by["vlarun-placement"]["actions_per_joule"] > 0:
+            vs_place.append(
+                joint["actions_per_joule"] / by["vlarun-placement"]["actions_per_joule"]
+            )
+    return {
+        "cells": out,
+        "cells_meeting_goal": sum(c["joint_meets_goal"] for c in out),
+        "joint_over_fixed_split_mean": float(np.mean(vs_split)) if vs_split else None,
+        "joint_over_placement_mean": float(np.mean(vs_place)) if vs_place else None,
+        "slo_bar": SLO_BAR,
+    }
+
+
+def plot_matrix(m: dict, path: str) -> str | None:
+    """Actions/J (top) and SLO share (bottom) per strategy, one column per load, bandwidth
+    conditions along x; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = m["rows"]
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    bws = list(dict.fromkeys(r["bandwidth"] for r in rows))
+    fig, axes = plt.subplots(2, len(loads), figsize=(4.2 * len(loads), 6), squeeze=False)
+    width = 0.8 / len(MATRIX_STRATEGIES)
+    for j, load in enumerate(loads):
+        for i, s in enumerate(MATRIX_STRATEGIES):
+            by = {r["bandwidth"]: r for r in rows if r["load"] == load and r["strategy"] == s}
+            x = np.arange(len(bws)) + (i - len(MATRIX_STRATEGIES) / 2 + 0.5) * width
+            apj = [by[b]["actions_per_joule"] if b in by else 0 for b in bws]
+            slo = [by[b]["slo_met_fraction"] if b in by else 0 for b in bws]
+            axes[0][j].bar(x, apj, width, label=s)
+            axes[1][j].bar(x, slo, width, label=s)
+        for k, ylabel in ((0, "actions / J (modelled)"), (1, "SLO share")):
+            ax = axes[k][j]
+            ax.set_xticks(np.arange(len(bws)), [f"{b} Mbit/s" for b in bws], fontsize=8)
+            ax.set_ylabel(ylabel)
+        axes[0][j].set_title(f"edge load: {load}")
+        axes[1][j].axhline(SLO_BAR, color="k", ls="--", lw=0.8)
+        axes[1][j].set_ylim(0, 1.05)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
