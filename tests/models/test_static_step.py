@@ -237,3 +237,37 @@ def test_a_policy_loads_with_compiled_steps_and_acts_the_same():
                                   eager.predict(frame, "open the drawer"))  # fmt: skip
     with pytest.raises(ValueError, match="compile mode must be one of"):
         Policy.load("tiny-openvla", compile_steps="fast")
+
+
+@pytest.mark.parametrize("preset", ["tiny-cogact", "tiny-pi0"])
+def test_denoising_steps_run_through_the_model_steps_and_compile(preset):
+    """A DiT / flow policy's denoising goes through ``model.steps`` (so ``compile_steps``
+    reaches it): counted, and traced with fullgraph, the actions stay the eager ones."""
+    import numpy as np
+
+    from vlarun.models.static_step import DecodeSteps, dit_eps
+    from vlarun.policy.base import Policy
+
+    policy = Policy.load(preset)
+    size = policy.model.cfg.image_size
+    frames = np.random.default_rng(1).integers(0, 255, (policy.model.cfg.num_images, size, size,
+                                                         3), dtype=np.uint8)  # fmt: skip
+    image = frames if policy.model.cfg.num_images > 1 else frames[0]
+    want = policy.predict(image, "open the drawer")
+    calls = []
+
+    def counted(fn):
+        def run(*a):
+            calls.append(fn.__name__)
+            return fn(*a)
+
+        return run
+
+    policy.model.steps = DecodeSteps(eps=counted(dit_eps), expert=counted(expert_forward))
+    np.testing.assert_array_equal(policy.predict(image, "open the drawer"), want)
+    steps = {"tiny-cogact": "dit_eps", "tiny-pi0": "expert_forward"}[preset]
+    assert calls and set(calls) == {steps}
+    traced = {"fullgraph": True, "dynamic": False, "backend": "eager"}
+    policy.model.steps = DecodeSteps(eps=torch.compile(dit_eps, **traced),
+                                     expert=torch.compile(expert_forward, **traced))  # fmt: skip
+    np.testing.assert_allclose(policy.predict(image, "open the drawer"), want, atol=1e-5)

@@ -315,13 +315,15 @@ class DiTHead(nn.Module):
         *,
         cfg_scale: float = 1.0,
         generator: torch.Generator | None = None,
+        eps: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """Denoise an action sequence for cond (B, cond_dim) -> normalized actions (B, H, A).
 
         Deterministic DDIM (eta = 0) over ``ddim_timesteps(num_train_timesteps, steps)``
         (steps defaults to config.ddim_steps); the result depends only on ``noise``, drawn from
         ``generator`` when not given. cfg_scale > 1 applies classifier-free guidance,
-        eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond), as CogACT does.
+        eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond), as CogACT does. ``eps(head,
+        x, t, cond)``, when given, predicts the noise of steps without a feature cache.
         """
         c = self.config
         B = cond.shape[0]
@@ -334,11 +336,19 @@ class DiTHead(nn.Module):
         if use_cfg:
             cond = torch.cat([cond, self._uncondition(B).to(cond.dtype)], dim=0)  # (2B, cond)
 
+        # ``eps`` (static_step.dit_eps, possibly compiled) serves the plain steps; a feature
+        # cache needs the step and layer indices, so it runs the module itself.
+        plain = eps if eps is not None and feature_cache is None else None
+
+        def predict(x: Tensor, t: Tensor, step: int) -> Tensor:
+            if plain is not None:
+                return plain(self, x, t, cond)
+            return self(x, t, cond, step=step, feature_cache=feature_cache)
+
         def eps_fn(x: Tensor, t: Tensor, step: int) -> Tensor:
             if not use_cfg:
-                return self(x, t, cond, step=step, feature_cache=feature_cache)
-            eps = self(torch.cat([x, x]), t.repeat(2), cond, step=step, feature_cache=feature_cache)
-            eps_c, eps_u = eps.chunk(2)
+                return predict(x, t, step)
+            eps_c, eps_u = predict(torch.cat([x, x]), t.repeat(2), step).chunk(2)
             return eps_u + cfg_scale * (eps_c - eps_u)
 
         x = ddim_sample_loop(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -111,8 +112,11 @@ class FlowMatchingExpert(nn.Module):
         t: Tensor,
         start: Tensor | None = None,
         feature_cache: BranchCache | None = None,
+        forward: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """Predicted flow velocity (B, H, A) at noisy actions x_t (B, H, A) and time t (B,).
+        ``forward`` (``static_step.expert_forward`` or a compiled copy) runs the expert when
+        no feature cache is given.
 
         start (B,): position of each row's first suffix token (default: after the whole
         prefix); right-padded rows pass their own so positions match running them alone."""
@@ -128,7 +132,8 @@ class FlowMatchingExpert(nn.Module):
             start = torch.full((tokens.shape[0],), prefix.filled_length(), device=tokens.device)
         positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
         mask = self.suffix_mask(tokens.device)
-        out = expert_forward(self.expert, tokens, positions, prefix, mask, feature_cache)
+        fn = forward if forward is not None and feature_cache is None else expert_forward
+        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache)
         return self.action_out_proj(out[:, 1:]).float()
 
     @torch.no_grad()
@@ -140,6 +145,7 @@ class FlowMatchingExpert(nn.Module):
         steps: int | None = None,
         start: Tensor | None = None,
         feature_cache: DenoiseFeatureCache | None = None,
+        forward: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """Integrate from noise (t = 1) to actions (t = 0): N Euler steps. Returns (B, H, A).
 
@@ -153,7 +159,7 @@ class FlowMatchingExpert(nn.Module):
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=x.device)
             fc = None if feature_cache is None else functools.partial(feature_cache, i)
-            x = x + dt * self.velocity(prefix, state, x, t, start, fc)
+            x = x + dt * self.velocity(prefix, state, x, t, start, fc, forward)
         return x
 
     def loss(

@@ -20,6 +20,8 @@ decode and Jacobi cases; tests/models/test_static_step.py), including caches who
 layers lost pruned tokens (TRIAGE's layered validity is per layer here too). Positions are
 checked once per decode call on the host (``check_room``), not in the step.
 
+The diffusion family's step (one DiT forward, ``dit_eps``) has no cache and was static already.
+
 ``compile_steps`` swaps the eager functions for ``torch.compile``d ones (``fullgraph=True``:
 any host sync or data-dependent shape is an error, not a silent graph break); with
 ``mode="reduce-overhead"`` on CUDA they run as CUDA graphs, as gpt-fast's ``decode_one_token``
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vlarun.models.kv_cache import KVCache
 from vlarun.models.llama import BranchCache, LlamaLM
@@ -137,15 +139,26 @@ def check_room(cache: KVCache, lm: LlamaLM, last_position: Tensor) -> None:
         )
 
 
+def dit_eps(head: nn.Module, noisy: Tensor, t: Tensor, cond: Tensor) -> Tensor:
+    """One DDIM step's noise prediction of a DiT action head (CogACT): static already (no
+    cache, fixed shapes); a function here so that it compiles like the other steps."""
+    return head(noisy, t, cond)
+
+
 StepFn = Callable[[LlamaLM, KVCache, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
 class DecodeSteps:
-    """The two static functions a VLA decodes with (eager by default, see ``compile_steps``)."""
+    """The static step functions a VLA runs its heads with (eager by default, see
+    ``compile_steps``): greedy decode, a Jacobi iteration, a DiT denoising step and a flow
+    expert's forward. Denoising with a feature cache (EfficientVLA) stays eager: its hook
+    decides per step and layer in Python."""
 
     one: StepFn = decode_one
     iterate: StepFn = iterate_logits
+    eps: Callable[..., Tensor] = dit_eps
+    expert: Callable[..., Tensor] = expert_forward
     mode: str = "eager"
 
 
@@ -157,7 +170,8 @@ def compile_steps(mode: str = "reduce-overhead") -> DecodeSteps:
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     kw = {"fullgraph": True, "dynamic": False, "mode": mode}
-    return DecodeSteps(torch.compile(decode_one, **kw), torch.compile(iterate_logits, **kw), mode)
+    fns = (decode_one, iterate_logits, dit_eps, expert_forward)
+    return DecodeSteps(*(torch.compile(f, **kw) for f in fns), mode)
 
 
 def mark_static(cache: KVCache) -> KVCache:

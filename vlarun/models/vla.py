@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
 from vlarun.models.heads import (
     ActionTokenizer,
@@ -391,15 +392,26 @@ class VLA(nn.Module):
         return self.action_head(h).float()
 
     def denoise(
-        self, pre: PrefillResult, noise: Tensor | None = None, state: Tensor | None = None
+        self,
+        pre: PrefillResult,
+        noise: Tensor | None = None,
+        state: Tensor | None = None,
+        feature_cache: DenoiseFeatureCache | None = None,
     ) -> Tensor:
-        """Diffusion (DiT on the last hidden state) or flow (expert on the prefix cache)."""
+        """Diffusion (DiT on the last hidden state) or flow (expert on the prefix cache), with
+        the static steps of ``self.steps``; ``feature_cache`` serves a denoising cache."""
         if self.cfg.dit is not None:
-            return self.action_model.sample(pre.last_hidden, noise=noise).float()
+            if noise is not None:  # drawn in fp32 by the policy; the DiT runs in the model's dtype
+                noise = noise.to(pre.last_hidden.dtype)
+            return self.action_model.sample(pre.last_hidden, noise=noise,
+                                            feature_cache=feature_cache,
+                                            eps=self.steps.eps).float()  # fmt: skip
         b = pre.last_hidden.shape[0]
         if state is None:
             state = torch.zeros(b, self.cfg.flow.state_dim, device=pre.last_hidden.device)
-        return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos)
+        return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos,
+                                         feature_cache=feature_cache,
+                                         forward=self.steps.expert)  # fmt: skip
 
     # -- everything at once ---------------------------------------------------------------------
 

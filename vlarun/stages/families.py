@@ -270,20 +270,7 @@ def run_head(
         return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
     if family == "parallel":
         return {"actions": model.parallel_head(pre)}
-    if family == "diffusion":
-        if noise is not None:  # drawn in fp32 by the policy; the DiT runs in the model's dtype
-            noise = noise.to(pre.last_hidden.dtype)
-        acts = model.action_model.sample(pre.last_hidden, noise=noise, feature_cache=feature_cache)
-        return {"actions": acts.float()}
-    st = state  # (B, state_dim) or None
-    if feature_cache is None:
-        return {"actions": model.denoise(pre, noise=noise, state=st)}
-    if st is None:  # as VLA.denoise does
-        b = pre.last_hidden.shape[0]
-        st = torch.zeros(b, model.cfg.flow.state_dim, device=pre.last_hidden.device)
-    acts = model.action_expert.sample(pre.cache, st, noise=noise, start=pre.next_pos,
-                                      feature_cache=feature_cache)  # fmt: skip
-    return {"actions": acts}
+    return {"actions": model.denoise(pre, noise, state, feature_cache)}  # diffusion, flow
 
 
 def _unbound(name: str):
