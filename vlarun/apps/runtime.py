@@ -71,7 +71,7 @@ class ServeEdgeOptions:
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps in this mode (default: measured "
+        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
         "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
     )  # fmt: skip
     threads: int = opt(0, "torch threads (0: torch's default; with --workers: cores / workers)")
@@ -294,7 +294,7 @@ class RunRobotOptions:
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps in this mode (default: measured "
+        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
         "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
     )  # fmt: skip
     log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
@@ -419,7 +419,7 @@ class ServePolicyOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps in this mode (default: measured "
+        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
         "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
     )  # fmt: skip
     threads: int = opt(0, "torch threads (0: torch's default)")
