@@ -1,6 +1,7 @@
-"""No pickle anywhere in vlarun: no pickle-family import, no call that unpickles (torch.load,
-np.load without allow_pickle=False, pyzmq's send/recv_pyobj), checked on the syntax tree of
-every module so a docstring that mentions pickle does not count and an alias cannot hide."""
+"""No pickle anywhere in vlarun: no pickle-family import, no call that unpickles (torch.load
+without weights_only=True, np.load without allow_pickle=False, pyzmq's send/recv_pyobj),
+checked on the syntax tree of every module so a docstring that mentions pickle does not count
+and an alias cannot hide."""
 
 from __future__ import annotations
 
@@ -38,18 +39,39 @@ def _problems(path: Path) -> list[str]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
             owner_name = owner.id if isinstance(owner, ast.Name) else ""
-            if node.func.attr == "load" and owner_name == "torch":
+            if (
+                node.func.attr == "load"
+                and owner_name == "torch"
+                and not _literal(node, "weights_only", True)
+            ):
                 out.append(f"{path}:{node.lineno} calls torch.load (unpickles)")
-            if node.func.attr == "load" and owner_name in ("np", "numpy"):
-                safe = any(
-                    k.arg == "allow_pickle"
-                    and isinstance(k.value, ast.Constant)
-                    and k.value.value is False
-                    for k in node.keywords
-                )
-                if not safe:
-                    out.append(f"{path}:{node.lineno} calls np.load without allow_pickle=False")
+            numpy_load = node.func.attr == "load" and owner_name in ("np", "numpy")
+            if numpy_load and not _literal(node, "allow_pickle", False):
+                out.append(f"{path}:{node.lineno} calls np.load without allow_pickle=False")
     return out
+
+
+def _literal(call: ast.Call, keyword: str, value: bool) -> bool:
+    """Whether ``call`` passes ``keyword=value`` as a literal (not a variable that could vary)."""
+    return any(
+        k.arg == keyword and isinstance(k.value, ast.Constant) and k.value.value is value
+        for k in call.keywords
+    )
+
+
+def test_the_checker_flags_unpickling_calls(tmp_path):
+    """torch.load is allowed only as torch.load(..., weights_only=True): torch's restricted
+    unpickler that rebuilds tensors and plain containers and refuses everything else (the one
+    use: ``vlarun convert`` of OpenVLA-OFT's pickled heads, once, never at run time)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import torch\nimport numpy as np\nflag = True\n"
+        "torch.load('a.pt')\ntorch.load('a.pt', weights_only=False)\n"
+        "torch.load('a.pt', weights_only=flag)\nnp.load('a.npy')\n"
+        "torch.load('a.pt', weights_only=True)\nnp.load('a.npy', allow_pickle=False)\n"
+    )
+    lines = sorted(int(p.rsplit(":", 1)[1].split()[0]) for p in _problems(bad))
+    assert lines == [4, 5, 6, 7]
 
 
 def test_no_pickle_anywhere_in_vlarun():
