@@ -18,6 +18,7 @@ compared on actions/J alone and says so) and, averaged over the cells, against F
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -92,6 +93,7 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
         loads = {k: loads[k] for k in (o.matrix_loads[0], o.matrix_loads[-1])}
     period = policy.model.cfg.horizon / o.control_hz
     rows = []
+    total, t0 = len(loads) * len(bandwidths) * len(MATRIX_STRATEGIES), time.monotonic()
     for load, robots in loads.items():
         with BackgroundLoad(policy, endpoint, robots, period, make_cfg) as bg:
             for spec in bandwidths:
@@ -101,6 +103,9 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
                     row = strategy_run(strategy, steps, before, after, load)
                     rows.append(row | {"strategy": label, "bandwidth": spec,
                                        "load_robots": robots})  # fmt: skip
+                    print(f"matrix: {len(rows)}/{total} cells, {time.monotonic() - t0:.0f} s "
+                          f"({load}, {spec} Mbit/s, {label}: SLO "
+                          f"{100 * row['slo_met_fraction']:.0f}%)", file=sys.stderr, flush=True)  # fmt: skip
             background = bg.requests
         for row in rows:
             if row["load"] == load:
