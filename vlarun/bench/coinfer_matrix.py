@@ -103,9 +103,10 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
                     row = strategy_run(strategy, steps, before, after, load)
                     rows.append(row | {"strategy": label, "bandwidth": spec,
                                        "load_robots": robots})  # fmt: skip
+                    slo = 100 * row["slo_met_fraction"]
                     print(f"matrix: {len(rows)}/{total} cells, {time.monotonic() - t0:.0f} s "
-                          f"({load}, {spec} Mbit/s, {label}: SLO "
-                          f"{100 * row['slo_met_fraction']:.0f}%)", file=sys.stderr, flush=True)  # fmt: skip
+                          f"({load}, {spec} Mbit/s, {label}: SLO {slo:.0f}%)",
+                          file=sys.stderr, flush=True)  # fmt: skip
             background = bg.requests
         for row in rows:
             if row["load"] == load:
