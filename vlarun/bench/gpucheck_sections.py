@@ -37,6 +37,17 @@ from vlarun.bench.gpucheck_env import (
 # Sections
 
 
+def _lm_header(env: Env, cfg) -> dict:
+    """What the parity and engine sections both report about the LM they ran."""
+    return {
+        "model": "openvla-7b LM (Llama-2-7B)" if not env.quick else "engine tiny shape",
+        "params": cfg.num_params(),
+        "dtype": env.dtype_name,
+        "prompt_tokens": PROMPT_TOKENS,
+        "decode_steps": DECODE_STEPS,
+    }
+
+
 def parity(env: Env) -> dict:
     """vlarun vs transformers on the same random weights, on the device, in the check's dtype."""
     from vlarun.bench import engine
@@ -73,11 +84,7 @@ def parity(env: Env) -> dict:
             "fp32" else "bf16: max |vlarun bf16 - transformers fp32| <= max(1e-3, 1.5 x "
             "|transformers bf16 - transformers fp32|), in logit std")  # fmt: skip
     return {
-        "model": "openvla-7b LM (Llama-2-7B)" if not env.quick else "engine tiny shape",
-        "params": cfg.num_params(),
-        "dtype": env.dtype_name,
-        "prompt_tokens": PROMPT_TOKENS,
-        "decode_steps": DECODE_STEPS,
+        **_lm_header(env, cfg),
         "max_abs_logit_diff_vs_hf_same_dtype": same,
         "max_abs_logit_diff_vs_fp32_reference": check["logits_err_vlarun"] * std,
         "hf_max_abs_logit_diff_vs_fp32_reference": check["logits_err_hf"] * std,
@@ -162,11 +169,7 @@ def engine_section(env: Env) -> dict:
     best = min((n for n in d_ms if n.startswith("vlarun")), key=lambda n: d_ms[n][0])
     best_d = d_ms[best][0]
     return {
-        "model": "openvla-7b LM (Llama-2-7B)" if not env.quick else "engine tiny shape",
-        "params": cfg.num_params(),
-        "dtype": env.dtype_name,
-        "prompt_tokens": PROMPT_TOKENS,
-        "decode_steps": DECODE_STEPS,
+        **_lm_header(env, cfg),
         "repeats": env.repeats,
         "warmup": env.warmup,
         "prefill_ms": {n: v[0] for n, v in p_ms.items()},
