@@ -239,7 +239,8 @@ def cmd_convert(o: ConvertOptions) -> dict:
     import dataclasses
     import warnings
 
-    from vlarun.models.oft_heads import PLATFORMS, convert
+    from vlarun.apps.convert import convert
+    from vlarun.models.oft_heads import PLATFORMS
 
     base = PLATFORMS[o.platform]
     mine = {"chunk": o.chunk, "action_dim": o.action_dim, "proprio_dim": o.proprio_dim,

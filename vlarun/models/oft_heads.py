@@ -8,8 +8,9 @@ safetensors) plus the heads its fine-tuning script saves with ``torch.save``:
 state sizes and the number of camera views by looking at ``sys.argv`` at run time; they are in
 no file, so the conversion takes them (``--platform`` for the published settings).
 
-Conversion reads the pickles with ``torch.load(weights_only=True)``: only tensors and plain
-containers are rebuilt, no code from the file runs. It writes ``oft_heads.safetensors`` (keys
+Conversion (``vlarun convert``, ``apps/convert.py``: the only place in vlarun that reads a
+pickle, never at run time) reads them with ``torch.load(weights_only=True)``: only tensors and
+plain containers are rebuilt, no code from the file runs. It writes ``oft_heads.safetensors`` (keys
 ``action_head.*`` and ``proprio_projector.*``, vlarun's names, which are OFT's) and
 ``oft_heads.json`` (the sizes, and each source file's SHA-256). Loading never touches the
 pickles: ``checkpoint.load_vla`` builds the parallel family from those two files, and a
@@ -18,15 +19,11 @@ directory whose heads were not converted fails in one line that says how to conv
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 HEADS_FILE = "oft_heads.safetensors"
@@ -77,47 +74,6 @@ def pickled_heads(directory: str | Path, step: str | None = None) -> dict[str, P
             key = "latest" if "latest" in steps else max((s for s in steps if s.isdigit()), key=int)
             out[kind] = steps[key]
     return out
-
-
-def _read_pickle(path: Path) -> dict[str, Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # weights_only refuses anything but tensors and containers
-        raise HeadsError(
-            f"{path}: not a plain state dict of tensors ({type(e).__name__}: {e})"
-        ) from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise HeadsError(f"{path}: expected a state dict of tensors")
-    return {k.removeprefix("module."): v for k, v in state.items()}
-
-
-def convert(
-    directory: str | Path,
-    platform: Platform,
-    step: str | None = None,
-) -> dict:
-    """Convert the head pickles of an OpenVLA-OFT directory to ``oft_heads.safetensors`` and
-    ``oft_heads.json`` beside them; returns the JSON written. The pickles stay where they are
-    (vlarun never reads them again)."""
-    d = Path(directory)
-    files = pickled_heads(d, step)
-    if "action_head" not in files:
-        raise HeadsError(f"{d}: no action_head--*_checkpoint.pt to convert")
-    warnings.warn(
-        f"reading {', '.join(p.name for p in files.values())} with torch.load(weights_only=True): "
-        "tensors only, no code runs; the safetensors copy is what vlarun loads from now on",
-        stacklevel=2,
-    )
-    state: dict[str, Tensor] = {}
-    for kind, path in files.items():
-        state |= {f"{kind}.{k}": v.contiguous() for k, v in _read_pickle(path).items()}
-    shapes = head_shapes(state, platform, d)
-    save_file(state, d / HEADS_FILE)
-    meta = shapes | {
-        "sources": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files.values()}
-    }
-    (d / HEADS_CONFIG).write_text(json.dumps(meta, indent=1))
-    return meta
 
 
 def head_shapes(state: dict[str, Tensor], platform: Platform, where: Path | str) -> dict:
