@@ -162,16 +162,21 @@ class DecodeSteps:
     mode: str = "eager"
 
 
-def compile_steps(mode: str = "reduce-overhead") -> DecodeSteps:
+def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> DecodeSteps:
     """``torch.compile`` both steps with ``fullgraph=True`` and static shapes (one graph per
-    (B, T): a VLA's decode shapes repeat every inference). ``reduce-overhead`` runs them as
+    (B, T): a VLA's decode shapes repeat every inference); ``denoise=False`` leaves the DiT /
+    flow steps eager (on a CPU compiling them measured 1.00x on tiny-cogact and 0.30x on
+    tiny-pi0: BENCHMARKS.md). ``reduce-overhead`` runs them as
     CUDA graphs on CUDA; the cache's tensors must then keep their addresses between calls
     (``mark_static``), as gpt-fast's model-owned cache does."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     kw = {"fullgraph": True, "dynamic": False, "mode": mode}
-    fns = (decode_one, iterate_logits, dit_eps, expert_forward)
-    return DecodeSteps(*(torch.compile(f, **kw) for f in fns), mode)
+    one, iterate = (torch.compile(f, **kw) for f in (decode_one, iterate_logits))
+    if not denoise:  # e.g. on a CPU, where compiled denoising measured no faster
+        return DecodeSteps(one, iterate, mode=mode)
+    return DecodeSteps(one, iterate, torch.compile(dit_eps, **kw),
+                       torch.compile(expert_forward, **kw), mode)  # fmt: skip
 
 
 def mark_static(cache: KVCache) -> KVCache:
