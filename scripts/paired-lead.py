@@ -1,7 +1,7 @@
 """A row of one `vlarun bench accel --table` run against every row of another, paired on the
 episodes both ran (runs are deterministic, so full compute must agree on every shared
-(task, seed): checked). E.g. TRIAGE at 18% (102 episodes) against the baselines at 18%
-(48 episodes: the first 8 seeds of each task):
+(task, seed), read from each table's own episode keys: checked). E.g. TRIAGE at 18% (102
+episodes) against the baselines at 18% (48 episodes: the first 8 seeds of each task):
 
     .venv/bin/python scripts/paired-lead.py A.json triage:0.18 B.json [--out lead.json]
 """
@@ -12,18 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from vlarun.bench.accel_table import episode_outcomes
 from vlarun.sim.evaluate import paired_difference
-
-
-def outcomes(row: dict) -> dict[tuple[str, int], bool]:
-    """A table row's outcomes by (task, seed index): the table stores them in the order of
-    full compute's sorted (task, seed) episodes, every task with the same seeds."""
-    tasks = sorted(row["tasks"])
-    n = len(row["outcomes"]) // len(tasks)
-    if n * len(tasks) != len(row["outcomes"]):
-        raise ValueError(f"{row['config']}: {len(row['outcomes'])} outcomes over {tasks}")
-    keys = [(t, i) for t in tasks for i in range(n)]
-    return {k: bool(v) for k, v in zip(keys, row["outcomes"], strict=True)}
 
 
 def main() -> None:
@@ -33,19 +23,18 @@ def main() -> None:
     ap.add_argument("table_b")
     ap.add_argument("--out")
     a = ap.parse_args()
-    ta = {r["config"]: r for r in json.loads(Path(a.table_a).read_text())["table"]}
-    tb = {r["config"]: r for r in json.loads(Path(a.table_b).read_text())["table"]}
-    full_a, full_b, mine = outcomes(ta["full"]), outcomes(tb["full"]), outcomes(ta[a.row])
+    ta = episode_outcomes(json.loads(Path(a.table_a).read_text())["table"])
+    tb = episode_outcomes(json.loads(Path(a.table_b).read_text())["table"])
+    full_a, full_b, mine = ta["full"], tb["full"], ta[a.row]
     shared = sorted(set(full_a) & set(full_b))
     if not shared or any(full_a[k] != full_b[k] for k in shared):
         raise SystemExit("full compute differs on the shared episodes: not the same runs")
     share = sum(mine[k] for k in shared) / len(shared)
     out = {"row": a.row, "shared_episodes": len(shared), "row_success_on_shared": share,
            "minus": {}}  # fmt: skip
-    for name, row in tb.items():
+    for name, other in tb.items():
         if name == "full":
             continue
-        other = outcomes(row)
         d = paired_difference([other[k] for k in shared], [mine[k] for k in shared])
         out["minus"][name] = d
         print(f"{a.row} minus {name:20s} {100 * d['difference']:+.1f} pp "

@@ -71,8 +71,9 @@ class ServeEdgeOptions:
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
-        "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
+        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
+        "mode (default: measured 1.5x decode on small LMs on a CPU; reduce-overhead: CUDA "
+        "graphs); empty: eager",
     )  # fmt: skip
     threads: int = opt(0, "torch threads (0: torch's default; with --workers: cores / workers)")
     workers: int = opt(
@@ -294,8 +295,9 @@ class RunRobotOptions:
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
-        "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
+        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
+        "mode (default: measured 1.5x decode on small LMs on a CPU; reduce-overhead: CUDA "
+        "graphs); empty: eager",
     )  # fmt: skip
     log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
     json: bool = opt(False, "print one JSON object")
@@ -419,8 +421,9 @@ class ServePolicyOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
-        "", "torch.compile the decode, Jacobi and denoising steps in this mode (default: measured "
-        "1.5x decode on small LMs on a CPU; reduce-overhead: CUDA graphs); empty: eager",
+        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
+        "mode (default: measured 1.5x decode on small LMs on a CPU; reduce-overhead: CUDA "
+        "graphs); empty: eager",
     )  # fmt: skip
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")

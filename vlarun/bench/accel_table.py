@@ -167,6 +167,13 @@ def closed_loop(o, log) -> dict:
     return groups
 
 
+def episode_outcomes(rows: list[dict]) -> dict[str, dict[tuple[str, int], bool]]:
+    """Per configuration of one group's table rows, success by (task, seed): the outcomes in
+    the order of the "full" row's ``keys``, for pairing rows of different runs later."""
+    keys = [tuple(k) for k in next(r for r in rows if r["config"] == "full")["keys"]]
+    return {r["config"]: dict(zip(keys, map(bool, r["outcomes"]), strict=True)) for r in rows}
+
+
 def analyse(o, groups: dict) -> list[dict]:
     """One row per configuration: success, paired difference to full, per task, fidelity."""
     from vlarun.sim.evaluate import paired_difference, wilson

@@ -99,7 +99,8 @@ def run(o: BenchCoinferOptions) -> dict:
             rows, matrix = matrix["rows"], matrix["summary"]
         else:
             for strategy in STRATEGIES:
-                rows.append(_strategy_run(o, policy, endpoint, strategy, steps))
+                rows.append(_strategy_run(o, policy, endpoint, strategy, steps, o.bandwidth,
+                                          o.drop_to))  # fmt: skip
         if robots > 0 and not o.matrix:
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
     finally:
@@ -203,16 +204,14 @@ def _strategy_run(
     endpoint: str,
     strategy: str,
     steps: int,
-    bandwidth: float | None = None,
-    drop_to: float | None = -1.0,
+    bandwidth: float,
+    drop_to: float | None,
     load: str = "light",
 ) -> dict:
-    """``steps`` control steps of closed loop through a fresh relay at ``bandwidth`` (default
-    --bandwidth) that drops to ``drop_to`` halfway (default --drop-to; None: no drop).
-    Episodes end at success or the task's step limit; the next one follows at once. ``load``
-    names the edge's load during the run (other robots are the caller's)."""
-    bandwidth = o.bandwidth if bandwidth is None else bandwidth
-    drop_to = o.drop_to if drop_to == -1.0 else drop_to
+    """``steps`` control steps of closed loop through a fresh relay at ``bandwidth`` Mbit/s
+    that drops to ``drop_to`` halfway (None: no drop). Episodes end at success or the task's
+    step limit; the next one follows at once. ``load`` names the edge's load during the run
+    (other robots are the caller's)."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.episode import summarise
