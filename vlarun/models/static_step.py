@@ -37,10 +37,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from vlarun.models.attn_context import rope_at
 from vlarun.models.kv_cache import KVCache
 from vlarun.models.llama import BranchCache, LlamaLM
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _rope(lm: LlamaLM, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """RoPE rows of ``positions`` (B, T): (B, 1, T, hd) each (the general forward's lookup)."""
+    return rope_at((lm.model.rope_cos, lm.model.rope_sin, lm.dtype), positions)
 
 
 def static_forward(lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
@@ -51,8 +57,7 @@ def static_forward(lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCach
     ``fullgraph=True`` or to capture in a CUDA graph."""
     b = embeds.shape[0]
     dev = embeds.device
-    cos = lm.model.rope_cos[positions].to(lm.dtype)[:, None]  # (B, 1, T, hd)
-    sin = lm.model.rope_sin[positions].to(lm.dtype)[:, None]
+    cos, sin = _rope(lm, positions)
     slots = torch.arange(cache.max_len, device=dev)
     before = slots[None, None, :] <= positions[:, :, None]  # (B, T, S)
     rows = torch.arange(b, device=dev)[:, None]  # (B, 1), broadcast against positions (B, T)
@@ -90,8 +95,7 @@ def expert_forward(
     the same shape: the hook denoising caches use (EfficientVLA's, on the flow family)."""
     b, t = embeds.shape[:2]
     dev = embeds.device
-    cos = lm.model.rope_cos[positions].to(lm.dtype)[:, None]  # (B, 1, T, hd)
-    sin = lm.model.rope_sin[positions].to(lm.dtype)[:, None]
+    cos, sin = _rope(lm, positions)
     own = (local.to(dev) | torch.eye(t, dtype=torch.bool, device=dev)).expand(b, t, t)
     x = embeds
     for i, layer in enumerate(lm.model.layers):
