@@ -303,37 +303,24 @@ def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
 
 def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
     """``robots`` vlarun agents at the control period, sharing the edge (frames replayed)."""
-    import numpy as np
-
-    from vlarun.runtime.agent import RobotAgent
+    from vlarun.bench.coinfer_matrix import robot_loop
     from vlarun.runtime.episode import summarise
-    from vlarun.runtime.transport import Security
 
     horizon = policy.model.cfg.horizon
     period = horizon / o.control_hz
-    size = policy.model.cfg.image_size
-    image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
-    instruction = "open the drawer"
+    cfg = _agent_cfg(o, "vlarun", period, o.bandwidth)
     rows: list[dict] = []
     lock = threading.Lock()
 
-    def robot(i: int) -> None:
-        agent = RobotAgent(
-            policy, _agent_cfg(o, "vlarun", period, o.bandwidth), endpoint, Security(insecure=True)
-        )
-        try:
-            agent.warmup(image, instruction, runs=1)
-            time.sleep(i * period / robots)  # robots out of phase, as in a real fleet
-            for _ in range(requests):
-                t0 = time.monotonic()
-                inf = agent.infer(image, instruction)
-                with lock:
-                    rows.append(inf.row())
-                time.sleep(max(period - (time.monotonic() - t0), 0.0))
-        finally:
-            agent.close()
+    def keep(row: dict) -> None:
+        with lock:
+            rows.append(row)
 
-    threads = [threading.Thread(target=robot, args=(i,)) for i in range(robots)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=robot_loop, args=(policy, cfg, endpoint, i, robots, stop),
+                                kwargs={"requests": requests, "on_inference": keep,
+                                        "warmup": True})
+               for i in range(robots)]  # fmt: skip
     for t in threads:
         t.start()
     for t in threads:

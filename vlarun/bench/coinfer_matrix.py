@@ -42,20 +42,61 @@ def parse_bandwidth(spec: str) -> tuple[float, float | None]:
     return out
 
 
+def robot_loop(
+    policy,
+    cfg,
+    endpoint: str,
+    i: int,
+    robots: int,
+    stop: threading.Event,
+    requests: int | None = None,
+    on_inference=None,
+    warmup: bool = False,
+) -> None:
+    """Robot ``i`` of ``robots`` sharing the edge at ``endpoint``: an agent (``cfg``) replaying
+    a camera frame at the control period (``cfg.slo_s``), out of phase with the others, for
+    ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one. The loop
+    of the fleet run (coinfer._fleet_run) and of the matrix's background load."""
+    from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.transport import Security
+
+    size = policy.model.cfg.image_size
+    image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    period = cfg.slo_s
+    agent = RobotAgent(policy, cfg, endpoint, Security(insecure=True))
+    try:
+        if warmup:
+            agent.warmup(image, "open the drawer", runs=1)
+        time.sleep(i * period / max(robots, 1))  # robots out of phase, as in a real fleet
+        done = 0
+        while not stop.is_set() and (requests is None or done < requests):
+            t0 = time.monotonic()
+            inf = agent.infer(image, "open the drawer")
+            done += 1
+            if on_inference is not None:
+                on_inference(inf.row())
+            stop.wait(max(period - (time.monotonic() - t0), 0.0))
+    finally:
+        agent.close()
+
+
 class BackgroundLoad:
     """``robots`` agents sending edge-only requests to ``endpoint`` at the control period until
-    stopped: the other robots of a loaded edge."""
+    stopped (``robot_loop``): the other robots of a loaded edge."""
 
     def __init__(self, policy, endpoint: str, robots: int, period_s: float, make_cfg) -> None:
         self.policy, self.endpoint, self.robots = policy, endpoint, robots
-        self.period_s, self.make_cfg = period_s, make_cfg
+        self.cfg = make_cfg("edge-only", period_s)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
         self.requests = 0
 
     def __enter__(self) -> BackgroundLoad:
         for i in range(self.robots):
-            t = threading.Thread(target=self._robot, args=(i,), daemon=True)
+            args = (self.policy, self.cfg, self.endpoint, i, self.robots, self._stop)
+            t = threading.Thread(target=robot_loop, args=args,
+                                 kwargs={"on_inference": self._count}, daemon=True)  # fmt: skip
             t.start()
             self._threads.append(t)
         return self
@@ -65,23 +106,9 @@ class BackgroundLoad:
         for t in self._threads:
             t.join(30)
 
-    def _robot(self, i: int) -> None:
-        from vlarun.runtime.agent import RobotAgent
-        from vlarun.runtime.transport import Security
-
-        size = self.policy.model.cfg.image_size
-        image = np.random.default_rng(i).integers(0, 255, (size, size, 3), dtype=np.uint8)
-        agent = RobotAgent(self.policy, self.make_cfg("edge-only", self.period_s), self.endpoint,
-                           Security(insecure=True))  # fmt: skip
-        try:
-            time.sleep(i * self.period_s / max(self.robots, 1))  # out of phase
-            while not self._stop.is_set():
-                t0 = time.monotonic()
-                agent.infer(image, "open the drawer")
-                self.requests += 1
-                self._stop.wait(max(self.period_s - (time.monotonic() - t0), 0.0))
-        finally:
-            agent.close()
+    def _count(self, row: dict) -> None:
+        with self._lock:
+            self.requests += 1
 
 
 def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> dict:
