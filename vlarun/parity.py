@@ -310,3 +310,111 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
               "frame_sizes": [list(s) for s in OPENVLA_REFERENCE_FRAMES]}  # fmt: skip
     (out / "reference_inputs.json").write_text(json.dumps(inputs))
     return inputs
+
+
+# ---------------------------------------------------------------------------------------------
+# A LeRobot pi0 directory of seeded random weights (tests/models/test_lerobot_reference.py;
+# scripts/lerobot-reference.py runs LeRobot's own PI0Pytorch on it)
+
+LEROBOT_REFERENCE_SEED = 7
+LEROBOT_REFERENCE_TASK = "pick up the red block"
+LEROBOT_REFERENCE_FRAMES = ((56, 56), (48, 64))  # one per camera; the second is letterboxed
+LEROBOT_CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb")
+LEROBOT_STATE_DIM, LEROBOT_ACTION_DIM, LEROBOT_CHUNK = 8, 7, 4
+# A word-level vocabulary in PaliGemma's special-token layout (<pad> 0, <eos> 1, <bos> 2).
+_LEROBOT_WORDS = ("<pad>", "<eos>", "<bos>", "<unk>", " ", "\n", "pick", "up", "the", "red",
+                  "block", "open", "drawer", "put", "in", "cup")  # fmt: skip
+
+
+def lerobot_reference_inputs() -> dict:
+    """The observation the reference run and the test share: uint8 frames (one per camera,
+    of other sizes than the model's), a raw state, the task."""
+    import numpy as np
+
+    rng = np.random.default_rng(LEROBOT_REFERENCE_SEED + 1)
+    frames = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in LEROBOT_REFERENCE_FRAMES]
+    state = rng.normal(0.0, 1.0, LEROBOT_STATE_DIM).astype(np.float32)
+    return {"frames": frames, "state": state, "task": LEROBOT_REFERENCE_TASK}
+
+
+def _word_tokenizer_json() -> str:
+    """A ``tokenizer.json`` (the ``tokenizers`` library's format) that splits on whitespace,
+    keeps the spaces and newlines as tokens, and adds <bos> in front as Gemma's does."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {w: i for i, w in enumerate(_LEROBOT_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                       special_tokens=[("<bos>", 2)])  # fmt: skip
+    tok.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    return tok.to_str()
+
+
+def make_lerobot_pi0_dir(out: str | Path) -> dict:
+    """A LeRobot pi0 directory (lerobot 7427f31's file set and weight names) of seeded random
+    weights at the ``vlarun_tiny`` shape: config.json, model.safetensors (fp32), both processor
+    pipelines with MEAN_STD statistics, and a tokenizer.json. Returns its config."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file as save_numpy
+    from safetensors.torch import save_file
+
+    from vlarun.models import lerobot
+    from vlarun.models.vla import VLA
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    side = LEROBOT_REFERENCE_FRAMES[0][0]
+    feats = {k: {"type": "VISUAL", "shape": [3, side, side]} for k in LEROBOT_CAMERAS}
+    feats["observation.state"] = {"type": "STATE", "shape": [LEROBOT_STATE_DIM]}
+    mapping = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    config = {
+        "type": "pi0", "n_obs_steps": 1, "input_features": feats,
+        "output_features": {"action": {"type": "ACTION", "shape": [LEROBOT_ACTION_DIM]}},
+        "device": "cpu", "use_amp": False, "paligemma_variant": "vlarun_tiny",
+        "action_expert_variant": "vlarun_tiny", "dtype": "float32",
+        "chunk_size": LEROBOT_CHUNK, "n_action_steps": LEROBOT_CHUNK, "max_state_dim": 32,
+        "max_action_dim": 32, "num_inference_steps": 10, "image_resolution": [side, side],
+        "empty_cameras": 0, "normalization_mapping": mapping, "min_period": 0.004,
+        "max_period": 4.0, "tokenizer_max_length": 48, "use_relative_actions": False,
+    }  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json())
+    cfg = lerobot.vla_config(config, out)
+    with torch.device("meta"):
+        model = VLA(cfg)
+    inverse = {new: old for old, new in lerobot._RENAMES if new is not None}
+    rng = np.random.default_rng(LEROBOT_REFERENCE_SEED)  # portable across CPUs (see above)
+    tensors = {}
+    for name, p in model.named_parameters():
+        if name in lerobot.ABSENT or name == "language_model.lm_head.weight":
+            continue
+        prefix = next(k for k in inverse if name.startswith(k))
+        noise = rng.standard_normal(tuple(p.shape), dtype=np.float32)
+        # Norm weights near identity: SigLIP's LayerNorms scale by w, Gemma's RMSNorms by 1 + w.
+        is_norm = p.ndim == 1 and name.endswith("weight")
+        center = 1.0 if is_norm and name.startswith("vision_backbone.") else 0.0
+        value = center + (0.1 if is_norm else 0.05) * noise
+        tensors[inverse[prefix] + name[len(prefix) :]] = torch.from_numpy(value)
+    save_file(tensors, out / "model.safetensors", {"format": "pt"})
+    stats_rng = np.random.default_rng(LEROBOT_REFERENCE_SEED + 2)
+    state_stats = {
+        "observation.state.mean": stats_rng.normal(0, 1, LEROBOT_STATE_DIM),
+        "observation.state.std": stats_rng.uniform(0.5, 2.0, LEROBOT_STATE_DIM),
+    }
+    action_stats = {"action.mean": stats_rng.normal(0, 1, LEROBOT_ACTION_DIM),
+                    "action.std": stats_rng.uniform(0.5, 2.0, LEROBOT_ACTION_DIM)}  # fmt: skip
+    for name, stats, registry, pipeline, step in (
+        ("policy_preprocessor", state_stats, "normalizer_processor", "pre", 3),
+        ("policy_postprocessor", action_stats, "unnormalizer_processor", "post", 0),
+    ):
+        state_file = f"{name}_step_{step}_{registry}.safetensors"
+        save_numpy({k: v.astype(np.float32) for k, v in stats.items()}, str(out / state_file))
+        norm = {"registry_name": registry, "state_file": state_file,
+                "config": {"eps": 1e-8, "norm_map": mapping, "features": feats
+                           if pipeline == "pre" else config["output_features"]}}  # fmt: skip
+        steps = [{"registry_name": "rename_observations_processor", "config": {}}] * step
+        (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": [*steps, norm]}))
+    return config

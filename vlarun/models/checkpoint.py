@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vlarun import config as cfgio
+from vlarun.models import lerobot
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_heads import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
@@ -238,7 +239,13 @@ OPENVLA_PROMPT_SUFFIX = 29871  # Llama-2's "▁": OpenVLA's predict_action appen
 
 
 def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
-    """The VLAConfig a config.json describes (vlarun or OpenVLA), or a clear error."""
+    """The VLAConfig a config.json describes (vlarun, OpenVLA or LeRobot pi0), or a clear
+    error."""
+    if lerobot.is_lerobot(config):
+        try:
+            return lerobot.vla_config(config, directory)
+        except lerobot.LeRobotError as e:
+            raise CheckpointError(str(e)) from None
     kind = config.get("model_type")
     if kind == "vlarun":
         try:
@@ -274,7 +281,8 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
-        "(expected model_type 'vlarun' or 'openvla')"
+        "(expected model_type 'vlarun' or 'openvla', or a LeRobot type: "
+        f"{', '.join(lerobot.LEROBOT_TYPES)})"
     )
 
 
@@ -353,7 +361,14 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     own = dict(model.named_parameters())  # names -> meta parameters (shape, dtype)
     problems: dict[str, list[str]] = {"unexpected": [], "mis-shaped": []}
     towers: dict[str, Tensor] = {}
+    from_lerobot = lerobot.is_lerobot(config)
     for name, tensor in stream_weights(d):
+        if from_lerobot:  # LeRobot names -> vlarun's (HF names below the prefixes)
+            name = lerobot.rename(name)
+            if name is None:
+                continue
+            _put(model, own, name, tensor, problems)
+            continue
         if name.startswith("vision_backbone."):
             towers[name] = tensor
             continue
@@ -361,6 +376,9 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     for name, tensor in prismatic_to_vla_state(towers, model).items():
         _put(model, own, name, tensor, problems)
     towers.clear()
+    if from_lerobot:  # modules LeRobot does not have (the expert's unused embedding table)
+        for name in lerobot.ABSENT:
+            _put(model, own, name, torch.zeros(own[name].shape), problems)
     _retie(model)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     _raise_mismatch(str(d), {"missing": missing, **problems})
@@ -378,6 +396,10 @@ def stream_weights(directory: Path):
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [directory / f for f in shards]
         if (directory / HEADS_FILE).exists():  # converted OpenVLA-OFT heads (oft_heads.py)
+            files.append(directory / HEADS_FILE)
+    elif (directory / WEIGHTS).exists():  # not the processors' statistics files (LeRobot)
+        files = [directory / WEIGHTS]
+        if (directory / HEADS_FILE).exists():
             files.append(directory / HEADS_FILE)
     else:
         files = sorted(directory.glob("*.safetensors"))

@@ -42,16 +42,13 @@ class StepInputs:
     prefix: Prefix
     num_layers: int
     view_tokens: tuple[int, ...] | None = None
+    vis_start: int = 1  # index of the first visual token (VLAConfig.vis_start)
 
     def tokens_of_views(self) -> tuple[int, ...]:
         if self.view_tokens is not None:
             return self.view_tokens
         n = self.images.shape[1]
         return (self.num_visual // n,) * n
-
-    @property
-    def vis_start(self) -> int:
-        return 1  # right after BOS, in every family (vla.py's layout)
 
     @property
     def num_visual(self) -> int:

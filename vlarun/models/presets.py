@@ -127,7 +127,7 @@ def cogact() -> VLAConfig:
 
 
 def pi0() -> VLAConfig:
-    siglip = ViTConfig.siglip_so400m(224)
+    siglip = ViTConfig.siglip_so400m(224, feature_layer=-1)  # PaliGemma: all blocks + post-LN
     flow = FlowExpertConfig(
         GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=32, num_steps=10
     )

@@ -18,6 +18,15 @@ def openvla_prompt(instruction: str) -> str:
     return f"In: What action should the robot take to {instruction.strip().lower()}?\nOut:"
 
 
+def task_newline_prompt(instruction: str) -> str:
+    """PaliGemma's prompt as LeRobot's pi0 builds it: the task as given, ending in a newline."""
+    return instruction if instruction.endswith("\n") else instruction + "\n"
+
+
+# Prompt templates by the name a Policy records (the one its checkpoint was trained with).
+PROMPTS = {"openvla": openvla_prompt, "task-newline": task_newline_prompt}
+
+
 class Tokenizer(Protocol):
     vocab_size: int
 
@@ -47,7 +56,7 @@ class ByteTokenizer:
 class HFTokenizer:
     """A ``tokenizer.json`` shipped beside the weights."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, bos_id: int = BOS_ID) -> None:
         try:
             from tokenizers import Tokenizer as _Tok
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -56,14 +65,17 @@ class HFTokenizer:
             ) from e
         self._tok = _Tok.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size()
+        self.bos_id = bos_id  # the model adds BOS itself; a stray one here is dropped
 
     def encode(self, text: str) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        return [i for i in ids if i != BOS_ID]
+        return [i for i in ids if i != self.bos_id]
 
 
-def load_tokenizer(directory: str | Path | None, vocab_size: int) -> Tokenizer:
+def load_tokenizer(
+    directory: str | Path | None, vocab_size: int, bos_id: int = BOS_ID
+) -> Tokenizer:
     """The checkpoint's tokenizer.json when present, else the byte-level fallback."""
     if directory is not None and (Path(directory) / "tokenizer.json").exists():
-        return HFTokenizer(Path(directory) / "tokenizer.json")
+        return HFTokenizer(Path(directory) / "tokenizer.json", bos_id)
     return ByteTokenizer(vocab_size)

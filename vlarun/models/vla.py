@@ -73,6 +73,10 @@ class VLAConfig:
     views: tuple[str, ...] = ()
     action_vocab_size: int | None = None  # OpenVLA: vocab without the padding to 64 (32000)
     prefix_causal: bool = True  # pi0 attends bidirectionally within the prefix
+    # PaliGemma's layout (pi0): the visual tokens come first, then BOS and the text, so
+    # positions match a LeRobot / openpi checkpoint; OpenVLA's (default) puts BOS first.
+    images_first: bool = False
+    bos_id: int = BOS_ID  # PaliGemma's <bos> is 2, Llama's <s> is 1
     oft: OFTHeadConfig | None = None
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
@@ -147,7 +151,7 @@ class VLAConfig:
 
     @property
     def vis_start(self) -> int:
-        return 1  # right after BOS
+        return 0 if self.images_first else 1  # first, or right after BOS
 
     @property
     def num_action_tokens(self) -> int:
@@ -296,7 +300,8 @@ class VLA(nn.Module):
     def build_prefix(
         self, visual: Tensor, text_ids: list[list[int]], state: Tensor | None = None
     ) -> Prefix:
-        """[BOS, visual, proprio, text, pad] embeddings for a batch of tokenised instructions.
+        """[BOS, visual, proprio, text, pad] embeddings for a batch of tokenised instructions
+        ([visual, proprio, BOS, text, pad] when ``images_first``).
 
         ``state`` (B, proprio_dim), normalised, is required exactly when the config has a
         proprio token."""
@@ -319,14 +324,18 @@ class VLA(nn.Module):
             )
         ids = torch.full((b, 1 + longest), PAD_ID, dtype=torch.long, device=visual.device)
         pad_text = torch.zeros(b, 1 + longest, dtype=torch.bool, device=visual.device)
-        ids[:, 0], pad_text[:, 0] = BOS_ID, True
+        ids[:, 0], pad_text[:, 0] = self.cfg.bos_id, True
         for r, t in enumerate(text_ids):
             ids[r, 1 : 1 + len(t)] = torch.tensor(t, dtype=torch.long)
             pad_text[r, 1 : 1 + len(t)] = True
         emb = self.language_model.embed(ids)
-        embeds = torch.cat((emb[:, :1], visual.to(emb.dtype), emb[:, 1:]), dim=1)
         vis_pad = torch.ones(b, visual.shape[1], dtype=torch.bool, device=visual.device)
-        pad = torch.cat((pad_text[:, :1], vis_pad, pad_text[:, 1:]), dim=1)
+        if self.cfg.images_first:
+            embeds = torch.cat((visual.to(emb.dtype), emb), dim=1)
+            pad = torch.cat((vis_pad, pad_text), dim=1)
+        else:
+            embeds = torch.cat((emb[:, :1], visual.to(emb.dtype), emb[:, 1:]), dim=1)
+            pad = torch.cat((pad_text[:, :1], vis_pad, pad_text[:, 1:]), dim=1)
         lengths = torch.tensor([len(t) for t in text_ids], device=visual.device)
         return Prefix(embeds, pad, visual.shape[1] + lengths)
 

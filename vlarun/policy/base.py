@@ -7,17 +7,17 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from vlarun.models import static_step
+from vlarun.models import lerobot, static_step
 from vlarun.models.action_tokens import ProprioNorm
-from vlarun.models.checkpoint import load_vla, select_norm_stats
+from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
 from vlarun.models.device import resolve_device
-from vlarun.models.heads import NormStats
 from vlarun.models.presets import PRESETS, get_preset
-from vlarun.models.tokenizer import Tokenizer, load_tokenizer, openvla_prompt
+from vlarun.models.tokenizer import PROMPTS, Tokenizer, load_tokenizer
 from vlarun.models.vla import VLA
 from vlarun.paths import policy_dir
 from vlarun.stages.families import Workload, build_graph, graph_inputs
@@ -25,20 +25,38 @@ from vlarun.stages.graph import GraphRun
 from vlarun.stages.packet import Packet
 
 
+class ActionNorm(Protocol):
+    """Model actions -> robot units (OpenVLA's ``NormStats``, LeRobot's ``FeatureNorm``)."""
+
+    def unnormalize(self, a: np.ndarray) -> np.ndarray: ...
+
+
+class StateNorm(Protocol):
+    """Robot state -> the model's state input (``ProprioNorm``, LeRobot's ``FeatureNorm``,
+    which also pads it to the model's width)."""
+
+    def normalize(self, states: np.ndarray) -> np.ndarray: ...
+
+
 @dataclass
 class Policy:
     model: VLA
     tokenizer: Tokenizer
-    norm: NormStats | None = None
-    proprio: ProprioNorm | None = None  # state normalisation, for models with a proprio token
+    norm: ActionNorm | None = None
+    # State normalisation: a proprio token's (required), or a flow expert's where the
+    # checkpoint has one (LeRobot); a flow expert without one takes the state as given.
+    proprio: StateNorm | None = None
     # Frames of another size are resized to the model's, as the checkpoint's own processor does
-    # (OpenVLA: bicubic, its "resize-naive"); None: they are refused (vlarun's own policies
-    # were trained at one size, and a silent resize would hide a camera misconfiguration).
+    # (OpenVLA: bicubic, its "resize-naive"; LeRobot pi0: "pad", aspect kept, bilinear, black
+    # borders); None: they are refused (vlarun's own policies were trained at one size, and a
+    # silent resize would hide a camera misconfiguration).
     resize: str | None = None
     # Accelerator settings calibrated for this checkpoint (``calibration.json`` beside its
     # weights, e.g. {"triage": {"delta": 0.5}} from `vlarun calibrate-drift --write-delta`):
     # every token policy built for it starts from these instead of the papers' defaults.
     calibration: dict = field(default_factory=dict)
+    # The prompt template the checkpoint was trained with (tokenizer.PROMPTS).
+    prompt: str = "openvla"
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -69,11 +87,13 @@ class Policy:
         if isinstance(dtype, str):
             dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         try:
-            policy = cls.from_checkpoint(policy_dir(name), dtype=dtype)
+            directory = policy_dir(name)
         except ValueError as missing:
             if str(name) not in PRESETS:
                 raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
             policy = cls.from_preset(str(name), 0, dtype)
+        else:  # a directory that exists: its own error, if any, is the one to see
+            policy = cls.from_checkpoint(directory, dtype=dtype)
         if steps is not None:
             policy.model.steps = steps
         return policy.to(target)
@@ -91,7 +111,12 @@ class Policy:
         cls, directory: str | Path, unnorm_key: str | None = None, dtype: torch.dtype | None = None
     ) -> Policy:
         model, stats = load_vla(directory, dtype)
-        tok = load_tokenizer(directory, model.cfg.llm.vocab_size)
+        tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
+        config = read_config(directory)
+        if lerobot.is_lerobot(config):  # its processors' statistics and conventions
+            io = lerobot.read_io(directory, config, model.cfg)
+            calibration = load_calibration(directory)
+            return cls(model, tok, io.action, io.state, "pad", calibration, prompt="task-newline")
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
@@ -116,37 +141,50 @@ class Policy:
                 raise ValueError(f"{cfg.name} takes the robot state ({cfg.proprio_dim} numbers)")
             return None
         arr = np.asarray(state, dtype=np.float32).reshape(-1)
-        if cfg.proprio_dim:
-            if self.proprio is None:
-                raise ValueError(f"{cfg.name} has a proprio token but no proprio statistics")
+        if cfg.proprio_dim and self.proprio is None:
+            raise ValueError(f"{cfg.name} has a proprio token but no proprio statistics")
+        if self.proprio is not None:
             arr = self.proprio.normalize(arr)
         return torch.as_tensor(arr, dtype=torch.float32)[None]
 
-    def image_tensor(self, image: np.ndarray) -> torch.Tensor:
-        """(H, W, 3) uint8 (or (n_img, H, W, 3)) -> (1, n_img, 3, S, S) floats in [0, 1]."""
+    def image_tensor(self, image: np.ndarray | list[np.ndarray]) -> torch.Tensor:
+        """(H, W, 3) uint8 (or (n_img, H, W, 3), or a list of n_img frames, which may differ
+        in size when the checkpoint resizes) -> (1, n_img, 3, S, S) floats in [0, 1]."""
         cfg = self.model.cfg
-        arr = np.asarray(image)
-        if arr.ndim == 3:
-            arr = arr[None]
+        frames = list(image) if isinstance(image, list | tuple) else None
+        if frames is None:
+            arr = np.asarray(image)
+            frames = list(arr[None] if arr.ndim == 3 else arr) if arr.ndim in (3, 4) else [arr]
         want = (cfg.num_images, cfg.image_size, cfg.image_size, 3)
-        if arr.dtype != np.uint8:
-            raise ValueError(f"image must be uint8 RGB, got dtype {arr.dtype}")
-        if (
-            self.resize
-            and arr.ndim == 4
-            and arr.shape[0] == want[0]
-            and arr.shape[1:3] != want[1:3]
-        ):
-            arr = np.stack([resize_frame(v, cfg.image_size, self.resize) for v in arr])
-        if arr.shape != want:
+        if len(frames) != cfg.num_images or any(np.ndim(f) != 3 for f in frames):
+            shapes = [tuple(np.shape(f)) for f in frames]
+            size = "x".join(map(str, want[1:]))
+            raise ValueError(f"{cfg.name} takes {cfg.num_images} frame(s) of {size} "
+                             f"(H x W x RGB); got {shapes}")  # fmt: skip
+        views = [self._frame(np.asarray(f)) for f in frames]
+        return torch.stack(views)[None]
+
+    def _frame(self, frame: np.ndarray) -> torch.Tensor:
+        """One (H, W, 3) uint8 frame -> (3, S, S) floats in [0, 1], resized as the checkpoint's
+        processor does, or refused when it is another size and the policy does not resize."""
+        cfg = self.model.cfg
+        if frame.dtype != np.uint8:
+            raise ValueError(f"image must be uint8 RGB, got dtype {frame.dtype}")
+        size = (cfg.image_size, cfg.image_size)
+        if frame.shape[:2] != size and frame.shape[-1] == 3 and self.resize:
+            if self.resize == "pad":  # LeRobot: on [0, 1] floats, in torch
+                x = torch.from_numpy(frame.copy()).permute(2, 0, 1).float().div(255.0)
+                return resize_with_pad(x[None], cfg.image_size)[0]
+            frame = resize_frame(frame, cfg.image_size, self.resize)
+        if frame.shape != (*size, 3):
             raise ValueError(
-                f"image is {'x'.join(map(str, arr.shape))}; {cfg.name} expects "
-                f"{'x'.join(map(str, want))} (n_images x H x W x RGB)"
+                f"image is {'x'.join(map(str, frame.shape))}; {cfg.name} expects "
+                f"{cfg.num_images}x{cfg.image_size}x{cfg.image_size}x3 (n_images x H x W x RGB)"
             )
-        return torch.from_numpy(arr.copy()).permute(0, 3, 1, 2).float().div(255.0)[None]
+        return torch.from_numpy(frame.copy()).permute(2, 0, 1).float().div(255.0)
 
     def text_ids(self, instruction: str) -> list[int]:
-        ids = self.tokenizer.encode(openvla_prompt(instruction))
+        ids = self.tokenizer.encode(PROMPTS[self.prompt](instruction))
         ids += list(self.model.cfg.prompt_suffix_ids)  # e.g. OpenVLA's 29871, counted below
         limit = self.model.cfg.max_text_tokens
         if len(ids) > limit:
@@ -198,6 +236,19 @@ class Policy:
 
 
 RESIZE_FILTERS = ("bicubic", "bilinear")
+
+
+def resize_with_pad(frames: torch.Tensor, size: int) -> torch.Tensor:
+    """(n, 3, H, W) floats in [0, 1] -> (n, 3, size, size): scaled to fit with the aspect
+    kept (bilinear, no antialiasing), clamped to [0, 1], centred on black; openpi's
+    ``resize_with_pad_torch`` as LeRobot's pi0 applies it."""
+    h, w = frames.shape[-2:]
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    out = torch.nn.functional.interpolate(frames, size=(rh, rw), mode="bilinear",
+                                          align_corners=False).clamp(0.0, 1.0)  # fmt: skip
+    top, left = (size - rh) // 2, (size - rw) // 2
+    return torch.nn.functional.pad(out, (left, size - rw - left, top, size - rh - top))
 
 
 def frame_resize(directory: str | Path, size: int) -> str | None:

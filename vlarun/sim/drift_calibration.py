@@ -105,7 +105,7 @@ def _step_inputs(policy, frame: np.ndarray, state, instruction: str) -> StepInpu
     st = policy.state_tensor(state) if cfg.proprio_dim else None
     prefix = model.build_prefix(visual, [policy.text_ids(instruction)], st)
     views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
-    return StepInputs(images, visual, prefix, cfg.llm.num_layers, views)
+    return StepInputs(images, visual, prefix, cfg.llm.num_layers, views, cfg.vis_start)
 
 
 def _full_recompute(model, step: StepInputs, noise: Tensor, layer: int) -> _Full:

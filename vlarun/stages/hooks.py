@@ -56,7 +56,7 @@ class Hooks:
         executes the plan on the cache kept from the previous step, the policy sees the result."""
         cfg = model.cfg
         views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
-        step = StepInputs(images, visual, prefix, cfg.llm.num_layers, views)
+        step = StepInputs(images, visual, prefix, cfg.llm.num_layers, views, cfg.vis_start)
         need = prefix.length + model.cfg.num_action_tokens
         if self.cache is None or self.cache.max_len != need:
             self.cache = model.language_model.new_cache(prefix.pad.shape[0], need)

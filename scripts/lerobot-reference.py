@@ -1,0 +1,219 @@
+"""Record LeRobot's own pi0 on vlarun's tiny LeRobot directory: the reference fixture.
+
+    python scripts/lerobot-reference.py --lerobot /path/to/huggingface/lerobot [--out FIXTURE]
+
+What runs is LeRobot's code, unmodified, read from a checkout at ``LEROBOT_COMMIT``:
+``policies/pi0/modeling_pi0.py`` (``PI0Pytorch``: embed_prefix, the prefix pass,
+denoise_step, the Euler loop), ``policies/pi_gemma.py``, ``policies/common/{flow_matching,
+vla_utils}.py`` and ``utils/{constants,device_utils}.py``, on transformers' PaliGemma and Gemma.
+LeRobot itself cannot be installed beside vlarun (it needs Python >= 3.12), so the modules
+those files import only for plumbing are small stand-ins written below: the config and
+policy base classes, the RTC processor (off), and ``import_utils`` (draccus). Its processor
+pipeline (``processor/``, Python 3.12 syntax) is not importable either: the two steps it
+applies here are done by the same formulas (MEAN_STD with its eps, the task + "\\n",
+right-padded tokens) and by LeRobot's own ``resize_with_pad_torch`` and ``pad_vector``.
+
+The So400m tower's sizes LeRobot writes into its PaliGemma config (its defaults, the
+intermediate size 4304, the projection 2048) are reset to the tiny tower's just before the
+PaliGemma class is built; ``get_gemma_config`` learns the
+``vlarun_tiny`` variant. Nothing that computes is replaced.
+
+The fixture stores the inputs (token ids, noise, normalised state) and LeRobot's outputs
+(the model's chunk and the robot actions); tests/models/test_lerobot_reference.py rebuilds
+the directory (numpy-seeded, ``vlarun.parity.make_lerobot_pi0_dir``) and checks vlarun's
+Policy against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LEROBOT_COMMIT = "7427f31801f944f5ec9ce53cda02862ce7d1638b"
+REAL_FILES = (
+    "policies/pi_gemma.py",
+    "policies/pi0/modeling_pi0.py",
+    "policies/common/flow_matching.py",
+    "policies/common/vla_utils.py",
+    "utils/constants.py",
+    "utils/device_utils.py",
+)
+STAND_INS = {
+    "__init__.py": "",
+    "policies/__init__.py": "",
+    "policies/pi0/__init__.py": "",
+    "policies/common/__init__.py": "",
+    "utils/__init__.py": "",
+    "utils/import_utils.py": (
+        "_transformers_available = True\ndef require_package(*args, **kwargs):\n    return None\n"
+    ),
+    "configs/__init__.py": "class PreTrainedConfig:\n    pass\n",
+    "policies/pretrained.py": (
+        "from typing import TypeVar\nfrom torch import nn\nT = TypeVar('T')\n"
+        "class PreTrainedPolicy(nn.Module):\n    pass\n"
+    ),
+    "policies/rtc/__init__.py": "",
+    "policies/rtc/modeling_rtc.py": "class RTCProcessor:\n    pass\n",
+    "policies/pi0/configuration_pi0.py": "DEFAULT_IMAGE_SIZE = 224\nclass PI0Config:\n    pass\n",
+}
+DEFAULT_FIXTURE = Path("tests/models/fixtures/lerobot_pi0_reference.json")
+
+
+def build_package(checkout: Path, root: Path) -> None:
+    """lerobot/ under ``root``: the real files at LEROBOT_COMMIT plus the stand-ins."""
+    for rel, text in STAND_INS.items():
+        path = root / "lerobot" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for rel in REAL_FILES:
+        blob = subprocess.run(
+            ["git", "-C", str(checkout), "show", f"{LEROBOT_COMMIT}:src/lerobot/{rel}"],
+            check=True, capture_output=True,
+        ).stdout  # fmt: skip
+        (root / "lerobot" / rel).write_bytes(blob)
+
+
+def tiny_shapes(modeling, tower, expert_width: int):
+    """Teach LeRobot's constructors the ``vlarun_tiny`` variants (see the module docstring)."""
+    real = modeling.get_gemma_config
+
+    def get_gemma_config(variant: str):
+        if variant == "vlarun_tiny":  # the PaliGemma LM (64 wide) or the expert (48 wide)
+            return modeling.GemmaConfig(64, 2, 128, 8, 1, 16)
+        if variant == "vlarun_tiny_expert":
+            return modeling.GemmaConfig(expert_width, 2, 96, 8, 1, 16)
+        return real(variant)
+
+    modeling.get_gemma_config = get_gemma_config
+    real_paligemma = modeling.PaliGemmaForConditionalGenerationWithPiGemma
+
+    def paligemma(config):
+        """LeRobot's PaliGemma class on the tiny tower: the So400m sizes it wrote are reset."""
+        v = config.vision_config
+        v.hidden_size, v.num_hidden_layers = tower["hidden"], tower["layers"]
+        v.num_attention_heads, v.patch_size = tower["heads"], tower["patch"]
+        v.intermediate_size, v.projection_dim = tower["mlp"], config.text_config.hidden_size
+        return real_paligemma(config=config)
+
+    modeling.PaliGemmaForConditionalGenerationWithPiGemma = paligemma
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lerobot", required=True, type=Path, help="a git checkout of lerobot")
+    ap.add_argument("--out", type=Path, default=DEFAULT_FIXTURE)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from vlarun import parity
+    from vlarun.models import lerobot as ours
+
+    work = Path(tempfile.mkdtemp(prefix="lerobot-ref-"))
+    build_package(args.lerobot, work / "src")
+    sys.path.insert(0, str(work / "src"))
+    import lerobot.policies.pi0.modeling_pi0 as modeling  # noqa: E402 - built just above
+    from lerobot.policies.common.vla_utils import pad_vector, resize_with_pad_torch
+    from transformers import PreTrainedTokenizerFast
+
+    directory = work / "pi0"
+    config = parity.make_lerobot_pi0_dir(directory)
+    tower = ours.PALIGEMMA_VARIANTS["vlarun_tiny"][0]
+    shapes = {"hidden": tower.hidden_size, "layers": tower.num_layers, "heads": tower.num_heads,
+              "patch": tower.patch_size, "mlp": tower.intermediate_size}  # fmt: skip
+    expert = ours.EXPERT_VARIANTS["vlarun_tiny"]
+    tiny_shapes(modeling, shapes, expert.hidden_size)
+    fields = dict(
+        config,
+        action_expert_variant="vlarun_tiny_expert",
+        freeze_vision_encoder=False,
+        train_expert_only=False,
+        compile_model=False,
+        rtc_config=None,
+    )
+    model = modeling.PI0Pytorch(types.SimpleNamespace(**fields)).eval()
+    from safetensors.torch import load_file
+
+    # On disk the tower is ``vision_tower.vision_model.*``, as transformers 5.5 (LeRobot's pin)
+    # names it in memory; later transformers drop the ``vision_model`` level.
+    flat = not any(".vision_tower.vision_model." in k for k in model.state_dict())
+    state = {k.removeprefix("model."): v
+             for k, v in load_file(str(directory / "model.safetensors")).items()}  # fmt: skip
+    if flat:
+        state = {k.replace("vision_tower.vision_model.", "vision_tower."): v
+                 for k, v in state.items()}  # fmt: skip
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise SystemExit(f"weights do not fit LeRobot's model: missing {missing}, "
+                         f"unexpected {result.unexpected_keys}")  # fmt: skip
+
+    inputs = parity.lerobot_reference_inputs()
+    side = config["image_resolution"][0]
+    images, masks = [], []
+    for frame in inputs["frames"]:  # PI0Policy._preprocess_images, channels-last as it does
+        img = torch.from_numpy(frame.copy()).float().div(255.0)[None]  # (1, H, W, 3) in [0, 1]
+        if tuple(img.shape[1:3]) != (side, side):
+            img = resize_with_pad_torch(img, side, side)
+        images.append((img * 2.0 - 1.0).permute(0, 3, 1, 2))
+        masks.append(torch.ones(1, dtype=torch.bool))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+    )
+    enc = tok(
+        inputs["task"] + "\n",
+        padding="max_length",
+        padding_side="right",
+        max_length=config["tokenizer_max_length"],
+        truncation=True,
+        return_tensors="pt",
+    )
+    from safetensors.numpy import load_file as load_numpy
+
+    pre = load_numpy(str(directory / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
+    post = load_numpy(
+        str(directory / "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
+    )
+    eps = 1e-8  # NormalizerProcessorStep's default, saved in the pipeline's config
+    norm_state = (inputs["state"] - pre["observation.state.mean"]) / (
+        pre["observation.state.std"] + eps
+    )
+    state_in = pad_vector(torch.from_numpy(norm_state.astype(np.float32))[None], 32)
+    gen = torch.Generator().manual_seed(0)  # vlarun's Policy draws a request's noise so
+    noise = torch.randn(1, config["chunk_size"], config["max_action_dim"], generator=gen)
+    with torch.no_grad():
+        chunk = model.sample_actions(images, masks, enc["input_ids"], enc["attention_mask"].bool(),
+                                     state_in, noise=noise)  # fmt: skip
+    dim = config["output_features"]["action"]["shape"][0]
+    robot = chunk[0, :, :dim].numpy() * post["action.std"] + post["action.mean"]
+    digest = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+    n_text = int(enc["attention_mask"].sum())
+    fixture = {
+        "_source": f"scripts/lerobot-reference.py on lerobot {LEROBOT_COMMIT} (PI0Pytorch), "
+                   f"transformers {__import__('transformers').__version__}, torch "
+                   f"{torch.__version__}",
+        "weights_sha256": digest,
+        "input_ids": enc["input_ids"][0, :n_text].tolist(),
+        "state_normalised": state_in[0].tolist(),
+        "noise": noise[0].tolist(),
+        "chunk": chunk[0].tolist(),
+        "actions": robot.astype(np.float64).tolist(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(fixture, indent=1) + "\n")
+    print(f"wrote {args.out}: ids {fixture['input_ids']}, actions[0] {robot[0].round(4)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

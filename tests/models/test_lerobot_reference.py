@@ -1,0 +1,148 @@
+"""LeRobot pi0 directories in vlarun, against LeRobot's own model and transformers' modules.
+
+The fixture holds what LeRobot's unmodified ``PI0Pytorch`` (lerobot 7427f31, on transformers
+5.5.4) computed on the seeded tiny directory ``vlarun.parity.make_lerobot_pi0_dir`` writes;
+``scripts/lerobot-reference.py`` recorded it (LeRobot cannot be installed here: it needs
+Python >= 3.12). The prefix is also checked live against transformers' PaliGemma modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vlarun import parity
+from vlarun.models.checkpoint import CheckpointError
+from vlarun.policy.base import Policy
+
+FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_pi0_reference.json"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lerobot-pi0")
+    parity.make_lerobot_pi0_dir(d)
+    fixture = json.loads(FIXTURE.read_text())
+    digest = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == fixture["weights_sha256"], "the seeded directory changed: re-record it"
+    return d, fixture
+
+
+def test_same_prompt_state_noise_and_actions_as_lerobot(reference):
+    d, fixture = reference
+    policy = Policy.load(d)
+    inputs = parity.lerobot_reference_inputs()
+    # LeRobot's tokenizer step puts <bos> in the ids; vlarun's prefix adds it (images first).
+    assert [policy.model.cfg.bos_id, *policy.text_ids(inputs["task"])] == fixture["input_ids"]
+    state = policy.state_tensor(inputs["state"])[0].numpy()
+    np.testing.assert_allclose(state, fixture["state_normalised"], atol=1e-6)
+    packet, _ = policy.inputs(inputs["frames"], inputs["task"], inputs["state"], seed=0)
+    assert torch.equal(packet["noise"][0], torch.tensor(fixture["noise"]))
+    # frames of two sizes, letterboxed as LeRobot does, through the whole stage graph
+    run = policy.run_stages(inputs["frames"], inputs["task"], state=inputs["state"], seed=0)
+    chunk = run.outputs["actions"][0].numpy()
+    assert np.abs(chunk - np.array(fixture["chunk"])).max() < 1e-5
+    actions = policy.unnormalize(run.outputs["actions"][0])
+    assert actions.shape == (4, 7)  # the robot's 7 of the model's 32 action dimensions
+    assert np.abs(actions - np.array(fixture["actions"])).max() < 1e-5
+
+
+def test_the_paligemma_prefix_matches_transformers(reference):
+    """vlarun's prefill (SigLIP -> projector -> Gemma over [images, <bos>, text], every token
+    seeing every other) against transformers' PaliGemma modules on the same weights."""
+    transformers = pytest.importorskip("transformers")
+    d, _ = reference
+    policy = Policy.load(d)
+    model, cfg = policy.model, policy.model.cfg
+    tower, llm = cfg.vision[0], cfg.llm
+    text = transformers.GemmaConfig(
+        vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, num_hidden_layers=llm.num_layers,
+        intermediate_size=llm.intermediate_size, num_attention_heads=llm.num_heads,
+        num_key_value_heads=llm.num_kv_heads, head_dim=llm.hd,
+        hidden_activation="gelu_pytorch_tanh",
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=tower.hidden_size, num_hidden_layers=tower.num_layers,
+        num_attention_heads=tower.num_heads, intermediate_size=tower.intermediate_size,
+        patch_size=tower.patch_size, image_size=tower.image_size, projection_dim=llm.hidden_size,
+        vision_use_head=False,
+    )  # fmt: skip
+    hf_cfg = transformers.PaliGemmaConfig(text_config=text, vision_config=vision,
+                                          projection_dim=llm.hidden_size)  # fmt: skip
+    hf = transformers.PaliGemmaForConditionalGeneration(hf_cfg).eval()
+    prefix = "model.paligemma_with_expert.paligemma."
+    state = {k[len(prefix):]: v for k, v in load_file(str(d / "model.safetensors")).items()
+             if k.startswith(prefix)}  # fmt: skip
+    own = hf.state_dict()
+    if not any(".vision_tower.vision_model." in k for k in own):  # transformers >= 5.6 names
+        state = {k.replace("vision_tower.vision_model.", "vision_tower."): v
+                 for k, v in state.items()}  # fmt: skip
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("lm_head.weight") for k in missing)
+
+    inputs = parity.lerobot_reference_inputs()
+    images = policy.image_tensor(inputs["frames"])  # (1, 2, 3, S, S) in [0, 1]
+    ids = policy.text_ids(inputs["task"])
+    with torch.no_grad():
+        pre = model.prefill(model.build_prefix(model.encode_images(images), [ids]))
+        feats = hf.model.get_image_features(images[0] * 2 - 1)
+        feats = getattr(feats, "pooler_output", feats)  # an output object in transformers 5
+        lm = hf.model.language_model
+        text_emb = lm.embed_tokens(torch.tensor([[cfg.bos_id, *ids]]))  # scaled by sqrt(width)
+        embeds = torch.cat((feats.reshape(1, -1, llm.hidden_size), text_emb), dim=1)
+        n = embeds.shape[1]
+        everyone = torch.zeros(1, 1, n, n)  # additive mask: the prefix attends bidirectionally
+        out = lm(inputs_embeds=embeds, attention_mask=everyone,
+                 position_ids=torch.arange(n)[None]).last_hidden_state  # fmt: skip
+    assert pre.lm.hidden.shape == out.shape
+    assert (pre.lm.hidden - out).abs().max() < 1e-4
+
+
+def test_a_flat_tower_layout_loads_the_same(reference, tmp_path):
+    """Directories saved from transformers >= 5.6 modules have no ``vision_model`` level."""
+    d, _ = reference
+    flat = tmp_path / "flat"
+    shutil.copytree(d, flat)
+    state = load_file(str(d / "model.safetensors"))
+    state = {k.replace("vision_tower.vision_model.", "vision_tower."): v for k, v in state.items()}
+    save_file(state, flat / "model.safetensors")
+    a, b = Policy.load(d).model.state_dict(), Policy.load(flat).model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_what_vlarun_cannot_load_is_one_line(reference, tmp_path):
+    d, _ = reference
+    bad = tmp_path / "bad"
+    shutil.copytree(d, bad)
+    (bad / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer.json.*paligemma-3b-pt-224"):
+        Policy.load(bad)
+    config = json.loads((d / "config.json").read_text())
+    for field, value, words in (
+        ("type", "pi05", "pi05.*not supported yet.*adaRMS"),
+        ("type", "smolvla", "smolvla.*not supported yet"),
+        ("paligemma_variant", "gemma_7b", "paligemma_variant 'gemma_7b'; known"),
+        ("use_relative_actions", True, "use_relative_actions"),
+        ("image_resolution", [56, 64], "must be square"),
+    ):
+        shutil.copytree(d, tmp_path / field, dirs_exist_ok=True)
+        (tmp_path / field / "config.json").write_text(json.dumps(config | {field: value}))
+        with pytest.raises(CheckpointError, match=words):
+            Policy.load(tmp_path / field)
+
+
+def test_frames_and_states_are_checked(reference):
+    d, _ = reference
+    policy = Policy.load(d)
+    inputs = parity.lerobot_reference_inputs()
+    with pytest.raises(ValueError, match="takes 2 frame"):
+        policy.image_tensor(inputs["frames"][:1])
+    with pytest.raises(ValueError, match="state has 5 entries; the checkpoint's has 8"):
+        policy.state_tensor(np.zeros(5, np.float32))
