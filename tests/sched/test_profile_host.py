@@ -14,6 +14,7 @@ from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import predict_placement
 from vlarun.sched.profile import Profile
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.truth import load_samples
 from vlarun.stages.families import Workload
 
 
@@ -24,15 +25,23 @@ def _cache(tmp_path, monkeypatch):
 
 def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
     out = tmp_path / "p.json"
-    argv = ["profile", "--preset", "tiny-openvla", "--repeats", "2", "--out", str(out), "--json"]
+    argv = ["profile", "--preset", "tiny-openvla,tiny-pi0", "--repeats", "2", "--out", str(out),
+            "--json"]  # fmt: skip
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
-    assert {e["stage"] for e in r["profile"]["entries"]} == {"vision", "prefill", "decode"}
+    ar = [e for e in r["profile"]["entries"] if e["model"] == "tiny-openvla"]
+    assert {e["stage"] for e in ar} == {"vision", "prefill", "decode"}
+    # One file for both presets, with every timed run and the host's peaks: what the fleet
+    # simulator takes as its truth.
+    samples = load_samples("tiny-pi0", out)
+    assert set(samples.seconds) == {"vision", "prefill", "denoise"}
+    assert all(len(x) == 2 for x in samples.seconds.values())
+    assert samples.host.bf16_tflops == r["device_peaks"]["bf16_gflops"] / 1e3
     argv = ["predict", "--model", "tiny-openvla", "--device", "this-cpu", "--dtype", "float32"]
     assert main([*argv, "--profile", str(out), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert all(s["latency_source"] == "measured" for s in pred["stages"])
-    medians = {e["stage"]: e["median_ms"] for e in r["profile"]["entries"]}
+    medians = {e["stage"]: e["median_ms"] for e in ar}
     assert pred["latency_ms"] == pytest.approx(sum(medians.values()))
 
 

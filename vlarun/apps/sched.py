@@ -99,7 +99,9 @@ class ProfileOptions:
     """Measure this machine: device peaks (matmul, memory copy) and every stage of a preset over
     batch sizes and prompt lengths; stores a profile file the cost model uses."""
 
-    preset: str | None = opt(None, "model preset to profile (tiny presets run in seconds)")
+    preset: str | None = opt(
+        None, "model preset(s) to profile, comma-separated (tiny presets run in seconds)"
+    )
     batches: tuple[int, ...] = opt((1,), "batch sizes")
     text_tokens: tuple[int, ...] = opt((24,), "instruction lengths")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
@@ -129,8 +131,14 @@ def cmd_profile(o: ProfileOptions) -> dict:
         return out
     if o.preset is None:
         raise ValueError("give --preset (or --device-only)")
-    result = profile_preset(o.preset, _ints(o.batches), _ints(o.text_tokens), o.dtype, o.repeats)
-    path = save_profile(result, o.out or default_profile_path(o.preset))
+    presets = items(o.preset)
+    result: dict = {}
+    for name in presets:  # one file: the host's header once, every preset's entries
+        r = profile_preset(name, _ints(o.batches), _ints(o.text_tokens), o.dtype, o.repeats)
+        result = r | {"entries": result.get("entries", []) + r["entries"]}
+    # The host's peaks travel with its samples: what the fleet simulator scales them from.
+    result["device_peaks"] = {k: v for k, v in out["device_peaks"].items() if k != "cache_file"}
+    path = save_profile(result, o.out or default_profile_path("+".join(presets)))
     return out | {"profile_file": str(path), "profile": result}
 
 
@@ -390,15 +398,34 @@ def _fleet_options() -> type:
 
 
 def cmd_fleet(o) -> dict:
-    from vlarun.sched.fleet import run_fleet
+    """One fleet run over the load levels, or with ``--matrix`` the condition matrix; the
+    result is also written to ``--out`` when given."""
+    import json
+    from pathlib import Path
 
-    return run_fleet(o)
+    if o.matrix:
+        from vlarun.bench.fleet_matrix import run_fleet_matrix
+
+        r = run_fleet_matrix(o)
+    else:
+        from vlarun.sched.fleet import run_fleet
+
+        r = run_fleet(o)
+    if o.out:
+        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(o.out).write_text(json.dumps(r, indent=1))
+    return r
 
 
 def show_fleet(r: dict) -> None:
-    from vlarun.sched.fleet import format_fleet
+    if "rows" in r:
+        from vlarun.bench.fleet_matrix import format_matrix
 
-    print(format_fleet(r))
+        print(format_matrix(r))
+    else:
+        from vlarun.sched.fleet import format_fleet
+
+        print(format_fleet(r))
 
 
 OPTIONS["fleet"] = _fleet_options

@@ -24,8 +24,10 @@ import time
 
 import numpy as np
 
-MATRIX_STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint")
-FIXED = ("device-only", "edge-only", "fixed-split")
+# One list of strategies for the real-process matrix and the fleet simulator's.
+from vlarun.sched.fleet import FIXED
+from vlarun.sched.fleet import STRATEGIES as MATRIX_STRATEGIES
+
 SLO_BAR = 0.999  # the SLO share a strategy must reach to count as meeting the deadline
 AGENT_STRATEGY = {"vlarun-placement": "vlarun"}  # the agent's name for the matrix's label
 
@@ -141,14 +143,15 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
     return {"rows": rows, "summary": summarise_matrix(rows)}
 
 
-def summarise_matrix(rows: list[dict]) -> dict:
-    """Per cell: vlarun-joint / the best fixed strategy meeting the SLO bar (actions/J), and
-    whether joint met the bar; over the cells: mean joint / Fixed Split and joint / placement."""
+def summarise_matrix(rows: list[dict], cell: tuple[str, ...] = ("bandwidth", "load")) -> dict:
+    """Per cell (the rows sharing the ``cell`` fields): vlarun-joint / the best fixed strategy
+    meeting the SLO bar (actions/J), and whether joint met the bar; over the cells: mean
+    joint / Fixed Split and joint / placement. The fleet simulator's matrix uses it too."""
     cells: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        cells.setdefault((r["bandwidth"], r["load"]), {})[r["strategy"]] = r
+        cells.setdefault(tuple(r[k] for k in cell), {})[r["strategy"]] = r
     out, vs_split, vs_place = [], [], []
-    for (bw, load), by in cells.items():
+    for key, by in cells.items():
         joint = by.get("vlarun-joint")
         if joint is None:
             continue
@@ -156,12 +159,12 @@ def summarise_matrix(rows: list[dict]) -> dict:
         pool = meeting or [by[s] for s in FIXED if s in by]
         best = max(pool, key=lambda r: r["actions_per_joule"])
         ratio = joint["actions_per_joule"] / best["actions_per_joule"]
-        out.append({
-            "bandwidth": bw, "load": load, "best_fixed": best["strategy"],
+        out.append(dict(zip(cell, key, strict=True)) | {
+            "best_fixed": best["strategy"],
             "best_fixed_meets_slo_bar": bool(meeting),
             "joint_over_best_fixed": ratio,
             "joint_slo_met_fraction": joint["slo_met_fraction"],
-            "joint_meets_goal": ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR,
+            "joint_meets_goal": bool(ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR),
         })  # fmt: skip
         if "fixed-split" in by and by["fixed-split"]["actions_per_joule"] > 0:
             vs_split.append(joint["actions_per_joule"] / by["fixed-split"]["actions_per_joule"])
@@ -178,9 +181,15 @@ def summarise_matrix(rows: list[dict]) -> dict:
     }
 
 
-def plot_matrix(m: dict, path: str) -> str | None:
-    """Actions/J (top) and SLO share (bottom) per strategy, one column per load, bandwidth
-    conditions along x; None when matplotlib is missing."""
+AXIS_LABELS = {"bandwidth": "{} Mbit/s", "robots": "{} robots"}
+
+
+def plot_matrix(
+    m: dict, path: str, column: str = "load", x: tuple[str, ...] = ("bandwidth",)
+) -> str | None:
+    """Actions/J (top) and SLO share (bottom) per strategy, one panel column per value of the
+    ``column`` field, the conditions of the ``x`` fields along x; None when matplotlib is
+    missing. The fleet simulator's matrix uses it too (columns: models)."""
     try:
         import matplotlib
 
@@ -189,23 +198,28 @@ def plot_matrix(m: dict, path: str) -> str | None:
     except ImportError:
         return None
     rows = m["rows"]
-    loads = list(dict.fromkeys(r["load"] for r in rows))
-    bws = list(dict.fromkeys(r["bandwidth"] for r in rows))
-    fig, axes = plt.subplots(2, len(loads), figsize=(4.2 * len(loads), 6), squeeze=False)
+    cols = list(dict.fromkeys(r[column] for r in rows))
+    conds = list(dict.fromkeys(tuple(r[k] for k in x) for r in rows))
+    labels = [", ".join(AXIS_LABELS.get(k, "{}").format(v) for k, v in zip(x, c, strict=True))
+              for c in conds]  # fmt: skip
+    wide = max(4.2, 0.35 * len(conds))
+    fig, axes = plt.subplots(2, len(cols), figsize=(wide * len(cols), 6.5), squeeze=False)
     width = 0.8 / len(MATRIX_STRATEGIES)
-    for j, load in enumerate(loads):
+    for j, col in enumerate(cols):
         for i, s in enumerate(MATRIX_STRATEGIES):
-            by = {r["bandwidth"]: r for r in rows if r["load"] == load and r["strategy"] == s}
-            x = np.arange(len(bws)) + (i - len(MATRIX_STRATEGIES) / 2 + 0.5) * width
-            apj = [by[b]["actions_per_joule"] if b in by else 0 for b in bws]
-            slo = [by[b]["slo_met_fraction"] if b in by else 0 for b in bws]
-            axes[0][j].bar(x, apj, width, label=s)
-            axes[1][j].bar(x, slo, width, label=s)
+            by = {tuple(r[k] for k in x): r for r in rows
+                  if r[column] == col and r["strategy"] == s}  # fmt: skip
+            at = np.arange(len(conds)) + (i - len(MATRIX_STRATEGIES) / 2 + 0.5) * width
+            apj = [by[c]["actions_per_joule"] if c in by else 0 for c in conds]
+            slo = [by[c]["slo_met_fraction"] if c in by else 0 for c in conds]
+            axes[0][j].bar(at, apj, width, label=s)
+            axes[1][j].bar(at, slo, width, label=s)
         for k, ylabel in ((0, "actions / J (modelled)"), (1, "SLO share")):
             ax = axes[k][j]
-            ax.set_xticks(np.arange(len(bws)), [f"{b} Mbit/s" for b in bws], fontsize=8)
+            rotate = 90 if len(conds) > 6 else 0
+            ax.set_xticks(np.arange(len(conds)), labels, fontsize=7, rotation=rotate)
             ax.set_ylabel(ylabel)
-        axes[0][j].set_title(f"edge load: {load}")
+        axes[0][j].set_title(f"edge load: {col}" if column == "load" else f"{column}: {col}")
         axes[1][j].axhline(SLO_BAR, color="k", ls="--", lw=0.8)
         axes[1][j].set_ylim(0, 1.05)
     axes[0][0].legend(fontsize=7)

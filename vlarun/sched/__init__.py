@@ -12,11 +12,13 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)
   scheduler.py  the core rule, vectorised over all candidates; reservations, edge batching;
                 Scheduler.observe(plan, outcome), the only feedback path
-  profile.py    `vlarun profile`: stage medians on this machine
+  profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
   validate.py   predictions vs the papers' published times (`vlarun bench validate`)
   hostcheck.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
-  fleet.py      N robots + one edge simulation (`vlarun fleet`)
+  fleet.py      N robots + one edge simulation (`vlarun fleet`; `--matrix`: bench/fleet_matrix.py)
+  truth.py      the fleet's ground truth: recorded per-stage samples (fleet_samples.json)
+                carried to a model shape and device
 
 Energy is modelled everywhere (labelled "modelled") unless a meter was read.
 """

@@ -110,7 +110,12 @@ def _cached_this_cpu() -> Device | None:
     path = _this_cpu_file()
     if not path.exists():
         return None
-    m = json.loads(path.read_text())
+    return this_cpu_device(json.loads(path.read_text()))
+
+
+def this_cpu_device(m: dict) -> Device:
+    """The ``this-cpu`` catalog entry with measured peaks ``m`` (``measure_this_cpu``'s output,
+    also stored in a profile file, so a recorded host can be priced on any machine)."""
     base = next(r for r in _catalog_rows() if r["id"] == THIS_CPU)
     row = base | {
         "bf16_tflops": m["bf16_gflops"] / 1e3,

@@ -1,18 +1,33 @@
-"""Fleet simulation: N robots share one edge through a link whose bandwidth drops mid-run,
+"""Fleet simulation: N robots share one edge through a link whose bandwidth may drop mid-run,
 while other tenants load the edge (light / medium / heavy). Device-Only, Edge-Only, Fixed Split
-and vlarun's scheduler are compared on actions per joule and SLO satisfaction.
+and vlarun's scheduler (over placements; jointly over placements and accelerator settings) are
+compared on actions per joule and SLO satisfaction.
 
 The simulator is the "world" and keeps its truth from the scheduler:
-- stage times = catalog roofline x a hidden per-(stage, device) bias (lognormal, drawn once)
-  x per-call lognormal jitter. These are synthetic distributions, NOT measured ones (no Orin
-  or 4090 here); the scheduler sees only its own predictions and the times it observes after
+- stage times are measured ones. Each draw resamples the per-stage times `vlarun profile`
+  recorded on one host (``fleet_samples.json``: the tiny preset of each family on a 2-core CPU;
+  a 7B forward on that CPU takes minutes), so the jitter has the measured shape, not a
+  lognormal one. A recorded stage s is carried to the simulated shape on a target device by
+
+      t = sample_s x roofline(stage s of the shape, device) / roofline(recorded s, host) x c
+
+  The roofline ratio is what the catalog knows about moving a stage to another shape and device.
+  ``c`` is one factor per device (for a given shape), calibrated so that the median total of the
+  truth equals the catalog's roofline total there: the host, running tiny models on two cores,
+  sits far from its roofline, and carrying that absolute inefficiency to an Orin or a 4090
+  would be a guess. What the measurement contributes is the jitter shape and each stage's
+  departure from the roofline relative to the others: a per-stage bias the scheduler's prior
+  does not know. The scheduler sees only its own predictions and the times it observes after
   each request, from which it calibrates (stage factors, placement residual, link EWMA).
 - background edge load: other tenants time-share the edge at the load level's utilisation
   rho. A robot stage of t seconds is stretched by the background work that arrives while it
   runs (Poisson arrivals, exponential sizes, sampled as a busy period: t / (1 - rho) on
   average). The edge reports rho (edge workload sensing); the individual jobs stay hidden.
-- the link: bandwidth trace (200 -> 50 Mbps at the drop), per-transfer jitter; each robot has
-  its own link.
+- the link: bandwidth trace (``bw_before`` -> ``bw_after`` at ``drop_at``), per-transfer
+  lognormal jitter (NOT measured); each robot has its own link.
+- admission: the edge refuses an edge segment it cannot finish before the request's deadline,
+  as the runtime's edge server does (here it knows the true service times); the robot then
+  runs that segment and everything after it itself, as the robot agent does: a fallback.
 Energy is modelled from the true times with the catalog's power figures.
 Simplifications: robot stages on the edge are placed first-fit into gaps between other robots'
 stages (no preemption); the simulator does not execute edge batches, so vlarun runs with
@@ -24,32 +39,36 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from vlarun.config import items, opt
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import Outcome, StageOutcome
-from vlarun.sched.cost import roofline
+from vlarun.sched.cost import StageWork, roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.truth import Truth, load_samples, make_truth
 
-POLICIES = ("device-only", "edge-only", "fixed-split", "vlarun")
+# The strategies of the co-inference matrix (issue 19), real processes and simulator alike.
+STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint")
+FIXED = STRATEGIES[:3]
 # Background edge utilisation by other tenants: our definition (the paper names the levels
 # but gives no numbers).
 LOADS = {"light": 0.2, "medium": 0.5, "heavy": 0.8}
 BACKGROUND_JOB_S = 0.02  # mean service time of one background job
-TRUTH = "synthetic: catalog roofline x hidden per-stage bias x jitter (not measured)"
+MATRIX_MODELS = ("openvla-7b", "openvla-oft", "pi0", "smolvla", "cogact")
 
 
 @dataclass(frozen=True)
 class FleetConfig:
-    """N robots, one edge, a bandwidth drop and background edge load; four policies compared
-    on actions per joule (modelled energy) and SLO satisfaction."""
+    """N robots, one edge, a bandwidth drop and background edge load; the matrix strategies
+    compared on actions per joule (modelled energy) and SLO satisfaction. ``--matrix`` runs
+    every (model, bandwidth, robots, strategy) cell instead (bench/fleet_matrix.py)."""
 
     model: str = opt("openvla-7b", "model preset")
     chunk: int = opt(20, "actions executed per inference")
@@ -63,8 +82,10 @@ class FleetConfig:
     drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
     rtt_ms: float = opt(5.0, "link round-trip time, ms")
     loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "background edge load levels")
-    bias_sigma: float = opt(0.15, "hidden per-stage bias of the true times (lognormal sigma)")
-    jitter_sigma: float = opt(0.05, "per-call jitter of the true times (lognormal sigma)")
+    link_jitter_sigma: float = opt(0.05, "per-transfer jitter of the link (lognormal sigma)")
+    samples: str | None = opt(
+        None, "recorded per-stage samples (a `vlarun profile` file; default: fleet_samples.json)"
+    )
     guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
     accuracy_floor: float = opt(
         1.0, "minimum measured relative success (1.0: no accelerator with an unmeasured cost)"
@@ -73,17 +94,28 @@ class FleetConfig:
         False, "drop the accuracy floor: allow settings whose accuracy cost is unmeasured"
     )
     seed: int = opt(0, "random seed of the world")
+    matrix: bool = opt(False, "run the condition matrix (models x bandwidths x robots)")
+    matrix_models: tuple[str, ...] = opt(MATRIX_MODELS, "models of the matrix")
+    matrix_bandwidths: tuple[str, ...] = opt(
+        ("200", "50", "10", "200-50"), "bandwidths of the matrix, Mbit/s (200-50: a drop)"
+    )
+    matrix_robots: tuple[int, ...] = opt((1, 4, 16, 32), "robot counts of the matrix")
+    matrix_load: str = opt("medium", "background edge load of the matrix")
+    matrix_duration_s: float = opt(60.0, "simulated seconds per matrix cell")
+    out: str | None = opt(None, "write the JSON result here")
     plot: str | None = opt(None, "write a PNG plot here")
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
         if self.robots < 1 or self.duration_s <= 0 or self.chunk < 1 or self.slo_hz <= 0:
             raise ValueError("robots, duration, chunk and slo_hz must be positive")
-        bad = [x for x in self.load_levels if x not in LOADS]
+        bad = [x for x in [*self.load_levels, self.matrix_load] if x not in LOADS]
         if bad:
             raise ValueError(f"unknown load levels {bad}; choose from {list(LOADS)}")
         if not 0 < self.guard <= 1:
             raise ValueError("guard must lie in (0, 1]")
+        if self.link_jitter_sigma < 0 or self.matrix_duration_s <= 0:
+            raise ValueError("link_jitter_sigma must be >= 0 and matrix_duration_s > 0")
 
     @property
     def load_levels(self) -> list[str]:
@@ -99,14 +131,14 @@ class FleetConfig:
 
 
 class EdgeTimeline:
-    """Busy intervals of the edge (background jobs and robot stages), sorted by start."""
+    """Busy intervals of the edge (robot stages), sorted by start."""
 
     def __init__(self, intervals: list[tuple[float, float]]) -> None:
         self.starts = [a for a, _ in intervals]
         self.ends = [b for _, b in intervals]
 
-    def place(self, ready: float, seconds: float) -> float:
-        """First-fit start >= ready in an idle gap long enough; the interval is then taken."""
+    def fit(self, ready: float, seconds: float) -> float:
+        """First-fit start >= ready in an idle gap long enough (nothing is taken)."""
         i = max(bisect.bisect_right(self.starts, ready) - 1, 0)
         start = ready
         while i < len(self.starts):
@@ -115,6 +147,11 @@ class EdgeTimeline:
             elif self.starts[i] >= start + seconds:
                 break
             i += 1
+        return start
+
+    def place(self, ready: float, seconds: float) -> float:
+        """``fit``, and the interval is then taken."""
+        start = self.fit(ready, seconds)
         j = bisect.bisect_left(self.starts, start)
         self.starts.insert(j, start)
         self.ends.insert(j, start + seconds)
@@ -123,24 +160,32 @@ class EdgeTimeline:
 
 @dataclass
 class World:
-    """One world per seed, the same at every load level: its hidden biases, and separate random
-    streams for stage jitter, link jitter and the other tenants' load, so that a policy that
-    never touches the edge (Device-Only) lives through exactly the same times at every load."""
+    """One world per seed, the same at every load level: separate random streams for stage
+    times, link jitter and the other tenants' load, so that a policy that never touches the
+    edge (Device-Only) lives through exactly the same times at every load."""
 
     cfg: FleetConfig
     devices: dict[str, Device]
-    bias: dict[tuple[str, str], float]
+    truth: Truth
     rng: np.random.Generator  # the other tenants' background load
     stage_rng: np.random.Generator
     link_rng: np.random.Generator
+    _scale: dict = field(default_factory=dict)  # (work, role) -> (scale, utilisation)
 
-    def jitter(self, rng: np.random.Generator) -> float:
-        return float(rng.lognormal(0.0, self.cfg.jitter_sigma))
+    def draw(self, works) -> list[float]:
+        """One recorded sample (host seconds) per stage, drawn before anything is placed, so
+        the stream is consumed alike whatever runs where."""
+        return [float(self.stage_rng.choice(self.truth.samples.seconds[w.name])) for w in works]
 
-    def stage_s(self, work, role: str) -> tuple[float, float]:
-        roof = roofline(work, self.devices[role])
-        t = roof.seconds * self.bias[(work.name, role)] * self.jitter(self.stage_rng)
-        return t, roof.utilisation
+    def scale(self, work: StageWork, role: str) -> tuple[float, float]:
+        """Host seconds -> true seconds of ``work`` on ``role``, and the roofline utilisation
+        the energy account prices it at."""
+        key = (work, role)
+        if key not in self._scale:
+            roof = roofline(work, self.devices[role])
+            k = roof.seconds / self.truth.host_s[work.name] * self.truth.calib[role]
+            self._scale[key] = (k, roof.utilisation)
+        return self._scale[key]
 
     def stretch(self, seconds: float, load: float) -> float:
         """Wall time of ``seconds`` of edge work while other tenants time-share the edge: add
@@ -159,18 +204,24 @@ class World:
 
     def transfer_s(self, nbytes: float, t: float) -> float:
         wire = self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
-        return wire * self.jitter(self.link_rng)
+        return wire * float(self.link_rng.lognormal(0.0, self.cfg.link_jitter_sigma))
 
 
-def make_world(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device], seed: int) -> World:
-    bias_seq, load_seq, stage_seq, link_seq = np.random.SeedSequence(seed).spawn(4)
-    rng = np.random.default_rng(bias_seq)
-    bias = {
-        (s, role): float(rng.lognormal(0.0, cfg.bias_sigma))
-        for s in space.stages
-        for role in ("robot", "edge")
-    }
-    return World(cfg, devices, bias, np.random.default_rng(load_seq),
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one fleet config shares: the plan spaces (placement: the identity
+    setting only; joint: placements x the settings the accuracy floor admits), the devices
+    and the truth."""
+
+    placement: PlanSpace
+    joint: PlanSpace
+    devices: dict[str, Device]
+    truth: Truth
+
+
+def make_world(cfg: FleetConfig, setup: Setup, seed: int) -> World:
+    load_seq, stage_seq, link_seq = np.random.SeedSequence(seed).spawn(3)
+    return World(cfg, setup.devices, setup.truth, np.random.default_rng(load_seq),
                  np.random.default_rng(stage_seq), np.random.default_rng(link_seq))  # fmt: skip
 
 
@@ -184,23 +235,37 @@ class Executed:
     energy_j: float
     stage_s: dict[str, float]  # true compute seconds per stage
     transfers: list[tuple[int, float]]  # (bytes, seconds) of every transfer
-    placement: tuple[str, ...]
+    placement: tuple[str, ...]  # where each stage ran (after any fallback)
+    fallback: str | None  # why stages planned for the edge ran on the robot (None: as planned)
+
+
+def _segment(roles: list[str], i: int) -> list[int]:
+    """Indices of the edge segment starting at stage ``i``."""
+    seg = [i]
+    while seg[-1] + 1 < len(roles) and roles[seg[-1] + 1] == "edge":
+        seg.append(seg[-1] + 1)
+    return seg
 
 
 def execute(
-    world, works, roles, release: float, edge: EdgeTimeline, radio: RadioPower, load: float
-):
+    world: World, works, roles, release: float, edge: EdgeTimeline, radio: RadioPower, load: float
+) -> Executed:
     """Run one request through the world; true latency and modelled energy."""
-    rob, dev_edge = world.devices["robot"], world.devices["edge"]
+    names = [w.name for w in works]
+    draws = world.draw(works)
+    deadline = release + world.cfg.slo_s
+    roles = list(roles)
     end: dict[str, float] = {}
+    walls: dict[int, float] = {}  # edge wall seconds of the admitted stages
     stage_s, transfers, spends = {}, [], []
     tx_s = rx_s = 0.0
-    for work, role in zip(works, roles, strict=True):
-        parents = [(p, roles[[w.name for w in works].index(p)]) for p in work.parents]
+    fallback = None
+    for i, work in enumerate(works):
         ready = release
-        for p, prole in parents or [("", "robot")]:
+        for p in work.parents or ("",):  # the first stage's input comes from the robot
+            prole = roles[names.index(p)] if p else "robot"
             t = end.get(p, release)
-            if prole != role:
+            if prole != roles[i]:
                 tau = world.transfer_s(work.in_bytes, t)
                 transfers.append((work.in_bytes, tau))
                 if prole == "robot":
@@ -209,12 +274,24 @@ def execute(
                     rx_s += tau
                 t += tau
             ready = max(ready, t)
-        seconds, util = world.stage_s(work, role)
-        wall = world.stretch(seconds, load) if role == "edge" else seconds
-        start = edge.place(ready, wall) if role == "edge" else ready
-        end[work.name] = start + wall
+        if roles[i] == "edge" and i not in walls:  # an edge segment arrives: admission
+            seg = _segment(roles, i)
+            ws = [world.stretch(draws[k] * world.scale(works[k], "edge")[0], load) for k in seg]
+            if edge.fit(ready, sum(ws)) + sum(ws) > deadline:
+                # Refused at once; this stage and every later one run on the robot.
+                fallback = "edge: cannot finish before the deadline"
+                roles[i:] = ["robot"] * (len(works) - i)
+                ready += world.cfg.rtt_ms * 1e-3 / 2
+            else:
+                walls.update(zip(seg, ws, strict=True))
+        k, util = world.scale(work, roles[i])
+        seconds = draws[i] * k
+        if roles[i] == "edge":
+            end[work.name] = edge.place(ready, walls[i]) + walls[i]
+        else:
+            end[work.name] = ready + seconds
         stage_s[work.name] = seconds
-        spends.append(StageSpend(role, seconds, util))
+        spends.append(StageSpend(roles[i], seconds, util))
     finish = end[works[-1].name]
     if roles[-1] == "edge":
         tau = world.transfer_s(works[-1].out_bytes, finish)
@@ -223,10 +300,10 @@ def execute(
         finish += tau
     latency = finish - release
     energy = request_energy(
-        rob, dev_edge, spends, latency_s=latency, period_s=world.cfg.slo_s,
-        tx_s=tx_s, rx_s=rx_s, radio=radio,
+        world.devices["robot"], world.devices["edge"], spends, latency_s=latency,
+        period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s, radio=radio,
     )  # fmt: skip
-    return Executed(latency, energy, stage_s, transfers, tuple(roles))
+    return Executed(latency, energy, stage_s, transfers, tuple(roles), fallback)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +317,7 @@ def fixed_roles(policy: str, stages: tuple[str, ...]) -> tuple[str, ...]:
         return ("edge",) * len(stages)
     if policy == "fixed-split":  # the classic cut after the vision encoder
         return ("robot",) + ("edge",) * (len(stages) - 1)
-    raise ValueError(f"unknown policy {policy!r}")
+    raise ValueError(f"unknown policy {policy!r}; choose from {list(STRATEGIES)}")
 
 
 def _identity_index(space: PlanSpace) -> int:
@@ -250,16 +327,17 @@ def _identity_index(space: PlanSpace) -> int:
     raise ValueError("the plan space has no identity setting")
 
 
-def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[dict]:
+def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int) -> list[dict]:
     """All requests of all robots under one policy and load level."""
-    world = make_world(cfg, space, devices, seed)
+    world = make_world(cfg, setup, seed)
+    space = setup.joint if policy == "vlarun-joint" else setup.placement
     edge, rho = EdgeTimeline([]), LOADS[load]
     radio, period = RadioPower(), cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
     sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
-    if policy == "vlarun":
+    if policy in ("vlarun-placement", "vlarun-joint"):
         # The simulator does not execute edge batches: no plan may count on joining one.
-        sched = Scheduler(space, devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
+        sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
                           join_batches=False)  # fmt: skip
         sched.period_s = period
         links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
@@ -287,9 +365,12 @@ def run_policy(cfg, space, devices, policy: str, load: str, seed: int) -> list[d
                 "robot": robot,
                 "release": release,
                 "latency_s": out.latency_s,
+                "latency_ms": out.latency_s * 1e3,
                 "energy_j": out.energy_j,
                 "slo_met": out.latency_s <= cfg.slo_s,
-                "placement": "/".join(r[0].upper() for r in roles),
+                "placement": "/".join(r[0].upper() for r in out.placement),
+                "ran": " ".join(f"{w.name}@{r}" for w, r in zip(works, out.placement, strict=True)),
+                "fallback": out.fallback,
                 "setting": k,
                 "phase": "before" if release < cfg.drop_at * cfg.duration_s else "after",
             }
@@ -342,18 +423,18 @@ def _count(xs) -> dict:
     return out
 
 
-def simulate(cfg: FleetConfig, space: PlanSpace, devices: dict[str, Device]) -> dict:
+def simulate(cfg: FleetConfig, setup: Setup) -> dict:
     results, traces = {}, {}
     for load in cfg.load_levels:
         results[load] = {}
-        for policy in POLICIES:  # one world (cfg.seed) at every load level
-            recs = run_policy(cfg, space, devices, policy, load, cfg.seed)
+        for policy in STRATEGIES:  # one world (cfg.seed) at every load level
+            recs = run_policy(cfg, setup, policy, load, cfg.seed)
             results[load][policy] = summarise(recs, cfg.chunk)
             traces[(load, policy)] = [
                 (r["release"], r["latency_s"]) for r in recs if r["robot"] == 0
             ]
     gain = {
-        load: r["vlarun"]["actions_per_joule"] / r["fixed-split"]["actions_per_joule"]
+        load: r["vlarun-joint"]["actions_per_joule"] / r["fixed-split"]["actions_per_joule"]
         for load, r in results.items()
     }
     return {"results": results, "vlarun_vs_fixed_split": gain, "traces": traces}
@@ -367,7 +448,7 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     load = "medium" if "medium" in sim["results"] else cfg.load_levels[0]
-    for policy in POLICIES:
+    for policy in STRATEGIES:
         t, lat = zip(*sim["traces"][(load, policy)], strict=True)
         ax1.plot(t, np.array(lat) * 1e3, label=policy, lw=1)
     ax1.axhline(cfg.slo_s * 1e3, color="k", ls="--", lw=0.8, label="T_SLO")
@@ -380,8 +461,8 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
     )
     ax1.legend(fontsize=8)
     loads = list(sim["results"])
-    width = 0.8 / len(POLICIES)
-    for i, policy in enumerate(POLICIES):
+    width = 0.8 / len(STRATEGIES)
+    for i, policy in enumerate(STRATEGIES):
         vals = [sim["results"][x][policy]["actions_per_joule"] for x in loads]
         slo = [sim["results"][x][policy]["slo_satisfaction"] for x in loads]
         bars = ax2.bar(np.arange(len(loads)) + i * width, vals, width, label=policy)
@@ -398,7 +479,7 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
     ax2.legend(fontsize=8)
     fig.suptitle(
         f"{cfg.model}, {cfg.robots} robots {cfg.robot} + edge {cfg.edge}, chunk {cfg.chunk} at "
-        f"{cfg.slo_hz:g} Hz (synthetic ground truth, modelled energy)",
+        f"{cfg.slo_hz:g} Hz (measured per-stage samples, scaled; modelled energy)",
         fontsize=10,
     )
     fig.tight_layout()
@@ -406,8 +487,8 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
     plt.close(fig)
 
 
-def with_devices(cfg: FleetConfig):
-    """The plan space and devices of a fleet config (accuracy floor applied)."""
+def make_setup(cfg: FleetConfig) -> Setup:
+    """The plan spaces, devices and truth of a fleet config (accuracy floor applied)."""
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
@@ -417,14 +498,17 @@ def with_devices(cfg: FleetConfig):
     model = get_preset(cfg.model)
     devices = {"robot": get_device(cfg.robot), "edge": get_device(cfg.edge)}
     w = Workload()
+    base = stage_works(model, w)
     floor = None if cfg.unmeasured_accelerators else cfg.accuracy_floor
-    space = build_space(model, stage_works(model, w), devices, w, floor)
-    return space, devices
+    placement = build_space(model, base, devices, w, floor, accelerators=False)
+    joint = build_space(model, base, devices, w, floor)
+    truth = make_truth(load_samples(cfg.model, cfg.samples), base, devices)
+    return Setup(placement, joint, devices, truth)
 
 
 def run_fleet(cfg: FleetConfig) -> dict:
-    space, devices = with_devices(cfg)
-    sim = simulate(cfg, space, devices)
+    setup = make_setup(cfg)
+    sim = simulate(cfg, setup)
     if cfg.plot:
         plot(cfg, sim, cfg.plot)
     return {
@@ -434,9 +518,9 @@ def run_fleet(cfg: FleetConfig) -> dict:
         "results": sim["results"],
         "vlarun_vs_fixed_split": sim["vlarun_vs_fixed_split"],
         "plot": cfg.plot,
-        "ground_truth": TRUTH,
+        "ground_truth": setup.truth.label,
         "energy_source": "modelled",
-        "notes": list(space.notes),
+        "notes": list(setup.joint.notes),
     }
 
 
@@ -458,12 +542,13 @@ def format_fleet(r: dict) -> str:
                 if ph + "_drop" in s
             )
             lines.append(
-                f"    {policy:<12} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
+                f"    {policy:<16} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
                 f"  mean {s['mean_latency_ms']:7.1f} ms  p99 {s['p99_latency_ms']:7.1f} ms  "
                 f"{s['placements']}"
             )
-            lines.append(f"    {'':<12} {phases}")
-        lines.append(f"    vlarun / fixed-split actions/J: {r['vlarun_vs_fixed_split'][load]:.2f}x")
+            lines.append(f"    {'':<16} {phases}")
+        gain = r["vlarun_vs_fixed_split"][load]
+        lines.append(f"    vlarun-joint / fixed-split actions/J: {gain:.2f}x")
     lines.append(f"  ground truth: {r['ground_truth']}; energy {r['energy_source']}")
     if r["plot"]:
         lines.append(f"  plot: {r['plot']}")

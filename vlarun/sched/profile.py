@@ -2,13 +2,16 @@
 prompt lengths, store the medians, and let the cost model use them instead of the roofline.
 
 A profile file is JSON: {"device", "threads", "when", "entries": [{model, stage, batch,
-text_tokens, dtype, median_ms, p90_ms, samples}]}. Times are in-process stage compute only
+text_tokens, dtype, median_ms, p90_ms, samples}]} and, from `vlarun profile`, the host's
+measured peaks ("device_peaks"). ``samples`` are every timed run in ms (0.1 us resolution): the
+fleet simulator resamples them as its ground truth. Times are in-process stage compute only
 (packets not serialised), warm-up runs excluded.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -90,7 +93,8 @@ def profile_preset(
             graph.run(packet, serialize=False)  # warm-up: allocations, kernel selection
             runs = [graph.run(packet, serialize=False).timings for _ in range(repeats)]
             for i, st in enumerate(graph.stages):
-                ms = [r[i].seconds * 1e3 for r in runs]
+                # 0.1 us resolution: far below the timer's noise, and keeps the file small.
+                ms = [round(r[i].seconds * 1e3, 4) for r in runs]
                 entries.append(
                     {
                         "model": preset,
@@ -113,7 +117,12 @@ def profile_preset(
 
 
 def save_profile(result: dict, path: str | Path) -> Path:
+    """Write ``result`` as indented JSON with each list of numbers on one line (the samples
+    stay readable and the file small enough to commit)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    text = json.dumps(result, indent=1)
+    numbers = re.compile(r"\[\s*([-+\d.eE,\s]+?)\s*\]")
+    text = numbers.sub(lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+    path.write_text(text)
     return path
