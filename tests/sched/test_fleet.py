@@ -87,14 +87,17 @@ def test_simulated_stage_times_have_the_recorded_mean_and_p90():
 
 def test_device_only_slo_is_identical_across_edge_loads():
     """One world per seed for every load level, with separate random streams: Device-Only
-    (openvla-7b on the Orin misses some deadlines) lives through the same times at light and
-    heavy edge load, so its SLO share is the same; Edge-Only feels the other tenants."""
+    (openvla-7b on the Orin, near its 1 s deadline) lives through the same times at light and
+    heavy edge load, so its SLO share and latencies are the same; Edge-Only feels the other
+    tenants. (Whether the Orin meets the deadline depends on the recorded samples' spread, so
+    the test asks for identical times, which a load-dependent draw would break, not for a
+    particular share.)"""
     cfg = FleetConfig(model="openvla-7b", duration_s=20, robots=2, loads="light,heavy")
     r = run_fleet(cfg)["results"]
     light, heavy = r["light"]["device-only"], r["heavy"]["device-only"]
-    assert 0 < light["slo_satisfaction"] < 1
-    assert light["slo_satisfaction"] == heavy["slo_satisfaction"]
-    assert light["mean_latency_ms"] == heavy["mean_latency_ms"]
+    assert light["p99_latency_ms"] > light["mean_latency_ms"] > 500  # real, jittered times
+    for key in ("slo_satisfaction", "mean_latency_ms", "p99_latency_ms", "actions_per_joule"):
+        assert light[key] == heavy[key], key
     assert r["heavy"]["edge-only"]["mean_latency_ms"] > r["light"]["edge-only"]["mean_latency_ms"]
 
 
