@@ -1,11 +1,18 @@
-"""Record LeRobot's own pi0 on vlarun's tiny LeRobot directory: the reference fixture.
+"""Record LeRobot's own pi0 / pi05 on vlarun's tiny LeRobot directory: the reference fixture.
 
-    python scripts/lerobot-reference.py --lerobot /path/to/huggingface/lerobot [--out FIXTURE]
+    python scripts/lerobot-reference.py --lerobot /path/to/lerobot [--kind pi05] [--out FIXTURE]
+
+LeRobot 7427f31 pins transformers 5.4-5.5 (later ones changed ``create_causal_mask``); with
+a newer one installed, put 5.5.4 first on the path:
+``pip install --target /tmp/tf55 --no-deps transformers==5.5.4 "tokenizers<=0.23.0"
+"huggingface-hub<2" httpx`` and run with ``PYTHONPATH=/tmp/tf55``.
 
 What runs is LeRobot's code, unmodified, read from a checkout at ``LEROBOT_COMMIT``:
 ``policies/pi0/modeling_pi0.py`` (``PI0Pytorch``: embed_prefix, the prefix pass,
-denoise_step, the Euler loop), ``policies/pi_gemma.py``, ``policies/common/{flow_matching,
-vla_utils}.py`` and ``utils/{constants,device_utils}.py``, on transformers' PaliGemma and Gemma.
+denoise_step, the Euler loop) or ``policies/pi05/modeling_pi05.py`` (``PI05Pytorch``, with
+its ``memory.py``), ``policies/pi_gemma.py`` (the adaptive RMSNorm),
+``policies/common/{flow_matching, vla_utils}.py`` and ``utils/{constants,device_utils}.py``,
+on transformers' PaliGemma and Gemma.
 LeRobot itself cannot be installed beside vlarun (it needs Python >= 3.12), so the modules
 those files import only for plumbing are small stand-ins written below: the config and
 policy base classes, the RTC processor (off), and ``import_utils`` (draccus). Its processor
@@ -42,6 +49,8 @@ LEROBOT_COMMIT = "7427f31801f944f5ec9ce53cda02862ce7d1638b"
 REAL_FILES = (
     "policies/pi_gemma.py",
     "policies/pi0/modeling_pi0.py",
+    "policies/pi05/modeling_pi05.py",
+    "policies/pi05/memory.py",
     "policies/common/flow_matching.py",
     "policies/common/vla_utils.py",
     "utils/constants.py",
@@ -51,6 +60,7 @@ STAND_INS = {
     "__init__.py": "",
     "policies/__init__.py": "",
     "policies/pi0/__init__.py": "",
+    "policies/pi05/__init__.py": "",
     "policies/common/__init__.py": "",
     "utils/__init__.py": "",
     "utils/import_utils.py": (
@@ -64,8 +74,11 @@ STAND_INS = {
     "policies/rtc/__init__.py": "",
     "policies/rtc/modeling_rtc.py": "class RTCProcessor:\n    pass\n",
     "policies/pi0/configuration_pi0.py": "DEFAULT_IMAGE_SIZE = 224\nclass PI0Config:\n    pass\n",
+    "policies/pi05/configuration_pi05.py": (
+        "DEFAULT_IMAGE_SIZE = 224\nclass PI05Config:\n    pass\n"
+    ),
 }
-DEFAULT_FIXTURE = Path("tests/models/fixtures/lerobot_pi0_reference.json")
+FIXTURES = Path("tests/models/fixtures")
 
 
 def build_package(checkout: Path, root: Path) -> None:
@@ -110,8 +123,15 @@ def tiny_shapes(modeling, tower, expert_width: int):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lerobot", required=True, type=Path, help="a git checkout of lerobot")
-    ap.add_argument("--out", type=Path, default=DEFAULT_FIXTURE)
+    ap.add_argument("--kind", choices=("pi0", "pi05"), default="pi0")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: tests/models/fixtures/lerobot_KIND_reference.json",
+    )
     args = ap.parse_args(argv)
+    out = args.out or FIXTURES / f"lerobot_{args.kind}_reference.json"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from vlarun import parity
     from vlarun.models import lerobot as ours
@@ -119,26 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="lerobot-ref-"))
     build_package(args.lerobot, work / "src")
     sys.path.insert(0, str(work / "src"))
-    import lerobot.policies.pi0.modeling_pi0 as modeling  # noqa: E402 - built just above
+    import importlib
+
+    modeling = importlib.import_module(f"lerobot.policies.{args.kind}.modeling_{args.kind}")
     from lerobot.policies.common.vla_utils import pad_vector, resize_with_pad_torch
     from transformers import PreTrainedTokenizerFast
 
-    directory = work / "pi0"
-    config = parity.make_lerobot_pi0_dir(directory)
+    directory = work / args.kind
+    config = parity.make_lerobot_pi0_dir(directory, args.kind)
     tower = ours.PALIGEMMA_VARIANTS["vlarun_tiny"][0]
     shapes = {"hidden": tower.hidden_size, "layers": tower.num_layers, "heads": tower.num_heads,
               "patch": tower.patch_size, "mlp": tower.intermediate_size}  # fmt: skip
     expert = ours.EXPERT_VARIANTS["vlarun_tiny"]
     tiny_shapes(modeling, shapes, expert.hidden_size)
-    fields = dict(
-        config,
-        action_expert_variant="vlarun_tiny_expert",
-        freeze_vision_encoder=False,
-        train_expert_only=False,
-        compile_model=False,
-        rtc_config=None,
-    )
-    model = modeling.PI0Pytorch(types.SimpleNamespace(**fields)).eval()
+    fields = dict(config, action_expert_variant="vlarun_tiny_expert",
+                  freeze_vision_encoder=False, train_expert_only=False, compile_model=False,
+                  rtc_config=None, use_visual_memory=False, use_proprioceptive_memory=False,
+                  memory_temporal_attention_every=4)  # fmt: skip
+    core = modeling.PI0Pytorch if args.kind == "pi0" else modeling.PI05Pytorch
+    model = core(types.SimpleNamespace(**fields)).eval()
     from safetensors.torch import load_file
 
     # On disk the tower is ``vision_tower.vision_model.*``, as transformers 5.5 (LeRobot's pin)
@@ -170,36 +189,49 @@ def main(argv: list[str] | None = None) -> int:
         bos_token="<bos>",
         eos_token="<eos>",
     )
-    enc = tok(
-        inputs["task"] + "\n",
-        padding="max_length",
-        padding_side="right",
-        max_length=config["tokenizer_max_length"],
-        truncation=True,
-        return_tensors="pt",
-    )
     from safetensors.numpy import load_file as load_numpy
 
-    pre = load_numpy(str(directory / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
-    post = load_numpy(
-        str(directory / "policy_postprocessor_step_0_unnormalizer_processor.safetensors")
-    )
+    def stats(name: str) -> dict:
+        (path,) = directory.glob(f"{name}_step_*.safetensors")
+        return load_numpy(str(path))
+
+    pre, post = stats("policy_preprocessor"), stats("policy_postprocessor")
     eps = 1e-8  # NormalizerProcessorStep's default, saved in the pipeline's config
-    norm_state = (inputs["state"] - pre["observation.state.mean"]) / (
-        pre["observation.state.std"] + eps
-    )
-    state_in = pad_vector(torch.from_numpy(norm_state.astype(np.float32))[None], 32)
+    raw = inputs["state"]
+    if args.kind == "pi0":  # MEAN_STD, padded to the expert's width by PI0Policy.prepare_state
+        norm_state = (raw - pre["observation.state.mean"]) / (pre["observation.state.std"] + eps)
+    else:  # QUANTILES
+        q01, q99 = pre["observation.state.q01"], pre["observation.state.q99"]
+        norm_state = 2.0 * (raw - q01) / (q99 - q01) - 1.0
+    norm_state = norm_state.astype(np.float32)
+    task = inputs["task"] + "\n"  # Pi0NewLineProcessor
+    if args.kind == "pi05":  # Pi05PrepareStateTokenizerProcessorStep's prompt
+        bins = np.digitize(norm_state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+        cleaned = inputs["task"].strip().replace("_", " ").replace("\n", " ")
+        task = f"Task: {cleaned}, State: {' '.join(map(str, bins))};\nAction: "
+    enc = tok(task, padding="max_length", padding_side="right",
+              max_length=config["tokenizer_max_length"], truncation=True,
+              return_tensors="pt")  # fmt: skip
+    state_in = pad_vector(torch.from_numpy(norm_state)[None], 32)
     gen = torch.Generator().manual_seed(0)  # vlarun's Policy draws a request's noise so
     noise = torch.randn(1, config["chunk_size"], config["max_action_dim"], generator=gen)
+    ids, mask = enc["input_ids"], enc["attention_mask"].bool()
     with torch.no_grad():
-        chunk = model.sample_actions(images, masks, enc["input_ids"], enc["attention_mask"].bool(),
-                                     state_in, noise=noise)  # fmt: skip
+        if args.kind == "pi0":
+            chunk = model.sample_actions(images, masks, ids, mask, state_in, noise=noise)
+        else:  # pi05 reads the state from its prompt only
+            chunk = model.sample_actions(images, masks, ids, mask, noise=noise)
     dim = config["output_features"]["action"]["shape"][0]
-    robot = chunk[0, :, :dim].numpy() * post["action.std"] + post["action.mean"]
+    y = chunk[0, :, :dim].numpy()
+    if args.kind == "pi0":
+        robot = y * post["action.std"] + post["action.mean"]
+    else:
+        robot = (y + 1.0) * (post["action.q99"] - post["action.q01"]) / 2.0 + post["action.q01"]
     digest = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
     n_text = int(enc["attention_mask"].sum())
     fixture = {
-        "_source": f"scripts/lerobot-reference.py on lerobot {LEROBOT_COMMIT} (PI0Pytorch), "
+        "_source": f"scripts/lerobot-reference.py --kind {args.kind} on lerobot "
+                   f"{LEROBOT_COMMIT} ({core.__name__}), "
                    f"transformers {__import__('transformers').__version__}, torch "
                    f"{torch.__version__}",
         "weights_sha256": digest,
@@ -209,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         "chunk": chunk[0].tolist(),
         "actions": robot.astype(np.float64).tolist(),
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(fixture, indent=1) + "\n")
-    print(f"wrote {args.out}: ids {fixture['input_ids']}, actions[0] {robot[0].round(4)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(fixture, indent=1) + "\n")
+    print(f"wrote {out}: ids {fixture['input_ids']}, actions[0] {robot[0].round(4)}")
     return 0
 
 

@@ -323,7 +323,8 @@ LEROBOT_CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wri
 LEROBOT_STATE_DIM, LEROBOT_ACTION_DIM, LEROBOT_CHUNK = 8, 7, 4
 # A word-level vocabulary in PaliGemma's special-token layout (<pad> 0, <eos> 1, <bos> 2).
 _LEROBOT_WORDS = ("<pad>", "<eos>", "<bos>", "<unk>", " ", "\n", "pick", "up", "the", "red",
-                  "block", "open", "drawer", "put", "in", "cup")  # fmt: skip
+                  "block", "open", "drawer", "put", "in", "cup", "Task", "State", "Action", ":",
+                  ",", ";", *map(str, range(-1, 256)))  # pi05's prompt: words, bins  # fmt: skip
 
 
 def lerobot_reference_inputs() -> dict:
@@ -344,17 +345,18 @@ def _word_tokenizer_json() -> str:
 
     vocab = {w: i for i, w in enumerate(_LEROBOT_WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s,;:]"), behavior="isolated")
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
                                                        special_tokens=[("<bos>", 2)])  # fmt: skip
     tok.add_special_tokens(["<pad>", "<eos>", "<bos>"])
     return tok.to_str()
 
 
-def make_lerobot_pi0_dir(out: str | Path) -> dict:
-    """A LeRobot pi0 directory (lerobot 7427f31's file set and weight names) of seeded random
-    weights at the ``vlarun_tiny`` shape: config.json, model.safetensors (fp32), both processor
-    pipelines with MEAN_STD statistics, and a tokenizer.json. Returns its config."""
+def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
+    """A LeRobot pi0 (or pi05) directory (lerobot 7427f31's file set and weight names) of
+    seeded random weights at the ``vlarun_tiny`` shape: config.json, model.safetensors (fp32),
+    both processor pipelines with statistics (pi0: MEAN_STD; pi05: QUANTILES, as their
+    defaults), and a tokenizer.json. Returns its config."""
     import json
 
     import numpy as np
@@ -369,16 +371,18 @@ def make_lerobot_pi0_dir(out: str | Path) -> dict:
     side = LEROBOT_REFERENCE_FRAMES[0][0]
     feats = {k: {"type": "VISUAL", "shape": [3, side, side]} for k in LEROBOT_CAMERAS}
     feats["observation.state"] = {"type": "STATE", "shape": [LEROBOT_STATE_DIM]}
-    mapping = {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}
+    norm = "MEAN_STD" if kind == "pi0" else "QUANTILES"
+    mapping = {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}
     config = {
-        "type": "pi0", "n_obs_steps": 1, "input_features": feats,
+        "type": kind, "n_obs_steps": 1, "input_features": feats,
         "output_features": {"action": {"type": "ACTION", "shape": [LEROBOT_ACTION_DIM]}},
         "device": "cpu", "use_amp": False, "paligemma_variant": "vlarun_tiny",
         "action_expert_variant": "vlarun_tiny", "dtype": "float32",
         "chunk_size": LEROBOT_CHUNK, "n_action_steps": LEROBOT_CHUNK, "max_state_dim": 32,
         "max_action_dim": 32, "num_inference_steps": 10, "image_resolution": [side, side],
         "empty_cameras": 0, "normalization_mapping": mapping, "min_period": 0.004,
-        "max_period": 4.0, "tokenizer_max_length": 48, "use_relative_actions": False,
+        "max_period": 4.0, "tokenizer_max_length": 48 if kind == "pi0" else 200,
+        "use_relative_actions": False,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json())
@@ -400,12 +404,19 @@ def make_lerobot_pi0_dir(out: str | Path) -> dict:
         tensors[inverse[prefix] + name[len(prefix) :]] = torch.from_numpy(value)
     save_file(tensors, out / "model.safetensors", {"format": "pt"})
     stats_rng = np.random.default_rng(LEROBOT_REFERENCE_SEED + 2)
-    state_stats = {
-        "observation.state.mean": stats_rng.normal(0, 1, LEROBOT_STATE_DIM),
-        "observation.state.std": stats_rng.uniform(0.5, 2.0, LEROBOT_STATE_DIM),
-    }
-    action_stats = {"action.mean": stats_rng.normal(0, 1, LEROBOT_ACTION_DIM),
-                    "action.std": stats_rng.uniform(0.5, 2.0, LEROBOT_ACTION_DIM)}  # fmt: skip
+    # the same draws for either kind: (mean, std) for MEAN_STD, (q01, q01 + spread) otherwise
+    centre, spread = (
+        stats_rng.normal(0, 1, LEROBOT_STATE_DIM),
+        stats_rng.uniform(0.5, 2.0, LEROBOT_STATE_DIM),
+    )
+    a_centre = stats_rng.normal(0, 1, LEROBOT_ACTION_DIM)
+    a_spread = stats_rng.uniform(0.5, 2.0, LEROBOT_ACTION_DIM)
+    if norm == "MEAN_STD":
+        state_stats = {"observation.state.mean": centre, "observation.state.std": spread}
+        action_stats = {"action.mean": a_centre, "action.std": a_spread}
+    else:
+        state_stats = {"observation.state.q01": centre, "observation.state.q99": centre + spread}
+        action_stats = {"action.q01": a_centre, "action.q99": a_centre + a_spread}
     for name, stats, registry, pipeline, step in (
         ("policy_preprocessor", state_stats, "normalizer_processor", "pre", 3),
         ("policy_postprocessor", action_stats, "unnormalizer_processor", "post", 0),

@@ -1,7 +1,8 @@
-"""LeRobot pi0 directories in vlarun, against LeRobot's own model and transformers' modules.
+"""LeRobot pi0 / pi05 directories in vlarun, against LeRobot's own models and transformers'.
 
-The fixture holds what LeRobot's unmodified ``PI0Pytorch`` (lerobot 7427f31, on transformers
-5.5.4) computed on the seeded tiny directory ``vlarun.parity.make_lerobot_pi0_dir`` writes;
+Each fixture holds what LeRobot's unmodified ``PI0Pytorch`` / ``PI05Pytorch`` (lerobot 7427f31,
+on transformers 5.5.4) computed on the seeded tiny directory
+``vlarun.parity.make_lerobot_pi0_dir`` writes;
 ``scripts/lerobot-reference.py`` recorded it (LeRobot cannot be installed here: it needs
 Python >= 3.12). The prefix is also checked live against transformers' PaliGemma modules.
 """
@@ -22,14 +23,14 @@ from vlarun import parity
 from vlarun.models.checkpoint import CheckpointError
 from vlarun.policy.base import Policy
 
-FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_pi0_reference.json"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lerobot-pi0")
-    parity.make_lerobot_pi0_dir(d)
-    fixture = json.loads(FIXTURE.read_text())
+@pytest.fixture(scope="module", params=["pi0", "pi05"])
+def reference(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"lerobot-{request.param}")
+    parity.make_lerobot_pi0_dir(d, request.param)
+    fixture = json.loads((FIXTURES / f"lerobot_{request.param}_reference.json").read_text())
     digest = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
     assert digest == fixture["weights_sha256"], "the seeded directory changed: re-record it"
     return d, fixture
@@ -40,9 +41,16 @@ def test_same_prompt_state_noise_and_actions_as_lerobot(reference):
     policy = Policy.load(d)
     inputs = parity.lerobot_reference_inputs()
     # LeRobot's tokenizer step puts <bos> in the ids; vlarun's prefix adds it (images first).
-    assert [policy.model.cfg.bos_id, *policy.text_ids(inputs["task"])] == fixture["input_ids"]
-    state = policy.state_tensor(inputs["state"])[0].numpy()
-    np.testing.assert_allclose(state, fixture["state_normalised"], atol=1e-6)
+    # pi05 writes the binned state into the prompt; pi0 feeds it (padded) to the expert.
+    ids = policy.text_ids(inputs["task"], inputs["state"])
+    assert [policy.model.cfg.bos_id, *ids] == fixture["input_ids"]
+    if policy.model.cfg.flow.state_dim:
+        state = policy.state_tensor(inputs["state"])[0].numpy()
+        np.testing.assert_allclose(state, fixture["state_normalised"], atol=1e-6)
+    else:
+        assert policy.state_tensor(inputs["state"]) is None
+        with pytest.raises(ValueError, match="writes the robot state into its prompt"):
+            policy.text_ids(inputs["task"])
     packet, _ = policy.inputs(inputs["frames"], inputs["task"], inputs["state"], seed=0)
     assert torch.equal(packet["noise"][0], torch.tensor(fixture["noise"]))
     # frames of two sizes, letterboxed as LeRobot does, through the whole stage graph
@@ -89,7 +97,7 @@ def test_the_paligemma_prefix_matches_transformers(reference):
 
     inputs = parity.lerobot_reference_inputs()
     images = policy.image_tensor(inputs["frames"])  # (1, 2, 3, S, S) in [0, 1]
-    ids = policy.text_ids(inputs["task"])
+    ids = policy.text_ids(inputs["task"], inputs["state"])
     with torch.no_grad():
         pre = model.prefill(model.build_prefix(model.encode_images(images), [ids]))
         feats = hf.model.get_image_features(images[0] * 2 - 1)
@@ -126,8 +134,8 @@ def test_what_vlarun_cannot_load_is_one_line(reference, tmp_path):
         Policy.load(bad)
     config = json.loads((d / "config.json").read_text())
     for field, value, words in (
-        ("type", "pi05", "pi05.*not supported yet.*adaRMS"),
         ("type", "smolvla", "smolvla.*not supported yet"),
+        ("use_visual_memory", True, "use_visual_memory=true"),
         ("paligemma_variant", "gemma_7b", "paligemma_variant 'gemma_7b'; known"),
         ("use_relative_actions", True, "use_relative_actions"),
         ("image_resolution", [56, 64], "must be square"),
@@ -145,4 +153,4 @@ def test_frames_and_states_are_checked(reference):
     with pytest.raises(ValueError, match="takes 2 frame"):
         policy.image_tensor(inputs["frames"][:1])
     with pytest.raises(ValueError, match="state has 5 entries; the checkpoint's has 8"):
-        policy.state_tensor(np.zeros(5, np.float32))
+        policy.inputs(inputs["frames"], inputs["task"], np.zeros(5, np.float32))

@@ -306,7 +306,7 @@ def ablation(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.diffusion_policy)
     full = closed_loop(accelerated(policy, "full"), o, record=True)
     frames = [(ep["instruction"], img, st) for ep in full["recorded"] for img, st, _ in ep["obs"]]
-    calibration = [(policy.image_tensor(img), policy.text_ids(ins), policy.state_tensor(st))
+    calibration = [(policy.image_tensor(img), policy.text_ids(ins, st), policy.state_tensor(st))
                    for ins, img, st in frames[:16]]  # fmt: skip
     stream = frames[: o.latency_queries]
     fast = {name: efficientvla(policy, cfg, calibration) for name, cfg in ABLATION.items()}

@@ -286,6 +286,10 @@ class ProprioNorm:
         p = entry["proprio"]
         return cls(tuple(float(x) for x in p["mean"]), tuple(float(x) for x in p["std"]))
 
+    @property
+    def dim(self) -> int:
+        return len(self.mean)
+
     def normalize(self, states: np.ndarray) -> np.ndarray:
         s = np.asarray(states, dtype=np.float64)
         if s.shape[-1] != len(self.mean):

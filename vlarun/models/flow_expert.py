@@ -35,13 +35,21 @@ class FlowExpertConfig:
     expert: LlamaConfig
     action_dim: int
     horizon: int
-    state_dim: int
+    state_dim: int  # 0: no state token (pi05 writes the state into the prompt instead)
     num_steps: int = 10
+    # How the flow time enters: "mlp" (pi0: concatenated to each noisy action, through
+    # action_time_mlp_in/out) or "adarms" (pi05: time_mlp_in/out condition every norm of the
+    # expert, adaptive RMSNorm with gated residuals).
+    time_cond: str = "mlp"
 
     def __post_init__(self) -> None:
-        for name in ("action_dim", "horizon", "state_dim", "num_steps"):
+        for name in ("action_dim", "horizon", "num_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"FlowExpertConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.state_dim < 0:
+            raise ValueError(f"FlowExpertConfig.state_dim must be >= 0, got {self.state_dim}")
+        if self.time_cond not in ("mlp", "adarms"):
+            raise ValueError(f"time_cond must be 'mlp' or 'adarms', got {self.time_cond!r}")
 
     def check_compatible(self, vlm: LlamaConfig) -> None:
         e = self.expert
@@ -57,14 +65,26 @@ class FlowExpertConfig:
             )
 
     @property
+    def num_state_tokens(self) -> int:
+        return 1 if self.state_dim else 0
+
+    @property
     def num_tokens(self) -> int:
-        return 1 + self.horizon  # state token + action tokens
+        return self.num_state_tokens + self.horizon  # [state token] + action tokens
+
+    @property
+    def expert_config(self) -> LlamaConfig:
+        """The expert decoder as built: no vocabulary, adaptive norms when time conditions them."""
+        cond = self.expert.hidden_size if self.time_cond == "adarms" else 0
+        return dataclasses.replace(self.expert, vocab_size=1, tie_embeddings=True,
+                                   norm_cond_dim=cond)  # fmt: skip
 
     def num_params(self) -> int:
         w = self.expert.hidden_size
-        io = (self.state_dim + 1) * w + (self.action_dim + 1) * w + (2 * w + 1) * w
+        io = self.num_state_tokens * (self.state_dim + 1) * w + (self.action_dim + 1) * w
+        io += (2 * w + 1) * w if self.time_cond == "mlp" else (w + 1) * w  # time MLP in
         io += (w + 1) * w + (w + 1) * self.action_dim
-        return self.expert.num_params(with_embeddings=False) + io
+        return self.expert_config.num_params(with_embeddings=False) + io
 
     def flops(self, batch: int, prefix_len: int, steps: int | None = None) -> int:
         n = self.num_steps if steps is None else steps
@@ -89,19 +109,24 @@ class FlowMatchingExpert(nn.Module):
         super().__init__()
         self.cfg = cfg
         # The expert never embeds or emits vocabulary tokens; a 1-entry table keeps LlamaLM whole.
-        self.expert = LlamaLM(dataclasses.replace(cfg.expert, vocab_size=1, tie_embeddings=True))
+        self.expert = LlamaLM(cfg.expert_config)
         w = cfg.expert.hidden_size
-        self.state_proj = nn.Linear(cfg.state_dim, w)
+        if cfg.state_dim:
+            self.state_proj = nn.Linear(cfg.state_dim, w)
         self.action_in_proj = nn.Linear(cfg.action_dim, w)
-        self.action_time_mlp_in = nn.Linear(2 * w, w)
-        self.action_time_mlp_out = nn.Linear(w, w)
+        if cfg.time_cond == "mlp":
+            self.action_time_mlp_in = nn.Linear(2 * w, w)
+            self.action_time_mlp_out = nn.Linear(w, w)
+        else:
+            self.time_mlp_in = nn.Linear(w, w)
+            self.time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.action_dim)
 
     def suffix_mask(self, device: torch.device | str = "cpu") -> Tensor:
-        """(T, T): the state token sees itself; action tokens see the state and each other."""
+        """(T, T): the state token (if any) sees itself; action tokens see it and each other."""
         t = self.cfg.num_tokens
         mask = torch.ones(t, t, dtype=torch.bool, device=device)
-        mask[0, 1:] = False
+        mask[: self.cfg.num_state_tokens, self.cfg.num_state_tokens :] = False
         return mask
 
     def velocity(
@@ -122,19 +147,26 @@ class FlowMatchingExpert(nn.Module):
         prefix); right-padded rows pass their own so positions match running them alone."""
         w = self.cfg.expert.hidden_size
         dtype = self.action_in_proj.weight.dtype
-        state_tok = self.state_proj(state.to(dtype))[:, None]  # (B, 1, w)
         act = self.action_in_proj(x_t.to(dtype))  # (B, H, w)
-        time = sincos_time_embedding(t, w).to(dtype)[:, None].expand_as(act)
-        act = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat((act, time), -1))))
-        tokens = torch.cat((state_tok, act), dim=1)  # (B, 1 + H, w)
+        time = sincos_time_embedding(t, w).to(dtype)  # (B, w)
+        cond = None
+        if self.cfg.time_cond == "mlp":
+            both = torch.cat((act, time[:, None].expand_as(act)), -1)
+            act = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(both)))
+        else:  # pi05: the time conditions the expert's norms; the tokens are the actions alone
+            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time))))
+        tokens = act
+        if self.cfg.state_dim:
+            state_tok = self.state_proj(state.to(dtype))[:, None]  # (B, 1, w)
+            tokens = torch.cat((state_tok, act), dim=1)  # (B, 1 + H, w)
         offsets = torch.arange(tokens.shape[1], device=tokens.device)
         if start is None:
             start = torch.full((tokens.shape[0],), prefix.filled_length(), device=tokens.device)
         positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
         mask = self.suffix_mask(tokens.device)
         fn = forward if forward is not None and feature_cache is None else expert_forward
-        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache)
-        return self.action_out_proj(out[:, 1:]).float()
+        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache, cond)
+        return self.action_out_proj(out[:, self.cfg.num_state_tokens :]).float()
 
     @torch.no_grad()
     def sample(

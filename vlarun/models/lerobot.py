@@ -1,4 +1,5 @@
-"""LeRobot policy directories (``config.json`` with ``"type": "pi0"``) as vlarun VLAs.
+"""LeRobot policy directories (``config.json`` with ``"type": "pi0"`` or ``"pi05"``) as
+vlarun VLAs.
 
 What a LeRobot pi0 directory holds (lerobot 7427f31, ``policies/pi0``; openpi's PyTorch port):
 ``config.json`` (variants by name, ``chunk_size``, ``max_state_dim`` / ``max_action_dim``,
@@ -16,9 +17,13 @@ How the model maps onto vlarun's flow family:
   * states and actions are padded to 32 wide inside the model; statistics normalise the
     robot's own dimensions, which are the first ones.
 
-Not carried over: pi05 (adaptive RMSNorm conditioned on time, the state as prompt text) and
-SmolVLA (state in the prefix, cross-attention layers) are refused by name; LeRobot's
-``empty_cameras`` are masked out of attention and positions, so they are simply absent here.
+pi05 differs in two places, both carried over: the flow time conditions every norm of the
+expert (adaptive RMSNorm with gated residuals, ``time_mlp_in/out``) instead of joining the
+action tokens, and the state (QUANTILES-normalised, in 256 bins) is written into the prompt
+("Task: ..., State: ...;\nAction: "), so the expert has no state token.
+
+Not carried over: SmolVLA (state in the prefix, cross-attention layers) is refused by name.
+LeRobot's ``empty_cameras`` are masked out of attention and positions: simply absent here.
 Nothing is fetched: the PaliGemma tokenizer LeRobot downloads at run time must be in the
 directory as ``tokenizer.json``.
 """
@@ -90,6 +95,8 @@ _RENAMES: tuple[tuple[str, str | None], ...] = (
     ("model.action_time_mlp_in.", "action_expert.action_time_mlp_in."),
     ("model.action_time_mlp_out.", "action_expert.action_time_mlp_out."),
     ("model.action_out_proj.", "action_expert.action_out_proj."),
+    ("model.time_mlp_in.", "action_expert.time_mlp_in."),  # pi05
+    ("model.time_mlp_out.", "action_expert.time_mlp_out."),
 )
 # Parameters a LeRobot directory does not hold because LeRobot has no such module: the
 # expert's one-entry embedding table (LeRobot sets ``embed_tokens = None``). Zero-filled.
@@ -135,12 +142,15 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     """The VLAConfig of a LeRobot pi0 directory, or one LeRobotError naming the field."""
     where = f"{directory}/config.json"
     kind = config.get("type")
-    if kind != "pi0":
-        why = {"pi05": "its expert's RMSNorms are conditioned on time (adaRMS) and the state "
-               "is prompt text", "smolvla": "its state token sits in the prefix and its "
-               "expert cross-attends in alternate layers"}[kind]  # fmt: skip
-        raise LeRobotError(f"{where}: type {kind!r} is not supported yet ({why}); vlarun loads "
-                           "LeRobot pi0 directories")  # fmt: skip
+    if kind == "smolvla":
+        raise LeRobotError(f"{where}: type 'smolvla' is not supported yet (its state token sits "
+                           "in the prefix and its expert cross-attends to projected prefix keys "
+                           "in alternate layers); vlarun loads LeRobot pi0 and pi05 "
+                           "directories")  # fmt: skip
+    for memory in ("use_visual_memory", "use_proprioceptive_memory"):
+        if config.get(memory):
+            raise LeRobotError(f"{where}: {memory}=true (pi05's frame / state history) is not "
+                               "supported")  # fmt: skip
     vlm_name = config.get("paligemma_variant", "gemma_2b")
     expert_name = config.get("action_expert_variant", "gemma_300m")
     if vlm_name not in PALIGEMMA_VARIANTS:
@@ -167,17 +177,20 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     expert = EXPERT_VARIANTS[expert_name]
     width = int(config.get("max_action_dim", 32))
     horizon = int(config.get("chunk_size", 50))
+    pi05 = kind == "pi05"  # the time conditions the expert's norms; the state is prompt text
     flow = FlowExpertConfig(expert, action_dim=width, horizon=horizon,
-                            state_dim=int(config.get("max_state_dim", 32)),
-                            num_steps=int(config.get("num_inference_steps", 10)))  # fmt: skip
+                            state_dim=0 if pi05 else int(config.get("max_state_dim", 32)),
+                            num_steps=int(config.get("num_inference_steps", 10)),
+                            time_cond="adarms" if pi05 else "mlp")  # fmt: skip
+    text = int(config.get("tokenizer_max_length", 200 if pi05 else 48))
     check_tokenizer(directory)
     try:
         return VLAConfig(
-            name=f"lerobot-pi0-{vlm_name}", family="flow", llm=llm, vision=(tower,),
+            name=f"lerobot-{kind}-{vlm_name}", family="flow", llm=llm, vision=(tower,),
             connector="linear", num_images=len(cams), action_dim=width, chunk=horizon,
-            max_text_tokens=int(config.get("tokenizer_max_length", 48)), prefix_causal=False,
-            images_first=True, bos_id=PALIGEMMA_BOS, flow=flow,
-            notes="LeRobot pi0 directory (PaliGemma + Gemma expert)",
+            max_text_tokens=text, prefix_causal=False, images_first=True,
+            bos_id=PALIGEMMA_BOS, flow=flow,
+            notes=f"LeRobot {kind} directory (PaliGemma + Gemma expert)",
         )  # fmt: skip
     except ValueError as e:
         raise LeRobotError(f"{where}: {e}") from None
@@ -188,7 +201,7 @@ def check_tokenizer(directory: str | Path) -> Path:
     path = Path(directory) / TOKENIZER_FILE
     if not path.exists():
         raise LeRobotError(
-            f"{directory}: no {TOKENIZER_FILE}. LeRobot pi0 tokenizes with the PaliGemma "
+            f"{directory}: no {TOKENIZER_FILE}. LeRobot pi0 / pi05 tokenize with the PaliGemma "
             "tokenizer (google/paligemma-3b-pt-224), which it fetches from a model hub at run "
             f"time; vlarun never downloads: copy that repository's {TOKENIZER_FILE} here"
         )
@@ -317,8 +330,10 @@ def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO
     post_cfg, post_stats = _normaliser_step(d, "policy_postprocessor", "unnormalizer_processor")
     state_dim = _feature_width(config, "input_features", "observation.state") or cfg.state_dim
     action_dim = _feature_width(config, "output_features", "action") or cfg.action_dim
-    state = _feature_norm(config, pre_cfg, pre_stats, "observation.state", "STATE",
-                          cfg.state_dim, state_dim, f"{d}/policy_preprocessor.json")  # fmt: skip
+    # pi0 pads the state to the expert's width; pi05 writes its own dimensions into the prompt
+    width = cfg.state_dim or state_dim
+    state = _feature_norm(config, pre_cfg, pre_stats, "observation.state", "STATE", width,
+                          state_dim, f"{d}/policy_preprocessor.json")  # fmt: skip
     action = _feature_norm(config, post_cfg, post_stats, "action", "ACTION", cfg.action_dim,
                            action_dim, f"{d}/policy_postprocessor.json")  # fmt: skip
     return LeRobotIO(state, action, tuple(camera_keys(config)), bool(pre_stats or post_stats))

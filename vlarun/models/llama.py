@@ -78,6 +78,9 @@ class LlamaConfig:
     mlp_act: str = "silu"  # "silu" = SwiGLU (Llama); "gelu_tanh" = GeGLU (Gemma)
     gemma_norm: bool = False  # Gemma: RMSNorm scales by (1 + w), embeddings by sqrt(hidden)
     tie_embeddings: bool = False
+    # Adaptive RMSNorm (pi05's action expert): every norm reads a (B, c) conditioning vector
+    # and one Linear gives its scale, shift and a gate on the residual branch; 0 = plain norms.
+    norm_cond_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
@@ -104,8 +107,9 @@ class LlamaConfig:
     def num_params(self, with_embeddings: bool = True) -> int:
         d, f, hd = self.hidden_size, self.intermediate_size, self.hd
         attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
-        per_layer = attn + 3 * d * f + 2 * d
-        total = self.num_layers * per_layer + d
+        norm = (self.norm_cond_dim + 1) * 3 * d if self.norm_cond_dim else d
+        per_layer = attn + 3 * d * f + 2 * norm
+        total = self.num_layers * per_layer + norm
         if with_embeddings:
             total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return total
@@ -208,6 +212,30 @@ class RMSNorm(nn.Module):
         if self.gemma:
             return (h * (1.0 + self.weight.float())).type_as(x)
         return self.weight * h.type_as(x)
+
+
+class AdaRMSNorm(nn.Module):
+    """Adaptive RMSNorm (openpi's pi05 expert; LeRobot ``PiGemmaRMSNorm`` with a condition):
+    ``dense(cond)`` (B, c) -> (scale, shift, gate); returns ``(norm(x) * (1 + scale) + shift,
+    gate)``, the gate scaling the residual branch this norm feeds. fp32 inside, as RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, cond_dim: int) -> None:
+        super().__init__()
+        self.eps = eps
+        self.dense = nn.Linear(cond_dim, 3 * dim)
+
+    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        scale, shift, gate = self.dense(cond).unsqueeze(1).chunk(3, dim=-1)  # (B, 1, d) each
+        return (h * (1 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
+
+
+def make_norm(cfg: LlamaConfig) -> nn.Module:
+    """The norm a decoder of this shape uses (plain, or adaptive when conditioned)."""
+    if cfg.norm_cond_dim:
+        return AdaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_cond_dim)
+    return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norm)
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> Tensor:
@@ -322,8 +350,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norm)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norm)
+        self.input_layernorm = make_norm(cfg)
+        self.post_attention_layernorm = make_norm(cfg)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +399,7 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma_norm)
+        self.norm = make_norm(cfg)
         self.init_buffers()
 
     def init_buffers(self, device: torch.device | str | None = None) -> None:

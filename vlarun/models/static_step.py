@@ -83,6 +83,7 @@ def expert_forward(
     prefix: KVCache,
     local: Tensor,
     branches: BranchCache | None = None,
+    cond: Tensor | None = None,
 ) -> Tensor:
     """Hidden states (B, T, d) of an action expert's tokens (pi0's state + noisy actions): each
     layer's queries see the valid slots of the same layer of another decoder's cache
@@ -92,7 +93,10 @@ def expert_forward(
 
     ``branches`` (a ``BranchCache``) is called as ``branches(layer, kind, compute)`` for each
     attention ("attn") and MLP ("mlp") branch and returns ``compute()`` or a stored output of
-    the same shape: the hook denoising caches use (EfficientVLA's, on the flow family)."""
+    the same shape: the hook denoising caches use (EfficientVLA's, on the flow family).
+
+    ``cond`` (B, c) conditions an expert with adaptive norms (pi05: the flow time), whose
+    gates scale each residual branch (inside the branch, so a cached branch keeps its gate)."""
     b, t = embeds.shape[:2]
     dev = embeds.device
     cos, sin = _rope(lm, positions)
@@ -102,21 +106,30 @@ def expert_forward(
         attn = layer.self_attn
 
         def attention(i: int = i, x: Tensor = x, layer=layer, attn=attn) -> Tensor:
-            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            h, gate = _norm(layer.input_layernorm, x, cond)
+            q, k, v = attn.qkv(h, cos, sin)
             keys = torch.cat((prefix.k[i], k), dim=2)
             values = torch.cat((prefix.v[i], v), dim=2)
             seen = prefix.valid[i][:, None, :].expand(b, t, -1)
             mask = torch.cat((seen, own), dim=-1)[:, None]  # (B, 1, T, S + T)
-            return attn.attend(q, keys, values, mask)
+            out = attn.attend(q, keys, values, mask)
+            return out if gate is None else out * gate
 
         x = x + (attention() if branches is None else branches(i, "attn", attention))
         h = x
 
         def mlp(h: Tensor = h, layer=layer) -> Tensor:
-            return layer.mlp(layer.post_attention_layernorm(h))
+            n, gate = _norm(layer.post_attention_layernorm, h, cond)
+            out = layer.mlp(n)
+            return out if gate is None else out * gate
 
         x = h + (mlp() if branches is None else branches(i, "mlp", mlp))
-    return lm.model.norm(x)
+    return _norm(lm.model.norm, x, cond)[0]
+
+
+def _norm(norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """(normed x, residual gate or None) from a plain or an adaptive (conditioned) norm."""
+    return norm(x, cond) if cond is not None else (norm(x), None)
 
 
 def decode_one(lm: LlamaLM, cache: KVCache, tokens: Tensor, positions: Tensor) -> Tensor:

@@ -18,13 +18,31 @@ def openvla_prompt(instruction: str) -> str:
     return f"In: What action should the robot take to {instruction.strip().lower()}?\nOut:"
 
 
-def task_newline_prompt(instruction: str) -> str:
+def task_newline_prompt(instruction: str, state=None) -> str:
     """PaliGemma's prompt as LeRobot's pi0 builds it: the task as given, ending in a newline."""
     return instruction if instruction.endswith("\n") else instruction + "\n"
 
 
-# Prompt templates by the name a Policy records (the one its checkpoint was trained with).
-PROMPTS = {"openvla": openvla_prompt, "task-newline": task_newline_prompt}
+def pi05_prompt(instruction: str, state=None) -> str:
+    """pi05's prompt (LeRobot ``Pi05PrepareStateTokenizerProcessorStep``): the cleaned task and
+    the normalised state in 256 bins over [-1, 1] (values outside fall to -1 or 255 as
+    ``np.digitize`` puts them), e.g. "Task: pick up the cup, State: 128 3 255;\nAction: "."""
+    import numpy as np
+
+    if state is None:
+        raise ValueError("pi05 writes the robot state into its prompt: pass the state")
+    bins = np.digitize(np.asarray(state), bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+    task = instruction.strip().replace("_", " ").replace("\n", " ")
+    return f"Task: {task}, State: {' '.join(map(str, bins.reshape(-1)))};\nAction: "
+
+
+def _openvla(instruction: str, state=None) -> str:
+    return openvla_prompt(instruction)
+
+
+# Prompt templates by the name a Policy records (the one its checkpoint was trained with); each
+# takes the instruction and the normalised state (which only pi05's writes into the text).
+PROMPTS = {"openvla": _openvla, "task-newline": task_newline_prompt, "pi05": pi05_prompt}
 
 
 class Tokenizer(Protocol):

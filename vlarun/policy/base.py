@@ -116,7 +116,8 @@ class Policy:
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
-            return cls(model, tok, io.action, io.state, "pad", calibration, prompt="task-newline")
+            prompt = "pi05" if config["type"] == "pi05" else "task-newline"
+            return cls(model, tok, io.action, io.state, "pad", calibration, prompt=prompt)
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
@@ -129,6 +130,11 @@ class Policy:
         """(image or views, state) from an environment observation: every view the env
         renders (``"views"``, else ``"image"``) and the proprio ``"state"`` if present."""
         return obs.get("views", obs["image"]), obs.get("state")
+
+    @property
+    def state_size(self) -> int:
+        """Entries of the robot state this policy reads (in its model or its prompt); 0: none."""
+        return self.proprio.dim if self.proprio is not None else self.model.cfg.state_dim
 
     def state_tensor(self, state: np.ndarray | None) -> torch.Tensor | None:
         """(1, state_dim) model input: normalised for a proprio token, raw for a flow expert,
@@ -183,8 +189,12 @@ class Policy:
             )
         return torch.from_numpy(frame.copy()).permute(2, 0, 1).float().div(255.0)
 
-    def text_ids(self, instruction: str) -> list[int]:
-        ids = self.tokenizer.encode(PROMPTS[self.prompt](instruction))
+    def text_ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
+        """The prompt's token ids (no BOS); ``state`` (raw) is read by templates that write the
+        state into the text (pi05), normalised first."""
+        if state is not None and self.proprio is not None:
+            state = self.proprio.normalize(np.asarray(state, dtype=np.float32).reshape(-1))
+        ids = self.tokenizer.encode(PROMPTS[self.prompt](instruction, state))
         ids += list(self.model.cfg.prompt_suffix_ids)  # e.g. OpenVLA's 29871, counted below
         limit = self.model.cfg.max_text_tokens
         if len(ids) > limit:
@@ -200,7 +210,7 @@ class Policy:
         """The stage graph's input packet for one observation (and the prompt ids): images,
         text, the state the model takes, and the noise of a diffusion / flow head, drawn from
         ``seed`` so a run is reproducible."""
-        ids = self.text_ids(instruction)
+        ids = self.text_ids(instruction, state)
         cfg = self.model.cfg
         gen = torch.Generator().manual_seed(seed)
         noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)

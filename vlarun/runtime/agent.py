@@ -279,11 +279,11 @@ class RobotAgent:
 
     def warmup(self, image: np.ndarray, instruction: str, runs: int = 2) -> None:
         """Local runs that fill the per-stage local time estimates (and one-time allocations)."""
-        ids = self.policy.text_ids(instruction)
-        graph = self.graph(len(ids))
         state = None
-        if self.policy.model.cfg.proprio_dim:
-            state = np.zeros(self.policy.model.cfg.state_dim, dtype=np.float32)
+        if self.policy.model.cfg.proprio_dim or self.policy.prompt == "pi05":
+            state = np.zeros(self.policy.state_size, dtype=np.float32)
+        ids = self.policy.text_ids(instruction, state)
+        graph = self.graph(len(ids))
         for _ in range(runs):
             pool = dict(self.policy.inputs(image, instruction, state, 0)[0].tensors)
             for st in graph.stages:

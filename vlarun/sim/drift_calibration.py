@@ -103,7 +103,7 @@ def _step_inputs(policy, frame: np.ndarray, state, instruction: str) -> StepInpu
     images = policy.image_tensor(frame)
     visual = model.encode_images(images)
     st = policy.state_tensor(state) if cfg.proprio_dim else None
-    prefix = model.build_prefix(visual, [policy.text_ids(instruction)], st)
+    prefix = model.build_prefix(visual, [policy.text_ids(instruction, state)], st)
     views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
     return StepInputs(images, visual, prefix, cfg.llm.num_layers, views, cfg.vis_start)
 

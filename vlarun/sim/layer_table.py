@@ -58,7 +58,7 @@ def calibration_frames(policy, demos: Path, samples: int, seed: int) -> list[tup
             state = f.get_slice("states")[k : k + 1][0]
             instruction = f.metadata()["instruction"]
         images = policy.image_tensor(image)
-        out.append((images, policy.text_ids(instruction), policy.state_tensor(state)))
+        out.append((images, policy.text_ids(instruction, state), policy.state_tensor(state)))
     return out
 
 

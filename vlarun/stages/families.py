@@ -372,7 +372,8 @@ def build_graph(
         if cfg.family == "diffusion":
             ins = (_prefill_out(cfg, w)[3], noise)
         else:
-            ins = (*_prefill_out(cfg, w), noise, _graph_input(cfg, w, "state"))
+            state = (_graph_input(cfg, w, "state"),) if cfg.state_dim else ()  # none: pi05
+            ins = (*_prefill_out(cfg, w), noise, *state)
         stages.append(
             Stage(
                 "denoise",
@@ -403,7 +404,7 @@ def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, 
         tensors["noise"] = (
             noise if noise is not None else torch.randn(b, cfg.horizon, cfg.action_dim)
         )
-    if cfg.family == "flow":
+    if cfg.family == "flow" and cfg.flow.state_dim:
         tensors["state"] = state if state is not None else torch.zeros(b, cfg.flow.state_dim)
     elif cfg.proprio_dim:
         if state is None:
