@@ -51,6 +51,8 @@ REAL_FILES = (
     "policies/pi0/modeling_pi0.py",
     "policies/pi05/modeling_pi05.py",
     "policies/pi05/memory.py",
+    "policies/smolvla/modeling_smolvla.py",
+    "policies/smolvla/smolvlm_with_expert.py",
     "policies/common/flow_matching.py",
     "policies/common/vla_utils.py",
     "utils/constants.py",
@@ -61,6 +63,9 @@ STAND_INS = {
     "policies/__init__.py": "",
     "policies/pi0/__init__.py": "",
     "policies/pi05/__init__.py": "",
+    "policies/smolvla/__init__.py": "",
+    "policies/smolvla/configuration_smolvla.py": "class SmolVLAConfig:\n    pass\n",
+    "policies/utils.py": "def populate_queues(*args, **kwargs):\n    raise NotImplementedError\n",
     "policies/common/__init__.py": "",
     "utils/__init__.py": "",
     "utils/import_utils.py": (
@@ -120,10 +125,31 @@ def tiny_shapes(modeling, tower, expert_width: int):
     modeling.PaliGemmaForConditionalGenerationWithPiGemma = paligemma
 
 
+def smolvla_model(modeling, config: dict, directory: Path, work: Path):
+    """LeRobot's ``VLAFlowMatching`` on the directory's SmolVLM config. LeRobot reads that
+    config (and a processor, for special image tokens this model does not use) from a hub
+    name; here the name is a local folder holding the same config.json, and the processor is
+    a stand-in carrying the two token ids its constructor reads."""
+    import shutil
+
+    vlm = work / "vlm"
+    vlm.mkdir(exist_ok=True)
+    shutil.copy(directory / "vlm_config.json", vlm / "config.json")
+    experts = sys.modules["lerobot.policies.smolvla.smolvlm_with_expert"]
+    tokens = types.SimpleNamespace(fake_image_token_id=0, global_image_token_id=0)
+    experts.AutoProcessor = types.SimpleNamespace(
+        from_pretrained=lambda *a, **k: types.SimpleNamespace(tokenizer=tokens)
+    )
+    fields = dict(config, vlm_model_name=str(vlm), freeze_vision_encoder=False,
+                  train_expert_only=False, train_state_proj=True, compile_model=False,
+                  rtc_config=None, device="cpu")  # fmt: skip
+    return modeling.VLAFlowMatching(types.SimpleNamespace(**fields)).eval()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lerobot", required=True, type=Path, help="a git checkout of lerobot")
-    ap.add_argument("--kind", choices=("pi0", "pi05"), default="pi0")
+    ap.add_argument("--kind", choices=("pi0", "pi05", "smolvla"), default="pi0")
     ap.add_argument(
         "--out",
         type=Path,
@@ -142,22 +168,27 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     modeling = importlib.import_module(f"lerobot.policies.{args.kind}.modeling_{args.kind}")
-    from lerobot.policies.common.vla_utils import pad_vector, resize_with_pad_torch
+    from lerobot.policies.common.vla_utils import pad_vector, resize_with_pad, resize_with_pad_torch
     from transformers import PreTrainedTokenizerFast
 
     directory = work / args.kind
     config = parity.make_lerobot_pi0_dir(directory, args.kind)
-    tower = ours.PALIGEMMA_VARIANTS["vlarun_tiny"][0]
-    shapes = {"hidden": tower.hidden_size, "layers": tower.num_layers, "heads": tower.num_heads,
-              "patch": tower.patch_size, "mlp": tower.intermediate_size}  # fmt: skip
-    expert = ours.EXPERT_VARIANTS["vlarun_tiny"]
-    tiny_shapes(modeling, shapes, expert.hidden_size)
-    fields = dict(config, action_expert_variant="vlarun_tiny_expert",
-                  freeze_vision_encoder=False, train_expert_only=False, compile_model=False,
-                  rtc_config=None, use_visual_memory=False, use_proprioceptive_memory=False,
-                  memory_temporal_attention_every=4)  # fmt: skip
-    core = modeling.PI0Pytorch if args.kind == "pi0" else modeling.PI05Pytorch
-    model = core(types.SimpleNamespace(**fields)).eval()
+    if args.kind == "smolvla":
+        core = modeling.VLAFlowMatching
+        model = smolvla_model(modeling, config, directory, work)
+    else:
+        tower = ours.PALIGEMMA_VARIANTS["vlarun_tiny"][0]
+        shapes = {"hidden": tower.hidden_size, "layers": tower.num_layers,
+                  "heads": tower.num_heads, "patch": tower.patch_size,
+                  "mlp": tower.intermediate_size}  # fmt: skip
+        expert = ours.EXPERT_VARIANTS["vlarun_tiny"]
+        tiny_shapes(modeling, shapes, expert.hidden_size)
+        fields = dict(config, action_expert_variant="vlarun_tiny_expert",
+                      freeze_vision_encoder=False, train_expert_only=False, compile_model=False,
+                      rtc_config=None, use_visual_memory=False, use_proprioceptive_memory=False,
+                      memory_temporal_attention_every=4)  # fmt: skip
+        core = modeling.PI0Pytorch if args.kind == "pi0" else modeling.PI05Pytorch
+        model = core(types.SimpleNamespace(**fields)).eval()
     from safetensors.torch import load_file
 
     # On disk the tower is ``vision_tower.vision_model.*``, as transformers 5.5 (LeRobot's pin)
@@ -175,13 +206,17 @@ def main(argv: list[str] | None = None) -> int:
                          f"unexpected {result.unexpected_keys}")  # fmt: skip
 
     inputs = parity.lerobot_reference_inputs()
-    side = config["image_resolution"][0]
+    side = (config.get("image_resolution") or config["resize_imgs_with_padding"])[0]
     images, masks = [], []
-    for frame in inputs["frames"]:  # PI0Policy._preprocess_images, channels-last as it does
+    for frame in inputs["frames"]:
         img = torch.from_numpy(frame.copy()).float().div(255.0)[None]  # (1, H, W, 3) in [0, 1]
-        if tuple(img.shape[1:3]) != (side, side):
-            img = resize_with_pad_torch(img, side, side)
-        images.append((img * 2.0 - 1.0).permute(0, 3, 1, 2))
+        if args.kind == "smolvla":  # SmolVLAPolicy.prepare_images: (B, C, H, W), top-left pad
+            img = resize_with_pad(img.permute(0, 3, 1, 2), side, side, pad_value=0)
+            images.append(img * 2.0 - 1.0)
+        else:  # PI0Policy._preprocess_images, channels-last as it does
+            if tuple(img.shape[1:3]) != (side, side):
+                img = resize_with_pad_torch(img, side, side)
+            images.append((img * 2.0 - 1.0).permute(0, 3, 1, 2))
         masks.append(torch.ones(1, dtype=torch.bool))
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(directory / "tokenizer.json"),
@@ -198,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     pre, post = stats("policy_preprocessor"), stats("policy_postprocessor")
     eps = 1e-8  # NormalizerProcessorStep's default, saved in the pipeline's config
     raw = inputs["state"]
-    if args.kind == "pi0":  # MEAN_STD, padded to the expert's width by PI0Policy.prepare_state
+    if args.kind != "pi05":  # MEAN_STD, padded to 32 by prepare_state
         norm_state = (raw - pre["observation.state.mean"]) / (pre["observation.state.std"] + eps)
     else:  # QUANTILES
         q01, q99 = pre["observation.state.q01"], pre["observation.state.q99"]
@@ -209,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         bins = np.digitize(norm_state, bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
         cleaned = inputs["task"].strip().replace("_", " ").replace("\n", " ")
         task = f"Task: {cleaned}, State: {' '.join(map(str, bins))};\nAction: "
-    enc = tok(task, padding="max_length", padding_side="right",
+    padding = config.get("pad_language_to", "max_length")  # SmolVLA: "longest"
+    enc = tok(task, padding=padding, padding_side="right",
               max_length=config["tokenizer_max_length"], truncation=True,
               return_tensors="pt")  # fmt: skip
     state_in = pad_vector(torch.from_numpy(norm_state)[None], 32)
@@ -217,13 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     noise = torch.randn(1, config["chunk_size"], config["max_action_dim"], generator=gen)
     ids, mask = enc["input_ids"], enc["attention_mask"].bool()
     with torch.no_grad():
-        if args.kind == "pi0":
+        if args.kind != "pi05":
             chunk = model.sample_actions(images, masks, ids, mask, state_in, noise=noise)
         else:  # pi05 reads the state from its prompt only
             chunk = model.sample_actions(images, masks, ids, mask, noise=noise)
     dim = config["output_features"]["action"]["shape"][0]
     y = chunk[0, :, :dim].numpy()
-    if args.kind == "pi0":
+    if args.kind != "pi05":
         robot = y * post["action.std"] + post["action.mean"]
     else:
         robot = (y + 1.0) * (post["action.q99"] - post["action.q01"]) / 2.0 + post["action.q01"]

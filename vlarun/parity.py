@@ -338,25 +338,44 @@ def lerobot_reference_inputs() -> dict:
     return {"frames": frames, "state": state, "task": LEROBOT_REFERENCE_TASK}
 
 
-def _word_tokenizer_json() -> str:
+def _word_tokenizer_json(bos: bool = True) -> str:
     """A ``tokenizer.json`` (the ``tokenizers`` library's format) that splits on whitespace,
-    keeps the spaces and newlines as tokens, and adds <bos> in front as Gemma's does."""
+    keeps the spaces and newlines as tokens, and adds <bos> in front as Gemma's does (or, as
+    SmolVLM's, nothing: ``bos=False``)."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 
     vocab = {w: i for i, w in enumerate(_LEROBOT_WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s,;:]"), behavior="isolated")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
-                                                       special_tokens=[("<bos>", 2)])  # fmt: skip
+    if bos:
+        template = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+        tok.post_processor = template
     tok.add_special_tokens(["<pad>", "<eos>", "<bos>"])
     return tok.to_str()
 
 
+# SmolVLA's tiny backbone (the SmolVLM config LeRobot would fetch): GQA text model of 6 layers
+# (4 used), a 32 px vision tower of 8 px patches, pixel shuffle 2 (4 tokens per image).
+LEROBOT_SMOLVLM = {
+    "model_type": "smolvlm", "scale_factor": 2, "image_token_id": 3,
+    "text_config": {"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
+                    "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+                    "rope_theta": 100000.0, "max_position_embeddings": 8192,
+                    "tie_word_embeddings": False},
+    "vision_config": {"model_type": "smolvlm_vision", "hidden_size": 32, "image_size": 32,
+                      "patch_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+                      "intermediate_size": 64, "layer_norm_eps": 1e-6,
+                      "hidden_act": "gelu_pytorch_tanh"},
+}  # fmt: skip
+
+
 def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
-    """A LeRobot pi0 (or pi05) directory (lerobot 7427f31's file set and weight names) of
-    seeded random weights at the ``vlarun_tiny`` shape: config.json, model.safetensors (fp32),
-    both processor pipelines with statistics (pi0: MEAN_STD; pi05: QUANTILES, as their
-    defaults), and a tokenizer.json. Returns its config."""
+    """A LeRobot pi0, pi05 or smolvla directory (lerobot 7427f31's file set and weight names)
+    of seeded random weights at a tiny shape (pi0 / pi05: the ``vlarun_tiny`` variants;
+    smolvla: ``LEROBOT_SMOLVLM`` as its ``vlm_config.json``): config.json, model.safetensors
+    (fp32), both processor pipelines with statistics (pi0 / smolvla: MEAN_STD; pi05:
+    QUANTILES, as their defaults), and a tokenizer.json. Returns its config."""
     import json
 
     import numpy as np
@@ -368,10 +387,13 @@ def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    side = LEROBOT_REFERENCE_FRAMES[0][0]
+    smol = kind == "smolvla"
+    side = (
+        LEROBOT_SMOLVLM["vision_config"]["image_size"] if smol else LEROBOT_REFERENCE_FRAMES[0][0]
+    )
     feats = {k: {"type": "VISUAL", "shape": [3, side, side]} for k in LEROBOT_CAMERAS}
     feats["observation.state"] = {"type": "STATE", "shape": [LEROBOT_STATE_DIM]}
-    norm = "MEAN_STD" if kind == "pi0" else "QUANTILES"
+    norm = "QUANTILES" if kind == "pi05" else "MEAN_STD"
     mapping = {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}
     config = {
         "type": kind, "n_obs_steps": 1, "input_features": feats,
@@ -384,12 +406,25 @@ def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
         "max_period": 4.0, "tokenizer_max_length": 48 if kind == "pi0" else 200,
         "use_relative_actions": False,
     }  # fmt: skip
+    if smol:  # SmolVLAConfig's fields instead of the PaliGemma ones
+        for key in ("paligemma_variant", "action_expert_variant", "dtype", "image_resolution",
+                    "num_inference_steps"):  # fmt: skip
+            config.pop(key)
+        config |= {
+            "resize_imgs_with_padding": [side, side], "num_steps": 10, "use_cache": True,
+            "vlm_model_name": "HuggingFaceTB/SmolVLM2-500M-Video-Instruct",
+            "load_vlm_weights": False, "add_image_special_tokens": False,
+            "attention_mode": "cross_attn", "prefix_length": -1, "pad_language_to": "longest",
+            "num_expert_layers": -1, "num_vlm_layers": 4, "self_attn_every_n_layers": 2,
+            "expert_width_multiplier": 0.75, "tokenizer_max_length": 48,
+        }  # fmt: skip
+        (out / lerobot.VLM_CONFIG_FILE).write_text(json.dumps(LEROBOT_SMOLVLM, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json())
+    (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json(bos=not smol))
     cfg = lerobot.vla_config(config, out)
     with torch.device("meta"):
         model = VLA(cfg)
-    inverse = {new: old for old, new in lerobot._RENAMES if new is not None}
+    inverse = {new: old for old, new in lerobot.RENAMES[kind] if new is not None}
     rng = np.random.default_rng(LEROBOT_REFERENCE_SEED)  # portable across CPUs (see above)
     tensors = {}
     for name, p in model.named_parameters():
@@ -399,7 +434,7 @@ def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
         noise = rng.standard_normal(tuple(p.shape), dtype=np.float32)
         # Norm weights near identity: SigLIP's LayerNorms scale by w, Gemma's RMSNorms by 1 + w.
         is_norm = p.ndim == 1 and name.endswith("weight")
-        center = 1.0 if is_norm and name.startswith("vision_backbone.") else 0.0
+        center = 1.0 if is_norm and (smol or name.startswith("vision_backbone.")) else 0.0
         value = center + (0.1 if is_norm else 0.05) * noise
         tensors[inverse[prefix] + name[len(prefix) :]] = torch.from_numpy(value)
     save_file(tensors, out / "model.safetensors", {"format": "pt"})

@@ -26,7 +26,7 @@ from vlarun.policy.base import Policy
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module", params=["pi0", "pi05"])
+@pytest.fixture(scope="module", params=["pi0", "pi05", "smolvla"])
 def reference(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"lerobot-{request.param}")
     parity.make_lerobot_pi0_dir(d, request.param)
@@ -40,11 +40,13 @@ def test_same_prompt_state_noise_and_actions_as_lerobot(reference):
     d, fixture = reference
     policy = Policy.load(d)
     inputs = parity.lerobot_reference_inputs()
-    # LeRobot's tokenizer step puts <bos> in the ids; vlarun's prefix adds it (images first).
-    # pi05 writes the binned state into the prompt; pi0 feeds it (padded) to the expert.
+    # LeRobot's tokenizer step puts <bos> in the ids; vlarun's prefix adds it (images first;
+    # SmolVLM's tokenizer adds none). pi05 writes the binned state into the prompt; pi0 feeds
+    # it (padded) to the expert, SmolVLA to a prefix token.
     ids = policy.text_ids(inputs["task"], inputs["state"])
-    assert [policy.model.cfg.bos_id, *ids] == fixture["input_ids"]
-    if policy.model.cfg.flow.state_dim:
+    bos = policy.model.cfg.bos_id
+    assert [*([] if bos is None else [bos]), *ids] == fixture["input_ids"]
+    if policy.model.cfg.state_dim:
         state = policy.state_tensor(inputs["state"])[0].numpy()
         np.testing.assert_allclose(state, fixture["state_normalised"], atol=1e-6)
     else:
@@ -62,12 +64,17 @@ def test_same_prompt_state_noise_and_actions_as_lerobot(reference):
     assert np.abs(actions - np.array(fixture["actions"])).max() < 1e-5
 
 
-def test_the_paligemma_prefix_matches_transformers(reference):
-    """vlarun's prefill (SigLIP -> projector -> Gemma over [images, <bos>, text], every token
-    seeing every other) against transformers' PaliGemma modules on the same weights."""
+def test_the_prefix_matches_transformers(reference):
+    """vlarun's prefill against transformers' own modules on the same weights: PaliGemma
+    (SigLIP -> projector -> Gemma over [images, <bos>, text], every token seeing every other)
+    or SmolVLM (its vision tower -> pixel-shuffle connector -> Llama over [images, text,
+    state], the state in a block of its own)."""
     transformers = pytest.importorskip("transformers")
     d, _ = reference
     policy = Policy.load(d)
+    if policy.model.cfg.name == "lerobot-smolvla":
+        _check_smolvlm_prefix(transformers, d, policy)
+        return
     model, cfg = policy.model, policy.model.cfg
     tower, llm = cfg.vision[0], cfg.llm
     text = transformers.GemmaConfig(
@@ -113,9 +120,46 @@ def test_the_paligemma_prefix_matches_transformers(reference):
     assert (pre.lm.hidden - out).abs().max() < 1e-4
 
 
+def _check_smolvlm_prefix(transformers, d, policy) -> None:
+    model, cfg = policy.model, policy.model.cfg
+    vlm = json.loads((d / "vlm_config.json").read_text())
+    # LeRobot rotates with its own apply_rope at 10000 (not the text config's theta), and
+    # keeps the first num_vlm_layers layers: the reference module is built the same way.
+    text = vlm["text_config"] | {"rope_theta": 10000.0, "num_hidden_layers": cfg.llm.num_layers}
+    hf_cfg = transformers.SmolVLMConfig(text_config=text, vision_config=vlm["vision_config"],
+                                        scale_factor=vlm["scale_factor"])  # fmt: skip
+    hf = transformers.SmolVLMForConditionalGeneration(hf_cfg).eval()
+    prefix = "model.vlm_with_expert.vlm."
+    state = {k[len(prefix):]: v for k, v in load_file(str(d / "model.safetensors")).items()
+             if k.startswith(prefix)}  # fmt: skip
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("lm_head.weight") for k in missing)
+    inputs = parity.lerobot_reference_inputs()
+    images = policy.image_tensor(inputs["frames"])
+    ids = policy.text_ids(inputs["task"], inputs["state"])
+    st = policy.state_tensor(inputs["state"])
+    with torch.no_grad():
+        pre = model.prefill(model.build_prefix(model.encode_images(images), [ids], st))
+        m, width = hf.model, cfg.llm.hidden_size
+        feats = m.connector(m.vision_model(pixel_values=images[0] * 2 - 1).last_hidden_state)
+        text_emb = m.text_model.embed_tokens(torch.tensor([ids]))
+        state_emb = model.proprio_projector(st)[:, None]  # LeRobot's state_proj, one Linear
+        embeds = torch.cat((feats.reshape(1, -1, width) * width**0.5,
+                            text_emb * width**0.5, state_emb), dim=1)  # fmt: skip
+        n = embeds.shape[1]
+        mask = torch.zeros(1, 1, n, n)
+        mask[..., :-1, -1] = torch.finfo(torch.float32).min  # only the state sees the state
+        out = m.text_model(inputs_embeds=embeds, attention_mask=mask,
+                           position_ids=torch.arange(n)[None]).last_hidden_state  # fmt: skip
+    assert pre.lm.hidden.shape == out.shape
+    assert (pre.lm.hidden - out).abs().max() < 1e-4
+
+
 def test_a_flat_tower_layout_loads_the_same(reference, tmp_path):
     """Directories saved from transformers >= 5.6 modules have no ``vision_model`` level."""
     d, _ = reference
+    if "vision_tower.vision_model." not in "".join(load_file(str(d / "model.safetensors"))):
+        pytest.skip("SmolVLA names its tower vision_model directly")
     flat = tmp_path / "flat"
     shutil.copytree(d, flat)
     state = load_file(str(d / "model.safetensors"))
@@ -130,15 +174,34 @@ def test_what_vlarun_cannot_load_is_one_line(reference, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(d, bad)
     (bad / "tokenizer.json").unlink()
-    with pytest.raises(CheckpointError, match="no tokenizer.json.*paligemma-3b-pt-224"):
+    with pytest.raises(CheckpointError, match="no tokenizer.json.*(paligemma-3b|SmolVLM2)"):
         Policy.load(bad)
+    if (d / "vlm_config.json").exists():
+        (bad / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
+        (bad / "vlm_config.json").unlink()
+        with pytest.raises(CheckpointError, match="no vlm_config.json.*SmolVLM2-500M"):
+            Policy.load(bad)
     config = json.loads((d / "config.json").read_text())
     for field, value, words in (
-        ("type", "smolvla", "smolvla.*not supported yet"),
         ("use_visual_memory", True, "use_visual_memory=true"),
-        ("paligemma_variant", "gemma_7b", "paligemma_variant 'gemma_7b'; known"),
+        ("add_image_special_tokens", True, "add_image_special_tokens=true"),
         ("use_relative_actions", True, "use_relative_actions"),
-        ("image_resolution", [56, 64], "must be square"),
+        *(
+            ()
+            if config["type"] == "smolvla"
+            else (
+                ("paligemma_variant", "gemma_7b", "paligemma_variant 'gemma_7b'; known"),
+                ("image_resolution", [56, 64], "must be square"),
+            )
+        ),
+        *(
+            ()
+            if config["type"] != "smolvla"
+            else (
+                ("num_expert_layers", 2, "num_expert_layers=2 of 4"),
+                ("resize_imgs_with_padding", [64, 64], "but the vision tower takes 32"),
+            )
+        ),
     ):
         shutil.copytree(d, tmp_path / field, dirs_exist_ok=True)
         (tmp_path / field / "config.json").write_text(json.dumps(config | {field: value}))

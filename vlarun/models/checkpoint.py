@@ -364,7 +364,7 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     from_lerobot = lerobot.is_lerobot(config)
     for name, tensor in stream_weights(d):
         if from_lerobot:  # LeRobot names -> vlarun's (HF names below the prefixes)
-            name = lerobot.rename(name)
+            name = lerobot.rename(name, config["type"])
             if name is None:
                 continue
             _put(model, own, name, tensor, problems)

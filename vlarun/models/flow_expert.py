@@ -41,6 +41,12 @@ class FlowExpertConfig:
     # action_time_mlp_in/out) or "adarms" (pi05: time_mlp_in/out condition every norm of the
     # expert, adaptive RMSNorm with gated residuals).
     time_cond: str = "mlp"
+    # SmolVLA: every layer i with i % cross_every != 0 is a cross-attention layer, whose keys
+    # and values are the expert's own projections (from ``cross_kv_dim`` wide inputs) of the
+    # prefix's cached keys and values, and whose queries sit at positions 0.. (0 = none).
+    cross_every: int = 0
+    cross_kv_dim: int = 0
+    causal_actions: bool = False  # SmolVLA: action token i sees actions <= i (pi0: all)
 
     def __post_init__(self) -> None:
         for name in ("action_dim", "horizon", "num_steps"):
@@ -50,6 +56,15 @@ class FlowExpertConfig:
             raise ValueError(f"FlowExpertConfig.state_dim must be >= 0, got {self.state_dim}")
         if self.time_cond not in ("mlp", "adarms"):
             raise ValueError(f"time_cond must be 'mlp' or 'adarms', got {self.time_cond!r}")
+        if self.cross_every < 0 or (self.cross_every > 1 and self.cross_kv_dim <= 0):
+            raise ValueError("cross-attention layers need cross_every >= 2 and cross_kv_dim > 0")
+
+    @property
+    def cross_layers(self) -> frozenset[int]:
+        """The layers whose queries read projected prefix keys only (SmolVLA's odd ones)."""
+        if self.cross_every < 2:
+            return frozenset()
+        return frozenset(i for i in range(self.expert.num_layers) if i % self.cross_every)
 
     def check_compatible(self, vlm: LlamaConfig) -> None:
         e = self.expert
@@ -110,6 +125,11 @@ class FlowMatchingExpert(nn.Module):
         self.cfg = cfg
         # The expert never embeds or emits vocabulary tokens; a 1-entry table keeps LlamaLM whole.
         self.expert = LlamaLM(cfg.expert_config)
+        kv = cfg.expert.num_kv_heads * cfg.expert.hd
+        for i in cfg.cross_layers:  # their K/V read the prefix's K/V, not the expert's tokens
+            attn = self.expert.model.layers[i].self_attn
+            attn.k_proj = nn.Linear(cfg.cross_kv_dim, kv, bias=False)
+            attn.v_proj = nn.Linear(cfg.cross_kv_dim, kv, bias=False)
         w = cfg.expert.hidden_size
         if cfg.state_dim:
             self.state_proj = nn.Linear(cfg.state_dim, w)
@@ -127,6 +147,8 @@ class FlowMatchingExpert(nn.Module):
         t = self.cfg.num_tokens
         mask = torch.ones(t, t, dtype=torch.bool, device=device)
         mask[: self.cfg.num_state_tokens, self.cfg.num_state_tokens :] = False
+        if self.cfg.causal_actions:
+            mask &= torch.ones(t, t, dtype=torch.bool, device=device).tril()
         return mask
 
     def velocity(
@@ -165,7 +187,8 @@ class FlowMatchingExpert(nn.Module):
         positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
         mask = self.suffix_mask(tokens.device)
         fn = forward if forward is not None and feature_cache is None else expert_forward
-        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache, cond)
+        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache, cond,
+                 self.cfg.cross_layers)  # fmt: skip
         return self.action_out_proj(out[:, self.cfg.num_state_tokens :]).float()
 
     @torch.no_grad()

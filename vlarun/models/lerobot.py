@@ -82,15 +82,8 @@ EXPERT_VARIANTS: dict[str, LlamaConfig] = {
 }
 
 _TOWER = "vision_backbone.featurizer."
-# LeRobot weight name prefixes -> vlarun's; None drops the tensor (tied or unused LM heads).
-_RENAMES: tuple[tuple[str, str | None], ...] = (
-    ("model.paligemma_with_expert.paligemma.model.vision_tower.", "vision_backbone.featurizer."),
-    ("model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.", "projector."),
-    ("model.paligemma_with_expert.paligemma.model.language_model.", "language_model.model."),
-    ("model.paligemma_with_expert.paligemma.lm_head.", None),  # tied to embed_tokens
-    ("model.paligemma_with_expert.gemma_expert.model.", "action_expert.expert.model."),
-    ("model.paligemma_with_expert.gemma_expert.lm_head.", None),  # the expert emits no tokens
-    ("model.state_proj.", "action_expert.state_proj."),
+_EXPERT_HEADS: tuple[tuple[str, str | None], ...] = (
+    ("model.state_proj.", "action_expert.state_proj."),  # pi0's state token
     ("model.action_in_proj.", "action_expert.action_in_proj."),
     ("model.action_time_mlp_in.", "action_expert.action_time_mlp_in."),
     ("model.action_time_mlp_out.", "action_expert.action_time_mlp_out."),
@@ -98,6 +91,30 @@ _RENAMES: tuple[tuple[str, str | None], ...] = (
     ("model.time_mlp_in.", "action_expert.time_mlp_in."),  # pi05
     ("model.time_mlp_out.", "action_expert.time_mlp_out."),
 )
+# LeRobot weight name prefixes -> vlarun's, per policy type; None drops the tensor (tied or
+# unused LM heads). Below the prefixes the names are transformers' (so are vlarun's).
+RENAMES: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "pi0": (
+        ("model.paligemma_with_expert.paligemma.model.vision_tower.", _TOWER),
+        ("model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.",
+         "projector."),
+        ("model.paligemma_with_expert.paligemma.model.language_model.", "language_model.model."),
+        ("model.paligemma_with_expert.paligemma.lm_head.", None),  # tied to embed_tokens
+        ("model.paligemma_with_expert.gemma_expert.model.", "action_expert.expert.model."),
+        ("model.paligemma_with_expert.gemma_expert.lm_head.", None),  # the expert emits no tokens
+        *_EXPERT_HEADS,
+    ),
+    "smolvla": (
+        ("model.vlm_with_expert.vlm.model.vision_model.", _TOWER + "vision_model."),
+        ("model.vlm_with_expert.vlm.model.connector.modality_projection.", "projector."),
+        ("model.vlm_with_expert.vlm.model.text_model.", "language_model.model."),
+        ("model.vlm_with_expert.vlm.lm_head.", None),
+        ("model.vlm_with_expert.lm_expert.", "action_expert.expert.model."),
+        ("model.state_proj.", "proprio_projector."),  # SmolVLA's state is a prefix token
+        *_EXPERT_HEADS[1:],
+    ),
+}  # fmt: skip
+RENAMES["pi05"] = RENAMES["pi0"]
 # Parameters a LeRobot directory does not hold because LeRobot has no such module: the
 # expert's one-entry embedding table (LeRobot sets ``embed_tokens = None``). Zero-filled.
 ABSENT = ("action_expert.expert.model.embed_tokens.weight",)
@@ -112,10 +129,10 @@ def is_lerobot(config: Mapping) -> bool:
     return config.get("type") in LEROBOT_TYPES and "model_type" not in config
 
 
-def rename(name: str) -> str | None:
-    """vlarun's parameter name for a LeRobot pi0 tensor; None to drop it; the name unchanged
-    when unknown (the loader then reports it as unexpected)."""
-    for old, new in _RENAMES:
+def rename(name: str, kind: str = "pi0") -> str | None:
+    """vlarun's parameter name for a LeRobot tensor of a ``kind`` policy; None to drop it; the
+    name unchanged when unknown (the loader then reports it as unexpected)."""
+    for old, new in RENAMES[kind]:
         if name.startswith(old):
             if new is None:
                 return None
@@ -142,11 +159,10 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     """The VLAConfig of a LeRobot pi0 directory, or one LeRobotError naming the field."""
     where = f"{directory}/config.json"
     kind = config.get("type")
+    _check_common(config, where)
+    check_tokenizer(directory, config)
     if kind == "smolvla":
-        raise LeRobotError(f"{where}: type 'smolvla' is not supported yet (its state token sits "
-                           "in the prefix and its expert cross-attends to projected prefix keys "
-                           "in alternate layers); vlarun loads LeRobot pi0 and pi05 "
-                           "directories")  # fmt: skip
+        return _smolvla_config(config, directory)
     for memory in ("use_visual_memory", "use_proprioceptive_memory"):
         if config.get(memory):
             raise LeRobotError(f"{where}: {memory}=true (pi05's frame / state history) is not "
@@ -162,16 +178,7 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     res = config.get("image_resolution", [224, 224])
     if len(res) != 2 or res[0] != res[1]:
         raise LeRobotError(f"{where}: image_resolution {res} must be square (PaliGemma's is)")
-    periods = (config.get("min_period", 4e-3), config.get("max_period", 4.0))
-    if tuple(map(float, periods)) != (4e-3, 4.0):
-        raise LeRobotError(f"{where}: min/max_period {periods}; vlarun's time embedding uses "
-                           "openpi's (0.004, 4.0)")  # fmt: skip
-    if config.get("use_relative_actions"):
-        raise LeRobotError(f"{where}: use_relative_actions=true is not supported (the chunk "
-                           "would need the state added back per joint)")  # fmt: skip
     cams = camera_keys(config)
-    if not cams:
-        raise LeRobotError(f"{where}: input_features name no VISUAL feature (camera)")
     tower, llm = PALIGEMMA_VARIANTS[vlm_name]
     tower = dataclasses.replace(tower, image_size=int(res[0]))
     expert = EXPERT_VARIANTS[expert_name]
@@ -183,7 +190,6 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
                             num_steps=int(config.get("num_inference_steps", 10)),
                             time_cond="adarms" if pi05 else "mlp")  # fmt: skip
     text = int(config.get("tokenizer_max_length", 200 if pi05 else 48))
-    check_tokenizer(directory)
     try:
         return VLAConfig(
             name=f"lerobot-{kind}-{vlm_name}", family="flow", llm=llm, vision=(tower,),
@@ -196,16 +202,137 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
         raise LeRobotError(f"{where}: {e}") from None
 
 
-def check_tokenizer(directory: str | Path) -> Path:
+def _check_common(config: Mapping, where: str) -> None:
+    """What vlarun does not carry over from any LeRobot flow policy, each one line."""
+    periods = (config.get("min_period", 4e-3), config.get("max_period", 4.0))
+    if tuple(map(float, periods)) != (4e-3, 4.0):
+        raise LeRobotError(f"{where}: min/max_period {periods}; vlarun's time embedding uses "
+                           "openpi's (0.004, 4.0)")  # fmt: skip
+    if config.get("use_relative_actions"):
+        raise LeRobotError(f"{where}: use_relative_actions=true is not supported (the chunk "
+                           "would need the state added back per joint)")  # fmt: skip
+    if not camera_keys(config):
+        raise LeRobotError(f"{where}: input_features name no VISUAL feature (camera)")
+    for flag in ("use_visual_memory", "use_proprioceptive_memory", "add_image_special_tokens",
+                 "adapt_to_pi_aloha", "use_delta_joint_actions_aloha"):  # fmt: skip
+        if config.get(flag):
+            raise LeRobotError(f"{where}: {flag}=true is not supported")
+    if int(config.get("prefix_length", -1)) > 0:
+        raise LeRobotError(f"{where}: prefix_length={config['prefix_length']} (a padded prefix) "
+                           "is not supported")  # fmt: skip
+
+
+def _hub_name(config: Mapping) -> str:
+    if config.get("type") == "smolvla":
+        return config.get("vlm_model_name", "HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
+    return "google/paligemma-3b-pt-224"
+
+
+def check_tokenizer(directory: str | Path, config: Mapping) -> Path:
     """The directory's tokenizer.json, or the one error that says where to get it."""
     path = Path(directory) / TOKENIZER_FILE
     if not path.exists():
         raise LeRobotError(
-            f"{directory}: no {TOKENIZER_FILE}. LeRobot pi0 / pi05 tokenize with the PaliGemma "
-            "tokenizer (google/paligemma-3b-pt-224), which it fetches from a model hub at run "
-            f"time; vlarun never downloads: copy that repository's {TOKENIZER_FILE} here"
+            f"{directory}: no {TOKENIZER_FILE}. LeRobot {config.get('type')} tokenizes with "
+            f"{_hub_name(config)}'s tokenizer, which it fetches from a model hub at run time; "
+            f"vlarun never downloads: copy that repository's {TOKENIZER_FILE} here"
         )
     return path
+
+
+VLM_CONFIG_FILE = "vlm_config.json"  # SmolVLA's backbone config (LeRobot fetches it)
+
+
+def _intermediate(width: int) -> int:
+    """SmolVLA's expert MLP width (smolvlm_with_expert ``get_intermediate_size``)."""
+    hidden = int(4 * int(2 * width / 3))
+    return 256 * ((hidden + 255) // 256)
+
+
+def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
+    """SmolVLA: SmolVLM2's vision tower, pixel-shuffle connector and first ``num_vlm_layers``
+    text layers; an expert ``expert_width_multiplier`` as wide with the VLM's heads, its
+    odd layers cross-attending (``self_attn_every_n_layers``); RoPE at 10000 as LeRobot's own
+    ``apply_rope`` (not the text model's configured theta)."""
+    where = f"{directory}/config.json"
+    path = Path(directory) / VLM_CONFIG_FILE
+    if not path.exists():
+        raise LeRobotError(
+            f"{directory}: no {VLM_CONFIG_FILE}. LeRobot smolvla builds its backbone from "
+            f"{_hub_name(config)}'s config.json, fetched from a model hub; vlarun never "
+            f"downloads: copy that file here as {VLM_CONFIG_FILE}"
+        )
+    vlm = json.loads(path.read_text())
+    text, vision = vlm.get("text_config") or {}, vlm.get("vision_config") or {}
+    try:
+        layers = int(config.get("num_vlm_layers", 16))
+        if layers <= 0:
+            layers = int(text["num_hidden_layers"])
+        hf = {k: v for k, v in text.items() if k not in ("rope_scaling", "rope_parameters")}
+        llm = LlamaConfig.from_hf(
+            hf
+            | {
+                "model_type": "llama",
+                "num_hidden_layers": layers,
+                "rope_theta": 10000.0,
+                "tie_word_embeddings": True,
+            }
+        )
+        tower = ViTConfig(
+            kind="siglip",
+            image_size=int(vision["image_size"]),
+            patch_size=int(vision["patch_size"]),
+            hidden_size=int(vision["hidden_size"]),
+            num_layers=int(vision["num_hidden_layers"]),
+            num_heads=int(vision["num_attention_heads"]),
+            intermediate_size=int(vision["intermediate_size"]),
+            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-6)),
+            feature_layer=-1,
+            gelu_approximate="tanh" if "tanh" in vision.get("hidden_act", "tanh") else "none",
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise LeRobotError(f"{path}: not a SmolVLM config ({e})") from None
+    size = config.get("resize_imgs_with_padding") or [tower.image_size] * 2
+    if list(size) != [tower.image_size] * 2:
+        raise LeRobotError(f"{where}: resize_imgs_with_padding {size} but the vision tower "
+                           f"takes {tower.image_size} px")  # fmt: skip
+    experts = int(config.get("num_expert_layers", -1))
+    if experts > 0 and experts != layers:
+        raise LeRobotError(f"{where}: num_expert_layers={experts} of {layers} VLM layers (an "
+                           "expert shallower than the VLM) is not supported")  # fmt: skip
+    width = int(llm.hidden_size * float(config.get("expert_width_multiplier", 0.75)))
+    expert = dataclasses.replace(
+        llm,
+        vocab_size=1,
+        hidden_size=width,
+        intermediate_size=_intermediate(width),
+        head_dim=llm.hd,
+    )
+    every = int(config.get("self_attn_every_n_layers", 2))
+    cross = "cross" in str(config.get("attention_mode", "cross_attn"))
+    flow = FlowExpertConfig(
+        expert, action_dim=int(config.get("max_action_dim", 32)),
+        horizon=int(config.get("chunk_size", 50)), state_dim=0,
+        num_steps=int(config.get("num_steps", 10)),
+        cross_every=max(every, 1) if cross else 0,
+        cross_kv_dim=llm.num_kv_heads * llm.hd, causal_actions=True,
+    )  # fmt: skip
+    if cross and every <= 0:  # LeRobot then cross-attends in every layer but the prefill
+        raise LeRobotError(f"{where}: attention_mode {config.get('attention_mode')!r} with "
+                           f"self_attn_every_n_layers={every} is not supported")  # fmt: skip
+    try:
+        return VLAConfig(
+            name="lerobot-smolvla", family="flow", llm=llm, vision=(tower,),
+            connector="pixel-shuffle", pixel_shuffle=int(vlm.get("scale_factor", 4)),
+            num_images=len(camera_keys(config)), action_dim=flow.action_dim,
+            chunk=flow.horizon, max_text_tokens=int(config.get("tokenizer_max_length", 48)),
+            prefix_causal=False, images_first=True, bos_id=None,
+            proprio_dim=int(config.get("max_state_dim", 32)), proprio_after_text=True,
+            proprio_linear=True, scale_embeddings=True, flow=flow,
+            notes="LeRobot smolvla directory (SmolVLM2 + cross-attending expert)",
+        )  # fmt: skip
+    except ValueError as e:
+        raise LeRobotError(f"{where}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------

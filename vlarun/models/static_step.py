@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from vlarun.models.attn_context import rope_at
 from vlarun.models.kv_cache import KVCache
-from vlarun.models.llama import BranchCache, LlamaLM
+from vlarun.models.llama import BranchCache, LlamaLM, rotate_half
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -84,6 +84,7 @@ def expert_forward(
     local: Tensor,
     branches: BranchCache | None = None,
     cond: Tensor | None = None,
+    cross: frozenset[int] = frozenset(),
 ) -> Tensor:
     """Hidden states (B, T, d) of an action expert's tokens (pi0's state + noisy actions): each
     layer's queries see the valid slots of the same layer of another decoder's cache
@@ -96,10 +97,14 @@ def expert_forward(
     the same shape: the hook denoising caches use (EfficientVLA's, on the flow family).
 
     ``cond`` (B, c) conditions an expert with adaptive norms (pi05: the flow time), whose
-    gates scale each residual branch (inside the branch, so a cached branch keeps its gate)."""
+    gates scale each residual branch (inside the branch, so a cached branch keeps its gate).
+    Layers in ``cross`` (SmolVLA's) attend to the prefix only, through the expert's own
+    projections of its cached keys and values, with queries at positions counted from 0."""
     b, t = embeds.shape[:2]
     dev = embeds.device
     cos, sin = _rope(lm, positions)
+    if cross:
+        cos0, sin0 = _rope(lm, positions - positions.min(dim=1, keepdim=True).values)
     own = (local.to(dev) | torch.eye(t, dtype=torch.bool, device=dev)).expand(b, t, t)
     x = embeds
     for i, layer in enumerate(lm.model.layers):
@@ -107,12 +112,15 @@ def expert_forward(
 
         def attention(i: int = i, x: Tensor = x, layer=layer, attn=attn) -> Tensor:
             h, gate = _norm(layer.input_layernorm, x, cond)
-            q, k, v = attn.qkv(h, cos, sin)
-            keys = torch.cat((prefix.k[i], k), dim=2)
-            values = torch.cat((prefix.v[i], v), dim=2)
             seen = prefix.valid[i][:, None, :].expand(b, t, -1)
-            mask = torch.cat((seen, own), dim=-1)[:, None]  # (B, 1, T, S + T)
-            out = attn.attend(q, keys, values, mask)
+            if i in cross:
+                out = _cross_attend(attn, h, prefix.k[i], prefix.v[i], cos0, sin0, seen)
+            else:
+                q, k, v = attn.qkv(h, cos, sin)
+                keys = torch.cat((prefix.k[i], k), dim=2)
+                values = torch.cat((prefix.v[i], v), dim=2)
+                mask = torch.cat((seen, own), dim=-1)[:, None]  # (B, 1, T, S + T)
+                out = attn.attend(q, keys, values, mask)
             return out if gate is None else out * gate
 
         x = x + (attention() if branches is None else branches(i, "attn", attention))
@@ -125,6 +133,21 @@ def expert_forward(
 
         x = h + (mlp() if branches is None else branches(i, "mlp", mlp))
     return _norm(lm.model.norm, x, cond)[0]
+
+
+def _cross_attend(attn, h: Tensor, pk: Tensor, pv: Tensor, cos: Tensor, sin: Tensor,
+                  seen: Tensor) -> Tensor:  # fmt: skip
+    """SmolVLA's cross-attention: queries from ``h`` (rotated at ``cos``/``sin``), keys and
+    values the expert's projections of the prefix's cached (rotated) K/V, (B, KVH, S, hd)."""
+    b, t, _ = h.shape
+    q = attn.q_proj(h).view(b, t, attn.n_heads, attn.hd).transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    s = pk.shape[2]
+    flat_k = pk.transpose(1, 2).reshape(b, s, -1).to(h.dtype)  # (B, S, KVH * hd), heads outer
+    flat_v = pv.transpose(1, 2).reshape(b, s, -1).to(h.dtype)
+    k = attn.k_proj(flat_k).view(b, s, attn.n_kv, attn.hd).transpose(1, 2)
+    v = attn.v_proj(flat_v).view(b, s, attn.n_kv, attn.hd).transpose(1, 2)
+    return attn.attend(q, k, v, seen[:, None])
 
 
 def _norm(norm: nn.Module, x: Tensor, cond: Tensor | None) -> tuple[Tensor, Tensor | None]:

@@ -74,7 +74,7 @@ class ByteTokenizer:
 class HFTokenizer:
     """A ``tokenizer.json`` shipped beside the weights."""
 
-    def __init__(self, path: str | Path, bos_id: int = BOS_ID) -> None:
+    def __init__(self, path: str | Path, bos_id: int | None = BOS_ID) -> None:
         try:
             from tokenizers import Tokenizer as _Tok
         except ImportError as e:  # pragma: no cover - depends on the install
@@ -83,15 +83,19 @@ class HFTokenizer:
             ) from e
         self._tok = _Tok.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size()
-        self.bos_id = bos_id  # the model adds BOS itself; a stray one here is dropped
+        # The model adds BOS itself, so a stray one here is dropped; a model without one
+        # (bos_id None: SmolVLA) takes the tokenizer's own special tokens, as LeRobot does.
+        self.bos_id = bos_id
 
     def encode(self, text: str) -> list[int]:
+        if self.bos_id is None:
+            return self._tok.encode(text, add_special_tokens=True).ids
         ids = self._tok.encode(text, add_special_tokens=False).ids
         return [i for i in ids if i != self.bos_id]
 
 
 def load_tokenizer(
-    directory: str | Path | None, vocab_size: int, bos_id: int = BOS_ID
+    directory: str | Path | None, vocab_size: int, bos_id: int | None = BOS_ID
 ) -> Tokenizer:
     """The checkpoint's tokenizer.json when present, else the byte-level fallback."""
     if directory is not None and (Path(directory) / "tokenizer.json").exists():

@@ -76,7 +76,13 @@ class VLAConfig:
     # PaliGemma's layout (pi0): the visual tokens come first, then BOS and the text, so
     # positions match a LeRobot / openpi checkpoint; OpenVLA's (default) puts BOS first.
     images_first: bool = False
-    bos_id: int = BOS_ID  # PaliGemma's <bos> is 2, Llama's <s> is 1
+    bos_id: int | None = BOS_ID  # PaliGemma's <bos> is 2, Llama's <s> is 1; None: no BOS
+    # SmolVLA's layout: the state token after each row's text, in an attention block of its
+    # own (it sees the whole prefix, the images and text do not see it), through one Linear;
+    # image and text embeddings scaled by sqrt(width) (``scale_embeddings``).
+    proprio_after_text: bool = False
+    proprio_linear: bool = False
+    scale_embeddings: bool = False
     oft: OFTHeadConfig | None = None
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
@@ -110,8 +116,10 @@ class VLAConfig:
             raise ValueError(f"views {self.views} name {len(self.views)} of {self.num_images}")
         if self.proprio_dim < 0:
             raise ValueError(f"proprio_dim must be >= 0, got {self.proprio_dim}")
-        if self.proprio_dim and self.family == "flow":
-            raise ValueError("the flow family takes its state in the action expert, not the prefix")
+        if self.proprio_dim and self.flow is not None and self.flow.state_dim:
+            raise ValueError("a flow model takes its state in the expert or the prefix, not both")
+        if (self.proprio_after_text or self.bos_id is None) and not self.images_first:
+            raise ValueError("proprio_after_text and bos_id None need images_first")
         if self.max_sequence > self.llm.max_positions:
             raise ValueError(
                 f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
@@ -145,7 +153,7 @@ class VLAConfig:
     @property
     def state_dim(self) -> int:
         """Length of the state vector an inference takes (prefix proprio or flow expert)."""
-        if self.flow is not None:
+        if self.flow is not None and self.flow.state_dim:
             return self.flow.state_dim
         return self.proprio_dim
 
@@ -185,11 +193,14 @@ class VLAConfig:
 @dataclass
 class Prefix:
     """The LM input for one batch. embeds (B, P, d); pad (B, P) False at padding;
-    last (B,) index of each row's last real token (its next token goes at last + 1)."""
+    last (B,) index of each row's last real token (its next token goes at last + 1);
+    blocks (B, P) or None: attention blocks (a token sees the tokens of its block and of the
+    blocks before it; SmolVLA's state token is block 1), None = the config's causal flag."""
 
     embeds: Tensor
     pad: Tensor
     last: Tensor
+    blocks: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -244,7 +255,9 @@ class VLA(nn.Module):
         else:
             self.vision_backbone = SingleVisionBackbone(cfg.vision[0])
         self.projector = build_connector(cfg)
-        if cfg.proprio_dim:
+        if cfg.proprio_dim and cfg.proprio_linear:  # SmolVLA's state_proj
+            self.proprio_projector = nn.Linear(cfg.proprio_dim, cfg.llm.hidden_size)
+        elif cfg.proprio_dim:
             self.proprio_projector = ProprioProjector(cfg.proprio_dim, cfg.llm.hidden_size)
         self.language_model = LlamaLM(cfg.llm)
         if cfg.oft is not None:
@@ -300,44 +313,68 @@ class VLA(nn.Module):
     def build_prefix(
         self, visual: Tensor, text_ids: list[list[int]], state: Tensor | None = None
     ) -> Prefix:
-        """[BOS, visual, proprio, text, pad] embeddings for a batch of tokenised instructions
-        ([visual, proprio, BOS, text, pad] when ``images_first``).
+        """[BOS, visual, proprio, text, pad] embeddings for a batch of tokenised instructions;
+        [visual, proprio, BOS, text, pad] when ``images_first`` (PaliGemma), and
+        [visual, text, proprio, pad] with ``proprio_after_text`` (SmolVLA: each row's state
+        token right after its own text, so its position follows the row's last word).
 
         ``state`` (B, proprio_dim), normalised, is required exactly when the config has a
         proprio token."""
+        cfg = self.cfg
         b = visual.shape[0]
         if len(text_ids) != b:
             raise ValueError(f"{len(text_ids)} instructions for {b} images")
         visual = visual.to(self.dtype)
-        if self.cfg.proprio_dim:
-            want = (b, self.cfg.proprio_dim)
+        dev = visual.device
+        state_tok = None
+        if cfg.proprio_dim:
+            want = (b, cfg.proprio_dim)
             if state is None or tuple(state.shape) != want:
                 got = None if state is None else tuple(state.shape)
-                raise ValueError(f"{self.cfg.name} needs a state of shape {want}, got {got}")
-            state_tok = self.proprio_projector(state.to(visual.device, self.dtype))[:, None]
+                raise ValueError(f"{cfg.name} needs a state of shape {want}, got {got}")
+            state_tok = self.proprio_projector(state.to(dev, self.dtype))[:, None]
+        if state_tok is not None and not cfg.proprio_after_text:
             visual = torch.cat((visual, state_tok), dim=1)  # the state rides after the views
         longest = max(len(t) for t in text_ids)
-        if longest > self.cfg.max_text_tokens:
+        if longest > cfg.max_text_tokens:
             raise ValueError(
-                f"instruction has {longest} tokens; {self.cfg.name} allows at most "
-                f"{self.cfg.max_text_tokens}"
+                f"instruction has {longest} tokens; {cfg.name} allows at most {cfg.max_text_tokens}"
             )
-        ids = torch.full((b, 1 + longest), PAD_ID, dtype=torch.long, device=visual.device)
-        pad_text = torch.zeros(b, 1 + longest, dtype=torch.bool, device=visual.device)
-        ids[:, 0], pad_text[:, 0] = self.cfg.bos_id, True
+        bos = int(cfg.bos_id is not None)
+        ids = torch.full((b, bos + longest), PAD_ID, dtype=torch.long, device=dev)
+        pad_text = torch.zeros(b, bos + longest, dtype=torch.bool, device=dev)
+        if bos:
+            ids[:, 0], pad_text[:, 0] = cfg.bos_id, True
         for r, t in enumerate(text_ids):
-            ids[r, 1 : 1 + len(t)] = torch.tensor(t, dtype=torch.long)
-            pad_text[r, 1 : 1 + len(t)] = True
+            ids[r, bos : bos + len(t)] = torch.tensor(t, dtype=torch.long)
+            pad_text[r, bos : bos + len(t)] = True
         emb = self.language_model.embed(ids)
-        vis_pad = torch.ones(b, visual.shape[1], dtype=torch.bool, device=visual.device)
-        if self.cfg.images_first:
+        if cfg.scale_embeddings:  # SmolVLA scales the images' and the text's, not the state's
+            scale = math.sqrt(cfg.llm.hidden_size)
+            emb, visual = emb * scale, visual * scale
+        vis_pad = torch.ones(b, visual.shape[1], dtype=torch.bool, device=dev)
+        lengths = torch.tensor([len(t) for t in text_ids], device=dev)
+        if cfg.proprio_after_text:
+            emb = torch.cat((emb, torch.zeros_like(emb[:, :1])), dim=1)  # room for the state
+            pad_text = torch.cat((pad_text, torch.zeros_like(pad_text[:, :1])), dim=1)
+            if state_tok is not None:
+                at = bos + lengths  # each row's slot right after its text
+                rows = torch.arange(b, device=dev)
+                emb[rows, at] = state_tok[:, 0].to(emb.dtype)
+                pad_text[rows, at] = True
+                lengths = lengths + 1
+        if cfg.images_first:
             embeds = torch.cat((visual.to(emb.dtype), emb), dim=1)
             pad = torch.cat((vis_pad, pad_text), dim=1)
         else:
             embeds = torch.cat((emb[:, :1], visual.to(emb.dtype), emb[:, 1:]), dim=1)
             pad = torch.cat((pad_text[:, :1], vis_pad, pad_text[:, 1:]), dim=1)
-        lengths = torch.tensor([len(t) for t in text_ids], device=visual.device)
-        return Prefix(embeds, pad, visual.shape[1] + lengths)
+        last = visual.shape[1] + bos - 1 + lengths  # index of each row's last real token
+        blocks = None
+        if cfg.proprio_after_text and state_tok is not None:
+            blocks = torch.zeros(b, embeds.shape[1], dtype=torch.long, device=dev)
+            blocks[torch.arange(b, device=dev), last] = 1  # the state token's own block
+        return Prefix(embeds, pad, last, blocks)
 
     def prefill(
         self,
@@ -356,11 +393,13 @@ class VLA(nn.Module):
             cache.reset()
         else:
             cache.invalidate_from(p)  # last step's action tokens
+        blocks = prefix.blocks
         out = self.language_model(
             prefix.embeds,
             torch.arange(p, device=prefix.embeds.device),
             cache,
             causal=self.cfg.prefix_causal,
+            attn_mask=None if blocks is None else blocks[:, None, :] <= blocks[:, :, None],
             pad_mask=prefix.pad,
             plan=plan,
             probe=probe,

@@ -117,7 +117,8 @@ class Policy:
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
             prompt = "pi05" if config["type"] == "pi05" else "task-newline"
-            return cls(model, tok, io.action, io.state, "pad", calibration, prompt=prompt)
+            resize = "pad-topleft" if config["type"] == "smolvla" else "pad"
+            return cls(model, tok, io.action, io.state, resize, calibration, prompt=prompt)
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
@@ -178,9 +179,9 @@ class Policy:
             raise ValueError(f"image must be uint8 RGB, got dtype {frame.dtype}")
         size = (cfg.image_size, cfg.image_size)
         if frame.shape[:2] != size and frame.shape[-1] == 3 and self.resize:
-            if self.resize == "pad":  # LeRobot: on [0, 1] floats, in torch
+            if self.resize in ("pad", "pad-topleft"):  # LeRobot: on [0, 1] floats, in torch
                 x = torch.from_numpy(frame.copy()).permute(2, 0, 1).float().div(255.0)
-                return resize_with_pad(x[None], cfg.image_size)[0]
+                return resize_with_pad(x[None], cfg.image_size, self.resize == "pad")[0]
             frame = resize_frame(frame, cfg.image_size, self.resize)
         if frame.shape != (*size, 3):
             raise ValueError(
@@ -248,15 +249,19 @@ class Policy:
 RESIZE_FILTERS = ("bicubic", "bilinear")
 
 
-def resize_with_pad(frames: torch.Tensor, size: int) -> torch.Tensor:
+def resize_with_pad(frames: torch.Tensor, size: int, centred: bool = True) -> torch.Tensor:
     """(n, 3, H, W) floats in [0, 1] -> (n, 3, size, size): scaled to fit with the aspect
-    kept (bilinear, no antialiasing), clamped to [0, 1], centred on black; openpi's
-    ``resize_with_pad_torch`` as LeRobot's pi0 applies it."""
+    kept (bilinear, no antialiasing) on black. ``centred``: openpi's ``resize_with_pad_torch``
+    as LeRobot's pi0 / pi05 apply it (clamped to [0, 1], centred); otherwise LeRobot's
+    ``resize_with_pad`` as SmolVLA applies it (not clamped, padded on the left and top)."""
     h, w = frames.shape[-2:]
     ratio = max(w / size, h / size)
     rh, rw = int(h / ratio), int(w / ratio)
     out = torch.nn.functional.interpolate(frames, size=(rh, rw), mode="bilinear",
-                                          align_corners=False).clamp(0.0, 1.0)  # fmt: skip
+                                          align_corners=False)  # fmt: skip
+    if not centred:
+        return torch.nn.functional.pad(out, (size - rw, 0, size - rh, 0))
+    out = out.clamp(0.0, 1.0)
     top, left = (size - rh) // 2, (size - rw) // 2
     return torch.nn.functional.pad(out, (left, size - rw - left, top, size - rh - top))
 
