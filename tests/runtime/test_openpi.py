@@ -205,3 +205,27 @@ def test_serve_policy_command_end_to_end(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "vlarun.cli", "serve-policy"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert refused.returncode == 2 and "--api-key-file" in refused.stderr
+
+
+def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
+    """A LeRobot SmolVLA directory served as it is; the client's LIBERO-style observation has
+    cameras of two sizes and a raw state; the reply is the same chunk, in robot units, as the
+    policy gives in process (and LeRobot's own code gives: tests/models/test_lerobot_reference)."""
+    from vlarun import parity
+
+    parity.make_lerobot_pi0_dir(tmp_path, "smolvla")
+    policy = Policy.load(tmp_path)
+    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("libero"), port=0, api_key=KEY,
+                                    max_frame=1 << 20)  # fmt: skip
+    stop = srv.start_in_thread(30)
+    try:
+        inputs = parity.lerobot_reference_inputs()
+        client = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY)
+        obs = {"observation/image": inputs["frames"][0],
+               "observation/wrist_image": inputs["frames"][1],
+               "observation/state": inputs["state"], "prompt": inputs["task"]}  # fmt: skip
+        actions = client.infer(obs)["actions"]
+    finally:
+        stop()
+    local = policy.predict(inputs["frames"], inputs["task"], state=inputs["state"])
+    assert actions.shape == (4, 7) and np.allclose(actions, local, atol=1e-5)

@@ -29,8 +29,11 @@ class InfoOptions:
 class ActOptions:
     """One inference on an image file: prints the action and per-stage latency."""
 
-    image: str = opt(help="RGB image file (PNG/JPEG) or .npy (H, W, 3) uint8")
+    image: str = opt(
+        help="RGB image file (PNG/JPEG) or .npy (H, W, 3) uint8; one per camera, comma-separated"
+    )
     instruction: str = opt(help="what the robot should do")
+    state: str | None = opt(None, "robot state, comma-separated numbers (policies that read it)")
     preset: str = opt(DEFAULT_PRESET, f"preset for random weights: {', '.join(PRESETS)}")
     checkpoint: str | None = opt(None, "checkpoint directory (overrides --preset)")
     resize: bool = opt(
@@ -129,6 +132,17 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+def _parse_state(text: str | None):
+    import numpy as np
+
+    if text is None:
+        return None
+    try:
+        return np.array([float(v) for v in text.split(",")], dtype=np.float32)
+    except ValueError:
+        raise ValueError(f"--state {text!r}: expected comma-separated numbers") from None
+
+
 def _load_image(path: str, size: int, resize: bool):
     import numpy as np
 
@@ -165,10 +179,16 @@ def cmd_act(o: ActOptions) -> dict:
         get_preset(o.preset)  # an unknown name fails here, before any allocation
         policy = Policy.from_preset(o.preset, o.seed, dtype)
     policy = policy.to(device)
-    image = _load_image(o.image, policy.model.cfg.image_size, o.resize)
-    policy.image_tensor(image)  # validate before any work
-    policy.run_stages(image, o.instruction, seed=o.seed)  # warm-up: one-time allocations
-    runs = [policy.run_stages(image, o.instruction, seed=o.seed) for _ in range(max(o.repeats, 1))]
+    frames = [_load_image(p, policy.model.cfg.image_size, o.resize) for p in o.image.split(",")]
+    image = frames[0] if len(frames) == 1 else frames
+    state = _parse_state(o.state)
+    if policy.state_size and state is None:
+        raise ValueError(f"{policy.model.cfg.name} reads the robot state: pass --state with "
+                         f"{policy.state_size} comma-separated numbers")  # fmt: skip
+    policy.inputs(image, o.instruction, state, o.seed)  # validate before any work
+    kw = {"state": state, "seed": o.seed}
+    policy.run_stages(image, o.instruction, **kw)  # warm-up: one-time allocations
+    runs = [policy.run_stages(image, o.instruction, **kw) for _ in range(max(o.repeats, 1))]
     names = [t.name for t in runs[0].timings]
     per_stage = {n: [r.timings[i].seconds * 1e3 for r in runs] for i, n in enumerate(names)}
     totals = [sum(t.seconds for t in r.timings) * 1e3 for r in runs]

@@ -109,7 +109,8 @@ class ObservationLayout:
     prompt_key: str = "prompt"
 
     def inputs(self, obs: Any, num_images: int) -> tuple[np.ndarray, np.ndarray | None, str]:
-        """(images (V, H, W, 3) uint8, state or None, instruction) from one request."""
+        """(images (V, H, W, 3) uint8 or a list of V frames of different sizes, state or
+        None, instruction) from one request."""
         if not isinstance(obs, dict):
             raise ValueError(f"an observation must be a dict, got {type(obs).__name__}")
         missing = [k for k in (self.image_keys[0], self.prompt_key) if k not in obs]
@@ -120,7 +121,12 @@ class ObservationLayout:
         for key, v in zip(self.image_keys, views, strict=False):
             if v.ndim != 3 or v.shape[-1] != 3 or v.dtype != np.uint8:
                 raise ValueError(f"{key!r} must be (H, W, 3) uint8, got {v.dtype}{v.shape}")
-        images = views[0] if len(views) == 1 else np.stack(views)
+        if len(views) == 1:
+            images = views[0]
+        elif len({v.shape for v in views}) == 1:
+            images = np.stack(views)
+        else:  # cameras of different sizes: the policy resizes each, or says it cannot
+            images = views
         prompt = obs[self.prompt_key]
         if isinstance(prompt, bytes):
             prompt = prompt.decode()

@@ -168,7 +168,9 @@ class EdgeServer:
         cfg = self.policy.model.cfg
         size = cfg.image_size
         images = torch.zeros(1, cfg.num_images, 3, size, size)
-        inputs = graph_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
+        state = torch.zeros(1, cfg.proprio_dim) if cfg.proprio_dim else None  # a prefix token
+        inputs = graph_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)],
+                              state=state)  # fmt: skip
         with torch.no_grad():
             run = self.graph.run(inputs, serialize=False)
         for t in run.timings:
