@@ -41,7 +41,9 @@ def test_vla_round_trip_in_prismatic_layout(tmp_path, name):
     loaded, loaded_stats = load_vla(tmp_path / "ckpt")
     assert loaded.cfg == cfg and loaded_stats == stats
     images, ids, noise = _inputs(cfg)
-    assert torch.equal(model.act(images, ids, noise=noise), loaded.act(images, ids, noise=noise))
+    state = torch.randn(1, cfg.state_dim) if cfg.state_dim else None
+    kw = {"noise": noise, "state": state}
+    assert torch.equal(model.act(images, ids, **kw), loaded.act(images, ids, **kw))
 
 
 def test_pickle_checkpoints_are_refused(tmp_path):

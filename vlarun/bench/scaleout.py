@@ -80,13 +80,13 @@ def _edge(extra: list[str]):
 def _request(policy, seed: int):
     import torch
 
-    from vlarun.stages.families import graph_inputs
+    from vlarun.stages.families import example_inputs
 
     cfg = policy.model.cfg
     ids = policy.text_ids("open the drawer")
     g = torch.Generator().manual_seed(seed)
     images = torch.rand(1, 1, 3, cfg.image_size, cfg.image_size, generator=g)
-    return graph_inputs(cfg, images, [ids]), {"batch": 1, "text_tokens": len(ids)}
+    return example_inputs(cfg, images, [ids]), {"batch": 1, "text_tokens": len(ids)}
 
 
 def _connect(endpoint: str):

@@ -63,11 +63,11 @@ SMOLVLM2_TEXT_16 = LlamaConfig(  # SmolVLM2-500M text model, first 16 of 32 laye
     num_heads=15,
     num_kv_heads=5,
     rms_norm_eps=1e-5,
-    rope_theta=100000.0,
+    rope_theta=10000.0,  # SmolVLA rotates with its own apply_rope at 10000 (config: 100000)
     max_positions=8192,
     tie_embeddings=True,
 )
-SMOLVLA_EXPERT = LlamaConfig(  # 0.75 x width; same layers/KV heads/head_dim as the VLM
+SMOLVLA_EXPERT = LlamaConfig(  # 0.75 x width; the VLM's layers, heads and head_dim
     vocab_size=1,
     hidden_size=720,
     intermediate_size=2048,
@@ -148,6 +148,9 @@ def pi0() -> VLAConfig:
 
 
 def smolvla() -> VLAConfig:
+    """SmolVLA as LeRobot builds it: the state a prefix token after the text (its own block),
+    image and text embeddings scaled by sqrt(960), no BOS; the expert's odd layers
+    cross-attend to its projections of the prefix K/V; action tokens causal."""
     siglip = ViTConfig(
         kind="siglip",
         image_size=512,
@@ -158,7 +161,9 @@ def smolvla() -> VLAConfig:
         intermediate_size=3072,
         feature_layer=-1,
     )
-    flow = FlowExpertConfig(SMOLVLA_EXPERT, action_dim=32, horizon=50, state_dim=32, num_steps=10)
+    kv = SMOLVLM2_TEXT_16.num_kv_heads * SMOLVLM2_TEXT_16.hd
+    flow = FlowExpertConfig(SMOLVLA_EXPERT, action_dim=32, horizon=50, state_dim=0, num_steps=10,
+                            cross_every=2, cross_kv_dim=kv, causal_actions=True)  # fmt: skip
     return VLAConfig(
         name="smolvla",
         family="flow",
@@ -171,9 +176,15 @@ def smolvla() -> VLAConfig:
         chunk=50,
         max_text_tokens=48,
         prefix_causal=False,
+        images_first=True,
+        bos_id=None,
+        proprio_dim=32,
+        proprio_after_text=True,
+        proprio_linear=True,
+        scale_embeddings=True,
         flow=flow,
-        notes="SmolVLM2-500M (16 of 32 text layers); expert attends to the prefix KV in every "
-        "layer (SmolVLA interleaves cross- and self-attention: an approximation)",
+        notes="SmolVLM2-500M (16 of 32 text layers) + a 0.75x expert, cross-attention in "
+        "alternate layers (LeRobot's SmolVLA)",
     )
 
 
@@ -291,7 +302,10 @@ def tiny_smolvla() -> VLAConfig:
         head_dim=32,
         intermediate_size=192,
     )
-    flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=8, num_steps=10)
+    # SmolVLA's structure (see smolvla()): prefix state token, cross-attending odd layers
+    flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=0, num_steps=10,
+                            cross_every=2, cross_kv_dim=llm.num_kv_heads * llm.hd,
+                            causal_actions=True)  # fmt: skip
     vit = _tiny_vit("siglip", feature_layer=-1)
     return VLAConfig(
         name="tiny-smolvla",
@@ -304,6 +318,12 @@ def tiny_smolvla() -> VLAConfig:
         chunk=8,
         max_text_tokens=TINY_TEXT,
         prefix_causal=False,
+        images_first=True,
+        bos_id=None,
+        proprio_dim=8,
+        proprio_after_text=True,
+        proprio_linear=True,
+        scale_embeddings=True,
         flow=flow,
     )
 

@@ -163,14 +163,12 @@ class EdgeServer:
     def warmup(self, text_tokens: int = 12) -> None:
         """One pass of every stage on dummy inputs: the first robot must not pay for one-time
         allocations (it would miss its deadline and fall back for nothing)."""
-        from vlarun.stages.families import graph_inputs
+        from vlarun.stages.families import example_inputs
 
         cfg = self.policy.model.cfg
         size = cfg.image_size
         images = torch.zeros(1, cfg.num_images, 3, size, size)
-        state = torch.zeros(1, cfg.proprio_dim) if cfg.proprio_dim else None  # a prefix token
-        inputs = graph_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)],
-                              state=state)  # fmt: skip
+        inputs = example_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
         with torch.no_grad():
             run = self.graph.run(inputs, serialize=False)
         for t in run.timings:

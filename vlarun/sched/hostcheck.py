@@ -75,7 +75,7 @@ def check_host(
 
     from vlarun.models.presets import get_preset
     from vlarun.models.vla import VLA
-    from vlarun.stages.families import Workload, build_graph, graph_inputs
+    from vlarun.stages.families import Workload, build_graph, example_inputs
 
     if repeats <= warmup:
         raise ValueError("repeats must exceed warmup")
@@ -88,7 +88,7 @@ def check_host(
     model = VLA(cfg).to(getattr(torch, dtype)).eval()
     graph = build_graph(cfg, model, Workload(1, text_tokens, dtype))
     images = torch.rand(1, cfg.num_images, 3, cfg.image_size, cfg.image_size)
-    inputs = graph_inputs(cfg, images, [[(7 * i) % 200 + 3 for i in range(text_tokens)]])
+    inputs = example_inputs(cfg, images, [[(7 * i) % 200 + 3 for i in range(text_tokens)]])
     cpu = get_device("this-cpu")
     devices, link = {"robot": cpu, "edge": cpu}, Link(bandwidth_mbps, rtt_ms)
     works = works_from_graph(cfg, graph)

@@ -76,7 +76,7 @@ def profile_preset(
 
     from vlarun.models.presets import get_preset
     from vlarun.models.vla import VLA
-    from vlarun.stages.families import Workload, build_graph, graph_inputs
+    from vlarun.stages.families import Workload, build_graph, example_inputs
 
     cfg = get_preset(preset)
     torch.manual_seed(seed)
@@ -88,7 +88,7 @@ def profile_preset(
                 raise ValueError(f"{preset} takes at most {cfg.max_text_tokens} text tokens")
             images = torch.rand(b, cfg.num_images, 3, cfg.image_size, cfg.image_size)
             ids = [[(7 * i + r) % 200 + 3 for i in range(n)] for r in range(b)]
-            packet = graph_inputs(cfg, images, ids)
+            packet = example_inputs(cfg, images, ids)
             graph = build_graph(cfg, model, Workload(b, n, dtype))
             graph.run(packet, serialize=False)  # warm-up: allocations, kernel selection
             runs = [graph.run(packet, serialize=False).timings for _ in range(repeats)]

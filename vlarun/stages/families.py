@@ -43,7 +43,8 @@ class Workload:
 
 
 def prefix_len(cfg: VLAConfig, w: Workload) -> int:
-    return 1 + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
+    bos = int(cfg.bos_id is not None)  # SmolVLA's prompt has none
+    return bos + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,3 +412,11 @@ def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, 
             raise ValueError(f"{cfg.name} takes the robot state (proprio_dim {cfg.proprio_dim})")
         tensors["state"] = state
     return Packet(tensors)
+
+
+def example_inputs(cfg: VLAConfig, images, text_ids: list[list[int]]) -> Packet:
+    """``graph_inputs`` with a zero state where the model reads one: for warm-ups, profiles
+    and benchmarks, whose numbers do not depend on the state's values."""
+    b = len(text_ids)
+    state = torch.zeros(b, cfg.proprio_dim) if cfg.proprio_dim else None
+    return graph_inputs(cfg, images, text_ids, state=state)
