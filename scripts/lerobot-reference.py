@@ -27,7 +27,7 @@ PaliGemma class is built; ``get_gemma_config`` learns the
 
 The fixture stores the inputs (token ids, noise, normalised state) and LeRobot's outputs
 (the model's chunk and the robot actions); tests/models/test_lerobot_reference.py rebuilds
-the directory (numpy-seeded, ``vlarun.parity.make_lerobot_pi0_dir``) and checks vlarun's
+the directory (numpy-seeded, ``vlarun.parity.make_lerobot_dir``) and checks vlarun's
 Policy against them.
 """
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import PreTrainedTokenizerFast
 
     directory = work / args.kind
-    config = parity.make_lerobot_pi0_dir(directory, args.kind)
+    config = parity.make_lerobot_dir(directory, args.kind)
     if args.kind == "smolvla":
         core = modeling.VLAFlowMatching
         model = smolvla_model(modeling, config, directory, work)

@@ -370,7 +370,7 @@ LEROBOT_SMOLVLM = {
 }  # fmt: skip
 
 
-def make_lerobot_pi0_dir(out: str | Path, kind: str = "pi0") -> dict:
+def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
     """A LeRobot pi0, pi05 or smolvla directory (lerobot 7427f31's file set and weight names)
     of seeded random weights at a tiny shape (pi0 / pi05: the ``vlarun_tiny`` variants;
     smolvla: ``LEROBOT_SMOLVLM`` as its ``vlm_config.json``): config.json, model.safetensors

@@ -2,7 +2,7 @@
 
 Each fixture holds what LeRobot's unmodified ``PI0Pytorch`` / ``PI05Pytorch`` (lerobot 7427f31,
 on transformers 5.5.4) computed on the seeded tiny directory
-``vlarun.parity.make_lerobot_pi0_dir`` writes;
+``vlarun.parity.make_lerobot_dir`` writes;
 ``scripts/lerobot-reference.py`` recorded it (LeRobot cannot be installed here: it needs
 Python >= 3.12). The prefix is also checked live against transformers' PaliGemma modules.
 """
@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="module", params=["pi0", "pi05", "smolvla"])
 def reference(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"lerobot-{request.param}")
-    parity.make_lerobot_pi0_dir(d, request.param)
+    parity.make_lerobot_dir(d, request.param)
     fixture = json.loads((FIXTURES / f"lerobot_{request.param}_reference.json").read_text())
     digest = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
     assert digest == fixture["weights_sha256"], "the seeded directory changed: re-record it"

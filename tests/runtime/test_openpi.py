@@ -213,7 +213,7 @@ def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
     policy gives in process (and LeRobot's own code gives: tests/models/test_lerobot_reference)."""
     from vlarun import parity
 
-    parity.make_lerobot_pi0_dir(tmp_path, "smolvla")
+    parity.make_lerobot_dir(tmp_path, "smolvla")
     policy = Policy.load(tmp_path)
     srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("libero"), port=0, api_key=KEY,
                                     max_frame=1 << 20)  # fmt: skip

@@ -1,14 +1,14 @@
-"""LeRobot policy directories (``config.json`` with ``"type": "pi0"`` or ``"pi05"``) as
-vlarun VLAs.
+"""LeRobot policy directories (``config.json`` with ``"type"``: ``"pi0"``, ``"pi05"`` or
+``"smolvla"``) as vlarun VLAs of the flow family.
 
-What a LeRobot pi0 directory holds (lerobot 7427f31, ``policies/pi0``; openpi's PyTorch port):
-``config.json`` (variants by name, ``chunk_size``, ``max_state_dim`` / ``max_action_dim``,
-``tokenizer_max_length``, ``input_features`` / ``output_features``, ``normalization_mapping``),
-``model.safetensors`` (fp32, ``model.paligemma_with_expert.*`` and the projections), and the
-processor pipelines ``policy_preprocessor.json`` / ``policy_postprocessor.json`` whose
-normaliser steps name a ``state_file`` of flat statistics (``observation.state.mean``, ...).
+What a LeRobot directory holds (lerobot 7427f31, ``policies/{pi0,pi05,smolvla}``):
+``config.json`` (backbone variants or sizes, ``chunk_size``, ``max_state_dim`` /
+``max_action_dim``, ``tokenizer_max_length``, ``input_features`` / ``output_features``,
+``normalization_mapping``), ``model.safetensors`` (fp32), and the processor pipelines
+``policy_preprocessor.json`` / ``policy_postprocessor.json`` whose normaliser steps name a
+``state_file`` of flat statistics (``observation.state.mean``, ...).
 
-How the model maps onto vlarun's flow family:
+pi0 (openpi's PyTorch port) maps onto the flow family so:
   * PaliGemma = SigLIP (last layer + post-LayerNorm) -> ``multi_modal_projector.linear`` -> Gemma;
     the prefix is [every camera's tokens, <bos>, task + "\\n"], attended bidirectionally
     (``images_first``), text embeddings scaled by sqrt(width), image tokens not;
@@ -17,15 +17,19 @@ How the model maps onto vlarun's flow family:
   * states and actions are padded to 32 wide inside the model; statistics normalise the
     robot's own dimensions, which are the first ones.
 
-pi05 differs in two places, both carried over: the flow time conditions every norm of the
-expert (adaptive RMSNorm with gated residuals, ``time_mlp_in/out``) instead of joining the
-action tokens, and the state (QUANTILES-normalised, in 256 bins) is written into the prompt
-("Task: ..., State: ...;\nAction: "), so the expert has no state token.
+pi05 differs in two places: the flow time conditions every norm of the expert (adaptive
+RMSNorm with gated residuals, ``time_mlp_in/out``) instead of joining the action tokens, and
+the state (QUANTILES-normalised, in 256 bins) is written into the prompt ("Task: ..., State:
+...;\\nAction: "), so the expert has no state token.
 
-Not carried over: SmolVLA (state in the prefix, cross-attention layers) is refused by name.
+SmolVLA (``_smolvla_config``): SmolVLM2's vision tower, pixel-shuffle connector and first
+``num_vlm_layers`` text layers; image and text embeddings scaled by sqrt(width); the state a
+prefix token after the text in an attention block of its own; no BOS; an expert whose odd
+layers cross-attend to its own projections of the prefix's keys and values; causal actions.
+
 LeRobot's ``empty_cameras`` are masked out of attention and positions: simply absent here.
-Nothing is fetched: the PaliGemma tokenizer LeRobot downloads at run time must be in the
-directory as ``tokenizer.json``.
+Nothing is fetched: what LeRobot downloads at run time (the tokenizer; SmolVLA's backbone
+config) must be in the directory (``tokenizer.json``, ``vlm_config.json``).
 """
 
 from __future__ import annotations
