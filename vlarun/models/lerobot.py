@@ -232,16 +232,23 @@ def _hub_name(config: Mapping) -> str:
     return "google/paligemma-3b-pt-224"
 
 
-def check_tokenizer(directory: str | Path, config: Mapping) -> Path:
-    """The directory's tokenizer.json, or the one error that says where to get it."""
-    path = Path(directory) / TOKENIZER_FILE
+def _fetched_file(directory: str | Path, config: Mapping, name: str, hub_file: str,
+                  use: str) -> Path:  # fmt: skip
+    """``directory/name``, a copy of what LeRobot fetches from a model hub (``hub_file`` of
+    the repository it names), or the one error that says where to get it."""
+    path = Path(directory) / name
     if not path.exists():
         raise LeRobotError(
-            f"{directory}: no {TOKENIZER_FILE}. LeRobot {config.get('type')} tokenizes with "
-            f"{_hub_name(config)}'s tokenizer, which it fetches from a model hub at run time; "
-            f"vlarun never downloads: copy that repository's {TOKENIZER_FILE} here"
+            f"{directory}: no {name}. LeRobot {config.get('type')} {use} "
+            f"{_hub_name(config)}'s {hub_file}, which it fetches from a model hub at run time; "
+            f"vlarun never downloads: copy that file here as {name}"
         )
     return path
+
+
+def check_tokenizer(directory: str | Path, config: Mapping) -> Path:
+    """The directory's tokenizer.json, or the one error that says where to get it."""
+    return _fetched_file(directory, config, TOKENIZER_FILE, TOKENIZER_FILE, "tokenizes with")
 
 
 VLM_CONFIG_FILE = "vlm_config.json"  # SmolVLA's backbone config (LeRobot fetches it)
@@ -259,13 +266,8 @@ def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     odd layers cross-attending (``self_attn_every_n_layers``); RoPE at 10000 as LeRobot's own
     ``apply_rope`` (not the text model's configured theta)."""
     where = f"{directory}/config.json"
-    path = Path(directory) / VLM_CONFIG_FILE
-    if not path.exists():
-        raise LeRobotError(
-            f"{directory}: no {VLM_CONFIG_FILE}. LeRobot smolvla builds its backbone from "
-            f"{_hub_name(config)}'s config.json, fetched from a model hub; vlarun never "
-            f"downloads: copy that file here as {VLM_CONFIG_FILE}"
-        )
+    path = _fetched_file(directory, config, VLM_CONFIG_FILE, "config.json",
+                         "builds its backbone from")  # fmt: skip
     vlm = json.loads(path.read_text())
     text, vision = vlm.get("text_config") or {}, vlm.get("vision_config") or {}
     try:
