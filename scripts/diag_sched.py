@@ -18,6 +18,7 @@ from vlarun.runtime import agent as agent_mod
 from vlarun.sched import scheduler as sched_mod
 
 LOG: list[dict] = []
+STRATEGY = ["vlarun"]  # the agent under test (background load runs edge-only)
 _orig_decide = sched_mod.Scheduler.decide
 _orig_observe = sched_mod.Scheduler.observe
 _orig_infer = agent_mod.RobotAgent.infer
@@ -59,6 +60,8 @@ def _decide(self, link, now=0.0, edge_state=None, top=5):
 
 
 def _infer(self, image, instruction, state=None, seed=0):
+    if self.cfg.strategy != STRATEGY[0]:  # a background-load robot
+        return _orig_infer(self, image, instruction, state, seed)
     n = len(LOG)
     inf = _orig_infer(self, image, instruction, state, seed)
     row = inf.row()
@@ -83,7 +86,13 @@ def main() -> None:
     ap.add_argument("--strategy", default="vlarun")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--out", default="/tmp/diag.json")
+    ap.add_argument("--load", type=int, default=0, help="other robots on the edge (edge-only)")
+    ap.add_argument("--bandwidth", type=float, default=200.0)
+    ap.add_argument("--drop-to", type=float, default=None, help="Mbit/s after half the run")
     a = ap.parse_args()
+    if a.load and a.strategy == "edge-only":
+        raise SystemExit("background load runs edge-only: diagnose another strategy under load")
+    STRATEGY[0] = a.strategy
     sched_mod.Scheduler.decide = _decide
     agent_mod.RobotAgent.infer = _infer
     import torch
@@ -97,10 +106,15 @@ def main() -> None:
     ckpt = str(checkpoints_dir() / "tiny-ar")
     policy = Policy.load(ckpt)
     edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
+    from vlarun.bench.coinfer_matrix import BackgroundLoad
+
+    period = policy.model.cfg.horizon / o.control_hz
+    make_cfg = lambda s, slo: coinfer._agent_cfg(o, s, slo, a.bandwidth)  # noqa: E731
     try:
-        row = coinfer._strategy_run(
-            o, policy, endpoint, a.strategy, a.steps, o.bandwidth, o.drop_to
-        )
+        with BackgroundLoad(policy, endpoint, a.load, period, make_cfg):
+            row = coinfer._strategy_run(
+                o, policy, endpoint, a.strategy, a.steps, a.bandwidth, a.drop_to
+            )
     finally:
         procs.stop(edge)
     row.pop("trace")
