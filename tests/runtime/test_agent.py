@@ -70,6 +70,33 @@ def test_strategies_give_the_local_actions(server, policy, strategy):
         agent.close()
 
 
+def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
+    server, policy, monkeypatch
+):
+    """The graph, stand-in factors and scheduler are built by warmup (``prepare``), not by the
+    first request: built there they cost it ~60 ms (more under load), which the scheduler
+    learned as its placement's residual and spread and so shunned that placement (issue 19)."""
+    from vlarun.runtime import agent as agent_module
+    from vlarun.runtime import planning
+
+    image = StubEnv(1).image
+    cfg = AgentConfig(slo_s=2.0, strategy="vlarun")
+    agent = RobotAgent(policy, cfg, server.address, INSECURE)
+    try:
+        agent.warmup(image, INSTRUCTION, runs=1)
+
+        def built_in_a_request(*args, **kwargs):
+            raise AssertionError("one-time setup inside a timed request")
+
+        for module, name in ((planning, "make_scheduler"), (planning, "stand_in_factors"),
+                             (agent_module, "build_graph")):  # fmt: skip
+            monkeypatch.setattr(module, name, built_in_a_request)
+        inf = agent.infer(image, INSTRUCTION)
+        assert inf.predicted_s is not None  # planned by the scheduler
+    finally:
+        agent.close()
+
+
 def test_chunk_queue_appends_behind_the_queue_and_leads_by_the_latency():
     gate = threading.Event()
     gate.set()

@@ -105,10 +105,10 @@ def test_period_idle_energy_and_now_offset():
 def test_calibration_learns_stage_factor_boundary_and_residual():
     cal = Calibration(alpha=0.5)
     for _ in range(30):
-        cal.observe_stage("b", "e", predicted_s=0.5, measured_s=0.75)
+        cal.observe_stage("b", "edge", predicted_s=0.5, measured_s=0.75)
         cal.observe_boundary("a", "b", predicted_s=2.0, measured_s=2.1)
         cal.observe_total(("robot", "edge", "edge"), predicted_s=4.0, measured_s=4.2)
-    assert cal.factor("b", "e") == pytest.approx(1.5)
+    assert cal.factor("b", "edge") == pytest.approx(1.5)
     assert cal.boundary("a", "b") == pytest.approx(0.1)
     roles = place(CHAIN, ["robot", "edge", "edge"])
     p = predict_placement(CHAIN, roles, DEVICES, LINK, cal=cal)

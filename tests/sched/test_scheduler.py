@@ -76,8 +76,8 @@ def test_vectorised_scores_match_the_scalar_predictor(calibrated):
     sched = Scheduler(space, DEVICES, slo_s=1.0)
     if calibrated:  # measured times unlike the roofline on both sides: energy must follow them
         for name in space.stages:
-            sched.cal.observe_stage(name, ORIN.id, 1.0, 1.7)
-            sched.cal.observe_stage(name, RTX.id, 1.0, 3.0)
+            sched.cal.observe_stage(name, "robot", 1.0, 1.7)
+            sched.cal.observe_stage(name, "edge", 1.0, 3.0)
         # Boundary terms on every cut, the sensor input and the answer (learned overheads).
         names = list(space.stages)
         cuts = [(INPUT, names[0]), *zip(names, names[1:], strict=False), (names[-1], OUTPUT)]
@@ -306,7 +306,7 @@ def test_observe_calibrates_a_batched_execution_against_the_batched_prediction()
         stages.append(StageOutcome(name, role, float(secs), 4 if role == "edge" else 1))
     sched.observe(plan, Outcome(tuple(stages), plan.latency_s))
     for name in edge_stages:
-        assert sched.cal.factor(name, devs["edge"].id) == pytest.approx(1.0, rel=1e-9)
+        assert sched.cal.factor(name, "edge") == pytest.approx(1.0, rel=1e-9)
     # The plan carries what it predicted per stage; no index into the scheduler's arrays.
     assert set(plan.stage_predicted_s) == set(names)
     assert not hasattr(plan, "index")
@@ -390,3 +390,28 @@ def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut(
     # boundary is vision -> prefill, never observed) - and it never ran.
     assert after[edge_only] - before[edge_only] == pytest.approx(0.030, abs=2e-4)
     assert after[split] - before[split] == pytest.approx(0.015, abs=2e-4)
+
+
+def test_calibration_keeps_robot_and_edge_apart_when_the_catalog_names_one_device():
+    """`bench coinfer` prices both roles as this-cpu and slows the robot 4x: the robot's
+    measured stages (4x the model) and the edge's (1x) must teach two factors, not one shared
+    by device id (which averaged them, so the edge looked slow and the robot fast: issue 19)."""
+    from vlarun.sched.contract import Outcome, StageOutcome
+
+    devs = {"robot": ORIN, "edge": ORIN}
+    space = space_for("cogact", devs, accelerators=False)
+    sched = Scheduler(space, devs, slo_s=10.0, actions=16)
+    names = list(space.stages)
+    plan = sched.decide(Link(1000.0, 1.0))
+    k = sched.setting_index(plan)
+    runs = {"robot": 4.0, "edge": 1.0}  # measured / model on each side
+    for role, ratio in [*runs.items()] * 3:
+        ran = dataclasses.replace(plan, placement=dict.fromkeys(names, role))
+        base = sched.t_rob[k] if role == "robot" else sched.t_edge[k, :, 1]
+        stages = tuple(StageOutcome(n, role, float(ratio * base[i])) for i, n in enumerate(names))
+        sched.observe(ran, Outcome(stages, 1.0))
+    sc = sched.score(Link(1000.0, 1.0))
+    for role, ratio in runs.items():
+        c = sched.candidate_index(dataclasses.replace(plan, placement=dict.fromkeys(names, role)))
+        base = sched.t_rob[k] if role == "robot" else sched.t_edge[k, :, 1]
+        np.testing.assert_allclose(sc.end[c] - sc.start[c], ratio * base, rtol=1e-9)

@@ -14,7 +14,7 @@ r(pi) a residual learned online per placement. tau(w, v) = link latency of the p
 edge; a graph input (camera frame, prompt) starts on the robot, and the actions must come back.
 
 ``Calibration`` keeps the EWMA corrections that measurements feed back: a multiplicative factor
-per (stage, device), an additive overhead per cut boundary, and the residual per placement.
+per (stage, role), an additive overhead per cut boundary, and the residual per placement.
 The same recursion, vectorised over thousands of candidate plans, is in ``scheduler.py``.
 """
 
@@ -123,13 +123,13 @@ class Calibration:
     # 1-sigma relative error: exploration tries such a plan when it could meet the deadline
     # within the spread (``Scheduler.explore_every``).
     prior_rel: float = 0.15
-    stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)
+    stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, role)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residual_s: dict[tuple[str, ...], float] = field(default_factory=dict)
     residual_var: dict[tuple[str, ...], float] = field(default_factory=dict)
 
-    def factor(self, stage: str, device: str) -> float:
-        return self.stage_factor.get((stage, device), 1.0)
+    def factor(self, stage: str, role: str) -> float:
+        return self.stage_factor.get((stage, role), 1.0)
 
     def boundary(self, parent: str, child: str) -> float:
         return self.boundary_s.get((parent, child), 0.0)
@@ -145,10 +145,14 @@ class Calibration:
         """Whether the placement's end-to-end latency was ever observed."""
         return placement in self.residual_s
 
-    def observe_stage(self, stage: str, device: str, predicted_s: float, measured_s: float):
-        """Measured compute time of a stage; the factor tracks measured / uncalibrated model."""
+    def observe_stage(self, stage: str, role: str, predicted_s: float, measured_s: float):
+        """Measured compute time of a stage on ``role``'s machine (robot or edge); the factor
+        tracks measured / uncalibrated model. Keyed by role, not catalog device id: the robot
+        and the edge are two machines even when the catalog names the same device for both
+        (``bench coinfer`` prices both as this-cpu, the robot 4x slowed); one shared factor
+        would average the two and mis-price every stage on both sides."""
         if predicted_s > 0:
-            key = (stage, device)
+            key = (stage, role)
             ratio = measured_s / predicted_s
             self.stage_factor[key] = ewma(self.stage_factor.get(key), ratio, self.alpha)
 
@@ -253,7 +257,7 @@ def _stage_time(work, role, devices, dtype, cal, measured=None) -> tuple[float, 
     base, util = roof.seconds, roof.utilisation
     if measured and (work.name, dev.id) in measured:
         base, util = measured[(work.name, dev.id)], 1.0
-    return base * cal.factor(work.name, dev.id), util
+    return base * cal.factor(work.name, role), util
 
 
 def _arrival(work, role, placement, end, now, link, cal, radio):

@@ -157,8 +157,8 @@ class Scheduler:
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
             # The robot is this request's own device: a robot stage starts when it is ready.
             # An edge stage also waits for the edge, its queue and committed reservations.
-            f_edge = cal.factor(name, self.devices["edge"].id)
-            t_r = self.t_rob[k, s] * cal.factor(name, self.devices["robot"].id)
+            f_edge = cal.factor(name, "edge")
+            t_r = self.t_rob[k, s] * cal.factor(name, "robot")
             t_e = self.t_edge[k, s, 1] * f_edge * st.slowdown
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
             for r in res:
@@ -209,12 +209,12 @@ class Scheduler:
                 continue
             # The grown batch must not run into the next committed interval either.
             room = min([r.latest_end] + [q.start for q in res[i + 1 :] if q.start >= r.end])
-            t_new = self.t_edge[k, s, r.batch + 1] * self.cal.factor(name, self.devices["edge"].id)
+            t_new = self.t_edge[k, s, r.batch + 1] * self.cal.factor(name, "edge")
             t_new = t_new * slowdown
             ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
             s_edge = np.where(ok, r.start, s_edge)
             t_e = np.where(ok, t_new, t_e)
-            f_edge = self.cal.factor(name, self.devices["edge"].id)
+            f_edge = self.cal.factor(name, "edge")
             share = self.e_edge[k, s, r.batch + 1] * f_edge / (r.batch + 1)
             e_edge = np.where(ok, share, e_edge)
             joined = np.where(ok, i, joined)
@@ -278,9 +278,9 @@ class Scheduler:
         setting = sp.settings[k]
         roles = sp.roles(self.p[c])
         predicted = {
-            name: float(self.t_edge[k, s, 1] * self.cal.factor(name, self.devices["edge"].id))
+            name: float(self.t_edge[k, s, 1] * self.cal.factor(name, "edge"))
             if role == "edge"
-            else float(self.t_rob[k, s] * self.cal.factor(name, self.devices["robot"].id))
+            else float(self.t_rob[k, s] * self.cal.factor(name, "robot"))
             for s, (name, role) in enumerate(zip(sp.stages, roles, strict=True))
         }
         return ExecutionPlan(
@@ -348,13 +348,9 @@ class Scheduler:
         setting (the robot's warm-up runs; the edge's per-stage estimates)."""
         for si, name in enumerate(self.space.stages):
             if name in robot_s:
-                self.cal.observe_stage(
-                    name, self.devices["robot"].id, self.t_rob[0, si], robot_s[name]
-                )
+                self.cal.observe_stage(name, "robot", self.t_rob[0, si], robot_s[name])
             if name in edge_s:
-                self.cal.observe_stage(
-                    name, self.devices["edge"].id, self.t_edge[0, si, 1], edge_s[name]
-                )
+                self.cal.observe_stage(name, "edge", self.t_edge[0, si, 1], edge_s[name])
 
     def observe(self, plan: ExecutionPlan, outcome: Outcome) -> None:
         """The one feedback path: each stage's measured execution time teaches the factor of the
@@ -373,7 +369,7 @@ class Scheduler:
                 base = self.t_rob[k, si]
             else:
                 base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
-            self.cal.observe_stage(st.name, self.devices[st.role].id, base, st.seconds)
+            self.cal.observe_stage(st.name, st.role, base, st.seconds)
         for tr in outcome.transfers:
             self._observe_transfer(plan, tr)
         roles = tuple(plan.placement[n] for n in self.space.stages)
