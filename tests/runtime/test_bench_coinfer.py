@@ -81,3 +81,21 @@ def test_matrix_summary_on_hand_built_rows():
     assert parse_bandwidth("200-50") == (200.0, 50.0) and parse_bandwidth("10") == (10.0, None)
     with pytest.raises(ValueError, match="expected Mbit/s"):
         parse_bandwidth("fast")
+
+
+def test_prediction_error_counts_only_requests_that_ran_their_plan():
+    from vlarun.runtime.episode import prediction_error, summarise
+
+    def row(pred_ms, real_ms, pred_j, real_j, fallback=None):
+        return {
+            "predicted_ms": pred_ms, "latency_ms": real_ms, "predicted_j": pred_j,
+            "energy_j": real_j, "fallback": fallback, "slo_met": True, "ran": "a@edge",
+        }  # fmt: skip
+
+    rows = [row(100, 80, 2.0, 2.5), row(90, 100, 3.0, 3.0), row(50, 400, 1.0, 9.0, "link")]
+    err = prediction_error(rows)
+    assert err["predicted_requests"] == 2
+    assert abs(err["latency_mape_pct"] - 17.5) < 1e-9  # (25% + 10%) / 2; the fallback left out
+    assert abs(err["energy_mape_pct"] - 10.0) < 1e-9
+    assert prediction_error([row(None, 80, None, 2.0)])["latency_mape_pct"] is None
+    assert summarise(rows, 4)["latency_mape_pct"] == err["latency_mape_pct"]

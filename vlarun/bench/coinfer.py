@@ -367,6 +367,10 @@ def show(r: dict) -> None:
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
             f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
         )
+        if f.get("latency_mape_pct") is not None:
+            print(f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"
+                  f" latency MAPE {f['latency_mape_pct']:.1f}%, energy MAPE "
+                  f"{f['energy_mape_pct']:.1f}% (modelled energy)")  # fmt: skip
 
 
 def _show_matrix(r: dict) -> None:

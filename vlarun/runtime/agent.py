@@ -113,6 +113,7 @@ class Inference:
     measured_robot_j: float | None = None
     meter: str | None = None
     explored: bool = False  # the plan was tried by bounded exploration, not the core rule
+    predicted_j: float | None = None  # the plan's modelled energy as the scheduler priced it
 
     @property
     def late_s(self) -> float:
@@ -128,6 +129,7 @@ class Inference:
             "fallback": self.fallback,
             "predicted_ms": None if self.predicted_s is None else self.predicted_s * 1e3,
             "energy_j": self.energy_j,
+            "predicted_j": self.predicted_j,
             "stage_ms": self.stage_ms,
             "remote_overhead_ms": self.remote_overhead_ms,
             "bytes_sent": self.bytes_sent,
@@ -343,6 +345,7 @@ class RobotAgent:
             measured,
             None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
             decision is not None and decision.explored,
+            None if decision is None else decision.energy_j,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome

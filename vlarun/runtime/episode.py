@@ -125,6 +125,25 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "energy_source": _source(infs),
         "measured_robot_j_mean": _mean([r.get("measured_robot_j") for r in infs]),
         "mean_batch": mean_batch(infs),
+        **prediction_error(infs),
+    }
+
+
+def prediction_error(infs: list[dict]) -> dict:
+    """Mean absolute percentage error of the executed plan's predicted latency and energy
+    against what the request realised (issue 19's calibration goal), over the requests that
+    ran as planned (a fallback did not execute the plan it was predicted for); None where no
+    request had a scheduler's prediction."""
+    ran = [r for r in infs if r.get("predicted_ms") is not None and r["fallback"] is None]
+
+    def mape(pred: str, real: str) -> float | None:
+        pairs = [(r[pred], r[real]) for r in ran if r.get(pred) is not None and r[real] > 0]
+        return 100 * sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else None
+
+    return {
+        "latency_mape_pct": mape("predicted_ms", "latency_ms"),
+        "energy_mape_pct": mape("predicted_j", "energy_j"),
+        "predicted_requests": len(ran),
     }
 
 
