@@ -267,6 +267,8 @@ def _strategy_run(
         "slo_met_after_drop": summarise(after, horizon).get("slo_met_fraction"),
         "inferences": len(infs),
         "fallbacks": s["fallbacks"],
+        "latency_mape_pct": s["latency_mape_pct"],  # of the executed plan (scheduled runs)
+        "energy_mape_pct": s["energy_mape_pct"],
         "stalls": ep["stalls"],
         "episodes": ep["episodes"],
         "success": ep["success"],  # fraction of the episodes that succeeded
