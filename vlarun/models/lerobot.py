@@ -44,7 +44,7 @@ import numpy as np
 
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.llama import LlamaConfig
-from vlarun.models.presets import GEMMA_2B, GEMMA_300M_EXPERT
+from vlarun.models.presets import GEMMA_2B, GEMMA_300M_EXPERT, SMOLVLA_LAYOUT
 from vlarun.models.vit import ViTConfig
 from vlarun.models.vla import VLAConfig
 
@@ -57,19 +57,10 @@ TOKENIZER_FILE = "tokenizer.json"
 # run in seconds. A PaliGemma variant carries its SigLIP tower: LeRobot fixes So400m/14.
 _SO400M = ViTConfig.siglip_so400m(224, feature_layer=-1)
 _TINY_SIGLIP = ViTConfig("siglip", 224, 14, 64, 2, 4, 128, feature_layer=-1)
-_TINY_GEMMA = LlamaConfig(
-    vocab_size=GEMMA_2B.vocab_size,  # LeRobot fixes PaliGemma's vocabulary at 257152
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=8,  # LeRobot's joint attention reshapes to 8 heads (as both real variants have)
-    num_kv_heads=1,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    max_positions=8192,
-    mlp_act="gelu_tanh",
-    gemma_norm=True,
-    tie_embeddings=True,
+# LeRobot's joint attention reshapes to 8 heads, as both real variants have; the vocabulary
+# stays PaliGemma's 257152 (LeRobot fixes it).
+_TINY_GEMMA = dataclasses.replace(
+    GEMMA_2B, hidden_size=64, intermediate_size=128, num_layers=2, head_dim=16
 )
 # (LeRobot also accepts paligemma_variant "gemma_300m", but fixes the projector's output at
 # 2048 wide, so such a model cannot run there either; it is not offered here.)
@@ -332,9 +323,7 @@ def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
             connector="pixel-shuffle", pixel_shuffle=int(vlm.get("scale_factor", 4)),
             num_images=len(camera_keys(config)), action_dim=flow.action_dim,
             chunk=flow.horizon, max_text_tokens=int(config.get("tokenizer_max_length", 48)),
-            prefix_causal=False, images_first=True, bos_id=None,
-            proprio_dim=int(config.get("max_state_dim", 32)), proprio_after_text=True,
-            proprio_linear=True, scale_embeddings=True, flow=flow,
+            proprio_dim=int(config.get("max_state_dim", 32)), flow=flow, **SMOLVLA_LAYOUT,
             notes="LeRobot smolvla directory (SmolVLM2 + cross-attending expert)",
         )  # fmt: skip
     except ValueError as e:

@@ -147,6 +147,18 @@ def pi0() -> VLAConfig:
     )
 
 
+# SmolVLA's prefix (LeRobot): images, then the text with no BOS, then the state token in an
+# attention block of its own through one Linear; image and text embeddings scaled by sqrt(d).
+SMOLVLA_LAYOUT = dict(
+    prefix_causal=False,
+    images_first=True,
+    bos_id=None,
+    proprio_after_text=True,
+    proprio_linear=True,
+    scale_embeddings=True,
+)
+
+
 def smolvla() -> VLAConfig:
     """SmolVLA as LeRobot builds it: the state a prefix token after the text (its own block),
     image and text embeddings scaled by sqrt(960), no BOS; the expert's odd layers
@@ -175,14 +187,9 @@ def smolvla() -> VLAConfig:
         action_dim=32,
         chunk=50,
         max_text_tokens=48,
-        prefix_causal=False,
-        images_first=True,
-        bos_id=None,
         proprio_dim=32,
-        proprio_after_text=True,
-        proprio_linear=True,
-        scale_embeddings=True,
         flow=flow,
+        **SMOLVLA_LAYOUT,
         notes="SmolVLM2-500M (16 of 32 text layers) + a 0.75x expert, cross-attention in "
         "alternate layers (LeRobot's SmolVLA)",
     )
@@ -317,14 +324,9 @@ def tiny_smolvla() -> VLAConfig:
         action_dim=7,
         chunk=8,
         max_text_tokens=TINY_TEXT,
-        prefix_causal=False,
-        images_first=True,
-        bos_id=None,
         proprio_dim=8,
-        proprio_after_text=True,
-        proprio_linear=True,
-        scale_embeddings=True,
         flow=flow,
+        **SMOLVLA_LAYOUT,
     )
 
 
