@@ -98,4 +98,8 @@ def test_prediction_error_counts_only_requests_that_ran_their_plan():
     assert abs(err["latency_mape_pct"] - 17.5) < 1e-9  # (25% + 10%) / 2; the fallback left out
     assert abs(err["energy_mape_pct"] - 10.0) < 1e-9
     assert prediction_error([row(None, 80, None, 2.0)])["latency_mape_pct"] is None
-    assert summarise(rows, 4)["latency_mape_pct"] == err["latency_mape_pct"]
+    summary = summarise(rows, 4)
+    assert summary["latency_mape_pct"] == err["latency_mape_pct"]
+    late = [*rows, {**row(100, 250, 2.0, 2.0), "slo_met": False}]  # the edge answered late
+    assert summarise(rows, 4)["late_edge_answers"] == 0
+    assert summarise(late, 4)["late_edge_answers"] == 1

@@ -103,6 +103,7 @@ def run(o: BenchCoinferOptions) -> dict:
                                           o.drop_to))  # fmt: skip
         if robots > 0 and not o.matrix:
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
+            fleet["edge_peak_rss_mb"] = procs.peak_rss_mb(edge)  # over the whole run
     finally:
         procs.stop(edge)
     batching = None
@@ -112,6 +113,7 @@ def run(o: BenchCoinferOptions) -> dict:
         )
         try:
             unbatched = _fleet_run(o, policy, at, robots, requests)
+            unbatched["edge_peak_rss_mb"] = procs.peak_rss_mb(single)
         finally:
             procs.stop(single)
         batching = {"max_batch_8": fleet, "max_batch_1": unbatched}
@@ -367,7 +369,9 @@ def show(r: dict) -> None:
         print(
             f"  fleet: {f['robots']} robots x {f['requests_per_robot']} requests: p50 "
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
-            f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J"
+            f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J, "
+            f"{f['fallbacks']} fallbacks, {f['late_edge_answers']} edge answers after the "
+            f"deadline, edge peak RSS {f.get('edge_peak_rss_mb') or 0:.0f} MB"
         )
         if f.get("latency_mape_pct") is not None:
             print(f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"

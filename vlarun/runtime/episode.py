@@ -119,6 +119,11 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "latency_p99_ms": pick(0.99),
         "slo_met_fraction": sum(r["slo_met"] for r in infs) / len(infs),
         "fallbacks": sum(r["fallback"] is not None for r in infs),
+        # answered by the edge (no fallback) yet after the deadline: what admission and the
+        # edge's expiry exist to prevent
+        "late_edge_answers": sum(
+            r["fallback"] is None and "@edge" in r["ran"] and not r["slo_met"] for r in infs
+        ),  # fmt: skip
         "explored": sum(bool(r.get("explored")) for r in infs),
         "edge_requests": sum("@edge" in r["ran"] for r in infs),
         "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,

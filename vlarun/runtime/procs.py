@@ -73,6 +73,17 @@ def spawn_module(module: str, args: list[str] | None = None, timeout_s: float = 
     return _spawn(["-m", module, *(args or [])], timeout_s)
 
 
+def peak_rss_mb(proc: subprocess.Popen) -> float | None:
+    """A live process's peak resident memory so far (Linux ``VmHWM``), MB; None elsewhere."""
+    try:
+        for line in open(f"/proc/{proc.pid}/status"):  # noqa: SIM115 - a proc file, read once
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def stop(
     proc: subprocess.Popen, kill: bool = False, timeout_s: float = 5.0, close: bool = True
 ) -> None:
