@@ -440,8 +440,8 @@ class LeRobotIO:
 
     state: FeatureNorm
     action: FeatureNorm
-    cameras: tuple[str, ...]
-    has_statistics: bool
+    prompt: str  # the Policy's prompt template (tokenizer.PROMPTS)
+    resize: str  # how frames of another size are letterboxed (Policy.resize)
 
 
 def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO:
@@ -458,4 +458,7 @@ def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO
                           state_dim, f"{d}/policy_preprocessor.json")  # fmt: skip
     action = _feature_norm(config, post_cfg, post_stats, "action", "ACTION", cfg.action_dim,
                            action_dim, f"{d}/policy_postprocessor.json")  # fmt: skip
-    return LeRobotIO(state, action, tuple(camera_keys(config)), bool(pre_stats or post_stats))
+    kind = config.get("type")
+    prompt = "pi05" if kind == "pi05" else "task-newline"  # pi05 writes the state in the text
+    resize = "pad-topleft" if kind == "smolvla" else "pad"  # SmolVLA pads left/top, openpi centres
+    return LeRobotIO(state, action, prompt, resize)

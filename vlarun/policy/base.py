@@ -116,9 +116,7 @@ class Policy:
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
-            prompt = "pi05" if config["type"] == "pi05" else "task-newline"
-            resize = "pad-topleft" if config["type"] == "smolvla" else "pad"
-            return cls(model, tok, io.action, io.state, resize, calibration, prompt=prompt)
+            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt)
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)

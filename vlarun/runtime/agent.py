@@ -306,10 +306,9 @@ class RobotAgent:
             self.scheduler(n)
 
     def _zero_state(self) -> np.ndarray | None:
-        """A zero robot state for a model whose prompt or prefix reads one (else None)."""
-        if self.policy.model.cfg.proprio_dim or self.policy.prompt == "pi05":
-            return np.zeros(self.policy.state_size, dtype=np.float32)
-        return None
+        """A zero robot state for a policy that reads one (in its prompt, prefix or expert)."""
+        size = self.policy.state_size
+        return np.zeros(size, dtype=np.float32) if size else None
 
     def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
         t0 = time.perf_counter()

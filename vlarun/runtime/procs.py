@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def _spawn(args: list[str], timeout_s: float) -> tuple[subprocess.Popen, str]:
@@ -76,12 +77,11 @@ def spawn_module(module: str, args: list[str] | None = None, timeout_s: float = 
 def peak_rss_mb(proc: subprocess.Popen) -> float | None:
     """A live process's peak resident memory so far (Linux ``VmHWM``), MB; None elsewhere."""
     try:
-        for line in open(f"/proc/{proc.pid}/status"):  # noqa: SIM115 - a proc file, read once
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        status = Path(f"/proc/{proc.pid}/status").read_text()
     except OSError:
         return None
-    return None
+    kb = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(kb[0]) / 1024 if kb else None
 
 
 def stop(
