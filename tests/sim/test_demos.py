@@ -112,8 +112,8 @@ def test_failed_episodes_are_replaced_and_recorded(tmp_path, monkeypatch):
 
     real = demos_module.run_expert_episode
 
-    def seed_0_fails(env, seed):
-        episode = real(env, seed)
+    def seed_0_fails(env, seed, dart_noise=0.0):
+        episode = real(env, seed, dart_noise)
         episode.success = episode.success and seed != 0
         return episode
 

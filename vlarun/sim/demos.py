@@ -11,6 +11,8 @@
                                    actions float32 (T, 4)      expert action, clipped to [-1, 1]
                                    episode_index int32 (T,)    episode number within the shard
                                    step_index int32 (T,)       step within the episode
+                                   targets float32 (T, 6)      object xyz + goal xyz (training
+                                                               only: an auxiliary target)
         manifest.json              shards, tasks + instructions, every episode with its seed,
                                    success flag and frame count, failures, action statistics
         dataset_statistics.json    the statistics alone, in OpenVLA's layout
@@ -52,7 +54,9 @@ EVAL_SEED_OFFSET = 10_000
 """First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
 overlap: evaluate episode ``i`` of a task with ``env.reset(seed=EVAL_SEED_OFFSET + i)``."""
 
-FORMAT = "vlarun.sim.demos/1"
+FORMAT = "vlarun.sim.demos/2"
+"""Version 2 adds ``targets`` (object and goal xyz) per frame; version 1 directories still load."""
+FORMATS = ("vlarun.sim.demos/1", FORMAT)
 MANIFEST = "manifest.json"
 STATISTICS = "dataset_statistics.json"
 DATASET_NAME = "metaworld"  # key of the statistics, as OpenVLA names datasets
@@ -62,7 +66,9 @@ TENSORS = {
     "actions": np.float32,
     "episode_index": np.int32,
     "step_index": np.int32,
+    "targets": np.float32,
 }
+OPTIONAL = frozenset({"targets"})  # absent from version-1 shards
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,12 @@ class DemoConfig:
         camera: Camera name (``vlarun.sim.env.CAMERAS``); None = the env's default.
         extra_cameras: Further views stored beside ``camera`` (images become (T, V, S, S, 3)).
         max_attempts_factor: Give up on a task after ``factor * episodes_per_task + 10`` seeds.
+        episodes_for: Per-task counts overriding ``episodes_per_task`` (more data where
+            success is lost).
+        dart_noise: DART (Laskey et al. 2017): Gaussian noise of this std is added to the xyz
+            action the robot executes while the stored label stays the expert's clean action,
+            so the data covers the states a slightly wrong policy visits and how to recover
+            from them. 0 = off.
     """
 
     tasks: tuple[str, ...]
@@ -90,8 +102,17 @@ class DemoConfig:
     camera: str | None = None
     max_attempts_factor: float = 2.0
     extra_cameras: tuple[str, ...] = ()
+    episodes_for: tuple[tuple[str, int], ...] = ()
+    dart_noise: float = 0.0
 
     def __post_init__(self) -> None:
+        for task, n in self.episodes_for:
+            if task not in self.tasks:
+                raise ValueError(f"episodes_for names {task!r}, which is not among the tasks")
+            if n < 1:
+                raise ValueError(f"episodes_for {task}: must be >= 1, got {n}")
+        if not 0.0 <= self.dart_noise <= 1.0:
+            raise ValueError(f"dart_noise must be in [0, 1], got {self.dart_noise}")
         if not self.tasks:
             raise ValueError("no tasks given")
         if len(set(self.tasks)) != len(self.tasks):
@@ -102,9 +123,10 @@ class DemoConfig:
             raise ValueError(f"episodes_per_task must be >= 1, got {self.episodes_per_task}")
         if self.seed_start < 0:
             raise ValueError(f"seed_start must be >= 0, got {self.seed_start}")
-        if self.seed_start + self.episodes_per_task > EVAL_SEED_OFFSET:
+        most = max(self.episodes(t) for t in self.tasks)
+        if self.seed_start + most > EVAL_SEED_OFFSET:
             raise ValueError(
-                f"demo seeds {self.seed_start}..{self.seed_start + self.episodes_per_task - 1} "
+                f"demo seeds {self.seed_start}..{self.seed_start + most - 1} "
                 f"would reach the evaluation seeds (>= EVAL_SEED_OFFSET = {EVAL_SEED_OFFSET})"
             )
         if self.workers < 1:
@@ -117,10 +139,13 @@ class DemoConfig:
         if self.max_attempts_factor < 1.0:
             raise ValueError(f"max_attempts_factor must be >= 1, got {self.max_attempts_factor}")
 
-    @property
-    def max_attempts(self) -> int:
-        """Seeds tried per task before giving up on reaching ``episodes_per_task``."""
-        return math.ceil(self.max_attempts_factor * self.episodes_per_task) + 10
+    def episodes(self, task: str) -> int:
+        """Successful episodes wanted for ``task``."""
+        return dict(self.episodes_for).get(task, self.episodes_per_task)
+
+    def max_attempts(self, task: str) -> int:
+        """Seeds tried for ``task`` before giving up on reaching its episodes."""
+        return math.ceil(self.max_attempts_factor * self.episodes(task)) + 10
 
 
 @dataclass(frozen=True)
@@ -133,6 +158,7 @@ class _ShardJob:
     image_size: int
     camera: str | None
     extra_cameras: tuple[str, ...] = ()
+    dart_noise: float = 0.0
 
 
 @dataclass
@@ -143,6 +169,7 @@ class Episode:
     images: list[np.ndarray] = field(default_factory=list)
     states: list[np.ndarray] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
+    targets: list[np.ndarray] = field(default_factory=list)
     success: bool = False
 
     @property
@@ -150,20 +177,27 @@ class Episode:
         return len(self.actions)
 
 
-def run_expert_episode(env: MetaWorldEnv, seed: int) -> Episode:
+def run_expert_episode(env: MetaWorldEnv, seed: int, dart_noise: float = 0.0) -> Episode:
     """Roll the scripted expert out in ``env`` from ``reset(seed=seed)``.
 
-    Records (observation, action) before every step and stops at the first success or at the
-    env's ``max_steps``.
+    Records (observation, expert action) before every step and stops at the first success or
+    at the env's ``max_steps``. With ``dart_noise`` the executed xyz action is perturbed (noise
+    drawn from a generator seeded by ``seed``, so an episode is reproducible); the label is not.
     """
     episode = Episode(seed=seed)
     obs, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
     while True:
         action = env.expert_action()
         episode.images.append(obs.get("views", obs["image"]))
         episode.states.append(obs["state"])
         episode.actions.append(action)
-        obs, _, terminated, truncated, _ = env.step(action)
+        episode.targets.append(env.targets)
+        executed = action
+        if dart_noise:
+            executed = action.copy()
+            executed[:3] = np.clip(action[:3] + rng.normal(0.0, dart_noise, 3), -1.0, 1.0)
+        obs, _, terminated, truncated, _ = env.step(executed)
         if terminated or truncated:
             episode.success = bool(terminated)
             return episode
@@ -184,7 +218,7 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
     failures = []
     try:
         for seed in job.seeds:
-            episode = run_expert_episode(env, seed)
+            episode = run_expert_episode(env, seed, job.dart_noise)
             if episode.success:
                 kept.append(episode)
             else:
@@ -203,6 +237,7 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
                 [np.full(ep.length, i, np.int32) for i, ep in enumerate(kept)]
             ),
             "step_index": np.concatenate([np.arange(ep.length, dtype=np.int32) for ep in kept]),
+            "targets": np.stack([t for ep in kept for t in ep.targets]).astype(np.float32),
         }
         metadata = {
             "format": FORMAT,
@@ -285,6 +320,8 @@ def collect(
     episodes_per_shard: int = 25,
     camera: str | None = None,
     extra_cameras: Sequence[str] = (),
+    episodes_for: dict[str, int] | None = None,
+    dart_noise: float = 0.0,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -307,6 +344,8 @@ def collect(
         episodes_per_shard,
         camera,
         extra_cameras=tuple(extra_cameras),
+        episodes_for=tuple((episodes_for or {}).items()),
+        dart_noise=dart_noise,
     )
     out = Path(out_dir)
     if (out / MANIFEST).exists():
@@ -328,7 +367,7 @@ def collect(
         jobs = []
         for task in cfg.tasks:
             missing = min(
-                cfg.episodes_per_task - successes[task], cfg.max_attempts - attempts[task]
+                cfg.episodes(task) - successes[task], cfg.max_attempts(task) - attempts[task]
             )
             if missing <= 0:
                 continue
@@ -345,8 +384,9 @@ def collect(
                 shard_count[task] += 1
                 chunk = tuple(seeds[i : i + cfg.episodes_per_shard])
                 job = _ShardJob(
-                    task, chunk, str(path), cfg.image_size, cfg.camera, cfg.extra_cameras
-                )
+                    task, chunk, str(path), cfg.image_size, cfg.camera, cfg.extra_cameras,
+                    cfg.dart_noise,
+                )  # fmt: skip
                 jobs.append(job)
         return jobs
 
@@ -358,7 +398,7 @@ def collect(
         for ep in result["episodes"]:
             successes[ep["task"]] += 1
 
-    total = len(cfg.tasks) * cfg.episodes_per_task
+    total = sum(cfg.episodes(t) for t in cfg.tasks)
     bar = tqdm(total=total, desc="expert episodes", unit="ep", disable=not progress)
     pool = None
     if cfg.workers > 1:
@@ -380,10 +420,10 @@ def collect(
             pool.shutdown()
 
     for task in cfg.tasks:
-        if successes[task] < cfg.episodes_per_task:
+        if successes[task] < cfg.episodes(task):
             warnings.warn(
                 f"{task}: expert succeeded in only {successes[task]} of {attempts[task]} "
-                f"episodes (wanted {cfg.episodes_per_task})",
+                f"episodes (wanted {cfg.episodes(task)})",
                 stacklevel=2,
             )
     if not shards:
@@ -401,6 +441,8 @@ def collect(
         "cameras": [cfg.camera or DEFAULT_CAMERA, *cfg.extra_cameras],
         "state": "Meta-World obs[:4]: hand xyz (m) + gripper opening (0..1)",
         "action": "xyz end-effector delta + gripper effort, each in [-1, 1]",
+        "targets": "object xyz + goal xyz (m), training-only auxiliary targets",
+        "dart_noise": cfg.dart_noise,
         "eval_seed_offset": EVAL_SEED_OFFSET,
         "task_names": list(cfg.tasks),
         "tasks": {
@@ -450,13 +492,14 @@ class Demos:
     ``task_index`` indexes ``manifest["task_names"]``.
     """
 
-    images: np.ndarray  # uint8 (N, S, S, 3), or (N, V, S, S, 3) with several cameras
+    images: FrameStore  # uint8 (N, S, S, 3), or (N, V, S, S, 3) with several cameras
     states: np.ndarray  # float32 (N, 4)
     actions: np.ndarray  # float32 (N, 4)
     episode_index: np.ndarray  # int32 (N,)
     step_index: np.ndarray  # int32 (N,)
     task_index: np.ndarray  # int32 (N,)
     manifest: dict[str, Any]
+    targets: np.ndarray | None = None  # float32 (N, 6): object + goal xyz (format 2 only)
 
     @property
     def instructions(self) -> list[str]:
@@ -476,15 +519,16 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
     """
     out = Path(out_dir)
     manifest = json.loads((out / MANIFEST).read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{out / MANIFEST}: format {manifest.get('format')!r} != {FORMAT!r}")
+    if manifest.get("format") not in FORMATS:
+        raise ValueError(f"{out / MANIFEST}: format {manifest.get('format')!r} not in {FORMATS}")
+    wanted = set(TENSORS) - (OPTIONAL if manifest["format"] != FORMAT else set())
     size = manifest["image_size"]
     task_ids = {t: i for i, t in enumerate(manifest["task_names"])}
     per_shard: dict[str, list[dict[str, Any]]] = {}
     for ep in manifest["episodes"]:
         per_shard.setdefault(ep["shard"], []).append(ep)
 
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*TENSORS, "task_index")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*wanted, "task_index")}
     episode_base = 0
     for shard in manifest["shards"]:
         path = out / shard["file"]
@@ -492,10 +536,12 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             raise FileNotFoundError(f"{path}: listed in the manifest but missing")
         with safe_open(str(path), framework="np") as f:
             names = set(f.keys())
-            if names != set(TENSORS):
-                raise ValueError(f"{path}: tensors {sorted(names)} != {sorted(TENSORS)}")
-            arrays = {k: f.get_tensor(k) for k in TENSORS}
+            if names != wanted:
+                raise ValueError(f"{path}: tensors {sorted(names)} != {sorted(wanted)}")
+            arrays = {k: f.get_tensor(k) for k in wanted if k != "images"}
             meta = f.metadata() or {}
+        # Frames stay on disk (memory-mapped): a deep-policy collection is ~10 GB of pixels.
+        arrays["images"] = _memmap_tensor(path, "images")
         frames = shard["frames"]
         views = len(manifest.get("cameras", [None]))
         expected = {
@@ -504,8 +550,10 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             "actions": (frames, 4),
             "episode_index": (frames,),
             "step_index": (frames,),
+            "targets": (frames, 6),
         }
-        for k, dtype in TENSORS.items():
+        for k in wanted:
+            dtype = TENSORS[k]
             if arrays[k].dtype != dtype or arrays[k].shape != expected[k]:
                 raise ValueError(
                     f"{path}: {k} is {arrays[k].dtype}{arrays[k].shape}, manifest implies "
@@ -519,7 +567,7 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             raise ValueError(f"{path}: episode frame counts {counts.tolist()} disagree")
         if json.loads(meta.get("seeds", "[]")) != [e["seed"] for e in eps]:
             raise ValueError(f"{path}: seeds in the shard disagree with the manifest")
-        for k in TENSORS:
+        for k in wanted:
             parts[k].append(arrays[k])
         parts["episode_index"][-1] = arrays["episode_index"] + episode_base
         parts["task_index"].append(np.full(frames, task_ids[shard["task"]], np.int32))
@@ -532,10 +580,81 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
         )
     if not parts["actions"]:
         raise ValueError(f"{out}: manifest lists no shards")
-    cat = {k: np.concatenate(v) for k, v in parts.items()}
+    cat = {k: np.concatenate(v) for k, v in parts.items() if k != "images"}
     if cat["actions"].shape[0] != manifest["num_frames"]:
         raise ValueError(f"{out}: {cat['actions'].shape[0]} frames != {manifest['num_frames']}")
-    return Demos(manifest=manifest, **cat)
+    cat.setdefault("targets", None)
+    return Demos(manifest=manifest, images=FrameStore(parts["images"]), **cat)
+
+
+def _memmap_tensor(path: Path, name: str) -> np.ndarray:
+    """One tensor of a safetensors file as a read-only memory map (no copy into RAM).
+
+    The format: an 8-byte little-endian header length, a JSON header giving each tensor's
+    dtype, shape and byte range after the header, then the data."""
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    entry = header[name]
+    if entry["dtype"] != "U8":
+        raise ValueError(f"{path}: {name} is {entry['dtype']}, expected U8")
+    start, end = entry["data_offsets"]
+    shape = tuple(entry["shape"])
+    if end - start != math.prod(shape):
+        raise ValueError(f"{path}: {name} holds {end - start} bytes for shape {shape}")
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n + start, shape=shape)
+
+
+class FrameStore:
+    """Frames of several shards as one indexable array, each shard memory-mapped.
+
+    ``store[i]`` / ``store[index_array]`` gathers rows (a copy); ``np.asarray(store)`` reads all.
+    """
+
+    def __init__(self, parts: list[np.ndarray]) -> None:
+        if not parts:
+            raise ValueError("no frames")
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self.offsets[-1]), *self.parts[0].shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, slice):
+            index = np.arange(len(self))[index]
+        idx = np.asarray(index)
+        scalar = idx.ndim == 0
+        idx = np.atleast_1d(idx).astype(np.int64)
+        idx = np.where(idx < 0, idx + len(self), idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"frame index out of range 0..{len(self) - 1}")
+        out = np.empty((idx.size, *self.shape[1:]), dtype=self.dtype)
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        for s in np.unique(shard):
+            rows = shard == s
+            out[rows] = self.parts[s][idx[rows] - self.offsets[s]]
+        return out[0] if scalar else out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        full = np.concatenate(self.parts)
+        return full if dtype is None else full.astype(dtype)
+
+    @staticmethod
+    def join(stores: list[FrameStore]) -> FrameStore:
+        return FrameStore([p for s in stores for p in s.parts])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -560,10 +679,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--extra-cameras", nargs="*", default=[], help="further views (e.g. left), stored beside"
     )
+    parser.add_argument(
+        "--episodes-for",
+        nargs="*",
+        default=[],
+        metavar="TASK=N",
+        help="per-task counts overriding --episodes (e.g. reach-v3=200)",
+    )
+    parser.add_argument(
+        "--dart-noise", type=float, default=0.0, help="std of noise on executed xyz actions (DART)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
     args = parser.parse_args(argv)
     tasks = {"all": task_names(), "mt10": list(MT10)}.get(args.tasks[0], args.tasks)
     try:
+        episodes_for = {}
+        for item in args.episodes_for:
+            task, sep, count = item.partition("=")
+            if not sep or not count.isdigit():
+                raise ValueError(f"--episodes-for takes TASK=N, got {item!r}")
+            episodes_for[task] = int(count)
         manifest = collect(
             tasks,
             args.episodes,
@@ -574,6 +709,8 @@ def main(argv: list[str] | None = None) -> None:
             episodes_per_shard=args.episodes_per_shard,
             camera=args.camera,
             extra_cameras=args.extra_cameras,
+            episodes_for=episodes_for,
+            dart_noise=args.dart_noise,
             overwrite=args.overwrite,
         )
     except (ValueError, FileExistsError) as err:

@@ -155,6 +155,8 @@ class CameraSpec:
         distance: Free camera distance from ``lookat``.
         azimuth: Free camera azimuth (degrees; 90 looks along +y, the robot's forward axis).
         elevation: Free camera elevation (degrees; negative looks down).
+        follow: A body whose position the free camera keeps ``lookat`` relative to (``lookat``
+            is then an offset from that body, refreshed every frame): a camera mounted on it.
     """
 
     model_camera: str | None = None
@@ -163,8 +165,11 @@ class CameraSpec:
     distance: float = 1.1
     azimuth: float = 145.0
     elevation: float = -40.0
+    follow: str | None = None
 
     def __post_init__(self) -> None:
+        if self.follow is not None and self.model_camera is not None:
+            raise ValueError(f"follow applies to free cameras only, not {self.model_camera!r}")
         if len(self.lookat) != 3:
             raise ValueError(f"lookat must be xyz, got {self.lookat}")
         if self.distance <= 0:
@@ -184,9 +189,15 @@ CAMERAS: dict[str, CameraSpec] = {
     "corner2": CameraSpec("corner2", rotate_180=True),
     "corner3": CameraSpec("corner3", rotate_180=True),
     "corner4": CameraSpec("corner4", rotate_180=True),
+    # A wrist camera: rides with the hand (fixed orientation, as Meta-World keeps the gripper's),
+    # 0.38 m from a point just below and ahead of the fingers, so the fingers, the object being
+    # grasped and a nearby goal fill the frame and the view changes every step. XML "gripperPOV"
+    # would be the literal one, but it sits inside the gripper geometry and renders black.
+    "wrist": CameraSpec(
+        lookat=(0.0, 0.04, -0.07), distance=0.38, azimuth=145.0, elevation=-40.0, follow="hand"
+    ),  # fmt: skip
     "topview": CameraSpec("topview"),
     "behindGripper": CameraSpec("behindGripper"),
-    # Not "gripperPOV": it sits inside the gripper geometry and renders black.
 }
 
 DEFAULT_CAMERA = "workspace"
@@ -246,7 +257,7 @@ def _camera(spec: CameraSpec) -> tuple[str | Any, bool]:
         return spec.model_camera, spec.rotate_180
     cam = mujoco.MjvCamera()
     cam.type = mujoco.mjtCamera.mjCAMERA_FREE
-    cam.lookat[:] = spec.lookat
+    cam.lookat[:] = spec.lookat  # an offset from the followed body's position, set per frame
     cam.distance = spec.distance
     cam.azimuth = spec.azimuth
     cam.elevation = spec.elevation
@@ -358,8 +369,11 @@ class MetaWorldEnv(gym.Env):
         flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
         # Skybox: not in view from "workspace"; the XML corner cameras show black there instead.
         flags[mujoco.mjtRndFlag.mjRND_SKYBOX] = False
-        self._cameras = [
-            _camera(CAMERAS[name]) for name in (self.config.camera, *self.config.extra_cameras)
+        names = (self.config.camera, *self.config.extra_cameras)
+        self._cameras = [_camera(CAMERAS[name]) for name in names]
+        self._follow = [
+            None if CAMERAS[n].follow is None else (CAMERAS[n].follow, np.array(CAMERAS[n].lookat))
+            for n in names
         ]
         _OPEN_ENVS.add(self)
         if not _ATEXIT_REGISTERED:
@@ -371,6 +385,10 @@ class MetaWorldEnv(gym.Env):
         if self._renderer is None:
             raise RuntimeError("this env was built with render=False (or is closed)")
         camera, rotate_180 = self._cameras[view]
+        follow = self._follow[view]
+        if follow is not None:
+            body, offset = follow
+            camera.lookat[:] = self._mw.data.body(body).xpos + offset
         self._renderer.update_scene(self._mw.data, camera=camera)
         image = self._renderer.render()  # a fresh array, already flipped to top-row-first
         if rotate_180:
@@ -440,6 +458,14 @@ class MetaWorldEnv(gym.Env):
         if self._raw_obs is None:
             raise RuntimeError("call reset() first")
         return self._raw_obs
+
+    @property
+    def targets(self) -> np.ndarray:
+        """float32 (6,): the first object's xyz and the goal's xyz (metres), from the simulator
+        state. A training-only signal (an auxiliary head regresses them from the pixels); never
+        part of a policy's input, which sees objects and goals only through the cameras."""
+        goal = np.asarray(self._mw._get_pos_goal(), dtype=np.float32).reshape(-1)[:3]
+        return np.concatenate((self.raw_obs[4:7].astype(np.float32), goal))
 
     @property
     def task_vector(self) -> list[float]:
