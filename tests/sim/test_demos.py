@@ -129,3 +129,44 @@ def test_failed_episodes_are_replaced_and_recorded(tmp_path, monkeypatch):
     collect(["push-v3"], 1, tmp_path, image_size=32, progress=False, overwrite=True)
     assert not any((tmp_path / f).exists() for f in old_files)
     assert load_demos(tmp_path).manifest["task_names"] == ["push-v3"]
+
+
+def test_targets_counts_per_task_and_dart_noise(tmp_path):
+    """Format 2 stores object + goal targets; per-task counts override the default; DART noise
+    changes what the robot executes (another trajectory) but the labels stay the expert's."""
+    from vlarun.sim.demos import run_expert_episode
+    from vlarun.sim.env import MetaWorldEnv
+
+    m = collect(["reach-v3", "push-v3"], 1, tmp_path / "d", image_size=32, progress=False,
+                episodes_for={"reach-v3": 2})  # fmt: skip
+    assert m["tasks"]["reach-v3"]["episodes"] == 2 and m["tasks"]["push-v3"]["episodes"] == 1
+    demos = load_demos(tmp_path / "d")
+    assert demos.targets is not None and demos.targets.shape == (len(demos), 6)
+    assert np.isfinite(demos.targets).all() and np.abs(demos.targets).max() < 2.0  # metres
+    with pytest.raises(ValueError, match="not among the tasks"):
+        collect(["reach-v3"], 1, tmp_path / "e", episodes_for={"push-v3": 2}, progress=False)
+
+    env = MetaWorldEnv("push-v3", image_size=32)
+    clean = run_expert_episode(env, 5)
+    noisy = run_expert_episode(env, 5, dart_noise=0.3)
+    again = run_expert_episode(env, 5, dart_noise=0.3)
+    env.close()
+    assert not np.allclose(clean.states[5], noisy.states[5])  # the noise moved the hand
+    assert np.array_equal(np.stack(noisy.states), np.stack(again.states))  # seeded
+    # Every label is the expert's action at the visited state: replaying them needs no noise.
+    assert all(np.abs(a).max() <= 1.0 for a in noisy.actions)
+
+
+def test_frame_store_gathers_across_memory_mapped_shards(demo_dir):
+    from vlarun.sim.demos import FrameStore
+
+    demos = load_demos(demo_dir)
+    store = demos.images
+    assert isinstance(store, FrameStore) and len(store) == len(demos)
+    full = np.asarray(store)
+    idx = np.array([len(store) - 1, 0, 3, 3])
+    assert np.array_equal(store[idx], full[idx]) and np.array_equal(store[2], full[2])
+    joined = FrameStore.join([store, store])
+    assert np.array_equal(joined[[len(store)]], full[[0]])
+    with pytest.raises(IndexError):
+        store[[len(store)]]

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("metaworld")
 
-from vlarun.sim.env import CAMERAS, GL_BACKEND, MetaWorldEnv  # noqa: E402
+from vlarun.sim.env import CAMERAS, GL_BACKEND, CameraSpec, MetaWorldEnv  # noqa: E402
 from vlarun.sim.tasks import METAWORLD_HORIZON, TASKS, get_task, task_names  # noqa: E402
 
 
@@ -187,3 +187,24 @@ def test_extra_cameras_give_stacked_views():
     env.close()
     with pytest.raises(ValueError, match="unknown camera 'nope'"):
         MetaWorldEnv("reach-v3", extra_cameras=("nope",))
+
+
+def test_wrist_camera_rides_with_the_hand():
+    """The wrist view follows the hand (its image changes as the hand moves while the static
+    workspace view of the same scene barely does), and the training targets are object + goal."""
+    env = MetaWorldEnv("reach-v3", image_size=64, extra_cameras=("wrist",))
+    obs, _ = env.reset(seed=3)
+    first = obs["views"].astype(np.int16)
+    targets = env.targets
+    assert targets.shape == (6,) and targets.dtype == np.float32
+    assert np.allclose(targets[3:], env._mw._get_pos_goal(), atol=1e-6)  # the goal, not zeros
+    for _ in range(15):
+        obs, *_ = env.step(np.array([1.0, 0.0, 0.0, 0.0], np.float32))  # sweep the hand sideways
+    moved = np.abs(obs["views"].astype(np.int16) - first).mean(axis=(1, 2, 3))
+    assert moved[1] > moved[0] > 0, moved  # the wrist view changes more than the workspace's
+    camera = env._cameras[1][0]  # its target is a fixed offset from the hand, wherever that is
+    hand = env._mw.data.body("hand").xpos
+    assert np.allclose(camera.lookat, hand + np.array(CAMERAS["wrist"].lookat))
+    env.close()
+    with pytest.raises(ValueError, match="free cameras only"):
+        CameraSpec("corner", follow="hand")

@@ -49,7 +49,7 @@ def test_chunks_repeat_the_last_action_of_each_episode():
 
 
 def test_joint_mask_isolates_the_heads():
-    m = joint_mask(prefix_len=3, n=3)  # prompt 3 | AR 2 | OFT 3
+    m = joint_mask(prefix_len=3, n_ar=3)  # prompt 3 | AR 2 | OFT 3
     assert m[:3, :3].equal(torch.ones(3, 3, dtype=torch.bool).tril())
     assert m[3:5, 3:5].equal(torch.ones(2, 2, dtype=torch.bool).tril()) and m[3:5, :3].all()
     assert m[5:, 5:].all() and m[5:, :3].all() and not m[5:, 3:5].any()
@@ -105,3 +105,48 @@ def test_lr_anneals_by_time_budget_when_time_runs_out_first():
     assert lr_at(cfg, 100, seconds=300) == pytest.approx(0.05 + 0.95 * 0.5)  # half the time
     assert lr_at(cfg, 100, seconds=600) == pytest.approx(0.05)  # budget spent: floor
     assert lr_at(TrainConfig(steps=10_000, warmup=10, lr=1.0), 100, seconds=600) > 0.9
+
+
+def test_tasks_merge_by_name_across_directories(tmp_path, demos):
+    from vlarun.sim.demos import load_demos
+    from vlarun.sim.train import concat_demos
+
+    other = tmp_path / "push"
+    collect(["push-v3"], 1, other, image_size=128, progress=False)
+    merged = concat_demos([load_demos(demos), load_demos(other)])
+    assert merged.manifest["task_names"] == ["reach-v3", "push-v3"]
+    n_reach = len(load_demos(demos))
+    assert (merged.task_index[:n_reach] == 0).all() and (merged.task_index[n_reach:] == 1).all()
+    assert merged.instructions[1] == load_demos(other).instructions[0]
+
+
+def test_precision_is_chosen_by_measurement():
+    from vlarun.sim.train import choose_precision
+
+    auto = choose_precision("auto", width=64, rows=64)
+    assert auto.reason.startswith("auto: ") and "GFLOP/s" in auto.reason
+    assert choose_precision("fp32", width=64, rows=64).bf16 is False
+    assert choose_precision("bf16", width=64, rows=64).label == "bf16 autocast"
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp16")
+
+
+def test_wrist_suite_trains_five_losses_and_exports_four_families(tmp_path):
+    """mt10w: two views (workspace + wrist), targets for the auxiliary head, a flow expert on
+    the prefix K/V; each exported family predicts its chunk (4 steps AR, 8 the others)."""
+    d = tmp_path / "demos"
+    collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
+    cfg = TrainConfig(suite="mt10w", demos=str(d), out=str(tmp_path / "run"), steps=1, batch=2,
+                      warmup=1, log_every=1, init_from="")  # fmt: skip
+    train(cfg)
+    log = json.loads((tmp_path / "run" / "train.log").read_text().splitlines()[0])
+    assert {"ar", "oft", "dit", "flow", "aux"} <= set(log) and all(
+        np.isfinite(log[k]) for k in ("ar", "oft", "dit", "flow", "aux")
+    )
+    image = np.zeros((128, 128, 3), np.uint8)
+    for name, steps in (("mt10w-ar", 4), ("mt10w-oft", 8), ("mt10w-dit", 8), ("mt10w-flow", 8)):
+        policy = Policy.from_checkpoint(tmp_path / "run" / "export" / name)
+        actions = policy.predict([image, image], "reach the goal", state=np.zeros(4, np.float32))
+        assert actions.shape == (steps, 4) and np.isfinite(actions).all()
+    exported = load_vla(tmp_path / "run" / "export" / "mt10w-flow")[0]
+    assert not any(k.startswith("aux") for k in exported.state_dict())  # training-only head

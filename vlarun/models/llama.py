@@ -473,6 +473,7 @@ class LlamaLM(nn.Module):
         plan: TokenPlan | DeferredPlan | None = None,
         probe: AttnProbe | None = None,
         skip_layers: frozenset[int] = frozenset(),
+        kv_out: list[tuple[Tensor, Tensor]] | None = None,
     ) -> LMOutput:
         """Run the decoder over ``embeds`` (B, T, d).
 
@@ -487,6 +488,10 @@ class LlamaLM(nn.Module):
             shared layers from this call's probe.
         probe: return attention probabilities at one shallow layer.
         skip_layers: layer indices not executed (their cache slots are left untouched).
+        kv_out: a list that receives each layer's attended (keys, values), (B, KVH, S, hd) after
+            RoPE, with their autograd history: training an action expert on the prefix K/V of
+            the same pass that trains the decoder (the cache cannot hold that pass, whose
+            action-token groups share positions).
 
         An action expert attending to this decoder's cache (pi0) and the one-token decode /
         Jacobi steps run in ``static_step`` (no host synchronisation), over these same layers.
@@ -510,7 +515,9 @@ class LlamaLM(nn.Module):
         for i in range(min(split, n_layers)):
             if i in skip_layers:
                 continue
-            x, p = self._layer(i, x, ctx, probe if probe is not None and probe.layer == i else None)
+            x, p = self._layer(
+                i, x, ctx, probe if probe is not None and probe.layer == i else None, kv_out
+            )
             probe_out = p or probe_out
         index = None
         if isinstance(plan, DeferredPlan):
@@ -532,12 +539,19 @@ class LlamaLM(nn.Module):
             )
 
     def _layer(
-        self, i: int, x: Tensor, ctx: Context, probe: AttnProbe | None
+        self,
+        i: int,
+        x: Tensor,
+        ctx: Context,
+        probe: AttnProbe | None,
+        kv_out: list[tuple[Tensor, Tensor]] | None = None,
     ) -> tuple[Tensor, ProbeResult | None]:
         layer = self.model.layers[i]
         attn = layer.self_attn
         q, k, v = attn.qkv(layer.input_layernorm(x), ctx.cos, ctx.sin)
         keys, values = ctx.keys_values(i, k, v)
+        if kv_out is not None:
+            kv_out.append((keys, values))
         probe_out = _probe(q, keys, values, probe, ctx) if probe is not None else None
         x = x + attn.attend(q, keys, values, ctx.sdpa_mask, ctx.sdpa_causal)
         x = x + layer.mlp(layer.post_attention_layernorm(x))

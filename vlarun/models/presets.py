@@ -339,7 +339,9 @@ MW_CHUNK = 4  # actions per inference (4 steps x 4 dims)
 MW_VOCAB = 512  # 256 text ids (a BPE trained on the instructions) + 256 action bins
 
 
-def _mw_trunk(name: str, family: str, width: int = 192, layers: int = 4, **kw) -> VLAConfig:
+def _mw_trunk(
+    name: str, family: str, width: int = 192, layers: int = 4, chunk: int = MW_CHUNK, **kw
+) -> VLAConfig:
     """The Meta-World policies' shape: a 128 px SigLIP-style ViT (patch 8, width 128, 4 layers),
     an MLP projector and a small Llama of ``width`` x ``layers``; ``kw`` adds views, proprio and
     the head."""
@@ -369,7 +371,7 @@ def _mw_trunk(name: str, family: str, width: int = 192, layers: int = 4, **kw) -
         vision=(vit,),
         connector="mlp",
         action_dim=4,
-        chunk=MW_CHUNK,
+        chunk=chunk,
         max_text_tokens=32,
         **kw,
     )
@@ -445,6 +447,74 @@ def mt10_dit() -> VLAConfig:
     return _mt10_trunk("mt10-dit", "diffusion", dit=dit)
 
 
+# -- MT10 with a wrist camera: views like real VLAs', four families ---------------------------------
+# The MT10 trunk with the workspace view and a wrist camera that rides with the hand (pooled to
+# 64 tokens: 320 visual tokens, the wrist ones changing every step, which is what token reuse
+# must cope with on a real robot). The continuous heads predict chunks of 8 steps so a robot can
+# execute one chunk while the next is computed; the autoregressive head keeps 4 steps (16
+# tokens), since every step it adds is 4 more sequential decode steps.
+
+MT10W_CHUNK = 8
+
+
+def _mt10w_trunk(name: str, family: str, chunk: int = MT10W_CHUNK, **kw) -> VLAConfig:
+    return _mw_trunk(
+        name,
+        family,
+        width=MT10_WIDTH,
+        layers=MT10_LAYERS,
+        chunk=chunk,
+        num_images=2,
+        view_pool=(1, 2),
+        views=("workspace", "wrist"),
+        proprio_dim=4,
+        **kw,
+    )
+
+
+def mt10w_ar() -> VLAConfig:
+    return _mt10w_trunk("mt10w-ar", "autoregressive", chunk=MW_CHUNK)
+
+
+def mt10w_oft() -> VLAConfig:
+    oft = OFTHeadConfig(
+        llm_dim=MT10_WIDTH, action_dim=4, chunk=MT10W_CHUNK, hidden_dim=256, num_blocks=2
+    )
+    return _mt10w_trunk("mt10w-oft", "parallel", oft=oft)
+
+
+def mt10w_dit() -> VLAConfig:
+    dit = DiTConfig(
+        cond_dim=MT10_WIDTH,
+        action_dim=4,
+        horizon=MT10W_CHUNK,
+        hidden_size=128,
+        num_layers=3,
+        num_heads=4,
+        ddim_steps=10,
+    )
+    return _mt10w_trunk("mt10w-dit", "diffusion", dit=dit)
+
+
+def mt10w_flow() -> VLAConfig:
+    """pi0's structure at this scale: an action expert as deep as the trunk (12 layers, the
+    trunk's 2 KV heads of 32 dims, so each layer reads the trunk's cached prefix K/V) but half
+    as wide; the hand state comes in the prefix's proprio token, as pi05 puts it in the prompt."""
+    expert = LlamaConfig(
+        vocab_size=1,
+        hidden_size=64,
+        intermediate_size=256,
+        num_layers=MT10_LAYERS,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=MT10_WIDTH // 4,
+        max_positions=512,
+        tie_embeddings=True,
+    )
+    flow = FlowExpertConfig(expert, action_dim=4, horizon=MT10W_CHUNK, state_dim=0, num_steps=10)
+    return _mt10w_trunk("mt10w-flow", "flow", flow=flow)
+
+
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
@@ -462,6 +532,10 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10-ar": mt10_ar,
     "mt10-oft": mt10_oft,
     "mt10-dit": mt10_dit,
+    "mt10w-ar": mt10w_ar,
+    "mt10w-oft": mt10w_oft,
+    "mt10w-dit": mt10w_dit,
+    "mt10w-flow": mt10w_flow,
 }
 DEFAULT_PRESET = "tiny-openvla"
 

@@ -1,17 +1,22 @@
-"""Behaviour cloning of three VLA families on one shared trunk, in one forward pass.
+"""Behaviour cloning of three or four VLA families on one shared trunk, in one forward pass.
 
 The trunk (vision tower, projector, Llama decoder) is trained once; each family adds only its
-head, and each exports as its own VLA preset (a suite: mw-ar/-oft/-dit, or mt10-ar/-oft/-dit):
+head, and each exports as its own VLA preset (a suite: mw-ar/-oft/-dit, mt10-ar/-oft/-dit, or
+mt10w-ar/-oft/-dit/-flow):
 
   sequence: [BOS, visual, (proprio), instruction, pad | AR tokens (teacher forced) | OFT slots]
   mask:     the prompt is causal; AR tokens see the prompt and earlier AR tokens; OFT slots see
             the prompt and each other; nothing sees the OFT slots or (from OFT) the AR tokens.
 
 AR and OFT tokens both take the positions right after each row's prompt, exactly where they sit
-at inference, so one pass trains all three losses:
+at inference, so one pass trains every loss:
   * autoregressive: cross-entropy on the 256-bin action tokens (OpenVLA);
   * parallel: L1 on the OFT head's chunk;
-  * diffusion: epsilon-MSE of the DiT conditioned on the last prompt token's hidden state.
+  * diffusion: epsilon-MSE of the DiT conditioned on the last prompt token's hidden state;
+  * flow (pi0): velocity MSE of an action expert reading each layer's prefix K/V of this pass;
+  * auxiliary (training only, never exported): the object's and goal's positions regressed from
+    the last prompt token's state, so the trunk must find them in the pixels.
+The AR head may predict a shorter chunk than the continuous heads (its first steps).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlarun.models.dit_head import DiTHead
+from vlarun.models.flow_expert import FlowMatchingExpert
+from vlarun.models.kv_cache import KVCache
 from vlarun.models.oft_head import L1RegressionHead, empty_action_embeddings
 from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA, VLAConfig
@@ -31,12 +38,14 @@ from vlarun.models.vla import VLA, VLAConfig
 @dataclass
 class Batch:
     """images (B, 3, S, S) or (B, V, 3, S, S) in [0, 1]; text: token ids per row; actions
-    (B, K, D) in [-1, 1]; state (B, proprio_dim) normalised, for configs with a proprio token."""
+    (B, K, D) in [-1, 1] (K: the longest chunk of any head); state (B, proprio_dim) normalised,
+    for configs with a proprio token; targets (B, 6) normalised object + goal positions."""
 
     images: Tensor
     text: list[list[int]]
     actions: Tensor
     state: Tensor | None = None
+    targets: Tensor | None = None
 
 
 @dataclass
@@ -44,83 +53,146 @@ class Losses:
     ar: Tensor
     oft: Tensor
     dit: Tensor
+    flow: Tensor | None = None
+    aux: Tensor | None = None
+
+    def parts(self) -> dict[str, Tensor]:
+        return {k: v for k, v in vars(self).items() if v is not None}
 
     @property
     def total(self) -> Tensor:
-        return self.ar + self.oft + self.dit
+        return sum(self.parts().values())
 
     def as_floats(self) -> dict[str, float]:
-        return {k: float(getattr(self, k).detach()) for k in ("ar", "oft", "dit")}
+        return {k: float(v.detach()) for k, v in self.parts().items()}
 
 
-# Each suite's presets: autoregressive (the trunk), parallel (OFT head), diffusion (DiT head).
-SUITES: dict[str, tuple[str, str, str]] = {
-    "mw": ("mw-ar", "mw-oft", "mw-dit"),
-    "mt10": ("mt10-ar", "mt10-oft", "mt10-dit"),
+# Each suite's presets by family: autoregressive (the trunk), parallel (OFT head), diffusion (DiT
+# head) and, where present, flow (pi0-style action expert).
+SUITES: dict[str, dict[str, str]] = {
+    "mw": {"autoregressive": "mw-ar", "parallel": "mw-oft", "diffusion": "mw-dit"},
+    "mt10": {"autoregressive": "mt10-ar", "parallel": "mt10-oft", "diffusion": "mt10-dit"},
+    "mt10w": {
+        "autoregressive": "mt10w-ar",
+        "parallel": "mt10w-oft",
+        "diffusion": "mt10w-dit",
+        "flow": "mt10w-flow",
+    },
 }
+# Suites whose demonstrations carry object and goal positions for the auxiliary head.
+AUX_SUITES = frozenset({"mt10w"})
+NUM_TARGETS = 6  # object xyz + goal xyz
 
 
 class MultiHeadBC(nn.Module):
-    """Shared trunk (the suite's autoregressive VLA) + an OFT head + a DiT head."""
+    """Shared trunk (the suite's autoregressive VLA) + an OFT head + a DiT head (+ a flow
+    expert and a training-only auxiliary head, where the suite has them)."""
 
     def __init__(self, suite: str = "mw") -> None:
         super().__init__()
         if suite not in SUITES:
             raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
-        self.presets = tuple(get_preset(n) for n in SUITES[suite])
-        self.trunk = VLA(self.presets[0])
-        self.oft = L1RegressionHead(self.presets[1].oft)
-        self.dit = DiTHead(self.presets[2].dit)
+        self.presets = {fam: get_preset(n) for fam, n in SUITES[suite].items()}
+        self.trunk = VLA(self.presets["autoregressive"])
+        self.oft = L1RegressionHead(self.presets["parallel"].oft)
+        self.dit = DiTHead(self.presets["diffusion"].dit)
+        flow = self.presets.get("flow")
+        self.flow = FlowMatchingExpert(flow.flow) if flow is not None else None
+        width = self.trunk.cfg.llm.hidden_size
+        self.aux = (
+            nn.Sequential(nn.Linear(width, 256), nn.GELU(), nn.Linear(256, NUM_TARGETS))
+            if suite in AUX_SUITES
+            else None
+        )
 
     @property
     def cfg(self) -> VLAConfig:
         return self.trunk.cfg
+
+    @property
+    def chunk(self) -> int:
+        """Action steps a sample must carry: the longest chunk of any head."""
+        return max(c.chunk for c in self.presets.values())
 
     def forward(self, batch: Batch) -> Losses:
         vla, cfg = self.trunk, self.trunk.cfg
         lm = vla.language_model
         prefix = vla.build_prefix(vla.encode_images(batch.images), batch.text, batch.state)
         b, p = prefix.pad.shape
-        n = cfg.num_action_tokens
-        ids = vla.action_tokenizer.encode(batch.actions.reshape(b, n).float()).long()  # (B, n)
+        n_ar = cfg.num_action_tokens
+        n_oft = self.oft.config.num_action_tokens
+        ar_actions = batch.actions[:, : cfg.chunk].reshape(b, n_ar).float()
+        ids = vla.action_tokenizer.encode(ar_actions).long()  # (B, n_ar)
         ar_in = lm.embed(ids[:, :-1])  # teacher forcing: token i predicts token i + 1
-        oft_in = empty_action_embeddings(b, n, cfg.llm.hidden_size, ar_in.dtype, ar_in.device)
+        oft_in = empty_action_embeddings(b, n_oft, cfg.llm.hidden_size, ar_in.dtype, ar_in.device)
         embeds = torch.cat((prefix.embeds, ar_in, oft_in), dim=1)
-        steps_ar = torch.arange(n - 1, device=embeds.device)
-        steps_oft = torch.arange(n, device=embeds.device)
         start = (prefix.last + 1)[:, None]
         positions = torch.cat(
-            (torch.arange(p).expand(b, p), start + steps_ar, start + steps_oft), dim=1
+            (
+                torch.arange(p).expand(b, p),
+                start + torch.arange(n_ar - 1, device=embeds.device),
+                start + torch.arange(n_oft, device=embeds.device),
+            ),
+            dim=1,
         )
-        pad = torch.cat((prefix.pad, torch.ones(b, 2 * n - 1, dtype=torch.bool)), dim=1)
-        hidden = lm(embeds, positions, attn_mask=joint_mask(p, n), pad_mask=pad).hidden
+        pad = torch.cat((prefix.pad, torch.ones(b, n_ar - 1 + n_oft, dtype=torch.bool)), dim=1)
+        kv: list[tuple[Tensor, Tensor]] | None = [] if self.flow is not None else None
+        mask = joint_mask(p, n_ar, n_oft)
+        hidden = lm(embeds, positions, attn_mask=mask, pad_mask=pad, kv_out=kv).hidden
         rows = torch.arange(b)
         last = hidden[rows, prefix.last]  # (B, d): the prompt's final state
-        ar_hidden = torch.cat((last[:, None], hidden[:, p : p + n - 1]), dim=1)  # (B, n, d)
+        ar_hidden = torch.cat((last[:, None], hidden[:, p : p + n_ar - 1]), dim=1)  # (B, n, d)
         ar_loss = F.cross_entropy(lm.logits(ar_hidden).flatten(0, 1).float(), ids.flatten())
-        oft_loss = self.oft.loss(hidden[:, p + n - 1 :], batch.actions)
-        dit_loss = self.dit.loss(batch.actions, last.float())
-        return Losses(ar_loss, oft_loss.float(), dit_loss.float())
+        oft_chunk = self.oft.config.chunk
+        oft_loss = self.oft.loss(hidden[:, p + n_ar - 1 :], batch.actions[:, :oft_chunk])
+        dit_loss = self.dit.loss(batch.actions[:, : self.dit.config.horizon], last.float())
+        losses = Losses(ar_loss, oft_loss.float(), dit_loss.float())
+        if self.flow is not None:
+            losses.flow = self._flow_loss(kv, prefix.pad, prefix.last + 1, batch.actions).float()
+        if self.aux is not None and batch.targets is not None:
+            losses.aux = F.mse_loss(self.aux(last).float(), batch.targets.float())
+        return losses
+
+    def _flow_loss(
+        self, kv: list[tuple[Tensor, Tensor]], valid: Tensor, start: Tensor, actions: Tensor
+    ) -> Tensor:
+        """The expert's loss on this pass's prefix K/V (slots 0..p-1 of every layer), exactly
+        the cache a prefill leaves for it at inference."""
+        p = valid.shape[1]
+        k = torch.stack([keys[:, :, :p] for keys, _ in kv])  # (L, B, KVH, p, hd)
+        v = torch.stack([values[:, :, :p] for _, values in kv])
+        layers = k.shape[0]
+        cache = KVCache.from_export(
+            self.trunk.cfg.llm, k, v, valid[None].expand(layers, -1, -1), max_len=p
+        )
+        horizon = self.flow.cfg.horizon
+        state = torch.zeros(actions.shape[0], 0, device=actions.device)
+        return self.flow.loss(cache, state, actions[:, :horizon].float(), start)
 
     def export(self) -> dict[str, VLA]:
         """One standalone VLA per family, sharing (copies of) the trained trunk."""
         state = self.trunk.state_dict()
+        heads = {
+            "parallel": ("action_head", self.oft),
+            "diffusion": ("action_model", self.dit),
+            "flow": ("action_expert", self.flow),
+        }
         out = {}
-        ar, oft, dit = self.presets
-        for cfg, head_attr, head in ((ar, None, None), (oft, "action_head", self.oft),
-                                     (dit, "action_model", self.dit)):  # fmt: skip
+        for family, cfg in self.presets.items():
             vla = VLA(cfg)
             vla.load_state_dict(state, strict=False)
-            if head_attr is not None:
-                getattr(vla, head_attr).load_state_dict(head.state_dict())
-            out[cfg.family] = vla.eval()
+            if family in heads:
+                attr, head = heads[family]
+                getattr(vla, attr).load_state_dict(head.state_dict())
+            out[family] = vla.eval()
         return out
 
 
-def joint_mask(prefix_len: int, n: int) -> Tensor:
-    """(T, T) visibility for [prompt | AR tokens (n - 1) | OFT slots (n)]."""
-    p, a = prefix_len, n - 1
-    t = p + a + n
+def joint_mask(prefix_len: int, n_ar: int, n_oft: int | None = None) -> Tensor:
+    """(T, T) visibility for [prompt | AR tokens (n_ar - 1) | OFT slots (n_oft, default n_ar)]."""
+    n_oft = n_ar if n_oft is None else n_oft
+    p, a = prefix_len, n_ar - 1
+    t = p + a + n_oft
     mask = torch.zeros(t, t, dtype=torch.bool)
     mask[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
     mask[p : p + a, :p] = True

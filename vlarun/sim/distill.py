@@ -44,6 +44,7 @@ from vlarun.config import opt
 from vlarun.models.checkpoint import save_vla
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
+from vlarun.sim.demos import FrameStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,12 @@ class DistillConfig:
     log_every: int = opt(10, "steps between distill.log lines")
     eval_frames: int = opt(64, "held-out frames for the card's iteration counts; 0 = none")
     seed: int = opt(0, "frame choice, initial guesses and sampling seed")
-    bf16: bool = opt(True, "bfloat16 autocast for training (collection runs in fp32)")
+    precision: str = opt(
+        "auto",
+        "training precision: auto (bf16 where this CPU runs it fast), bf16 or fp32 (collection "
+        "runs in fp32)",
+        choices=("auto", "bf16", "fp32"),
+    )
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     budget_minutes: float = opt(78.0, "total training minutes (cosine schedule by time); 0 = none")
     threads: int = opt(0, "torch threads; 0 = torch's default")
@@ -118,7 +124,7 @@ class Frames:
     frame, demo action tokens (N, n), the frame order (seeded permutation: collected first,
     held out last), and for a policy with a proprio token the normalised states (N, D)."""
 
-    images: Tensor
+    images: FrameStore
     text: list[list[int]]
     demo_tokens: Tensor
     order: Tensor
@@ -127,7 +133,7 @@ class Frames:
 
     def image_batch(self, idx: Tensor) -> Tensor:
         """(B, V, 3, S, S) floats in [0, 1]: the policy's views of frames ``idx``."""
-        x = self.images[idx]
+        x = torch.from_numpy(self.images[idx.numpy()])
         x = x[:, None] if x.ndim == 4 else x[:, : self.num_images]
         return x.permute(0, 1, 4, 2, 3).float().div(255.0)
 
@@ -393,13 +399,18 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
     from vlarun.sim.train import resumable_loop
 
     gen = torch.Generator().manual_seed(cfg.seed + 1 + meta["step"])
+    from vlarun.sim.train import choose_precision
+
+    precision = choose_precision(cfg.precision)
+    print(f"vlarun distill: precision {precision.reason}", file=sys.stderr)
+    meta["precision"] = precision.reason
 
     def losses_at(step: int):
         images, text, state, fixed, idx = sample_batch(
             data, frames, cfg.batch, gen, cfg.states, cfg.initial_state
         )
         demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.bf16):
             return distill_losses(student, images, text, state, fixed, cfg.omega, demo,
                                   frames.state_batch(idx))  # fmt: skip
 
@@ -483,7 +494,7 @@ def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:
         f"{cfg.init!r})`, `vlarun bench decode --distilled-init {cfg.init}`)"
         + ("; state 0 in every trajectory's states" if cfg.initial_state else ""),
         f"- steps: {meta['step']} x batch {cfg.batch} frames x {cfg.states} states, lr {cfg.lr}, "
-        f"{'bf16 autocast' if cfg.bf16 else 'fp32'}",
+        f"{meta.get('precision', cfg.precision)}",
         f"- wall time: {meta['seconds'] / 60:.1f} min of training on this repository's CPU",
     ]
     if evaluation:

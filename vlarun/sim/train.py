@@ -2,9 +2,16 @@
 
 Runs in the foreground (start it with nohup/& for the background); every ``save_every`` steps it
 writes ``state.safetensors`` (weights and AdamW moments, no pickle) and ``state.json`` (step,
-elapsed time, config) into ``out``; starting again with the same ``out`` resumes there. Progress
-goes to stderr, one JSON line per ``log_every`` steps to ``out/train.log``. At the end (and with
+elapsed time, config, sampling state) into ``out``, outside the repository by default
+(``~/.cache/vlarun/runs/<suite>``); starting again with the same ``out`` resumes there, and a
+run with no state starts from the suite's committed checkpoints when they exist. Progress goes
+to stderr, one JSON line per ``log_every`` steps to ``out/train.log``. At the end (and with
 ``--export-only``) each family is exported as a standalone checkpoint under ``out/export/``.
+
+Precision: ``--precision auto`` times a bf16 and an fp32 matmul of the trunk's shape on this CPU
+and trains under bf16 autocast only where it is clearly faster (CPUs with AVX-512 BF16 / AMX run
+it several times faster than fp32; CPUs without them emulate it, ~100x slower); the choice and
+the two rates are printed and written to the log and the model card.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 from tqdm import tqdm
 
 from vlarun import config as cfgio
@@ -26,8 +35,9 @@ from vlarun.config import opt
 from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
-from vlarun.sim.bc_model import SUITES, Batch, MultiHeadBC
-from vlarun.sim.demos import Demos, load_demos
+from vlarun.paths import checkpoints_dir
+from vlarun.sim.bc_model import AUX_SUITES, SUITES, Batch, MultiHeadBC
+from vlarun.sim.demos import DATASET_NAME, Demos, FrameStore, action_statistics, load_demos
 from vlarun.sim.text import build_tokenizer
 
 
@@ -37,12 +47,18 @@ class TrainConfig:
 
     suite: str = opt(
         "mw",
-        "mw: the 4-layer tiny-ar/-oft/-dit; mt10: the 12-layer two-view proprio mt10-ar/-oft/-dit",
+        "mw: the 4-layer tiny-ar/-oft/-dit; mt10: the 12-layer two-view proprio mt10-ar/-oft/-dit;"
+        " mt10w: mt10 with a wrist camera, 8-step chunks and a flow expert (mt10w-ar/-oft/-dit/"
+        "-flow)",
         choices=tuple(SUITES),
     )
     demos: str = opt("data/demos128", "demo directory, or several joined by commas")
-    out: str = opt("runs/mw", "run directory: state, log and exported policies (resumes there)")
-    init_from: str = opt("", "start from a run directory or a directory of tiny-ar/-oft/-dit")
+    out: str = opt("", "run directory: state, log, exports (default ~/.cache/vlarun/runs/SUITE)")
+    init_from: str = opt(
+        "",
+        "start a new run from a run directory or a directory of exported policies (default: "
+        "checkpoints/ when it holds the suite's policies)",
+    )
     steps: int = opt(8000, "optimiser steps")
     batch: int = opt(32, "samples per step")
     lr: float = opt(5e-4, "peak learning rate (AdamW)")
@@ -52,12 +68,17 @@ class TrainConfig:
     save_every: int = opt(250, "steps between resumable state saves")
     log_every: int = opt(25, "steps between train.log lines")
     seed: int = opt(0, "sampling and initialisation seed")
-    bf16: bool = opt(True, "bfloat16 autocast (about 4x the fp32 matmul rate on this CPU)")
+    precision: str = opt(
+        "auto",
+        "auto (bf16 where this CPU runs it fast), bf16 or fp32",
+        choices=("auto", "bf16", "fp32"),
+    )
+    balance: bool = opt(True, "sample every task equally often (else every frame)")
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     # The LR anneals by whichever of steps or time runs out first and training ends there, so a
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
     budget_minutes: float = opt(0.0, "total minutes of the run (cosine schedule by time); 0 = none")
-    threads: int = opt(0, "torch threads; 0 = torch's default")
+    threads: int = opt(0, "torch threads; 0 = every core torch sees")
     export_only: bool = opt(False, "train no further: export the run's saved state")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
@@ -68,6 +89,61 @@ class TrainConfig:
             raise ValueError(f"shift must be >= 0, got {self.shift}")
         if self.suite not in SUITES:
             raise ValueError(f"unknown suite {self.suite!r}; valid: {', '.join(SUITES)}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out).expanduser() if self.out else default_run_dir(self.suite)
+
+
+def default_run_dir(suite: str) -> Path:
+    """Training state lives outside the repository: it is large and machine-local."""
+    return Path("~/.cache/vlarun/runs").expanduser() / suite
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    bf16: bool
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return "bf16 autocast" if self.bf16 else "fp32"
+
+
+def choose_precision(requested: str, width: int = 512, rows: int = 2048) -> PrecisionChoice:
+    """bf16 autocast only where this CPU runs it faster than fp32 (measured, not assumed).
+
+    Times ``rows x width @ width x width`` matmuls in both dtypes (best of 5 after a warm-up);
+    bf16 is chosen when it is at least 1.3x the fp32 rate. An explicit request is honoured and
+    its measured ratio still reported."""
+    a32 = torch.randn(rows, width)
+    b32 = torch.randn(width, width)
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = a32.to(dtype), b32.to(dtype)
+        a @ b  # warm-up: oneDNN picks and caches its kernel
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        rates[dtype] = 2 * rows * width * width / best / 1e9
+    ratio = rates[torch.bfloat16] / rates[torch.float32]
+    measured = (
+        f"bf16 {rates[torch.bfloat16]:.0f} vs fp32 {rates[torch.float32]:.0f} GFLOP/s "
+        f"({ratio:.2f}x) on {torch.get_num_threads()} thread(s)"
+    )
+    if requested == "auto":
+        fast = ratio >= 1.3
+        why = "faster here" if fast else "not faster here"
+        return PrecisionChoice(fast, f"auto: {'bf16' if fast else 'fp32'}, {why}: {measured}")
+    return PrecisionChoice(requested == "bf16", f"{requested} as asked: {measured}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,15 +151,23 @@ class TrainConfig:
 
 
 class DemoSampler:
-    """All frames in memory; each sample is (image(s), instruction ids, normalised action chunk,
-    normalised proprio state).
+    """Demonstration frames (memory-mapped) and their labels; each sample is (image(s),
+    instruction ids, normalised action chunk, normalised proprio state, normalised targets).
 
-    ``directory`` may list several demo directories joined by commas (same tasks and image
-    size); normalisation uses the first one's statistics, which the exported policies carry.
+    ``directory`` may list several demo directories joined by commas (same image size; their
+    tasks are merged by name); normalisation statistics are computed over all of them and
+    carried by the exported policies. ``balance`` draws a task uniformly, then a frame of it,
+    so short-episode tasks (reach) get as many samples as long ones.
     """
 
     def __init__(
-        self, directory: str, chunk: int, tokenizer, seed: int, num_images: int = 1
+        self,
+        directory: str,
+        chunk: int,
+        tokenizer,
+        seed: int,
+        num_images: int = 1,
+        balance: bool = False,
     ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
@@ -93,9 +177,9 @@ class DemoSampler:
                 f"the policy takes {num_images} views; {directory} holds {views} "
                 "(collect with --extra-cameras)"
             )
-        self.images = torch.from_numpy(demos.images)  # (N, S, S, 3) or (N, V, S, S, 3) uint8
+        self.images = demos.images  # FrameStore: (N, S, S, 3) or (N, V, S, S, 3) uint8
         self.num_images = num_images
-        self.stats_json = json.loads((dirs[0] / "dataset_statistics.json").read_text())
+        self.stats_json = merged_statistics(demos)
         self.norm = NormStats.select(self.stats_json, None)
         self.states = torch.from_numpy(ProprioNorm.select(self.stats_json).normalize(demos.states))
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
@@ -104,14 +188,36 @@ class DemoSampler:
         self.text = [tokenizer.encode(openvla_prompt(i)) for i in demos.instructions]
         self.instructions = demos.instructions
         self.manifest = demos.manifest
+        self.targets = None
+        if demos.targets is not None:
+            t = demos.targets.astype(np.float64)
+            t = (t - t.mean(0)) / (t.std(0) + 1e-6)
+            self.targets = torch.from_numpy(t.astype(np.float32))
+        self.balance = balance
+        self.by_task = [torch.nonzero(self.task == k)[:, 0] for k in range(len(self.text))]
         self.gen = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        return self.images.shape[0]
+        return len(self.images)
+
+    def frames(self, idx: Tensor) -> Tensor:
+        """uint8 frames ``idx`` as a tensor (B, S, S, 3) or (B, V, S, S, 3)."""
+        return torch.from_numpy(self.images[idx.numpy()])
+
+    def draw(self, batch: int) -> Tensor:
+        """Frame indices of one batch (task-balanced or uniform over frames)."""
+        if not self.balance:
+            return torch.randint(0, len(self), (batch,), generator=self.gen)
+        tasks = [t for t in self.by_task if len(t)]
+        pick = torch.randint(0, len(tasks), (batch,), generator=self.gen)
+        return torch.stack([
+            tasks[k][torch.randint(0, len(tasks[k]), (1,), generator=self.gen)][0]
+            for k in pick.tolist()
+        ])  # fmt: skip
 
     def sample(self, batch: int, shift: int) -> Batch:
-        idx = torch.randint(0, len(self), (batch,), generator=self.gen)
-        frames = self.images[idx]
+        idx = self.draw(batch)
+        frames = self.frames(idx)
         if frames.ndim == 4:
             frames = frames[:, None]
         frames = frames[:, : self.num_images]  # (B, V, S, S, 3)
@@ -121,7 +227,22 @@ class DemoSampler:
             images = random_shift(images, shift, self.gen)
         images = images.view(b, v, *images.shape[1:]) if v > 1 else images
         text = [self.text[t] for t in self.task[idx].tolist()]
-        return Batch(images, text, self.chunks[idx], self.states[idx])
+        targets = None if self.targets is None else self.targets[idx]
+        return Batch(images, text, self.chunks[idx], self.states[idx], targets)
+
+
+def merged_statistics(demos: Demos) -> dict:
+    """OpenVLA-layout statistics (actions and proprio) over every frame of ``demos``."""
+    proprio = action_statistics(demos.states)
+    proprio["mask"] = [True] * demos.states.shape[1]
+    return {
+        DATASET_NAME: {
+            "action": action_statistics(demos.actions),
+            "proprio": proprio,
+            "num_transitions": len(demos),
+            "num_trajectories": len(demos.manifest["episodes"]),
+        }
+    }
 
 
 def demo_dirs(spec: str) -> list[Path]:
@@ -136,31 +257,44 @@ def demo_dirs(spec: str) -> list[Path]:
 
 
 def concat_demos(parts: list[Demos]) -> Demos:
-    """Frames of several collections as one (episode indices made unique, same task order)."""
+    """Frames of several collections as one: episode indices made unique, tasks merged by name
+    (the first collection's order, then tasks only later ones hold)."""
     first = parts[0]
     for p in parts[1:]:
-        if p.manifest["task_names"] != first.manifest["task_names"]:
-            raise ValueError(
-                f"demo directories hold different tasks: {first.manifest['task_names']} vs "
-                f"{p.manifest['task_names']}"
-            )
         if p.images.shape[1:] != first.images.shape[1:]:  # sizes and view counts
             shapes = f"{first.images.shape[1:]} vs {p.images.shape[1:]}"
             raise ValueError(f"demo directories hold different image shapes: {shapes}")
+        if (p.targets is None) != (first.targets is None):
+            raise ValueError("some demo directories carry targets and others do not")
     if len(parts) == 1:
         return first
+    names: list[str] = []
+    for p in parts:
+        names += [t for t in p.manifest["task_names"] if t not in names]
+    tasks = {}
+    for p in parts:
+        tasks.update({t: info for t, info in p.manifest["tasks"].items() if t not in tasks})
+    remap = [np.array([names.index(t) for t in p.manifest["task_names"]]) for p in parts]
     offsets = np.cumsum([0] + [len(p.manifest["episodes"]) for p in parts[:-1]])
-    manifest = dict(first.manifest, episodes=[e for p in parts for e in p.manifest["episodes"]])
+    manifest = dict(
+        first.manifest,
+        task_names=names,
+        tasks=tasks,
+        episodes=[e for p in parts for e in p.manifest["episodes"]],
+    )
     return Demos(
-        images=np.concatenate([p.images for p in parts]),
+        images=FrameStore.join([p.images for p in parts]),
         states=np.concatenate([p.states for p in parts]),
         actions=np.concatenate([p.actions for p in parts]),
         episode_index=np.concatenate(
             [p.episode_index + o for p, o in zip(parts, offsets, strict=True)]
         ),
         step_index=np.concatenate([p.step_index for p in parts]),
-        task_index=np.concatenate([p.task_index for p in parts]),
+        task_index=np.concatenate(
+            [m[p.task_index] for p, m in zip(parts, remap, strict=True)]
+        ).astype(np.int32),
         manifest=manifest,
+        targets=None if first.targets is None else np.concatenate([p.targets for p in parts]),
     )
 
 
@@ -196,8 +330,21 @@ def random_shift(images: torch.Tensor, pad: int, gen: torch.Generator) -> torch.
 # State (resumable, pickle-free)
 
 
+def _unique_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The state dict without aliases of a tensor already in it (tied embeddings: safetensors
+    refuses shared storage; loading the first name restores both)."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen and v.numel():
+            continue
+        seen.add(v.data_ptr())
+        out[k] = v
+    return out
+
+
 def save_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW, meta: dict) -> None:
-    tensors = {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": v.contiguous() for k, v in _unique_state(model).items()}
     names = {id(p): n for n, p in model.named_parameters()}
     for group in opt.param_groups:
         for p in group["params"]:
@@ -215,7 +362,11 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     if not (out / "state.safetensors").exists():
         return None
     tensors = load_file(out / "state.safetensors")
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    missing = set(_unique_state(model)) - set(weights)
+    if missing:
+        raise ValueError(f"{out / 'state.safetensors'} lacks {sorted(missing)[:5]}")
+    model.load_state_dict(weights, strict=False)  # tied aliases come with their first name
     for name, p in model.named_parameters():
         if f"opt.{name}.exp_avg" in tensors:
             opt.state[p] = {
@@ -228,8 +379,17 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
 EXPORT_NAMES = {
     "mw": {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"},
     "mt10": {"autoregressive": "mt10-ar", "parallel": "mt10-oft", "diffusion": "mt10-dit"},
+    "mt10w": {
+        "autoregressive": "mt10w-ar",
+        "parallel": "mt10w-oft",
+        "diffusion": "mt10w-dit",
+        "flow": "mt10w-flow",
+    },
 }
 FAMILY_NAMES = EXPORT_NAMES["mw"]
+# A suite whose trunk has the shape of another's starts from that one's policies when it has
+# none of its own (mt10w: mt10's trunk, a wrist camera instead of the mirrored view).
+GROWS_FROM: dict[str, tuple[str, ...]] = {"mt10w": ("mt10",)}
 
 
 def _source_tokenizer(source: Path, suite: str = "mw") -> Path | None:
@@ -244,26 +404,59 @@ def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
     """Start a new run from earlier weights (the optimiser and step count start afresh).
 
     ``source`` is a training run directory (its ``state.safetensors``) or a directory holding
-    the three exported policies (``tiny-ar``, ``tiny-oft``, ``tiny-dit``, e.g. ``checkpoints/``),
-    so a fresh clone can continue training the shipped policies.
+    exported policies (e.g. ``checkpoints/``): the suite's own (``tiny-ar``, ``mt10w-flow``, ...)
+    or, for a suite that grows another (mt10w from mt10), that suite's. Every tensor whose name
+    and shape match is taken; heads the source lacks or shapes that changed (a longer chunk)
+    start fresh, and the returned line says how many tensors came from where.
     """
     if (source / "state.safetensors").exists():
         tensors = load_file(source / "state.safetensors")
-        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        return f"run {source}"
-    dirs = {fam: source / name for fam, name in EXPORT_NAMES[suite].items()}
-    missing = [str(d) for d in dirs.values() if not (d / "config.json").exists()]
-    if missing:
-        raise ValueError(
-            f"--init-from {source}: no state.safetensors and no exported policies at {missing}"
+        got = _load_matching(
+            model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
         )
-    trunk, _ = load_vla(dirs["autoregressive"])
-    oft, _ = load_vla(dirs["parallel"])
-    dit, _ = load_vla(dirs["diffusion"])
-    model.trunk.load_state_dict(trunk.state_dict())
-    model.oft.load_state_dict(oft.action_head.state_dict())
-    model.dit.load_state_dict(dit.action_model.state_dict())
-    return f"policies {source}"
+        return f"run {source} ({got})"
+    for candidate in (suite, *GROWS_FROM.get(suite, ())):
+        dirs = {fam: source / name for fam, name in EXPORT_NAMES[candidate].items()}
+        if (dirs["autoregressive"] / "config.json").exists():
+            break
+    else:
+        raise ValueError(f"--init-from {source}: no state.safetensors and no exported policies")
+    weights = {}
+    prefixes = {"parallel": ("oft.", "action_head."), "diffusion": ("dit.", "action_model."),
+                "flow": ("flow.", "action_expert.")}  # fmt: skip
+    for family, d in dirs.items():
+        if not (d / "config.json").exists():
+            continue
+        vla, _ = load_vla(d)
+        state = vla.state_dict()
+        if family == "autoregressive":
+            weights.update({f"trunk.{k}": v for k, v in state.items()})
+        elif family in prefixes:
+            ours, theirs = prefixes[family]
+            weights.update({ours + k[len(theirs) :]: v for k, v in state.items()
+                            if k.startswith(theirs)})  # fmt: skip
+    return f"policies {source} ({candidate} suite; {_load_matching(model, weights)})"
+
+
+def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str:
+    """Copy the tensors whose name and shape match; say what was taken and what was not."""
+    own = model.state_dict()
+    match = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(match, strict=False)
+    fresh = sorted({k.split(".")[0] for k in own if k not in match})
+    return f"{len(match)} of {len(own)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
+
+
+def default_init(cfg: TrainConfig) -> Path | None:
+    """Where a run with no state starts: --init-from, else the committed checkpoints of the
+    suite (so training continues the shipped policies), else nothing (random weights)."""
+    if cfg.init_from:
+        return Path(cfg.init_from)
+    shipped = checkpoints_dir()
+    for suite in (cfg.suite, *GROWS_FROM.get(cfg.suite, ())):
+        if (shipped / EXPORT_NAMES[suite]["autoregressive"] / "config.json").exists():
+            return shipped
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,15 +480,16 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     export_only = export_only or cfg.export_only
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
+    out = cfg.run_dir
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    init_from = default_init(cfg)
     tokenizer_path = out / "tokenizer.json"
     data_manifest = json.loads((demo_dirs(cfg.demos)[0] / "manifest.json").read_text())
     instructions = [data_manifest["tasks"][t]["instruction"] for t in data_manifest["task_names"]]
-    if cfg.init_from and not tokenizer_path.exists():
+    if init_from is not None and not tokenizer_path.exists():
         # Reuse the source's tokenizer: the embeddings being continued were trained on its ids.
-        source_tok = _source_tokenizer(Path(cfg.init_from), cfg.suite)
+        source_tok = _source_tokenizer(init_from, cfg.suite)
         if source_tok is not None:
             shutil.copyfile(source_tok, tokenizer_path)
     tokenizer = build_tokenizer(instructions, tokenizer_path)
@@ -304,14 +498,26 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     meta = load_state(out, model, opt)
     if meta is None:
         meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
-        if cfg.init_from:
-            meta["init_from"] = init_weights(model, Path(cfg.init_from), cfg.suite)
+        if init_from is not None:
+            meta["init_from"] = init_weights(model, init_from, cfg.suite)
+            print(f"vlarun train: initialised from {meta['init_from']}", file=sys.stderr)
     spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
     if not export_only and meta["step"] < cfg.steps and not spent:
+        precision = choose_precision(cfg.precision)
+        print(f"vlarun train: precision {precision.reason}", file=sys.stderr)
+        meta["precision"] = precision.reason
         sampler = DemoSampler(
-            cfg.demos, model.cfg.chunk, tokenizer, cfg.seed + meta["step"], model.cfg.num_images
+            cfg.demos,
+            model.chunk,
+            tokenizer,
+            cfg.seed + meta["step"],  # a resumed run draws a fresh (still seeded) stream
+            model.cfg.num_images,
+            balance=cfg.balance,
         )
-        meta = _loop(cfg, model, opt, sampler, meta, out)
+        if cfg.suite in AUX_SUITES and sampler.targets is None:
+            raise ValueError(f"suite {cfg.suite} trains on targets; {cfg.demos} has none "
+                             "(collect again: format 2 stores them)")  # fmt: skip
+        meta = _loop(cfg, model, opt, sampler, meta, out, precision.bf16)
     return export(cfg, model, meta, out)
 
 
@@ -360,10 +566,10 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
     return meta
 
 
-def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
+def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bool) -> dict:
     def losses_at(step: int):
         batch = sampler.sample(cfg.batch, cfg.shift)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return model(batch)
 
     with (out / "train.log").open("a") as log:
@@ -373,12 +579,15 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path) -> dict:
         "episodes": len(sampler.manifest["episodes"]),
         "frames": len(sampler),
     }
+    meta["statistics"] = sampler.stats_json
     return meta
 
 
 def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     """Write one checkpoint per family (weights, config, statistics, tokenizer, card)."""
-    stats = json.loads((demo_dirs(cfg.demos)[0] / "dataset_statistics.json").read_text())
+    stats = meta.get("statistics")
+    if stats is None:  # exporting a run saved before statistics were kept in its state
+        stats = merged_statistics(concat_demos([load_demos(d) for d in demo_dirs(cfg.demos)]))
     written = {}
     for family, vla in model.export().items():
         name = EXPORT_NAMES[cfg.suite][family]
@@ -395,7 +604,7 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
 
 
 def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
-    precision = "bf16 autocast" if cfg.bf16 else "fp32"
+    precision = meta.get("precision", cfg.precision)
     start = (
         f"- initialised from: `{cfg.init_from}` ({meta.get('init_from', 'its weights')}); the "
         "steps and wall time below are this run's only\n"
