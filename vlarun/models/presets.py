@@ -447,7 +447,7 @@ def mt10_dit() -> VLAConfig:
     return _mt10_trunk("mt10-dit", "diffusion", dit=dit)
 
 
-# -- MT10 with a wrist camera: views like real VLAs', four families ---------------------------------
+# -- MT10 with a wrist camera: views like real VLAs', four families -------------------------
 # The MT10 trunk with the workspace view and a wrist camera that rides with the hand (pooled to
 # 64 tokens: 320 visual tokens, the wrist ones changing every step, which is what token reuse
 # must cope with on a real robot). The continuous heads predict chunks of 8 steps so a robot can
