@@ -150,3 +150,37 @@ def test_wrist_suite_trains_five_losses_and_exports_four_families(tmp_path):
         assert actions.shape == (steps, 4) and np.isfinite(actions).all()
     exported = load_vla(tmp_path / "run" / "export" / "mt10w-flow")[0]
     assert not any(k.startswith("aux") for k in exported.state_dict())  # training-only head
+
+
+def test_sigterm_saves_state_and_exports(tmp_path, demos):
+    """A run cut by SIGTERM (a benchmark needs the machine) saves its state and exports, and
+    the next call resumes from that step."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    code = (
+        "from vlarun.sim.train import TrainConfig, train; "
+        f"train(TrainConfig(demos={str(demos)!r}, out={str(out)!r}, steps=10000, batch=2, "
+        "warmup=1, log_every=1, save_every=100000, precision='fp32'))"
+    )
+    err_file = (tmp_path / "stderr").open("w")  # a file, not a pipe nobody drains
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=err_file)
+    log = out / "train.log"
+    deadline = time.time() + 300
+    while not (log.exists() and log.read_text().count("\n") >= 2) and time.time() < deadline:
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 0, err
+    assert "stopping after this step" in err
+    step = json.loads((out / "state.json").read_text())["step"]
+    assert 2 <= step < 10000  # saved where it stopped, not at save_every
+    assert (out / "export" / "tiny-ar" / "model.safetensors").exists()
+    again = train(TrainConfig(demos=str(demos), out=str(out), steps=step + 1, batch=2, warmup=1,
+                              precision="fp32"))  # fmt: skip
+    assert again["step"] == step + 1

@@ -19,7 +19,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -528,10 +530,16 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
     ``cfg`` carries steps, batch, lr/warmup, log_every, save_every, max_minutes, budget_minutes.
     Logs a JSON line every ``log_every`` steps to ``log``, saves resumable state every
     ``save_every`` steps and when the time limit or budget runs out; returns the updated meta.
+
+    SIGTERM or SIGINT (Ctrl-C, ``kill``) ends the run after the current step with its state
+    saved, and the caller goes on to export: a run can be cut at any time, e.g. to give a
+    benchmark the machine, and resumes where it stopped. (SIGSTOP would also pause it, but the
+    paused time would count against ``budget_minutes``.)
     """
     model.train()
     start_step, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
     bar = tqdm(total=cfg.steps, initial=start_step, desc=desc, unit="step")
+    stop = _StopRequest()
     for step in range(start_step, cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step, meta["seconds"])
@@ -546,6 +554,7 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
             rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
             entry = {
                 "step": step + 1,
+                "samples": (step + 1) * cfg.batch,
                 "lr": lr_at(cfg, step, meta["seconds"]),
                 "samples_per_s": round(rate, 1),
                 "minutes": round(meta["seconds"] / 60, 2),
@@ -558,12 +567,34 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
         out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
             cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
         )
-        if (step + 1) % cfg.save_every == 0 or done or out_of_time:
+        if (step + 1) % cfg.save_every == 0 or done or out_of_time or stop.requested:
             save_state(out, model, opt, meta)
-        if out_of_time:
+        if out_of_time or stop.requested:
             break
     bar.close()
+    stop.restore()
     return meta
+
+
+class _StopRequest:
+    """Turns SIGTERM / SIGINT into a flag the loop checks between steps (main thread only)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:  # a second signal: stop now, without waiting for the step
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\nsignal {signum}: stopping after this step (state saved)", file=sys.stderr)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bool) -> dict:
