@@ -170,3 +170,26 @@ def test_frame_store_gathers_across_memory_mapped_shards(demo_dir):
     assert np.array_equal(joined[[len(store)]], full[[0]])
     with pytest.raises(IndexError):
         store[[len(store)]]
+
+
+def test_dagger_labels_the_states_the_policy_visits(tmp_path):
+    """DAgger: the shipped policy drives, the expert labels; with beta = 1 the expert drives
+    every step, so the states are exactly the expert's own episode's."""
+    from vlarun.policy.base import Policy
+    from vlarun.sim.demos import run_dagger_episode, run_expert_episode
+    from vlarun.sim.env import MetaWorldEnv
+
+    policy = Policy.load("tiny-ar")
+    env = MetaWorldEnv("reach-v3")
+    expert = run_expert_episode(env, 7)
+    mixed = run_dagger_episode(env, policy, 7, beta=1.0)
+    assert np.array_equal(np.stack(mixed.states), np.stack(expert.states))
+    assert np.allclose(np.stack(mixed.actions), np.stack(expert.actions))
+    own = run_dagger_episode(env, policy, 7, beta=0.0)  # the policy's own states now
+    env.close()
+    assert own.length > 0 and len(own.images) == len(own.actions) == len(own.targets)
+    m = collect(["reach-v3"], 1, tmp_path / "d", dagger_policy="tiny-ar",
+                progress=False)  # fmt: skip
+    assert m["dagger"] == {"policy": "tiny-ar", "beta": 0.0}
+    assert m["tasks"]["reach-v3"]["episodes"] == 1  # kept whether or not the policy succeeded
+    assert len(load_demos(tmp_path / "d")) == m["num_frames"] > 0

@@ -19,7 +19,10 @@
 
 Only successful episodes are stored (an episode ends at the first success, so its last action is
 the one that achieved it); failed seeds are listed in the manifest and replaced by further seeds
-until each task has its episodes. Nothing is pickled: arrays are safetensors, the rest JSON.
+until each task has its episodes. DAgger collections (``--dagger POLICY``) are the exception:
+a trained policy drives, every state it visits is labelled with the expert's action, and every
+episode is kept with its own success flag. Nothing is pickled: arrays are safetensors, the rest
+JSON.
 
 Seeds: demo episodes of a task use seeds ``seed_start, seed_start + 1, ...``, which must stay
 below :data:`EVAL_SEED_OFFSET`; evaluation uses seeds from ``EVAL_SEED_OFFSET`` up, so a learned
@@ -91,6 +94,10 @@ class DemoConfig:
             action the robot executes while the stored label stays the expert's clean action,
             so the data covers the states a slightly wrong policy visits and how to recover
             from them. 0 = off.
+        dagger_policy: DAgger: this policy (a name ``Policy.load`` takes) drives the robot and
+            the expert labels every state it visits; every episode is kept, failed or not.
+            The cameras must be the policy's views.
+        dagger_beta: DAgger's mixing: the share of steps that execute the expert's action.
     """
 
     tasks: tuple[str, ...]
@@ -104,8 +111,14 @@ class DemoConfig:
     extra_cameras: tuple[str, ...] = ()
     episodes_for: tuple[tuple[str, int], ...] = ()
     dart_noise: float = 0.0
+    dagger_policy: str | None = None
+    dagger_beta: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.dagger_beta <= 1.0:
+            raise ValueError(f"dagger_beta must be in [0, 1], got {self.dagger_beta}")
+        if self.dagger_policy is not None and self.dart_noise:
+            raise ValueError("DAgger and DART noise do not mix: the policy already errs")
         for task, n in self.episodes_for:
             if task not in self.tasks:
                 raise ValueError(f"episodes_for names {task!r}, which is not among the tasks")
@@ -159,6 +172,8 @@ class _ShardJob:
     camera: str | None
     extra_cameras: tuple[str, ...] = ()
     dart_noise: float = 0.0
+    dagger_policy: str | None = None
+    dagger_beta: float = 0.0
 
 
 @dataclass
@@ -203,6 +218,48 @@ def run_expert_episode(env: MetaWorldEnv, seed: int, dart_noise: float = 0.0) ->
             return episode
 
 
+class _ExpertLabels:
+    """Wraps an environment for DAgger (Ross et al. 2011): before every step it records what
+    the robot saw and the scripted expert's action at that state (the label), and with
+    probability ``beta`` executes the expert's action instead of the policy's."""
+
+    def __init__(self, env: MetaWorldEnv, episode: Episode, beta: float, rng) -> None:
+        self.env, self.episode, self.beta, self.rng = env, episode, beta, rng
+        self._obs: dict[str, np.ndarray] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, **kw):
+        obs, info = self.env.reset(**kw)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action):
+        assert self._obs is not None
+        expert = self.env.expert_action()
+        ep = self.episode
+        ep.images.append(self._obs.get("views", self._obs["image"]))
+        ep.states.append(self._obs["state"])
+        ep.actions.append(expert)
+        ep.targets.append(self.env.targets)
+        executed = expert if self.rng.random() < self.beta else action
+        obs, reward, terminated, truncated, info = self.env.step(executed)
+        self._obs = obs
+        return obs, reward, terminated, truncated, info
+
+
+def run_dagger_episode(env: MetaWorldEnv, policy: Any, seed: int, beta: float = 0.0) -> Episode:
+    """One episode driven by ``policy`` (the evaluation loop, ``sim.evaluate.run_episode``),
+    every visited state labelled with the expert's action; ``success`` is the policy's."""
+    from vlarun.sim.evaluate import run_episode
+
+    episode = Episode(seed=seed)
+    labelled = _ExpertLabels(env, episode, beta, np.random.default_rng(seed))
+    episode.success = bool(run_episode(policy, labelled, seed)["success"])
+    return episode
+
+
 def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``job``'s episodes, write the successful ones as one shard; return JSON metadata.
 
@@ -214,12 +271,24 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
         camera=job.camera or DEFAULT_CAMERA,
         extra_cameras=job.extra_cameras,
     )
+    policy = None
+    if job.dagger_policy is not None:
+        import torch
+
+        from vlarun.policy.base import Policy
+
+        torch.set_num_threads(1)  # one worker per core
+        policy = Policy.load(job.dagger_policy)
     kept: list[Episode] = []
     failures = []
     try:
         for seed in job.seeds:
-            episode = run_expert_episode(env, seed, job.dart_noise)
-            if episode.success:
+            if policy is None:
+                episode = run_expert_episode(env, seed, job.dart_noise)
+            else:
+                episode = run_dagger_episode(env, policy, seed, job.dagger_beta)
+            # DAgger keeps every episode: its labels are right wherever the policy went.
+            if episode.success or policy is not None:
                 kept.append(episode)
             else:
                 failures.append({"task": job.task, "seed": seed, "steps": episode.length})
@@ -261,7 +330,7 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
         {
             "task": job.task,
             "seed": ep.seed,
-            "success": True,
+            "success": ep.success,
             "frames": ep.length,
             "shard": Path(job.path).name,
             "index_in_shard": i,
@@ -322,6 +391,8 @@ def collect(
     extra_cameras: Sequence[str] = (),
     episodes_for: dict[str, int] | None = None,
     dart_noise: float = 0.0,
+    dagger_policy: str | None = None,
+    dagger_beta: float = 0.0,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -346,6 +417,8 @@ def collect(
         extra_cameras=tuple(extra_cameras),
         episodes_for=tuple((episodes_for or {}).items()),
         dart_noise=dart_noise,
+        dagger_policy=dagger_policy,
+        dagger_beta=dagger_beta,
     )
     out = Path(out_dir)
     if (out / MANIFEST).exists():
@@ -385,7 +458,7 @@ def collect(
                 chunk = tuple(seeds[i : i + cfg.episodes_per_shard])
                 job = _ShardJob(
                     task, chunk, str(path), cfg.image_size, cfg.camera, cfg.extra_cameras,
-                    cfg.dart_noise,
+                    cfg.dart_noise, cfg.dagger_policy, cfg.dagger_beta,
                 )  # fmt: skip
                 jobs.append(job)
         return jobs
@@ -443,6 +516,9 @@ def collect(
         "action": "xyz end-effector delta + gripper effort, each in [-1, 1]",
         "targets": "object xyz + goal xyz (m), training-only auxiliary targets",
         "dart_noise": cfg.dart_noise,
+        "dagger": None
+        if cfg.dagger_policy is None
+        else {"policy": cfg.dagger_policy, "beta": cfg.dagger_beta},
         "eval_seed_offset": EVAL_SEED_OFFSET,
         "task_names": list(cfg.tasks),
         "tasks": {
@@ -689,6 +765,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dart-noise", type=float, default=0.0, help="std of noise on executed xyz actions (DART)"
     )
+    parser.add_argument(
+        "--dagger", default=None, metavar="POLICY",
+        help="DAgger: POLICY drives, the expert labels every visited state (all episodes kept)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dagger-beta", type=float, default=0.0, help="share of steps executing the expert"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
     args = parser.parse_args(argv)
     tasks = {"all": task_names(), "mt10": list(MT10)}.get(args.tasks[0], args.tasks)
@@ -711,6 +794,8 @@ def main(argv: list[str] | None = None) -> None:
             extra_cameras=args.extra_cameras,
             episodes_for=episodes_for,
             dart_noise=args.dart_noise,
+            dagger_policy=args.dagger,
+            dagger_beta=args.dagger_beta,
             overwrite=args.overwrite,
         )
     except (ValueError, FileExistsError) as err:
