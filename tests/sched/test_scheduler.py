@@ -248,14 +248,18 @@ def test_learned_spread_tightens_feasibility_and_guides_the_fallback():
     assert sched.cal.sigma(roles) > 0.3
     second = sched.decide(link)
     assert tuple(second.placement.values()) != roles  # mean + z * sigma no longer fits
-    # With an impossible SLO the fallback minimises mean + sigma, so the erratic plan loses.
+    # Nothing feasible: the fallback is the plan most likely to be on time (here the erratic
+    # one: its spread gives it a few percent where the steady plans have none) ...
     tight = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=0.05, cal=sched.cal)
-    d = tight.decide(link)
-    sc = tight.score(link)
-    assert not d.feasible
-    assert d.latency_s + tight.cal.sigma(tuple(d.placement.values())) == pytest.approx(
-        (sc.latency + sc.sigma)[tight.allowed].min()
-    )
+    d, sc = tight.decide(link), tight.score(link)
+    p = tight.on_time(sc)
+    assert not d.feasible and tuple(d.placement.values()) == roles
+    assert p[tight.candidate_index(d)] == pytest.approx(p[tight.allowed].max())
+    assert p[tight.candidate_index(d)] > 0.05
+    # ... and when no plan has even a 5% chance, the fastest (EcoVLA's argmin T).
+    hopeless = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=0.01, cal=sched.cal)
+    d, sc = hopeless.decide(link), hopeless.score(link)
+    assert d.latency_s == pytest.approx(sc.latency[hopeless.allowed].min())
 
 
 def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
@@ -415,3 +419,89 @@ def test_calibration_keeps_robot_and_edge_apart_when_the_catalog_names_one_devic
         c = sched.candidate_index(dataclasses.replace(plan, placement=dict.fromkeys(names, role)))
         base = sched.t_rob[k] if role == "robot" else sched.t_edge[k, :, 1]
         np.testing.assert_allclose(sc.end[c] - sc.start[c], ratio * base, rtol=1e-9)
+
+
+def _only(sched, role: str) -> int:
+    """The candidate running every stage on ``role`` (no batch join)."""
+    for c in range(len(sched.k)):
+        if set(sched.space.roles(sched.p[c])) == {role} and not sched.join[c]:
+            return c
+    raise AssertionError(f"no {role}-only candidate")
+
+
+def _edge_plan_and_slo():
+    """A pi0 scheduler whose deadline the robot alone misses (90% of its time), so the chosen
+    plan uses the edge, as in the co-inference runs (a 4x slowed robot)."""
+    link = Link(200.0, 5.0)
+    probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=10.0, actions=20)
+    slo = 0.9 * float(probe.score(link).latency[_only(probe, "robot")])
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20)
+    d = sched.decide(link)
+    assert "edge" in d.placement.values() and d.feasible
+    return sched, link, d
+
+
+@pytest.mark.parametrize("normal_runs", [0, 5])
+def test_one_outlier_does_not_lock_out_the_edge(normal_runs):
+    """One request 80 ms late on a 200 ms deadline (an edge hiccup: 40% of the deadline) used
+    to bar the plan for ~36 decisions; now the next decision still takes it."""
+    sched, link, d = _edge_plan_and_slo()
+    roles = tuple(d.placement.values())
+    t = d.latency_s
+    for i in range(normal_runs):
+        sched.cal.observe_total(roles, t, t * (1 + 0.02 * (-1) ** i))
+    sched.cal.observe_total(roles, t, t + 0.4 * sched.slo_s)
+    again = sched.decide(link)
+    assert tuple(again.placement.values()) == roles and again.feasible
+
+
+def test_fallback_picks_the_highest_on_time_probability():
+    """Nothing meets the z-rule: a steady robot plan 10% over the deadline (never on time) and
+    erratic plans using the edge at 80% of it with a spread of 40% (on time ~69%). An edge plan
+    is chosen; EcoVLA's argmin T and the former argmin (T + sigma) both took the robot."""
+    from vlarun.sched.predictor import ResidualStats
+
+    sched, link, d = _edge_plan_and_slo()
+    slo = sched.slo_s
+    sc = sched.score(link)
+    robot = _only(sched, "robot")
+    now = sched.cal.clock()
+    for c in np.flatnonzero(~sched.join):
+        steady = c == robot
+        target, sigma = (1.1 * slo, 0.001 * slo) if steady else (0.8 * slo, 0.4 * slo)
+        roles = tuple(sched.space.roles(sched.p[c]))
+        shift = target - (float(sc.latency[c]) - sched.cal.residual(roles))
+        sched.cal.residuals[roles] = ResidualStats(shift, sigma**2, 8.0, 0.0, now)
+    pick = sched.decide(link)
+    c = sched.candidate_index(pick)
+    assert not pick.feasible and c != robot and "edge" in pick.placement.values()
+    p = sched.on_time(sched.score(link))
+    assert p[c] == pytest.approx(0.69, abs=0.02) and p[robot] < 1e-6
+
+
+def test_only_requests_that_ran_as_planned_teach_the_residual():
+    from vlarun.sched.contract import Outcome
+
+    sched, link, d = _edge_plan_and_slo()
+    roles = tuple(d.placement.values())
+    sched.observe(d, Outcome(stages=(), latency_s=5 * sched.slo_s, fallback="link: timed out"))
+    assert not sched.cal.measured(roles)  # the link's fault: the link estimate learns it
+    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s * 1.1))
+    assert sched.cal.measured(roles) and sched.cal.residual(roles) > 0
+
+
+def test_residual_and_spread_relax_toward_the_prior_with_time():
+    from vlarun.sched.predictor import Calibration
+
+    now = [0.0]
+    cal = Calibration(clock=lambda: now[0], half_life_s=10.0)
+    roles = ("robot", "edge")
+    for i in range(20):
+        cal.observe_total(roles, 0.1, 0.2 + 0.05 * (-1) ** i)
+    mean, sigma = cal.residual(roles), cal.sigma(roles)
+    assert mean == pytest.approx(0.1, abs=0.01) and sigma > 0.03
+    now[0] = 10.0  # one half-life later, whatever happened to other placements meanwhile
+    assert cal.residual(roles) == pytest.approx(mean / 2)
+    assert cal.sigma(roles) == pytest.approx(sigma / 2**0.5)
+    now[0] = 1000.0
+    assert abs(cal.residual(roles)) < 1e-6 and cal.sigma(roles) < 1e-6

@@ -21,8 +21,11 @@ The same recursion, vectorised over thousands of candidate plans, is in ``schedu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork, roofline, stage_seconds
@@ -103,30 +106,59 @@ INPUT, OUTPUT = "<input>", "<output>"
 
 
 @dataclass
+class ResidualStats:
+    """What one placement's end-to-end errors taught (seconds): their mean and variance, the
+    evidence behind them in observations (the prior's pseudo-count included), the cost model's
+    own error scale for this placement (``prior_rel`` x its prediction: the least spread an
+    outlier is measured against), and when the newest one arrived (``Calibration.clock``)."""
+
+    mean: float
+    var: float
+    count: float
+    scale: float
+    at: float
+
+
+@dataclass
 class Calibration:
-    """EWMA corrections learned from measurements (EcoVLA: stage latency, boundary overhead,
+    """Corrections learned from measurements (EcoVLA: stage latency, boundary overhead,
     placement residual). Factors start at 1 and overheads at 0: an uncalibrated predictor is
     the plain cost model.
 
-    Beyond the paper, the residual's spread is tracked too (EWMA of the squared deviation), so
-    the scheduler can demand T + tail_z * sigma <= T_SLO: a mean that meets the deadline says
-    nothing about the tail a shared, loaded edge produces.
+    The residual of a placement (its end-to-end error) is a mean and a spread, so the scheduler
+    can demand T + tail_z * sigma <= T_SLO: a mean that meets the deadline says nothing about
+    the tail a shared, loaded edge produces. Three rules keep one bad request from locking a
+    placement out (one +80 ms outlier on a 200 ms deadline used to bar the edge for ~36
+    decisions):
+      * a prior mean of 0 (the cost model) worth ``prior_count`` observations, so the first
+        error is averaged with it, not taken whole; the spread is the data's (the paper's rule,
+        T <= T_SLO, for a plan never run: none of its spread is known);
+      * robust updates: once a spread is measured, an error further from the mean than
+        ``clip_z`` spreads counts as if it were at that bound, the spread being at least the
+        cost model's own error (``prior_rel`` x the prediction), so an outlier widens the
+        spread a little and barely moves the mean (the first errors are taken as they come, so a
+        cost model that is simply off is corrected at once);
+      * decay by time, not by decision: mean, spread and evidence relax toward the prior with a
+        half-life of ``half_life_s`` seconds since the placement last ran, whatever the request
+        rate, so a placement not run lately regains the benefit of the doubt.
+    Only requests that ran as planned teach the residual (``Scheduler.observe``): a fallback's
+    latency is the link's or the edge's admission's, not the placement's.
     """
 
-    alpha: float = 0.2
+    alpha: float = 0.2  # EWMA weight of stage factors and boundary overheads
     tail_z: float = 2.33  # one-sided 99% under a normal approximation
-    # Residuals of placements not run lately fade by this share per observation: a placement
-    # that once met a burst of load would otherwise stay excluded after the load is gone.
-    forget: float = 0.02
-    # A placement never measured has no learned spread; its prediction is only the cost model's,
-    # off by tens of percent (BENCHMARKS: split plans ran 30-40% over). This is that model's
-    # 1-sigma relative error: exploration tries such a plan when it could meet the deadline
-    # within the spread (``Scheduler.explore_every``).
+    # The cost model's 1-sigma relative error before any measurement (BENCHMARKS: split plans
+    # ran 30-40% over): the residual's prior spread, and what exploration allows for
+    # (``Scheduler.explore_every``).
     prior_rel: float = 0.15
+    prior_count: float = 1.0
+    max_count: float = 8.0  # evidence saturates: the newest error always weighs >= 1/8
+    clip_z: float = 3.0
+    half_life_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, role)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
-    residual_s: dict[tuple[str, ...], float] = field(default_factory=dict)
-    residual_var: dict[tuple[str, ...], float] = field(default_factory=dict)
+    residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str) -> float:
         return self.stage_factor.get((stage, role), 1.0)
@@ -134,16 +166,33 @@ class Calibration:
     def boundary(self, parent: str, child: str) -> float:
         return self.boundary_s.get((parent, child), 0.0)
 
+    def _now(self, placement: tuple[str, ...]) -> ResidualStats | None:
+        """The placement's statistics decayed to the present (None: never measured)."""
+        r = self.residuals.get(placement)
+        if r is None:
+            return None
+        keep = 0.5 ** (max(self.clock() - r.at, 0.0) / self.half_life_s)
+        return ResidualStats(
+            r.mean * keep,
+            r.var * keep,
+            self.prior_count + (r.count - self.prior_count) * keep,
+            r.scale,
+            r.at,
+        )
+
     def residual(self, placement: tuple[str, ...]) -> float:
-        return self.residual_s.get(placement, 0.0)
+        r = self._now(placement)
+        return 0.0 if r is None else r.mean
 
     def sigma(self, placement: tuple[str, ...]) -> float:
-        """Learned standard deviation of the placement's latency around its prediction."""
-        return math.sqrt(self.residual_var.get(placement, 0.0))
+        """Standard deviation of the placement's latency around its prediction (0: never
+        measured; the scheduler then reads the cost model's prior error instead)."""
+        r = self._now(placement)
+        return 0.0 if r is None else math.sqrt(r.var)
 
     def measured(self, placement: tuple[str, ...]) -> bool:
         """Whether the placement's end-to-end latency was ever observed."""
-        return placement in self.residual_s
+        return placement in self.residuals
 
     def observe_stage(self, stage: str, role: str, predicted_s: float, measured_s: float):
         """Measured compute time of a stage on ``role``'s machine (robot or edge); the factor
@@ -163,17 +212,35 @@ class Calibration:
 
     def observe_total(self, placement: tuple[str, ...], predicted_s: float, measured_s: float):
         """End-to-end measurement of a placement; ``predicted_s`` must exclude the residual."""
+        r = self._now(placement)
+        scale = self.prior_rel * max(predicted_s, 0.0)
+        first = r is None
+        if first:
+            r = ResidualStats(0.0, 0.0, self.prior_count, scale, 0.0)
         error = measured_s - predicted_s
-        mean = self.residual_s.get(placement)
-        if mean is not None:
-            dev2 = (error - mean) ** 2
-            self.residual_var[placement] = ewma(self.residual_var.get(placement), dev2, self.alpha)
-        for key in self.residual_s:
-            if key != placement:
-                self.residual_s[key] *= 1 - self.forget
-                if key in self.residual_var:
-                    self.residual_var[key] *= 1 - self.forget
-        self.residual_s[placement] = ewma(mean, error, self.alpha)
+        bound = self.clip_z * max(math.sqrt(r.var), scale)
+        if r.var > 0:  # a spread was measured (two errors or more): clip outliers against it
+            error = min(max(error, r.mean - bound), r.mean + bound)
+        count = min(r.count + 1.0, self.max_count)
+        w = 1.0 / count
+        dev = error - r.mean
+        mean = r.mean + w * dev
+        # One error says nothing about the spread (its distance from the prior's 0 is bias).
+        var = 0.0 if first else (1.0 - w) * (r.var + w * dev * dev)
+        self.residuals[placement] = ResidualStats(mean, var, count, scale, self.clock())
+
+
+def on_time_probability(latency_s, sigma_s, slo_s: float) -> np.ndarray:
+    """P(T <= SLO) for predicted latencies and spreads (arrays or floats) under a normal
+    approximation; a zero spread gives 1 or 0."""
+    lat = np.asarray(latency_s, dtype=float)
+    sig = np.broadcast_to(np.asarray(sigma_s, dtype=float), lat.shape)
+    z = np.where(lat <= slo_s, np.inf, -np.inf)
+    np.divide(slo_s - lat, sig, out=z, where=sig > 0)
+    return 0.5 * (1.0 + _ERF(z / math.sqrt(2.0)))
+
+
+_ERF = np.vectorize(math.erf, otypes=[float])
 
 
 # ---------------------------------------------------------------------------------------------

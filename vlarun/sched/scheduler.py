@@ -1,11 +1,13 @@
 """SLO-constrained energy-priority scheduler (EcoVLA).
 
     Core rule:  pi* = argmax_pi  actions_per_joule(pi)   subject to  T(pi) <= T_SLO
-                if no plan meets T_SLO:  pi* = argmin_pi T(pi)
+                if no plan meets T_SLO:  pi* = argmax_pi P(T(pi) <= T_SLO)
 
 T includes the learned residual. Beyond the paper, once a placement has been measured its
-latency spread sigma counts too: feasible means T + z * sigma <= T_SLO, and the fallback
-minimises T + sigma, which is argmin T while nothing has been measured (predictor.Calibration).
+latency spread sigma counts too: feasible means T + z * sigma <= T_SLO; the fallback takes the
+plan most likely to meet the deadline (EcoVLA: argmin T, which prefers a steady plan that is
+never on time to an erratic one that mostly is), with the cost model's prior error as the spread
+of plans never measured (predictor.Calibration).
 And a placement never run is tried now and then (bounded exploration, ``_exploration``) when the
 cost model's own error could make it feasible and it would save energy: otherwise a plan the
 model mis-predicts as too slow would never be run, and so never corrected.
@@ -34,7 +36,14 @@ from vlarun.sched.cost import at_batch, roofline
 from vlarun.sched.energy import ENERGY_SOURCE, RadioPower, stage_power
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
-from vlarun.sched.predictor import INPUT, OUTPUT, Calibration, DeviceState, Reservation
+from vlarun.sched.predictor import (
+    INPUT,
+    OUTPUT,
+    Calibration,
+    DeviceState,
+    Reservation,
+    on_time_probability,
+)
 
 MAX_EDGE_BATCH = 8
 
@@ -188,10 +197,10 @@ class Scheduler:
         return per_p[self.p]
 
     def _residuals(self) -> np.ndarray | float:
-        return self._per_placement(self.cal.residual) if self.cal.residual_s else 0.0
+        return self._per_placement(self.cal.residual) if self.cal.residuals else 0.0
 
     def _sigmas(self) -> np.ndarray | float:
-        return self._per_placement(self.cal.sigma) if self.cal.residual_var else 0.0
+        return self._per_placement(self.cal.sigma) if self.cal.residuals else 0.0
 
     def _join(self, s, name, ready, res, s_edge, t_e, e_edge, slowdown=1.0):
         """Candidates flagged ``join`` take the earliest reservation of the same stage and
@@ -264,11 +273,27 @@ class Scheduler:
         self._since_explore = 0
         return int(np.argmax(np.where(cand, apj, -np.inf)))
 
+    def on_time(self, sc: Scores) -> np.ndarray:
+        """Each candidate's predicted probability of meeting the deadline: its learned spread
+        where measured, the cost model's prior error (``Calibration.prior_rel``) where not."""
+        measured = self._per_placement(lambda roles: self.cal.measured(tuple(roles)))
+        sigma = np.where(measured, sc.sigma, self.cal.prior_rel * sc.latency)
+        return on_time_probability(sc.latency, sigma, self.slo_s)
+
+    # Below this on-time probability a plan counts as sure to miss: the normal tail would
+    # otherwise rank a hopeless erratic plan above a hopeless fast one.
+    HOPELESS = 0.05
+
     def _fallback(self, sc: Scores) -> int:
-        """No plan is feasible: the lowest latency, read as mean plus one learned spread, so a
-        steady plan beats an erratic one of similar mean (and a fast one beats a slow one when
-        the means are far apart). With nothing measured this is exactly EcoVLA's argmin T."""
-        return int(np.argmin(np.where(self.allowed, sc.latency + sc.sigma, np.inf)))
+        """No plan is feasible: the one most likely to meet the deadline anyway, ties and plans
+        sure to miss it (``HOPELESS``) going to the lowest latency. A fast but erratic edge on
+        time 70% of the time beats a steady robot that never is, where the lowest mean (EcoVLA's
+        argmin T) or mean + spread would pick the robot; when every plan misses, the fastest
+        (EcoVLA's rule) is late by the least."""
+        p = np.where(self.allowed, self.on_time(sc), -1.0)
+        p = np.where(p < self.HOPELESS, np.where(self.allowed, 0.0, -1.0), p)
+        best = np.flatnonzero(p >= p.max() - 1e-9)
+        return int(best[np.argmin(sc.latency[best])])
 
     def _decision(
         self, c: int, sc: Scores, apj: np.ndarray, explored: bool = False
@@ -356,9 +381,10 @@ class Scheduler:
         """The one feedback path: each stage's measured execution time teaches the factor of the
         device it ran on, against the model's time for that setting *at the batch it ran in*
         (a batched execution is compared with the batched prediction, not divided by its size);
-        the planned placement's end-to-end latency teaches its residual. A plan that fell back is
-        charged what choosing it cost, so a link that keeps failing loses to local plans and the
-        residual's slow forgetting lets it be tried again later."""
+        the planned placement's end-to-end latency teaches its residual, but only when the request
+        ran as planned: a fallback's latency is the link's (the agent caps the link's estimate
+        on a timeout) or the edge admission's, and charging it to the placement barred a
+        healthy edge for dozens of decisions after one lost packet."""
         k = self.setting_index(plan)
         index = {name: si for si, name in enumerate(self.space.stages)}
         for st in outcome.stages:
@@ -372,8 +398,9 @@ class Scheduler:
             self.cal.observe_stage(st.name, st.role, base, st.seconds)
         for tr in outcome.transfers:
             self._observe_transfer(plan, tr)
-        roles = tuple(plan.placement[n] for n in self.space.stages)
-        self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
+        if outcome.fallback is None:
+            roles = tuple(plan.placement[n] for n in self.space.stages)
+            self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
 
     def _observe_transfer(self, plan: ExecutionPlan, tr: TransferOutcome) -> None:
         """One edge call's time off the edge against the link model (a round trip plus the
