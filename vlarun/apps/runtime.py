@@ -416,6 +416,16 @@ class ServePolicyOptions:
     api_key_file: str | None = opt(None, "file holding the API key clients must send")
     insecure: bool = opt(False, "accept clients without an API key (warns at start)")
     max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
+    max_prompt_bytes: int = opt(4096, "longest prompt accepted, UTF-8 bytes (before tokenizing)")
+    max_connections: int = opt(32, "open WebSocket connections; more are answered 503 busy")
+    max_inflight_mb: float = opt(
+        256.0, "request bytes being decoded, queued or run, all clients; beyond: busy"
+    )
+    budget_s: float = opt(10.0, "server-side time budget of one request; beyond: busy")
+    handshake_timeout_s: float = opt(5.0, "TCP connect to WebSocket upgrade, at most")
+    idle_timeout_s: float = opt(
+        120.0, "close a connection that completes no request frame for this long"
+    )
     max_batch: int = opt(8, "largest batch of one stage across clients")
     batch_window_ms: float = opt(2.0, "longest wait for other clients' requests to batch with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
@@ -433,8 +443,18 @@ class ServePolicyOptions:
             raise ValueError("--max-batch must be >= 1 and --batch-window-ms >= 0")
         if self.api_key_file is None and not self.insecure:
             raise ValueError("pass --api-key-file FILE (or --insecure to accept any client)")
-        if self.max_frame_mb <= 0:
-            raise ValueError(f"--max-frame-mb must be > 0, got {self.max_frame_mb}")
+        self.limits()  # the limits check themselves: a bad flag fails before the model loads
+
+    def limits(self):
+        """The server's bounds (``ServeLimits``) from these flags."""
+        from vlarun.runtime.openpi import ServeLimits
+
+        return ServeLimits(
+            max_frame=int(self.max_frame_mb * 2**20), max_prompt_bytes=self.max_prompt_bytes,
+            max_connections=self.max_connections,
+            max_inflight_bytes=int(self.max_inflight_mb * 2**20), budget_s=self.budget_s,
+            handshake_timeout_s=self.handshake_timeout_s, idle_timeout_s=self.idle_timeout_s,
+        )  # fmt: skip
 
 
 def cmd_serve_policy(o: ServePolicyOptions) -> dict:
@@ -455,7 +475,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     _warm_up(policy)
     server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
-                                api_key=key, max_frame=int(o.max_frame_mb * 2**20),
+                                api_key=key, limits=o.limits(),
                                 max_batch=o.max_batch,
                                 batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
     stop = threading.Event()
