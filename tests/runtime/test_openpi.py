@@ -185,6 +185,7 @@ def test_serve_policy_command_end_to_end(tmp_path):
 
     key = tmp_path / "policy.key"
     key.write_text("file-key\n")
+    key.chmod(0o600)
     cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--policy", "tiny-ar", "--port",
            "0", "--api-key-file", str(key), "--threads", "1", "--json"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

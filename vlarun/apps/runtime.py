@@ -69,6 +69,10 @@ class ServeEdgeOptions:
     dashboard_key_file: str | None = opt(
         None, "file holding the dashboard key (default: a random key, printed with the address)"
     )
+    dashboard_timeout_s: float = opt(
+        5.0, "a dashboard request must arrive and be answered within this (half-open peers)"
+    )
+    dashboard_max_connections: int = opt(64, "dashboard connections served at once")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
         "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
@@ -88,6 +92,8 @@ class ServeEdgeOptions:
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise ValueError("--workers must be >= 0")
+        if self.dashboard_timeout_s <= 0 or self.dashboard_max_connections < 1:
+            raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
 
 
 def load_policy(
@@ -124,9 +130,11 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     dash = None
     if o.dashboard is not None:
         from vlarun.runtime.dashboard import Dashboard
+        from vlarun.runtime.transport import read_secret
 
-        key = _read_key(o.dashboard_key_file) if o.dashboard_key_file else None
-        dash = Dashboard(server, o.host, o.dashboard, key).start()
+        key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
+        dash = Dashboard(server, o.host, o.dashboard, key, timeout_s=o.dashboard_timeout_s,
+                         max_connections=o.dashboard_max_connections).start()  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -173,13 +181,6 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     except BaseException:
         workers.shutdown()
         raise
-
-
-def _read_key(path: str) -> str:
-    key = open(path).read().strip()  # noqa: SIM115 - a one-line secret
-    if not key:
-        raise ValueError(f"{path} is empty")
-    return key
 
 
 def show_serve_edge(r: dict) -> None:
@@ -467,9 +468,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     key = None
     if o.api_key_file is not None:
-        key = open(o.api_key_file).read().strip()  # noqa: SIM115 - a one-line secret
-        if not key:
-            raise ValueError(f"{o.api_key_file} is empty")
+        from vlarun.runtime.transport import read_secret
+
+        key = read_secret(o.api_key_file)
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
