@@ -73,7 +73,8 @@ class LyingEdge:
             msg = wire.decode(frames)
             if msg.kind == "control":
                 lie = {"ok": True, "stage_ms": {"vision": "slow", "decode": float("nan")},
-                       "queue": {"vision": -3}, "schedule": [{"stage": 1, "start_ms": "x"}]}  # fmt: skip
+                       "queue": {"vision": -3},
+                       "schedule": [{"stage": 1, "start_ms": "x"}]}  # fmt: skip
                 self.sock.send_multipart([who, *wire.control("health", msg.rid, **lie)])
                 continue
             honest = {k: self.honest[k] for k in msg.meta["want"]}
