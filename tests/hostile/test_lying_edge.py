@@ -33,8 +33,11 @@ def _lies(stage: str, honest: dict[str, torch.Tensor]) -> list:
         ("no timings", {"server_s": 0.01}, honest),
         ("server_s not a number", {**good, "server_s": "fast"}, honest),
         ("server_s NaN", {**good, "server_s": float("nan")}, honest),
-        ("a stage it did not ask for", {**good, "timings": [{**timing[0], "stage": "rm"}]},
-         honest),  # fmt: skip
+        (
+            "a stage it did not ask for",
+            {**good, "timings": [{**timing[0], "stage": "rm"}]},
+            honest,
+        ),  # fmt: skip
         ("batch 0", {**good, "timings": [{**timing[0], "batch": 0}]}, honest),
         ("wrong shape", good, {**honest, "actions": torch.zeros(1, 3, 99)}),
         ("NaN actions", good, {**honest, "actions": torch.full_like(a, float("nan"))}),

@@ -104,7 +104,7 @@ def check_health(health: object) -> dict:
     for key in ("stage_ms", "queue"):
         raw = health.get(key)
         clean = {}
-        for name, v in (raw.items() if isinstance(raw, dict) else ()):
+        for name, v in raw.items() if isinstance(raw, dict) else ():
             with contextlib.suppress(BadReply):
                 clean[name] = _number(v, key) if isinstance(name, str) else None
         out[key] = {k: v for k, v in clean.items() if v is not None}
