@@ -27,7 +27,7 @@ KEY = "s3cret-key"
 def server():
     policy = Policy.load("tiny-ar")
     srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0, api_key=KEY,
-                                    max_frame=1 << 20)  # fmt: skip
+                                    limits=openpi.ServeLimits(max_frame=1 << 20))  # fmt: skip
     stop = srv.start_in_thread(30)
     yield srv
     stop()
@@ -185,6 +185,7 @@ def test_serve_policy_command_end_to_end(tmp_path):
 
     key = tmp_path / "policy.key"
     key.write_text("file-key\n")
+    key.chmod(0o600)
     cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--policy", "tiny-ar", "--port",
            "0", "--api-key-file", str(key), "--threads", "1", "--json"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -216,7 +217,7 @@ def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
     parity.make_lerobot_dir(tmp_path, "smolvla")
     policy = Policy.load(tmp_path)
     srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("libero"), port=0, api_key=KEY,
-                                    max_frame=1 << 20)  # fmt: skip
+                                    limits=openpi.ServeLimits(max_frame=1 << 20))  # fmt: skip
     stop = srv.start_in_thread(30)
     try:
         inputs = parity.lerobot_reference_inputs()

@@ -69,6 +69,10 @@ class ServeEdgeOptions:
     dashboard_key_file: str | None = opt(
         None, "file holding the dashboard key (default: a random key, printed with the address)"
     )
+    dashboard_timeout_s: float = opt(
+        5.0, "a dashboard request must arrive and be answered within this (half-open peers)"
+    )
+    dashboard_max_connections: int = opt(64, "dashboard connections served at once")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     compile_steps: str = opt(
         "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
@@ -88,6 +92,8 @@ class ServeEdgeOptions:
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise ValueError("--workers must be >= 0")
+        if self.dashboard_timeout_s <= 0 or self.dashboard_max_connections < 1:
+            raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
 
 
 def load_policy(
@@ -124,9 +130,11 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     dash = None
     if o.dashboard is not None:
         from vlarun.runtime.dashboard import Dashboard
+        from vlarun.runtime.transport import read_secret
 
-        key = _read_key(o.dashboard_key_file) if o.dashboard_key_file else None
-        dash = Dashboard(server, o.host, o.dashboard, key).start()
+        key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
+        dash = Dashboard(server, o.host, o.dashboard, key, timeout_s=o.dashboard_timeout_s,
+                         max_connections=o.dashboard_max_connections).start()  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -173,13 +181,6 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     except BaseException:
         workers.shutdown()
         raise
-
-
-def _read_key(path: str) -> str:
-    key = open(path).read().strip()  # noqa: SIM115 - a one-line secret
-    if not key:
-        raise ValueError(f"{path} is empty")
-    return key
 
 
 def show_serve_edge(r: dict) -> None:
@@ -416,6 +417,16 @@ class ServePolicyOptions:
     api_key_file: str | None = opt(None, "file holding the API key clients must send")
     insecure: bool = opt(False, "accept clients without an API key (warns at start)")
     max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
+    max_prompt_bytes: int = opt(4096, "longest prompt accepted, UTF-8 bytes (before tokenizing)")
+    max_connections: int = opt(32, "open WebSocket connections; more are answered 503 busy")
+    max_inflight_mb: float = opt(
+        256.0, "request bytes being decoded, queued or run, all clients; beyond: busy"
+    )
+    budget_s: float = opt(10.0, "server-side time budget of one request; beyond: busy")
+    handshake_timeout_s: float = opt(5.0, "TCP connect to WebSocket upgrade, at most")
+    idle_timeout_s: float = opt(
+        120.0, "close a connection that completes no request frame for this long"
+    )
     max_batch: int = opt(8, "largest batch of one stage across clients")
     batch_window_ms: float = opt(2.0, "longest wait for other clients' requests to batch with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
@@ -433,8 +444,18 @@ class ServePolicyOptions:
             raise ValueError("--max-batch must be >= 1 and --batch-window-ms >= 0")
         if self.api_key_file is None and not self.insecure:
             raise ValueError("pass --api-key-file FILE (or --insecure to accept any client)")
-        if self.max_frame_mb <= 0:
-            raise ValueError(f"--max-frame-mb must be > 0, got {self.max_frame_mb}")
+        self.limits()  # the limits check themselves: a bad flag fails before the model loads
+
+    def limits(self):
+        """The server's bounds (``ServeLimits``) from these flags."""
+        from vlarun.runtime.openpi import ServeLimits
+
+        return ServeLimits(
+            max_frame=int(self.max_frame_mb * 2**20), max_prompt_bytes=self.max_prompt_bytes,
+            max_connections=self.max_connections,
+            max_inflight_bytes=int(self.max_inflight_mb * 2**20), budget_s=self.budget_s,
+            handshake_timeout_s=self.handshake_timeout_s, idle_timeout_s=self.idle_timeout_s,
+        )  # fmt: skip
 
 
 def cmd_serve_policy(o: ServePolicyOptions) -> dict:
@@ -447,15 +468,15 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     key = None
     if o.api_key_file is not None:
-        key = open(o.api_key_file).read().strip()  # noqa: SIM115 - a one-line secret
-        if not key:
-            raise ValueError(f"{o.api_key_file} is empty")
+        from vlarun.runtime.transport import read_secret
+
+        key = read_secret(o.api_key_file)
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     _warm_up(policy)
     server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
-                                api_key=key, max_frame=int(o.max_frame_mb * 2**20),
+                                api_key=key, limits=o.limits(),
                                 max_batch=o.max_batch,
                                 batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
     stop = threading.Event()

@@ -40,7 +40,7 @@ import zmq
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.client import EdgeClient, LinkDown
+from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
@@ -403,10 +403,10 @@ class RobotAgent:
             self.monitor.mark_down()
             self._bound_bandwidth(e)
             return False
-        except RuntimeError as e:  # the edge refused or ran out of time
+        except RuntimeError as e:  # the edge refused, ran out of time, or answered nonsense
             tr.fallback = f"edge: {e}"
             return False
-        pool.update(rep.packet.tensors)
+        pool.update(rep.packet.tensors)  # checked in _remote: names, shapes, finite values
         for t in rep.timings:
             tr.ran[t["stage"]] = "edge"
             # Energy: this request's share of the batch; calibration: the execution itself.
@@ -450,6 +450,12 @@ class RobotAgent:
         t0 = time.perf_counter()
         # The edge's deadline is when this robot stops waiting: later work would be wasted.
         rep = self.client.run(seg.stages, packet, want, timeout, timeout, meta, self.cfg.codec)
+        # Nothing from the edge reaches the pool (and the robot) unchecked: a wrong name,
+        # shape or a NaN is a fallback here, never an action. Accelerated streams may change
+        # intermediate sizes, so their shapes are checked by rank and batch only.
+        specs = {s.name: s for st in graph.stages for s in st.outputs if s.name in want}
+        exact = not extra or want == tuple(s.name for s in graph.stages[-1].outputs)
+        check_packet(rep.packet, specs, exact)
         self._schedule = (time.monotonic(), rep.schedule)
         old = self.remote_s.get(seg.stages)
         wall = time.perf_counter() - t0

@@ -8,7 +8,9 @@ which is how a dropped link is noticed without waiting for a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -17,7 +19,8 @@ import zmq
 
 from vlarun.runtime.transport import Security, dealer_socket
 from vlarun.stages import wire
-from vlarun.stages.packet import Limits, Packet, PacketError
+from vlarun.stages.graph import TensorSpec
+from vlarun.stages.packet import DTYPES, Limits, Packet
 
 
 class LinkDown(ConnectionError):
@@ -41,6 +44,92 @@ class Reply:
     sent_bytes: int
     recv_bytes: int
     schedule: list = field(default_factory=list)  # the edge's committed schedule at the reply
+
+
+class BadReply(RuntimeError):
+    """An edge reply that is well-formed on the wire but not a believable answer (missing or
+    non-numeric timings, tensors of the wrong name, shape or dtype, non-finite values): the
+    robot runs the segment itself, as after a refusal, and says why."""
+
+
+def _number(x: object, what: str, low: float = 0.0) -> float:
+    """A finite real >= ``low`` (bool is not a number here), or BadReply naming ``what``."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < low:
+        raise BadReply(f"bad reply: {what} is {str(x)[:40]!r}, not a finite number >= {low:g}")
+    return float(x)
+
+
+def check_timings(timings: object, stages: tuple[str, ...]) -> list[dict]:
+    """The per-stage timings of a result, each ``{"stage", "compute_s", "queue_s", "batch"}``
+    for a stage of the request, with finite non-negative times and a batch >= 1."""
+    if not isinstance(timings, list) or len(timings) > len(stages):
+        raise BadReply(f"bad reply: timings must be a list of at most {len(stages)} entries")
+    out = []
+    for t in timings:
+        if not isinstance(t, dict) or t.get("stage") not in stages:
+            raise BadReply(f"bad reply: a timing entry names no stage of {'+'.join(stages)}")
+        batch = t.get("batch")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise BadReply(f"bad reply: batch of {t['stage']} is {str(batch)[:40]!r}")
+        out.append({"stage": t["stage"], "compute_s": _number(t.get("compute_s"), "compute_s"),
+                    "queue_s": _number(t.get("queue_s", 0.0), "queue_s"),
+                    "batch": batch})  # fmt: skip
+    return out
+
+
+def check_schedule(schedule: object) -> list[dict]:
+    """The edge's committed schedule as planning reads it; anything malformed is dropped
+    (it only informs planning: no schedule is a safe answer, a wrong one is not)."""
+    if not isinstance(schedule, list):
+        return []
+    out = []
+    for slot in schedule[:256]:
+        try:
+            if not isinstance(slot, dict) or not isinstance(slot.get("stage"), str):
+                return []
+            out.append({"robot": str(slot.get("robot", ""))[:16], "stage": slot["stage"],
+                        **{k: _number(slot.get(k), k, -math.inf)
+                           for k in ("start_ms", "end_ms", "deadline_ms")}})  # fmt: skip
+        except BadReply:
+            return []
+    return out
+
+
+def check_health(health: object) -> dict:
+    """A health map with what planning reads made safe: ``stage_ms`` and ``queue`` keep
+    only finite non-negative numbers per stage name, ``schedule`` only a well-formed one."""
+    if not isinstance(health, dict):
+        return {}
+    out = dict(health)
+    for key in ("stage_ms", "queue"):
+        raw = health.get(key)
+        clean = {}
+        for name, v in raw.items() if isinstance(raw, dict) else ():
+            with contextlib.suppress(BadReply):
+                clean[name] = _number(v, key) if isinstance(name, str) else None
+        out[key] = {k: v for k, v in clean.items() if v is not None}
+    out["schedule"] = check_schedule(health.get("schedule"))
+    return out
+
+
+def check_packet(packet: Packet, specs: dict[str, TensorSpec], exact: bool) -> None:
+    """Every wanted tensor present and nothing else, of the spec's shape (``exact``: all of
+    it; otherwise its rank and batch size, for accelerated streams whose intermediate sizes
+    depend on their settings), floating point where the spec is, and finite."""
+    got = set(packet.tensors)
+    if got != set(specs):
+        raise BadReply(f"bad reply: tensors {sorted(got)[:8]}, wanted {sorted(specs)}")
+    for name, spec in specs.items():
+        t = packet.tensors[name]
+        shape = tuple(t.shape)
+        same = shape == spec.shape if exact else (
+            len(shape) == len(spec.shape) and shape[:1] == spec.shape[:1])  # fmt: skip
+        if not same:
+            raise BadReply(f"bad reply: {name} is {shape}, wanted {spec.shape}")
+        if t.dtype.is_floating_point != DTYPES[spec.dtype][0].is_floating_point:
+            raise BadReply(f"bad reply: {name} is {t.dtype}, wanted {spec.dtype}")
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            raise BadReply(f"bad reply: {name} holds NaN or infinite values")
 
 
 _ids = itertools.count(1)
@@ -85,7 +174,7 @@ class EdgeClient:
             frames = self.sock.recv_multipart(copy=True)
             try:
                 msg = wire.decode(frames, self.limits)
-            except PacketError:
+            except Exception:  # noqa: BLE001 - whatever the decoder trips on, from a peer
                 continue  # a corrupt reply is as good as none; keep waiting for a valid one
             if msg.rid == rid:
                 return msg, sum(len(f) for f in frames)
@@ -96,7 +185,7 @@ class EdgeClient:
         t0 = time.perf_counter()
         self._send(wire.control("health", rid))
         msg, _ = self._await(rid, timeout_s)
-        return msg.meta, time.perf_counter() - t0
+        return check_health(msg.meta), time.perf_counter() - t0
 
     def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:
         """Send ``nbytes`` of padding to the edge and wait for its small answer: seconds of
@@ -134,15 +223,19 @@ class EdgeClient:
             raise
         wall = time.perf_counter() - t0
         if reply.kind == "error":
-            raise RuntimeError(f"edge refused {'+'.join(stages)}: {reply.meta.get('error')}")
+            why = str(reply.meta.get("error"))[:200]
+            raise RuntimeError(f"edge refused {'+'.join(stages)}: {why}")
+        if reply.kind != "result":
+            raise BadReply(f"bad reply: a {str(reply.kind)[:20]!r} message answered a request")
+        # Checked here, before any of it is used: a lying edge costs a fallback, not a crash.
         return Reply(
             reply.packet,
-            reply.meta.get("timings", []),
-            float(reply.meta.get("server_s", 0.0)),
+            check_timings(reply.meta.get("timings"), stages),
+            _number(reply.meta.get("server_s"), "server_s"),
             wall,
             sent,
             recv,
-            reply.meta.get("schedule", []) if isinstance(reply.meta.get("schedule"), list) else [],
+            check_schedule(reply.meta.get("schedule")),
         )
 
 

@@ -24,9 +24,11 @@ is (``this-cpu``: no meter is read here).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import secrets
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +42,11 @@ from vlarun.sched.catalog import get_device
 from vlarun.sched.energy import stage_energy
 
 WINDOW = 300  # replies the statistics cover (the chart shows them all)
+# A request must arrive whole within this (a silent or trickling peer is cut off), and no
+# more than MAX_CONNECTIONS are served at once (each holds a thread): half-open connections
+# cannot pile up threads. The page and a Prometheus scrape need well under a second.
+REQUEST_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 64
 ACTIVE_S = 2.0  # a robot that sent data this recently is "connected"
 COUNTS = ("requests", "replies", "refused", "expired", "errors")
 
@@ -48,12 +55,15 @@ class Dashboard:
     """Serves ``server``'s live state on ``host:port`` (0: a free port; ``.url`` tells which)."""
 
     def __init__(self, server, host: str = "127.0.0.1", port: int = 0, key: str | None = None,
-                 device: str = "this-cpu") -> None:  # fmt: skip
+                 device: str = "this-cpu", timeout_s: float = REQUEST_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
         self.server, self.key = server, key or secrets.token_urlsafe(16)
         self.device = get_device(device)
         self.started = time.monotonic()
-        handler = type("Handler", (_Handler,), {"dashboard": self})
-        self.http = ThreadingHTTPServer((host, port), handler)
+        handler = type("Handler", (_Handler,), {"dashboard": self, "timeout": timeout_s})
+        self.http = _BoundedHTTPServer((host, port), handler)
+        self.http.slots = threading.BoundedSemaphore(max_connections)
+        self.http.deadline_s = timeout_s
         self.http.daemon_threads = True
         self.port = self.http.server_address[1]
         self.url = f"http://{host}:{self.port}/?key={self.key}"
@@ -206,6 +216,43 @@ def page() -> bytes:
     ).encode()
 
 
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``slots`` at once (beyond: closed unanswered), each
+    cut off ``deadline_s`` after it was accepted whatever it is doing (the handler's socket
+    timeout alone lets a peer trickle a byte at a time for ever)."""
+
+    slots: threading.BoundedSemaphore
+    deadline_s: float
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        timer = threading.Timer(self.deadline_s, _cut, (request,))
+        timer.daemon = True
+        timer.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            timer.cancel()
+            self.slots.release()
+
+    def handle_error(self, request, client_address) -> None:  # a cut peer is not news
+        pass
+
+
+def _cut(sock) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 class _Handler(BaseHTTPRequestHandler):
     dashboard: Dashboard  # set on the subclass made per dashboard
 
@@ -216,8 +263,11 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         if url.path == "/healthz":
             return self._send(200, b"ok", "text/plain")
+        auth = self.headers.get_all("Authorization") or []
+        if len(auth) > 1:  # which one would count? refuse, do not guess
+            return self._send(400, b"more than one Authorization header", "text/plain")
         key = parse_qs(url.query).get("key", [None])[0]
-        if not self.dashboard.authorised(self.headers.get("Authorization"), key):
+        if not self.dashboard.authorised(auth[0] if auth else None, key):
             return self._send(401, b"dashboard key missing or wrong", "text/plain")
         if url.path == "/":
             return self._send(200, page(), "text/html; charset=utf-8")

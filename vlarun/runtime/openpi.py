@@ -12,7 +12,11 @@ Where vlarun differs, on purpose:
     before the WebSocket upgrade (401 otherwise); openpi's server ignores it;
   * frames are limited (``max_frame`` bytes, 16 MiB by default) and every array's declared
     dtype and shape are checked against its byte length before anything is built; object,
-    void and complex dtypes are refused (openpi's decoder refuses them too);
+    void and complex dtypes are refused (openpi's decoder refuses them too); the prompt's
+    byte length is checked while parsing, before it is built or tokenized;
+  * memory is bounded per connection and in total, and every request has a server-side time
+    budget (``ServeLimits``): beyond a limit the client hears "busy" at once (a text frame,
+    then close 1013); a client that leaves has its queued request dropped at once;
   * inference runs off the event loop, so a slow request never stalls the handshakes, health
     checks and frame parsing of other clients (openpi issue #717): each request goes into the
     per-stage queues of an in-process edge server (``EdgeServer.submit``), the same queues,
@@ -23,13 +27,15 @@ Where vlarun differs, on purpose:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import http
+import itertools
 import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +45,10 @@ import numpy as np
 MAX_FRAME = 16 * 2**20  # a 224 px two-camera observation is ~0.3 MB; 16 MiB leaves room
 MAX_ARRAY_DIMS = 8
 REFUSED_KINDS = "VOc"  # void (structured), object (pickle), complex: as openpi's own decoder
+# An observation is a flat map of a few arrays, a state and a prompt: these leave room for
+# nested layouts and short lists while bounding what a frame can make the decoder build.
+MAX_LIST_LEN = 1024
+MAX_CONTAINERS = 256
 
 # -- msgpack-numpy: openpi's array encoding -----------------------------------------------------
 
@@ -89,8 +99,33 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode, use_bin_type=True)
 
 
-def unpackb(data: bytes) -> Any:
-    return msgpack.unpackb(data, object_hook=_decode, raw=False, strict_map_key=False)
+def unpackb(data: bytes, max_str_bytes: int | None = None) -> Any:
+    """One msgpack-numpy object. Every limit is checked while parsing, before the object it
+    bounds is built: a text longer than ``max_str_bytes`` (the prompt is the only long text
+    a request has), a list or map longer than a real observation needs, and more than
+    ``MAX_CONTAINERS`` lists and maps in all (without it a 16 MiB frame of one-byte
+    elements becomes ~16 M Python objects, ~10x its size and seconds of CPU)."""
+    count = [0]
+
+    def counted(kind: Callable) -> Callable:
+        def hook(obj: Any) -> Any:
+            count[0] += 1
+            if count[0] > MAX_CONTAINERS:
+                raise ValueError(f"a request holds at most {MAX_CONTAINERS} lists and maps")
+            return kind(obj)
+
+        return hook
+
+    try:
+        return msgpack.unpackb(data, object_hook=counted(_decode), list_hook=counted(list),
+                               raw=False, strict_map_key=False, max_array_len=MAX_LIST_LEN,
+                               max_map_len=MAX_LIST_LEN,
+                               max_str_len=max_str_bytes or len(data))  # fmt: skip
+    except ValueError as e:  # msgpack says "N exceeds max_str_len(M)": say what it bounds
+        if "max_str_len" in str(e):
+            raise ValueError(f"a text in the request is longer than {max_str_bytes} bytes "
+                             "(--max-prompt-bytes)") from None  # fmt: skip
+        raise
 
 
 # -- observation layouts ------------------------------------------------------------------------
@@ -108,32 +143,48 @@ class ObservationLayout:
     state_key: str
     prompt_key: str = "prompt"
 
-    def inputs(self, obs: Any, num_images: int) -> tuple[np.ndarray, np.ndarray | None, str]:
+    def inputs(
+        self, obs: Any, num_images: int, max_prompt_bytes: int = 4096
+    ) -> tuple[np.ndarray, np.ndarray | None, str]:
         """(images (V, H, W, 3) uint8 or a list of V frames of different sizes, state or
-        None, instruction) from one request."""
+        None, instruction) from one request; a prompt over ``max_prompt_bytes`` is refused.
+        The cheap checks (keys, the prompt's size, each view's declared shape) come before
+        any copy or stacking."""
         if not isinstance(obs, dict):
             raise ValueError(f"an observation must be a dict, got {type(obs).__name__}")
         missing = [k for k in (self.image_keys[0], self.prompt_key) if k not in obs]
         if missing:
             raise ValueError(f"observation lacks {missing} (layout {self.name!r}: keys "
                              f"{[*self.image_keys, self.state_key, self.prompt_key]})")  # fmt: skip
-        views = [np.asarray(obs[k]) for k in self.image_keys if k in obs][:num_images]
+        prompt = obs[self.prompt_key]
+        if not isinstance(prompt, str | bytes):
+            raise ValueError(f"{self.prompt_key!r} must be text, got {type(prompt).__name__}")
+        # The byte length before any decoding or tokenizing: a tokenizer holds the interpreter
+        # for as long as the text is (seconds for megabytes), stalling every other client.
+        size = len(prompt) if isinstance(prompt, bytes) else len(prompt.encode())
+        if size > max_prompt_bytes:
+            raise ValueError(f"{self.prompt_key!r} is {size} bytes; at most {max_prompt_bytes}")
+        if isinstance(prompt, bytes):
+            prompt = prompt.decode()
+        views = [obs[k] for k in self.image_keys if k in obs][:num_images]
         for key, v in zip(self.image_keys, views, strict=False):
-            if v.ndim != 3 or v.shape[-1] != 3 or v.dtype != np.uint8:
-                raise ValueError(f"{key!r} must be (H, W, 3) uint8, got {v.dtype}{v.shape}")
+            if not isinstance(v, np.ndarray) or v.ndim != 3 or v.shape[-1] != 3 \
+                    or v.dtype != np.uint8:  # fmt: skip
+                what = f"{v.dtype}{v.shape}" if isinstance(v, np.ndarray) else type(v).__name__
+                raise ValueError(f"{key!r} must be an (H, W, 3) uint8 array, got {what}")
         if len(views) == 1:
             images = views[0]
         elif len({v.shape for v in views}) == 1:
             images = np.stack(views)
         else:  # cameras of different sizes: the policy resizes each, or says it cannot
             images = views
-        prompt = obs[self.prompt_key]
-        if isinstance(prompt, bytes):
-            prompt = prompt.decode()
-        if not isinstance(prompt, str):
-            raise ValueError(f"{self.prompt_key!r} must be text, got {type(prompt).__name__}")
         state = obs.get(self.state_key)
-        return images, None if state is None else np.asarray(state, dtype=np.float32), prompt
+        if state is not None:
+            state = np.asarray(state, dtype=np.float32)
+            if state.size > MAX_LIST_LEN or not np.isfinite(state).all():
+                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} finite "
+                                 f"numbers, got shape {state.shape}")  # fmt: skip
+        return images, state, prompt
 
 
 LAYOUTS: dict[str, ObservationLayout] = {
@@ -155,11 +206,62 @@ def get_layout(name: str) -> ObservationLayout:
 # -- the server ---------------------------------------------------------------------------------
 
 
+READ_CHUNK = 256 * 1024  # asyncio reads a socket this much at a time (selector transport)
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one openpi client may make the policy server hold, and all of them together.
+
+    Memory per connection is bounded by construction: the handler serves one request at a
+    time (openpi's protocol is strictly request then reply), the WebSocket layer holds at most
+    one more complete frame and stops reading the socket until that one is taken
+    (``max_queue=0``), so a connection holds at most ``per_connection_bytes``. Frames being
+    decoded, queued or run count against ``max_inflight_bytes`` in all; a frame beyond it, a
+    connection beyond ``max_connections`` and a request predicted to miss ``budget_s`` are
+    answered "busy" at once (a text frame, then close 1013), never after a wait."""
+
+    max_frame: int = MAX_FRAME
+    # An instruction is a sentence; 4 KiB is pages of it. Checked before tokenizing.
+    max_prompt_bytes: int = 4096
+    max_connections: int = 32
+    max_inflight_bytes: int = 256 * 2**20
+    # Server-side time budget of a request (queueing + model): openpi requests carry no
+    # deadline, so the server gives each one; beyond it the client hears "busy".
+    budget_s: float = 10.0
+    handshake_timeout_s: float = 5.0  # TCP open to WebSocket upgraded (slow or silent peers)
+    # No complete request frame for this long (idle, or a frame trickling in) closes the
+    # connection, so silent peers cannot hold connection slots for ever.
+    idle_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.max_frame < 1024:
+            raise ValueError(f"max_frame must be >= 1024 bytes, got {self.max_frame}")
+        if self.max_inflight_bytes < self.max_frame:
+            raise ValueError("max_inflight_bytes must be >= max_frame (one request must fit)")
+        if self.max_prompt_bytes < 1 or self.max_connections < 1:
+            raise ValueError("max_prompt_bytes and max_connections must be >= 1")
+        if min(self.budget_s, self.handshake_timeout_s, self.idle_timeout_s) <= 0:
+            raise ValueError("budget_s and the timeouts must be > 0")
+
+    @property
+    def per_connection_bytes(self) -> int:
+        """The most request bytes one connection makes the server hold: the frame being
+        served and its decoded copy (msgpack copies each array's bytes once), one complete
+        frame waiting, and one socket read of the next."""
+        return 3 * self.max_frame + READ_CHUNK
+
+
+class Busy(Exception):
+    """The server cannot take this request now (connections, bytes in flight, time budget):
+    answered at once with close code 1013 (try again later)."""
+
+
 class OpenpiPolicyServer:
     """Serves ``policy`` (a vlarun Policy) over openpi's protocol; see the module docstring.
 
     ``api_key`` None accepts any client (say so loudly where it is started); ``metadata`` is
-    the first frame each client receives."""
+    the first frame each client receives; ``limits`` bounds what clients can make it hold."""
 
     def __init__(
         self,
@@ -169,58 +271,112 @@ class OpenpiPolicyServer:
         host: str = "127.0.0.1",
         port: int = 8000,
         api_key: str | None = None,
-        max_frame: int = MAX_FRAME,
+        limits: ServeLimits | None = None,
         metadata: dict | None = None,
         max_batch: int = 8,
         batch_window_s: float = 0.002,
     ) -> None:
-        if max_frame < 1024:
-            raise ValueError(f"max_frame must be >= 1024 bytes, got {max_frame}")
         from vlarun.runtime.server import EdgeServer, ServerConfig
         from vlarun.runtime.transport import Security
 
         self.policy, self.layout = policy, layout
         self.host, self.port = host, port
         self._expected = None if api_key is None else f"Api-Key {api_key}".encode()
-        self.max_frame = max_frame
+        self.limits = limits or ServeLimits()
         cfg = policy.model.cfg
         self.metadata = metadata if metadata is not None else {
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
             "action_horizon": cfg.horizon, "action_dim": cfg.action_dim,
         }  # fmt: skip
-        # The model runs on the edge's worker thread; these threads only prepare a request and
-        # wait for it, so several clients' requests can be queued (and batched) at once.
+        # The model runs on the edge's worker thread; requests wait for it on the event loop.
         cfg_edge = ServerConfig(f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s,
                                 admission=False)  # fmt: skip
         self.edge = EdgeServer(policy, Security(insecure=True), cfg_edge)  # no network socket
         self.edge.warmup()
-        self._pool = ThreadPoolExecutor(2 * max_batch, thread_name_prefix="vlarun-infer")
+        # Decoding and tokenizing run here, off the event loop; two threads, because that work
+        # mostly holds the interpreter lock (more threads would only queue on it).
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="vlarun-decode")
         self.requests = 0
         self.server_ms: list[float] = []  # per request: server time minus model time
+        self.refusals = {"busy": 0, "error": 0, "idle": 0, "gone": 0}
+        self.connections = 0  # open WebSocket connections (handlers running)
+        self.inflight_bytes = 0  # request frames being decoded, queued or run
+        self._clients = itertools.count()
         self._server = None
 
-    # handshake: health, then authentication, before any WebSocket exists
+    # handshake: health, then authentication and the connection cap, before any WebSocket
     def _process_request(self, connection, request):
         if request.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if self._expected is not None:
-            sent = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(sent, self._expected):
+            sent = request.headers.get_all("Authorization")
+            if len(sent) > 1:  # which one would count? refuse, do not guess
+                return connection.respond(http.HTTPStatus.BAD_REQUEST,
+                                          "more than one Authorization header\n")  # fmt: skip
+            given = sent[0].encode() if sent else b""
+            if not hmac.compare_digest(given, self._expected):
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "bad or missing API key\n")
+        if self.connections >= self.limits.max_connections:
+            self.refusals["busy"] += 1
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"busy: {self.connections} connections, the limit (--max-connections)\n",
+            )
         return None
 
-    def _infer(self, frame: bytes, client: bytes) -> tuple[dict, float]:
-        """One request: decode, map the layout, queue it on the edge, wait. The model time
-        is the compute of the stage batches it ran in (each batch's whole time: it waited
-        for all of it)."""
-        obs = unpackb(frame)
-        images, state, prompt = self.layout.inputs(obs, self.policy.model.cfg.num_images)
+    def _prepare(self, frame: bytes) -> dict:
+        """Decode one request and make the model's inputs (a worker thread: CPU work)."""
+        obs = unpackb(frame, self.limits.max_prompt_bytes)
+        images, state, prompt = self.layout.inputs(obs, self.policy.model.cfg.num_images,
+                                                   self.limits.max_prompt_bytes)  # fmt: skip
         packet, _ = self.policy.inputs(images, prompt, state)
-        box: Future = Future()
-        self.edge.submit(packet.tensors, ("actions",), 3600.0, client,
-                         lambda out, err, timings: box.set_result((out, err, timings)))  # fmt: skip
-        out, err, timings = box.result()
+        return packet.tensors
+
+    async def _infer(self, ws, frame: bytes, client: bytes) -> tuple[dict, float] | None:
+        """One request: decode off the loop, queue it on the edge with the server's time
+        budget, wait for it or for the client to go (then its work is dropped at once).
+        None: the client has gone. The model time is the compute of the stage batches it ran
+        in (each batch's whole time: it waited for all of it)."""
+        from vlarun.runtime.server import Refused
+
+        loop = asyncio.get_running_loop()
+        size = len(frame)
+        if self.inflight_bytes + size > self.limits.max_inflight_bytes:
+            raise Busy(f"{self.inflight_bytes} request bytes in flight, the limit is "
+                       f"{self.limits.max_inflight_bytes} (--max-inflight-mb)")  # fmt: skip
+        self.inflight_bytes += size
+        try:
+            tensors = await loop.run_in_executor(self._pool, self._prepare, frame)
+            result: asyncio.Future = loop.create_future()
+
+            def done(out, err, timings) -> None:  # on the edge's worker thread
+                loop.call_soon_threadsafe(_settle, result, (out, err, timings))
+
+            budget = self.limits.budget_s
+            try:
+                job = self.edge.submit(tensors, ("actions",), budget, client, done, admit=True)
+            except Refused as e:
+                raise Busy(f"{e} (--budget-s {budget:g})") from None
+            del tensors
+            closed = asyncio.ensure_future(ws.wait_closed())
+            try:
+                # A stage already running cannot be stopped: a little past the budget, then
+                # the request is given up whatever the worker does.
+                await asyncio.wait({result, closed}, timeout=budget + 1.0,
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:
+                closed.cancel()
+            if not result.done():
+                self.edge.cancel(job)
+                if ws.close_code is not None:
+                    return None
+                raise Busy(f"not served within the time budget of {budget:g} s (--budget-s)")
+            out, err, timings = result.result()
+        finally:
+            self.inflight_bytes -= size
         if err is not None:
+            if "deadline passed" in err:
+                raise Busy(f"not served within the time budget of {budget:g} s (--budget-s)")
             raise RuntimeError(err)
         model_ms = 1e3 * sum(t["compute_s"] for t in timings)
         actions = self.policy.unnormalize(out["actions"][0])
@@ -229,24 +385,51 @@ class OpenpiPolicyServer:
     async def _handle(self, ws) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        loop = asyncio.get_running_loop()
-        client = f"openpi-{id(ws)}".encode()  # one "robot" per connection (batching, dashboard)
-        await ws.send(packb(self.metadata))
+        # One "robot" per connection (batching, dashboard); a counter, as ids can be reused.
+        client = f"openpi-{next(self._clients)}".encode()
+        self.connections += 1
+        try:
+            if self.connections > self.limits.max_connections:  # handshakes that raced
+                raise Busy(f"{self.connections - 1} connections, the limit (--max-connections)")
+            await ws.send(packb(self.metadata))
+            await self._serve(ws, client)
+        except Busy as e:
+            self.refusals["busy"] += 1
+            await _refuse(ws, f"vlarun: busy: {e}", 1013, "busy")
+        except ConnectionClosed:  # the client left mid-reply: nothing to answer, nothing to log
+            self.refusals["gone"] += 1
+        finally:
+            self.connections -= 1
+
+    async def _serve(self, ws, client: bytes) -> None:
+        """Request after request on one connection until the client leaves or errs."""
+        from websockets.exceptions import ConnectionClosed
+
         prev_total_ms = None
         while True:
             try:
-                frame = await ws.recv()
+                frame = await asyncio.wait_for(ws.recv(), self.limits.idle_timeout_s)
+            except TimeoutError:
+                self.refusals["idle"] += 1
+                await _refuse(ws, None, 1001, "idle timeout")
+                return
             except ConnectionClosed:
                 return
             t0 = time.perf_counter()
             try:
                 if not isinstance(frame, bytes):
                     raise ValueError("requests must be binary msgpack frames")
-                reply, model_ms = await loop.run_in_executor(self._pool, self._infer, frame, client)
+                served = await self._infer(ws, frame, client)
+            except (Busy, ConnectionClosed):
+                raise
             except Exception as e:  # noqa: BLE001 - every failure becomes openpi's error reply
-                await ws.send(f"vlarun: {type(e).__name__}: {e}")
-                await ws.close(1011, "inference error")
+                self.refusals["error"] += 1
+                await _refuse(ws, f"vlarun: {type(e).__name__}: {e}"[:400], 1011, "inference error")
                 return
+            if served is None:  # the client went while its request waited: already dropped
+                self.refusals["gone"] += 1
+                return
+            reply, model_ms = served
             total_ms = (time.perf_counter() - t0) * 1e3
             reply["policy_timing"] = {"infer_ms": model_ms}
             reply["server_timing"] = {"infer_ms": total_ms}
@@ -256,6 +439,7 @@ class OpenpiPolicyServer:
             prev_total_ms = (time.perf_counter() - t0) * 1e3
             self.requests += 1
             self.server_ms.append(prev_total_ms - model_ms)
+            del self.server_ms[:-4096]  # a bounded window, not the whole history
 
     def start_in_thread(self, timeout_s: float = 60.0) -> Callable[[], None]:
         """Serve on an event loop of its own in a daemon thread (benchmarks, tests, an
@@ -292,7 +476,11 @@ class OpenpiPolicyServer:
         """Serve until ``stop`` is set (forever without one)."""
         from websockets.asyncio.server import serve
 
-        options = dict(compression=None, max_size=self.max_frame,
+        lim = self.limits
+        # max_queue=0: once one complete frame waits unread, the socket is not read further
+        # (TCP pushes back on the client), so a pipelining client holds one frame, not 16.
+        options = dict(compression=None, max_size=lim.max_frame, max_queue=0,
+                       open_timeout=lim.handshake_timeout_s,
                        process_request=self._process_request)  # fmt: skip
         self.edge.start()
         async with serve(self._handle, self.host, self.port, **options) as srv:
@@ -303,3 +491,19 @@ class OpenpiPolicyServer:
             await (stop.wait() if stop is not None else asyncio.Future())
         self._pool.shutdown(wait=False)
         self.edge.stop()
+
+
+def _settle(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():  # the waiter may have given up (client gone, budget spent)
+        fut.set_result(value)
+
+
+async def _refuse(ws, text: str | None, code: int, reason: str) -> None:
+    """openpi's error reply: one text line (when there is one), then close with ``code``;
+    a client that has already gone is not an error."""
+    from websockets.exceptions import ConnectionClosed
+
+    with contextlib.suppress(ConnectionClosed):
+        if text is not None:
+            await ws.send(text)
+        await ws.close(code, reason)

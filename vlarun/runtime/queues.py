@@ -43,6 +43,8 @@ class Job:
     origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
     route: object | None = field(default=None, repr=False)  # a front's Route (server.py)
     done: Callable | None = field(default=None, repr=False)  # an in-process request's callback
+    # Set when its client has gone (``EdgeServer.cancel``): never run, re-queued or answered.
+    cancelled: bool = False
     pos: int = 0
     enqueued: float = 0.0
     timings: list[dict] = field(default_factory=list)
@@ -87,6 +89,16 @@ class StageQueues:
             job.enqueued = time.monotonic()
             self.queues[job.stage].append(job)
             self.cond.notify()
+
+    def discard(self, job: Job) -> bool:
+        """Take ``job`` out of its stage queue if it waits there (its tensors go with it);
+        whether it did."""
+        with self.cond:
+            q = self.queues.get(job.stage) if job.pos < len(job.stages) else None
+            if q is None or not any(j is job for j in q):
+                return False
+            self.queues[job.stage] = deque(j for j in q if j is not job)
+            return True
 
     def depth(self) -> dict[str, int]:
         with self.cond:

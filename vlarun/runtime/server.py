@@ -47,6 +47,10 @@ from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Limits, Packet, PacketError
 
+# Robots remembered as recently active (batch window, dashboard) before the silent ones are
+# forgotten; a bound, so a stream of short-lived connections cannot grow the table.
+MAX_SEEN = 1024
+
 
 class Refused(PacketError):
     """A valid request the edge cannot finish before its deadline."""
@@ -145,7 +149,8 @@ class EdgeServer:
         self._pull.bind(self._pipe)
         self.stop_event = threading.Event()
         self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0, "refused": 0, "compute_s": 0.0}  # fmt: skip
+                      "streams": 0, "refused": 0, "cancelled": 0,
+                      "compute_s": 0.0}  # fmt: skip
         self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
         self._running: tuple = ()  # (stage, [robot ids], earliest deadline) of that batch
         self.started = time.monotonic()
@@ -263,10 +268,7 @@ class EdgeServer:
         if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
             raise PacketError(f"edge overloaded: {queued} requests queued")
         origin = to[0] if route is None else route.robot
-        with self._lock:  # (in-process submissions write it too)
-            if len(self._seen) > 1024:  # forget robots long gone
-                self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-            self._seen[origin] = now  # a robot whose request is refused is still connected
+        self._touch(origin, now)  # a robot whose request is refused is still connected
         job = self._job(to, origin, header, body[1:], now, route)
         with self._lock:
             self.stats["requests"] += 1
@@ -301,22 +303,44 @@ class EdgeServer:
         budget_s: float,
         origin: bytes,
         done: Callable[[dict | None, str | None, list[dict]], None],
-    ) -> None:
+        admit: bool = False,
+    ) -> Job:
         """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
         same queues, batching and worker as robots' requests over the socket.
-        ``done(outputs, error, timings)`` is called on the worker thread; no admission (a
-        whole-policy client has no local fallback, so its request waits its turn)."""
+        ``done(outputs, error, timings)`` is called on the worker thread, unless the request
+        is cancelled first (``cancel``). ``admit``: raise ``Refused`` at once when the request
+        is predicted to miss ``budget_s`` (a whole-policy client has no local fallback, but a
+        "busy" now beats an expiry later). Returns the job, the handle ``cancel`` takes."""
         names = self.schema.names
         missing = {s.name for s in self.graph.graph_inputs} - set(tensors)
         if missing:
             raise ValueError(f"submit needs the graph inputs {sorted(missing)}")
         now = time.monotonic()
+        if admit:
+            self._admit(names, now + budget_s, now)
         job = Job(b"", 0, names, want, dict(tensors), now, now + budget_s, origin=origin)
         job.done = done
+        self._touch(origin, now)
         with self._lock:
-            self._seen[origin] = now
             self.stats["requests"] += 1
         self.queues.put(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Drop an in-process request whose client has gone: out of its queue at once (its
+        tensors freed), and if a stage of it is running now, its result is thrown away."""
+        job.cancelled = True
+        if self.queues.discard(job):
+            self.stats["cancelled"] += 1
+
+    def _touch(self, origin: bytes, now: float) -> None:
+        """Note that ``origin`` sent data now; the table forgets robots silent for a second
+        once it holds more than ``MAX_SEEN`` (every serve-policy connection is a new origin,
+        so it would otherwise grow for as long as the server runs)."""
+        with self._lock:  # the I/O thread and in-process submissions both write it
+            if len(self._seen) >= MAX_SEEN:
+                self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
+            self._seen[origin] = now
 
     def schedule(self, limit: int = 64) -> list[dict]:
         """The committed schedule, as admission sees it: the batch running now, then every
@@ -423,6 +447,8 @@ class EdgeServer:
         now = time.monotonic()
         live = []
         for job in batch:
+            if job.cancelled:  # its client has gone: nobody to answer
+                continue
             if now > job.deadline:  # the robot has already run this locally; save the edge
                 self.stats["expired"] += 1
                 self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
@@ -461,6 +487,8 @@ class EdgeServer:
                 }
             )
             job.pos += 1
+            if job.cancelled:
+                continue
             if job.pos < len(job.stages):
                 self.queues.put(job)
             else:

@@ -73,8 +73,22 @@ def load_keys(path: str | Path) -> KeyPair:
         raise FileNotFoundError(f"key file {path} does not exist (make one with `vlarun keys`)")
     public, secret = zmq.auth.load_certificate(path)
     if secret is not None and stat.S_IMODE(path.stat().st_mode) & 0o077:
-        raise ValueError(f"secret key {path} is readable by others; chmod 600 it")
+        raise ValueError(f"secret key {path} is readable by others; chmod 600 {path}")
     return KeyPair(public, secret)
+
+
+def read_secret(path: str | Path) -> str:
+    """A one-line secret (an API or dashboard key) from a file only its owner can read: a
+    file readable by group or others is refused, as ssh refuses such a private key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"key file {path} does not exist")
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise ValueError(f"key file {path} is readable by others; chmod 600 {path}")
+    key = path.read_text().strip()
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
 
 
 @dataclass(frozen=True)
