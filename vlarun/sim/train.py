@@ -615,7 +615,7 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bo
 
 
 def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
-    """Write one checkpoint per family (weights, config, statistics, tokenizer, card)."""
+    """Write one checkpoint per family (bf16 weights, config, statistics, tokenizer, card)."""
     stats = meta.get("statistics")
     if stats is None:  # exporting a run saved before statistics were kept in its state
         stats = merged_statistics(concat_demos([load_demos(d) for d in demo_dirs(cfg.demos)]))
@@ -623,8 +623,9 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     for family, vla in model.export().items():
         name = EXPORT_NAMES[cfg.suite][family]
         card = model_card(name, family, cfg, meta)
+        # Stored in bf16 (half the bytes in git); loaded into fp32 unless a dtype is asked for.
         path = save_vla(
-            vla,
+            vla.to(torch.bfloat16),
             out / "export" / name,
             norm_stats=stats,
             tokenizer_file=out / "tokenizer.json",
