@@ -229,3 +229,55 @@ def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
         stop()
     local = policy.predict(inputs["frames"], inputs["task"], state=inputs["state"])
     assert actions.shape == (4, 7) and np.allclose(actions, local, atol=1e-5)
+
+
+def _serve_policy(*args: str):
+    """`vlarun serve-policy ARGS --insecure --port 0 --json` as its own process: (process,
+    its endpoint line)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", *args, "--insecure", "--port",
+           "0", "--threads", "1", "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(30)
+        pytest.fail(f"serve-policy exited {proc.returncode}: {proc.stderr.read()}")
+    return proc, json.loads(line)
+
+
+def _stop(proc) -> None:
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["smolvla", "pi0", "pi05"])
+def test_serve_policy_command_serves_a_lerobot_directory(tmp_path, kind):
+    """The README's command on a LeRobot directory: the warm-up feeds a state of the robot's
+    width (not the model's padded one; pi05 writes it into its prompt), and an unmodified
+    openpi client gets the same chunk, in robot units, as the policy gives in process."""
+    from vlarun import parity
+
+    parity.make_lerobot_dir(tmp_path, kind)
+    proc, start = _serve_policy("--protocol", "openpi", "--policy", str(tmp_path),
+                                "--layout", "libero")  # fmt: skip
+    try:
+        port = int(start["endpoint"].rsplit(":", 1)[1])
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        inputs = parity.lerobot_reference_inputs()
+        obs = {"observation/image": inputs["frames"][0],
+               "observation/wrist_image": inputs["frames"][1],
+               "observation/state": inputs["state"], "prompt": inputs["task"]}  # fmt: skip
+        actions = client.infer(obs)["actions"]
+    finally:
+        _stop(proc)
+    local = Policy.load(tmp_path).predict(inputs["frames"], inputs["task"], state=inputs["state"])
+    assert actions.shape == (parity.LEROBOT_CHUNK, parity.LEROBOT_ACTION_DIM)
+    np.testing.assert_allclose(actions, local, atol=1e-4)

@@ -495,7 +495,9 @@ def _warm_up(policy) -> None:
     cfg = policy.model.cfg
     shape = (cfg.image_size, cfg.image_size, 3)
     image = np.zeros(shape if cfg.num_images == 1 else (cfg.num_images, *shape), np.uint8)
-    state = np.zeros(cfg.state_dim, np.float32) if cfg.state_dim else None
+    # The robot's width (``state_size``), not the model's padded one: LeRobot's normaliser
+    # checks it, and pi05 writes the state into its prompt.
+    state = np.zeros(policy.state_size, np.float32) if policy.state_size else None
     policy.predict(image, "warm up", state=state)
 
 
