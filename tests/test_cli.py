@@ -180,3 +180,14 @@ def test_every_command_prints_its_help(capsys):
             main([*argv, "--help"])
         assert done.value.code == 0, argv
         assert "usage: vlarun" in capsys.readouterr().out
+
+
+def test_an_openvla_directory_without_its_tokenizer_is_refused_in_one_line(capsys, tmp_path):
+    """No silent byte-level fallback: the prompt ids would not be the checkpoint's. Refused
+    before any weight is read (there are none here)."""
+    text = {"vocab_size": 32064, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla",
+                                                      "text_config": text}))  # fmt: skip
+    argv = ["act", "--image", DEMO, "--instruction", "open the drawer", "--checkpoint"]
+    _one_line_error(capsys, [*argv, str(tmp_path)], "no tokenizer.json")

@@ -110,9 +110,11 @@ class Policy:
     def from_checkpoint(
         cls, directory: str | Path, unnorm_key: str | None = None, dtype: torch.dtype | None = None
     ) -> Policy:
+        config = read_config(directory)
+        if config.get("model_type") == "openvla":  # checked before gigabytes of weights load
+            require_tokenizer(directory)
         model, stats = load_vla(directory, dtype)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
-        config = read_config(directory)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
@@ -242,6 +244,18 @@ class Policy:
         """Actions (horizon, action_dim) in robot units (if statistics are known)."""
         run = self.run_stages(image, instruction, **kw)
         return self.unnormalize(run.outputs["actions"][0])
+
+
+def require_tokenizer(directory: str | Path) -> None:
+    """An OpenVLA directory's ``tokenizer.json``, or one ValueError that says where to get it:
+    without it the prompt would be byte ids, not the Llama ids the checkpoint was trained on
+    (only vlarun's own checkpoints and presets use the byte-level tokenizer)."""
+    if not (Path(directory) / "tokenizer.json").exists():
+        raise ValueError(
+            f"{directory}: no tokenizer.json. An OpenVLA checkpoint tokenizes its prompt with "
+            "its Llama tokenizer: copy tokenizer.json from the repository the weights came from "
+            "(e.g. openvla/openvla-7b) into this directory; vlarun never downloads"
+        )
 
 
 RESIZE_FILTERS = ("bicubic", "bilinear")
