@@ -191,3 +191,57 @@ def test_an_openvla_directory_without_its_tokenizer_is_refused_in_one_line(capsy
                                                       "text_config": text}))  # fmt: skip
     argv = ["act", "--image", DEMO, "--instruction", "open the drawer", "--checkpoint"]
     _one_line_error(capsys, [*argv, str(tmp_path)], "no tokenizer.json")
+
+
+# A machine without the optional extras: importing one of their modules fails as it would there.
+_WITHOUT_EXTRAS = """
+import importlib.abc, sys
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _NotInstalled())
+from vlarun.cli import main
+"""
+
+
+def _without_extras(blocked: set[str], body: str) -> subprocess.CompletedProcess:
+    return _python(_WITHOUT_EXTRAS.format(blocked=sorted(blocked)) + body)
+
+
+def test_every_command_s_help_works_without_the_optional_extras():
+    from vlarun.extras import EXTRAS
+
+    done = _without_extras(
+        set(EXTRAS),
+        "from vlarun.cli import BENCH, COMMANDS\nbad = []\n"
+        "for argv in [[c] for c in COMMANDS] + [['bench', b] for b in BENCH]:\n"
+        "    try:\n        main([*argv, '--help'])\n"
+        "    except SystemExit as e:\n        bad += [] if e.code == 0 else [argv]\n"
+        "    else:\n        bad.append(argv)\n"
+        "print('BAD', bad)",
+    )
+    assert "BAD []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["run-robot", "--max-steps", "1"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["eval", "--episodes", "1"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["fidelity"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["serve-policy", "--insecure", "--port", "0"], {"websockets"}, "serve"),
+        (
+            ["serve-edge", "--insecure", "--port", "0", "--dashboard", "0"],
+            {"prometheus_client"},
+            "serve",
+        ),
+        (["serve-edge", "--insecure", "--port", "0", "--workers", "1"], {"ray"}, "scale"),
+        (["check-parity"], {"transformers"}, "parity"),
+    ],  # fmt: skip
+)
+def test_a_missing_extra_is_one_line_naming_it(argv, blocked, extra):
+    done = _without_extras(blocked, f"import sys\nsys.exit(main({argv!r}))")
+    lines = [ln for ln in done.stderr.splitlines() if "WARNING: --insecure" not in ln]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert f"pip install 'vlarun[{extra}]'" in lines[0], lines

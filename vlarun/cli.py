@@ -17,6 +17,8 @@ import sys
 import types
 import typing
 
+from vlarun.extras import missing_extra
+
 # name -> (module defining it, one-line summary shown by `vlarun --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("vlarun.apps.model", "parameters, per-stage FLOPs/bytes and packets of a preset"),
@@ -143,11 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"vlarun: error: {e}", file=sys.stderr)
         return 2
-    cls, run, show = command(key, module)
-    ns = build_parser(key, cls).parse_args(rest)
+    prog = "vlarun " + key.replace("bench-", "bench ", 1)
     try:
+        cls, run, show = command(key, module)
+        ns = build_parser(key, cls).parse_args(rest)
         options = parse_into(cls, ns)
         result = run(options)
+    except ModuleNotFoundError as e:
+        message = missing_extra(e)
+        if message is None:
+            raise
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
     except (ValueError, RuntimeError, FileNotFoundError, OSError) as e:
         print(f"vlarun {argv[0]}: error: {e}", file=sys.stderr)
         return 2

@@ -224,8 +224,10 @@ def _print_act(r: dict) -> None:
 
 
 def cmd_parity(o: ParityOptions) -> dict:
+    from vlarun.extras import require
     from vlarun.parity import check_parity
 
+    require("transformers")  # before the first progress line
     return check_parity(o.checkpoint, progress=lambda s: print(f"checking {s}", file=sys.stderr))
 
 

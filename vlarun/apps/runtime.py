@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from vlarun.config import opt
+from vlarun.extras import require
 from vlarun.paths import checkpoints_dir
 
 CHECKPOINTS = checkpoints_dir()
@@ -106,6 +107,8 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     from vlarun.runtime.transport import edge_security
 
     resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
+    if o.dashboard is not None:
+        require("prometheus_client")  # before anything loads
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
@@ -442,6 +445,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     import torch
 
+    require("websockets")  # before the weights load
     from vlarun.policy import Policy
     from vlarun.runtime.openpi import OpenpiPolicyServer, get_layout
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from vlarun.accel.base import StepInputs, attention_scores
 from vlarun.accel.triage import value_drift
 from vlarun.config import items, opt
+from vlarun.extras import SIM, require
 from vlarun.models.llama import KVCache
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.stages.families import run_head
@@ -218,6 +219,7 @@ def run_calibration(cfg: DriftCalibrationConfig) -> dict:
     from vlarun.policy.base import Policy
     from vlarun.sim.evaluate import POLICY_DIR
 
+    require(*SIM)  # before anything loads
     directory = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
     if not (directory / "config.json").exists():
         raise ValueError(f"no policy at {directory} (no config.json)")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.config import opt
+from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.runtime.episode import run_loop
 from vlarun.sim.demos import EVAL_SEED_OFFSET
@@ -317,6 +318,7 @@ def _check_action_space(policy) -> None:
 
 
 def evaluate(cfg: EvalConfig) -> dict:
+    require(*SIM)  # in this process: worker processes would each fail on their own
     checkpoint = str(cfg.checkpoint_dir)
     from vlarun.models.device import resolve_device
     from vlarun.policy.base import Policy

@@ -23,6 +23,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from vlarun.config import opt
+from vlarun.extras import SIM, require
 from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode
 from vlarun.sim.tasks import get_task, parse_tasks
@@ -156,6 +157,8 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
 
 def run_fidelity(cfg: FidelityConfig) -> dict:
     from vlarun.models.device import cpu_only
+
+    require(*SIM)  # before anything loads
 
     cpu_only(cfg.device, "vlarun fidelity")
     from vlarun.policy.base import Policy
