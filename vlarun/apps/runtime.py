@@ -412,8 +412,16 @@ class ServePolicyOptions:
     policy: str = opt("tiny-ar", "shipped policy name, checkpoint directory, or preset")
     protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
     layout: str = opt(
-        "metaworld", "observation keys the client sends", choices=["metaworld", "libero"]
+        "auto", "observation keys the client sends: checkpoint (the cameras and state its "
+        "config declares, LeRobot's input_features, in the model's order), metaworld, libero; "
+        "auto: checkpoint where it declares them, else metaworld",
+        choices=["auto", "checkpoint", "metaworld", "libero"],
+    )  # fmt: skip
+    image_keys: tuple[str, ...] | None = opt(
+        None, "the cameras' observation keys, in the policy's camera order (overrides the layout's)"
     )
+    state_key: str | None = opt(None, "the state's observation key (overrides the layout's)")
+    prompt_key: str | None = opt(None, "the instruction's observation key (default: prompt)")
     host: str = opt("127.0.0.1", "interface to listen on (0.0.0.0: every interface)")
     port: int = opt(8000, "TCP port (0: any free one, printed at start)")
     api_key_file: str | None = opt(None, "file holding the API key clients must send")
@@ -447,7 +455,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     require("websockets")  # before the weights load
     from vlarun.policy import Policy
-    from vlarun.runtime.openpi import OpenpiPolicyServer, get_layout
+    from vlarun.runtime.openpi import OpenpiPolicyServer
 
     key = None
     if o.api_key_file is not None:
@@ -457,8 +465,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
+    layout = observation_layout(o, policy)
     _warm_up(policy)
-    server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
+    server = OpenpiPolicyServer(policy, layout, host=o.host, port=o.port,
                                 api_key=key, max_frame=int(o.max_frame_mb * 2**20),
                                 max_batch=o.max_batch,
                                 batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
@@ -473,7 +482,12 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
             "endpoint": f"ws://{o.host}:{server.port}",
             "policy": policy.model.cfg.name,
             "protocol": o.protocol,
-            "layout": o.layout,
+            "layout": layout.name,
+            "image_keys": list(layout.image_keys),
+            "state_key": layout.state_key,
+            "prompt_key": layout.prompt_key,
+            "action_horizon": policy.model.cfg.horizon,
+            "action_dim": policy.action_size,
             "authenticated": key is not None,
         }
         if key is None:
@@ -489,6 +503,37 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
     return {"requests": server.requests, "policy": policy.model.cfg.name}
+
+
+def observation_layout(o: ServePolicyOptions, policy):
+    """The keys clients send: the named layout (``auto``: the checkpoint's declared features
+    where it has them), each key overridable; refused when it names fewer cameras than the
+    policy takes."""
+    import dataclasses
+
+    from vlarun.runtime.openpi import ObservationLayout, get_layout
+
+    name = o.layout
+    if name == "auto":
+        name = "checkpoint" if policy.camera_keys else "metaworld"
+    if name == "checkpoint":
+        if not policy.camera_keys and o.image_keys is None:
+            raise ValueError(
+                f"{policy.model.cfg.name} declares no input features: pass --image-keys "
+                "(and --state-key) or --layout metaworld|libero"
+            )
+        state = policy.state_key or "observation.state"
+        layout = ObservationLayout("checkpoint", policy.camera_keys or tuple(o.image_keys), state)
+    else:
+        layout = get_layout(name)
+    changes = {"image_keys": o.image_keys, "state_key": o.state_key, "prompt_key": o.prompt_key}
+    layout = dataclasses.replace(layout, **{k: v for k, v in changes.items() if v is not None})
+    cameras = policy.model.cfg.num_images
+    if len(layout.image_keys) < cameras:
+        raise ValueError(f"{policy.model.cfg.name} takes {cameras} cameras; the layout names "
+                         f"{len(layout.image_keys)} ({', '.join(layout.image_keys)}): pass "
+                         f"--image-keys with {cameras} keys")  # fmt: skip
+    return layout
 
 
 def _warm_up(policy) -> None:

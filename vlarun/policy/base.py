@@ -26,7 +26,10 @@ from vlarun.stages.packet import Packet
 
 
 class ActionNorm(Protocol):
-    """Model actions -> robot units (OpenVLA's ``NormStats``, LeRobot's ``FeatureNorm``)."""
+    """Model actions -> robot units (OpenVLA's ``NormStats``, LeRobot's ``FeatureNorm``, which
+    also cuts the model's padded width to the robot's ``dim``)."""
+
+    dim: int
 
     def unnormalize(self, a: np.ndarray) -> np.ndarray: ...
 
@@ -57,6 +60,10 @@ class Policy:
     calibration: dict = field(default_factory=dict)
     # The prompt template the checkpoint was trained with (tokenizer.PROMPTS).
     prompt: str = "openvla"
+    # The observation keys the checkpoint declares (LeRobot's ``input_features``): its cameras
+    # in the model's order, and its state; () and None where it declares none.
+    camera_keys: tuple[str, ...] = ()
+    state_key: str | None = None
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -118,7 +125,8 @@ class Policy:
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
-            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt)
+            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt,
+                       camera_keys=io.cameras, state_key=io.state_key)  # fmt: skip
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
@@ -136,6 +144,11 @@ class Policy:
     def state_size(self) -> int:
         """Entries of the robot state this policy reads (in its model or its prompt); 0: none."""
         return self.proprio.dim if self.proprio is not None else self.model.cfg.state_dim
+
+    @property
+    def action_size(self) -> int:
+        """Entries of one robot action: the model's width may be padded (LeRobot's 32)."""
+        return self.norm.dim if self.norm is not None else self.model.cfg.action_dim
 
     def state_tensor(self, state: np.ndarray | None) -> torch.Tensor | None:
         """(1, state_dim) model input: normalised for a proprio token, raw for a flow expert,

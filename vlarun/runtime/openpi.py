@@ -186,7 +186,9 @@ class OpenpiPolicyServer:
         cfg = policy.model.cfg
         self.metadata = metadata if metadata is not None else {
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
-            "action_horizon": cfg.horizon, "action_dim": cfg.action_dim,
+            "action_horizon": cfg.horizon, "action_dim": policy.action_size,
+            "image_keys": list(layout.image_keys), "state_key": layout.state_key,
+            "prompt_key": layout.prompt_key,
         }  # fmt: skip
         # The model runs on the edge's worker thread; these threads only prepare a request and
         # wait for it, so several clients' requests can be queued (and batched) at once.
