@@ -245,3 +245,19 @@ def test_a_missing_extra_is_one_line_naming_it(argv, blocked, extra):
     lines = [ln for ln in done.stderr.splitlines() if "WARNING: --insecure" not in ln]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert f"pip install 'vlarun[{extra}]'" in lines[0], lines
+
+
+def test_version_and_act_threads(capsys):
+    from vlarun import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"vlarun {__version__}"
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        r = run_json(capsys, "act", "--image", DEMO, "--instruction", "x", "--repeats", "1",
+                     "--threads", "1")  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert r["threads"] == 1

@@ -57,7 +57,8 @@ BENCH: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, [*COMMANDS, *(f"bench {b}" for b in BENCH)])) + 2
-    lines = ["usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)", ""]
+    lines = ["usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)",
+             "       vlarun --version", ""]  # fmt: skip
     lines += [f"  {n:<{width}}{s}" for n, (_, s) in COMMANDS.items()]
     lines += [f"  {'bench ' + n:<{width}}{s}" for n, (_, s) in BENCH.items()]
     return "\n".join(lines)
@@ -140,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from vlarun import __version__
+
+        print(f"vlarun {__version__}")
+        return 0
     try:
         key, module, rest = resolve(argv)
     except ValueError as e:

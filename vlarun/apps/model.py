@@ -43,6 +43,10 @@ class ActOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     seed: int = opt(0, "seed for random weights and the initial noise")
     repeats: int = opt(5, "timed repetitions after one warm-up run")
+    threads: int = opt(
+        0, "torch threads (0: torch's default, one per core; on a busy machine fewer can be "
+        "several times faster)",
+    )  # fmt: skip
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
@@ -172,6 +176,10 @@ def cmd_act(o: ActOptions) -> dict:
     from vlarun.policy import Policy
 
     device = resolve_device(o.device)  # before anything loads
+    if o.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {o.threads}")
+    if o.threads:
+        torch.set_num_threads(o.threads)
     dtype = torch.bfloat16 if o.dtype == "bfloat16" else torch.float32
     if o.checkpoint:
         policy = Policy.from_checkpoint(o.checkpoint, o.unnorm_key, dtype)
