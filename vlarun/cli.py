@@ -129,6 +129,21 @@ def parse_into(cls: type, ns: argparse.Namespace):
     return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
+def replaced_option(cls: type, argv: list[str]) -> str | None:
+    """The one-line error for a flag (or a positional name) this command took under another
+    name before, naming the option that replaces it; None when there is none."""
+    positional = any(f.metadata.get("positional") for f in dataclasses.fields(cls))
+    for f in dataclasses.fields(cls):
+        new = "--" + f.name.replace("_", "-")
+        for old in f.metadata.get("replaces", ()):
+            if old == "NAME":
+                if argv and not argv[0].startswith("-") and not positional:
+                    return f"give {argv[0]!r} as {new} {argv[0]} ({f.metadata['help']})"
+            elif any(a == old or a.startswith(old + "=") for a in argv):
+                return f"{old} is now {new} ({f.metadata['help']})"
+    return None
+
+
 def build_parser(key: str, cls: type) -> argparse.ArgumentParser:
     prog = "vlarun " + key.replace("bench-", "bench ", 1)
     parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
@@ -154,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     prog = "vlarun " + key.replace("bench-", "bench ", 1)
     try:
         cls, run, show = command(key, module)
+        replaced = replaced_option(cls, rest)
+        if replaced is not None:
+            print(f"{prog}: error: {replaced}", file=sys.stderr)
+            return 2
         ns = build_parser(key, cls).parse_args(rest)
         options = parse_into(cls, ns)
         result = run(options)

@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import require
 from vlarun.paths import checkpoints_dir
 
@@ -58,8 +58,7 @@ class ServeEdgeOptions:
         None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
     )
     authorized_keys: str | None = opt(None, "folder of robot public keys allowed to connect")
-    preset: str | None = opt(None, "model preset with random weights")
-    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
+    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
@@ -91,14 +90,6 @@ class ServeEdgeOptions:
             raise ValueError("--workers must be >= 0")
 
 
-def load_policy(
-    checkpoint: str | None, preset: str | None, dtype: str, device: str = "cpu", compile_steps=""
-):
-    from vlarun.policy.base import Policy
-
-    return Policy.load(checkpoint or preset or "tiny-ar", dtype, device, compile_steps)
-
-
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
@@ -120,7 +111,9 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         server = _scale_out(o, cfg, sec)
         model = server.model_cfg.name
     else:
-        policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
+        from vlarun.policy import Policy
+
+        policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
         server = EdgeServer(policy, sec, cfg)
         server.warmup()
         model = policy.model.cfg.name
@@ -164,7 +157,7 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec
     from vlarun.runtime.scaleout import EdgeFront
 
-    name = o.checkpoint or o.preset or "tiny-ar"
+    name = o.policy
     if Path(name).exists():  # workers may start in another directory
         name = str(Path(name).resolve())
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
@@ -249,8 +242,9 @@ class RunRobotOptions:
     insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
     server_key: str | None = opt(None, "the edge's public key file")
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
-    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
-    preset: str | None = opt(None, "model preset with random weights (instead of a checkpoint)")
+    policy: str = opt(
+        "tiny-ar", POLICY_HELP + "; the edge must serve the same", replaces=POLICY_FLAGS_RETIRED
+    )
     dtype: str = opt(
         "float32", "compute dtype (must match the edge)", choices=["bfloat16", "float32"]
     )
@@ -307,6 +301,7 @@ class RunRobotOptions:
 
 
 def cmd_run_robot(o: RunRobotOptions) -> dict:
+    from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig, RobotAgent
     from vlarun.runtime.episode import run_episode, summarise
@@ -315,7 +310,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.stages.wire import Codec
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
-    policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
+    policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
@@ -409,7 +404,7 @@ class ServePolicyOptions:
     """Whole-policy inference (observation in, action chunk out) for existing robot clients:
     openpi's WebSocket protocol, so an unmodified openpi-client drives a vlarun policy."""
 
-    policy: str = opt("tiny-ar", "shipped policy name, checkpoint directory, or preset")
+    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
     layout: str = opt(
         "auto", "observation keys the client sends: checkpoint (the cameras and state its "

@@ -81,12 +81,16 @@ class Policy:
         dtype: torch.dtype | str = torch.float32,
         device: str = "cpu",
         compile_steps: str = "",
+        *,
+        seed: int = 0,
+        unnorm_key: str | None = None,
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
-        ``mt10-oft``, ...), or a preset (random weights), on ``device`` (cpu, cuda, cuda:N;
-        checked before anything loads). An unknown name raises one ValueError listing the
-        shipped policies and the presets. ``compile_steps`` (a ``torch.compile`` mode, empty
-        for eager) compiles its static decode / Jacobi steps on first use (``static_step``)."""
+        ``mt10-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
+        (cpu, cuda, cuda:N; checked before anything loads). An unknown name raises one
+        ValueError listing the shipped policies and the presets. ``compile_steps`` (a
+        ``torch.compile`` mode, empty for eager) compiles its static decode / Jacobi steps on
+        first use (``static_step``); ``unnorm_key`` picks a checkpoint's action statistics."""
         target = resolve_device(device)
         # Denoising steps are compiled only on CUDA: on the CPU they measured no faster.
         cuda = target.type == "cuda"
@@ -98,9 +102,9 @@ class Policy:
         except ValueError as missing:
             if str(name) not in PRESETS:
                 raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
-            policy = cls.from_preset(str(name), 0, dtype)
+            policy = cls.from_preset(str(name), seed, dtype)
         else:  # a directory that exists: its own error, if any, is the one to see
-            policy = cls.from_checkpoint(directory, dtype=dtype)
+            policy = cls.from_checkpoint(directory, unnorm_key, dtype)
         if steps is not None:
             policy.model.steps = steps
         return policy.to(target)

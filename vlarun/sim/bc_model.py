@@ -1,7 +1,7 @@
 """Behaviour cloning of three VLA families on one shared trunk, in one forward pass.
 
 The trunk (vision tower, projector, Llama decoder) is trained once; each family adds only its
-head, and each exports as its own VLA preset (a suite: mw-ar/-oft/-dit, or mt10-ar/-oft/-dit):
+head, and each exports as its own VLA preset (a suite: tiny-ar/-oft/-dit, or mt10-ar/-oft/-dit):
 
   sequence: [BOS, visual, (proprio), instruction, pad | AR tokens (teacher forced) | OFT slots]
   mask:     the prompt is causal; AR tokens see the prompt and earlier AR tokens; OFT slots see
@@ -55,7 +55,7 @@ class Losses:
 
 # Each suite's presets: autoregressive (the trunk), parallel (OFT head), diffusion (DiT head).
 SUITES: dict[str, tuple[str, str, str]] = {
-    "mw": ("mw-ar", "mw-oft", "mw-dit"),
+    "mw": ("tiny-ar", "tiny-oft", "tiny-dit"),
     "mt10": ("mt10-ar", "mt10-oft", "mt10-dit"),
 }
 
