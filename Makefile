@@ -25,7 +25,7 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/vlarun eval --policy tiny-ar --episodes $(DEMO_EPISODES) --report results/demo
 	./scripts/demo-coinfer.sh
-	$(VENV)/bin/vlarun info openvla-7b
+	$(VENV)/bin/vlarun info --model openvla-7b
 
 # Edge server + robot agent as separate processes; the link drops and recovers; per-step log.
 demo-coinfer: install

@@ -105,7 +105,7 @@ def main() -> None:
     o = coinfer.BenchCoinferOptions(steps=a.steps, robots=0)
     ckpt = str(checkpoints_dir() / "tiny-ar")
     policy = Policy.load(ckpt)
-    edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
+    edge, endpoint = procs.start_edge(extra=["--policy", ckpt, "--threads", "1"])
     from vlarun.bench.coinfer_matrix import BackgroundLoad
 
     period = policy.model.cfg.horizon / o.control_hz

@@ -21,7 +21,7 @@ def run_json(capsys, *argv):
 
 
 def test_info_openvla_7b_size_and_prefill_flops(capsys):
-    r = run_json(capsys, "info", "openvla-7b")
+    r = run_json(capsys, "info", "--model", "openvla-7b")
     assert 7.4e9 < r["params"] < 7.6e9
     assert [s["name"] for s in r["stages"]] == ["vision", "prefill", "decode"]
     assert all(s["flops"] > 0 and s["bytes"] > 0 for s in r["stages"])
@@ -33,7 +33,7 @@ def test_info_openvla_7b_size_and_prefill_flops(capsys):
     [("pi0", ["vision", "prefill", "denoise"]), ("openvla-oft", ["vision", "prefill_head"])],
 )
 def test_info_other_families(capsys, preset, stages):
-    r = run_json(capsys, "info", preset)
+    r = run_json(capsys, "info", "--model", preset)
     assert [s["name"] for s in r["stages"]] == stages
 
 
@@ -42,7 +42,7 @@ def test_act_prints_actions_and_stage_latency(capsys, preset):
     r = run_json(
         capsys,
         "act",
-        "--preset",
+        "--policy",
         preset,
         "--image",
         DEMO,
@@ -63,7 +63,7 @@ def _one_line_error(capsys, argv, needle):
 
 
 def test_bad_inputs_fail_with_one_clear_line(capsys, tmp_path):
-    _one_line_error(capsys, ["info", "nope"], "valid presets: openvla-7b")
+    _one_line_error(capsys, ["info", "--model", "nope"], "nor a preset (openvla-7b")
     big = tmp_path / "big.png"
     Image.fromarray(np.zeros((100, 80, 3), np.uint8)).save(big)
     _one_line_error(capsys, ["act", "--image", str(big), "--instruction", "x"], "expects 1x64x64x3")
@@ -74,7 +74,7 @@ def test_bad_inputs_fail_with_one_clear_line(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     _one_line_error(
         capsys,
-        ["act", "--image", DEMO, "--instruction", "x", "--checkpoint", str(tmp_path)],
+        ["act", "--image", DEMO, "--instruction", "x", "--policy", str(tmp_path)],
         "'bert' model",
     )
     _one_line_error(
@@ -95,7 +95,7 @@ def test_resize_flag_accepts_other_sizes(capsys, tmp_path):
 
 def test_console_script_runs():
     out = subprocess.run(
-        [sys.executable, "-m", "vlarun.cli", "info", "tiny-pi0", "--json"],
+        [sys.executable, "-m", "vlarun.cli", "info", "--model", "tiny-pi0", "--json"],
         capture_output=True,
         text=True,
         check=True,
@@ -122,7 +122,7 @@ def test_check_parity_on_a_save_pretrained_directory(capsys, tmp_path):
         num_key_value_heads=1,
     )
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    r = run_json(capsys, "check-parity", "--checkpoint", str(tmp_path))
+    r = run_json(capsys, "check-parity", "--transformers-dir", str(tmp_path))
     assert r["ok"] and r["checks"][0]["max_abs_diff"] <= 1e-4
 
 
@@ -146,7 +146,8 @@ def test_info_works_without_mujoco_and_imports_only_its_command():
     # None in sys.modules makes `import mujoco` raise ImportError, as on a machine without it.
     done = _python(
         "import sys, json\nsys.modules['mujoco'] = None\nsys.modules['metaworld'] = None\n"
-        "from vlarun.cli import main\nassert main(['info', 'openvla-7b', '--json']) == 0\n"
+        "from vlarun.cli import main\n"
+        "assert main(['info', '--model', 'openvla-7b', '--json']) == 0\n"
         "print('LOADED', sorted(m for m in sys.modules if m.startswith('vlarun.apps')))"
     )
     assert done.returncode == 0, done.stderr
@@ -164,8 +165,8 @@ def test_unknown_command_is_one_line_listing_the_valid_ones(capsys):
 def test_policy_names_resolve_to_shipped_policies_or_presets():
     from vlarun.policy import Policy
 
-    assert Policy.load("tiny-ar").model.cfg.name == "mw-ar"  # the shipped checkpoint
-    assert Policy.load("tiny-oft").model.cfg.name == "mw-oft"
+    assert Policy.load("tiny-ar").model.cfg.name == "tiny-ar"  # the shipped checkpoint
+    assert Policy.load("tiny-oft").model.cfg.name == "tiny-oft"
     assert Policy.load("tiny-openvla-oft").norm is None  # a preset: random weights
     with pytest.raises(ValueError, match="shipped.*tiny-ar.*nor a preset.*openvla-7b"):
         Policy.load("no-such-policy")
@@ -180,3 +181,171 @@ def test_every_command_prints_its_help(capsys):
             main([*argv, "--help"])
         assert done.value.code == 0, argv
         assert "usage: vlarun" in capsys.readouterr().out
+
+
+def test_an_openvla_directory_without_its_tokenizer_is_refused_in_one_line(capsys, tmp_path):
+    """No silent byte-level fallback: the prompt ids would not be the checkpoint's. Refused
+    before any weight is read (there are none here)."""
+    text = {"vocab_size": 32064, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla",
+                                                      "text_config": text}))  # fmt: skip
+    argv = ["act", "--image", DEMO, "--instruction", "open the drawer", "--policy"]
+    _one_line_error(capsys, [*argv, str(tmp_path)], "no tokenizer.json")
+
+
+# A machine without the optional extras: importing one of their modules fails as it would there.
+_WITHOUT_EXTRAS = """
+import importlib.abc, sys
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _NotInstalled())
+from vlarun.cli import main
+"""
+
+
+def _without_extras(blocked: set[str], body: str) -> subprocess.CompletedProcess:
+    return _python(_WITHOUT_EXTRAS.format(blocked=sorted(blocked)) + body)
+
+
+def test_every_command_s_help_works_without_the_optional_extras():
+    from vlarun.extras import EXTRAS
+
+    done = _without_extras(
+        set(EXTRAS),
+        "from vlarun.cli import BENCH, COMMANDS\nbad = []\n"
+        "for argv in [[c] for c in COMMANDS] + [['bench', b] for b in BENCH]:\n"
+        "    try:\n        main([*argv, '--help'])\n"
+        "    except SystemExit as e:\n        bad += [] if e.code == 0 else [argv]\n"
+        "    else:\n        bad.append(argv)\n"
+        "print('BAD', bad)",
+    )
+    assert "BAD []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["run-robot", "--max-steps", "1"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["eval", "--episodes", "1"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["fidelity"], {"gymnasium", "metaworld", "mujoco"}, "sim"),
+        (["serve-policy", "--insecure", "--port", "0"], {"websockets"}, "serve"),
+        (
+            ["serve-edge", "--insecure", "--port", "0", "--dashboard", "0"],
+            {"prometheus_client"},
+            "serve",
+        ),
+        (["serve-edge", "--insecure", "--port", "0", "--workers", "1"], {"ray"}, "scale"),
+        (["check-parity"], {"transformers"}, "parity"),
+    ],  # fmt: skip
+)
+def test_a_missing_extra_is_one_line_naming_it(argv, blocked, extra):
+    done = _without_extras(blocked, f"import sys\nsys.exit(main({argv!r}))")
+    lines = [ln for ln in done.stderr.splitlines() if "WARNING: --insecure" not in ln]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert f"pip install 'vlarun[{extra}]'" in lines[0], lines
+
+
+def test_version_and_act_threads(capsys):
+    from vlarun import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"vlarun {__version__}"
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        r = run_json(capsys, "act", "--image", DEMO, "--instruction", "x", "--repeats", "1",
+                     "--threads", "1")  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert r["threads"] == 1
+
+
+# -- one way to name a policy -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "new"),
+    [
+        (["act", "--image", DEMO, "--instruction", "x", "--checkpoint", "d"], "--policy"),
+        (["act", "--image", DEMO, "--instruction", "x", "--preset=tiny-openvla"], "--policy"),
+        (["serve-edge", "--insecure", "--preset", "tiny-openvla"], "--policy"),
+        (["run-robot", "--checkpoint", "d"], "--policy"),
+        (["eval", "--checkpoint", "d"], "--policy"),
+        (["fidelity", "--checkpoint", "d"], "--policy"),
+        (["calibrate-drift", "--checkpoint", "d"], "--policy"),
+        (["serve-policy", "--checkpoint", "d"], "--policy"),
+        (["bench", "coinfer", "--checkpoint", "d"], "--policy"),
+        (["info", "openvla-7b"], "--model"),
+        (["info", "--preset", "openvla-7b"], "--model"),
+        (["profile", "--preset", "tiny-openvla"], "--model"),
+        (["bench", "predictor", "--preset", "tiny-openvla"], "--model"),
+        (["check-parity", "--checkpoint", "d"], "--transformers-dir"),
+    ],
+)
+def test_a_retired_way_of_naming_a_model_fails_in_one_line_naming_the_new(capsys, argv, new):
+    _one_line_error(capsys, argv, new)
+
+
+def test_no_command_s_help_offers_checkpoint_or_preset(capsys):
+    from vlarun.cli import BENCH, COMMANDS
+
+    for argv in [[c] for c in COMMANDS] + [["bench", b] for b in BENCH]:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert "--checkpoint" not in out and "--preset" not in out, argv
+
+
+def test_an_unknown_policy_is_one_line_listing_the_kinds(capsys):
+    argv = ["act", "--image", DEMO, "--instruction", "x", "--policy", "no-such-policy"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "checkpoint directory" in err and "shipped" in err and "tiny-ar" in err
+    assert "preset" in err and "tiny-openvla" in err
+
+
+def test_a_shipped_policy_and_its_preset_are_one_name_for_one_model(capsys):
+    """tiny-ar is the shipped policy's name, its model's name and its shape's preset (the
+    mt10-* policies were already so); the old preset names say what they became."""
+    from vlarun.models.checkpoint import read_config, vla_config_from
+    from vlarun.models.presets import PRESETS, get_preset
+    from vlarun.paths import policy_dir, shipped_policies
+    from vlarun.stages.families import param_split
+
+    shipped = shipped_policies()
+    assert {"tiny-ar", "tiny-oft", "tiny-dit", "mt10-ar"} <= set(shipped)
+    for name in shipped:
+        directory = policy_dir(name)
+        cfg = vla_config_from(read_config(directory), directory)
+        assert cfg.name == name
+        if name in PRESETS:
+            assert param_split(cfg) == param_split(get_preset(name)), name
+    r = run_json(capsys, "info", "--model", "tiny-ar")
+    assert r["model"] == "tiny-ar" and r["action_dim"] == 4
+    r = run_json(capsys, "info", "--model", str(policy_dir("tiny-ar-ceed")))  # config only
+    assert r["model"] == "tiny-ar-ceed"
+    with pytest.raises(ValueError, match="'mw-ar' is now 'tiny-ar'"):
+        get_preset("mw-ar")
+
+
+def test_act_runs_a_lerobot_directory_by_its_path(capsys, tmp_path):
+    """The README's `vlarun act --policy DIR` with one image per camera and the robot state."""
+    from vlarun import parity
+
+    parity.make_lerobot_dir(tmp_path, "pi0")
+    inputs = parity.lerobot_reference_inputs()
+    frames = []
+    for i, frame in enumerate(inputs["frames"]):
+        frames.append(str(tmp_path / f"cam{i}.png"))
+        Image.fromarray(frame).save(frames[-1])
+    state = ",".join(f"{v:.6f}" for v in inputs["state"])
+    r = run_json(capsys, "act", "--policy", str(tmp_path), "--image", ",".join(frames),
+                 "--instruction", inputs["task"], "--state", state, "--repeats", "1")  # fmt: skip
+    actions = np.asarray(r["actions"])
+    assert actions.shape == (parity.LEROBOT_CHUNK, parity.LEROBOT_ACTION_DIM)
+    assert r["policy"] == str(tmp_path) and r["unnormalized"]

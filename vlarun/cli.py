@@ -17,6 +17,8 @@ import sys
 import types
 import typing
 
+from vlarun.extras import missing_extra
+
 # name -> (module defining it, one-line summary shown by `vlarun --help`).
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("vlarun.apps.model", "parameters, per-stage FLOPs/bytes and packets of a preset"),
@@ -55,7 +57,8 @@ BENCH: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, [*COMMANDS, *(f"bench {b}" for b in BENCH)])) + 2
-    lines = ["usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)", ""]
+    lines = ["usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)",
+             "       vlarun --version", ""]  # fmt: skip
     lines += [f"  {n:<{width}}{s}" for n, (_, s) in COMMANDS.items()]
     lines += [f"  {'bench ' + n:<{width}}{s}" for n, (_, s) in BENCH.items()]
     return "\n".join(lines)
@@ -126,6 +129,21 @@ def parse_into(cls: type, ns: argparse.Namespace):
     return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
+def replaced_option(cls: type, argv: list[str]) -> str | None:
+    """The one-line error for a flag (or a positional name) this command took under another
+    name before, naming the option that replaces it; None when there is none."""
+    positional = any(f.metadata.get("positional") for f in dataclasses.fields(cls))
+    for f in dataclasses.fields(cls):
+        new = "--" + f.name.replace("_", "-")
+        for old in f.metadata.get("replaces", ()):
+            if old == "NAME":
+                if argv and not argv[0].startswith("-") and not positional:
+                    return f"give {argv[0]!r} as {new} {argv[0]} ({f.metadata['help']})"
+            elif any(a == old or a.startswith(old + "=") for a in argv):
+                return f"{old} is now {new} ({f.metadata['help']})"
+    return None
+
+
 def build_parser(key: str, cls: type) -> argparse.ArgumentParser:
     prog = "vlarun " + key.replace("bench-", "bench ", 1)
     parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
@@ -138,16 +156,32 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from vlarun import __version__
+
+        print(f"vlarun {__version__}")
+        return 0
     try:
         key, module, rest = resolve(argv)
     except ValueError as e:
         print(f"vlarun: error: {e}", file=sys.stderr)
         return 2
-    cls, run, show = command(key, module)
-    ns = build_parser(key, cls).parse_args(rest)
+    prog = "vlarun " + key.replace("bench-", "bench ", 1)
     try:
+        cls, run, show = command(key, module)
+        replaced = replaced_option(cls, rest)
+        if replaced is not None:
+            print(f"{prog}: error: {replaced}", file=sys.stderr)
+            return 2
+        ns = build_parser(key, cls).parse_args(rest)
         options = parse_into(cls, ns)
         result = run(options)
+    except ModuleNotFoundError as e:
+        message = missing_extra(e)
+        if message is None:
+            raise
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
     except (ValueError, RuntimeError, FileNotFoundError, OSError) as e:
         print(f"vlarun {argv[0]}: error: {e}", file=sys.stderr)
         return 2

@@ -14,9 +14,25 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def opt(default=dataclasses.MISSING, help: str = "", positional: bool = False, choices=None):
-    """A dataclass field carrying command-line metadata (help text, positional, choices)."""
-    meta = {"help": help, "positional": positional, "choices": choices}
+# How every command that loads weights names its policy (``--policy``, read by ``Policy.load``),
+# and the flags that did before: given, they fail in one line naming ``--policy``.
+POLICY_HELP = "shipped policy name, checkpoint directory, or preset (random weights)"
+POLICY_FLAGS_RETIRED = ("--checkpoint", "--preset")
+# Where a model's shape is costed or measured without its weights: ``--model``.
+MODEL_HELP = "model preset or shipped policy name, its shape only (see `vlarun info`)"
+
+
+def opt(
+    default=dataclasses.MISSING,
+    help: str = "",
+    positional: bool = False,
+    choices=None,
+    replaces: tuple[str, ...] = (),
+):
+    """A dataclass field carrying command-line metadata (help text, positional, choices, and
+    the flags it ``replaces``, or ``"NAME"`` for a positional argument it replaces: given,
+    those fail in one line naming this option)."""
+    meta = {"help": help, "positional": positional, "choices": choices, "replaces": replaces}
     return dataclasses.field(default=default, metadata=meta)
 
 

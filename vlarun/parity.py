@@ -231,12 +231,32 @@ def openvla_reference_frames() -> list:
     return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in OPENVLA_REFERENCE_FRAMES]
 
 
+def byte_tokenizer_json() -> str:
+    """A ``tokenizer.json`` that encodes as ``ByteTokenizer`` does (id = 3 + UTF-8 byte, no
+    BOS): a byte-level BPE without merges over GPT-2's byte-to-character table."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from vlarun.models.tokenizer import ByteTokenizer
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab |= {chars[b]: ByteTokenizer.OFFSET + b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return tok.to_str()
+
+
 def make_openvla_reference_dir(out: str | Path) -> dict:
     """An OpenVLA-layout directory of seeded random weights that OpenVLA's own code loads
     unchanged: the real fused DINOv2-L + SigLIP-So400m towers (timm names, bf16), a 2-layer
     Llama ``text_config`` with OpenVLA's 32064-token vocabulary, its norm_stats and image
-    processor config. Deterministic for a given torch build; returns the inputs the reference
-    run needs (the prompt's ids, the weights' SHA-256)."""
+    processor config, and a byte-level tokenizer.json. Deterministic for a given torch build;
+    returns the inputs the reference run needs (the prompt's ids, the weights' SHA-256)."""
     import hashlib
     import json
 
@@ -303,6 +323,9 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
                  "means": [IMAGENET_MEAN, (0.5, 0.5, 0.5)],
                  "stds": [IMAGENET_STD, (0.5, 0.5, 0.5)]}  # fmt: skip
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
+    # The reference ran on byte ids (OpenVLA's own code takes input_ids as given); an OpenVLA
+    # directory must ship its tokenizer, so this one ships one that gives exactly those ids.
+    (out / "tokenizer.json").write_text(byte_tokenizer_json())
     prompt = ByteTokenizer(32064).encode(openvla_prompt(OPENVLA_REFERENCE_PROMPT))
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     inputs = {"input_ids": [1, *prompt], "weights_sha256": digest, "torch": torch.__version__,

@@ -230,3 +230,111 @@ def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
         stop()
     local = policy.predict(inputs["frames"], inputs["task"], state=inputs["state"])
     assert actions.shape == (4, 7) and np.allclose(actions, local, atol=1e-5)
+
+
+def _serve_policy(*args: str):
+    """`vlarun serve-policy ARGS --insecure --port 0 --json` as its own process: (process,
+    its endpoint line)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", *args, "--insecure", "--port",
+           "0", "--threads", "1", "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(30)
+        pytest.fail(f"serve-policy exited {proc.returncode}: {proc.stderr.read()}")
+    return proc, json.loads(line)
+
+
+def _stop(proc) -> None:
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["smolvla", "pi0", "pi05"])
+def test_serve_policy_command_serves_a_lerobot_directory(tmp_path, kind):
+    """The README's command on a LeRobot directory: the warm-up feeds a state of the robot's
+    width (not the model's padded one; pi05 writes it into its prompt); the client sends the
+    keys the checkpoint declares (its input_features), is told the robot's sizes (7 actions,
+    not the padded 32), and an unmodified openpi client gets the same chunk, in robot units,
+    as the policy gives in process."""
+    from vlarun import parity
+
+    parity.make_lerobot_dir(tmp_path, kind)
+    proc, start = _serve_policy("--protocol", "openpi", "--policy", str(tmp_path))
+    try:
+        port = int(start["endpoint"].rsplit(":", 1)[1])
+        client = WebsocketClientPolicy("127.0.0.1", port)
+        meta = client.get_server_metadata()
+        inputs = parity.lerobot_reference_inputs()
+        obs = dict(zip(parity.LEROBOT_CAMERAS, inputs["frames"], strict=True))
+        obs |= {"observation.state": inputs["state"], "prompt": inputs["task"]}
+        actions = client.infer(obs)["actions"]
+    finally:
+        _stop(proc)
+    sizes = (parity.LEROBOT_CHUNK, parity.LEROBOT_ACTION_DIM)
+    assert start["layout"] == "checkpoint" and start["image_keys"] == list(parity.LEROBOT_CAMERAS)
+    assert (start["action_horizon"], start["action_dim"]) == sizes
+    assert (meta["action_horizon"], meta["action_dim"]) == sizes
+    assert meta["image_keys"] == list(parity.LEROBOT_CAMERAS)
+    local = Policy.load(tmp_path).predict(inputs["frames"], inputs["task"], state=inputs["state"])
+    assert actions.shape == sizes
+    np.testing.assert_allclose(actions, local, atol=1e-4)
+
+
+def _three_camera_pi0(directory):
+    """A LeRobot pi0 directory whose config declares a third camera (the tower is shared, so
+    the weights are the same)."""
+    import json
+
+    from vlarun import parity
+
+    parity.make_lerobot_dir(directory, "pi0")
+    config = json.loads((directory / "config.json").read_text())
+    feats = config["input_features"]
+    feats["observation.images.right_wrist_0_rgb"] = dict(feats[parity.LEROBOT_CAMERAS[0]])
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_serve_policy_takes_three_cameras_under_the_robot_s_own_key_names(tmp_path):
+    """An SO-100-style client names its cameras and state its own way: --image-keys (in the
+    policy's camera order) and --state-key map them; the third camera is used."""
+    _three_camera_pi0(tmp_path)
+    keys = ["observation.images.top", "observation.images.wrist", "observation.images.side"]
+    proc, start = _serve_policy("--policy", str(tmp_path), "--image-keys", *keys,
+                                "--state-key", "observation.joints")  # fmt: skip
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in keys]
+    state = rng.normal(0, 1, 8).astype(np.float32)
+    try:
+        client = WebsocketClientPolicy("127.0.0.1", int(start["endpoint"].rsplit(":", 1)[1]))
+        obs = dict(zip(keys, frames, strict=True))
+        obs |= {"observation.joints": state, "prompt": "pick up the red block"}
+        actions = client.infer(obs)["actions"]
+    finally:
+        _stop(proc)
+    assert start["image_keys"] == keys and start["state_key"] == "observation.joints"
+    policy = Policy.load(tmp_path)
+    assert policy.model.cfg.num_images == 3
+    np.testing.assert_allclose(actions, policy.predict(frames, "pick up the red block",
+                                                       state=state), atol=1e-4)  # fmt: skip
+    two = policy.predict(frames[:2] + frames[:1], "pick up the red block", state=state)
+    assert not np.allclose(actions, two, atol=1e-4)  # the third view counts
+
+
+def test_a_layout_with_too_few_cameras_is_refused_in_one_line(tmp_path, capsys):
+    from vlarun.cli import main
+
+    _three_camera_pi0(tmp_path)
+    argv = ["serve-policy", "--policy", str(tmp_path), "--layout", "libero", "--insecure"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "takes 3 cameras" in err and "--image-keys" in err

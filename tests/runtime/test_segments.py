@@ -10,7 +10,7 @@ from vlarun.runtime.segments import Schema, segments, wanted
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import PacketError
 
-CFG = get_preset("mw-ar")
+CFG = get_preset("tiny-ar")
 GRAPH = build_graph(CFG, None, Workload(1, 12, "float32"))
 
 

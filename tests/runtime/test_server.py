@@ -80,7 +80,7 @@ def test_health_and_ping(server):
     r = ping(server.address, INSECURE, count=3, timeout_s=3.0)
     assert r["rtt_ms"] > 0 and r["count"] == 3
     assert set(r["queue"]) == {"vision", "prefill", "decode"}
-    assert r["health"]["model"] == "mw-ar" and r["health"]["ok"]
+    assert r["health"]["model"] == "tiny-ar" and r["health"]["ok"]
 
 
 def test_batches_same_stage_from_two_robots(policy):

@@ -49,7 +49,7 @@ def edges():
 
     def get(name: str) -> str:
         if name not in started:
-            started[name] = procs.start_edge(extra=["--checkpoint", str(policy_dir(name))])
+            started[name] = procs.start_edge(extra=["--policy", str(policy_dir(name))])
         return started[name][1]
 
     yield get

@@ -124,7 +124,7 @@ def test_samples_name_their_stand_in_and_refuse_unknown_models():
     assert load_samples("smolvla").model == "tiny-smolvla"
     assert load_samples("tiny-cogact").model == "tiny-cogact"
     with pytest.raises(ValueError, match="recorded"):
-        load_samples("mw-ar")
+        load_samples("tiny-ar")
 
 
 def test_fleet_matrix_rows(tmp_path, capsys):

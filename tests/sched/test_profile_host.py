@@ -25,7 +25,7 @@ def _cache(tmp_path, monkeypatch):
 
 def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
     out = tmp_path / "p.json"
-    argv = ["profile", "--preset", "tiny-openvla,tiny-pi0", "--repeats", "2", "--out", str(out),
+    argv = ["profile", "--model", "tiny-openvla,tiny-pi0", "--repeats", "2", "--out", str(out),
             "--json"]  # fmt: skip
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)

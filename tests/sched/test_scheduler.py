@@ -267,17 +267,17 @@ def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
 
     sample = Path(__file__).parent / "samples" / "accel_bench_sample.json"
     rows = load_settings(sample)
-    triage = {r.value: r for r in rows if r.knob == "token_budget" and r.models == ("mw-oft",)}
+    triage = {r.value: r for r in rows if r.knob == "token_budget" and r.models == ("tiny-oft",)}
     assert triage[0.34].relative_success == pytest.approx(0.95)
     assert triage[0.11].relative_success == pytest.approx(0.7)
-    dit = {(r.knob, r.value): r.relative_success for r in rows if r.models == ("mw-dit",)}
+    dit = {(r.knob, r.value): r.relative_success for r in rows if r.models == ("tiny-dit",)}
     assert dit == {("token_budget", 0.22): pytest.approx(0.95), ("cache_interval", 5): 1.0}
     # The floor is cleared by the 95% lower bound, not the point estimate: B=0.34's 0.95 point
     # sits on 0.45 / 0.6 = 0.75, so a 0.9 floor keeps only full compute; 0.7 admits it.
     assert triage[0.34].bounds == (pytest.approx(0.75), pytest.approx(0.68 / 0.6))
 
     def admitted(floor) -> set:
-        space = space_for("mw-oft", accuracy_floor=floor, settings_rows=rows)
+        space = space_for("tiny-oft", accuracy_floor=floor, settings_rows=rows)
         pairs = zip(space.settings, space.eligible, strict=True)
         return {dict(s.knobs)["token_budget"] for s, e in pairs if e}
 

@@ -46,7 +46,7 @@ def test_eval_refuses_a_policy_with_another_action_space(tmp_path, capsys):
     from vlarun.policy.base import Policy
 
     save_vla(Policy.from_preset("tiny-openvla").model, tmp_path / "seven")
-    assert main(["eval", "--checkpoint", str(tmp_path / "seven"), "--episodes", "1"]) == 2
+    assert main(["eval", "--policy", str(tmp_path / "seven"), "--episodes", "1"]) == 2
     err = capsys.readouterr().err
     assert "(1, 7)" in err and "(4,)" in err
 

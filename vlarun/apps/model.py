@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlarun.config import opt
+from vlarun.config import MODEL_HELP, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.models.presets import DEFAULT_PRESET, PRESETS
 
 
@@ -18,7 +18,10 @@ from vlarun.models.presets import DEFAULT_PRESET, PRESETS
 class InfoOptions:
     """Parameters, per-stage FLOPs and bytes, and packet sizes of a preset (no weights needed)."""
 
-    preset: str = opt(help=f"model preset: {', '.join(PRESETS)}", positional=True)
+    model: str = opt(
+        help=f"{MODEL_HELP}, or a checkpoint directory; presets: {', '.join(PRESETS)}",
+        replaces=("NAME", "--preset"),
+    )
     batch: int = opt(1, "batch size")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
     dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
@@ -34,8 +37,7 @@ class ActOptions:
     )
     instruction: str = opt(help="what the robot should do")
     state: str | None = opt(None, "robot state, comma-separated numbers (policies that read it)")
-    preset: str = opt(DEFAULT_PRESET, f"preset for random weights: {', '.join(PRESETS)}")
-    checkpoint: str | None = opt(None, "checkpoint directory (overrides --preset)")
+    policy: str = opt(DEFAULT_PRESET, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     resize: bool = opt(
         False, "resize the image (bicubic) to the model's input size instead of failing"
     )
@@ -43,6 +45,10 @@ class ActOptions:
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     seed: int = opt(0, "seed for random weights and the initial noise")
     repeats: int = opt(5, "timed repetitions after one warm-up run")
+    threads: int = opt(
+        0, "torch threads (0: torch's default, one per core; on a busy machine fewer can be "
+        "several times faster)",
+    )  # fmt: skip
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
@@ -51,7 +57,10 @@ class ActOptions:
 class ParityOptions:
     """Compare vlarun with transformers on identical weights."""
 
-    checkpoint: str | None = opt(None, "a transformers save_pretrained directory to compare")
+    transformers_dir: str | None = opt(
+        None, "a transformers save_pretrained directory (Llama, Gemma, SigLIP, DINOv2) to "
+        "compare", replaces=("--checkpoint",),
+    )  # fmt: skip
     json: bool = opt(False, "print one JSON object")
 
 
@@ -65,10 +74,10 @@ class BenchEngineOptions:
 
 
 def cmd_info(o: InfoOptions) -> dict:
-    from vlarun.models.presets import get_preset
+    from vlarun.models.checkpoint import model_config
     from vlarun.stages.families import Workload, build_graph, param_split, prefix_len
 
-    cfg = get_preset(o.preset)
+    cfg = model_config(o.model)
     w = Workload(o.batch, o.text_tokens, o.dtype)
     graph = build_graph(cfg, w=w)
     split = param_split(cfg)
@@ -90,7 +99,7 @@ def cmd_info(o: InfoOptions) -> dict:
         for s in graph.stages
     ]
     return {
-        "preset": cfg.name,
+        "model": cfg.name,
         "family": cfg.family,
         "params": params,
         "params_by_part": split,
@@ -108,7 +117,7 @@ def cmd_info(o: InfoOptions) -> dict:
 
 def _print_info(r: dict) -> None:
     parts = ", ".join(f"{k} {v / 1e6:.1f}M" for k, v in r["params_by_part"].items() if k != "total")
-    print(f"{r['preset']} ({r['family']}): {r['params'] / 1e9:.3f} B parameters ({parts})")
+    print(f"{r['model']} ({r['family']}): {r['params'] / 1e9:.3f} B parameters ({parts})")
     print(
         f"  {r['visual_tokens']} visual tokens, prefix {r['prefix_tokens']} tokens, "
         f"{r['actions_per_inference']} actions x {r['action_dim']} per inference, {r['dtype']}"
@@ -168,17 +177,15 @@ def cmd_act(o: ActOptions) -> dict:
     import torch
 
     from vlarun.models.device import resolve_device
-    from vlarun.models.presets import get_preset
     from vlarun.policy import Policy
 
     device = resolve_device(o.device)  # before anything loads
+    if o.threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {o.threads}")
+    if o.threads:
+        torch.set_num_threads(o.threads)
     dtype = torch.bfloat16 if o.dtype == "bfloat16" else torch.float32
-    if o.checkpoint:
-        policy = Policy.from_checkpoint(o.checkpoint, o.unnorm_key, dtype)
-    else:
-        get_preset(o.preset)  # an unknown name fails here, before any allocation
-        policy = Policy.from_preset(o.preset, o.seed, dtype)
-    policy = policy.to(device)
+    policy = Policy.load(o.policy, dtype, str(device), seed=o.seed, unnorm_key=o.unnorm_key)
     frames = [_load_image(p, policy.model.cfg.image_size, o.resize) for p in o.image.split(",")]
     image = frames[0] if len(frames) == 1 else frames
     state = _parse_state(o.state)
@@ -196,7 +203,7 @@ def cmd_act(o: ActOptions) -> dict:
     return {
         "model": policy.model.cfg.name,
         "family": policy.model.cfg.family,
-        "checkpoint": o.checkpoint,
+        "policy": o.policy,
         "instruction": o.instruction,
         "actions": actions.round(5).tolist(),
         "unnormalized": policy.norm is not None,
@@ -224,9 +231,13 @@ def _print_act(r: dict) -> None:
 
 
 def cmd_parity(o: ParityOptions) -> dict:
+    from vlarun.extras import require
     from vlarun.parity import check_parity
 
-    return check_parity(o.checkpoint, progress=lambda s: print(f"checking {s}", file=sys.stderr))
+    require("transformers")  # before the first progress line
+    return check_parity(
+        o.transformers_dir, progress=lambda s: print(f"checking {s}", file=sys.stderr)
+    )
 
 
 def _print_parity(r: dict) -> None:

@@ -13,7 +13,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.extras import require
 from vlarun.paths import checkpoints_dir
 
 CHECKPOINTS = checkpoints_dir()
@@ -57,8 +58,7 @@ class ServeEdgeOptions:
         None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
     )
     authorized_keys: str | None = opt(None, "folder of robot public keys allowed to connect")
-    preset: str | None = opt(None, "model preset with random weights")
-    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
+    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
@@ -96,14 +96,6 @@ class ServeEdgeOptions:
             raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
 
 
-def load_policy(
-    checkpoint: str | None, preset: str | None, dtype: str, device: str = "cpu", compile_steps=""
-):
-    from vlarun.policy.base import Policy
-
-    return Policy.load(checkpoint or preset or "tiny-ar", dtype, device, compile_steps)
-
-
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
@@ -112,6 +104,8 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     from vlarun.runtime.transport import edge_security
 
     resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
+    if o.dashboard is not None:
+        require("prometheus_client")  # before anything loads
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
@@ -123,7 +117,9 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         server = _scale_out(o, cfg, sec)
         model = server.model_cfg.name
     else:
-        policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
+        from vlarun.policy import Policy
+
+        policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
         server = EdgeServer(policy, sec, cfg)
         server.warmup()
         model = policy.model.cfg.name
@@ -169,7 +165,7 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec
     from vlarun.runtime.scaleout import EdgeFront
 
-    name = o.checkpoint or o.preset or "tiny-ar"
+    name = o.policy
     if Path(name).exists():  # workers may start in another directory
         name = str(Path(name).resolve())
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
@@ -247,8 +243,9 @@ class RunRobotOptions:
     insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
     server_key: str | None = opt(None, "the edge's public key file")
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
-    checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
-    preset: str | None = opt(None, "model preset with random weights (instead of a checkpoint)")
+    policy: str = opt(
+        "tiny-ar", POLICY_HELP + "; the edge must serve the same", replaces=POLICY_FLAGS_RETIRED
+    )
     dtype: str = opt(
         "float32", "compute dtype (must match the edge)", choices=["bfloat16", "float32"]
     )
@@ -305,6 +302,7 @@ class RunRobotOptions:
 
 
 def cmd_run_robot(o: RunRobotOptions) -> dict:
+    from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig, RobotAgent
     from vlarun.runtime.episode import run_episode, summarise
@@ -313,7 +311,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.stages.wire import Codec
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
-    policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
+    policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
@@ -407,11 +405,19 @@ class ServePolicyOptions:
     """Whole-policy inference (observation in, action chunk out) for existing robot clients:
     openpi's WebSocket protocol, so an unmodified openpi-client drives a vlarun policy."""
 
-    policy: str = opt("tiny-ar", "shipped policy name, checkpoint directory, or preset")
+    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
     layout: str = opt(
-        "metaworld", "observation keys the client sends", choices=["metaworld", "libero"]
+        "auto", "observation keys the client sends: checkpoint (the cameras and state its "
+        "config declares, LeRobot's input_features, in the model's order), metaworld, libero; "
+        "auto: checkpoint where it declares them, else metaworld",
+        choices=["auto", "checkpoint", "metaworld", "libero"],
+    )  # fmt: skip
+    image_keys: tuple[str, ...] | None = opt(
+        None, "the cameras' observation keys, in the policy's camera order (overrides the layout's)"
     )
+    state_key: str | None = opt(None, "the state's observation key (overrides the layout's)")
+    prompt_key: str | None = opt(None, "the instruction's observation key (default: prompt)")
     host: str = opt("127.0.0.1", "interface to listen on (0.0.0.0: every interface)")
     port: int = opt(8000, "TCP port (0: any free one, printed at start)")
     api_key_file: str | None = opt(None, "file holding the API key clients must send")
@@ -463,8 +469,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     import torch
 
+    require("websockets")  # before the weights load
     from vlarun.policy import Policy
-    from vlarun.runtime.openpi import OpenpiPolicyServer, get_layout
+    from vlarun.runtime.openpi import OpenpiPolicyServer
 
     key = None
     if o.api_key_file is not None:
@@ -474,8 +481,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
+    layout = observation_layout(o, policy)
     _warm_up(policy)
-    server = OpenpiPolicyServer(policy, get_layout(o.layout), host=o.host, port=o.port,
+    server = OpenpiPolicyServer(policy, layout, host=o.host, port=o.port,
                                 api_key=key, limits=o.limits(),
                                 max_batch=o.max_batch,
                                 batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
@@ -490,7 +498,12 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
             "endpoint": f"ws://{o.host}:{server.port}",
             "policy": policy.model.cfg.name,
             "protocol": o.protocol,
-            "layout": o.layout,
+            "layout": layout.name,
+            "image_keys": list(layout.image_keys),
+            "state_key": layout.state_key,
+            "prompt_key": layout.prompt_key,
+            "action_horizon": policy.model.cfg.horizon,
+            "action_dim": policy.action_size,
             "authenticated": key is not None,
         }
         if key is None:
@@ -508,6 +521,37 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     return {"requests": server.requests, "policy": policy.model.cfg.name}
 
 
+def observation_layout(o: ServePolicyOptions, policy):
+    """The keys clients send: the named layout (``auto``: the checkpoint's declared features
+    where it has them), each key overridable; refused when it names fewer cameras than the
+    policy takes."""
+    import dataclasses
+
+    from vlarun.runtime.openpi import ObservationLayout, get_layout
+
+    name = o.layout
+    if name == "auto":
+        name = "checkpoint" if policy.camera_keys else "metaworld"
+    if name == "checkpoint":
+        if not policy.camera_keys and o.image_keys is None:
+            raise ValueError(
+                f"{policy.model.cfg.name} declares no input features: pass --image-keys "
+                "(and --state-key) or --layout metaworld|libero"
+            )
+        state = policy.state_key or "observation.state"
+        layout = ObservationLayout("checkpoint", policy.camera_keys or tuple(o.image_keys), state)
+    else:
+        layout = get_layout(name)
+    changes = {"image_keys": o.image_keys, "state_key": o.state_key, "prompt_key": o.prompt_key}
+    layout = dataclasses.replace(layout, **{k: v for k, v in changes.items() if v is not None})
+    cameras = policy.model.cfg.num_images
+    if len(layout.image_keys) < cameras:
+        raise ValueError(f"{policy.model.cfg.name} takes {cameras} cameras; the layout names "
+                         f"{len(layout.image_keys)} ({', '.join(layout.image_keys)}): pass "
+                         f"--image-keys with {cameras} keys")  # fmt: skip
+    return layout
+
+
 def _warm_up(policy) -> None:
     """One inference before the port opens: one-time allocations and kernel choices would
     otherwise land on the first robot's first request (seconds on a CPU)."""
@@ -516,7 +560,9 @@ def _warm_up(policy) -> None:
     cfg = policy.model.cfg
     shape = (cfg.image_size, cfg.image_size, 3)
     image = np.zeros(shape if cfg.num_images == 1 else (cfg.num_images, *shape), np.uint8)
-    state = np.zeros(cfg.state_dim, np.float32) if cfg.state_dim else None
+    # The robot's width (``state_size``), not the model's padded one: LeRobot's normaliser
+    # checks it, and pi05 writes the state into its prompt.
+    state = np.zeros(policy.state_size, np.float32) if policy.state_size else None
     policy.predict(image, "warm up", state=state)
 
 

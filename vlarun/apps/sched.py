@@ -99,8 +99,11 @@ class ProfileOptions:
     """Measure this machine: device peaks (matmul, memory copy) and every stage of a preset over
     batch sizes and prompt lengths; stores a profile file the cost model uses."""
 
-    preset: str | None = opt(
-        None, "model preset(s) to profile, comma-separated (tiny presets run in seconds)"
+    model: str | None = opt(
+        None,
+        "model preset(s) to profile at random weights, comma-separated (tiny presets run "
+        "in seconds)",
+        replaces=("--preset",),
     )
     batches: tuple[int, ...] = opt((1,), "batch sizes")
     text_tokens: tuple[int, ...] = opt((24,), "instruction lengths")
@@ -129,9 +132,9 @@ def cmd_profile(o: ProfileOptions) -> dict:
     out: dict = {"device_peaks": measure_this_cpu()}
     if o.device_only:
         return out
-    if o.preset is None:
-        raise ValueError("give --preset (or --device-only)")
-    presets = items(o.preset)
+    if o.model is None:
+        raise ValueError("give --model (or --device-only)")
+    presets = items(o.model)
     result: dict = {}
     for name in presets:  # one file: the host's header once, every preset's entries
         r = profile_preset(name, _ints(o.batches), _ints(o.text_tokens), o.dtype, o.repeats)
@@ -448,7 +451,7 @@ class BenchPredictorOptions:
     """Predicted vs measured latency of every plan of a tiny preset on this machine (robot and
     edge both this CPU, emulated link): MAPE and the share within 10% and 20%."""
 
-    preset: str = opt("tiny-openvla", "tiny model preset")
+    model: str = opt("tiny-openvla", "tiny model preset", replaces=("--preset",))
     repeats: int = opt(6, "runs per plan")
     warmup: int = opt(2, "runs per plan that only feed the calibration")
     bandwidth: float = opt(100.0, "emulated link bandwidth, Mbit/s")
@@ -459,7 +462,7 @@ class BenchPredictorOptions:
 def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
     from vlarun.sched.hostcheck import check_host
 
-    return check_host(o.preset, o.repeats, o.warmup, o.bandwidth, o.rtt)
+    return check_host(o.model, o.repeats, o.warmup, o.bandwidth, o.rtt)
 
 
 def show_bench_predictor(r: dict) -> None:

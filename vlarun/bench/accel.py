@@ -32,7 +32,7 @@ import torch
 
 from vlarun.bench.replay import time_streams
 from vlarun.bench.shapes import large_label, large_policy, synthetic_stream
-from vlarun.config import invoked_command, items, opt, to_dict
+from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.methods import (
     DEPTH_PARTS,
@@ -57,6 +57,7 @@ class BenchAccelOptions:
         None,
         "policy of the sweep, latency table and the table's token rows "
         "(default: tiny-oft; with --table mt10-oft)",
+        replaces=POLICY_FLAGS_RETIRED,
     )
     diffusion_policy: str | None = opt(
         None,

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlarun.config import invoked_command, opt, to_dict
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, invoked_command, opt, to_dict
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class BenchCoinferOptions:
     """Co-inference benchmark: strategies x a bandwidth drop, and robots sharing one edge."""
 
     quick: bool = opt(False, "reduced run (fewer steps and robots)")
-    checkpoint: str | None = opt(None, "policy checkpoint (default: the shipped tiny-ar)")
+    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     task: str = opt("drawer-open-v3", "Meta-World task")
     steps: int = opt(160, "control steps per strategy")
     control_hz: float = opt(20.0, "actions executed per second")
@@ -71,7 +71,6 @@ STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun")
 def run(o: BenchCoinferOptions) -> dict:
     import torch
 
-    from vlarun.paths import checkpoints_dir
     from vlarun.policy import Policy
     from vlarun.runtime import procs
 
@@ -80,9 +79,8 @@ def run(o: BenchCoinferOptions) -> dict:
     steps = 24 if o.quick else o.steps
     robots = min(o.robots, 2) if o.quick else o.robots
     requests = 4 if o.quick else o.fleet_requests
-    ckpt = o.checkpoint or str(checkpoints_dir() / "tiny-ar")
-    policy = Policy.load(ckpt)
-    edge, endpoint = procs.start_edge(extra=["--checkpoint", ckpt, "--threads", "1"])
+    policy = Policy.load(o.policy)
+    edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1"])
     rows, fleet, matrix = [], None, None
     try:
         from vlarun.runtime.overhead import measure
@@ -109,7 +107,7 @@ def run(o: BenchCoinferOptions) -> dict:
     batching = None
     if o.batching and robots > 0:
         single, at = procs.start_edge(
-            extra=["--checkpoint", ckpt, "--threads", "1", "--max-batch", "1"]
+            extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1"]
         )
         try:
             unbatched = _fleet_run(o, policy, at, robots, requests)
@@ -122,7 +120,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "command": invoked_command("vlarun bench coinfer" + (" --quick" if o.quick else "")),
         "options": to_dict(o),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "policy": ckpt,
+        "policy": o.policy,
         "task": o.task,
         "slo_ms": policy.model.cfg.horizon / o.control_hz * 1e3,
         "robot_slowdown": o.robot_slowdown,

@@ -43,7 +43,7 @@ import torch
 
 from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
 from vlarun.bench.replay import interleaved_runs
-from vlarun.config import invoked_command, items, opt, to_dict
+from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
 from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
@@ -56,7 +56,8 @@ class BenchDecodeOptions:
     """Decoding benchmark: AR vs Jacobi vs Jacobi + early exit vs distilled + early exit."""
 
     quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, sigma 0.5")
-    policy: str = opt("tiny-ar", "shipped autoregressive policy (or a checkpoint directory)")
+    policy: str = opt("tiny-ar", "autoregressive policy: shipped name or checkpoint directory",
+                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
     distilled: str = opt("tiny-ar-ceed", "distilled policy (shipped name or directory); '' = skip")
     sigmas: tuple[float, ...] = opt(SIGMAS, "early-exit thresholds")
     tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")

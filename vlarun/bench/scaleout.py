@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlarun.config import items, opt
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, items, opt
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class BenchScaleoutOptions:
     """Robots against 1 and 2 Ray edge workers (throughput, SLO share, p99, fallbacks), a
     worker killed mid-load, the Ray hop's overhead, and a projection to more workers."""
 
-    policy: str = opt("tiny-ar", "policy every worker serves (shipped name or directory)")
+    policy: str = opt("tiny-ar", "policy every worker serves: " + POLICY_HELP,
+                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
     workers: tuple[int, ...] = opt((1, 2), "worker counts to measure")
     robots: tuple[int, ...] = opt(
         (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24), "robot counts to measure"

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 
 
 @dataclass(frozen=True)
 class BenchServeOptions:
     """openpi-protocol serving: per-request server overhead and N clients at once."""
 
-    policy: str = opt("tiny-ar", "policy to serve (shipped name, directory or preset)")
+    policy: str = opt("tiny-ar", "policy to serve: " + POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     requests: int = opt(40, "requests per client")
     clients: int = opt(4, "clients at once in the concurrency run")
     threads: int = opt(1, "torch threads for the model")

@@ -152,6 +152,11 @@ class NormStats:
     min: tuple[float, ...] | None = None
     max: tuple[float, ...] | None = None
 
+    @property
+    def dim(self) -> int:
+        """Entries of one action."""
+        return len(self.q01)
+
     def __post_init__(self) -> None:
         # Accept lists / arrays / tensors and store tuples (object.__setattr__: frozen class).
         for name in ("q01", "q99", "mean", "std", "min", "max"):

@@ -29,7 +29,7 @@ from vlarun.models import lerobot
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_heads import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
-from vlarun.models.presets import openvla_7b
+from vlarun.models.presets import PRESETS, RENAMED, get_preset, openvla_7b
 from vlarun.models.vit import (
     ViTConfig,
     ViTEncoder,
@@ -336,6 +336,20 @@ def _check_prismatic(config: dict, directory) -> None:
     bins = config.get("n_action_bins", 256)
     if bins != 256:
         raise CheckpointError(f"{where}: n_action_bins={bins!r}; vlarun's action tokens use 256")
+
+
+def model_config(name: str | Path) -> VLAConfig:
+    """The shape a name gives: a preset, else a shipped policy or checkpoint directory (its
+    config.json; no weight is read). An unknown name raises one ValueError listing the kinds."""
+    from vlarun.paths import policy_dir
+
+    if str(name) in PRESETS or str(name) in RENAMED:
+        return get_preset(str(name))
+    try:
+        directory = policy_dir(name)
+    except ValueError as missing:
+        raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
+    return vla_config_from(read_config(directory), directory)
 
 
 def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[VLA, dict]:

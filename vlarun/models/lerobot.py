@@ -442,6 +442,8 @@ class LeRobotIO:
     action: FeatureNorm
     prompt: str  # the Policy's prompt template (tokenizer.PROMPTS)
     resize: str  # how frames of another size are letterboxed (Policy.resize)
+    cameras: tuple[str, ...]  # the declared camera features, in the model's order
+    state_key: str | None  # the declared state feature, if any
 
 
 def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO:
@@ -461,4 +463,6 @@ def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO
     kind = config.get("type")
     prompt = "pi05" if kind == "pi05" else "task-newline"  # pi05 writes the state in the text
     resize = "pad-topleft" if kind == "smolvla" else "pad"  # SmolVLA pads left/top, openpi centres
-    return LeRobotIO(state, action, prompt, resize)
+    declared = "observation.state" in (config.get("input_features") or {})
+    return LeRobotIO(state, action, prompt, resize, tuple(camera_keys(config)),
+                     "observation.state" if declared else None)  # fmt: skip

@@ -378,12 +378,12 @@ def _mw_trunk(
 
 
 def mw_ar() -> VLAConfig:
-    return _mw_trunk("mw-ar", "autoregressive")
+    return _mw_trunk("tiny-ar", "autoregressive")
 
 
 def mw_oft() -> VLAConfig:
     oft = OFTHeadConfig(llm_dim=192, action_dim=4, chunk=MW_CHUNK, hidden_dim=256, num_blocks=2)
-    return _mw_trunk("mw-oft", "parallel", oft=oft)
+    return _mw_trunk("tiny-oft", "parallel", oft=oft)
 
 
 def mw_dit() -> VLAConfig:
@@ -396,7 +396,7 @@ def mw_dit() -> VLAConfig:
         num_heads=4,
         ddim_steps=10,
     )
-    return _mw_trunk("mw-dit", "diffusion", dit=dit)
+    return _mw_trunk("tiny-dit", "diffusion", dit=dit)
 
 
 # -- MT10 presets: deep enough that cutting computation costs success ----------------------------
@@ -526,9 +526,9 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "tiny-cogact": tiny_cogact,
     "tiny-pi0": tiny_pi0,
     "tiny-smolvla": tiny_smolvla,
-    "mw-ar": mw_ar,
-    "mw-oft": mw_oft,
-    "mw-dit": mw_dit,
+    "tiny-ar": mw_ar,
+    "tiny-oft": mw_oft,
+    "tiny-dit": mw_dit,
     "mt10-ar": mt10_ar,
     "mt10-oft": mt10_oft,
     "mt10-dit": mt10_dit,
@@ -538,10 +538,15 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10w-flow": mt10w_flow,
 }
 DEFAULT_PRESET = "tiny-openvla"
+# A shipped policy and the preset of its shape share one name (tiny-ar, mt10-oft, ...): a name
+# means one model, with its trained weights where they load, as a shape where it is costed.
+RENAMED = {"mw-ar": "tiny-ar", "mw-oft": "tiny-oft", "mw-dit": "tiny-dit"}
 
 
 def get_preset(name: str) -> VLAConfig:
     """The preset called ``name``; an unknown name raises listing the valid ones."""
+    if name in RENAMED:
+        raise ValueError(f"preset {name!r} is now {RENAMED[name]!r} (the shipped policy's name)")
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     return PRESETS[name]()

@@ -26,7 +26,10 @@ from vlarun.stages.packet import Packet
 
 
 class ActionNorm(Protocol):
-    """Model actions -> robot units (OpenVLA's ``NormStats``, LeRobot's ``FeatureNorm``)."""
+    """Model actions -> robot units (OpenVLA's ``NormStats``, LeRobot's ``FeatureNorm``, which
+    also cuts the model's padded width to the robot's ``dim``)."""
+
+    dim: int
 
     def unnormalize(self, a: np.ndarray) -> np.ndarray: ...
 
@@ -57,6 +60,10 @@ class Policy:
     calibration: dict = field(default_factory=dict)
     # The prompt template the checkpoint was trained with (tokenizer.PROMPTS).
     prompt: str = "openvla"
+    # The observation keys the checkpoint declares (LeRobot's ``input_features``): its cameras
+    # in the model's order, and its state; () and None where it declares none.
+    camera_keys: tuple[str, ...] = ()
+    state_key: str | None = None
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -74,12 +81,16 @@ class Policy:
         dtype: torch.dtype | str = torch.float32,
         device: str = "cpu",
         compile_steps: str = "",
+        *,
+        seed: int = 0,
+        unnorm_key: str | None = None,
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
-        ``mt10-oft``, ...), or a preset (random weights), on ``device`` (cpu, cuda, cuda:N;
-        checked before anything loads). An unknown name raises one ValueError listing the
-        shipped policies and the presets. ``compile_steps`` (a ``torch.compile`` mode, empty
-        for eager) compiles its static decode / Jacobi steps on first use (``static_step``)."""
+        ``mt10-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
+        (cpu, cuda, cuda:N; checked before anything loads). An unknown name raises one
+        ValueError listing the shipped policies and the presets. ``compile_steps`` (a
+        ``torch.compile`` mode, empty for eager) compiles its static decode / Jacobi steps on
+        first use (``static_step``); ``unnorm_key`` picks a checkpoint's action statistics."""
         target = resolve_device(device)
         # Denoising steps are compiled only on CUDA: on the CPU they measured no faster.
         cuda = target.type == "cuda"
@@ -91,9 +102,9 @@ class Policy:
         except ValueError as missing:
             if str(name) not in PRESETS:
                 raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
-            policy = cls.from_preset(str(name), 0, dtype)
+            policy = cls.from_preset(str(name), seed, dtype)
         else:  # a directory that exists: its own error, if any, is the one to see
-            policy = cls.from_checkpoint(directory, dtype=dtype)
+            policy = cls.from_checkpoint(directory, unnorm_key, dtype)
         if steps is not None:
             policy.model.steps = steps
         return policy.to(target)
@@ -110,13 +121,16 @@ class Policy:
     def from_checkpoint(
         cls, directory: str | Path, unnorm_key: str | None = None, dtype: torch.dtype | None = None
     ) -> Policy:
+        config = read_config(directory)
+        if config.get("model_type") == "openvla":  # checked before gigabytes of weights load
+            require_tokenizer(directory)
         model, stats = load_vla(directory, dtype)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
-        config = read_config(directory)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
             calibration = load_calibration(directory)
-            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt)
+            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt,
+                       camera_keys=io.cameras, state_key=io.state_key)  # fmt: skip
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
@@ -134,6 +148,11 @@ class Policy:
     def state_size(self) -> int:
         """Entries of the robot state this policy reads (in its model or its prompt); 0: none."""
         return self.proprio.dim if self.proprio is not None else self.model.cfg.state_dim
+
+    @property
+    def action_size(self) -> int:
+        """Entries of one robot action: the model's width may be padded (LeRobot's 32)."""
+        return self.norm.dim if self.norm is not None else self.model.cfg.action_dim
 
     def state_tensor(self, state: np.ndarray | None) -> torch.Tensor | None:
         """(1, state_dim) model input: normalised for a proprio token, raw for a flow expert,
@@ -242,6 +261,18 @@ class Policy:
         """Actions (horizon, action_dim) in robot units (if statistics are known)."""
         run = self.run_stages(image, instruction, **kw)
         return self.unnormalize(run.outputs["actions"][0])
+
+
+def require_tokenizer(directory: str | Path) -> None:
+    """An OpenVLA directory's ``tokenizer.json``, or one ValueError that says where to get it:
+    without it the prompt would be byte ids, not the Llama ids the checkpoint was trained on
+    (only vlarun's own checkpoints and presets use the byte-level tokenizer)."""
+    if not (Path(directory) / "tokenizer.json").exists():
+        raise ValueError(
+            f"{directory}: no tokenizer.json. An OpenVLA checkpoint tokenizes its prompt with "
+            "its Llama tokenizer: copy tokenizer.json from the repository the weights came from "
+            "(e.g. openvla/openvla-7b) into this directory; vlarun never downloads"
+        )
 
 
 RESIZE_FILTERS = ("bicubic", "bilinear")

@@ -51,7 +51,9 @@ def run_loop(
     queue.request(obs)
     while max_steps is None or steps < max_steps:
         action = queue.pop()
-        obs, _, terminated, truncated, info = env.step(np.clip(action, -1, 1))
+        # As the policy gave it: an environment bounds its own actions (MetaWorldEnv clips to
+        # its Box); a robot's units are not [-1, 1].
+        obs, _, terminated, truncated, info = env.step(action)
         steps += 1
         if frames is not None:
             frames.append(obs["image"])

@@ -286,7 +286,9 @@ class OpenpiPolicyServer:
         cfg = policy.model.cfg
         self.metadata = metadata if metadata is not None else {
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
-            "action_horizon": cfg.horizon, "action_dim": cfg.action_dim,
+            "action_horizon": cfg.horizon, "action_dim": policy.action_size,
+            "image_keys": list(layout.image_keys), "state_key": layout.state_key,
+            "prompt_key": layout.prompt_key,
         }  # fmt: skip
         # The model runs on the edge's worker thread; requests wait for it on the event loop.
         cfg_edge = ServerConfig(f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s,

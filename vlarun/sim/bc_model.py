@@ -1,7 +1,7 @@
 """Behaviour cloning of three or four VLA families on one shared trunk, in one forward pass.
 
 The trunk (vision tower, projector, Llama decoder) is trained once; each family adds only its
-head, and each exports as its own VLA preset (a suite: mw-ar/-oft/-dit, mt10-ar/-oft/-dit, or
+head, and each exports as its own VLA preset (a suite: tiny-ar/-oft/-dit, mt10-ar/-oft/-dit, or
 mt10w-ar/-oft/-dit/-flow):
 
   sequence: [BOS, visual, (proprio), instruction, pad | AR tokens (teacher forced) | OFT slots]
@@ -70,7 +70,7 @@ class Losses:
 # Each suite's presets by family: autoregressive (the trunk), parallel (OFT head), diffusion (DiT
 # head) and, where present, flow (pi0-style action expert).
 SUITES: dict[str, dict[str, str]] = {
-    "mw": {"autoregressive": "mw-ar", "parallel": "mw-oft", "diffusion": "mw-dit"},
+    "mw": {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"},
     "mt10": {"autoregressive": "mt10-ar", "parallel": "mt10-oft", "diffusion": "mt10-dit"},
     "mt10w": {
         "autoregressive": "mt10w-ar",

@@ -43,15 +43,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from vlarun.sim.env import CAMERAS, DEFAULT_CAMERA, MetaWorldEnv
 from vlarun.sim.tasks import MT10, get_task, task_names
+
+if TYPE_CHECKING:  # the simulator is imported where episodes run, so that commands built on
+    # these constants (eval, train, their --help) load without the `sim` extra installed
+    from vlarun.sim.env import MetaWorldEnv
 
 EVAL_SEED_OFFSET = 10_000
 """First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
@@ -146,6 +149,8 @@ class DemoConfig:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.episodes_per_shard < 1:
             raise ValueError(f"episodes_per_shard must be >= 1, got {self.episodes_per_shard}")
+        from vlarun.sim.env import CAMERAS, DEFAULT_CAMERA
+
         for cam in (self.camera or DEFAULT_CAMERA, *self.extra_cameras):
             if cam not in CAMERAS:
                 raise ValueError(f"unknown camera {cam!r}; valid: {', '.join(CAMERAS)}")
@@ -265,6 +270,8 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
 
     Top-level (not a closure) so a spawned worker process can run it.
     """
+    from vlarun.sim.env import DEFAULT_CAMERA, MetaWorldEnv
+
     env = MetaWorldEnv(
         job.task,
         image_size=job.image_size,
@@ -501,6 +508,8 @@ def collect(
             )
     if not shards:
         raise RuntimeError("no successful episode in any task; nothing to store")
+
+    from vlarun.sim.env import DEFAULT_CAMERA
 
     order = {t: i for i, t in enumerate(cfg.tasks)}
     shards.sort(key=lambda s: (order[s["task"]], s["file"]))

@@ -24,7 +24,8 @@ from torch import Tensor
 
 from vlarun.accel.base import StepInputs, attention_scores
 from vlarun.accel.triage import value_drift
-from vlarun.config import items, opt
+from vlarun.config import POLICY_FLAGS_RETIRED, items, opt
+from vlarun.extras import SIM, require
 from vlarun.models.llama import KVCache
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.stages.families import run_head
@@ -36,8 +37,10 @@ DRIFT_EDGES = (0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
 class DriftCalibrationConfig:
     """Probe reuse against pruning per drift level to recommend TRIAGE's delta for a backbone."""
 
-    policy: str = opt("tiny-oft", "shipped policy (full recompute gives the reference)")
-    checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
+    policy: str = opt(
+        "tiny-oft", "shipped policy name or checkpoint directory (full recompute gives the "
+        "reference)", replaces=POLICY_FLAGS_RETIRED,
+    )  # fmt: skip
     tasks: tuple[str, ...] = opt(
         ("reach-v3", "push-v3"), "Meta-World tasks whose rollouts are replayed"
     )
@@ -215,12 +218,11 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
 
 
 def run_calibration(cfg: DriftCalibrationConfig) -> dict:
+    from vlarun.paths import policy_dir
     from vlarun.policy.base import Policy
-    from vlarun.sim.evaluate import POLICY_DIR
 
-    directory = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
-    if not (directory / "config.json").exists():
-        raise ValueError(f"no policy at {directory} (no config.json)")
+    require(*SIM)  # before anything loads
+    directory = policy_dir(cfg.policy)
     import datetime
     import json
     import time

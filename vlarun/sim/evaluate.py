@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, opt
+from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.runtime.episode import run_loop
 from vlarun.sim.demos import EVAL_SEED_OFFSET
@@ -41,8 +42,10 @@ POLICY_DIR = checkpoints_dir()  # kept for callers; vlarun.paths is the source
 class EvalConfig:
     """Closed-loop evaluation on held-out Meta-World seeds."""
 
-    policy: str = opt("tiny-ar", "shipped policy under checkpoints/ (tiny-ar, tiny-oft, tiny-dit)")
-    checkpoint: str | None = opt(None, "policy checkpoint directory (overrides --policy)")
+    policy: str = opt(
+        "tiny-ar", "shipped policy name (tiny-ar, tiny-oft, tiny-dit, mt10-*) or checkpoint "
+        "directory", replaces=POLICY_FLAGS_RETIRED,
+    )  # fmt: skip
     tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(25, "episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")
@@ -77,8 +80,6 @@ class EvalConfig:
 
     @property
     def checkpoint_dir(self) -> Path:
-        if self.checkpoint:
-            return Path(self.checkpoint)
         return policy_dir(self.policy)
 
 
@@ -317,6 +318,7 @@ def _check_action_space(policy) -> None:
 
 
 def evaluate(cfg: EvalConfig) -> dict:
+    require(*SIM)  # in this process: worker processes would each fail on their own
     checkpoint = str(cfg.checkpoint_dir)
     from vlarun.models.device import resolve_device
     from vlarun.policy.base import Policy
@@ -440,7 +442,7 @@ def summarise(
         s: _pcts([x for e in episodes for x in e["stages_ms"].get(s, [])]) for s in stage_names
     }
     return {
-        "policy": cfg.checkpoint or cfg.policy,
+        "policy": cfg.policy,
         "success_rate": wins / len(episodes),
         "ci95": list(wilson(wins, len(episodes))),
         "episodes": len(episodes),

@@ -22,9 +22,11 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, opt
+from vlarun.extras import SIM, require
+from vlarun.paths import policy_dir
 from vlarun.sim.demos import EVAL_SEED_OFFSET
-from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode
+from vlarun.sim.evaluate import TRAIN_TASKS, run_episode
 from vlarun.sim.tasks import get_task, parse_tasks
 
 # (image uint8 (S, S, 3), instruction) -> normalised action chunk (K, D)
@@ -35,9 +37,13 @@ Candidate = Callable[[np.ndarray, str], np.ndarray]
 class FidelityConfig:
     """Action error of a configuration against the full-compute policy on recorded rollouts."""
 
-    policy: str = opt("tiny-ar", "shipped reference policy (run at full compute)")
-    checkpoint: str | None = opt(None, "reference checkpoint directory (overrides --policy)")
-    candidate: str | None = opt(None, "candidate checkpoint directory (default: the reference)")
+    policy: str = opt(
+        "tiny-ar", "reference policy, run at full compute: shipped name or checkpoint directory",
+        replaces=POLICY_FLAGS_RETIRED,
+    )  # fmt: skip
+    candidate: str | None = opt(
+        None, "candidate policy: shipped name or checkpoint directory (default: the reference)"
+    )
     dtype: str = opt("float32", "the candidate's compute dtype", choices=["float32", "bfloat16"])
     tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(2, "recorded reference episodes per task")
@@ -157,12 +163,12 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
 def run_fidelity(cfg: FidelityConfig) -> dict:
     from vlarun.models.device import cpu_only
 
+    require(*SIM)  # before anything loads
+
     cpu_only(cfg.device, "vlarun fidelity")
     from vlarun.policy.base import Policy
 
-    reference_dir = Path(cfg.checkpoint) if cfg.checkpoint else POLICY_DIR / cfg.policy
-    if not (reference_dir / "config.json").exists():
-        raise ValueError(f"no policy at {reference_dir} (no config.json)")
+    reference_dir = policy_dir(cfg.policy)
     tasks = parse_tasks(cfg.tasks)
     path = Path(cfg.rollouts) if cfg.rollouts else None
     if path is not None and path.exists():
@@ -174,7 +180,8 @@ def run_fidelity(cfg: FidelityConfig) -> dict:
         if path is not None:
             rollouts.save(path)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-    candidate = Policy.from_checkpoint(cfg.candidate or reference_dir, dtype=dtype)
+    candidate_dir = policy_dir(cfg.candidate) if cfg.candidate else reference_dir
+    candidate = Policy.from_checkpoint(candidate_dir, dtype=dtype)
     result = action_fidelity(rollouts, policy_candidate(candidate))
     return result | {
         "reference": str(reference_dir),

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vlarun.config import opt
+from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 
 
 @dataclass(frozen=True)
 class LayerTableConfig:
     """Per-layer importance (EfficientVLA) of a policy's LM on its demonstration frames."""
 
-    policy: str = opt("mt10-dit", "shipped policy name, checkpoint directory, or preset")
+    policy: str = opt("mt10-dit", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     demos: str = opt("data/mt10-2view", "demo directory whose frames calibrate")
     samples: int = opt(64, "calibration frames (equal share per task)")
     seed: int = opt(0, "which frames")
