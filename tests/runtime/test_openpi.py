@@ -69,8 +69,8 @@ def test_health_and_the_api_key_is_checked_before_the_upgrade(server):
 
 def test_an_unmodified_openpi_client_solves_a_metaworld_episode(server):
     pytest.importorskip("metaworld")
-    from vlarun.sim.demos import EVAL_SEED_OFFSET
     from vlarun.sim.env import MetaWorldEnv
+    from vlarun.sim.tasks import EVAL_SEED_OFFSET
 
     client = WebsocketClientPolicy("127.0.0.1", server.port, api_key=KEY)
     meta = client.get_server_metadata()

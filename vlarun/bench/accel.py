@@ -173,9 +173,8 @@ def _load(name: str):
 
 def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
     """Success over tasks x episodes; with ``record``, each episode's observations and chunks."""
-    from vlarun.sim.demos import EVAL_SEED_OFFSET
     from vlarun.sim.env import MetaWorldEnv, env_views
-    from vlarun.sim.tasks import parse_tasks
+    from vlarun.sim.tasks import EVAL_SEED_OFFSET, parse_tasks
 
     wins, episodes = 0, []
     tasks = parse_tasks(o.tasks)

@@ -97,9 +97,8 @@ def _checkpoint(name: str) -> str:
 
 
 def _episodes(o, checkpoint: str, spec: str | None, replay: dict, record: int) -> list:
-    from vlarun.sim.demos import EVAL_SEED_OFFSET
     from vlarun.sim.evaluate import EpisodeJob, split_seeds
-    from vlarun.sim.tasks import parse_tasks
+    from vlarun.sim.tasks import EVAL_SEED_OFFSET, parse_tasks
 
     tasks = parse_tasks(o.tasks)
     seeds = [EVAL_SEED_OFFSET + o.seed + i for i in range(o.episodes)]

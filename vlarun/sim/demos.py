@@ -50,15 +50,12 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
-from vlarun.sim.tasks import MT10, get_task, task_names
+from vlarun.sim.tasks import EVAL_SEED_OFFSET, MT10, get_task, task_names
 
 if TYPE_CHECKING:  # the simulator is imported where episodes run, so that commands built on
     # these constants (eval, train, their --help) load without the `sim` extra installed
     from vlarun.sim.env import MetaWorldEnv
 
-EVAL_SEED_OFFSET = 10_000
-"""First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
-overlap: evaluate episode ``i`` of a task with ``env.reset(seed=EVAL_SEED_OFFSET + i)``."""
 
 FORMAT = "vlarun.sim.demos/2"
 """Version 2 adds ``targets`` (object and goal xyz) per frame; version 1 directories still load."""

@@ -199,9 +199,9 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
         # The file keeps no episode boundaries: each task's observations are one stream.
         return [(get_task(t).instruction, list(r.images[r.task_index == k][: cfg.max_steps]))
                 for k, t in enumerate(r.tasks)]  # fmt: skip
-    from vlarun.sim.demos import EVAL_SEED_OFFSET
     from vlarun.sim.env import MetaWorldEnv, env_views
     from vlarun.sim.evaluate import run_episode
+    from vlarun.sim.tasks import EVAL_SEED_OFFSET
 
     streams = []
     from vlarun.sim.tasks import parse_tasks

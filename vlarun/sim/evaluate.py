@@ -24,8 +24,7 @@ from vlarun.config import POLICY_FLAGS_RETIRED, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.runtime.episode import run_loop
-from vlarun.sim.demos import EVAL_SEED_OFFSET
-from vlarun.sim.tasks import get_task, parse_tasks
+from vlarun.sim.tasks import EVAL_SEED_OFFSET, get_task, parse_tasks
 
 TRAIN_TASKS = (
     "reach-v3",

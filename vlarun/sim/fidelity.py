@@ -25,9 +25,8 @@ from safetensors.numpy import load_file, save_file
 from vlarun.config import POLICY_FLAGS_RETIRED, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import policy_dir
-from vlarun.sim.demos import EVAL_SEED_OFFSET
 from vlarun.sim.evaluate import TRAIN_TASKS, run_episode
-from vlarun.sim.tasks import get_task, parse_tasks
+from vlarun.sim.tasks import EVAL_SEED_OFFSET, get_task, parse_tasks
 
 # (image uint8 (S, S, 3), instruction) -> normalised action chunk (K, D)
 Candidate = Callable[[np.ndarray, str], np.ndarray]

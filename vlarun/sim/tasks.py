@@ -33,6 +33,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+EVAL_SEED_OFFSET = 10_000
+"""First evaluation seed. Demo seeds must be below it, so training and evaluation layouts never
+overlap: evaluate episode ``i`` of a task with ``env.reset(seed=EVAL_SEED_OFFSET + i)``."""
+
 # Meta-World raises if an episode runs past this many steps (SawyerXYZEnv.max_path_length).
 METAWORLD_HORIZON = 500
 
