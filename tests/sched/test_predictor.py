@@ -128,3 +128,49 @@ def test_link_ewma_follows_a_bandwidth_drop():
     assert 10.0 < link.rtt_ms < 30.0
     with pytest.raises(ValueError):
         Link(0.0, 1.0)
+
+
+def _fake_clock():
+    now = [0.0]
+    return now, lambda: now[0]
+
+
+def _send(link, mbps: float, nbytes: int = 200_000) -> None:
+    link.observe_transfer(nbytes, link.rtt_ms * 1e-3 / 2 + nbytes * 8 / (mbps * 1e6))
+
+
+def test_link_estimate_recovers_with_the_first_fast_sample():
+    """200 -> 2 -> 200 Mbit/s: the drop shows after two slow samples, the restore with the
+    first fast one (the EWMA it replaces needed ~10 samples to climb back past 100)."""
+    now, clock = _fake_clock()
+    link = Link(200.0, 2.0, clock=clock)
+    for _ in range(3):
+        _send(link, 200.0)
+        now[0] += 0.1
+    _send(link, 2.0)
+    assert link.bandwidth_mbps == pytest.approx(200.0, rel=1e-6)  # one slow sample: noise
+    now[0] += 0.1
+    _send(link, 2.0)
+    assert link.bandwidth_mbps == pytest.approx(2.0, rel=1e-6)  # two in a row: it changed
+    now[0] += 0.5
+    _send(link, 200.0)  # one probe after the restore
+    assert link.bandwidth_mbps == pytest.approx(200.0, rel=1e-6)
+
+
+def test_a_timeout_bound_expires_or_yields_to_a_faster_sample():
+    now, clock = _fake_clock()
+    link = Link(200.0, 0.0, clock=clock, cap_s=2.0)
+    link.cap(5.0)
+    assert link.bandwidth_mbps == 5.0
+    now[0] = 1.9
+    link.refresh()
+    assert link.bandwidth_mbps == 5.0
+    now[0] = 2.1  # the bound held its time; the estimate is the samples' (here the start) again
+    link.refresh()
+    assert link.bandwidth_mbps == 200.0
+    link.cap(5.0)
+    _send(link, 50.0)  # delivered faster than the bound: the bound is wrong, drop it
+    assert link.bandwidth_mbps == pytest.approx(50.0, rel=1e-6)
+    now[0] += 10.0  # no sample for a while: the last estimate holds
+    link.refresh()
+    assert link.bandwidth_mbps == pytest.approx(50.0, rel=1e-6)

@@ -475,6 +475,7 @@ class RobotAgent:
     # -- measurements -----------------------------------------------------------------------------
 
     def _refresh_link(self) -> None:
+        self.link.refresh()  # a timeout's bound expires with time, with or without new samples
         if self.monitor is None:
             return
         for rtt in self.monitor.take_rtts():
@@ -487,12 +488,12 @@ class RobotAgent:
 
     def _bound_bandwidth(self, e: LinkDown) -> None:
         """A request that timed out moved its bytes slower than bytes / wait: cap the estimate
-        there at once. Without this a congested link teaches nothing (no reply, no sample),
-        and every request keeps trying it, queueing yet more bytes behind the last."""
+        there at once (for ``Link.cap_s`` seconds, or until a faster sample). Without this a
+        congested link teaches nothing (no reply, no sample), and every request keeps trying
+        it, queueing yet more bytes behind the last."""
         payload_s = e.waited_s - self.link.rtt_ms * 1e-3 / 2
         if e.sent_bytes >= MIN_BANDWIDTH_SAMPLE_BYTES and payload_s > 0:
-            bound = e.sent_bytes * 8 / payload_s / 1e6
-            self.link.bandwidth_mbps = min(self.link.bandwidth_mbps, bound)
+            self.link.cap(e.sent_bytes * 8 / payload_s / 1e6)
 
     def _observe_transfer(self, rep) -> None:
         """Both directions lumped: bytes moved over the time not spent computing on the edge."""

@@ -27,8 +27,9 @@ class LinkMonitor:
         up_every_s: float = 0.5,
         down_every_s: float = 0.1,
         timeout_s: float = 0.3,
-        probe_every_s: float = 2.0,
+        probe_every_s: float = 0.25,
         probe_bytes: int = 96 * 1024,
+        probe_share: float = 0.25,
     ) -> None:
         self.address, self.sec, self.ctx = address, sec, ctx
         self.up_every_s, self.down_every_s, self.timeout_s = up_every_s, down_every_s, timeout_s
@@ -38,8 +39,13 @@ class LinkMonitor:
         self.health_at = 0.0  # monotonic time the last health reply came
         self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
         # A robot that runs everything locally sends nothing, so its bandwidth estimate would
-        # stay at the last bad value forever; idle links are probed to notice a recovery.
+        # stay at the last bad value forever; idle links are probed to notice a recovery: every
+        # ``probe_every_s`` (a restored link shows within about that, since the estimate takes
+        # the best recent sample), but never more than ``probe_share`` of the link's time
+        # (a probe that took 0.4 s on a 2 Mbit/s link waits 1.6 s for the next).
         self.probe_every_s, self.probe_bytes = probe_every_s, probe_bytes
+        self.probe_share = probe_share
+        self._probe_took = 0.0
         self.transfers: list[tuple[int, float]] = []  # (bytes, round-trip s) of probes
         self.last_remote = 0.0  # monotonic time of the agent's last remote request
         self._last_probe = 0.0
@@ -69,13 +75,24 @@ class LinkMonitor:
             out, self.transfers = self.transfers, []
         return out
 
+    def probe_due(self, now: float) -> bool:
+        """Whether an idle link is due a probe (none while the agent's requests measure it)."""
+        if self.probe_every_s <= 0 or now - self.last_remote <= self.probe_every_s:
+            return False
+        spacing = max(self.probe_every_s, self._probe_took / self.probe_share)
+        return now - self._last_probe >= spacing
+
     def _maybe_probe(self, client: EdgeClient) -> None:
         now = time.monotonic()
-        idle = now - self.last_remote > self.probe_every_s
-        if self.probe_every_s <= 0 or not idle or now - self._last_probe < self.probe_every_s:
+        if not self.probe_due(now):
             return
         self._last_probe = now
-        seconds = client.probe(self.probe_bytes, timeout_s=max(self.up_every_s, 1.0))
+        try:
+            seconds = client.probe(self.probe_bytes, timeout_s=max(self.up_every_s, 1.0))
+        except LinkDown:
+            self._probe_took = time.monotonic() - now
+            raise
+        self._probe_took = seconds
         with self.lock:
             self.transfers.append((self.probe_bytes, seconds))
 

@@ -1,14 +1,26 @@
 """The robot-edge link: bandwidth and round-trip time, updated online from observed transfers.
 
 A packet of n bytes takes  tau(n) = rtt / 2 + 8 n / bandwidth  one way. Each observed transfer
-gives a bandwidth sample  8 n / (seconds - rtt / 2), folded in by EWMA, so a bandwidth drop
-(200 -> 50 Mbps) shows up in the estimate after a few packets and the scheduler re-plans.
-Transfers too small to say anything about bandwidth (mostly latency) update only the RTT.
+gives a delivery-rate sample  8 n / (seconds - rtt / 2). The estimate is the largest sample of
+the last ``window_s`` seconds (a max filter, as BBR estimates bottleneck bandwidth: a transfer
+can be slowed by anything on the way, never sped up past the link), so a restored link shows in
+the estimate with its first fast sample, not after an EWMA has climbed back. Two rules make it
+follow changes the other way:
+  * change detection: two samples in a row below half the estimate mean the link changed;
+    the older samples are forgotten at once;
+  * a timeout is an upper bound (``cap``): bytes not through within the wait moved slower than
+    bytes / wait. The bound holds for ``cap_s`` seconds or until a sample beats it, then the
+    estimate returns to the samples' word, so one lost packet does not bar the edge for good.
+With no recent sample the last estimate holds. Transfers too small to say anything about
+bandwidth (mostly latency) update only the RTT.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 # Below this size a transfer's time is mostly RTT; it would make a noisy bandwidth sample.
 MIN_BANDWIDTH_SAMPLE_BYTES = 64 * 1024
@@ -16,12 +28,18 @@ MIN_BANDWIDTH_SAMPLE_BYTES = 64 * 1024
 
 @dataclass
 class Link:
-    """Link estimate; ``alpha`` is the EWMA weight of a new sample. Invariant: bandwidth > 0
-    and rtt >= 0."""
+    """Link estimate; ``bandwidth_mbps`` is the current estimate (the starting one when built),
+    ``alpha`` the EWMA weight of a new RTT sample. Invariant: bandwidth > 0 and rtt >= 0."""
 
     bandwidth_mbps: float
     rtt_ms: float
     alpha: float = 0.3
+    window_s: float = 2.0
+    cap_s: float = 2.0
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    _samples: deque = field(default_factory=deque, init=False, repr=False, compare=False)
+    _held: float = field(default=0.0, init=False, repr=False, compare=False)
+    _cap: tuple[float, float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.bandwidth_mbps <= 0 or self.rtt_ms < 0:
@@ -31,6 +49,9 @@ class Link:
             )
         if not 0 < self.alpha <= 1:
             raise ValueError("alpha must lie in (0, 1]")
+        if self.window_s <= 0 or self.cap_s <= 0:
+            raise ValueError("window_s and cap_s must be > 0")
+        self._held = self.bandwidth_mbps
 
     @property
     def bytes_per_s(self) -> float:
@@ -46,7 +67,37 @@ class Link:
         if nbytes < MIN_BANDWIDTH_SAMPLE_BYTES or payload_s <= 0:
             return
         sample = nbytes * 8 / payload_s / 1e6
-        self.bandwidth_mbps = (1 - self.alpha) * self.bandwidth_mbps + self.alpha * sample
+        now = self.clock()
+        self._samples.append((now, sample))
+        if self._cap is not None and sample > self._cap[0]:
+            self._cap = None  # the link just delivered faster than the bound says
+        if len(self._samples) >= 2:
+            best = max(m for _, m in self._samples)
+            last_two = [m for _, m in list(self._samples)[-2:]]
+            if all(m < 0.5 * best for m in last_two):  # the link changed: forget the rest
+                self._samples = deque(list(self._samples)[-2:])
+        self.refresh()
+
+    def cap(self, mbps: float) -> None:
+        """An upper bound from a timeout, held for ``cap_s`` seconds (or until beaten)."""
+        if mbps > 0:
+            self._cap = (mbps, self.clock() + self.cap_s)
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the estimate: expire old samples and a stale cap."""
+        now = self.clock()
+        while self._samples and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+        if self._samples:
+            self._held = max(m for _, m in self._samples)
+        estimate = self._held
+        if self._cap is not None:
+            if now < self._cap[1]:
+                estimate = min(estimate, self._cap[0])
+            else:
+                self._cap = None
+        self.bandwidth_mbps = estimate
 
     def observe_rtt(self, seconds: float) -> None:
         if seconds >= 0:
