@@ -198,3 +198,31 @@ def test_bench_runs_episodes_back_to_back_until_its_step_count(policy):
     assert ep["episodes"] == 3 and ep["success"] == 2 / 3  # 10 + 10 + 5 (cut by the count)
     assert len(ep["inferences"]) == len(seen) >= 25 // policy.model.cfg.horizon
     assert ep["control_hz"] > 0
+
+
+def test_no_accepted_edge_answer_makes_a_request_late(server, policy):
+    """A deadline about as long as the edge takes: the robot waits only until the deadline
+    less what its own later stages need, the edge gets that less the packet's ways as its own
+    deadline. Whatever came back in time and was used finished in time; the rest fell back
+    (at most deadline + one local run)."""
+    image = StubEnv(1).image
+    probe = RobotAgent(policy, AgentConfig(slo_s=2.0, strategy="edge-only"), server.address,
+                       INSECURE)  # fmt: skip
+    try:
+        probe.warmup(image, INSTRUCTION, runs=1)
+        usual = np.median([probe.infer(image, INSTRUCTION).latency_s for _ in range(5)])
+    finally:
+        probe.close()
+    for strategy in ("edge-only", "fixed-split"):
+        cfg = AgentConfig(slo_s=float(usual), strategy=strategy)
+        agent = RobotAgent(policy, cfg, server.address, INSECURE)
+        try:
+            agent.warmup(image, INSTRUCTION, runs=1)
+            local = sum(agent.local_s.values())
+            infs = [agent.infer(image, INSTRUCTION) for _ in range(12)]
+        finally:
+            agent.close()
+        for inf in infs:
+            if inf.fallback is None and "edge" in inf.ran.values() and not inf.late_edge:
+                assert inf.late_s <= 0.01, (strategy, inf.late_s)  # decoding's few ms at most
+            assert inf.late_s <= 1.5 * local + 0.05, (strategy, inf.late_s, local)

@@ -114,6 +114,7 @@ class Inference:
     meter: str | None = None
     explored: bool = False  # the plan was tried by bounded exploration, not the core rule
     predicted_j: float | None = None  # the plan's modelled energy as the scheduler priced it
+    late_edge: bool = False  # an edge answer came, but too late for the deadline
 
     @property
     def late_s(self) -> float:
@@ -138,6 +139,7 @@ class Inference:
             "edge_batch": self.edge_batch,
             "measured_robot_j": self.measured_robot_j,
             "explored": self.explored,
+            "late_edge": self.late_edge,
             "energy_source": "modelled"
             if self.meter is None
             else f"modelled; robot measured by {self.meter}",
@@ -156,6 +158,7 @@ class _Trace:
     overheads_ms: list[float] = field(default_factory=list)
     sent: int = 0
     transfers: list = field(default_factory=list)  # contract.TransferOutcome per edge call
+    late_edge: bool = False  # an edge answer came too late for the deadline
 
 
 class RobotAgent:
@@ -179,7 +182,7 @@ class RobotAgent:
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
-        self.remote_s: dict[tuple[str, ...], float] = {}  # EWMA of each edge segment's wall time
+        self._reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
         self._graphs: dict[tuple, object] = {}  # (text tokens, setting key) -> graph
         self._hooks: dict[tuple, object] = {}  # setting key -> this side's hooks (None: plain)
         self._where: dict[tuple, dict[str, str]] = {}  # setting key -> stateful stage -> side
@@ -345,6 +348,7 @@ class RobotAgent:
             None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
             decision is not None and decision.explored,
             None if decision is None else decision.energy_j,
+            tr.late_edge,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
@@ -437,19 +441,32 @@ class RobotAgent:
         return seconds
 
     def _remote(self, graph, placement, seg, pool, text_tokens, deadline, rest, extra):
-        """One edge segment, waited for no longer than ``_timeout`` allows."""
+        """One edge segment, waited for no longer than the robot stages after it allow.
+
+        The robot waits until ``deadline`` less the local time of the robot segments that
+        follow (and ``margin_s``); the edge gets that wait less the packet's way there and the
+        answer's way back as its own deadline, so an answer it sends arrives in time to finish
+        the request by the deadline, and work it could only finish later is refused there
+        (``RuntimeError``) instead of being done for nothing. A silent edge costs at most the
+        deadline plus one local run of this segment. The clock is read again once the answer
+        is decoded: an answer that still leaves the request late is recorded as late
+        (``Inference.late_edge``), never as an edge answer in time."""
         left = deadline - time.perf_counter()
-        if left <= 0:
+        later = sum(self.local_s.get(n, 0.0)
+                    for s in rest[1:] if s.role == "robot" for n in s.stages)  # fmt: skip
+        wait = left - later - self.cfg.margin_s
+        if wait <= 0:
             raise RuntimeError("no time left for the edge")
-        local_rest = sum(self.local_s.get(n, 0.0) for s in rest for n in s.stages)
-        timeout = self._timeout(seg.stages, left, local_rest)
         want = wanted(graph, placement, seg)
         packet = Packet({n: pool[n] for n in seg.needs})
+        up = self.link.transfer_s(sum(t.nbytes for t in packet.tensors.values()))
+        down = self.link.transfer_s(self._reply_bytes.get(seg.stages, 0))
+        budget = wait - up - down
+        if budget <= 0:
+            raise RuntimeError("the link leaves the edge no time")
         meta = {"batch": 1, "text_tokens": text_tokens, **extra}
         self.monitor.last_remote = time.monotonic()
-        t0 = time.perf_counter()
-        # The edge's deadline is when this robot stops waiting: later work would be wasted.
-        rep = self.client.run(seg.stages, packet, want, timeout, timeout, meta, self.cfg.codec)
+        rep = self.client.run(seg.stages, packet, want, budget, wait, meta, self.cfg.codec)
         # Nothing from the edge reaches the pool (and the robot) unchecked: a wrong name,
         # shape or a NaN is a fallback here, never an action. Accelerated streams may change
         # intermediate sizes, so their shapes are checked by rank and batch only.
@@ -457,20 +474,9 @@ class RobotAgent:
         exact = not extra or want == tuple(s.name for s in graph.stages[-1].outputs)
         check_packet(rep.packet, specs, exact)
         self._schedule = (time.monotonic(), rep.schedule)
-        old = self.remote_s.get(seg.stages)
-        wall = time.perf_counter() - t0
-        self.remote_s[seg.stages] = wall if old is None else 0.7 * old + 0.3 * wall
+        self._reply_bytes[seg.stages] = rep.recv_bytes
+        rep.late = time.perf_counter() + later > deadline
         return rep
-
-    def _timeout(self, stages: tuple[str, ...], left: float, local_rest: float) -> float:
-        """How long to wait for the edge. Preferably only while running the rest here would
-        still end by the deadline; but when that leaves the edge less than twice its usual
-        time (a robot barely fast enough alone), the edge gets that much, up to the deadline
-        itself: a silent edge then costs at most deadline + one local run of the rest."""
-        safe = left - local_rest - self.cfg.margin_s
-        usual = self.remote_s.get(stages)
-        wanted_s = left if usual is None else 2 * usual
-        return max(safe, min(wanted_s, left))
 
     # -- measurements -----------------------------------------------------------------------------
 

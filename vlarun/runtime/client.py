@@ -44,6 +44,7 @@ class Reply:
     sent_bytes: int
     recv_bytes: int
     schedule: list = field(default_factory=list)  # the edge's committed schedule at the reply
+    late: bool = False  # set by the agent: arrived too late for the request to finish in time
 
 
 class BadReply(RuntimeError):

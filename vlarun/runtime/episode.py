@@ -126,6 +126,9 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "late_edge_answers": sum(
             r["fallback"] is None and "@edge" in r["ran"] and not r["slo_met"] for r in infs
         ),  # fmt: skip
+        # of which the answer itself came after what the deadline allowed (the agent's check
+        # once the answer is decoded); the rest were made late by the robot's own stages
+        "edge_answered_late": sum(bool(r.get("late_edge")) for r in infs),
         "explored": sum(bool(r.get("explored")) for r in infs),
         "edge_requests": sum("@edge" in r["ran"] for r in infs),
         "actions_per_joule": actions * len(infs) / energy if energy > 0 else 0.0,
