@@ -87,6 +87,11 @@ class ServeEdgeOptions:
         None, "join this Ray cluster: one worker per 'edge' resource (ray start ... "
         "--resources '{\"edge\": 1}' on each edge machine)",
     )  # fmt: skip
+    ray_host: str = opt(
+        "127.0.0.1", "with --workers: the local Ray cluster's node address; 127.0.0.1 keeps "
+        "every Ray service on loopback (checked at start); another lets machines join it "
+        "(Ray then listens on every interface)",
+    )  # fmt: skip
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
     def __post_init__(self) -> None:
@@ -119,14 +124,31 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
         max_streams=o.max_streams,
     )  # fmt: skip
-    if o.workers or o.ray_address:
-        server = _scale_out(o, cfg, sec)
-        model = server.model_cfg.name
-    else:
-        policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
-        server = EdgeServer(policy, sec, cfg)
-        server.warmup()
-        model = policy.model.cfg.name
+    # SIGINT or SIGTERM while starting abandons the start at once (what was started is
+    # stopped on the way out: Ray workers, their cluster and folder); once serving, it stops
+    # the server in order.
+    stop, serving = threading.Event(), threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        first = not stop.is_set()
+        stop.set()
+        if first and not serving.is_set():
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        if o.workers or o.ray_address:
+            server = _scale_out(o, cfg, sec)
+            model = server.model_cfg.name
+        else:
+            policy = load_policy(o.checkpoint, o.preset, o.dtype, o.device, o.compile_steps)
+            server = EdgeServer(policy, sec, cfg)
+            server.warmup()
+            model = policy.model.cfg.name
+    except KeyboardInterrupt:
+        raise RuntimeError("stopped by a signal while starting") from None
+    serving.set()
     dash = None
     if o.dashboard is not None:
         from vlarun.runtime.dashboard import Dashboard
@@ -135,9 +157,6 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
         dash = Dashboard(server, o.host, o.dashboard, key, timeout_s=o.dashboard_timeout_s,
                          max_connections=o.dashboard_max_connections).start()  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     start = {"endpoint": server.address, "model": model, "secure": server.secure}
     if o.workers or o.ray_address:
         start["workers"] = len(server.worker_pids())
@@ -175,7 +194,7 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
     spec = WorkerSpec(name, o.dtype, o.device, threads, o.max_batch, cfg.batch_window_s,
                       o.max_streams)  # fmt: skip
-    workers = RayWorkers(spec, o.workers, o.ray_address)
+    workers = RayWorkers(spec, o.workers, o.ray_address, o.ray_host)
     try:
         return EdgeFront(workers, sec, cfg)
     except BaseException:
