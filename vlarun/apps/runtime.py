@@ -63,6 +63,14 @@ class ServeEdgeOptions:
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
     max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
+    max_queued: int = opt(
+        256, "requests queued (with --workers: in flight), all robots; more are refused at "
+        "once, before their tensors are read",
+    )  # fmt: skip
+    max_frame_mb: float = opt(
+        256.0, "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
+        "a bigger one is disconnected",
+    )  # fmt: skip
     dashboard: int | None = opt(
         None, "serve the live dashboard and /metrics on this HTTP port (0: any free port)"
     )
@@ -99,6 +107,18 @@ class ServeEdgeOptions:
             raise ValueError("--workers must be >= 0")
         if self.dashboard_timeout_s <= 0 or self.dashboard_max_connections < 1:
             raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
+        if self.max_queued < 1 or not 0 < self.max_frame_mb <= 2048:
+            raise ValueError("--max-queued must be >= 1 and --max-frame-mb in (0, 2048]")
+
+    def server_config(self):
+        """The edge's (or the front's) ``ServerConfig`` from these flags."""
+        from vlarun.runtime.server import ServerConfig
+
+        return ServerConfig(
+            f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
+            max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
+            max_streams=self.max_streams,
+        )  # fmt: skip
 
 
 def load_policy(
@@ -113,17 +133,14 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
     from vlarun.models.device import resolve_device
-    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.server import EdgeServer
     from vlarun.runtime.transport import edge_security
 
     resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
-    cfg = ServerConfig(
-        f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
-        max_streams=o.max_streams,
-    )  # fmt: skip
+    cfg = o.server_config()
     # SIGINT or SIGTERM while starting abandons the start at once (what was started is
     # stopped on the way out: Ray workers, their cluster and folder); once serving, it stops
     # the server in order.
@@ -193,7 +210,7 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
         name = str(Path(name).resolve())
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
     spec = WorkerSpec(name, o.dtype, o.device, threads, o.max_batch, cfg.batch_window_s,
-                      o.max_streams)  # fmt: skip
+                      o.max_streams, cfg.max_message_bytes, cfg.max_queued)  # fmt: skip
     workers = RayWorkers(spec, o.workers, o.ray_address, o.ray_host)
     try:
         return EdgeFront(workers, sec, cfg)

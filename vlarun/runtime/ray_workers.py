@@ -22,7 +22,7 @@ import zmq
 from vlarun.runtime import proctree
 from vlarun.runtime.reaper import Reaper
 from vlarun.runtime.server import ServerConfig
-from vlarun.runtime.transport import KeyPair, Security
+from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES, KeyPair, Security
 
 EDGE_RESOURCE = "edge"  # the Ray custom resource one worker takes (one per GPU or machine)
 
@@ -30,7 +30,8 @@ EDGE_RESOURCE = "edge"  # the Ray custom resource one worker takes (one per GPU 
 @dataclass(frozen=True)
 class WorkerSpec:
     """What every worker serves and how: the policy (shipped name, directory or preset),
-    compute dtype and device, torch threads, and its edge server's batching settings."""
+    compute dtype and device, torch threads, and its edge server's batching settings and
+    bounds (the front's: a frame the front accepted is accepted by the worker too)."""
 
     policy: str = "tiny-ar"
     dtype: str = "float32"
@@ -39,6 +40,8 @@ class WorkerSpec:
     max_batch: int = 8
     batch_window_s: float = 0.002
     max_streams: int = 64
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # per frame: at least the front's
+    max_queued: int = 256
 
 
 class WorkerActor:
@@ -70,7 +73,8 @@ class WorkerActor:
             address = f"tcp://{host}:0"
         cfg = ServerConfig(
             address, spec.max_batch, spec.batch_window_s, max_streams=spec.max_streams,
-            relayed=True,
+            max_message_bytes=spec.max_message_bytes,
+            max_queued=spec.max_queued, relayed=True,
         )  # fmt: skip
         self.server = EdgeServer(policy, sec, cfg)
         self.server.warmup()  # one-time costs (allocation, first kernels) ...
