@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vlarun.runtime import proctree
-from vlarun.runtime.ray_workers import is_loopback
+from vlarun.runtime.proctree import is_loopback
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux /proc")
 ROOT = Path(__file__).resolve().parents[2]

@@ -56,7 +56,14 @@ class ServeEdgeOptions:
     keys: str | None = opt(
         None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
     )
-    authorized_keys: str | None = opt(None, "folder of robot public keys allowed to connect")
+    authorized_keys: str | None = opt(
+        None, "folder of robot public keys allowed to connect (without it: any client that "
+        "knows the edge's public key; a non-loopback --host then needs --allow-any-client)",
+    )  # fmt: skip
+    allow_any_client: bool = opt(
+        False, "on a non-loopback --host, serve without --authorized-keys (or with "
+        "--insecure): any client that knows the edge's public key (any at all, insecure)",
+    )  # fmt: skip
     preset: str | None = opt(None, "model preset with random weights")
     checkpoint: str | None = opt(None, "checkpoint directory (default: the shipped tiny-ar)")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
@@ -109,6 +116,27 @@ class ServeEdgeOptions:
             raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
         if self.max_queued < 1 or not 0 < self.max_frame_mb <= 2048:
             raise ValueError("--max-queued must be >= 1 and --max-frame-mb in (0, 2048]")
+        self.check_exposure()
+
+    def check_exposure(self) -> None:
+        """Beyond loopback, serving any client must be asked for: without --authorized-keys
+        a Curve edge serves whoever knows its public key (which is not a secret), and an
+        --insecure one whoever reaches the port."""
+        from vlarun.runtime.proctree import is_loopback
+
+        if is_loopback(self.host) or self.allow_any_client:
+            return
+        if self.insecure:
+            raise ValueError(
+                f"--insecure on --host {self.host} serves anyone who can reach the port, "
+                "unauthenticated: bind 127.0.0.1, or pass --allow-any-client to accept that"
+            )
+        if self.authorized_keys is None:
+            raise ValueError(
+                f"--host {self.host} without --authorized-keys DIR serves any client that knows "
+                "the edge's public key: pass --authorized-keys (a folder of the robots' .key "
+                "files), or --allow-any-client to accept that"
+            )
 
     def server_config(self):
         """The edge's (or the front's) ``ServerConfig`` from these flags."""

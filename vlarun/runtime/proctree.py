@@ -15,6 +15,20 @@ PROC = Path("/proc")
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 
 
+def is_loopback(host: str) -> bool:
+    """``host`` names this machine's loopback interface: 127.0.0.0/8, ::1 (IPv4-mapped too),
+    or localhost. An interface name or a wildcard (0.0.0.0, ::, *) is not."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
 @dataclass(frozen=True)
 class Listener:
     pid: int
@@ -24,10 +38,7 @@ class Listener:
 
     @property
     def loopback(self) -> bool:
-        ip = ipaddress.ip_address(self.host)
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return ip.is_loopback
+        return is_loopback(self.host)
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host

@@ -8,7 +8,6 @@ ZeroMQ (the front's module docstring says why). Ray is imported only when worker
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import shutil
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import zmq
 
 from vlarun.runtime import proctree
+from vlarun.runtime.proctree import is_loopback
 from vlarun.runtime.reaper import Reaper
 from vlarun.runtime.server import ServerConfig
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES, KeyPair, Security
@@ -107,16 +107,6 @@ class WorkerActor:
     def stop(self) -> None:
         self.server.stop()
         self.stopped.set()
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @contextlib.contextmanager
