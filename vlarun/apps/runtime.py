@@ -57,12 +57,27 @@ class ServeEdgeOptions:
     keys: str | None = opt(
         None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
     )
-    authorized_keys: str | None = opt(None, "folder of robot public keys allowed to connect")
+    authorized_keys: str | None = opt(
+        None, "folder of robot public keys allowed to connect (without it: any client that "
+        "knows the edge's public key; a non-loopback --host then needs --allow-any-client)",
+    )  # fmt: skip
+    allow_any_client: bool = opt(
+        False, "on a non-loopback --host, serve without --authorized-keys (or with "
+        "--insecure): any client that knows the edge's public key (any at all, insecure)",
+    )  # fmt: skip
     policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
     max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
+    max_queued: int = opt(
+        256, "requests queued (with --workers: in flight), all robots; more are refused at "
+        "once, before their tensors are read",
+    )  # fmt: skip
+    max_frame_mb: float = opt(
+        256.0, "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
+        "a bigger one is disconnected",
+    )  # fmt: skip
     dashboard: int | None = opt(
         None, "serve the live dashboard and /metrics on this HTTP port (0: any free port)"
     )
@@ -87,6 +102,11 @@ class ServeEdgeOptions:
         None, "join this Ray cluster: one worker per 'edge' resource (ray start ... "
         "--resources '{\"edge\": 1}' on each edge machine)",
     )  # fmt: skip
+    ray_host: str = opt(
+        "127.0.0.1", "with --workers: the local Ray cluster's node address; 127.0.0.1 keeps "
+        "every Ray service on loopback (checked at start); another lets machines join it "
+        "(Ray then listens on every interface)",
+    )  # fmt: skip
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
     def __post_init__(self) -> None:
@@ -94,13 +114,46 @@ class ServeEdgeOptions:
             raise ValueError("--workers must be >= 0")
         if self.dashboard_timeout_s <= 0 or self.dashboard_max_connections < 1:
             raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
+        if self.max_queued < 1 or not 0 < self.max_frame_mb <= 2048:
+            raise ValueError("--max-queued must be >= 1 and --max-frame-mb in (0, 2048]")
+        self.check_exposure()
+
+    def check_exposure(self) -> None:
+        """Beyond loopback, serving any client must be asked for: without --authorized-keys
+        a Curve edge serves whoever knows its public key (which is not a secret), and an
+        --insecure one whoever reaches the port."""
+        from vlarun.runtime.proctree import is_loopback
+
+        if is_loopback(self.host) or self.allow_any_client:
+            return
+        if self.insecure:
+            raise ValueError(
+                f"--insecure on --host {self.host} serves anyone who can reach the port, "
+                "unauthenticated: bind 127.0.0.1, or pass --allow-any-client to accept that"
+            )
+        if self.authorized_keys is None:
+            raise ValueError(
+                f"--host {self.host} without --authorized-keys DIR serves any client that knows "
+                "the edge's public key: pass --authorized-keys (a folder of the robots' .key "
+                "files), or --allow-any-client to accept that"
+            )
+
+    def server_config(self):
+        """The edge's (or the front's) ``ServerConfig`` from these flags."""
+        from vlarun.runtime.server import ServerConfig
+
+        return ServerConfig(
+            f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
+            max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
+            max_streams=self.max_streams,
+        )  # fmt: skip
 
 
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
     from vlarun.models.device import resolve_device
-    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.server import EdgeServer
     from vlarun.runtime.transport import edge_security
 
     resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
@@ -109,20 +162,34 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     sec = edge_security(o.insecure, o.keys, o.authorized_keys)
-    cfg = ServerConfig(
-        f"tcp://{o.host}:{o.port}", o.max_batch, o.batch_window_ms * 1e-3,
-        max_streams=o.max_streams,
-    )  # fmt: skip
-    if o.workers or o.ray_address:
-        server = _scale_out(o, cfg, sec)
-        model = server.model_cfg.name
-    else:
-        from vlarun.policy import Policy
+    cfg = o.server_config()
+    # SIGINT or SIGTERM while starting abandons the start at once (what was started is
+    # stopped on the way out: Ray workers, their cluster and folder); once serving, it stops
+    # the server in order.
+    stop, serving = threading.Event(), threading.Event()
 
-        policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
-        server = EdgeServer(policy, sec, cfg)
-        server.warmup()
-        model = policy.model.cfg.name
+    def on_signal(signum, _frame) -> None:
+        first = not stop.is_set()
+        stop.set()
+        if first and not serving.is_set():
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        if o.workers or o.ray_address:
+            server = _scale_out(o, cfg, sec)
+            model = server.model_cfg.name
+        else:
+            from vlarun.policy import Policy
+
+            policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
+            server = EdgeServer(policy, sec, cfg)
+            server.warmup()
+            model = policy.model.cfg.name
+    except KeyboardInterrupt:
+        raise RuntimeError("stopped by a signal while starting") from None
+    serving.set()
     dash = None
     if o.dashboard is not None:
         from vlarun.runtime.dashboard import Dashboard
@@ -131,9 +198,6 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
         dash = Dashboard(server, o.host, o.dashboard, key, timeout_s=o.dashboard_timeout_s,
                          max_connections=o.dashboard_max_connections).start()  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     start = {"endpoint": server.address, "model": model, "secure": server.secure}
     if o.workers or o.ray_address:
         start["workers"] = len(server.worker_pids())
@@ -170,8 +234,8 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
         name = str(Path(name).resolve())
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
     spec = WorkerSpec(name, o.dtype, o.device, threads, o.max_batch, cfg.batch_window_s,
-                      o.max_streams)  # fmt: skip
-    workers = RayWorkers(spec, o.workers, o.ray_address)
+                      o.max_streams, cfg.max_message_bytes, cfg.max_queued)  # fmt: skip
+    workers = RayWorkers(spec, o.workers, o.ray_address, o.ray_host)
     try:
         return EdgeFront(workers, sec, cfg)
     except BaseException:

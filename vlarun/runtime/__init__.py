@@ -10,7 +10,10 @@ server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + sta
               the committed schedule (reservations) in every reply; in-process requests
 scaleout.py   `serve-edge --workers N | --ray-address`: the robot-facing front before Ray edge
               workers (earliest-finish dispatch, refusal, re-dispatch on a worker's loss)
-ray_workers.py  the workers: an EdgeServer per Ray actor, keys and endpoints over Ray
+ray_workers.py  the workers: an EdgeServer per Ray actor, keys and endpoints over Ray; a local
+              cluster on loopback only (checked at start)
+reaper.py     stops a dead front's Ray processes and removes its folder (SIGKILL included)
+proctree.py   a process's descendants and their listening TCP sockets (/proc)
 client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
 monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
 planning.py   the scheduler contract: decide per request, calibrate, modelled energy

@@ -180,6 +180,12 @@ class EdgeFront:
         )
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.secure = not sec.insecure
+        try:  # a cluster meant for loopback that listens elsewhere is refused (ray_workers.py)
+            workers.check(own_ports=(int(self.address.rsplit(":", 1)[1]),))
+        except BaseException:
+            self.sock.close(0)
+            self.auth.stop()
+            raise
         self._pipe = f"inproc://vlarun-front-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)

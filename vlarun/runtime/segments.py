@@ -7,13 +7,16 @@ passing tensors between them in memory (EcoVLA: same-node edges pass inline), so
 made and consumed on the edge never crosses the link.
 
 The edge checks a request against the schema the graph gives for the request's workload
-(batch, instruction length): exact names, dtypes and shapes, before any tensor is allocated.
+(batch, instruction length): exact names, dtypes and shapes, before any tensor is allocated;
+then the values it read (finite floats, lengths and token ids in range), before any model work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+
+import torch
 
 from vlarun.accel.base import FullRecompute
 from vlarun.models.vla import VLAConfig
@@ -181,3 +184,30 @@ class Schema:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
         budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
         return Request(names, tuple(want), codec, tuple(fresh), setting, budget)
+
+    def check_values(self, tensors: dict) -> None:
+        """What a header cannot promise: the values of a request's tensors, checked once they
+        are read and before the request is queued (no model work is spent on a bad one).
+        Every floating tensor finite (a NaN or infinity image, state, noise or cache); each
+        ``text_len`` in 1..the width of ``text_ids``; token ids (``text_ids``,
+        ``action_ids``) within the vocabulary; ``next_pos`` within the exported cache.
+        Raises PacketError naming the first problem."""
+        for name, t in tensors.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise PacketError(f"tensor {name!r} holds NaN or infinity")
+        ids = tensors.get("text_ids")
+        n = tensors.get("text_len")
+        if n is not None and ids is not None and n.numel():
+            width = ids.shape[-1]
+            if int(n.min()) < 1 or int(n.max()) > width:
+                raise PacketError(f"text_len must be in 1..{width} (the width of text_ids)")
+        vocab = self.cfg.llm.vocab_size
+        for name in ("text_ids", "action_ids"):
+            t = tensors.get(name)
+            if t is not None and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab):
+                raise PacketError(f"{name} must be token ids in 0..{vocab - 1}")
+        pos, kv = tensors.get("next_pos"), tensors.get("kv_k")
+        if pos is not None and pos.numel():
+            top = kv.shape[3] if kv is not None and kv.ndim > 3 else None
+            if int(pos.min()) < 0 or (top is not None and int(pos.max()) > top):
+                raise PacketError(f"next_pos must be in 0..{top} (the cached positions)")

@@ -288,6 +288,7 @@ class EdgeServer:
             self._admit(req.stages, deadline, now)
         msg = wire.materialize(header, frames, self.cfg.limits)
         tensors = dict(msg.packet.tensors)
+        self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
         job = Job(to[0], header.rid, req.stages, req.want, tensors, now, deadline,
                   req.reply_codec, origin=origin, route=route)  # fmt: skip
         if not req.setting.identity:
