@@ -41,6 +41,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
+from vlarun.runtime.emulate import Emulation, StageEmulator
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
@@ -76,8 +77,13 @@ class AgentConfig:
     # A power meter on the robot (RAPL, NVML, Jetson INA rails) read around every request:
     # "auto" (the first readable one; none on a machine without), "none", or its name.
     meter: str = "auto"
+    # The robot device this side stands for, by padding each local stage to the emulated
+    # device's time for the real model's stage (runtime.emulate); None: this host as it is.
+    emulate: Emulation | None = None
 
     def __post_init__(self) -> None:
+        if self.emulate is not None and self.robot_slowdown > 1:
+            raise ValueError("emulate and robot_slowdown both stand in for the robot: use one")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.slo_s <= 0 or self.robot_slowdown < 1:
@@ -182,6 +188,8 @@ class RobotAgent:
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
+        emulate = self.cfg.emulate
+        self.emulator = StageEmulator.build(emulate) if emulate is not None else None
         self._reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
         self._graphs: dict[tuple, object] = {}  # (text tokens, setting key) -> graph
         self._hooks: dict[tuple, object] = {}  # setting key -> this side's hooks (None: plain)
@@ -433,6 +441,8 @@ class RobotAgent:
         own = time.perf_counter() - start
         if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer
             time.sleep(own * (self.cfg.robot_slowdown - 1))
+        if self.emulator is not None:  # stand in for a named device running the real model
+            self.emulator.pad(stage.name, start)
         seconds = time.perf_counter() - start
         old = self.local_s.get(stage.name)
         self.local_s[stage.name] = seconds if old is None else 0.7 * old + 0.3 * seconds

@@ -35,6 +35,7 @@ import zmq
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
+from vlarun.runtime.emulate import Emulation, StageEmulator
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
@@ -116,6 +117,9 @@ class ServerConfig:
     # whose route frame before each request names the robot (streams and batching are per
     # robot, not per peer), the time left and the front's request id.
     relayed: bool = False
+    # The edge device this server stands for, by padding each stage execution to the emulated
+    # device's time for the real model's stage at the batch it ran (runtime.emulate).
+    emulate: Emulation | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_window_s < 0 or self.max_streams < 1:
@@ -130,6 +134,8 @@ class EdgeServer:
         self, policy: Policy, sec: Security, cfg: ServerConfig | None = None, ctx=None
     ) -> None:
         self.cfg = cfg or ServerConfig()
+        emulate = self.cfg.emulate
+        self.emulator = StageEmulator.build(emulate) if emulate is not None else None
         self.policy = policy
         model = policy.model
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
@@ -506,6 +512,8 @@ class EdgeServer:
         with torch.no_grad():
             out = stage.fn(packet)
         settle(out.tensors)
+        if self.emulator is not None:
+            self.emulator.pad(stage.name, start, batch=len(jobs))
         seconds = time.perf_counter() - start
         sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
         for name, t in out.tensors.items():

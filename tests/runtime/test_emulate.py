@@ -1,0 +1,82 @@
+"""Emulated devices: stages padded to the real model's time on a named device, overruns
+counted, on the robot (agent) and the edge (server) alike."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.runtime.emulate import Emulation, StageEmulator
+from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.transport import Security
+
+INSTRUCTION = "open the drawer"
+
+
+def test_targets_follow_the_device_and_the_batch():
+    orin = StageEmulator.build(Emulation("openvla-7b", "orin-agx-32gb"))
+    rtx = StageEmulator.build(Emulation("openvla-7b", "rtx4090"))
+    assert set(orin.targets) == {"vision", "prefill", "decode"}
+    for stage in orin.targets:
+        assert orin.target_s(stage) > 2 * rtx.target_s(stage) > 0  # the 4090 is far faster
+    # Batching shares the weights' traffic: 4 decodes at once cost far less than 4 alone.
+    assert rtx.target_s("decode", 4) < 2 * rtx.target_s("decode")
+    scaled = StageEmulator.build(Emulation("openvla-7b", "rtx4090", time_scale=10.0))
+    assert scaled.target_s("prefill") == pytest.approx(rtx.target_s("prefill") / 10)
+
+
+def test_pad_waits_for_the_target_and_counts_overruns():
+    emu = StageEmulator.build(Emulation("openvla-7b", "rtx4090", jitter=0.0))
+    scale = emu.target_s("vision") / 0.05  # a 50 ms target
+    emu = StageEmulator.build(Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0))
+    took = emu.pad("vision", time.perf_counter())
+    assert took >= emu.target_s("vision") and emu.violations == 0
+    emu.pad("vision", time.perf_counter() - 1.0)  # its own compute took 1 s: cannot be padded
+    r = emu.report()
+    assert r["executions"] == 2 and r["emulation_violations"] == 1 and not r["valid"]
+    assert r["worst_overrun_ms"] > 900
+    with pytest.raises(ValueError, match="no stage"):
+        StageEmulator.build(Emulation("openvla-7b", "rtx4090"), ("denoise",))
+    with pytest.raises(ValueError, match="MODEL:DEVICE"):
+        Emulation.parse("openvla-7b")
+    with pytest.raises(ValueError, match="time_scale"):
+        Emulation("openvla-7b", "rtx4090", time_scale=0)
+
+
+def _scale_for(device: str, total_s: float) -> float:
+    emu = StageEmulator.build(Emulation("openvla-7b", device))
+    return sum(emu.target_s(s) for s in emu.targets) / total_s
+
+
+def test_robot_and_edge_take_the_emulated_devices_times(policy):
+    """tiny-ar's stages (vision, prefill, decode) run for real on both sides and take what
+    OpenVLA-7B's take on an Orin (robot, 0.6 s per inference here) or a 4090 (edge, scaled
+    by the same factor): the robot alone is slower than the edge round trip."""
+    scale = _scale_for("orin-agx-32gb", 0.6)
+    robot = Emulation("openvla-7b", "orin-agx-32gb", time_scale=scale, jitter=0.0)
+    edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
+    image = np.zeros((128, 128, 3), np.uint8)
+    local = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", emulate=robot,
+                                           robot_device="orin-agx-32gb", meter="none"))  # fmt: skip
+    try:
+        inf = local.infer(image, INSTRUCTION)
+        want = sum(local.emulator.target_s(s) for s in inf.ran)
+        assert inf.latency_s >= want and local.emulator.executions == 3
+    finally:
+        local.close()
+    cfg = ServerConfig(emulate=edge)
+    with EdgeServer(policy, Security(insecure=True), cfg) as srv:
+        agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="edge-only", meter="none"),
+                           srv.address, Security(insecure=True))  # fmt: skip
+        try:
+            agent.warmup(image, INSTRUCTION, runs=1)
+            remote = agent.infer(image, INSTRUCTION)
+        finally:
+            agent.close()
+        assert remote.fallback is None and set(remote.ran.values()) == {"edge"}
+        for stage, ms in remote.stage_ms.items():
+            assert ms * 1e-3 >= srv.emulator.target_s(stage) * 0.999
+        assert remote.latency_s < inf.latency_s  # the 4090's round trip beats the Orin

@@ -1,0 +1,140 @@
+"""Emulated devices: this machine's stages take the time the real model's take on a named device.
+
+Co-inference can only show its worth where the robot is slow and the edge fast for the model at
+hand (an Orin running OpenVLA-7B beside an RTX 4090), and neither is here: a 2-core CPU plays
+both. So each side runs the small model for real (real actions, real tensors on the real wire)
+and then waits until the stage has taken what the *real* model's stage takes on the *emulated*
+device: the catalog's roofline of ``model``'s stage work on ``device`` (at the batch it ran in),
+times a multiplicative jitter drawn per execution, divided by ``time_scale`` (to fit a long
+matrix into hours, every emulated time and deadline may be scaled down together; bandwidths go
+up by the same factor). A stage whose own compute already took longer than its target is an
+*emulation violation*: it is counted, and a run with more than 1% of them says nothing about the
+emulated device (the CPU was too slow or too busy for the scale chosen).
+
+Both the robot agent (``AgentConfig.emulate``) and the edge server (``ServerConfig.emulate``)
+take an ``Emulation``; the robot's stands in for the robot device, the edge's for the edge one.
+Energy stays the modelled account priced on the emulated devices, labelled "modelled".
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+# Share of executions allowed to overrun their target before a run is invalid.
+MAX_VIOLATION_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Which device this side stands for, running which model's stages.
+
+    model: a preset with the real shape (``openvla-7b``, ``pi0``, ...): its stage work is
+        costed, never run; the policy actually running must have the same stage names.
+    device: a catalog id (``orin-agx-32gb``, ``rtx4090``, ...).
+    dtype: the dtype the emulated device runs the model in.
+    time_scale: every emulated time is divided by this (>= 1 speeds the run up).
+    jitter: sigma of the lognormal factor each execution's target is multiplied by (measured
+        jitter of a GPU stage is a few percent; 0 = none).
+    seed: seeds the jitter, so two runs draw the same factors.
+    """
+
+    model: str
+    device: str
+    dtype: str = "bfloat16"
+    time_scale: float = 1.0
+    jitter: float = 0.03
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+
+    @classmethod
+    def parse(cls, spec: str, time_scale: float = 1.0, seed: int = 0) -> Emulation:
+        """``MODEL:DEVICE`` (e.g. ``openvla-7b:orin-agx-32gb``)."""
+        model, sep, device = spec.partition(":")
+        if not sep or not model or not device:
+            raise ValueError(f"emulation takes MODEL:DEVICE, got {spec!r}")
+        return cls(model, device, time_scale=time_scale, seed=seed)
+
+
+@dataclass
+class StageEmulator:
+    """Pads stage executions to their emulated targets and counts what could not be padded."""
+
+    emulation: Emulation
+    targets: dict[str, object]  # stage name -> StageWork of the real model
+    executions: int = 0
+    violations: int = 0
+    worst_overrun_s: float = 0.0
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def build(cls, emulation: Emulation, stages: tuple[str, ...] = ()) -> StageEmulator:
+        """Cost ``emulation.model``'s stages; every name in ``stages`` (default: all of them)
+        must be one of them."""
+        from vlarun.models.presets import get_preset
+        from vlarun.sched.cost import stage_works
+
+        works = {w.name: w for w in stage_works(get_preset(emulation.model))}
+        missing = [s for s in stages if s not in works]
+        if missing:
+            raise ValueError(
+                f"cannot emulate {emulation.model}: it has no stage {missing} "
+                f"(its stages: {', '.join(works)}); run a policy of the same family"
+            )
+        from vlarun.sched.catalog import get_device
+
+        get_device(emulation.device)  # an unknown id fails here, listing the valid ones
+        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)})
+        emu._rng.seed(emulation.seed)
+        return emu
+
+    def target_s(self, stage: str, batch: int = 1) -> float:
+        """The emulated device's time for ``stage`` over ``batch`` requests (no jitter)."""
+        from vlarun.sched.catalog import get_device
+        from vlarun.sched.cost import at_batch, roofline
+
+        if stage not in self.targets:
+            raise ValueError(
+                f"cannot emulate stage {stage!r}: {self.emulation.model} has "
+                f"{', '.join(self.targets)}; run a policy of the same family"
+            )
+        work = at_batch(self.targets[stage], batch)
+        device = get_device(self.emulation.device)
+        return roofline(work, device, self.emulation.dtype).seconds / self.emulation.time_scale
+
+    def pad(self, stage: str, started: float, batch: int = 1) -> float:
+        """Sleep until ``stage`` (begun at ``perf_counter`` time ``started``) has taken its
+        target; return the seconds it took in all."""
+        with self._lock:
+            factor = math.exp(self._rng.gauss(0.0, self.emulation.jitter))
+        target = self.target_s(stage, batch) * factor
+        own = time.perf_counter() - started
+        with self._lock:
+            self.executions += 1
+            if own > target:
+                self.violations += 1
+                self.worst_overrun_s = max(self.worst_overrun_s, own - target)
+        if own < target:
+            time.sleep(target - own)
+        return time.perf_counter() - started
+
+    def report(self) -> dict:
+        share = self.violations / self.executions if self.executions else 0.0
+        return {
+            "emulated": f"{self.emulation.model} on {self.emulation.device}",
+            "time_scale": self.emulation.time_scale,
+            "executions": self.executions,
+            "emulation_violations": self.violations,
+            "violation_share": share,
+            "worst_overrun_ms": self.worst_overrun_s * 1e3,
+            "valid": share <= MAX_VIOLATION_SHARE,
+        }
