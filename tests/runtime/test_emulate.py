@@ -59,8 +59,9 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
     robot = Emulation("openvla-7b", "orin-agx-32gb", time_scale=scale, jitter=0.0)
     edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
     image = np.zeros((128, 128, 3), np.uint8)
-    local = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", emulate=robot,
-                                           robot_device="orin-agx-32gb", meter="none"))  # fmt: skip
+    both = {"emulate": robot, "edge_emulate": edge, "robot_device": "orin-agx-32gb",
+            "edge_device": "rtx4090", "meter": "none"}  # fmt: skip
+    local = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", **both))
     try:
         inf = local.infer(image, INSTRUCTION)
         want = sum(local.emulator.target_s(s) for s in inf.ran)
@@ -69,13 +70,25 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         local.close()
     cfg = ServerConfig(emulate=edge)
     with EdgeServer(policy, Security(insecure=True), cfg) as srv:
-        agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="edge-only", meter="none"),
+        agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="edge-only", **both),
                            srv.address, Security(insecure=True))  # fmt: skip
         try:
             agent.warmup(image, INSTRUCTION, runs=1)
             remote = agent.infer(image, INSTRUCTION)
         finally:
             agent.close()
+        # The scheduler prices OpenVLA-7B on the (scaled) Orin and 4090: with a deadline the
+        # Orin misses, it plans the edge in, and its prediction is the emulated time's.
+        slo = 0.5 * inf.latency_s
+        planner = RobotAgent(policy, AgentConfig(slo_s=slo, strategy="vlarun", **both),
+                             srv.address, Security(insecure=True))  # fmt: skip
+        try:
+            planner.warmup(image, INSTRUCTION, runs=1)
+            planned = [planner.infer(image, INSTRUCTION) for _ in range(3)][-1]
+        finally:
+            planner.close()
+        assert "edge" in planned.planned.values() and planned.fallback is None
+        assert planned.predicted_s == pytest.approx(planned.latency_s, rel=0.5)
         assert remote.fallback is None and set(remote.ran.values()) == {"edge"}
         for stage, ms in remote.stage_ms.items():
             assert ms * 1e-3 >= srv.emulator.target_s(stage) * 0.999

@@ -66,6 +66,11 @@ class ServeEdgeOptions:
         "--insecure): any client that knows the edge's public key (any at all, insecure)",
     )  # fmt: skip
     policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
+    emulate: str | None = opt(
+        None, "stand in for MODEL:DEVICE (e.g. openvla-7b:rtx4090): run --policy and pad each "
+        "stage to MODEL's roofline time on DEVICE at its batch",
+    )  # fmt: skip
+    time_scale: float = opt(1.0, "with --emulate: every emulated time divided by this")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
@@ -140,12 +145,14 @@ class ServeEdgeOptions:
 
     def server_config(self):
         """The edge's (or the front's) ``ServerConfig`` from these flags."""
+        from vlarun.runtime.emulate import Emulation
         from vlarun.runtime.server import ServerConfig
 
+        emulate = None if self.emulate is None else Emulation.parse(self.emulate, self.time_scale)
         return ServerConfig(
             f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
             max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
-            max_streams=self.max_streams,
+            max_streams=self.max_streams, emulate=emulate,
         )  # fmt: skip
 
 

@@ -42,6 +42,12 @@ class BenchCoinferOptions:
     edge_device: str = opt(
         "this-cpu", "catalog device for the scheduler and energy (another: times converted)"
     )
+    emulate: str | None = opt(
+        None,
+        "emulate MODEL (e.g. openvla-7b) on --robot-device and --edge-device: each side runs "
+        "--policy for real and pads every stage to MODEL's roofline time on its device",
+    )
+    time_scale: float = opt(1.0, "with --emulate: every emulated time divided by this")
     bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
@@ -80,7 +86,8 @@ def run(o: BenchCoinferOptions) -> dict:
     robots = min(o.robots, 2) if o.quick else o.robots
     requests = 4 if o.quick else o.fleet_requests
     policy = Policy.load(o.policy)
-    edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1"])
+    edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1",
+                                             *_edge_emulation(o)])  # fmt: skip
     rows, fleet, matrix = [], None, None
     try:
         from vlarun.runtime.overhead import measure
@@ -107,7 +114,7 @@ def run(o: BenchCoinferOptions) -> dict:
     batching = None
     if o.batching and robots > 0:
         single, at = procs.start_edge(
-            extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1"]
+            extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1", *_edge_emulation(o)]
         )
         try:
             unbatched = _fleet_run(o, policy, at, robots, requests)
@@ -123,8 +130,9 @@ def run(o: BenchCoinferOptions) -> dict:
         "policy": o.policy,
         "task": o.task,
         "slo_ms": policy.model.cfg.horizon / o.control_hz * 1e3,
-        "robot_slowdown": o.robot_slowdown,
+        "robot_slowdown": o.robot_slowdown if o.emulate is None else 1.0,
         "devices": {"robot": o.robot_device, "edge": o.edge_device},
+        "emulated": None if o.emulate is None else {"model": o.emulate, "time_scale": o.time_scale},
         "link": {
             "before_mbps": o.bandwidth,
             "after_mbps": o.drop_to,
@@ -185,16 +193,36 @@ def plot(r: dict, path: str) -> str | None:
     return path
 
 
+def _emulations(o: BenchCoinferOptions):
+    """(robot, edge) emulations of ``--emulate``, or (None, None)."""
+    from vlarun.runtime.emulate import Emulation
+
+    if o.emulate is None:
+        return None, None
+    return (Emulation(o.emulate, o.robot_device, time_scale=o.time_scale),
+            Emulation(o.emulate, o.edge_device, time_scale=o.time_scale))  # fmt: skip
+
+
+def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
+    """serve-edge's flags for the edge's side of ``--emulate``."""
+    if o.emulate is None:
+        return []
+    return ["--emulate", f"{o.emulate}:{o.edge_device}", "--time-scale", str(o.time_scale)]
+
+
 def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float):
     from vlarun.runtime.agent import AgentConfig
 
+    robot, edge = _emulations(o)
     return AgentConfig(
         slo_s,
         strategy,
-        o.robot_slowdown,
+        o.robot_slowdown if robot is None else 1.0,  # the emulation stands in for the robot
         robot_device=o.robot_device,
         edge_device=o.edge_device,
         bandwidth_mbps=bandwidth,
+        emulate=robot,
+        edge_emulate=edge,
     )
 
 
@@ -239,6 +267,7 @@ def _strategy_run(
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = time.monotonic()
         ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0))
+        emulation = agent.emulator.report() if agent.emulator is not None else None
         agent.close()
     finally:
         procs.stop(relay)
@@ -273,6 +302,9 @@ def _strategy_run(
         "episodes": ep["episodes"],
         "success": ep["success"],  # fraction of the episodes that succeeded
         "plans_ran": plans,
+        # the robot side's stages that overran their emulated time (None: not emulated)
+        "emulation_violations": None if emulation is None else emulation["emulation_violations"],
+        "emulation": emulation,
         "drop_at_s": drop_after,
         # (completion time in the episode s, latency ms, where each stage ran)
         "trace": [[t, r["latency_ms"], r["ran"]] for r, t in zip(infs, times, strict=True)],

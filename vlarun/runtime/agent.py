@@ -78,12 +78,24 @@ class AgentConfig:
     # "auto" (the first readable one; none on a machine without), "none", or its name.
     meter: str = "auto"
     # The robot device this side stands for, by padding each local stage to the emulated
-    # device's time for the real model's stage (runtime.emulate); None: this host as it is.
+    # device's time for the real model's stage (runtime.emulate), and the edge device the
+    # edge server stands for (its ServerConfig.emulate); the plan is then costed for the real
+    # model on both. None: this host as it is.
     emulate: Emulation | None = None
+    edge_emulate: Emulation | None = None
 
     def __post_init__(self) -> None:
         if self.emulate is not None and self.robot_slowdown > 1:
             raise ValueError("emulate and robot_slowdown both stand in for the robot: use one")
+        if (self.emulate is None) != (self.edge_emulate is None):
+            raise ValueError("emulate the robot and the edge together, or neither")
+        if self.emulate is not None and self.edge_emulate is not None:
+            a, b = self.emulate, self.edge_emulate
+            if a.model != b.model or a.time_scale != b.time_scale:
+                raise ValueError(
+                    f"robot and edge emulate one model at one time scale, got {a.model} x"
+                    f"{a.time_scale:g} and {b.model} x{b.time_scale:g}"
+                )
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.slo_s <= 0 or self.robot_slowdown < 1:

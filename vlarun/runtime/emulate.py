@@ -18,11 +18,14 @@ Energy stays the modelled account priced on the emulated devices, labelled "mode
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+
+from vlarun.sched.catalog import Device, get_device
 
 # Share of executions allowed to overrun their target before a run is invalid.
 MAX_VIOLATION_SHARE = 0.01
@@ -64,6 +67,22 @@ class Emulation:
         return cls(model, device, time_scale=time_scale, seed=seed)
 
 
+def emulated_device(emulation: Emulation) -> Device:
+    """The catalog device as the emulated run sees it: every rate ``time_scale`` times higher
+    (so the cost model predicts the scaled times the emulation pads to), memory and power as
+    they are (energy then scales with time, and every ratio between plans is unchanged)."""
+    dev = get_device(emulation.device)
+    s = emulation.time_scale
+    return dataclasses.replace(
+        dev,
+        bf16_tflops=dev.bf16_tflops * s,
+        int8_tops=dev.int8_tops * s,
+        fp32_tflops=dev.fp32_tflops * s,
+        mem_bw_gbs=dev.mem_bw_gbs * s,
+        layer_overhead_ms=dev.layer_overhead_ms / s,
+    )
+
+
 @dataclass
 class StageEmulator:
     """Pads stage executions to their emulated targets and counts what could not be padded."""
@@ -90,8 +109,6 @@ class StageEmulator:
                 f"cannot emulate {emulation.model}: it has no stage {missing} "
                 f"(its stages: {', '.join(works)}); run a policy of the same family"
             )
-        from vlarun.sched.catalog import get_device
-
         get_device(emulation.device)  # an unknown id fails here, listing the valid ones
         emu = cls(emulation, {s: works[s] for s in stages or tuple(works)})
         emu._rng.seed(emulation.seed)
@@ -99,7 +116,6 @@ class StageEmulator:
 
     def target_s(self, stage: str, batch: int = 1) -> float:
         """The emulated device's time for ``stage`` over ``batch`` requests (no jitter)."""
-        from vlarun.sched.catalog import get_device
         from vlarun.sched.cost import at_batch, roofline
 
         if stage not in self.targets:
@@ -108,8 +124,7 @@ class StageEmulator:
                 f"{', '.join(self.targets)}; run a policy of the same family"
             )
         work = at_batch(self.targets[stage], batch)
-        device = get_device(self.emulation.device)
-        return roofline(work, device, self.emulation.dtype).seconds / self.emulation.time_scale
+        return roofline(work, emulated_device(self.emulation), self.emulation.dtype).seconds
 
     def pad(self, stage: str, started: float, batch: int = 1) -> float:
         """Sleep until ``stage`` (begun at ``perf_counter`` time ``started``) has taken its

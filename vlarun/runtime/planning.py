@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from vlarun.sched.catalog import get_device
+from vlarun.runtime.emulate import emulated_device
+from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
@@ -30,13 +31,34 @@ from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
 
+def role_devices(cfg) -> dict[str, Device]:
+    """The robot's and the edge's catalog devices, as emulated (rates scaled) where they are."""
+    out = {}
+    for role, name, emu in (("robot", cfg.robot_device, cfg.emulate),
+                            ("edge", cfg.edge_device, cfg.edge_emulate)):  # fmt: skip
+        out[role] = emulated_device(emu) if emu is not None else get_device(name)
+    return out
+
+
+def cost_model(model_cfg, cfg):
+    """What the plan costs: the policy that runs, or the real model both sides emulate."""
+    if cfg.emulate is None:
+        return model_cfg
+    from vlarun.models.presets import get_preset
+
+    return get_preset(cfg.emulate.model)
+
+
 def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     """The agent's scheduler between its robot and edge devices: placements under its one
     setting (``cfg.setting``; strategy "vlarun"), or placements x every setting the runtime can
     execute whose measured success clears the accuracy floor (strategy "vlarun-joint": the
     settings table ``cfg.settings_file`` or the shipped one; layer pruning is a model
     transform the runtime does not run, so those rows are left out)."""
-    devices = {"robot": get_device(cfg.robot_device), "edge": get_device(cfg.edge_device)}
+    devices = role_devices(cfg)
+    model_cfg = cost_model(model_cfg, cfg)
+    if cfg.emulate is not None:  # the real model in the dtype the emulated devices run it in
+        dtype = cfg.emulate.dtype
     w = Workload(1, text_tokens, dtype)
     if cfg.strategy == "vlarun-joint":
         rows = tuple(
@@ -77,10 +99,11 @@ def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, 
     host = get_device(HOST)
     works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
     out = {}
+    emulated = {"robot": cfg.emulate is not None, "edge": cfg.edge_emulate is not None}
     for role, name in (("robot", cfg.robot_device), ("edge", cfg.edge_device)):
         dev = get_device(name)
-        out[role] = {
-            w.name: 1.0 if dev.id == host.id
+        out[role] = {  # an emulated side already takes its device's (scaled) time
+            w.name: 1.0 if dev.id == host.id or emulated[role]
             else roofline(w, dev, dtype).seconds / max(roofline(w, host, dtype).seconds, 1e-12)
             for w in works
         }  # fmt: skip
@@ -167,7 +190,8 @@ def modelled_energy(
 
     The devices are ``cfg.robot_device`` / ``cfg.edge_device``; times measured on this host
     are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
-    rob, edge = get_device(cfg.robot_device), get_device(cfg.edge_device)
+    devices = role_devices(cfg)
+    rob, edge = devices["robot"], devices["edge"]
     f_rob, f_edge = factors["robot"], factors["edge"]
     spends = [
         StageSpend(role, stage_s[name] * f_rob.get(name, 1.0) if role == "robot"
