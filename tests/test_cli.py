@@ -349,3 +349,15 @@ def test_act_runs_a_lerobot_directory_by_its_path(capsys, tmp_path):
     actions = np.asarray(r["actions"])
     assert actions.shape == (parity.LEROBOT_CHUNK, parity.LEROBOT_ACTION_DIM)
     assert r["policy"] == str(tmp_path) and r["unnormalized"]
+
+
+def test_serve_edge_emulation_flags_reach_the_server_config():
+    from vlarun.apps.runtime import ServeEdgeOptions
+
+    o = ServeEdgeOptions(insecure=True, emulate="openvla-7b:rtx4090", time_scale=2.0)
+    cfg = o.server_config()
+    assert cfg.emulate.model == "openvla-7b" and cfg.emulate.device == "rtx4090"
+    assert cfg.emulate.time_scale == 2.0
+    assert ServeEdgeOptions(insecure=True).server_config().emulate is None
+    with pytest.raises(ValueError, match="MODEL:DEVICE"):
+        ServeEdgeOptions(insecure=True, emulate="openvla-7b").server_config()

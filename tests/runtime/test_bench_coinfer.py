@@ -10,6 +10,8 @@ import pytest
 from vlarun.cli import main
 
 ROW_KEYS = {  # the co-inference issue's row contract
+    "model",
+    "emulation_violations",
     "strategy",
     "bandwidth_mbps",
     "load",

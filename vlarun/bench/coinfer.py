@@ -281,6 +281,7 @@ def _strategy_run(
     for r in infs:
         plans[r["ran"]] = plans.get(r["ran"], 0) + 1
     return {
+        "model": o.emulate or policy.model.cfg.name,  # what the times stand for
         "strategy": strategy,
         "bandwidth_mbps": bandwidth,  # before the drop
         "bandwidth_after_mbps": drop_to,
