@@ -1,0 +1,61 @@
+"""The front door stays a front door: README and the results index stay short, every relative
+link in them, in docs/ and in benchmarks/ points at a file that exists, and every raw result
+file is named in benchmarks/results/INDEX.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+PAGES = [
+    ROOT / "README.md",
+    ROOT / "BENCHMARKS.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks").rglob("*.md")),
+]
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_readme_is_at_most_200_lines():
+    assert lines(ROOT / "README.md") <= 200
+
+
+def test_benchmarks_index_is_at_most_300_lines():
+    assert lines(ROOT / "BENCHMARKS.md") <= 300
+
+
+def relative_targets(path: Path) -> list[str]:
+    """Link targets of a Markdown file that are files in this repository (no URL, no pure
+    anchor), with any #anchor cut off."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # code is not a link
+    out = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        out.append(target.split("#", 1)[0])
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_points_to_an_existing_file(page):
+    missing = [t for t in relative_targets(page) if not (page.parent / t).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_the_link_check_sees_links():
+    assert "docs/install.md" in relative_targets(ROOT / "README.md")
+
+
+def test_every_raw_result_file_is_named_in_the_index():
+    results = ROOT / "benchmarks" / "results"
+    index = (results / "INDEX.md").read_text()
+    unnamed = [p.name for p in sorted(results.iterdir())
+               if p.name != "INDEX.md" and f"`{p.name}`" not in index]  # fmt: skip
+    assert not unnamed, f"benchmarks/results/INDEX.md does not name: {unnamed}"
