@@ -93,3 +93,5 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         for stage, ms in remote.stage_ms.items():
             assert ms * 1e-3 >= srv.emulator.target_s(stage) * 0.999
         assert remote.latency_s < inf.latency_s  # the 4090's round trip beats the Orin
+        report = srv.health()["emulation"]  # what the bench reads over the wire
+        assert report["executions"] >= 3 and report["emulated"] == "openvla-7b on rtx4090"

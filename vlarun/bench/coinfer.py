@@ -203,6 +203,17 @@ def _emulations(o: BenchCoinferOptions):
             Emulation(o.emulate, o.edge_device, time_scale=o.time_scale))  # fmt: skip
 
 
+def _edge_emulation_report(endpoint: str) -> dict:
+    """The edge's emulation counters (cumulative since it started), from its health answer."""
+    from vlarun.runtime.client import ping
+    from vlarun.runtime.transport import Security
+
+    report = (ping(endpoint, Security(insecure=True), count=1).get("health") or {}).get("emulation")
+    if not isinstance(report, dict):
+        raise RuntimeError(f"the edge at {endpoint} reports no emulation (started without it?)")
+    return report
+
+
 def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
     """serve-edge's flags for the edge's side of ``--emulate``."""
     if o.emulate is None:
@@ -257,6 +268,7 @@ def _strategy_run(
     drop_after = steps / o.control_hz / 2  # seconds into the episode
     schedule = "" if drop_to is None else f"{drop_after}:{drop_to}"
     relay, via = procs.start_relay(endpoint, bandwidth, o.delay_ms, schedule)
+    edge_before = _edge_emulation_report(endpoint) if o.emulate else None
     times: list[float] = []
     try:
         agent = RobotAgent(
@@ -269,6 +281,10 @@ def _strategy_run(
         ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0))
         emulation = agent.emulator.report() if agent.emulator is not None else None
         agent.close()
+        if emulation is not None:  # the edge's side over this run: its counters' difference
+            edge_after = _edge_emulation_report(endpoint)
+            emulation["edge"] = {k: edge_after[k] - edge_before[k]
+                                 for k in ("executions", "emulation_violations")}  # fmt: skip
     finally:
         procs.stop(relay)
         env.close()
@@ -304,7 +320,9 @@ def _strategy_run(
         "success": ep["success"],  # fraction of the episodes that succeeded
         "plans_ran": plans,
         # the robot side's stages that overran their emulated time (None: not emulated)
-        "emulation_violations": None if emulation is None else emulation["emulation_violations"],
+        "emulation_violations": None
+        if emulation is None
+        else emulation["emulation_violations"] + emulation["edge"]["emulation_violations"],
         "emulation": emulation,
         "drop_at_s": drop_after,
         # (completion time in the episode s, latency ms, where each stage ran)

@@ -426,6 +426,8 @@ class EdgeServer:
             "schedule": self.schedule(),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
+            # stage executions that overran their emulated device's time (None: not emulated)
+            "emulation": None if self.emulator is None else self.emulator.report(),
             **self.stats,
         }
 
