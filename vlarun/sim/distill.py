@@ -124,7 +124,7 @@ class Frames:
     frame, demo action tokens (N, n), the frame order (seeded permutation: collected first,
     held out last), and for a policy with a proprio token the normalised states (N, D)."""
 
-    images: FrameStore
+    images: FrameStore | Tensor  # demo frames (memory-mapped) or frames already in memory
     text: list[list[int]]
     demo_tokens: Tensor
     order: Tensor
@@ -133,7 +133,8 @@ class Frames:
 
     def image_batch(self, idx: Tensor) -> Tensor:
         """(B, V, 3, S, S) floats in [0, 1]: the policy's views of frames ``idx``."""
-        x = torch.from_numpy(self.images[idx.numpy()])
+        x = self.images[idx] if isinstance(self.images, Tensor) else self.images[idx.numpy()]
+        x = torch.as_tensor(x)
         x = x[:, None] if x.ndim == 4 else x[:, : self.num_images]
         return x.permute(0, 1, 4, 2, 3).float().div(255.0)
 

@@ -638,9 +638,9 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
 def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
     precision = meta.get("precision", cfg.precision)
     start = (
-        f"- initialised from: `{cfg.init_from}` ({meta.get('init_from', 'its weights')}); the "
-        "steps and wall time below are this run's only\n"
-        if cfg.init_from
+        f"- initialised from: {meta['init_from']}; the steps and wall time below are this "
+        "run's only\n"
+        if meta.get("init_from")
         else ""
     )
     return (
