@@ -38,8 +38,8 @@ test-slow: install
 	$(PY) -m pytest -q -m slow
 
 lint: install
-	$(VENV)/bin/ruff check vlarun tests
-	$(VENV)/bin/ruff format --check vlarun tests
+	$(VENV)/bin/ruff check vlarun tests examples
+	$(VENV)/bin/ruff format --check vlarun tests examples
 
 parity: install
 	$(VENV)/bin/vlarun check-parity
