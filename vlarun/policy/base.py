@@ -157,6 +157,8 @@ class Policy:
         device = torch.device(device)
         if device == self.model.device:
             return self
+        if self.hooks is not None:  # a KV cache kept on the old device is no use there
+            self.hooks.reset()
         return dataclasses.replace(self, model=self.model.to(device))
 
     @classmethod
