@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEMO_EPISODES ?= 3
 
-.PHONY: install demo demo-coinfer test test-slow lint bench-engine parity clean
+.PHONY: install demo demo-coinfer test test-slow mutation lint bench-engine parity clean
 
 $(STAMP): pyproject.toml scripts/install-system.sh
 	./scripts/install-system.sh
@@ -37,9 +37,13 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow
 
+# Inject known mistakes into TRIAGE's state handling and CEED's loss; the tests must catch each.
+mutation: install
+	$(PY) tests/mutation_check.py
+
 lint: install
-	$(VENV)/bin/ruff check vlarun tests
-	$(VENV)/bin/ruff format --check vlarun tests
+	$(VENV)/bin/ruff check vlarun tests examples
+	$(VENV)/bin/ruff format --check vlarun tests examples
 
 parity: install
 	$(VENV)/bin/vlarun check-parity

@@ -35,6 +35,11 @@ LAYERS: dict[str, int] = {
     "vlarun.cli": 9,
 }
 
+# The front door: ``vlarun/__init__.py`` re-exports these inside its module ``__getattr__``,
+# loaded on first attribute access (``vlarun.Policy``), so ``import vlarun`` (or
+# ``from vlarun import config``) loads none of them. Only these, and only there.
+FRONT_DOOR = {"vlarun.policy.base"}
+
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -63,6 +68,14 @@ def imports_of(source: str, module: str) -> set[str]:
     return found
 
 
+def without_front_door(source: str) -> tuple[str, set[str]]:
+    """The top package's source without its module ``__getattr__``, and what that imports."""
+    tree = ast.parse(source)
+    lazy = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+    tree.body = [n for n in tree.body if n not in lazy]
+    return ast.unparse(tree), set().union(*(imports_of(ast.unparse(n), "vlarun") for n in lazy))
+
+
 def unit_of(module: str) -> str:
     """The LAYERS key a module belongs to (its longest listed prefix)."""
     parts = module.split(".")
@@ -83,6 +96,12 @@ def check(sources: dict[str, str]) -> list[str]:
         except KeyError:
             problems.append(f"{mod}: not in LAYERS (add its package to tests/test_layers.py)")
             continue
+        if mod == "vlarun":
+            src, lazy = without_front_door(src)
+            lazy = {d for d in lazy if d in sources}  # modules, not the names taken from them
+            problems += [
+                f"vlarun re-exports {d}, not in FRONT_DOOR" for d in sorted(lazy - FRONT_DOOR)
+            ]
         deps = {d for d in imports_of(src, mod) if d in sources}
         graph[mod] = deps
         for dep in sorted(deps):
@@ -202,3 +221,12 @@ def test_a_sibling_of_the_same_layer_is_refused():
     sources = {"vlarun.accel.x": "from vlarun.stages.graph import GraphRun\n",
                "vlarun.stages.graph": ""}  # fmt: skip
     assert check(sources)[0].startswith("vlarun.accel.x (layer 2, vlarun.accel) imports")
+
+
+def test_the_front_door_is_lazy_and_listed():
+    sources = package_sources()
+    top = sources["vlarun"]
+    sources["vlarun"] = top + "\nfrom vlarun.policy.base import Policy\n"  # eager: points up
+    assert any(p.startswith("vlarun (layer 0") for p in check(sources))
+    sources["vlarun"] = top.replace("vlarun.policy.base import", "vlarun.runtime.agent import")
+    assert "vlarun re-exports vlarun.runtime.agent, not in FRONT_DOOR" in check(sources)

@@ -14,9 +14,9 @@ import dataclasses
 import importlib
 import json
 import sys
-import types
 import typing
 
+from vlarun.config import add_options, parse_into
 from vlarun.extras import missing_extra
 
 # name -> (module defining it, one-line summary shown by `vlarun --help`).
@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-policy": ("vlarun.apps.runtime", "whole-policy inference for openpi clients"),
     "ping": ("vlarun.apps.runtime", "edge health, link RTT and bandwidth"),
     "run-robot": ("vlarun.apps.runtime", "the robot agent in closed loop"),
+    "demos": ("vlarun.apps.train", "scripted-expert Meta-World demonstrations"),
 }
 BENCH: dict[str, tuple[str, str]] = {
     "engine": ("vlarun.apps.model", "prefill and decode against transformers"),
@@ -52,6 +53,12 @@ BENCH: dict[str, tuple[str, str]] = {
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
     "scaleout": ("vlarun.bench.scaleout", "robots against 1 and 2 Ray edge workers, a kill"),
     "gpu-check": ("vlarun.bench.gpucheck", "one-call GPU check: parity, engine, policies, JSON"),
+    "compile": ("vlarun.bench.compile_probe", "torch.compile vs eager: engine steps, policies"),
+    "load": ("vlarun.bench.load_memory", "peak memory of loading a checkpoint vs its size"),
+    "cpu": ("vlarun.bench.cpu_probe", "fp32 vs bf16 on this CPU: matmul, one training step"),
+    "floor": ("vlarun.bench.floor", "the floor of a ZeroMQ relay hop and a Ray actor call"),
+    "paired": ("vlarun.bench.paired", "one accel-table row minus another table's, paired"),
+    "side-by-side": ("vlarun.bench.side_by_side", "a benchmark at another commit and here"),
 }
 
 
@@ -87,46 +94,6 @@ def command(key: str, module: str) -> tuple[type, typing.Callable, typing.Callab
     if not isinstance(cls, type):  # a module may still defer its options class
         cls = cls()
     return cls, mod.RUN[key], mod.SHOW[key]
-
-
-def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        meta, hint = f.metadata, hints[f.name]
-        base = _base_type(hint)
-        shown = "" if f.default in (dataclasses.MISSING, None, False, "") else f.default
-        if isinstance(shown, tuple):  # as it is typed: --tasks a b
-            shown = " ".join(map(str, shown))
-        text = meta.get("help", "") + (f" (default: {shown})" if shown != "" else "")
-        kw: dict = {"help": text.replace("%", "%%")}  # argparse formats help with %
-        if meta.get("choices"):
-            kw["choices"] = meta["choices"]
-        if typing.get_origin(base) is typing.Literal:
-            kw["choices"], base = list(typing.get_args(base)), type(typing.get_args(base)[0])
-        if typing.get_origin(base) in (tuple, list):
-            kw["nargs"] = "+"
-            base = typing.get_args(base)[0]
-        if meta.get("positional"):
-            parser.add_argument(f.name, type=base, **kw)
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if base is bool:
-            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
-            parser.add_argument(flag, action=action, default=f.default, **kw)
-            continue
-        required = f.default is dataclasses.MISSING
-        default = None if required else f.default
-        parser.add_argument(flag, type=base, required=required, default=default, **kw)
-
-
-def _base_type(hint) -> type:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
-
-
-def parse_into(cls: type, ns: argparse.Namespace):
-    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
 
 
 def replaced_option(cls: type, argv: list[str]) -> str | None:

@@ -6,6 +6,7 @@ hints, so a config written to ``config.json`` reads back equal to the original.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -99,3 +100,50 @@ def invoked_command(default: str) -> str:
     if not sys.argv or not sys.argv[0].endswith("vlarun"):
         return default
     return shlex.join(["vlarun", *sys.argv[1:]])
+
+
+# Command-line flags generated from an options dataclass (``vlarun.cli``, and the modules
+# that keep a ``python -m`` entry point).
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
+    """The flags of an options dataclass (field name -> flag, default -> default, ``opt``'s
+    help, ``Literal`` -> choices, ``tuple``/``list`` -> several values) on ``parser``."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta, hint = f.metadata, hints[f.name]
+        base = _base_type(hint)
+        shown = "" if f.default in (dataclasses.MISSING, None, False, "") else f.default
+        if isinstance(shown, tuple):  # as it is typed: --tasks a b
+            shown = " ".join(map(str, shown))
+        text = meta.get("help", "") + (f" (default: {shown})" if shown != "" else "")
+        kw: dict = {"help": text.replace("%", "%%")}  # argparse formats help with %
+        if meta.get("choices"):
+            kw["choices"] = meta["choices"]
+        if typing.get_origin(base) is typing.Literal:
+            kw["choices"], base = list(typing.get_args(base)), type(typing.get_args(base)[0])
+        if typing.get_origin(base) in (tuple, list):
+            kw["nargs"] = "+"
+            base = typing.get_args(base)[0]
+        if meta.get("positional"):
+            parser.add_argument(f.name, type=base, **kw)
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if base is bool:
+            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
+            parser.add_argument(flag, action=action, default=f.default, **kw)
+            continue
+        required = f.default is dataclasses.MISSING
+        default = None if required else f.default
+        parser.add_argument(flag, type=base, required=required, default=default, **kw)
+
+
+def _base_type(hint) -> type:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def parse_into(cls: type, ns: argparse.Namespace):
+    """The options dataclass ``cls`` from parsed flags (validated by its ``__post_init__``)."""
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})

@@ -214,7 +214,7 @@ def check_parity(
 
 
 # ---------------------------------------------------------------------------------------------
-# OpenVLA's own predict_action, recorded once (scripts/openvla-reference.py, issue 20)
+# OpenVLA's own predict_action, recorded once (tests/models/fixtures/record_openvla_reference.py)
 
 OPENVLA_REFERENCE_SEED = 20
 OPENVLA_REFERENCE_PROMPT = "open the drawer"
@@ -337,7 +337,7 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # A LeRobot pi0 directory of seeded random weights (tests/models/test_lerobot_reference.py;
-# scripts/lerobot-reference.py runs LeRobot's own PI0Pytorch on it)
+# tests/models/fixtures/record_lerobot_reference.py runs LeRobot's own PI0Pytorch on it)
 
 LEROBOT_REFERENCE_SEED = 7
 LEROBOT_REFERENCE_TASK = "pick up the red block"

@@ -20,7 +20,6 @@ from vlarun.accel.baselines import (
 )
 from vlarun.models.token_plan import TokenAction
 from vlarun.models.vla import Prefix
-from vlarun.policy.accelerated import accelerate
 
 R, U, P = int(TokenAction.RECOMPUTE), int(TokenAction.REUSE), int(TokenAction.PRUNE)
 
@@ -78,23 +77,23 @@ def test_full_recompute_plans_nothing():
 
 def test_baselines_run_as_policies(oft_policy, frames, actions):
     nv = oft_policy.model.cfg.num_visual
-    fastv = accelerate(oft_policy, FastV(FastVConfig(budget=16)))
+    fastv = oft_policy.with_hooks(FastV(FastVConfig(budget=16)))
     actions(fastv, frames[:3])
-    assert [(s.recomputed, s.pruned) for s in fastv.steps] == [(16, 48)] * 3
-    cache = accelerate(oft_policy, VLACache(VLACacheConfig(budget=16)))
+    assert [(s.recomputed, s.pruned) for s in fastv.stats.steps] == [(16, 48)] * 3
+    cache = oft_policy.with_hooks(VLACache(VLACacheConfig(budget=16)))
     actions(cache, [frames[0]] * 3)  # a static scene: only task-relevant tokens recomputed
-    first, *rest = cache.steps
+    first, *rest = cache.stats.steps
     assert first.recomputed == nv
     assert all(s.pruned == 0 and s.recomputed == round(0.1 * nv) for s in rest)
-    eff = accelerate(oft_policy, EfficientVLATokens())
+    eff = oft_policy.with_hooks(EfficientVLATokens())
     actions(eff, frames[:2])
-    assert all(s.recomputed == round(0.22 * nv) and s.reused == 0 for s in eff.steps)
+    assert all(s.recomputed == round(0.22 * nv) and s.reused == 0 for s in eff.stats.steps)
 
 
 def test_vla_cache_on_static_frames_matches_full(oft_policy, frames, actions):
     """Reusing a token whose inputs did not change is exact."""
     full = actions(oft_policy, [frames[0]] * 3)
-    got = actions(accelerate(oft_policy, VLACache()), [frames[0]] * 3)
+    got = actions(oft_policy.with_hooks(VLACache()), [frames[0]] * 3)
     assert max((a - b).abs().max().item() for a, b in zip(got, full, strict=True)) <= 1e-5
 
 
@@ -118,17 +117,16 @@ def test_vla_cache_runs_on_mt10_shapes():
     from vlarun.models.tokenizer import load_tokenizer
     from vlarun.paths import checkpoints_dir
     from vlarun.policy.base import Policy
-    from vlarun.policy.methods import accelerated
 
     random = Policy.from_preset("mt10-oft", seed=0)  # the shipped BPE fits its 32-token prompt
     base = dataclasses.replace(random, tokenizer=load_tokenizer(checkpoints_dir() / "tiny-ar", 512))
-    fast = accelerated(base, "vla-cache", 0.34)
+    fast = base.with_setting("vla-cache:0.34")
     rng = np.random.default_rng(0)
     views = rng.integers(0, 255, (2, 128, 128, 3), dtype=np.uint8)
     for _ in range(2):
         out = fast.run_stages(views, "open the drawer", state=np.zeros(4, np.float32))
     assert torch.isfinite(out.outputs["actions"]).all()
-    assert fast.steps[-1].reused > 0  # identical frames: static tokens were reused
+    assert fast.stats.steps[-1].reused > 0  # identical frames: static tokens were reused
 
 
 def test_uncapped_vla_cache_recomputes_every_changed_token_and_reuses_from_layer_one(
@@ -137,20 +135,21 @@ def test_uncapped_vla_cache_recomputes_every_changed_token_and_reuses_from_layer
     """TRIAGE's Table I form: no budget, so a frame that changes everywhere is recomputed
     whole, a static one is reused except its task-relevant tokens; layer 0 is the only shared
     layer (its attention gives relevance), so reuse starts at layer 1."""
-    from vlarun.policy.methods import accelerated
+    from vlarun.policy.methods import token_policy
 
     nv = oft_policy.model.cfg.num_visual
-    fast = accelerated(oft_policy, "vla-cache-uncapped")
+    fast = oft_policy.with_hooks(token_policy("vla-cache-uncapped"))
     actions(fast, [frames[0], frames[0], 255 - frames[0]])
-    first, static, changed = fast.steps
+    first, static, changed = fast.stats.steps
     assert first.recomputed == nv
     relevant = round(0.1 * nv)  # VLACacheConfig.relevant_fraction: never reused
     assert static.recomputed == relevant and static.reused == nv - relevant
     assert changed.recomputed == nv and changed.pruned == 0
-    assert fast.tokens.last_plan.last_shared_layer == 0
-    capped = accelerated(oft_policy, "vla-cache", 0.1)
+    assert fast.hooks.tokens.last_plan.last_shared_layer == 0
+    capped = oft_policy.with_setting("vla-cache:0.1")
     actions(capped, [frames[0], 255 - frames[0]])
-    assert capped.steps[-1].recomputed == round(0.1 * nv)  # the cap binds where uncapped does not
+    # the cap binds where uncapped does not
+    assert capped.stats.steps[-1].recomputed == round(0.1 * nv)
     with pytest.raises(ValueError, match="takes no budget"):
         from vlarun.sim.evaluate import check_candidate
 

@@ -15,7 +15,6 @@ from vlarun.cli import build_parser, command, parse_into, resolve
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
-from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.base import Policy
 from vlarun.sim.distill import (
     DistillConfig,
@@ -261,7 +260,7 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     assert "vision tower frozen" in (tmp_path / "frozen-export" / "README.md").read_text()
     again_name = Policy.from_checkpoint(tmp_path / "cont-export").model.cfg.name
     assert again_name == student.model.cfg.name  # one "-ceed" suffix, not two
-    fast = AcceleratedPolicy(student, decoder=JacobiDecoder())
+    fast = student.with_hooks(decoder=JacobiDecoder())
     actions = fast.predict(np.zeros((128, 128, 3), np.uint8), "reach the goal")
     assert actions.shape == (4, 4) and np.isfinite(actions).all()
 

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vlarun.models.presets import get_preset
 from vlarun.models.token_plan import TokenAction, TokenPlan
 from vlarun.models.vla import VLA
-from vlarun.policy.accelerated import prefill_flops_ratio
+from vlarun.policy.stats import prefill_flops_ratio
 
 
 @pytest.mark.parametrize("preset", ["tiny-openvla-oft", "mt10-oft"])

@@ -17,7 +17,6 @@ from vlarun.accel.jacobi import (
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
-from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.base import Policy
 
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
@@ -97,18 +96,18 @@ def test_accelerated_policy_with_decoders_matches_plain_policy(tiny_ar):
     image = np.random.default_rng(0).integers(0, 255, (128, 128, 3), dtype=np.uint8)
     want = tiny_ar.run_stages(image, "open the drawer").outputs["action_ids"]
     for method in ("ar", "jacobi"):
-        fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder(method))
+        fast = tiny_ar.with_hooks(decoder=make_decoder(method))
         for _ in range(2):  # the second call reuses the policy's cache
             got = fast.run_stages(image, "open the drawer").outputs["action_ids"]
             assert torch.equal(got, want)
-        s = fast.decoder.summary()
+        s = fast.hooks.decoder.summary()
         assert s["steps"] == 2 and s["converged_fraction"] == 1.0
         assert s["tokens_per_s_min"] > 0
         hist = s["iterations_histogram"]  # rows that took 1, 2, ... iterations
         assert sum(hist) == 2 and len(hist) == s["iterations_max"] and hist[-1] > 0
-    exit_fast = AcceleratedPolicy(tiny_ar, decoder=make_decoder("jacobi-exit", 0.5))
+    exit_fast = tiny_ar.with_hooks(decoder=make_decoder("jacobi-exit", 0.5))
     assert exit_fast.predict(image, "open the drawer").shape == (4, 4)
-    assert exit_fast.decoder.name == "jacobi-exit@0.5"
+    assert exit_fast.hooks.decoder.name == "jacobi-exit@0.5"
 
 
 def test_held_action_repeats_the_last_action():
@@ -122,8 +121,8 @@ def test_warm_start_from_the_previous_chunk(tiny_ar):
     the previous output's last action held; the output is still greedy's (no exit)."""
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for _ in range(3)]
-    warm = AcceleratedPolicy(tiny_ar, decoder=JacobiDecoder(JacobiConfig(init="previous")))
-    cold = AcceleratedPolicy(tiny_ar, decoder=JacobiDecoder(JacobiConfig()))
+    warm = tiny_ar.with_hooks(decoder=JacobiDecoder(JacobiConfig(init="previous")))
+    cold = tiny_ar.with_hooks(decoder=JacobiDecoder(JacobiConfig()))
     for _ in range(2):  # reset starts each episode afresh
         warm.reset()
         cold.reset()
@@ -132,9 +131,9 @@ def test_warm_start_from_the_previous_chunk(tiny_ar):
             got = warm.run_stages(image, "open the drawer").outputs["action_ids"]
             want = cold.run_stages(image, "open the drawer").outputs["action_ids"]
             assert torch.equal(got, want)  # exact either way
-            start = warm.decoder.last.trajectory[:, 0]
+            start = warm.hooks.decoder.last.trajectory[:, 0]
             if previous is None:  # the episode's first call: the seeded random guess
-                assert torch.equal(start, cold.decoder.last.trajectory[:, 0])
+                assert torch.equal(start, cold.hooks.decoder.last.trajectory[:, 0])
             else:
                 held = held_action(previous, tiny_ar.model.cfg.action_dim)
                 assert torch.equal(start[:, 1:], held[:, 1:])  # y_1 comes from the prefill
@@ -143,7 +142,7 @@ def test_warm_start_from_the_previous_chunk(tiny_ar):
 
 def test_decoder_needs_an_autoregressive_policy():
     with pytest.raises(ValueError, match="autoregressive"):
-        AcceleratedPolicy(Policy.from_preset("tiny-openvla-oft"), decoder=JacobiDecoder())
+        Policy.from_preset("tiny-openvla-oft").with_hooks(decoder=JacobiDecoder())
 
 
 def test_jacobi_composes_with_a_token_policy(tiny_ar):
@@ -153,10 +152,11 @@ def test_jacobi_composes_with_a_token_policy(tiny_ar):
     rng = np.random.default_rng(1)
     base = rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)
     frames = [np.roll(base, 3 * t, axis=0) for t in range(3)]
-    greedy = AcceleratedPolicy(tiny_ar, token_policy("triage", 0.25))
-    jacobi = AcceleratedPolicy(tiny_ar, token_policy("triage", 0.25), decoder=JacobiDecoder())
+    greedy = tiny_ar.with_hooks(token_policy("triage", 0.25))
+    jacobi = tiny_ar.with_hooks(token_policy("triage", 0.25), decoder=JacobiDecoder())
     for f in frames:
         want = greedy.run_stages(f, "open the drawer").outputs["action_ids"]
         got = jacobi.run_stages(f, "open the drawer").outputs["action_ids"]
         assert torch.equal(got, want)
-    assert jacobi.summary()["pruned"] + jacobi.summary()["reused"] > 0  # the plan did act
+    s = jacobi.stats.summary()
+    assert s["pruned"] + s["reused"] > 0  # the plan did act

@@ -1,23 +1,48 @@
-"""Every method id builds a policy that runs wherever a Policy does."""
+"""Every method id and setting builds a policy that runs wherever a Policy does."""
 
 import pytest
 import torch
 
-from vlarun.policy.methods import METHODS, EfficientVLAConfig, accelerated, efficientvla
+from vlarun.policy.methods import METHODS, EfficientVLAConfig, token_policy
 from vlarun.sim.fidelity import Rollouts, action_fidelity, policy_candidate
 
 
 def test_every_method_runs_and_full_is_exact(oft_policy, frames, actions):
     reference = actions(oft_policy, frames[:3])
     for method in METHODS:
-        policy = accelerated(oft_policy, method, budget_fraction=0.25)
+        policy = oft_policy.with_hooks(token_policy(method, 0.25, oft_policy.calibration))
         got = actions(policy, frames[:3])
         assert got[0].shape == reference[0].shape, method
         if method == "full":
             assert all(torch.equal(a, b) for a, b in zip(got, reference, strict=True))
-        assert policy.summary()["steps"] == 3
+        assert policy.stats.summary()["steps"] == 3
     with pytest.raises(ValueError, match="unknown accelerator"):
-        accelerated(oft_policy, "magic")
+        token_policy("magic")
+
+
+def test_a_policy_owns_its_graph_hooks_and_statistics(oft_policy, frames, instruction):
+    """One graph per prompt length, built once; with_setting gives a new policy with its own
+    hooks and statistics, the original untouched; the setting's text and value are one thing;
+    reset() exists on every policy."""
+    from vlarun.policy.setting import AccelSetting
+
+    n = len(oft_policy.text_ids(instruction))
+    graph = oft_policy.graph(n)
+    run = oft_policy.run_stages(frames[0], instruction)
+    assert oft_policy.graph(n) is graph
+    assert [t.name for t in run.timings] == [s.name for s in graph.stages]
+    assert oft_policy.graph(n + 1) is not graph and oft_policy.hooks is None
+    oft_policy.reset()  # nothing to forget, but always there
+    a = oft_policy.with_setting("triage:0.25")
+    b = oft_policy.with_setting(AccelSetting(token_budget=0.25))
+    assert a.model is oft_policy.model and a.hooks is not b.hooks
+    assert a.graph(n) is not oft_policy.graph(n)  # bound to a's hooks
+    for f in frames[:3]:
+        a.run_stages(f, instruction)
+    assert len(a.stats.steps) == 3 and not b.stats.steps and not oft_policy.stats.steps
+    assert a.stats.steps[-1].recomputed == round(0.25 * oft_policy.model.cfg.num_visual)
+    a.reset()
+    assert a.hooks.cache is None and len(a.stats.steps) == 3  # state forgotten, statistics kept
 
 
 def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames, actions):
@@ -30,9 +55,9 @@ def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames, actions)
     ref = np.stack([a.float().numpy() for a in actions(oft_policy, frames[:2],
                                                        get_task(task).instruction)])  # fmt: skip
     rollouts = Rollouts(np.stack(frames[:2]), ref, np.zeros(2, dtype=np.int64), (task,), (0,))
-    full = action_fidelity(rollouts, policy_candidate(accelerated(oft_policy, "full")))
+    full = action_fidelity(rollouts, policy_candidate(oft_policy.with_setting("full")))
     assert full["mean_abs_error"] == 0.0
-    triage = action_fidelity(rollouts, policy_candidate(accelerated(oft_policy, "triage", 0.1)))
+    triage = action_fidelity(rollouts, policy_candidate(oft_policy.with_setting("triage:0.1")))
     assert triage["observations"] == 2
 
 
@@ -41,14 +66,14 @@ def test_efficientvla_all_parts(oft_policy, frames, actions, instruction):
     ids = oft_policy.text_ids(instruction)
     calib = [(torch.rand(1, 1, 3, size, size), ids)]
     cfg = EfficientVLAConfig(tokens=0.25, layers_removed=1, mlp_sparsity=0.25)
-    fast = efficientvla(oft_policy, cfg, calib)
+    fast = cfg.apply(oft_policy, calib)
     actions(fast, frames[:2])
     assert fast.model.cfg.llm.num_layers == 3 and oft_policy.model.cfg.llm.num_layers == 4
-    assert fast.summary()["flops_ratio"] < 0.75
+    assert fast.stats.summary()["flops_ratio"] < 0.75
     with pytest.raises(ValueError, match="calibration"):
-        efficientvla(oft_policy, cfg)
+        cfg.apply(oft_policy)
     with pytest.raises(ValueError, match="denoise_cache"):
-        efficientvla(oft_policy, EfficientVLAConfig(cache_interval=5))  # OFT: no denoiser
+        EfficientVLAConfig(cache_interval=5).apply(oft_policy)  # OFT: no denoiser
 
 
 def test_a_checkpoints_calibration_reaches_every_triage_it_builds(tmp_path):
@@ -64,12 +89,13 @@ def test_a_checkpoints_calibration_reaches_every_triage_it_builds(tmp_path):
     ckpt = tmp_path / "oft"
     shutil.copytree(checkpoints_dir() / "tiny-oft", ckpt)
     plain = Policy.from_checkpoint(ckpt)
-    assert plain.calibration == {} and accelerated(plain, "triage").tokens.cfg.delta == 0.3
+    assert plain.calibration == {}
+    assert plain.with_setting("triage:0.34").hooks.tokens.cfg.delta == 0.3
     (ckpt / "calibration.json").write_text(json.dumps({"triage": {"delta": 0.5}, "_source": "x"}))
     policy = Policy.from_checkpoint(ckpt)
     assert policy.calibration == {"triage": {"delta": 0.5}}
     for method in ("triage", "drop-all", "keep-all"):
-        assert accelerated(policy, method, 0.18).tokens.cfg.delta == 0.5
+        assert policy.with_setting(f"{method}:0.18").hooks.tokens.cfg.delta == 0.5
     hooks = AccelSetting.parse("triage:0.18").hooks("parallel", policy.calibration)
     assert hooks.tokens.cfg.delta == 0.5
     (ckpt / "calibration.json").write_text(json.dumps({"triage": {"dleta": 0.5}}))

@@ -8,7 +8,7 @@ import torch
 from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
 from vlarun.accel.triage import Triage, TriageConfig
-from vlarun.policy import AcceleratedPolicy, Policy
+from vlarun.policy import Policy
 
 INSTRUCTION = "push the red block to the goal"
 
@@ -45,7 +45,7 @@ def test_serialised_stage_by_stage_equals_in_process(setting):
     if cfg.num_images > 1:
         frames = [np.stack([f] * cfg.num_images) for f in frames]
     state = np.zeros(cfg.state_dim, np.float32) if cfg.state_dim else None
-    local, remote = AcceleratedPolicy(base, **hooks()), AcceleratedPolicy(base, **hooks())
+    local, remote = base.with_hooks(**hooks()), base.with_hooks(**hooks())
     for i, frame in enumerate(frames):
         a = local.run_stages(frame, INSTRUCTION, state=state, seed=i)
         b = remote.run_stages(frame, INSTRUCTION, state=state, seed=i, serialize=True)
@@ -53,9 +53,11 @@ def test_serialised_stage_by_stage_equals_in_process(setting):
         assert [t.name for t in b.timings] == [s.name for s in local.graph(len(
             base.text_ids(INSTRUCTION))).stages]  # fmt: skip
         assert all(t.in_bytes > 0 for t in b.timings)  # real packets, not 0-byte timings
-    assert [dataclass_tuple(s) for s in local.steps] == [dataclass_tuple(s) for s in remote.steps]
+    assert [dataclass_tuple(s) for s in local.stats.steps] == [
+        dataclass_tuple(s) for s in remote.stats.steps
+    ]
     if "triage" in setting:  # the token policy really acted: tokens were reused or pruned
-        assert any(s.reused + s.pruned > 0 for s in local.steps[1:])
+        assert any(s.reused + s.pruned > 0 for s in local.stats.steps[1:])
 
 
 def dataclass_tuple(s):
@@ -65,7 +67,7 @@ def dataclass_tuple(s):
 def test_the_prefill_stage_takes_the_frame_only_under_a_token_policy():
     base = Policy.from_preset("tiny-openvla-oft", seed=0)
     n = len(base.text_ids(INSTRUCTION))
-    plain = AcceleratedPolicy(base, denoise_cache=None).graph(n)  # FullRecompute tokens
+    plain = base.with_hooks().graph(n)  # FullRecompute tokens
     assert "images" in [s.name for s in plain.stage("prefill_head").inputs]
     from vlarun.stages.families import Workload, build_graph
 

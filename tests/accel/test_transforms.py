@@ -114,11 +114,10 @@ def test_mlp_sparsity_zero_is_identity_and_keeps_the_strongest_channels(dit_poli
 
 def test_flow_expert_feature_cache(frames):
     """The same hook on a pi0-style action expert: interval 1 is exact, 5 computes 2 of 10."""
-    from vlarun.policy.accelerated import AcceleratedPolicy
 
     policy = Policy.from_preset("tiny-pi0", seed=0)
     frame = frames[0]
-    plain = AcceleratedPolicy(policy).run_stages(frame, "open the drawer").outputs["actions"]
+    plain = policy.with_hooks().run_stages(frame, "open the drawer").outputs["actions"]
     made = []
 
     def factory(interval):
@@ -128,9 +127,9 @@ def test_flow_expert_feature_cache(frames):
 
         return make
 
-    one = AcceleratedPolicy(policy, denoise_cache=factory(1)).run_stages(frame, "open the drawer")
+    one = policy.with_hooks(denoise_cache=factory(1)).run_stages(frame, "open the drawer")
     assert torch.equal(one.outputs["actions"], plain)
-    five = AcceleratedPolicy(policy, denoise_cache=factory(5)).run_stages(frame, "open the drawer")
+    five = policy.with_hooks(denoise_cache=factory(5)).run_stages(frame, "open the drawer")
     layers = policy.model.cfg.flow.expert.num_layers
     assert made[-1].computed == 2 * 2 * layers and made[-1].reused == 8 * 2 * layers
     assert not torch.equal(five.outputs["actions"], plain)

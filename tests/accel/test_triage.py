@@ -13,7 +13,6 @@ from vlarun.accel.triage import (
     value_drift,
 )
 from vlarun.models.token_plan import TokenAction
-from vlarun.policy.accelerated import accelerate
 
 
 def _fill(budget, important, has_cache, valid, newly, age, drift, importance, mu=0.0):
@@ -76,22 +75,22 @@ def test_drift_and_memory_correspondence():
 def test_budget_of_all_tokens_equals_full_recompute(oft_policy, frames, actions):
     nv = oft_policy.model.cfg.num_visual
     full = actions(oft_policy, frames)
-    triage = accelerate(oft_policy, Triage(TriageConfig(budget=nv)))
+    triage = oft_policy.with_hooks(Triage(TriageConfig(budget=nv)))
     got = actions(triage, frames)
     assert max((a - b).abs().max().item() for a, b in zip(got, full, strict=True)) <= 1e-5
-    assert all(s.recomputed == nv for s in triage.steps)
+    assert all(s.recomputed == nv for s in triage.stats.steps)
 
 
 def test_every_cache_invalid_equals_drop_all(oft_policy, frames, instruction):
     """delta = 0: no drift is below it, so no cache is valid and nothing is reused."""
     cfg = TriageConfig(budget_fraction=0.25, delta=0.0)
-    triage, dropped = accelerate(oft_policy, Triage(cfg)), accelerate(oft_policy, drop_all(cfg))
+    triage, dropped = oft_policy.with_hooks(Triage(cfg)), oft_policy.with_hooks(drop_all(cfg))
     plans = []
     for f in frames:
         a = triage.run_stages(f, instruction).outputs["actions"]
         b = dropped.run_stages(f, instruction).outputs["actions"]
         assert torch.equal(a, b)
-        plans.append((triage.tokens.last_plan, dropped.tokens.last_plan))
+        plans.append((triage.hooks.tokens.last_plan, dropped.hooks.tokens.last_plan))
     for p, q in plans[1:]:
         assert torch.equal(p.decisions, q.decisions)
         assert not (p.decisions == TokenAction.REUSE).any()
@@ -99,10 +98,10 @@ def test_every_cache_invalid_equals_drop_all(oft_policy, frames, instruction):
 
 
 def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames, instruction):
-    triage = accelerate(oft_policy, Triage(TriageConfig(budget=10)))
+    triage = oft_policy.with_hooks(Triage(TriageConfig(budget=10)))
     for f in frames:
         triage.run_stages(f, instruction)
-        plan, sig = triage.tokens.last_plan, triage.tokens.last_signals
+        plan, sig = triage.hooks.tokens.last_plan, triage.hooks.tokens.last_signals
         if plan is None:
             continue  # the episode's first query recomputes everything
         d = plan.decisions[0]
@@ -112,24 +111,25 @@ def test_budget_is_exact_and_rest_follows_validity(oft_policy, frames, instructi
 
 
 def test_keep_all_never_prunes_and_age_limit_invalidates(oft_policy, frames, actions):
-    kept = accelerate(oft_policy, keep_all(TriageConfig(budget=8)))
+    kept = oft_policy.with_hooks(keep_all(TriageConfig(budget=8)))
     actions(kept, frames)
-    assert all(s.pruned == 0 for s in kept.steps) and kept.steps[-1].reused == 56
-    aged = accelerate(oft_policy, Triage(TriageConfig(budget=8, max_age=0)))
+    assert all(s.pruned == 0 for s in kept.stats.steps) and kept.stats.steps[-1].reused == 56
+    aged = oft_policy.with_hooks(Triage(TriageConfig(budget=8, max_age=0)))
     actions(aged, frames)
-    assert all(s.reused == 0 for s in aged.steps)
+    assert all(s.reused == 0 for s in aged.stats.steps)
 
 
 def test_state_resets_on_new_episode(oft_policy, frames, actions, instruction):
-    policy = accelerate(oft_policy, Triage(TriageConfig(budget=8)))
+    policy = oft_policy.with_hooks(Triage(TriageConfig(budget=8)))
     actions(policy, frames[:3])
-    assert policy.tokens.state.query == 3
+    assert policy.hooks.tokens.state.query == 3
     policy.reset()
-    assert policy.tokens.state is None
+    assert policy.hooks.tokens.state is None
     policy.run_stages(frames[0], instruction)
-    assert policy.tokens.last_plan is None and policy.tokens.state.query == 1  # full again
+    tokens = policy.hooks.tokens
+    assert tokens.last_plan is None and tokens.state.query == 1  # full again
     policy.run_stages(frames[1], "open the drawer")  # a new instruction is a new episode
-    assert policy.tokens.state.query == 1
+    assert policy.hooks.tokens.state.query == 1
 
 
 def test_config_is_validated():

@@ -70,14 +70,13 @@ def test_config_is_validated():
 
 
 def test_runs_through_the_graph_and_keeps_exactly_the_budget(oft_policy, frames, instruction):
-    from vlarun.policy.methods import accelerated
 
-    fast = accelerated(oft_policy, "vla-pruner", 0.25)
+    fast = oft_policy.with_setting("vla-pruner:0.25")
     for f in frames[:3]:
         out = fast.run_stages(f, instruction, serialize=True).outputs["actions"]
         assert torch.isfinite(out).all()
     nv = oft_policy.model.cfg.num_visual
-    assert [s.recomputed for s in fast.steps] == [round(0.25 * nv)] * 3
-    assert all(s.reused == 0 and s.pruned == nv - round(0.25 * nv) for s in fast.steps)
-    assert all(s.flops_ratio < 1.0 for s in fast.steps)
-    assert np.isfinite(fast.summary()["flops_ratio"])
+    assert [s.recomputed for s in fast.stats.steps] == [round(0.25 * nv)] * 3
+    assert all(s.reused == 0 and s.pruned == nv - round(0.25 * nv) for s in fast.stats.steps)
+    assert all(s.flops_ratio < 1.0 for s in fast.stats.steps)
+    assert np.isfinite(fast.stats.summary()["flops_ratio"])

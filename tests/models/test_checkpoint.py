@@ -1,6 +1,7 @@
 """Checkpoints: round trips, transformers directories, and clear refusals."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -197,9 +198,11 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
     index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     del state, model
-    script = Path(__file__).resolve().parents[2] / "scripts" / "load-memory.py"
-    r = json.loads(subprocess.run([sys.executable, str(script), "measure", str(out)],
-                                  capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "vlarun.cli", "bench", "load", str(out), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                  env=env).stdout)  # fmt: skip
     assert r["params"] > 150e6 and r["dtype"] == "torch.bfloat16"
     assert r["ratio_after_reading_every_weight"] <= 1.3, r
 

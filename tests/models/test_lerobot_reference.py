@@ -3,7 +3,7 @@
 Each fixture holds what LeRobot's unmodified ``PI0Pytorch`` / ``PI05Pytorch`` (lerobot 7427f31,
 on transformers 5.5.4) computed on the seeded tiny directory
 ``vlarun.parity.make_lerobot_dir`` writes;
-``scripts/lerobot-reference.py`` recorded it (LeRobot cannot be installed here: it needs
+``fixtures/record_lerobot_reference.py`` recorded it (LeRobot cannot be installed here: it needs
 Python >= 3.12). The prefix is also checked live against transformers' PaliGemma modules.
 """
 

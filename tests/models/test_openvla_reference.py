@@ -1,4 +1,5 @@
-"""vlarun against OpenVLA's own predict_action (recorded once: scripts/openvla-reference.py).
+"""vlarun against OpenVLA's own predict_action (recorded once by
+tests/models/fixtures/record_openvla_reference.py).
 
 The fixture holds what OpenVLA's unmodified ``prismatic/extern/hf`` code (timm 0.9.10,
 transformers 4.40.1) produced on a random-weight OpenVLA-layout directory: the greedy action
@@ -34,7 +35,7 @@ def reference(tmp_path_factory):
         pytest.fail(
             "the rebuilt directory's weights differ from the ones OpenVLA ran (torch "
             f"{inputs['torch']} vs the fixture's {fixture['versions']['torch']}): re-record "
-            "with scripts/openvla-reference.py"
+            "with tests/models/fixtures/record_openvla_reference.py"
         )
     assert (
         hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()

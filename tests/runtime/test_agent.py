@@ -75,8 +75,8 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
 ):
     """The graph, stand-in factors and scheduler are built by warmup (``prepare``), not by the
     first request: built there they cost it ~60 ms (more under load), which the scheduler
-    learned as its placement's residual and spread and so shunned that placement (issue 19)."""
-    from vlarun.runtime import agent as agent_module
+    learned as its placement's residual and spread and so shunned that placement."""
+    from vlarun.policy import base as policy_module
     from vlarun.runtime import planning
 
     image = StubEnv(1).image
@@ -89,7 +89,7 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
             raise AssertionError("one-time setup inside a timed request")
 
         for module, name in ((planning, "make_scheduler"), (planning, "stand_in_factors"),
-                             (agent_module, "build_graph")):  # fmt: skip
+                             (policy_module, "build_graph")):  # fmt: skip
             monkeypatch.setattr(module, name, built_in_a_request)
         inf = agent.infer(image, INSTRUCTION)
         assert inf.predicted_s is not None  # planned by the scheduler

@@ -11,7 +11,7 @@ import torch
 
 from vlarun.paths import policy_dir
 from vlarun.policy.base import Policy
-from vlarun.policy.setting import AccelSetting, accelerated_with
+from vlarun.policy.setting import AccelSetting
 from vlarun.runtime import procs
 from vlarun.runtime.agent import AgentConfig, RobotAgent
 from vlarun.runtime.planning import decide, make_scheduler
@@ -74,9 +74,9 @@ def test_setting_on_the_edge_process_gives_the_in_process_actions(
     policies, edges, name, setting, strategy
 ):
     policy, st, steps = policies[name], AccelSetting.parse(setting), frames()
-    ref = accelerated_with(policy, st)
+    ref = policy.with_setting(st)
     expected = [ref.predict(f, INSTRUCTION, seed=i) for i, f in enumerate(steps)]
-    assert ref.summary()["reused"] > 0  # the steps exercise reuse, not only recompute
+    assert ref.stats.summary()["reused"] > 0  # the steps exercise reuse, not only recompute
     cfg = AgentConfig(slo_s=10.0, strategy=strategy, setting=st)
     agent = RobotAgent(policy, cfg, edges(name), INSECURE)
     try:
@@ -98,7 +98,7 @@ def test_a_stage_that_moves_starts_its_state_afresh_on_the_new_side(policies):
     st = AccelSetting.parse("triage:0.34+exit:0.5")
     steps = frames(7)
     prefill_at = ["robot", "robot", "edge", "edge", "edge", "robot", "robot"]
-    ref = accelerated_with(policy, st)
+    ref = policy.with_setting(st)
     expected = []
     for i, f in enumerate(steps):
         if i and prefill_at[i] != prefill_at[i - 1]:

@@ -105,6 +105,13 @@ def test_command_line(tmp_path, capsys):
     demos = load_demos(out)
     assert demos.images.shape[1:] == (32, 32, 3)
     assert demos.manifest["tasks"]["button-press-topdown-v3"]["seeds"] == [3]
+    # `vlarun demos` is the same command (and refuses to overwrite in one line)
+    from vlarun.cli import main as vlarun
+
+    assert vlarun(["demos", *args]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert vlarun(["demos", *args, "--image-size", "32", "--overwrite"]) == 0
+    assert "1 episodes" in capsys.readouterr().out
 
 
 def test_failed_episodes_are_replaced_and_recorded(tmp_path, monkeypatch):

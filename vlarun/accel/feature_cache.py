@@ -41,7 +41,7 @@ class EveryNStepsCache:
 
 
 def every_n_steps(interval: int = 5) -> Callable[[], EveryNStepsCache]:
-    """A factory for ``AcceleratedPolicy(denoise_cache=...)``: a fresh cache per inference."""
+    """A factory for ``Policy.with_hooks(denoise_cache=...)``: a fresh cache per inference."""
     EveryNStepsCache(interval)  # validate now, not at the first inference
 
     def make() -> EveryNStepsCache:

@@ -31,9 +31,9 @@ runs until every row has stopped. Rows decode at their own positions after right
 as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
 
   from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
-  from vlarun.policy.accelerated import AcceleratedPolicy
-  fast = AcceleratedPolicy(policy, decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
-  fast.predict(image, "open the drawer"); fast.decoder.summary()
+  fast = policy.with_hooks(decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
+  fast.predict(image, "open the drawer"); fast.hooks.decoder.summary()
+  (a setting names the same decoder: ``policy.with_setting("exit:0.5")``)
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def held_action(previous: Tensor, action_dim: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoders: strategies AcceleratedPolicy runs after the prefill
+# Decoders: strategies a hooked Policy runs after the prefill
 
 
 @dataclass
@@ -313,7 +313,8 @@ class GreedyDecoder:
 
 @dataclass
 class JacobiDecoder:
-    """Jacobi decoding (+ early exit when ``cfg.sigma`` is set) as an AcceleratedPolicy decoder.
+    """Jacobi decoding (+ early exit when ``cfg.sigma`` is set) as a Policy's decoder hook
+    (``Policy.with_hooks(decoder=...)``; ``with_setting("exit:0.5")`` makes one).
 
     Random initial guesses come from a generator reseeded by ``reset`` (each episode), so runs
     are reproducible. With ``cfg.init == "previous"`` the decoder remembers each call's output

@@ -1,7 +1,9 @@
-"""`vlarun train | distill`: behaviour cloning, and CEED-VLA consistency distillation."""
+"""`vlarun demos | train | distill`: scripted-expert demonstrations, behaviour cloning, and
+CEED-VLA consistency distillation."""
 
 from __future__ import annotations
 
+from vlarun.sim.demos import DemosOptions, run_demos, show_demos
 from vlarun.sim.distill import DistillConfig, distill
 from vlarun.sim.train import TrainConfig, train
 
@@ -18,6 +20,6 @@ def _show_distill(r: dict) -> None:
         print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")
 
 
-OPTIONS = {"train": TrainConfig, "distill": DistillConfig}
-RUN = {"train": train, "distill": distill}
-SHOW = {"train": _show_train, "distill": _show_distill}
+OPTIONS = {"demos": DemosOptions, "train": TrainConfig, "distill": DistillConfig}
+RUN = {"demos": run_demos, "train": train, "distill": distill}
+SHOW = {"demos": show_demos, "train": _show_train, "distill": _show_distill}

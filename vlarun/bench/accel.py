@@ -13,8 +13,8 @@ Three parts, each optional (``--parts``):
 * ablation: EfficientVLA on the diffusion policy: tokens only, cache only, layers only, MLP
   sparsity only, all; speedup (end-to-end) and success.
 
-Every policy runs through ``AcceleratedPolicy`` and ``sim.evaluate.run_episode``; episodes are
-separated by ``reset()`` so no state leaks between them. Results: JSON and plots under
+Every policy runs under its hooks (``Policy.with_hooks``) through ``sim.evaluate.run_episode``;
+episodes are separated by ``reset()`` so no state leaks between them. Results: JSON and plots under
 ``--out``. ``--quick`` is a reduced version for a few minutes; it is not a result to quote.
 """
 
@@ -33,14 +33,8 @@ import torch
 from vlarun.bench.replay import time_streams
 from vlarun.bench.shapes import large_label, large_policy, synthetic_stream
 from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
-from vlarun.policy.accelerated import AcceleratedPolicy
-from vlarun.policy.methods import (
-    DEPTH_PARTS,
-    METHODS,
-    EfficientVLAConfig,
-    accelerated,
-    efficientvla,
-)
+from vlarun.policy.base import Policy
+from vlarun.policy.methods import DEPTH_PARTS, METHODS, EfficientVLAConfig, token_policy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = (0.34, 0.25, 0.18, 0.11, 0.07)
@@ -181,8 +175,7 @@ def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
     for task in tasks:
         env = MetaWorldEnv(task, max_steps=o.max_steps, **env_views(policy.model.cfg))
         for i in range(o.episodes):
-            if isinstance(policy, AcceleratedPolicy):
-                policy.reset()
+            policy.reset()
             seen: list[tuple[np.ndarray, np.ndarray]] = []
 
             def keep(obs, run, out=seen):
@@ -204,7 +197,7 @@ def closed_loop(policy, o: BenchAccelOptions, record: bool = False) -> dict:
     }
 
 
-def fidelity(policy: AcceleratedPolicy, recorded: list[dict]) -> float:
+def fidelity(policy: Policy, recorded: list[dict]) -> float:
     """Mean |action - full recompute's| over every recorded observation, episode by episode."""
     from vlarun.sim.evaluate import replay_errors
 
@@ -212,9 +205,14 @@ def fidelity(policy: AcceleratedPolicy, recorded: list[dict]) -> float:
     return float(np.mean(errors)) if errors else float("nan")
 
 
+def with_method(policy: Policy, name: str, budget: float = 0.34) -> Policy:
+    """``policy`` running token method ``name`` at ``budget`` (with its calibrated knobs)."""
+    return policy.with_hooks(token_policy(name, budget, policy.calibration))
+
+
 def sweep(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.policy)
-    full = closed_loop(accelerated(policy, "full"), o, record=True)
+    full = closed_loop(policy.with_setting("full"), o, record=True)
     rows = [
         {
             "method": "full",
@@ -227,22 +225,22 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
     ]
     log(f"sweep full: {full['success_rate']:.1%}")
     for b in items(o.budgets, float):
-        for method in items(o.methods):
-            fast = accelerated(policy, method, b)
+        for name in items(o.methods):
+            fast = with_method(policy, name, b)
             res = closed_loop(fast, o)
-            err = fidelity(accelerated(policy, method, b), full["recorded"])
+            err = fidelity(with_method(policy, name, b), full["recorded"])
             rows.append(
                 {
-                    "method": method,
+                    "method": name,
                     "budget_fraction": b,
                     "success_rate": res["success_rate"],
                     "ci95": res["ci95"],
                     "action_error": err,
                     "episodes": res["episodes"],
-                    "flops_ratio": fast.summary().get("flops_ratio"),
+                    "flops_ratio": fast.stats.summary().get("flops_ratio"),
                 }
             )
-            log(f"sweep {method} B={b:.0%}: {res['success_rate']:.1%}, error {err:.4f}")
+            log(f"sweep {name} B={b:.0%}: {res['success_rate']:.1%}, error {err:.4f}")
     return rows
 
 
@@ -251,11 +249,11 @@ def sweep(o: BenchAccelOptions, log) -> list[dict]:
 
 
 def latency_rows(name: str, policy, stream, budget: float, log) -> list[dict]:
-    fast = [accelerated(policy, method, budget) for method in LATENCY_METHODS]
+    fast = [with_method(policy, m, budget) for m in LATENCY_METHODS]
     rows = []
-    for method, r in zip(LATENCY_METHODS, time_streams(fast, stream), strict=True):
-        rows.append({"model": name, "method": method, "budget_fraction": budget} | r)
-        log(f"latency {name} {method}: prefill {r['prefill_ms']:.1f} ms, e2e {r['e2e_ms']:.1f}")
+    for m, r in zip(LATENCY_METHODS, time_streams(fast, stream), strict=True):
+        rows.append({"model": name, "method": m, "budget_fraction": budget} | r)
+        log(f"latency {name} {m}: prefill {r['prefill_ms']:.1f} ms, e2e {r['e2e_ms']:.1f}")
     return rows
 
 
@@ -266,7 +264,7 @@ def latency(o: BenchAccelOptions, log) -> list[dict]:
     task = parse_tasks(o.tasks)[0]
     instruction = get_task(task).instruction
     recorded = closed_loop(
-        accelerated(policy, "full"), _with(o, tasks=task, episodes=1), record=True
+        policy.with_setting("full"), _with(o, tasks=task, episodes=1), record=True
     )["recorded"]
     stream = [(instruction, img, st) for img, st, _ in recorded[0]["obs"]][: o.latency_queries]
     if len(stream) < o.latency_queries:  # a short episode: pad with a synthetic continuation
@@ -304,12 +302,12 @@ ABLATION = {
 
 def ablation(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.diffusion_policy)
-    full = closed_loop(accelerated(policy, "full"), o, record=True)
+    full = closed_loop(policy.with_setting("full"), o, record=True)
     frames = [(ep["instruction"], img, st) for ep in full["recorded"] for img, st, _ in ep["obs"]]
-    calibration = [(policy.image_tensor(img), policy.text_ids(ins, st), policy.state_tensor(st))
-                   for ins, img, st in frames[:16]]  # fmt: skip
+    samples = [(policy.image_tensor(img), policy.text_ids(ins, st), policy.state_tensor(st))
+               for ins, img, st in frames[:16]]  # fmt: skip
     stream = frames[: o.latency_queries]
-    fast = {name: efficientvla(policy, cfg, calibration) for name, cfg in ABLATION.items()}
+    fast = {name: cfg.apply(policy, samples) for name, cfg in ABLATION.items()}
     timings = dict(zip(fast, time_streams(list(fast.values()), stream), strict=True))
     rows, base_ms = [], timings["none"]["e2e_ms"]
     for name, cfg in ABLATION.items():

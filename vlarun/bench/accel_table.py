@@ -281,15 +281,15 @@ def timing(o, groups: dict, log) -> list[dict]:
     return out
 
 
-def _large_candidate(big, spec: str, calibration: list):
+def _large_candidate(big, spec: str, samples: list):
     """A configuration on a random-weight ~1B policy (EfficientVLA parts calibrated on
-    ``calibration`` instead of demo frames, which a random model has none of)."""
-    from vlarun.policy.methods import DEPTH_PARTS, efficientvla
+    ``samples`` instead of demo frames, which a random model has none of)."""
+    from vlarun.policy.methods import DEPTH_PARTS
     from vlarun.sim.evaluate import build_candidate
 
     head, _, part = spec.partition(":")
     if head == "evla":
-        return efficientvla(big, DEPTH_PARTS[part], calibration)
+        return DEPTH_PARTS[part].apply(big, samples)
     return build_candidate(big, spec)
 
 

@@ -44,7 +44,7 @@ import torch
 from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
-from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.policy.base import Policy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
 SIGMAS = (0.4, 0.5, 0.6, 0.7)
@@ -146,36 +146,34 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[Method]:
     return rows
 
 
-def accelerated(
-    base, method: Method, seed: int = 0, max_iters: int = 0, init: str = "random"
-) -> AcceleratedPolicy:
+def decoding(
+    base: Policy, method: Method, seed: int = 0, max_iters: int = 0, init: str = "random"
+) -> Policy:
     """The policy decoding with ``method``; ``max_iters`` (0: none) caps exit methods only;
     Jacobi methods start from ``init`` guesses."""
     name, sigma, rule = method
     decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(name, name)
     dec = make_decoder(decoder, sigma, seed, rule or "all", max_iters or None, init)
-    return AcceleratedPolicy(base, decoder=dec)
+    return base.with_hooks(decoder=dec)
 
 
 # ---------------------------------------------------------------------------------------------
 # Timing on a replayed stream
 
 
-def time_methods(
-    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
-) -> list[dict]:
+def time_methods(policies: list[Policy], stream: list[tuple[str, np.ndarray]]) -> list[dict]:
     """Per-query decode speed and end-to-end latency of each policy over (instruction, image)
     queries, the methods taking turns query by query (``replay.interleaved_runs``)."""
     runs = interleaved_runs(policies, stream, warmup=3)
     return [summarise_runs(p, r) for p, r in zip(policies, runs, strict=True)]
 
 
-def summarise_runs(policy: AcceleratedPolicy, runs: list) -> dict:
+def summarise_runs(policy: Policy, runs: list) -> dict:
     n = policy.model.cfg.num_action_tokens
     times = [{s.name: s.seconds for s in run.timings} for run in runs]
     speeds = [n / t["decode"] for t in times]
     e2e_ms = [sum(t.values()) * 1e3 for t in times]
-    s = policy.decoder.summary()
+    s = policy.hooks.decoder.summary()
     return {
         "tokens_per_s_mean": statistics.mean(speeds),
         "tokens_per_s_min": min(speeds),
@@ -240,22 +238,22 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
             student = _load(o.distilled)
         except FileNotFoundError as e:
             log(f"skipping distilled-exit: {e}")
-    ar = closed_loop(accelerated(teacher, ("ar", None, None)), o, record=True)
+    ar = closed_loop(decoding(teacher, ("ar", None, None)), o, record=True)
     stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
     inits = [o.distilled_init if m[0].startswith("distilled") else o.init for m in methods]
-    policies = [accelerated(b, m, o.seed, o.max_iters, i)
+    policies = [decoding(b, m, o.seed, o.max_iters, i)
                 for b, m, i in zip(bases, methods, inits, strict=True)]  # fmt: skip
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids = [], timings[0]["_ids"]
     for m, base, policy, timing, init in zip(methods, bases, policies, timings, inits, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
-        fresh = accelerated(base, m, o.seed, o.max_iters, init)  # no timing-run state
+        fresh = decoding(base, m, o.seed, o.max_iters, init)  # no timing-run state
         res = ar if method == "ar" else closed_loop(fresh, o)
-        # The cap the decoder ran with (``accelerated`` applies it to exit methods only).
-        dcfg = getattr(policy.decoder, "cfg", None)
+        # The cap the decoder ran with (``decoding`` applies it to exit methods only).
+        dcfg = getattr(policy.hooks.decoder, "cfg", None)
         cap, guess = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
         row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap,
                "init": guess} | timing | {  # fmt: skip

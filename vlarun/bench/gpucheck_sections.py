@@ -278,8 +278,7 @@ def triage(env: Env) -> dict:
     """OFT prefill time with TRIAGE at B = 34% vs full recompute, and the FLOPs ratios."""
     from vlarun.bench.replay import interleaved_runs
     from vlarun.models.presets import get_preset
-    from vlarun.policy.accelerated import AcceleratedPolicy
-    from vlarun.policy.setting import AccelSetting, accelerated_with
+    from vlarun.policy.setting import AccelSetting
     from vlarun.sched.cost import stage_works
     from vlarun.sched.plans import Setting, apply_setting
     from vlarun.stages.families import Workload
@@ -287,14 +286,14 @@ def triage(env: Env) -> dict:
     cfg = get_preset("tiny-openvla-oft" if env.quick else "openvla-oft")
     base = random_policy(cfg, env)
     setting = AccelSetting.parse(f"triage:{BUDGET}")
-    full, fast = AcceleratedPolicy(base), accelerated_with(base, setting)
+    full, fast = base.with_setting("full"), base.with_setting(setting)
     # The first query of an episode recomputes every token; the steady ones are reported.
     runs = interleaved_runs([full, fast], frames(cfg, env.repeats + 1), warmup=2)
     stage = "prefill_head" if cfg.family == "parallel" else "prefill"
     full_ms = [t.seconds * 1e3 for run in runs[0][1:] for t in run.timings if t.name == stage]
     fast_ms = [t.seconds * 1e3 for run in runs[1][1:] for t in run.timings if t.name == stage]
     ratio = statistics.median(fast_ms) / statistics.median(full_ms)
-    executed = float(np.mean([s.flops_ratio for s in fast.steps[1:]]))
+    executed = float(np.mean([s.flops_ratio for s in fast.stats.steps[1:]]))
     w = Workload(1, len(base.text_ids(INSTRUCTION)), "bfloat16")
     works = {x.name: x for x in stage_works(cfg, w)}
     cut = {x.name: x for x in apply_setting(tuple(works.values()), cfg, w,
@@ -337,13 +336,13 @@ def jacobi(env: Env) -> dict:
     a trained or distilled model too (its iteration count is what distillation changes)."""
     from vlarun.bench.replay import interleaved_runs
     from vlarun.models.presets import get_preset
-    from vlarun.policy.setting import AccelSetting, accelerated_with
+    from vlarun.policy.setting import AccelSetting
 
     cfg = get_preset("tiny-openvla" if env.quick else "openvla-7b")
     base = random_policy(cfg, env)
-    ar = accelerated_with(base, AccelSetting())
+    ar = base.with_setting("full")
     setting = AccelSetting.parse(f"exit:{EXIT_SIGMA}")
-    ex = accelerated_with(base, setting)
+    ex = base.with_setting(setting)
     runs = interleaved_runs([ar, ex], frames(cfg, env.repeats), warmup=2)
     n = cfg.num_action_tokens
 
@@ -351,7 +350,7 @@ def jacobi(env: Env) -> dict:
         return [next(t.seconds for t in r.timings if t.name == "decode") for r in policy_runs]
 
     ar_s, ex_s = decode_s(runs[0]), decode_s(runs[1])
-    iters = ex.decoder.summary()
+    iters = ex.hooks.decoder.summary()
     ar_step_ms = statistics.mean(ar_s) * 1e3 / max(n - 1, 1)  # n - 1 forwards after the prefill
     iter_ms = statistics.mean(ex_s) * 1e3 / iters["iterations_mean"]
     agree = [float((a.outputs["action_ids"] == b.outputs["action_ids"]).float().mean())

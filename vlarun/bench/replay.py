@@ -1,4 +1,4 @@
-"""Replay one observation stream through several accelerated policies, query by query.
+"""Replay one observation stream through several (hooked) policies, query by query.
 
 Benchmarks compare methods side by side on this shared machine: the policies take turns on
 each query, so a change in the machine's load reaches every method alike instead of whichever
@@ -11,12 +11,12 @@ import statistics
 
 import numpy as np
 
-from vlarun.policy.accelerated import AcceleratedPolicy
+from vlarun.policy.base import Policy
 from vlarun.stages.graph import GraphRun
 
 
 def interleaved_runs(
-    policies: list[AcceleratedPolicy],
+    policies: list[Policy],
     stream: list[tuple[str, np.ndarray, np.ndarray | None]],
     warmup: int = 2,
 ) -> list[list[GraphRun]]:
@@ -30,9 +30,9 @@ def interleaved_runs(
         for instruction, image, state in stream[:warmup]:
             policy.run_stages(image, instruction, state=state)
         policy.reset()
-        policy.steps.clear()
-        if policy.decoder is not None:
-            policy.decoder.steps.clear()
+        policy.stats.clear()
+        if policy.hooks is not None and policy.hooks.decoder is not None:
+            policy.hooks.decoder.steps.clear()
     runs: list[list[GraphRun]] = [[] for _ in policies]
     for instruction, image, state in stream:
         for policy, out in zip(policies, runs, strict=True):
@@ -40,9 +40,7 @@ def interleaved_runs(
     return runs
 
 
-def time_streams(
-    policies: list[AcceleratedPolicy], stream: list[tuple[str, np.ndarray]]
-) -> list[dict]:
+def time_streams(policies: list[Policy], stream: list[tuple[str, np.ndarray]]) -> list[dict]:
     """Timings of each policy over the stream, replayed as one episode per policy, the
     policies taking turns query by query (``replay.interleaved_runs``). Stateful methods
     recompute every token at an episode's first query, so that query is reported apart
@@ -58,9 +56,9 @@ def time_streams(
     return out
 
 
-def _timing(policy: AcceleratedPolicy, prefill: list[float], e2e: list[float]) -> dict:
+def _timing(policy: Policy, prefill: list[float], e2e: list[float]) -> dict:
     steady = slice(1, None) if len(e2e) > 1 else slice(None)
-    return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.steps[steady]])),
+    return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.stats.steps[steady]])),
             "prefill_ms": statistics.mean(prefill[steady]), "e2e_ms": statistics.mean(e2e[steady]),
             "p99_ms": float(np.percentile(e2e[steady], 99)), "first_query_ms": e2e[0],
             "p99_all_ms": float(np.percentile(e2e, 99)), "queries": len(e2e)}  # fmt: skip

@@ -1,28 +1,54 @@
 """A Policy: model + tokenizer + action statistics + prompt format, from raw observations to
-robot actions. This is the object a user (or the simulator, or the robot agent) calls."""
+robot actions. This is the object a user (or the simulator, or the robot agent) calls.
+
+  policy = Policy.load("tiny-ar")                    # a directory, a shipped name or a preset
+  actions = policy.predict(image, "open the drawer", state=state)   # (horizon, action_dim)
+
+  fast = policy.with_setting("triage:0.34")          # the same policy under an accelerator
+  fast.predict(image, "open the drawer", state=state)
+  fast.reset()                                       # before the next episode
+  fast.stats.summary()                               # decisions and FLOPs ratio per step
+
+A Policy owns its stage graph (built once per prompt length, ``graph``), the accelerator hooks
+it runs with (``hooks``: None for plain inference) and their per-episode state (``reset``).
+``with_setting`` applies an ``AccelSetting`` (or its text, ``"triage:0.18+cache:2"``): the same
+hooks the robot agent and the edge make from that setting. ``with_hooks`` installs accelerator
+objects a setting does not name (a token policy at an absolute budget, a decoder with its own
+seed); both return a new Policy sharing the model, with fresh hook state and statistics.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
+from vlarun.accel.base import FullRecompute
 from vlarun.models import lerobot, static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
 from vlarun.models.device import resolve_device
+from vlarun.models.llama import LlamaConfig
 from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import PROMPTS, Tokenizer, load_tokenizer
 from vlarun.models.vla import VLA
 from vlarun.paths import policy_dir
+from vlarun.policy.stats import AccelStats
 from vlarun.stages.families import Workload, build_graph, graph_inputs
-from vlarun.stages.graph import GraphRun
+from vlarun.stages.graph import GraphRun, StageGraph
+from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import Packet
+
+if TYPE_CHECKING:
+    from vlarun.models.dit_head import DenoiseFeatureCache
+    from vlarun.models.hooks import TokenDecoder, TokenPolicy
+    from vlarun.policy.setting import AccelSetting
 
 
 class ActionNorm(Protocol):
@@ -64,6 +90,22 @@ class Policy:
     # in the model's order, and its state; () and None where it declares none.
     camera_keys: tuple[str, ...] = ()
     state_key: str | None = None
+    # Accelerator hooks the stage graph runs with (``with_setting``, ``with_hooks``); None: plain.
+    hooks: Hooks | None = None
+    # The LM FLOPs ratios are measured against when the model was transformed (layers pruned):
+    # the original's; None: the model's own.
+    reference: LlamaConfig | None = None
+    # Per-inference accelerator statistics (recorded while a token policy runs the prefill).
+    stats: AccelStats = field(default_factory=AccelStats, init=False, repr=False, compare=False)
+    _graphs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _instruction: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        family, h = self.model.cfg.family, self.hooks
+        if h is not None and h.denoise_cache is not None and family not in ("diffusion", "flow"):
+            raise ValueError("denoise_cache needs a diffusion (DiT) or flow (action expert) policy")
+        if h is not None and h.decoder is not None and family != "autoregressive":
+            raise ValueError("a token decoder needs an autoregressive (action-token) policy")
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
@@ -115,6 +157,8 @@ class Policy:
         device = torch.device(device)
         if device == self.model.device:
             return self
+        if self.hooks is not None:  # a KV cache kept on the old device is no use there
+            self.hooks.reset()
         return dataclasses.replace(self, model=self.model.to(device))
 
     @classmethod
@@ -235,8 +279,57 @@ class Policy:
         st = self.state_tensor(state)
         return graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st), ids
 
+    # -- accelerators ---------------------------------------------------------------------------
+
+    def with_setting(self, setting: AccelSetting | str) -> Policy:
+        """This policy running ``setting`` (an ``AccelSetting``, or its text: ``"full"``,
+        ``"triage:0.34"``, ``"exit:0.5"``, ``"fastv:0.18+cache:2"``) in process, with the
+        checkpoint's calibrated knobs: the hooks the robot and the edge make from it. A setting
+        with no token policy runs the prefill by full recompute through the same hook path,
+        so every step's statistics are recorded and accelerated runs compare like for like."""
+        from vlarun.policy.setting import AccelSetting
+
+        if isinstance(setting, str):
+            setting = AccelSetting.parse(setting)
+        hooks = setting.hooks(self.model.cfg.family, self.calibration) or Hooks()
+        return self.with_hooks(hooks.tokens, hooks.decoder, hooks.denoise_cache)
+
+    def with_hooks(
+        self,
+        tokens: TokenPolicy | None = None,
+        decoder: TokenDecoder | None = None,
+        denoise_cache: Callable[[], DenoiseFeatureCache] | None = None,
+        *,
+        reference: LlamaConfig | None = None,
+    ) -> Policy:
+        """This policy running accelerator objects a setting does not name: ``tokens`` a
+        visual-token policy (None: full recompute), ``decoder`` how an autoregressive head
+        decodes its action tokens after the prefill (e.g. ``jacobi.JacobiDecoder``),
+        ``denoise_cache`` a factory of a fresh DiT / flow-expert feature cache per inference;
+        ``reference`` the LM FLOPs ratios are measured against (a pruned model's original).
+        A new Policy sharing the model; the hooks are used as given (their state is its own)."""
+        hooks = Hooks(tokens or FullRecompute(), decoder, denoise_cache)
+        return dataclasses.replace(self, hooks=hooks, reference=reference or self.reference)
+
+    def reset(self) -> None:
+        """A new episode: forget the hooks' state (the KV cache a token policy reuses, the
+        decoder's warm start). Nothing to forget without hooks; statistics are kept."""
+        if self.hooks is not None:
+            self.hooks.reset()
+
     # -- inference ------------------------------------------------------------------------------
 
+    def graph(self, text_tokens: int) -> StageGraph:
+        """The stage graph this policy runs for a prompt of ``text_tokens``, bound to its
+        hooks; built once per prompt length (and dtype)."""
+        dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
+        key = (text_tokens, dtype)
+        if key not in self._graphs:
+            w = Workload(1, text_tokens, dtype)
+            self._graphs[key] = build_graph(self.model.cfg, self.model, w, self.hooks)
+        return self._graphs[key]
+
+    @torch.no_grad()
     def run_stages(
         self,
         image: np.ndarray,
@@ -246,12 +339,20 @@ class Policy:
         seed: int = 0,
         serialize: bool = False,
     ) -> GraphRun:
-        """One inference through the stage graph (per-stage timings included)."""
+        """One inference through the stage graph (per-stage timings included); ``serialize``
+        encodes and decodes every stage's input packet, as crossing a network would. Under
+        hooks, a changed instruction starts a new episode (``reset``), and a step whose
+        prefill ran under a token policy is counted in ``stats``."""
+        if self.hooks is not None and instruction != self._instruction:
+            self.reset()
+            self._instruction = instruction
         packet, ids = self.inputs(image, instruction, state, seed)
-        cfg = self.model.cfg
-        dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
-        graph = build_graph(cfg, self.model, Workload(1, len(ids), dtype))
-        return graph.run(packet, serialize=serialize)
+        run = self.graph(len(ids)).run(packet, serialize=serialize)
+        if self.hooks is not None and self.hooks.tokens is not None:
+            llm = self.model.cfg.llm
+            plan = getattr(self.hooks.tokens, "last_plan", None)
+            self.stats.record(llm, self.reference or llm, self.hooks.last_step, plan)
+        return run
 
     def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
         a = actions.detach().float().cpu().numpy()

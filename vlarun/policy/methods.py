@@ -1,14 +1,17 @@
-"""Method ids -> accelerated policies, the one place benchmarks and the CLI build them from.
+"""Method ids -> token policies, the one place benchmarks and the CLI build them from, and
+EfficientVLA's recipe.
 
 full, triage, drop-all, keep-all, fastv, vla-cache, vla-pruner   token policies at a budget;
 vla-cache-uncapped                                  VLA-Cache without the cap (TRIAGE's Table I
                                                     form): takes no budget;
-efficientvla                                        task-aware token selection, optionally
-                                                    with layer pruning, MLP sparsity and the
-                                                    DiT feature cache (``efficientvla()``).
+efficientvla                                        task-aware token selection; with
+                                                    ``EfficientVLAConfig.apply`` also layer
+                                                    pruning, MLP sparsity and the DiT cache.
 
-  from vlarun.policy.methods import accelerated
-  fast = accelerated(policy, "triage", budget_fraction=0.18)
+A method at a budget is a setting (``policy.with_setting("triage:0.18")``); the budgetless
+VLA-Cache, and a method at a budget of 1.0, are token policies a setting does not name:
+
+  fast = policy.with_hooks(token_policy("vla-cache-uncapped", calibration=policy.calibration))
   run_episode(fast, env, seed)          # reset() between episodes of the same task
 """
 
@@ -17,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from torch import Tensor
 
 from vlarun.accel.base import FullRecompute, TokenPolicy
 from vlarun.accel.baselines import (
@@ -32,9 +33,11 @@ from vlarun.accel.baselines import (
 from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.triage import Triage, TriageConfig
 from vlarun.accel.vla_pruner import VLAPruner, VLAPrunerConfig
-from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.transforms.layer_prune import layer_importance, least_important, prune_layers
 from vlarun.transforms.mlp_sparsity import SCORES, sparsify_mlp
+
+# A calibration sample: images (1, n_img, 3, H, W), prompt ids[, state (1, state_dim)].
+Sample = tuple
 
 METHODS = (
     "full",
@@ -77,12 +80,6 @@ def token_policy(
     return makers[method]()
 
 
-def accelerated(policy, method: str, budget_fraction: float = 0.34) -> AcceleratedPolicy:
-    """``policy`` (a Policy) running ``method``'s token policy (with its calibration)."""
-    calibration = getattr(policy, "calibration", None)
-    return AcceleratedPolicy(policy, token_policy(method, budget_fraction, calibration))
-
-
 @dataclass(frozen=True)
 class EfficientVLAConfig:
     """EfficientVLA's three parts; each can be switched off for ablations.
@@ -109,37 +106,34 @@ class EfficientVLAConfig:
         if self.mlp_score not in SCORES:
             raise ValueError(f"mlp_score must be one of {SCORES}, got {self.mlp_score!r}")
 
-
-def efficientvla(
-    policy,
-    cfg: EfficientVLAConfig = EfficientVLAConfig(),
-    calibration: Iterable[tuple[Tensor, list[int]]] | None = None,
-) -> AcceleratedPolicy:
-    """``policy`` with EfficientVLA's transforms applied (layers and activation-scored MLP
-    sparsity need ``calibration``: (images (1, n_img, 3, H, W), prompt ids[, state]) samples,
-    e.g. demo frames or frames of recorded rollouts)."""
-    model = policy.model
-    calibration = list(calibration) if calibration is not None else None  # read twice
-    if cfg.layers_removed:
-        if calibration is None:
-            raise ValueError("layer pruning needs calibration samples")
-        importance = layer_importance(model, calibration)
-        model = prune_layers(model, least_important(importance, cfg.layers_removed))
-    if cfg.mlp_sparsity:
-        if cfg.mlp_score == "activation" and calibration is None:
-            raise ValueError("activation-scored MLP sparsity needs calibration samples")
-        # Scored on the model as it now is: a removed layer changes what the rest receive.
-        model = sparsify_mlp(model, cfg.mlp_sparsity, cfg.mlp_score, calibration)
-    tokens: TokenPolicy = FullRecompute()
-    if cfg.tokens is not None:
-        token_cfg = EfficientVLATokensConfig(budget_fraction=cfg.tokens, layer=cfg.token_layer)
-        tokens = EfficientVLATokens(token_cfg)
-    cache = every_n_steps(cfg.cache_interval) if cfg.cache_interval > 1 else None
-    base = dataclasses.replace(policy, model=model) if model is not policy.model else policy
-    return AcceleratedPolicy(base, tokens, denoise_cache=cache, reference=policy.model.cfg.llm)
+    def apply(self, policy, samples: Iterable[Sample] | None = None):
+        """``policy`` (a Policy) with EfficientVLA's parts: the model transforms (layers removed by
+        cosine importance, MLP sparsity; both scored on ``samples``: (images (1, n_img, 3, H,
+        W), prompt ids[, state]) tuples, e.g. demo frames) into a new Policy, then its hooks
+        (task-aware tokens at ``token_layer``, the denoiser feature cache). FLOPs ratios are
+        measured against the original LM."""
+        model = policy.model
+        samples = list(samples) if samples is not None else None  # read twice
+        if self.layers_removed:
+            if samples is None:
+                raise ValueError("layer pruning needs calibration samples")
+            importance = layer_importance(model, samples)
+            model = prune_layers(model, least_important(importance, self.layers_removed))
+        if self.mlp_sparsity:
+            if self.mlp_score == "activation" and samples is None:
+                raise ValueError("activation-scored MLP sparsity needs calibration samples")
+            # Scored on the model as it now is: a removed layer changes what the rest receive.
+            model = sparsify_mlp(model, self.mlp_sparsity, self.mlp_score, samples)
+        tokens: TokenPolicy = FullRecompute()
+        if self.tokens is not None:
+            cfg = EfficientVLATokensConfig(budget_fraction=self.tokens, layer=self.token_layer)
+            tokens = EfficientVLATokens(cfg)
+        cache = every_n_steps(self.cache_interval) if self.cache_interval > 1 else None
+        base = dataclasses.replace(policy, model=model) if model is not policy.model else policy
+        return base.with_hooks(tokens, denoise_cache=cache, reference=policy.model.cfg.llm)
 
 
-# EfficientVLA's parts on a deep (12-layer) trunk, each alone and all together (issue 18).
+# EfficientVLA's parts on a deep (12-layer) trunk, each alone and all together.
 # The paper removes 10 of LLaMA-2's 32 layers (31%): "layers4" is that share of 12, "layers2"
 # half of it. Tokens are selected after layer 2 (of the pruned LM), keeping 22% (56 of 256 on
 # the paper's shape); the DiT recomputes its features every 5th of 10 denoising steps; MLP

@@ -4,7 +4,8 @@ The scheduler's plans name knob values (``sched.plans``: token_budget, cache_int
 early_exit_sigma, layers_kept); the robot and the edge must both turn the same values into the
 same hooks, whichever side each stage runs on. ``AccelSetting`` is that value: frozen,
 validated, sent in a request's ``meta["setting"]`` as a small map, and ``hooks(family)`` makes
-the stage hooks from it (``stages.hooks.Hooks``), the one way either side does.
+the stage hooks from it (``stages.hooks.Hooks``), the one way either side does; in process,
+``Policy.with_setting(setting)`` runs a policy under it.
 
   AccelSetting.parse("triage:0.34")           TRIAGE recomputing 34% of the visual tokens
   AccelSetting.parse("exit:0.5")              Jacobi decoding with early exit at sigma 0.5
@@ -20,7 +21,6 @@ from dataclasses import asdict, dataclass, fields
 
 from vlarun.accel.feature_cache import every_n_steps
 from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
-from vlarun.policy.accelerated import AcceleratedPolicy
 from vlarun.policy.methods import BUDGETLESS, METHODS, token_policy
 from vlarun.stages.hooks import Hooks
 
@@ -200,15 +200,3 @@ class AccelSetting:
         if self.cache_interval > 1:
             parts.append(f"cache:{self.cache_interval}")
         return "+".join(parts) or "full"
-
-
-def accelerated_with(policy, setting: AccelSetting) -> AcceleratedPolicy:
-    """``policy`` (a Policy) running ``setting`` in process: the same hooks the robot and the
-    edge make from it."""
-    hooks = setting.hooks(policy.model.cfg.family, getattr(policy, "calibration", None))
-    if hooks is None:
-        return AcceleratedPolicy(policy)
-    kw = {"denoise_cache": hooks.denoise_cache, "decoder": hooks.decoder}
-    if hooks.tokens is None:
-        return AcceleratedPolicy(policy, **kw)
-    return AcceleratedPolicy(policy, hooks.tokens, **kw)

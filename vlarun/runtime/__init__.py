@@ -21,6 +21,8 @@ planning.py   the scheduler contract: decide per request, calibrate, modelled en
 agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback,
               the plan's accelerator setting on both sides (policy/setting.py)
 chunks.py     asynchronous action-chunk queue (inference overlaps execution)
+robot.py      your own robot loop: Robot.act(image, instruction, state) -> one action per
+              control tick (agent + chunk queue; examples/own_robot.py)
 episode.py    the one closed-loop episode loop (simulated time for eval, or a real control rate)
 relay.py      user-space link shaping (bandwidth, delay, jitter, scheduled drops)
 netns.py      kernel link shaping: network namespace + veth + tc tbf (root only)

@@ -29,6 +29,7 @@ sleeps (slowdown - 1) times its measured duration, and every result says so.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,6 @@ from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
-from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
@@ -203,8 +203,8 @@ class RobotAgent:
         emulate = self.cfg.emulate
         self.emulator = StageEmulator.build(emulate) if emulate is not None else None
         self._reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
-        self._graphs: dict[tuple, object] = {}  # (text tokens, setting key) -> graph
-        self._hooks: dict[tuple, object] = {}  # setting key -> this side's hooks (None: plain)
+        # setting key -> the policy under this side's hooks for it (its graphs, its state)
+        self._policies: dict[tuple, Policy] = {}
         self._where: dict[tuple, dict[str, str]] = {}  # setting key -> stateful stage -> side
         self.stream = secrets.randbits(62)  # this episode's id on the edge
         self._instruction: str | None = None
@@ -234,23 +234,22 @@ class RobotAgent:
     def reset(self) -> None:
         """A new episode: a new stream on the edge and fresh hook state here."""
         self.stream = secrets.randbits(62)
-        for hooks in self._hooks.values():
-            if hooks is not None:
-                hooks.reset()
+        for policy in self._policies.values():
+            policy.reset()
         self._where.clear()
+
+    def _under(self, setting: AccelSetting) -> Policy:
+        """The policy under ``setting`` on this side: exactly the hooks the edge makes from it
+        (none for the identity), so a stage computes the same wherever it runs."""
+        if setting.key not in self._policies:
+            hooks = setting.hooks(self.policy.model.cfg.family, self.policy.calibration)
+            self._policies[setting.key] = dataclasses.replace(self.policy, hooks=hooks)
+        return self._policies[setting.key]
 
     def graph(self, text_tokens: int, setting: AccelSetting | None = None):
         """The stage graph for a prompt of ``text_tokens`` under ``setting`` (default: the
         configured one), bound to this side's hooks for it."""
-        setting = setting or self.cfg.setting
-        key = (text_tokens, setting.key)
-        if key not in self._graphs:
-            model = self.policy.model
-            if setting.key not in self._hooks:
-                self._hooks[setting.key] = setting.hooks(model.cfg.family, self.policy.calibration)
-            w = Workload(1, text_tokens, self.dtype)
-            self._graphs[key] = build_graph(model.cfg, model, w, self._hooks[setting.key])
-        return self._graphs[key]
+        return self._under(setting or self.cfg.setting).graph(text_tokens)
 
     def factors(self, text_tokens: int) -> dict:
         """Measured-here to named-device time factors (``planning.stand_in_factors``)."""
@@ -319,9 +318,9 @@ class RobotAgent:
         """Build, before any request, what the first request for ``instruction`` would
         otherwise build inside its deadline: the stage graph, the stand-in factors and, for
         the scheduler's strategies, the scheduler itself (primed with ``local_s`` and the
-        edge's health as they are now). Built lazily, this one-time cost (~60 ms on this
-        CPU, more under load) landed in the first request's latency, which the scheduler
-        then taught its placement as residual and spread (issue 19)."""
+        edge's health as they are now). Built lazily, this one-time cost (tens of ms)
+        would land in the first request's latency, which the scheduler would then learn as
+        its placement's residual and spread."""
         n = len(self.policy.text_ids(instruction, self._zero_state()))
         self.graph(n)
         self.factors(n)
@@ -388,7 +387,7 @@ class RobotAgent:
             self._where.pop(setting.key, None)
         self._last_setting = setting.key
         where = self._where.setdefault(setting.key, {})
-        hooks = self._hooks.get(setting.key)
+        hooks = self._under(setting).hooks
         for i, seg in enumerate(segs):
             remote = seg.role == "edge" and tr.fallback is None
             if remote:

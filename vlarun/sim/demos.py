@@ -28,7 +28,8 @@ Seeds: demo episodes of a task use seeds ``seed_start, seed_start + 1, ...``, wh
 below :data:`EVAL_SEED_OFFSET`; evaluation uses seeds from ``EVAL_SEED_OFFSET`` up, so a learned
 policy is never scored on an object/goal layout it was trained on.
 
-Command line: ``python -m vlarun.sim.demos --tasks reach-v3 --episodes 50 --out DIR``.
+Command line: ``vlarun demos --tasks reach-v3 --episodes 50 --out DIR`` (or
+``python -m vlarun.sim.demos`` with the same flags).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from tqdm import tqdm
 
+from vlarun.config import add_options, opt, parse_into
 from vlarun.sim.tasks import EVAL_SEED_OFFSET, MT10, get_task, task_names
 
 if TYPE_CHECKING:  # the simulator is imported where episodes run, so that commands built on
@@ -739,77 +741,75 @@ class FrameStore:
         return FrameStore([p for s in stores for p in s.parts])
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m vlarun.sim.demos --tasks ... --episodes N --out DIR [--image-size S]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m vlarun.sim.demos",
-        description="Collect scripted-expert Meta-World demonstrations (safetensors + JSON).",
+@dataclass(frozen=True)
+class DemosOptions:
+    """Collect scripted-expert Meta-World demonstrations (safetensors shards + a JSON
+    manifest); with --dagger, a trained policy drives and the expert labels every state."""
+
+    tasks: tuple[str, ...] = opt(help=f"task names, mt10 or all ({', '.join(task_names())})")
+    episodes: int = opt(help="successful episodes per task")
+    out: str = opt(help="output directory")
+    image_size: int = opt(128, "camera frame size")
+    seed_start: int = opt(0, "first seed of each task")
+    workers: int = opt(1, "collecting processes")
+    episodes_per_shard: int = opt(25, "episodes per safetensors shard")
+    camera: str | None = opt(None, "camera name (default: workspace)")
+    extra_cameras: tuple[str, ...] = opt((), "further views (e.g. left), stored beside")
+    episodes_for: tuple[str, ...] = opt(
+        (), "per-task counts overriding --episodes, TASK=N (e.g. reach-v3=200)"
     )
-    parser.add_argument(
-        "--tasks",
-        nargs="+",
-        required=True,
-        help=f"task names, 'mt10' or 'all' ({', '.join(task_names())})",
+    dart_noise: float = opt(0.0, "std of noise on executed xyz actions (DART)")
+    dagger: str | None = opt(
+        None, "DAgger: this policy drives, the expert labels every visited state (all kept)"
     )
-    parser.add_argument("--episodes", type=int, required=True, help="successful episodes per task")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--seed-start", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--episodes-per-shard", type=int, default=25)
-    parser.add_argument("--camera", default=None, help="camera name (default: workspace)")
-    parser.add_argument(
-        "--extra-cameras", nargs="*", default=[], help="further views (e.g. left), stored beside"
-    )
-    parser.add_argument(
-        "--episodes-for",
-        nargs="*",
-        default=[],
-        metavar="TASK=N",
-        help="per-task counts overriding --episodes (e.g. reach-v3=200)",
-    )
-    parser.add_argument(
-        "--dart-noise", type=float, default=0.0, help="std of noise on executed xyz actions (DART)"
-    )
-    parser.add_argument(
-        "--dagger", default=None, metavar="POLICY",
-        help="DAgger: POLICY drives, the expert labels every visited state (all episodes kept)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--dagger-beta", type=float, default=0.0, help="share of steps executing the expert"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
-    args = parser.parse_args(argv)
-    tasks = {"all": task_names(), "mt10": list(MT10)}.get(args.tasks[0], args.tasks)
-    try:
-        episodes_for = {}
-        for item in args.episodes_for:
+    dagger_beta: float = opt(0.0, "DAgger: share of steps executing the expert")
+    overwrite: bool = opt(False, "replace an existing manifest")
+    json: bool = opt(False, "print one JSON object (the manifest)")
+
+    def counts(self) -> dict[str, int]:
+        """--episodes-for as {task: count}; ValueError names an entry that is not TASK=N."""
+        out = {}
+        for item in self.episodes_for:
             task, sep, count = item.partition("=")
             if not sep or not count.isdigit():
                 raise ValueError(f"--episodes-for takes TASK=N, got {item!r}")
-            episodes_for[task] = int(count)
-        manifest = collect(
-            tasks,
-            args.episodes,
-            args.out,
-            image_size=args.image_size,
-            seed_start=args.seed_start,
-            workers=args.workers,
-            episodes_per_shard=args.episodes_per_shard,
-            camera=args.camera,
-            extra_cameras=args.extra_cameras,
-            episodes_for=episodes_for,
-            dart_noise=args.dart_noise,
-            dagger_policy=args.dagger,
-            dagger_beta=args.dagger_beta,
-            overwrite=args.overwrite,
-        )
-    except (ValueError, FileExistsError) as err:
-        parser.error(str(err))
+            out[task] = int(count)
+        return out
+
+
+def run_demos(o: DemosOptions) -> dict[str, Any]:
+    """`vlarun demos`: ``collect`` with the options' tasks ("mt10", "all" or names)."""
+    tasks = {"all": task_names(), "mt10": list(MT10)}.get(o.tasks[0], list(o.tasks))
+    try:
+        return collect(tasks, o.episodes, o.out, image_size=o.image_size,
+                       seed_start=o.seed_start, workers=o.workers,
+                       episodes_per_shard=o.episodes_per_shard, camera=o.camera,
+                       extra_cameras=o.extra_cameras, episodes_for=o.counts(),
+                       dart_noise=o.dart_noise, dagger_policy=o.dagger,
+                       dagger_beta=o.dagger_beta, overwrite=o.overwrite)  # fmt: skip
+    except FileExistsError as e:
+        raise ValueError(str(e)) from None
+
+
+def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
     for name, t in manifest["tasks"].items():
         n, frames, failed = t["episodes"], t["frames"], t["failed"]
         print(f"{name:26s} {n:4d} episodes {frames:6d} frames {failed} failed")
-    print(f"wrote {len(manifest['shards'])} shards + {MANIFEST} to {args.out}")
+    where = f" to {out}" if out else ""
+    print(f"wrote {len(manifest['shards'])} shards + {MANIFEST}{where}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vlarun.sim.demos ...``: the same as ``vlarun demos ...``."""
+    parser = argparse.ArgumentParser(prog="python -m vlarun.sim.demos",
+                                     description=DemosOptions.__doc__)  # fmt: skip
+    add_options(parser, DemosOptions)
+    try:
+        o = parse_into(DemosOptions, parser.parse_args(argv))
+        manifest = run_demos(o)
+    except ValueError as err:
+        parser.error(str(err))
+    show_demos(manifest, o.out)
 
 
 if __name__ == "__main__":

@@ -142,13 +142,13 @@ def build_candidate(policy, spec: str, demos: str | None = None):
                       layer and activation scores are calibrated on 32 frames of ``demos``;
     anything else     another policy (shipped name or directory)."""
     from vlarun.policy import Policy
-    from vlarun.policy.methods import DEPTH_PARTS, accelerated, efficientvla
-    from vlarun.policy.setting import AccelSetting, accelerated_with
+    from vlarun.policy.methods import DEPTH_PARTS, token_policy
 
     check_candidate(spec)
     parsed = candidate_spec(spec)
     if parsed is not None:
-        return accelerated(policy, *parsed)
+        method, budget = parsed
+        return policy.with_hooks(token_policy(method, budget, policy.calibration))
     head, _, rest = spec.partition(":")
     if head == "evla":
         from vlarun.sim.layer_table import calibration_frames
@@ -159,9 +159,9 @@ def build_candidate(policy, spec: str, demos: str | None = None):
             if demos is None:
                 raise ValueError(f"{spec} needs demonstration frames to calibrate on (--demos)")
             frames = calibration_frames(policy, Path(demos), 32, 0)
-        return efficientvla(policy, part, frames)
+        return part.apply(policy, frames)
     if head in ("exit", "cache") or "+" in spec:
-        return accelerated_with(policy, AccelSetting.parse(spec))
+        return policy.with_setting(spec)
     return Policy.load(spec)
 
 
@@ -196,8 +196,7 @@ def run_episode(policy, env, seed: int, on_inference=None, frames: list | None =
     ``on_inference(obs, run)`` sees every observation and its graph run (fidelity recording);
     ``frames``, if given, receives every camera image (the report's GIF).
     """
-    if hasattr(policy, "reset"):  # stateful (accelerated) policies start each episode afresh
-        policy.reset()
+    policy.reset()  # a hooked policy's state (its KV cache, ...) starts afresh
 
     def infer(obs: dict):
         t0 = time.perf_counter()
@@ -278,7 +277,7 @@ def run_job(job: EpisodeJob) -> dict:
     env.close()
     # The policy's per-step statistics run over all the job's episodes (reset() keeps them),
     # so one summary at the end covers each step once; taken before the replay adds steps.
-    summary = policy.summary() if hasattr(policy, "summary") else {}
+    summary = policy.stats.summary() if policy.hooks is not None else {}
     return {"episodes": results, "summary": summary,
             "action_errors": replay_errors(policy, job.replay)}  # fmt: skip
 
@@ -299,8 +298,7 @@ def replay_errors(policy, replay: tuple) -> list[float]:
     policy reset before each episode (what it would have answered on the reference's path)."""
     errors = []
     for instruction, obs in replay:
-        if hasattr(policy, "reset"):
-            policy.reset()
+        policy.reset()
         for views, state, ref in obs:
             got = policy.run_stages(views, instruction, state=state).outputs["actions"][0]
             errors.append(float(np.abs(got.float().numpy() - ref).mean()))

@@ -126,8 +126,7 @@ def policy_candidate(policy) -> Candidate:
     def act(image: np.ndarray, instruction: str) -> np.ndarray:
         return policy.run_stages(image, instruction).outputs["actions"][0].float().numpy()
 
-    if hasattr(policy, "reset"):  # stateful (accelerated) policies start each episode afresh
-        act.reset = policy.reset
+    act.reset = policy.reset  # a hooked policy's state starts each episode afresh
     return act
 
 

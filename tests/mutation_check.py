@@ -2,7 +2,7 @@
 """Inject each known mistake into TRIAGE's state handling or CEED's loss, once, and check that
 the tests catch it (they must fail), then restore the file. Exit status 1 if one survives.
 
-    .venv/bin/python scripts/mutation-check.py
+    make mutation        (or: .venv/bin/python tests/mutation_check.py)
 """
 
 from __future__ import annotations
