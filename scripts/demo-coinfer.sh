@@ -13,5 +13,5 @@ trap 'kill "$edge" 2>/dev/null; wait "$edge" 2>/dev/null; rm -f "$out"' EXIT
 for _ in $(seq 100); do grep -q endpoint "$out" && break; sleep 0.2; done
 endpoint=$(head -1 "$out" | sed 's/.*"endpoint": "\([^"]*\)".*/\1/')
 "$VLARUN" ping --edge "$endpoint" --insecure
-"$VLARUN" run-robot --edge "$endpoint" --insecure --task reach-v3 --episodes 3 \
+"$VLARUN" run-robot --edge "$endpoint" --insecure --task drawer-open-v3 --episodes 3 \
   --robot-slowdown 2 --link-mbps 200 --link-schedule "9:2,15:200" --log
