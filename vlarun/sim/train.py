@@ -377,17 +377,8 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     return json.loads((out / "state.json").read_text())
 
 
-# The exported checkpoints' names, per suite and family.
-EXPORT_NAMES = {
-    "mw": {"autoregressive": "tiny-ar", "parallel": "tiny-oft", "diffusion": "tiny-dit"},
-    "mt10": {"autoregressive": "mt10-ar", "parallel": "mt10-oft", "diffusion": "mt10-dit"},
-    "mt10w": {
-        "autoregressive": "mt10w-ar",
-        "parallel": "mt10w-oft",
-        "diffusion": "mt10w-dit",
-        "flow": "mt10w-flow",
-    },
-}
+# The exported checkpoints' names, per suite and family: the presets' own (one name, one model).
+EXPORT_NAMES = SUITES
 FAMILY_NAMES = EXPORT_NAMES["mw"]
 # A suite whose trunk has the shape of another's starts from that one's policies when it has
 # none of its own (mt10w: mt10's trunk, a wrist camera instead of the mirrored view).
