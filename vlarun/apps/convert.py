@@ -1,4 +1,4 @@
-"""`vlarun convert`: OpenVLA-OFT's pickled heads to safetensors, once (``models/oft_heads.py``).
+"""`vlarun convert`: OpenVLA-OFT's pickled heads to safetensors, once (``models/oft_files.py``).
 
 The one module of vlarun that reads a pickle, and only with ``torch.load(weights_only=True)``
 (torch's restricted unpickler: tensors and plain containers, anything else refused): the
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vlarun.models.oft_heads import (
+from vlarun.models.oft_files import (
     HEADS_CONFIG,
     HEADS_FILE,
     HeadsError,

@@ -271,7 +271,7 @@ def cmd_convert(o: ConvertOptions) -> dict:
     import warnings
 
     from vlarun.apps.convert import convert
-    from vlarun.models.oft_heads import PLATFORMS
+    from vlarun.models.oft_files import PLATFORMS
 
     base = PLATFORMS[o.platform]
     mine = {"chunk": o.chunk, "action_dim": o.action_dim, "proprio_dim": o.proprio_dim,

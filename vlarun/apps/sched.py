@@ -460,13 +460,13 @@ class BenchPredictorOptions:
 
 
 def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
-    from vlarun.sched.hostcheck import check_host
+    from vlarun.sched.predictor_check import check_host
 
     return check_host(o.model, o.repeats, o.warmup, o.bandwidth, o.rtt)
 
 
 def show_bench_predictor(r: dict) -> None:
-    from vlarun.sched.hostcheck import format_host
+    from vlarun.sched.predictor_check import format_host
 
     print(format_host(r))
 

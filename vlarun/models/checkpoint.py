@@ -6,7 +6,7 @@ Layouts read and written:
     released weights), ``projector.*``, ``language_model.model.*``, ``language_model.lm_head.*``,
     plus ``dataset_statistics.json`` (action normalisation) and an optional ``tokenizer.json``;
   * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not, and OpenVLA-OFT's
-    (the same, plus heads converted once from pickles by ``vlarun convert``: oft_heads.py);
+    (the same, plus heads converted once from pickles by ``vlarun convert``: oft_files.py);
   * transformers ``save_pretrained`` directories of Llama, Gemma, SigLIP and DINOv2 models.
 Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitrary code.
 """
@@ -28,7 +28,7 @@ from vlarun import config as cfgio
 from vlarun.models import lerobot
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
-from vlarun.models.oft_heads import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
+from vlarun.models.oft_files import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
 from vlarun.models.presets import PRESETS, RENAMED, get_preset, openvla_7b
 from vlarun.models.vit import (
     ViTConfig,
@@ -288,7 +288,7 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
 
 def _with_oft_heads(base: VLAConfig, llm: LlamaConfig, directory) -> VLAConfig:
     """The parallel (OpenVLA-OFT) family when the directory holds converted OFT heads
-    (``oft_heads.py``); the autoregressive OpenVLA otherwise."""
+    (``oft_files.py``); the autoregressive OpenVLA otherwise."""
     try:
         heads = read_heads_config(directory) if directory else None
     except HeadsError as e:
@@ -409,7 +409,7 @@ def stream_weights(directory: Path):
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         files = [directory / f for f in shards]
-        if (directory / HEADS_FILE).exists():  # converted OpenVLA-OFT heads (oft_heads.py)
+        if (directory / HEADS_FILE).exists():  # converted OpenVLA-OFT heads (oft_files.py)
             files.append(directory / HEADS_FILE)
     elif (directory / WEIGHTS).exists():  # not the processors' statistics files (LeRobot)
         files = [directory / WEIGHTS]

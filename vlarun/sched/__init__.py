@@ -4,7 +4,7 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   catalog.py    devices.json (peaks, memory, power, each with its source); this-cpu measured
   cost.py       roofline stage time with efficiency priors; measured profiles override it
   energy.py     power between idle and busy by utilisation; control-cycle energy per inference
-  link.py       bandwidth / RTT with online EWMA
+  link.py       bandwidth (max filter, drop detection, timeout bound) and RTT
   predictor.py  start/end times over the DAG: availability, queues, reservations, residual;
                 EWMA calibration
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
@@ -15,7 +15,7 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
   validate.py   predictions vs the papers' published times (`vlarun bench validate`)
-  hostcheck.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
+  predictor_check.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
   fleet.py      N robots + one edge simulation (`vlarun fleet`; `--matrix`: bench/fleet_matrix.py)
   truth.py      the fleet's ground truth: recorded per-stage samples (fleet_samples.json)
                 carried to a model shape and device
