@@ -11,6 +11,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
@@ -376,7 +377,8 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig, RobotAgent
-    from vlarun.runtime.episode import run_episode, summarise
+    from vlarun.runtime.episode import link_timeline, run_episode, summarise
+    from vlarun.runtime.relay import parse_schedule
     from vlarun.runtime.transport import robot_security
     from vlarun.sim.env import MetaWorldEnv, env_views
     from vlarun.stages.wire import Codec
@@ -410,6 +412,9 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     try:
         obs, _ = env.reset(seed=o.seed)
         agent.warmup(obs["image"], env.instruction)
+        if relay is not None:  # the link's schedule starts with the first episode, not the set-up
+            relay.send_signal(signal.SIGUSR1)
+        clock0 = time.monotonic()
         episodes = [
             run_episode(agent, env, o.seed + i, o.control_hz, not o.sync, o.max_steps, log)
             for i in range(o.episodes)
@@ -432,6 +437,9 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         "robot_slowdown": o.robot_slowdown,
         "energy_source": summarise(infs, horizon).get("energy_source", "modelled"),
         "summary": summarise(infs, horizon),
+        "link_timeline": link_timeline(infs, clock0, o.link_mbps, parse_schedule(o.link_schedule))
+        if relay is not None and o.link_schedule
+        else None,
         "episodes": episodes,
     }
 
@@ -468,6 +476,19 @@ def show_run_robot(r: dict) -> None:
             f"  {s['inferences']} inferences: p50 {s['latency_p50_ms']:.1f} ms, p99 "
             f"{s['latency_p99_ms']:.1f} ms, SLO met {100 * s['slo_met_fraction']:.1f}%, "
             f"{s['fallbacks']} fallbacks, {s['actions_per_joule']:.3f} actions/J (modelled)"
+        )
+    t = r.get("link_timeline")
+    if t and t["drop_s"] is not None:
+        ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
+        back = (
+            f"; restored at {t['restore_s']:g} s, edge again after "
+            f"{ms(t['edge_again_after_restore_ms'])}"
+            if t["restore_s"] is not None
+            else ""
+        )
+        print(
+            f"  link dropped at {t['drop_s']:g} s: plans left the edge after "
+            f"{ms(t['left_edge_after_drop_ms'])}{back}"
         )
 
 

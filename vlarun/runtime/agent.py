@@ -133,6 +133,7 @@ class Inference:
     explored: bool = False  # the plan was tried by bounded exploration, not the core rule
     predicted_j: float | None = None  # the plan's modelled energy as the scheduler priced it
     late_edge: bool = False  # an edge answer came, but too late for the deadline
+    started_s: float = 0.0  # time.monotonic() when the request began (to place it on a timeline)
 
     @property
     def late_s(self) -> float:
@@ -158,6 +159,7 @@ class Inference:
             "measured_robot_j": self.measured_robot_j,
             "explored": self.explored,
             "late_edge": self.late_edge,
+            "started_s": self.started_s,
             "energy_source": "modelled"
             if self.meter is None
             else f"modelled; robot measured by {self.meter}",
@@ -333,7 +335,7 @@ class RobotAgent:
         return np.zeros(size, dtype=np.float32) if size else None
 
     def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.monotonic()
         reading = self.meter.start() if self.meter is not None else None
         if instruction != self._instruction:  # a new task: hook state of the old one is stale
             self.reset()
@@ -368,6 +370,7 @@ class RobotAgent:
             decision is not None and decision.explored,
             None if decision is None else decision.energy_j,
             tr.late_edge,
+            started_s=t0_wall,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome

@@ -139,6 +139,45 @@ def summarise(infs: list[dict], actions: int) -> dict:
     }
 
 
+def link_timeline(
+    infs: list[dict], clock0: float, mbps: float, schedule: list[tuple[float, float]]
+) -> dict:
+    """When the plans left the edge after the link's first drop and came back after it recovered.
+
+    ``clock0`` is the ``time.monotonic()`` at which the link, starting at ``mbps``, began its
+    ``schedule`` ((seconds after clock0, Mbit/s), as the shaping relay reads it); a request is placed by its
+    ``started_s``. A drop is the first change to a lower bandwidth than the one before it, the
+    restore the first later change back up. ``left_edge_after_drop_ms``: from the drop to the
+    first request that ran nothing on the edge; ``edge_again_after_restore_ms``: from the
+    restore to the first later request that ran a stage on the edge as planned. None where that
+    never happened (or the schedule has no drop or no restore)."""
+    changes = sorted(schedule)
+    drop = restore = None
+    for (_, before), (at, after) in zip([(0.0, mbps), *changes], changes):
+        if drop is None and after < before:
+            drop = (at, before)
+        elif drop is not None and after > before:
+            restore = at
+            break
+    times = [(r["started_s"] - clock0, r) for r in infs]
+
+    def first_after(at: float | None, edge: bool) -> float | None:
+        if at is None:
+            return None
+        for t, r in times:
+            on_edge = "@edge" in r["ran"] and r["fallback"] is None
+            if t >= at and on_edge == edge:
+                return (t - at) * 1e3
+        return None
+
+    return {
+        "drop_s": None if drop is None else drop[0],
+        "restore_s": restore,
+        "left_edge_after_drop_ms": first_after(None if drop is None else drop[0], False),
+        "edge_again_after_restore_ms": first_after(restore, True),
+    }
+
+
 def prediction_error(infs: list[dict]) -> dict:
     """Mean absolute percentage error of the executed plan's predicted latency and energy
     against what the request realised (issue 19's calibration goal), over the requests that

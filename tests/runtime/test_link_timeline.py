@@ -1,0 +1,28 @@
+"""`link_timeline`: when plans left the edge after a drop and came back after the restore."""
+
+from vlarun.runtime.episode import link_timeline
+
+
+def _row(t: float, edge: bool, fallback: str | None = None) -> dict:
+    ran = "vision@edge/prefill@edge/decode@robot" if edge else "vision@robot/prefill@robot"
+    return {"started_s": 100.0 + t, "ran": ran, "fallback": fallback}
+
+
+def test_drop_and_restore_are_found_and_timed():
+    rows = [_row(t, True) for t in (0, 4, 8.5)]
+    rows += [_row(9.2, True, fallback="link timeout")]  # planned edge, ran here: not on the edge
+    rows += [_row(t, False) for t in (10, 12, 14.9, 15.3)]
+    rows += [_row(15.8, True), _row(16.5, True)]
+    t = link_timeline(rows, 100.0, 200.0, [(9.0, 2.0), (15.0, 200.0)])
+    assert t["drop_s"] == 9.0 and t["restore_s"] == 15.0
+    assert abs(t["left_edge_after_drop_ms"] - 200.0) < 1e-6
+    assert abs(t["edge_again_after_restore_ms"] - 800.0) < 1e-6
+
+
+def test_never_back_and_no_drop():
+    rows = [_row(1, True), _row(10, False), _row(20, False)]
+    t = link_timeline(rows, 100.0, 200.0, [(9.0, 2.0), (15.0, 200.0)])
+    assert t["edge_again_after_restore_ms"] is None
+    up = link_timeline(rows, 100.0, 50.0, [(5.0, 200.0)])  # a rise first is no drop
+    assert up["drop_s"] is None and up["restore_s"] is None
+    assert up["left_edge_after_drop_ms"] is None and up["edge_again_after_restore_ms"] is None
