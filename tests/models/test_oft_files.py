@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from vlarun.apps.convert import convert
 from vlarun.cli import main
 from vlarun.models.checkpoint import CheckpointError, stream_weights, vla_config_from
-from vlarun.models.oft_head import L1RegressionHead, OFTHeadConfig
 from vlarun.models.oft_files import PLATFORMS, HeadsError, pickled_heads
+from vlarun.models.oft_head import L1RegressionHead, OFTHeadConfig
 from vlarun.models.vla import ProprioProjector
 
 pytestmark = pytest.mark.filterwarnings("ignore:reading .*weights_only")

@@ -8,10 +8,10 @@ from vlarun.cli import main
 from vlarun.models.presets import get_preset
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
-from vlarun.sched.predictor_check import check_host
 from vlarun.sched.link import Link
 from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import predict_placement
+from vlarun.sched.predictor_check import check_host
 from vlarun.sched.profile import Profile
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.truth import load_samples

@@ -15,7 +15,8 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
   validate.py   predictions vs the papers' published times (`vlarun bench validate`)
-  predictor_check.py  every plan of a tiny preset run here with emulated links (`vlarun bench predictor`)
+  predictor_check.py  every plan of a tiny preset run here with emulated links
+                (`vlarun bench predictor`)
   fleet.py      N robots + one edge simulation (`vlarun fleet`; `--matrix`: bench/fleet_matrix.py)
   truth.py      the fleet's ground truth: recorded per-stage samples (fleet_samples.json)
                 carried to a model shape and device
