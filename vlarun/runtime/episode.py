@@ -147,10 +147,10 @@ def link_timeline(
     ``clock0`` is the ``time.monotonic()`` at which the link, starting at ``mbps``, began its
     ``schedule`` ((seconds after clock0, Mbit/s), as the shaping relay reads it); a request is
     placed by its ``started_s``. A drop is the first change to a lower bandwidth than the one
-    before it, the restore the first later change back up. ``left_edge_after_drop_ms``: from the drop to the
-    first request that ran nothing on the edge; ``edge_again_after_restore_ms``: from the
-    restore to the first later request that ran a stage on the edge as planned. None where that
-    never happened (or the schedule has no drop or no restore)."""
+    before it, the restore the first later change back up. ``left_edge_after_drop_ms``: from the
+    drop to the first request that ran nothing on the edge; ``edge_again_after_restore_ms``:
+    from the restore to the first later request that ran a stage on the edge as planned. None
+    where that never happened (or the schedule has no drop or no restore)."""
     changes = sorted(schedule)
     drop = restore = None
     for (_, before), (at, after) in zip([(0.0, mbps), *changes], changes, strict=False):
