@@ -1,5 +1,6 @@
-"""`scripts/gpu-check.sh --device cpu --quick` (what CI runs of the GPU check) completes, and its
-JSON has every section with measured numbers, not errors."""
+"""`python -m vlarun bench gpu-check --device cpu --quick` (what CI runs of the GPU check, as a bare
+GPU machine runs it) completes, and its JSON has every section with measured numbers, not
+errors."""
 
 import json
 import math
@@ -33,9 +34,10 @@ def _numbers(x) -> list[float]:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path_factory.mktemp("gpu-check")
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [str(ROOT / "scripts" / "gpu-check.sh"), str(out), "--device", "cpu", "--quick"],
+        [sys.executable, "-m", "vlarun", "bench", "gpu-check", "--out", str(out), "--device",
+         "cpu", "--quick"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     path = out / "gpu-check.json"
@@ -47,7 +49,8 @@ def test_quick_cpu_run_has_every_section_with_numbers(quick_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert r["ok"] and r["quick"] and r["device"]["type"] == "cpu" and r["device"]["name"]
     assert r["dtype"] == "fp32" and r["torch"] and r["date"]
-    assert r["command"].startswith("scripts/gpu-check.sh") and "--device cpu" in r["command"]
+    assert r["command"].startswith("vlarun bench gpu-check") and "--device cpu" in r["command"]
+    assert (Path(r["file"]).parent / "gpu-check.log").read_text().startswith("gpu-check on")
     assert list(r["sections"]) == list(gpucheck.SECTIONS)
     for name, section in r["sections"].items():
         assert section["ok"] and "error" not in section, (name, section.get("error"))

@@ -1,5 +1,7 @@
-"""`vlarun bench gpu-check` (run by ``scripts/gpu-check.sh``): one call that times vlarun on one
-GPU at the real shapes, side by side with its baselines, and writes ``gpu-check.json``.
+"""`vlarun bench gpu-check`: one call that times vlarun on one GPU at the real shapes, side by
+side with its baselines, and writes ``gpu-check.json`` (with ``gpu-check.log``, its progress
+lines, and ``nvidia-smi-q.txt`` where ``nvidia-smi`` exists) under ``--out``. On a bare GPU
+machine with this checkout: ``PYTHONPATH=. python3 -m vlarun bench gpu-check --out DIR``.
 
 Sections, each independent (one that raises records its error and the others still run; the
 command then exits non-zero), all with random weights at the presets' shapes:
@@ -35,9 +37,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 import shlex
+import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -160,8 +163,17 @@ def run_section(env: Env, name: str) -> dict:
 def run(o: GpuCheckOptions, progress: bool = True) -> dict:
     t0 = time.perf_counter()
     env = make_env(o)
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     path = Path(o.out) / "gpu-check.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = (path.parent / "gpu-check.log").open("w")
+
+    def log(message: str) -> None:  # the progress lines, on stderr and in the results folder
+        if progress:
+            print(message, file=sys.stderr, flush=True)
+        log_file.write(message + "\n")
+        log_file.flush()
+
+    _nvidia_smi(path.parent / "nvidia-smi-q.txt")
     info = device_info(env)
     result = {
         "benchmark": "gpu-check",
@@ -171,8 +183,7 @@ def run(o: GpuCheckOptions, progress: bool = True) -> dict:
         "dtype": env.dtype_name,
         **_versions(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": os.environ.get("VLARUN_GPU_CHECK_COMMAND")
-        or shlex.join(["vlarun", "bench", "gpu-check", *sys.argv[3:]]),
+        "command": shlex.join(["vlarun", "bench", "gpu-check", *sys.argv[3:]]),
         "argv": sys.argv,
         "energy_source": env.energy_source,
         "file": str(path),
@@ -193,7 +204,20 @@ def run(o: GpuCheckOptions, progress: bool = True) -> dict:
             f"({out.get('seconds', 0):.1f} s)")  # fmt: skip
         result["wall_s"] = round(time.perf_counter() - t0, 1)
         write(result, path)
+    log_file.close()
     return result
+
+
+def _nvidia_smi(path: Path) -> None:
+    """The driver's own description of the GPU (clocks, power limits, ECC), where it exists."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return
+    try:
+        done = subprocess.run([exe, "-q"], capture_output=True, text=True, timeout=30)
+        path.write_text(done.stdout + done.stderr)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        path.write_text(f"nvidia-smi -q failed: {e}\n")
 
 
 def write(result: dict, path: Path) -> None:
