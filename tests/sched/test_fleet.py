@@ -21,7 +21,7 @@ from vlarun.sched.fleet import (
 )
 from vlarun.sched.truth import SAMPLES_FILE, load_samples
 
-# The fields every matrix row must carry (issue 19), written out here rather than imported.
+# The fields every matrix row must carry, written out here rather than imported.
 MATRIX_FIELDS = {
     "strategy", "model", "bandwidth_mbps", "robots", "actions_per_joule", "energy_source",
     "slo_met_fraction", "latency_p50_ms", "latency_p99_ms", "fallbacks",

@@ -399,7 +399,7 @@ def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut(
 def test_calibration_keeps_robot_and_edge_apart_when_the_catalog_names_one_device():
     """`bench coinfer` prices both roles as this-cpu and slows the robot 4x: the robot's
     measured stages (4x the model) and the edge's (1x) must teach two factors, not one shared
-    by device id (which averaged them, so the edge looked slow and the robot fast: issue 19)."""
+    by device id (which averaged them, so the edge looked slow and the robot fast)."""
     from vlarun.sched.contract import Outcome, StageOutcome
 
     devs = {"robot": ORIN, "edge": ORIN}

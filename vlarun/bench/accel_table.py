@@ -1,4 +1,4 @@
-"""`vlarun bench accel --table`: what each accelerator costs in success, paired (issue 18).
+"""`vlarun bench accel --table`: what each accelerator costs in success, paired.
 
 Rows, each a configuration spec of ``sim.evaluate.build_candidate`` on one policy:
 

@@ -1,4 +1,4 @@
-"""`vlarun bench coinfer --matrix`: the condition matrix of co-inference (issue 19).
+"""`vlarun bench coinfer --matrix`: the condition matrix of co-inference.
 
 Every cell is real processes on this machine: the edge (`vlarun serve-edge`), a shaping relay
 in front of it at the cell's bandwidth (a "200-50" cell drops from 200 to 50 Mbit/s halfway),

@@ -1,4 +1,4 @@
-"""`vlarun fleet --matrix`: the co-inference condition matrix of issue 19 in the fleet simulator,
+"""`vlarun fleet --matrix`: the co-inference condition matrix in the fleet simulator,
 for the real shapes (openvla-7b, openvla-oft, pi0, smolvla, cogact) on an Orin AGX 32 GB robot
 and an RTX 4090 edge, 1 to 32 robots sharing the edge.
 

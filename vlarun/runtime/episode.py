@@ -180,7 +180,7 @@ def link_timeline(
 
 def prediction_error(infs: list[dict]) -> dict:
     """Mean absolute percentage error of the executed plan's predicted latency and energy
-    against what the request realised (issue 19's calibration goal), over the requests that
+    against what the request realised (the calibration's target), over the requests that
     ran as planned (a fallback did not execute the plan it was predicted for); None where no
     request had a scheduler's prediction."""
     ran = [r for r in infs if r.get("predicted_ms") is not None and r["fallback"] is None]

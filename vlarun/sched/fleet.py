@@ -54,7 +54,7 @@ from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.truth import Truth, load_samples, make_truth
 
-# The strategies of the co-inference matrix (issue 19), real processes and simulator alike.
+# The strategies of the co-inference matrix, real processes and simulator alike.
 STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint")
 FIXED = STRATEGIES[:3]
 # Background edge utilisation by other tenants: our definition (the paper names the levels
