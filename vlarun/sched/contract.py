@@ -44,6 +44,12 @@ class ExecutionPlan:
     # Chosen by bounded exploration (a never-run plan the rule rejected for want of evidence),
     # not by the core rule.
     explored: bool = False
+    # The best feasible fixed strategy's predicted actions per joule when this plan was chosen
+    # (None: none was feasible): what the safety net holds the realised actions/J against.
+    fixed_actions_per_joule: float | None = None
+    # The safety net chose the fixed strategy over the core rule's plan (gain within the
+    # measured prediction error, or the realised window fell below the fixed strategy).
+    held_to_fixed: bool = False
     energy_source: str = "modelled"
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0

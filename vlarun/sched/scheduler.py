@@ -8,6 +8,11 @@ latency spread sigma counts too: feasible means T + z * sigma <= T_SLO; the fall
 plan most likely to meet the deadline (EcoVLA: argmin T, which prefers a steady plan that is
 never on time to an erratic one that mostly is), with the cost model's prior error as the spread
 of plans never measured (predictor.Calibration).
+A safety net keeps the rule from losing to a fixed split: every fixed strategy (device-only,
+edge-only, the split after vision, at the identity setting) is a candidate, and the rule
+deviates from the best feasible one only when the predicted gain in actions per joule exceeds
+the measured energy prediction error; when a window of deviations realised less than the fixed
+strategy was predicted to give, it holds to the fixed strategy for a window (``SafetyNet``).
 And a placement never run is tried now and then (bounded exploration, ``_exploration``) when the
 cost model's own error could make it feasible and it would save energy: otherwise a plan the
 model mis-predicts as too slow would never be run, and so never corrected.
@@ -49,6 +54,44 @@ MAX_EDGE_BATCH = 8
 
 
 @dataclass
+class SafetyNet:
+    """The evidence the rule needs before it leaves the best fixed strategy.
+
+    ``error`` is the measured relative error of the energy prediction (EWMA of |pred - real| /
+    real over requests that ran as planned; the cost model's prior error until one did): a
+    predicted gain no larger than it is not evidence. ``window`` holds, for the last requests
+    that deviated, (realised actions/J, the fixed strategy's predicted actions/J); once full,
+    if the realised sum falls below the fixed one, the rule holds to the fixed strategy for
+    ``size`` decisions and the window starts again."""
+
+    error: float
+    size: int = 20
+    alpha: float = 0.2
+    window: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    hold: int = 0
+
+    def learn_error(self, predicted_j: float, realised_j: float) -> None:
+        if realised_j > 0:
+            rel = abs(predicted_j - realised_j) / realised_j
+            self.error = (1 - self.alpha) * self.error + self.alpha * rel
+
+    def record(self, realised_apj: float, fixed_apj: float) -> None:
+        self.window.append((realised_apj, fixed_apj))
+        if len(self.window) >= self.size:
+            realised, fixed = (sum(x) for x in zip(*self.window, strict=True))
+            if realised < fixed:
+                self.hold = self.size
+            self.window.clear()
+
+    def holding(self) -> bool:
+        """True (and one decision spent) while a hold lasts."""
+        if self.hold > 0:
+            self.hold -= 1
+            return True
+        return False
+
+
+@dataclass
 class Scores:
     """Predictions for every candidate (arrays of shape (C,) or (C, S))."""
 
@@ -87,6 +130,7 @@ class Scheduler:
         # (0: never, as for a one-shot ``vlarun plan``: exploring needs the outcome fed back).
         self.explore_every = explore_every
         self._since_explore = 0
+        self.net = SafetyNet(self.cal.prior_rel)
         k_n, p_n = len(space.settings), len(space.placements)
         k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
         self.k, self.p, self.join = k.ravel(), p.ravel(), j.ravel().astype(bool)
@@ -95,9 +139,24 @@ class Scheduler:
         self.edge = space.placements[self.p]  # (C, S)
         self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
         self._by_settings: dict[tuple, int] | None = None
+        self.fixed = self._fixed_mask()
         self._tables()
         if measured:
             self._override(measured)
+
+    def _fixed_mask(self) -> np.ndarray:
+        """Candidates that are a fixed strategy: device-only, edge-only or the split after the
+        first stage, at the identity setting (the space's only setting when it has one), on
+        its own edge slot or joining a committed batch (the edge batches a fixed strategy's
+        requests too: joining is when, not where)."""
+        pl = self.space.placements
+        s_n = pl.shape[1]
+        patterns = (np.zeros(s_n, bool), np.ones(s_n, bool), np.r_[False, np.ones(s_n - 1, bool)])
+        fixed_p = np.array([any((row == pat).all() for pat in patterns) for row in pl])
+        ids = [k for k, s in enumerate(self.space.settings)
+               if all(v == IDENTITY[n] for n, v in s.knobs)]  # fmt: skip
+        k0 = ids[0] if ids else 0 if len(self.space.settings) == 1 else -1
+        return fixed_p[self.p] & (self.k == k0)
 
     # -- precomputed per-setting costs -----------------------------------------------------------
 
@@ -243,12 +302,24 @@ class Scheduler:
             )
         apj = self.actions / sc.energy
         feasible = self.allowed & (sc.latency + self.cal.tail_z * sc.sigma <= self.slo_s)
+        fixed = feasible & self.fixed
+        anchor = int(np.argmax(np.where(fixed, apj, -np.inf))) if fixed.any() else None
+        held = False
         if feasible.any():
             best = int(np.argmax(np.where(feasible, apj, -np.inf)))
+            if anchor is not None and best != anchor:
+                small_gain = apj[best] <= apj[anchor] * (1.0 + self.net.error)
+                held = small_gain or self.net.holding()
+                best = anchor if held else best
         else:
             best = self._fallback(sc)
-        tried = self._exploration(sc, apj, best)
+        tried = None if held else self._exploration(sc, apj, best)
         d = self._decision(best if tried is None else tried, sc, apj, explored=tried is not None)
+        d = dataclasses.replace(
+            d,
+            fixed_actions_per_joule=None if anchor is None else float(apj[anchor]),
+            held_to_fixed=held,
+        )
         alts = self._alternatives(best, sc, apj, feasible, top)
         return dataclasses.replace(
             d, alternatives=alts, candidates=len(self.k), eligible=int(self.allowed.sum())
@@ -401,6 +472,23 @@ class Scheduler:
         if outcome.fallback is None:
             roles = tuple(plan.placement[n] for n in self.space.stages)
             self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
+            if outcome.energy_j is not None:
+                self.net.learn_error(plan.energy_j, outcome.energy_j)
+        self._watch(plan, outcome)
+
+    def _watch(self, plan: ExecutionPlan, outcome: Outcome) -> None:
+        """A request that left the best fixed strategy: its realised actions/J (a fallback's
+        included: what the deviation cost is what it cost) against the fixed strategy's
+        predicted actions/J at the time."""
+        fixed_apj = plan.fixed_actions_per_joule
+        if fixed_apj is None or outcome.energy_j is None or outcome.energy_j <= 0:
+            return
+        try:
+            if self.fixed[self.candidate_index(plan)]:
+                return  # it ran a fixed strategy: nothing deviated
+        except ValueError:  # a plan from another space: not this scheduler's deviation
+            return
+        self.net.record(self.actions / outcome.energy_j, fixed_apj)
 
     def _observe_transfer(self, plan: ExecutionPlan, tr: TransferOutcome) -> None:
         """One edge call's time off the edge against the link model (a round trip plus the
