@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from vlarun.models.action_tokens import NormStats
 from vlarun.models.fast_tokens import FastDecodeError, FastTokenizer, dct_matrix
@@ -146,3 +147,15 @@ def test_fit_rejects_bad_input():
         FastTokenizer.fit([np.zeros((T, D)), np.zeros((T, D + 1))])
     with pytest.raises(ValueError, match="byte alphabet"):
         FastTokenizer.fit(_smooth_chunks(3), vocab_size=100)
+
+
+def test_encode_refuses_a_vocabulary_that_would_drop_coefficients():
+    # A byte-level BPE file that lacks most byte symbols: BPE would drop those characters
+    # silently; encode must refuse instead of returning a short sequence.
+    bpe = Tokenizer(models.BPE(vocab={"A": 0, "B": 1}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tok = FastTokenizer(bpe, action_horizon=T, action_dim=D, min_token=-65)
+    assert tok.decode_coefficients([0] * (T * D)).max() == 0  # "A" is coefficient 0
+    with pytest.raises(ValueError, match="does not give this chunk's coefficients back"):
+        tok.encode(_smooth_chunks(1)[0])

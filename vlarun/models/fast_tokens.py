@@ -155,8 +155,8 @@ class FastTokenizer:
         # file is checked here.
         if self.bpe.decode(ids, skip_special_tokens=False) != text:
             raise ValueError(
-                "the BPE vocabulary cannot represent this chunk's coefficients exactly; "
-                "the tokenizer file does not cover the byte alphabet"
+                "decoding the BPE ids does not give this chunk's coefficients back: the "
+                "tokenizer file's vocabulary (or decoder) does not cover them"
             )
         return ids
 
