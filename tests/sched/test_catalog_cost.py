@@ -12,6 +12,8 @@ from vlarun.sched.energy import stage_energy
 
 NEEDED = {"orin-agx-32gb", "orin-agx-64gb", "orin-nx-16gb", "rtx4090", "a40", "a100-80gb"}
 NEEDED |= {"h100", "l4", "this-cpu"}
+# Issue 35: the devices users ask about (openpi #657, #826; lerobot #2753).
+DEPLOYED = ("jetson-thor", "orin-nano-8gb", "rtx5090")
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +28,28 @@ def test_catalog_has_every_device_with_sources():
     for row in rows:
         for key in ("bf16_tflops", "mem_bw_gbs", "mem_gb", "idle_w", "busy_w"):
             assert key in row["sources"], (row["id"], key)
+
+
+def test_deployment_rows_load_with_a_source_for_every_figure(capsys):
+    rows = {r["id"]: r for r in json.loads(CATALOG_FILE.read_text())["devices"]}
+    figures = ("bf16_tflops", "int8_tops", "fp32_tflops", "mem_bw_gbs", "mem_gb")
+    for name in DEPLOYED:
+        device = get_device(name)
+        assert "int8" in device.dtypes and device.int8_tops > device.bf16_tflops
+        for key in (*figures, "idle_w", "busy_w"):
+            source = rows[name]["sources"][key]
+            assert source[:2] in ("V:", "P:", "U:"), (name, key, source)
+            # A derived figure says so: every U-tagged peak names what it was derived from.
+            if source.startswith("U:") and key in figures[:2]:
+                assert "derived" in source, (name, key, source)
+        assert main(["predict", "--model", "openvla-7b", "--device", name, "--json"]) == 0
+        r = json.loads(capsys.readouterr().out)
+        assert r["latency_ms"] > 0 and r["energy_source"] == "modelled"
+    # Orderings the datasheets imply: Thor over the AGX Orin, the 5090 over the 4090. (The Orin
+    # Nano Super's 1.02 GHz GPU clock puts it above the catalog's Orin NX at 918 MHz.)
+    peak = {n: get_device(n).bf16_tflops for n in ("jetson-thor", "orin-agx-64gb")}
+    assert peak["jetson-thor"] > peak["orin-agx-64gb"]
+    assert get_device("rtx5090").mem_bw_gbs > get_device("rtx4090").mem_bw_gbs
 
 
 def test_unknown_device_lists_valid_ones():
