@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from vlarun.accel.rtc import guidance_weights
+from vlarun.accel.rtc import RealTimeChunking, guidance_weights
+from vlarun.policy.base import Policy
 
 
 def test_weights_match_the_paper_at_hand_computed_points():
@@ -40,3 +41,80 @@ def test_no_soft_region_when_the_delay_fills_the_overlap():
 def test_bad_schedules_are_refused(h, d, s):
     with pytest.raises(ValueError, match="must be"):
         guidance_weights(h, d, s)
+
+
+# -- the hook on the two denoising families ---------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["tiny-pi0", "tiny-cogact"])
+def model(request):
+    policy = Policy.from_preset(request.param, seed=0)
+    if request.param == "tiny-cogact":
+        # The DiT's output layer starts at zero (eps = 0 whatever the input): give it weights so
+        # that the sample depends on what the hook did at earlier steps.
+        torch.nn.init.normal_(policy.model.action_model.final_layer.linear.weight, std=0.5)
+    gen = torch.Generator().manual_seed(0)
+    size = policy.model.cfg.image_size
+    images = [torch.rand(1, 1, 3, size, size, generator=gen) for _ in range(2)]
+    return policy.model, images, [policy.text_ids("open the drawer")]
+
+
+def _noise(model, seed):
+    h, a = model.cfg.horizon, model.cfg.action_dim
+    return torch.randn(1, h, a, generator=torch.Generator().manual_seed(seed))
+
+
+class Recorder:
+    """Wraps a hook and records the noise levels it was called at."""
+
+    def __init__(self, hook):
+        self.hook, self.calls = hook, []
+
+    def __call__(self, step, x, noise, data_scale, noise_scale):
+        self.calls.append((step, data_scale, noise_scale))
+        return self.hook(step, x, noise, data_scale, noise_scale)
+
+
+def test_frozen_prefix_equals_the_previous_chunk_bit_for_bit(model):
+    model, (img0, img1), ids = model
+    h = model.cfg.horizon
+    d, s = 3, 3  # frozen 0..2, soft 3..4, free 5..7
+    previous = model.act(img0, ids, noise=_noise(model, 1))  # (1, H, A)
+    free = model.act(img1, ids, noise=_noise(model, 2))
+    hook = Recorder(RealTimeChunking(previous[0], d, s, h))
+    guided = model.act(img1, ids, noise=_noise(model, 2), step_hook=hook)
+
+    assert not torch.equal(free[:, :d], previous[:, :d])  # without the hook they differ
+    assert torch.equal(guided[:, :d], previous[:, :d])
+    assert not torch.equal(guided[:, h - s :], previous[:, h - s :])  # the tail stays free
+    # The soft region's first action (W = 0.63) moved toward the previous chunk.
+    gap_free = (free[:, d] - previous[:, d]).abs().sum()
+    gap_guided = (guided[:, d] - previous[:, d]).abs().sum()
+    assert gap_guided < gap_free
+    steps = len(hook.calls)
+    assert steps == 10 and [c[0] for c in hook.calls] == list(range(steps))
+    assert hook.calls[-1][1:] == (1.0, 0.0)  # the last call sits exactly on the data
+    assert all(0.0 < ns < 1.0 for _, _, ns in hook.calls[:-1])
+
+
+def test_no_delay_and_no_overlap_leaves_the_sample_alone(model):
+    model, (_, img1), ids = model
+    h = model.cfg.horizon
+    previous = torch.zeros(h, model.cfg.action_dim)
+    hook = RealTimeChunking(previous, 0, h, h)  # d = 0, s = H: every weight is 0
+    free = model.act(img1, ids, noise=_noise(model, 2))
+    assert torch.equal(model.act(img1, ids, noise=_noise(model, 2), step_hook=hook), free)
+
+
+def test_the_hook_refuses_what_it_cannot_inpaint():
+    with pytest.raises(ValueError, match="overlap needs 5"):
+        RealTimeChunking(torch.zeros(4, 7), 2, 3, 8)  # 4 actions left, overlap 8 - 3
+    with pytest.raises(ValueError, match="must be"):
+        RealTimeChunking(torch.zeros(8, 7), 6, 3, 8)  # delay past the overlap
+    hook = RealTimeChunking(torch.zeros(8, 7), 2, 3, 8)
+    with pytest.raises(ValueError, match="expected"):
+        hook(0, torch.zeros(1, 8, 6), torch.zeros(1, 8, 6), 0.5, 0.5)
+    ar = Policy.from_preset("tiny-openvla", seed=0)
+    size = ar.model.cfg.image_size
+    with pytest.raises(ValueError, match="diffusion or flow"):
+        ar.model.act(torch.rand(1, 1, 3, size, size), [ar.text_ids("x")], step_hook=hook)
