@@ -23,8 +23,8 @@ from torch import Tensor
 def guidance_weights(horizon: int, delay: int, execution_horizon: int) -> Tensor:
     """The RTC soft-mask weights W (H,) over a chunk of ``horizon`` actions, float64.
 
-    The paper's soft masking (arXiv 2506.07339, Sec. 4, "soft masking"), with H the horizon,
-    d the delay and s the execution horizon:
+    The paper's soft masking (arXiv 2506.07339, Eq. 5), with H the horizon, d the delay and s
+    the execution horizon:
 
         W_i = 1                              if i < d
         W_i = c_i (e^{c_i} - 1) / (e - 1)    if d <= i < H - s
@@ -32,10 +32,13 @@ def guidance_weights(horizon: int, delay: int, execution_horizon: int) -> Tensor
         with c_i = (H - s - i) / (H - s - d + 1),
 
     so the weight decays exponentially from just under 1 after the frozen prefix to just above 0
-    at the end of the overlap (c_i runs from (H - s - d)/(H - s - d + 1) down to 1/(H - s - d + 1);
-    neither end of the soft region reaches 1 or 0). Needs 0 <= d <= H - s and 1 <= s <= H: the
-    delay must fit inside the overlap (d > H - s would freeze actions the previous chunk does
-    not have left), and a chunk must execute at least one action.
+    at the end of the overlap: c_i runs from (H - s - d) / (H - s - d + 1) down to
+    1 / (H - s - d + 1), so neither end of the soft region reaches 1 or 0. (The authors' Kinetix
+    code writes the same c_i as a clipped ramp between "prefix attention" start d and end H - s.)
+
+    Needs 0 <= d <= H - s and 1 <= s <= H: the delay must fit inside the overlap (d > H - s
+    would freeze actions the previous chunk does not have left), and a chunk must execute at
+    least one action.
     """
     if horizon < 1:
         raise ValueError(f"horizon must be >= 1, got {horizon}")
