@@ -114,7 +114,23 @@ def test_the_hook_refuses_what_it_cannot_inpaint():
     hook = RealTimeChunking(torch.zeros(8, 7), 2, 3, 8)
     with pytest.raises(ValueError, match="expected"):
         hook(0, torch.zeros(1, 8, 6), torch.zeros(1, 8, 6), 0.5, 0.5)
+    two = RealTimeChunking(torch.zeros(2, 8, 7), 2, 3, 8)  # one previous chunk per row
+    with pytest.raises(ValueError, match=r"\(2, 8, 7\) expected"):
+        two(0, torch.zeros(3, 8, 7), torch.zeros(3, 8, 7), 0.5, 0.5)
     ar = Policy.from_preset("tiny-openvla", seed=0)
     size = ar.model.cfg.image_size
     with pytest.raises(ValueError, match="diffusion or flow"):
         ar.model.act(torch.rand(1, 1, 3, size, size), [ar.text_ids("x")], step_hook=hook)
+
+
+def test_each_row_is_frozen_to_its_own_previous_chunk_and_the_tail_is_untouched():
+    gen = torch.Generator().manual_seed(3)
+    previous, x, noise = (torch.randn(2, 8, 7, generator=gen) for _ in range(3))
+    hook = RealTimeChunking(previous, 2, 3, 8)
+    mid = hook(4, x, noise, 0.5, 0.5)
+    assert torch.equal(mid[:, :2], 0.5 * previous[:, :2] + 0.5 * noise[:, :2])  # noised target
+    last = hook(9, x, noise, 1.0, 0.0)
+    assert torch.equal(last[:, :2], previous[:, :2])
+    for out in (mid, last):
+        assert torch.equal(out[:, 5:], x[:, 5:])
+        assert not torch.equal(out[:, 2:5], x[:, 2:5])

@@ -113,9 +113,11 @@ class RealTimeChunking:
     def __call__(
         self, step: int, x: Tensor, noise: Tensor, data_scale: float, noise_scale: float
     ) -> Tensor:
-        h, a = self.target.shape[1:]
-        if x.shape[1:] != (h, a):
-            raise ValueError(f"chunk (B, {h}, {a}) expected, got {tuple(x.shape)}")
+        rows, h, a = self.target.shape
+        if x.shape[1:] != (h, a) or rows not in (1, x.shape[0]):
+            raise ValueError(
+                f"chunk ({'B' if rows == 1 else rows}, {h}, {a}) expected, got {tuple(x.shape)}"
+            )
         prev = self.target.to(device=x.device, dtype=x.dtype)
         if data_scale == 1.0 and noise_scale == 0.0:
             y = prev.expand_as(x)  # the last step: exactly the previous chunk
