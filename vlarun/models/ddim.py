@@ -78,6 +78,7 @@ def ddim_sample_loop(
     timesteps: Sequence[int],
     *,
     clip_denoised: bool = False,
+    step_hook: Callable[[int, Tensor, Tensor, float, float], Tensor] | None = None,
 ) -> Tensor:
     """Deterministic DDIM (eta = 0) from ``noise`` down to x0.
 
@@ -89,6 +90,9 @@ def ddim_sample_loop(
         eps = (x_t - sqrt(a) * x0) / sqrt(1 - a)     (re-derived: differs only if clipped)
         x_prev = sqrt(a') * x0 + sqrt(1 - a') * eps
     This is guided-diffusion's ``ddim_sample`` as CogACT runs it (with clip_denoised=False).
+
+    ``step_hook(step, x_prev, noise, sqrt(a'), sqrt(1 - a'))``, when given, may replace x_prev
+    after each step (a ``DenoiseStepHook``: inpainting and guidance plug in there).
     """
     x = noise
     ab = alpha_bar.tolist()  # Python float64; scalar * tensor computes in tensor dtype
@@ -102,4 +106,6 @@ def ddim_sample_loop(
             x0 = x0.clamp(-1.0, 1.0)
         eps = (math.sqrt(1.0 / a) * x - x0) / math.sqrt(1.0 / a - 1.0)
         x = math.sqrt(a_prev) * x0 + math.sqrt(1.0 - a_prev) * eps
+        if step_hook is not None:
+            x = step_hook(step, x, noise, math.sqrt(a_prev), math.sqrt(1.0 - a_prev))
     return x

@@ -113,6 +113,23 @@ class DenoiseFeatureCache(Protocol):
     ) -> Tensor: ...
 
 
+class DenoiseStepHook(Protocol):
+    """Hook after each denoising step of the DiT head and the flow expert (inpainting, guidance).
+
+    Called once per step with the step index, the new state x (B, H, A) and where it stands
+    on the noising path: x ~ data_scale * x0 + noise_scale * noise, with ``noise`` the
+    sample's starting noise (B, H, A). Flow (x_t = t * noise + (1 - t) * x0): data_scale =
+    1 - t, noise_scale = t at the step's end time t; DDIM: sqrt(a'), sqrt(1 - a'). The last
+    call has exactly data_scale = 1.0 and noise_scale = 0.0: what it returns is the sample
+    (before the DiT's final clip). Returns x or a replacement of the same shape; the model
+    holds no policy and no flag.
+    """
+
+    def __call__(
+        self, step: int, x: Tensor, noise: Tensor, data_scale: float, noise_scale: float
+    ) -> Tensor: ...
+
+
 class TimestepEmbedder(nn.Module):
     """Diffusion timestep -> hidden vector: 256 sinusoidal features, then Linear-SiLU-Linear."""
 
@@ -316,6 +333,7 @@ class DiTHead(nn.Module):
         cfg_scale: float = 1.0,
         generator: torch.Generator | None = None,
         eps: Callable[..., Tensor] | None = None,
+        step_hook: DenoiseStepHook | None = None,
     ) -> Tensor:
         """Denoise an action sequence for cond (B, cond_dim) -> normalized actions (B, H, A).
 
@@ -324,6 +342,7 @@ class DiTHead(nn.Module):
         ``generator`` when not given. cfg_scale > 1 applies classifier-free guidance,
         eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond), as CogACT does. ``eps(head,
         x, t, cond)``, when given, predicts the noise of steps without a feature cache.
+        ``step_hook`` sees (and may replace) the state after every step.
         """
         c = self.config
         B = cond.shape[0]
@@ -352,7 +371,12 @@ class DiTHead(nn.Module):
             return eps_u + cfg_scale * (eps_c - eps_u)
 
         x = ddim_sample_loop(
-            eps_fn, noise, self.alphas_cumprod, timesteps, clip_denoised=c.clip_denoised
+            eps_fn,
+            noise,
+            self.alphas_cumprod,
+            timesteps,
+            clip_denoised=c.clip_denoised,
+            step_hook=step_hook,
         )
         return x.clamp(-1.0, 1.0) if c.clip_sample else x
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlarun.models.dit_head import DenoiseFeatureCache
+from vlarun.models.dit_head import DenoiseFeatureCache, DenoiseStepHook
 from vlarun.models.llama import BranchCache, KVCache, LlamaConfig, LlamaLM
 from vlarun.models.static_step import expert_forward
 
@@ -201,20 +201,26 @@ class FlowMatchingExpert(nn.Module):
         start: Tensor | None = None,
         feature_cache: DenoiseFeatureCache | None = None,
         forward: Callable[..., Tensor] | None = None,
+        step_hook: DenoiseStepHook | None = None,
     ) -> Tensor:
         """Integrate from noise (t = 1) to actions (t = 0): N Euler steps. Returns (B, H, A).
 
         ``feature_cache`` sees every expert attention/MLP branch as (step, layer, kind,
-        compute), the same hook as the DiT head's, so denoising caches work on both."""
+        compute), the same hook as the DiT head's, so denoising caches work on both;
+        ``step_hook`` sees (and may replace) x after every step, as the DiT head's does."""
         n = self.cfg.num_steps if steps is None else steps
         b = state.shape[0]
         x = noise if noise is not None else torch.randn(b, self.cfg.horizon, self.cfg.action_dim)
         x = x.float()
+        start_noise = x
         dt = -1.0 / n
         for i in range(n):
             t = torch.full((b,), 1.0 + i * dt, device=x.device)
             fc = None if feature_cache is None else functools.partial(feature_cache, i)
             x = x + dt * self.velocity(prefix, state, x, t, start, fc, forward)
+            if step_hook is not None:
+                t_end = 1.0 - (i + 1) / n  # exactly 0.0 after the last step
+                x = step_hook(i, x, start_noise, 1.0 - t_end, t_end)
         return x
 
     def loss(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vlarun.models.dit_head import DenoiseFeatureCache
+from vlarun.models.dit_head import DenoiseFeatureCache, DenoiseStepHook
 from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
 from vlarun.models.heads import (
     ActionTokenizer,
@@ -445,21 +445,24 @@ class VLA(nn.Module):
         noise: Tensor | None = None,
         state: Tensor | None = None,
         feature_cache: DenoiseFeatureCache | None = None,
+        step_hook: DenoiseStepHook | None = None,
     ) -> Tensor:
         """Diffusion (DiT on the last hidden state) or flow (expert on the prefix cache), with
-        the static steps of ``self.steps``; ``feature_cache`` serves a denoising cache."""
+        the static steps of ``self.steps``; ``feature_cache`` serves a denoising cache,
+        ``step_hook`` a per-step transform of the state (inpainting, e.g. real-time chunking)."""
         if self.cfg.dit is not None:
             if noise is not None:  # drawn in fp32 by the policy; the DiT runs in the model's dtype
                 noise = noise.to(pre.last_hidden.dtype)
             return self.action_model.sample(pre.last_hidden, noise=noise,
-                                            feature_cache=feature_cache,
-                                            eps=self.steps.eps).float()  # fmt: skip
+                                            feature_cache=feature_cache, eps=self.steps.eps,
+                                            step_hook=step_hook).float()  # fmt: skip
         b = pre.last_hidden.shape[0]
         if state is None:
             state = torch.zeros(b, self.cfg.flow.state_dim, device=pre.last_hidden.device)
         return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos,
                                          feature_cache=feature_cache,
-                                         forward=self.steps.expert)  # fmt: skip
+                                         forward=self.steps.expert,
+                                         step_hook=step_hook)  # fmt: skip
 
     # -- everything at once ---------------------------------------------------------------------
 
@@ -471,16 +474,20 @@ class VLA(nn.Module):
         *,
         noise: Tensor | None = None,
         state: Tensor | None = None,
+        step_hook: DenoiseStepHook | None = None,
     ) -> Tensor:
-        """One inference: normalised actions (B, horizon, action_dim) in [-1, 1]."""
+        """One inference: normalised actions (B, horizon, action_dim) in [-1, 1].
+        ``step_hook``: see ``denoise`` (diffusion and flow families only)."""
         prefix_state = state if self.cfg.proprio_dim else None
         pre = self.prefill(self.build_prefix(self.encode_images(images), text_ids, prefix_state))
         family = self.cfg.family
+        if step_hook is not None and family in ("autoregressive", "parallel"):
+            raise ValueError(f"a denoising step hook needs a diffusion or flow model, not {family}")
         if family == "autoregressive":
             return self.tokens_to_actions(self.decode_tokens(pre))
         if family == "parallel":
             return self.parallel_head(pre)
-        return self.denoise(pre, noise=noise, state=state)
+        return self.denoise(pre, noise=noise, state=state, step_hook=step_hook)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -11,6 +11,14 @@ wait, and the new chunk starts about when it was meant to, stale only by its own
 deadline chunk / control rate, an inference that meets it never lets the queue run dry.
 If it does run dry, the robot waits: that wait is a stall, counted and timed, never hidden.
 
+A chunk that arrives after the queue ran dry mid-episode is late by the ticks the robot
+waited: its first action was due when the queue emptied, so with k = floor(wait / tick) its
+first k actions are stale and are skipped (counted in ``skipped``); the robot resumes at the
+action meant for the current tick, never replaying the chunk from its start. At least the
+chunk's last action is kept (the freshest plan there is). Only with ``lead``: a synchronous
+queue waits for every chunk by design, and the very first chunk of an episode finds the
+robot at rest (nothing was due yet).
+
 ``inline=True`` runs each inference in the caller's thread (simulated time: evaluation, where
 no clock runs while the policy thinks, so there is nothing to overlap and nothing to time).
 """
@@ -50,6 +58,8 @@ class ChunkQueue:
         self.records: list = []  # what ``infer`` returned beside the actions, in order
         self.errors: list[BaseException] = []
         self.stalls: list[float] = []
+        self.skipped: list[int] = []  # stale actions dropped from each late chunk (lead only)
+        self._popped = 0  # actions executed so far: the first chunk is never late
         self._threads: list[threading.Thread] = []
 
     @property
@@ -114,7 +124,19 @@ class ChunkQueue:
             waited = time.perf_counter() - t0
             if waited > 1e-4:
                 self.stalls.append(waited)
+                if self.lead and self._popped:
+                    self._align(waited)
+            self._popped += 1
             return self.actions.popleft()
+
+    def _align(self, waited_s: float) -> None:
+        """Drop the stale head of a chunk that arrived ``waited_s`` after the queue ran dry:
+        its first action was due then, so the one due now is floor(waited / tick) further."""
+        late = min(int(waited_s / self.tick_s), len(self.actions) - 1)
+        for _ in range(late):
+            self.actions.popleft()
+        if late:
+            self.skipped.append(late)
 
     def join(self, timeout_s: float = 10.0) -> None:
         for t in self._threads:

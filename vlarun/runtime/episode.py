@@ -75,6 +75,7 @@ def run_loop(
         "control_hz": steps / wall if wall > 0 else 0.0,
         "stalls": len(queue.stalls),
         "stall_ms_total": sum(queue.stalls) * 1e3,
+        "skipped_actions": sum(queue.skipped),  # stale heads of late chunks (asynchronous only)
         "records": queue.records,
     }
 

@@ -18,7 +18,9 @@ What ``act`` does:
   * it returns the next action of the current chunk. The next chunk is inferred in the
     background, from the observation given at that moment, once the actions still queued
     just cover the expected latency (``chunks.ChunkQueue``): inference overlaps execution.
-    If the queue runs dry the call waits; that wait is a stall, counted in ``stalls``.
+    If the queue runs dry the call waits; that wait is a stall, counted in ``stalls``. Under
+    asynchronous execution the late chunk then resumes at the current tick (its stale head
+    skipped, counted in ``skipped``), never from its start.
   * each inference is one ``RobotAgent.infer``: with an edge, the scheduler places each stage
     on the robot or the edge per request, under the deadline ``slo_s`` (default: one chunk of
     control ticks, horizon / control_hz); an edge that is down, refuses or would make the
@@ -89,6 +91,7 @@ class Robot:
         self.asynchronous = asynchronous and self.horizon > 1
         self.inferences: list[Inference] = []  # every inference, all episodes, in order
         self.stalls: list[float] = []  # seconds ``act`` waited for an action, per stall
+        self.skipped: list[int] = []  # stale actions dropped from each late chunk
         self._queue: ChunkQueue | None = None
         self._instruction: str | None = None
 
@@ -114,9 +117,10 @@ class Robot:
         queue = self._queue
         if queue.needs_refill():
             queue.request({"image": image, "state": state})
-        stalls = len(queue.stalls)
+        stalls, skipped = len(queue.stalls), len(queue.skipped)
         action = queue.pop()
         self.stalls += queue.stalls[stalls:]
+        self.skipped += queue.skipped[skipped:]
         return action
 
     def reset(self) -> None:
@@ -131,6 +135,7 @@ class Robot:
         return summarise(rows, self.horizon) | {
             "stalls": len(self.stalls),
             "stall_ms_total": 1e3 * sum(self.stalls),
+            "skipped_actions": sum(self.skipped),
         }
 
     def close(self) -> None:

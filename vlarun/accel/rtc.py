@@ -1,0 +1,129 @@
+"""Real-time chunking (RTC): inpaint the next action chunk onto the one still executing.
+
+Black, Galliker and Levine 2025, "Real-Time Execution of Action Chunking Flow Policies"
+(arXiv 2506.07339). While a new chunk of H actions is computed, the robot keeps executing the
+previous one; the first d actions of the new chunk (d = inference delay in control steps) will
+already have run by the time it arrives, so they are frozen to the previous chunk's, the
+overlap after them is softly guided toward it with a decaying weight, and the last s (the
+execution horizon: steps the new chunk runs before the next one replaces it) are free.
+
+This file holds the weight schedule and a denoising-step transform that applies it. It plugs
+into the ``DenoiseStepHook`` of ``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; the
+model code holds no RTC branch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def guidance_weights(horizon: int, delay: int, execution_horizon: int) -> Tensor:
+    """The RTC soft-mask weights W (H,) over a chunk of ``horizon`` actions, float64.
+
+    The paper's soft masking (arXiv 2506.07339, Eq. 5), with H the horizon, d the delay and s
+    the execution horizon:
+
+        W_i = 1                              if i < d
+        W_i = c_i (e^{c_i} - 1) / (e - 1)    if d <= i < H - s
+        W_i = 0                              if i >= H - s,
+        with c_i = (H - s - i) / (H - s - d + 1),
+
+    so the weight decays exponentially from just under 1 after the frozen prefix to just above 0
+    at the end of the overlap: c_i runs from (H - s - d) / (H - s - d + 1) down to
+    1 / (H - s - d + 1), so neither end of the soft region reaches 1 or 0. (The authors' Kinetix
+    code writes the same c_i as a clipped ramp between "prefix attention" start d and end H - s.)
+
+    Needs 0 <= d <= H - s and 1 <= s <= H: the delay must fit inside the overlap (d > H - s
+    would freeze actions the previous chunk does not have left), and a chunk must execute at
+    least one action.
+    """
+    if horizon < 1:
+        raise ValueError(f"horizon must be >= 1, got {horizon}")
+    if not 1 <= execution_horizon <= horizon:
+        raise ValueError(
+            f"execution horizon must be in [1, {horizon}] (the horizon), got {execution_horizon}"
+        )
+    end = horizon - execution_horizon  # first index after the overlap
+    if not 0 <= delay <= end:
+        raise ValueError(
+            f"delay must be in [0, {end}] (horizon {horizon} - execution horizon "
+            f"{execution_horizon}), got {delay}"
+        )
+    w = torch.zeros(horizon, dtype=torch.float64)
+    w[:delay] = 1.0
+    i = torch.arange(delay, end, dtype=torch.float64)
+    c = (end - i) / (end - delay + 1)
+    w[delay:end] = c * torch.expm1(c) / (math.e - 1.0)
+    return w
+
+
+class RealTimeChunking:
+    """A ``DenoiseStepHook`` that inpaints a new chunk onto the previous one, per request.
+
+    ``previous`` (n, A) or (B, n, A): the previous chunk's actions from the new chunk's first
+    step on (the ones still queued when the request was sent, then whatever it planned after),
+    in the model's normalised action space, n >= H - s (actions past the overlap are unused).
+    ``delay`` d: control steps the robot executes while this chunk is computed;
+    ``execution_horizon`` s: steps this chunk runs before the next one replaces it.
+
+    After every denoising step the state x is pulled toward the previous chunk noised to the
+    same level, y = data_scale * previous + noise_scale * noise (the sample's starting noise):
+
+        x_i <- y_i                        i < d        (frozen)
+        x_i <- W_i y_i + (1 - W_i) x_i    d <= i < H - s (soft, ``guidance_weights``)
+        x_i unchanged                     i >= H - s   (free)
+
+    The last step's y is the previous chunk itself, so the first d actions of the result equal
+    it bit for bit (the DiT clips its sample to [-1, 1] afterwards: a previous chunk from the
+    same head already lies inside, so the clip leaves them alone).
+
+    This is the guided-inpainting (replacement) variant the paper discusses as a baseline, not
+    its pi-GDM guidance: pi-GDM adds a vector-Jacobian product through the denoiser at every
+    step (a backward pass per step, and the sample loops run without autograd), while
+    replacement costs one blend per step and needs no gradient. Its known weakness, which the
+    paper's guidance addresses: the denoiser may not fully reconcile the free part with the
+    replaced overlap, so the seam after H - s is less smooth than pi-GDM's.
+    """
+
+    def __init__(self, previous: Tensor, delay: int, execution_horizon: int, horizon: int) -> None:
+        self.weights = guidance_weights(horizon, delay, execution_horizon)  # validates d, s, H
+        if previous.dim() == 2:
+            previous = previous[None]
+        if previous.dim() != 3:
+            raise ValueError(
+                f"previous chunk must be (n, A) or (B, n, A), got {tuple(previous.shape)}"
+            )
+        overlap = horizon - execution_horizon
+        n = previous.shape[1]
+        if n < overlap:
+            raise ValueError(
+                f"previous chunk has {n} actions; the overlap needs {overlap} "
+                f"(horizon {horizon} - execution horizon {execution_horizon})"
+            )
+        target = torch.zeros(previous.shape[0], horizon, previous.shape[2], dtype=previous.dtype,
+                             device=previous.device)  # fmt: skip
+        keep = min(n, horizon)
+        target[:, :keep] = previous[:, :keep]
+        self.target = target  # (B or 1, H, A); zeros past the previous chunk, where W = 0
+        self.delay, self.overlap = delay, overlap
+
+    def __call__(
+        self, step: int, x: Tensor, noise: Tensor, data_scale: float, noise_scale: float
+    ) -> Tensor:
+        rows, h, a = self.target.shape
+        if x.shape[1:] != (h, a) or rows not in (1, x.shape[0]):
+            raise ValueError(
+                f"chunk ({'B' if rows == 1 else rows}, {h}, {a}) expected, got {tuple(x.shape)}"
+            )
+        prev = self.target.to(device=x.device, dtype=x.dtype)
+        if data_scale == 1.0 and noise_scale == 0.0:
+            y = prev.expand_as(x)  # the last step: exactly the previous chunk
+        else:
+            y = data_scale * prev + noise_scale * noise.to(x.dtype)
+        w = self.weights.to(device=x.device, dtype=x.dtype)[:, None]  # (H, 1)
+        out = torch.where(w > 0, w * y + (1 - w) * x, x)
+        out[:, : self.delay] = y[:, : self.delay]  # frozen: a copy, not a blend with weight 1
+        return out
