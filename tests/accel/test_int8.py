@@ -1,6 +1,7 @@
 """Weight-only int8 (transforms.int8): the packed matmul, the quantisation bound, the refusals,
 action-token agreement with the float policy, and the quantised state dict."""
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -197,3 +198,36 @@ def test_quantised_state_dict_round_trips_and_save_vla_refuses(tiny_ar, tmp_path
     with pytest.raises(CheckpointError, match="float checkpoints"):
         save_vla(q, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_int8_is_a_setting_the_policy_takes(tiny_ar):
+    from vlarun.policy.setting import AccelSetting
+
+    s = AccelSetting.parse("triage:0.34+int8")
+    assert s.weights == "int8" and s.token_budget == 0.34 and str(s) == "triage:0.34+int8"
+    assert AccelSetting.from_meta(s.to_meta()) == s and s.to_meta()["weights"] == "int8"
+    assert not AccelSetting(weights="int8").identity
+    assert AccelSetting(weights="int8").key != AccelSetting().key
+    with pytest.raises(ValueError, match="weights must be one of"):
+        AccelSetting(weights="int4")
+    with pytest.raises(ValueError, match="model transform"):
+        AccelSetting(weights="int8").hooks("autoregressive")  # the runtime's path: refused
+    fast = tiny_ar.with_setting("int8")
+    assert len(int8_layers(fast.model)) == 7 * tiny_ar.model.cfg.llm.num_layers
+    assert not int8_layers(tiny_ar.model) and fast.hooks is not None
+    q = quantize_int8(tiny_ar.model)
+    assert torch.equal(_greedy_tokens(tiny_ar, fast.model, 0), _greedy_tokens(tiny_ar, q, 0))
+    size = tiny_ar.model.cfg.image_size
+    frame = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    run = fast.run_stages(frame, "reach the goal")  # the stage graph runs the int8 model
+    assert [t.name for t in run.timings] == ["vision", "prefill", "decode"]
+    with pytest.raises(ValueError, match="already quantised"):
+        fast.with_setting("int8")
+
+
+def test_the_runtime_refuses_int8_rather_than_running_the_float_model():
+    from vlarun.policy.setting import AccelSetting
+    from vlarun.runtime.agent import AgentConfig
+
+    with pytest.raises(ValueError, match="not run by the robot / edge runtime"):
+        AgentConfig(setting=AccelSetting(weights="int8"))
