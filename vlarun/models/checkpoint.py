@@ -209,6 +209,15 @@ def save_vla(
 ) -> Path:
     """Write weights, config, statistics (and tokenizer) atomically: a failed save leaves no
     partial directory behind."""
+    # A weight-only int8 layer (transforms.int8) stores ``weight_int8`` and ``scale`` where the
+    # layout has ``weight``: written here, the checkpoint would not load as the config says.
+    # Quantising at load time costs one pass over the weights, so only float models are saved.
+    int8 = [n for n, m in model.named_modules() if "weight_int8" in m._buffers]
+    if int8:
+        raise CheckpointError(
+            f"save_vla writes float checkpoints; {int8[0]} (and {len(int8) - 1} more) are int8: "
+            "save the float model and quantise after loading"
+        )
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

@@ -279,7 +279,9 @@ class VLA(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.language_model.lm_head.weight.device
+        # The embedding, not the LM head: a weight-only int8 head (transforms.int8) has no
+        # float ``weight``.
+        return self.language_model.model.embed_tokens.weight.device
 
     # -- stage 1: vision ----------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.graph import GraphRun, StageGraph
 from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import Packet
+from vlarun.transforms.int8 import quantize_int8
 
 if TYPE_CHECKING:
     from vlarun.models.dit_head import DenoiseFeatureCache
@@ -286,13 +287,20 @@ class Policy:
         ``"triage:0.34"``, ``"exit:0.5"``, ``"fastv:0.18+cache:2"``) in process, with the
         checkpoint's calibrated knobs: the hooks the robot and the edge make from it. A setting
         with no token policy runs the prefill by full recompute through the same hook path,
-        so every step's statistics are recorded and accelerated runs compare like for like."""
+        so every step's statistics are recorded and accelerated runs compare like for like.
+        ``"int8"`` (weights="int8") quantises a copy of the model first (``transforms.int8``,
+        one pass over the weights per call; the original model is untouched)."""
         from vlarun.policy.setting import AccelSetting
 
         if isinstance(setting, str):
             setting = AccelSetting.parse(setting)
+        policy = self
+        if setting.weights == "int8":
+            setting.check_family(self.model.cfg.family)
+            policy = dataclasses.replace(self, model=quantize_int8(self.model))
+            setting = dataclasses.replace(setting, weights="native")
         hooks = setting.hooks(self.model.cfg.family, self.calibration) or Hooks()
-        return self.with_hooks(hooks.tokens, hooks.decoder, hooks.denoise_cache)
+        return policy.with_hooks(hooks.tokens, hooks.decoder, hooks.denoise_cache)
 
     def with_hooks(
         self,

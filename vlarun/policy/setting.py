@@ -10,9 +10,15 @@ the stage hooks from it (``stages.hooks.Hooks``), the one way either side does; 
   AccelSetting.parse("triage:0.34")           TRIAGE recomputing 34% of the visual tokens
   AccelSetting.parse("exit:0.5")              Jacobi decoding with early exit at sigma 0.5
   AccelSetting.parse("triage:0.18+cache:2")   knobs joined by "+"
+  AccelSetting.parse("int8")                  weight-only int8 LM and action head
 
 ``layers_kept`` is a model transform (the pruned model has other weights), not a hook: a
 setting with layers_kept < 1 is refused here until the runtime can load pruned weights.
+``weights="int8"`` is a model transform too (``transforms.int8``), but one made from the
+checkpoint's own weights in one pass, so ``Policy.with_setting`` applies it in process; the
+stage hooks cannot express it, so ``hooks`` (what the runtime's robot and edge call) refuses it
+until the runtime holds the quantised model. The plan space does not name it yet (no knob in
+``sched``; its accuracy cost is unmeasured).
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ FAMILIES = {
     "token_budget": ("autoregressive", "parallel", "diffusion", "flow"),
     "cache_interval": ("diffusion", "flow"),
     "early_exit_sigma": ("autoregressive",),
+    "weights": ("autoregressive", "parallel", "diffusion", "flow"),
 }
+# How the LM's and the action head's weights are stored: the checkpoint's dtype, or int8.
+WEIGHTS = ("native", "int8")
 
 
 @dataclass(frozen=True)
@@ -42,12 +51,15 @@ class AccelSetting:
     token_budget: fraction of visual tokens recomputed each step (1.0: all), by ``token_method``;
     cache_interval: DiT / flow-expert features recomputed every N denoising steps (1: always);
     early_exit_sigma: Jacobi decoding with CEED's early exit at this confidence (None: greedy
-        autoregressive decoding)."""
+        autoregressive decoding);
+    weights: "native" (the checkpoint's dtype) or "int8" (``transforms.int8``: weight-only
+        per-channel int8 of the LM's and the action head's projections)."""
 
     token_budget: float = 1.0
     token_method: str = "triage"
     cache_interval: int = 1
     early_exit_sigma: float | None = None
+    weights: str = "native"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.token_budget, int | float) and 0.0 < self.token_budget <= 1.0):
@@ -63,20 +75,25 @@ class AccelSetting:
         s = self.early_exit_sigma
         if s is not None and not (isinstance(s, int | float) and 0.0 < s <= 1.0):
             raise ValueError(f"early_exit_sigma must be in (0, 1] or None, got {s!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
 
     # -- what it is ------------------------------------------------------------------------------
 
     @property
     def identity(self) -> bool:
         return (
-            self.token_budget == 1.0 and self.cache_interval == 1 and self.early_exit_sigma is None
+            self.token_budget == 1.0
+            and self.cache_interval == 1
+            and self.early_exit_sigma is None
+            and self.weights == "native"
         )
 
     @property
     def key(self) -> tuple:
         """Hashable and equal for equal settings (the method matters only under a budget)."""
         method = self.token_method if self.token_budget < 1.0 else None
-        return (self.token_budget, method, self.cache_interval, self.early_exit_sigma)
+        return (self.token_budget, method, self.cache_interval, self.early_exit_sigma, self.weights)
 
     def stateful_stages(self, family: str) -> dict[str, str]:
         """Stage -> hook part whose state carries from one control step to the next: the token
@@ -103,8 +120,14 @@ class AccelSetting:
 
     def hooks(self, family: str, calibration: dict | None = None) -> Hooks | None:
         """Fresh hooks (own state) running this setting on a ``family`` policy with the
-        checkpoint's ``calibration`` (``Policy.calibration``); None: plain."""
+        checkpoint's ``calibration`` (``Policy.calibration``); None: plain. Int8 weights are a
+        model transform, not a hook: refused here (``Policy.with_setting`` applies them)."""
         self.check_family(family)
+        if self.weights != "native":
+            raise ValueError(
+                f"weights={self.weights} is a model transform the stage hooks cannot run "
+                "(Policy.with_setting applies it in process; the runtime does not yet)"
+            )
         if self.identity:
             return None
         tokens = None
@@ -166,11 +189,15 @@ class AccelSetting:
 
     @classmethod
     def parse(cls, text: str) -> AccelSetting:
-        """'full' | 'triage:0.34' | 'fastv:0.18' | 'exit:0.5' | 'cache:2', joined by '+'."""
+        """'full' | 'triage:0.34' | 'fastv:0.18' | 'exit:0.5' | 'cache:2' | 'int8', joined
+        by '+'."""
         kw: dict = {}
         for part in filter(None, (p.strip() for p in text.split("+"))):
             name, _, value = part.partition(":")
             if name == "full" and not value:
+                continue
+            if name == "int8" and not value:
+                kw["weights"] = "int8"
                 continue
             if not value:
                 raise ValueError(f"setting part {part!r} needs a value, e.g. triage:0.34")
@@ -183,7 +210,8 @@ class AccelSetting:
                     kw["cache_interval"] = int(value)
                 else:
                     raise ValueError(
-                        f"unknown setting part {name!r}; use one of {TOKEN_METHODS}, exit, cache"
+                        f"unknown setting part {name!r}; "
+                        f"use one of {TOKEN_METHODS}, exit, cache, int8"
                     )
             except ValueError as e:
                 if "unknown setting" in str(e):
@@ -199,4 +227,6 @@ class AccelSetting:
             parts.append(f"exit:{self.early_exit_sigma:g}")
         if self.cache_interval > 1:
             parts.append(f"cache:{self.cache_interval}")
+        if self.weights != "native":
+            parts.append(self.weights)
         return "+".join(parts) or "full"

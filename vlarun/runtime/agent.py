@@ -98,6 +98,13 @@ class AgentConfig:
                 )
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.setting.weights != "native":
+            # Both sides would have to hold the quantised model and the plan space to name it;
+            # refused rather than run (and timed) as the float model.
+            raise ValueError(
+                f"weights={self.setting.weights} is not run by the robot / edge runtime yet "
+                "(Policy.with_setting applies it in process)"
+            )
         if self.slo_s <= 0 or self.robot_slowdown < 1:
             raise ValueError("slo_s must be positive and robot_slowdown >= 1")
         if self.robot_slowdown > 1 and self.robot_device != "this-cpu":
