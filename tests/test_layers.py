@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "vlarun.parity": 7,
     "vlarun.apps": 8,  # the commands: options, run, show
     "vlarun.cli": 9,
+    "vlarun.__main__": 10,  # `python -m vlarun`: the command line, above everything
 }
 
 # The front door: ``vlarun/__init__.py`` re-exports these inside its module ``__getattr__``,
