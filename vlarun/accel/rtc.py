@@ -9,7 +9,9 @@ execution horizon: steps the new chunk runs before the next one replaces it) are
 
 This file holds the delay d a plan implies (``frozen_steps``), the weight schedule and a
 denoising-step transform that applies it. The transform plugs into the ``DenoiseStepHook`` of
-``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; the model code holds no RTC branch.
+``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; for the autoregressive family the same
+freeze is a forced prefix of action tokens (``forced_action_tokens``, fed to the generic
+``forced`` argument of ``VLA.decode_tokens``). The model code holds no RTC branch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from vlarun.models.action_tokens import ActionTokenizer
 
 # One-sided 95% of a normal: the tail margin d is sized for (a p95 miss freezes one step too few,
 # which the late-chunk alignment of runtime/chunks.py then absorbs).
@@ -172,3 +176,28 @@ class RealTimeChunking:
         out = torch.where(w > 0, w * y + (1 - w) * x, x)
         out[:, : self.delay] = y[:, : self.delay]  # frozen: a copy, not a blend with weight 1
         return out
+
+
+def forced_action_tokens(tokenizer: ActionTokenizer, previous: Tensor, delay: int) -> Tensor:
+    """RTC for the autoregressive family: the token prefix (B, d * A) that freezes a new chunk's
+    first d actions to the previous chunk's.
+
+    ``previous`` (n, A) or (B, n, A): the previous chunk's normalised actions from the new
+    chunk's first step on, as for ``RealTimeChunking``. Its first d actions are re-tokenised
+    (OpenVLA's binning, one token per action dimension, action-major as the model decodes
+    them); passed as ``VLA.decode_tokens``' ``forced`` (``VLA.act``'s ``forced_tokens``), they
+    make the new chunk's first d actions the previous ones' bin centers exactly, and the model
+    decodes the rest greedily after them, conditioned on the prefix. A chunk the same model
+    decoded is already bin centers, so its first d actions come back unchanged.
+    There is no soft region: a token is forced or free.
+    """
+    if previous.dim() == 2:
+        previous = previous[None]
+    if previous.dim() != 3:
+        raise ValueError(f"previous chunk must be (n, A) or (B, n, A), got {tuple(previous.shape)}")
+    if not 0 <= delay <= previous.shape[1]:
+        raise ValueError(
+            f"delay must be in [0, {previous.shape[1]}] (the previous chunk's actions), got {delay}"
+        )
+    ids = tokenizer.encode(previous[:, :delay])  # (B, d, A)
+    return torch.as_tensor(ids, dtype=torch.long).reshape(previous.shape[0], -1)
