@@ -1,6 +1,8 @@
 """Real-time chunking for the autoregressive family: a forced prefix of action tokens freezes
 the first d actions to the previous chunk's, and greedy decoding continues after them."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,15 +15,27 @@ from vlarun.policy.base import Policy
 TEXT_IDS = [[30, 41, 77, 91, 5], [120, 18, 64]]
 
 
-@pytest.fixture(scope="module")
-def setup():
-    policy = Policy.from_preset("tiny-ar", seed=0)
+TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
+
+
+@pytest.fixture(scope="module", params=["preset", "checkpoint"])
+def setup(request):
+    """tiny-ar (chunk 4 x 4 action dims = 16 tokens): random weights from the preset, and the
+    shipped trained checkpoint (which emits action tokens and reads real prompts)."""
+    if request.param == "preset":
+        policy = Policy.from_preset("tiny-ar", seed=0)
+        text_ids = TEXT_IDS
+    else:
+        if not (TINY_AR / "config.json").exists():
+            pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+        policy = Policy.from_checkpoint(TINY_AR)
+        text_ids = [policy.text_ids(p) for p in ("reach", "push the red block to the goal")]
     model = policy.model
     assert model.cfg.chunk > 1  # a chunked preset: horizon x action_dim tokens
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)
     images = [torch.rand(2, 1, 3, cfg.image_size, cfg.image_size, generator=gen) for _ in range(2)]
-    return model, images, TEXT_IDS
+    return model, images, text_ids
 
 
 def _prefill(model, images, ids):
