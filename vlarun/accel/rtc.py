@@ -7,9 +7,11 @@ already have run by the time it arrives, so they are frozen to the previous chun
 overlap after them is softly guided toward it with a decaying weight, and the last s (the
 execution horizon: steps the new chunk runs before the next one replaces it) are free.
 
-This file holds the weight schedule and a denoising-step transform that applies it. It plugs
-into the ``DenoiseStepHook`` of ``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; the
-model code holds no RTC branch.
+This file holds the delay d a plan implies (``frozen_steps``), the weight schedule and a
+denoising-step transform that applies it. The transform plugs into the ``DenoiseStepHook`` of
+``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; for the autoregressive family the same
+freeze is a forced prefix of action tokens (``forced_action_tokens``, fed to the generic
+``forced`` argument of ``VLA.decode_tokens``). The model code holds no RTC branch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,53 @@ import math
 
 import torch
 from torch import Tensor
+
+from vlarun.models.action_tokens import ActionTokenizer
+
+# One-sided 95% of a normal: the tail margin d is sized for (a p95 miss freezes one step too few,
+# which the late-chunk alignment of runtime/chunks.py then absorbs).
+P95_Z = 1.645
+
+
+def frozen_steps(
+    latency_s: float,
+    period_s: float,
+    horizon: int,
+    execution_horizon: int,
+    sigma_s: float = 0.0,
+    tail_z: float = P95_Z,
+) -> int:
+    """The delay d in control steps for a request: d = ceil((latency + z * sigma) / period),
+    clipped to [0, H - s].
+
+    ``latency_s`` is the executed plan's predicted latency (``ExecutionPlan.latency_s``, network
+    included), ``sigma_s`` its learned spread (0 when unmeasured: the mean alone), so with the
+    default z the margin is the p95 under a normal approximation. d counts the actions the
+    robot executes while the chunk is computed; it is recomputed per request from the plan
+    chosen for it, so when the plan changes (the link drops, the robot goes local) d follows.
+    Clipped to H - s, the most the overlap can freeze (``guidance_weights``): a longer delay
+    means the previous chunk runs dry first, which the runtime's late-chunk alignment handles.
+    """
+    values = {"latency_s": latency_s, "period_s": period_s, "sigma_s": sigma_s, "tail_z": tail_z}
+    for name, v in values.items():
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
+    if period_s <= 0:
+        raise ValueError(f"period_s (the control period) must be > 0, got {period_s}")
+    if latency_s < 0 or sigma_s < 0 or tail_z < 0:
+        raise ValueError(
+            f"latency_s, sigma_s and tail_z must be >= 0, got {latency_s}, {sigma_s}, {tail_z}"
+        )
+    if horizon < 1 or not 1 <= execution_horizon <= horizon:
+        raise ValueError(
+            f"need horizon >= 1 and execution horizon in [1, horizon], got {horizon} and "
+            f"{execution_horizon}"
+        )
+    steps = (latency_s + tail_z * sigma_s) / period_s
+    # A latency of exactly k periods lands on a step boundary; float noise (0.15 / 0.05 =
+    # 3.0000000000000004) must not push it to k + 1.
+    d = math.ceil(steps - 1e-9)
+    return min(max(d, 0), horizon - execution_horizon)
 
 
 def guidance_weights(horizon: int, delay: int, execution_horizon: int) -> Tensor:
@@ -127,3 +176,28 @@ class RealTimeChunking:
         out = torch.where(w > 0, w * y + (1 - w) * x, x)
         out[:, : self.delay] = y[:, : self.delay]  # frozen: a copy, not a blend with weight 1
         return out
+
+
+def forced_action_tokens(tokenizer: ActionTokenizer, previous: Tensor, delay: int) -> Tensor:
+    """RTC for the autoregressive family: the token prefix (B, d * A) that freezes a new chunk's
+    first d actions to the previous chunk's.
+
+    ``previous`` (n, A) or (B, n, A): the previous chunk's normalised actions from the new
+    chunk's first step on, as for ``RealTimeChunking``. Its first d actions are re-tokenised
+    (OpenVLA's binning, one token per action dimension, action-major as the model decodes
+    them); passed as ``VLA.decode_tokens``' ``forced`` (``VLA.act``'s ``forced_tokens``), they
+    make the new chunk's first d actions the previous ones' bin centers exactly, and the model
+    decodes the rest greedily after them, conditioned on the prefix. A chunk the same model
+    decoded is already bin centers, so its first d actions come back unchanged.
+    There is no soft region: a token is forced or free.
+    """
+    if previous.dim() == 2:
+        previous = previous[None]
+    if previous.dim() != 3:
+        raise ValueError(f"previous chunk must be (n, A) or (B, n, A), got {tuple(previous.shape)}")
+    if not 0 <= delay <= previous.shape[1]:
+        raise ValueError(
+            f"delay must be in [0, {previous.shape[1]}] (the previous chunk's actions), got {delay}"
+        )
+    ids = tokenizer.encode(previous[:, :delay])  # (B, d, A)
+    return torch.as_tensor(ids, dtype=torch.long).reshape(previous.shape[0], -1)

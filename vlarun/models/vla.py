@@ -412,16 +412,38 @@ class VLA(nn.Module):
 
     # -- stage 3: the family's head ---------------------------------------------------------------
 
-    def decode_tokens(self, pre: PrefillResult) -> Tensor:
+    def decode_tokens(self, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
         """Autoregressive greedy decoding of chunk*D action tokens -> ids (B, chunk*D): one
-        static-shape step per token (``static_step.decode_one``), positions checked once."""
+        static-shape step per token (``static_step.decode_one``), positions checked once.
+
+        ``forced`` (B, m) with 0 <= m <= chunk*D: the first m tokens are these ids instead of
+        the model's, and greedy decoding continues after them (real-time chunking forces the
+        actions that execute while the chunk is computed, accel/rtc.py). The forced tokens go
+        through the LM in one forward (``steps.iterate``, as a Jacobi iteration does), which
+        writes their keys and gives the logits of token m."""
         lm = self.language_model
         n = self.cfg.num_action_tokens
-        tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
+        b = pre.last_hidden.shape[0]
+        m = 0 if forced is None else forced.shape[-1]
+        if forced is not None and (forced.dim() != 2 or forced.shape[0] != b or m > n):
+            raise ValueError(
+                f"forced tokens must be (B={b}, m <= {n}) (batch, at most the chunk's "
+                f"{self.cfg.chunk} x {self.cfg.action_dim} tokens), got {tuple(forced.shape)}"
+            )
         check_room(pre.cache, lm, pre.next_pos + n - 2)
-        out = [tok]
+        if m == n:
+            return forced.to(pre.next_pos.device, torch.long).clone()  # nothing left to decode
         pos = pre.next_pos
-        for _ in range(n - 1):
+        if m == 0:
+            tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
+            out = [tok]
+        else:
+            forced = forced.to(pos.device, torch.long)
+            at = pos[:, None] + torch.arange(m, device=pos.device)[None]  # (B, m)
+            tok = self.steps.iterate(lm, pre.cache, forced, at)[:, -1].argmax(-1)  # token m
+            out = [*forced.unbind(1), tok]
+            pos = pos + m
+        for _ in range(n - m - 1):
             tok = self.steps.one(lm, pre.cache, tok, pos)
             out.append(tok)
             pos = pos + 1
@@ -477,16 +499,20 @@ class VLA(nn.Module):
         noise: Tensor | None = None,
         state: Tensor | None = None,
         step_hook: DenoiseStepHook | None = None,
+        forced_tokens: Tensor | None = None,
     ) -> Tensor:
         """One inference: normalised actions (B, horizon, action_dim) in [-1, 1].
-        ``step_hook``: see ``denoise`` (diffusion and flow families only)."""
+        ``step_hook``: see ``denoise`` (diffusion and flow families only); ``forced_tokens``:
+        a forced prefix of action token ids, see ``decode_tokens`` (autoregressive only)."""
         prefix_state = state if self.cfg.proprio_dim else None
         pre = self.prefill(self.build_prefix(self.encode_images(images), text_ids, prefix_state))
         family = self.cfg.family
         if step_hook is not None and family in ("autoregressive", "parallel"):
             raise ValueError(f"a denoising step hook needs a diffusion or flow model, not {family}")
+        if forced_tokens is not None and family != "autoregressive":
+            raise ValueError(f"forced action tokens need an autoregressive model, not {family}")
         if family == "autoregressive":
-            return self.tokens_to_actions(self.decode_tokens(pre))
+            return self.tokens_to_actions(self.decode_tokens(pre, forced_tokens))
         if family == "parallel":
             return self.parallel_head(pre)
         return self.denoise(pre, noise=noise, state=state, step_hook=step_hook)
