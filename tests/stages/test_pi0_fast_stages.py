@@ -117,3 +117,11 @@ def test_cli_info_predict_plan(capsys):
     assert set(plan["placement"]) == {"vision", "prefill", "decode"}
     assert set(plan["placement"].values()) <= {"robot", "edge"}
     assert plan["latency_ms"] > 0
+
+
+def test_decode_tokens_round_trips_through_a_config_file():
+    from vlarun import config as cfgio
+    from vlarun.models.vla import VLAConfig
+
+    cfg = get_preset("pi0-fast")
+    assert cfgio.from_dict(VLAConfig, cfgio.to_dict(cfg)) == cfg
