@@ -107,6 +107,7 @@ def cmd_info(o: InfoOptions) -> dict:
         "prefix_tokens": tokens,
         "actions_per_inference": cfg.horizon,
         "action_dim": cfg.action_dim,
+        "action_tokens": cfg.num_action_tokens,  # decoded (AR) or placeholder (OFT) LM tokens
         "dtype": o.dtype,
         "batch": o.batch,
         "stages": stages,
@@ -120,7 +121,8 @@ def _print_info(r: dict) -> None:
     print(f"{r['model']} ({r['family']}): {r['params'] / 1e9:.3f} B parameters ({parts})")
     print(
         f"  {r['visual_tokens']} visual tokens, prefix {r['prefix_tokens']} tokens, "
-        f"{r['actions_per_inference']} actions x {r['action_dim']} per inference, {r['dtype']}"
+        f"{r['actions_per_inference']} actions x {r['action_dim']} per inference, "
+        f"{r['action_tokens']} action tokens, {r['dtype']}"
     )
     head = ("stage", "GFLOP", "GB moved", "passes", "in packet", "out packet")
     print("  {:<14}{:>12}{:>11}{:>8}{:>13}{:>13}".format(*head))

@@ -126,24 +126,54 @@ def cogact() -> VLAConfig:
     )
 
 
-def pi0() -> VLAConfig:
+def _paligemma_prefix() -> dict:
+    """pi0's and pi0-FAST's shared prefix: PaliGemma-3B (SigLIP So400m/14 at 224 px + Gemma-2B),
+    three cameras, bidirectional attention within the prefix."""
     siglip = ViTConfig.siglip_so400m(224, feature_layer=-1)  # PaliGemma: all blocks + post-LN
+    return dict(
+        llm=GEMMA_2B, vision=(siglip,), connector="linear", num_images=3, prefix_causal=False
+    )
+
+
+def pi0() -> VLAConfig:
     flow = FlowExpertConfig(
         GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=32, num_steps=10
     )
     return VLAConfig(
         name="pi0",
         family="flow",
-        llm=GEMMA_2B,
-        vision=(siglip,),
-        connector="linear",
-        num_images=3,
         action_dim=32,
         chunk=50,
         max_text_tokens=48,
-        prefix_causal=False,
         flow=flow,
         notes="PaliGemma-3B (SigLIP So400m/14 + Gemma-2B), 3 cameras, 300M expert",
+        **_paligemma_prefix(),
+    )
+
+
+# pi0-FAST decodes a FAST code of the chunk: the FAST paper (Pertsch et al. 2025, arXiv
+# 2501.09747, section 3) reports 30 to 60 BPE tokens per one-second chunk where per-value
+# binning needs hundreds; the cost model takes the upper end. A chunk's real count varies with
+# its smoothness and ends at the LM's EOS (openpi ``Pi0FAST.sample_actions`` stops there).
+PI0_FAST_TOKENS = 60
+
+
+def pi0_fast() -> VLAConfig:
+    """openpi's ``Pi0FASTConfig`` defaults: action_dim 32 (padded), action_horizon 32,
+    max_token_len 250 for the prompt (with the state written as text) and the action tokens."""
+    return VLAConfig(
+        name="pi0-fast",
+        family="autoregressive",
+        action_dim=32,
+        chunk=32,
+        max_text_tokens=250 - PI0_FAST_TOKENS,
+        decode_tokens=PI0_FAST_TOKENS,
+        notes=(
+            "PaliGemma-3B (SigLIP So400m/14 + Gemma-2B), 3 cameras, no action expert: the LM "
+            f"decodes ~{PI0_FAST_TOKENS} FAST tokens per chunk. Cost model and plan space only: "
+            "decoding FAST tokens back to actions is not wired into the model yet"
+        ),
+        **_paligemma_prefix(),
     )
 
 
@@ -264,31 +294,26 @@ def tiny_cogact() -> VLAConfig:
     return _tiny_openvla("tiny-cogact", "diffusion", chunk=8, dit=dit)
 
 
+def _tiny_gemma(**kw) -> LlamaConfig:
+    """The tiny PaliGemma-style LM (one KV head, GELU-tanh, Gemma norms, tied embeddings)."""
+    base = dict(
+        num_kv_heads=1,
+        head_dim=64,
+        mlp_act="gelu_tanh",
+        gemma_norm=True,
+        tie_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
+    return _tiny_llm(**(base | kw))
+
+
 def tiny_pi0() -> VLAConfig:
-    llm = _tiny_llm(
-        num_kv_heads=1,
-        head_dim=64,
-        mlp_act="gelu_tanh",
-        gemma_norm=True,
-        tie_embeddings=True,
-        rms_norm_eps=1e-6,
-    )
-    expert = _tiny_llm(
-        vocab_size=1,
-        hidden_size=64,
-        intermediate_size=128,
-        num_kv_heads=1,
-        head_dim=64,
-        mlp_act="gelu_tanh",
-        gemma_norm=True,
-        tie_embeddings=True,
-        rms_norm_eps=1e-6,
-    )
+    expert = _tiny_gemma(vocab_size=1, hidden_size=64, intermediate_size=128)
     flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=8, num_steps=10)
     return VLAConfig(
         name="tiny-pi0",
         family="flow",
-        llm=llm,
+        llm=_tiny_gemma(),
         vision=(_tiny_vit("siglip"),),
         connector="linear",
         action_dim=7,
@@ -296,6 +321,24 @@ def tiny_pi0() -> VLAConfig:
         prefix_causal=False,
         max_text_tokens=TINY_TEXT,
         flow=flow,
+    )
+
+
+def tiny_pi0_fast() -> VLAConfig:
+    """tiny-pi0's prefix with no expert; 8 decoded tokens for an 8 x 7 chunk, about the
+    compression FAST reports (30-60 tokens for 50 x 7 values)."""
+    return VLAConfig(
+        name="tiny-pi0-fast",
+        family="autoregressive",
+        llm=_tiny_gemma(),
+        vision=(_tiny_vit("siglip"),),
+        connector="linear",
+        action_dim=7,
+        chunk=8,
+        prefix_causal=False,
+        max_text_tokens=TINY_TEXT,
+        decode_tokens=8,
+        notes="cost model and plan space only: FAST decoding is not wired into the model yet",
     )
 
 
@@ -520,11 +563,13 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-oft": openvla_oft,
     "cogact": cogact,
     "pi0": pi0,
+    "pi0-fast": pi0_fast,
     "smolvla": smolvla,
     "tiny-openvla": tiny_openvla,
     "tiny-openvla-oft": tiny_oft,
     "tiny-cogact": tiny_cogact,
     "tiny-pi0": tiny_pi0,
+    "tiny-pi0-fast": tiny_pi0_fast,
     "tiny-smolvla": tiny_smolvla,
     "tiny-ar": mw_ar,
     "tiny-oft": mw_oft,

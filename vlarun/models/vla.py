@@ -83,6 +83,11 @@ class VLAConfig:
     proprio_after_text: bool = False
     proprio_linear: bool = False
     scale_embeddings: bool = False
+    # Tokens the LM decodes per chunk when the chunk is not one token per action value: FAST
+    # (pi0-FAST) codes a whole chunk as a variable-length BPE sequence, so this is its expected
+    # length, what the cost model counts decode steps by. 0 = one token per value (OpenVLA's
+    # 256 bins: chunk * action_dim). Autoregressive family only.
+    decode_tokens: int = 0
     oft: OFTHeadConfig | None = None
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
@@ -116,6 +121,10 @@ class VLAConfig:
             raise ValueError(f"views {self.views} name {len(self.views)} of {self.num_images}")
         if self.proprio_dim < 0:
             raise ValueError(f"proprio_dim must be >= 0, got {self.proprio_dim}")
+        if self.decode_tokens < 0:
+            raise ValueError(f"decode_tokens must be >= 0, got {self.decode_tokens}")
+        if self.decode_tokens and self.family != "autoregressive":
+            raise ValueError(f"decode_tokens needs the autoregressive family, not {self.family!r}")
         if self.proprio_dim and self.flow is not None and self.flow.state_dim:
             raise ValueError("a flow model takes its state in the expert or the prefix, not both")
         if (self.proprio_after_text or self.bos_id is None) and not self.images_first:
@@ -164,6 +173,8 @@ class VLAConfig:
     @property
     def num_action_tokens(self) -> int:
         """Tokens the LM itself emits per inference (AR) or holds as placeholders (OFT)."""
+        if self.decode_tokens:
+            return self.decode_tokens
         return self.chunk * self.action_dim if self.family in ("autoregressive", "parallel") else 0
 
     @property
@@ -450,6 +461,12 @@ class VLA(nn.Module):
         return torch.stack(out, dim=1)
 
     def tokens_to_actions(self, ids: Tensor) -> Tensor:
+        if self.cfg.decode_tokens:
+            raise NotImplementedError(
+                f"{self.cfg.name}: its {self.cfg.decode_tokens} decoded tokens are a FAST code of "
+                "the chunk, and decoding them through the FAST tokenizer is not wired into the "
+                "model yet; this preset serves the cost model and the plan space only"
+            )
         acts = self.action_tokenizer.decode(ids.cpu())
         acts = torch.as_tensor(acts, dtype=torch.float32)
         return acts.view(ids.shape[0], self.cfg.chunk, self.cfg.action_dim)
