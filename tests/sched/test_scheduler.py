@@ -13,7 +13,7 @@ from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
 from vlarun.sched.plans import NO_LOSS, SettingRow, build_space, feasibility, setting_grid
-from vlarun.sched.predictor import INPUT, OUTPUT, DeviceState, predict_placement
+from vlarun.sched.predictor import INPUT, OUTPUT, Calibration, DeviceState, predict_placement
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -237,7 +237,9 @@ def test_measured_costs_belong_to_their_models(tmp_path):
 
 
 def test_learned_spread_tightens_feasibility_and_guides_the_fallback():
-    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
+    # A stopped clock: what is learned here must not decay while a loaded machine runs it.
+    cal = Calibration(clock=lambda: 0.0)
+    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, 1.0, actions=20, cal=cal)
     link = Link(200.0, 5.0)
     first = sched.decide(link)
     roles = tuple(first.placement.values())
@@ -491,8 +493,6 @@ def test_only_requests_that_ran_as_planned_teach_the_residual():
 
 
 def test_residual_and_spread_relax_toward_the_prior_with_time():
-    from vlarun.sched.predictor import Calibration
-
     now = [0.0]
     cal = Calibration(clock=lambda: now[0], half_life_s=10.0)
     roles = ("robot", "edge")
