@@ -297,7 +297,25 @@ class RobotAgent:
         schedule, age = self._edge_schedule(health)
         d = decide(sched, self.link, health, schedule, age)
         setting = AccelSetting.from_knobs(d.settings, self.cfg.setting.token_method)
+        self._book(d, text_tokens, setting)
         return dict(d.placement), d, setting
+
+    def _book(self, d, text_tokens: int, setting: AccelSetting) -> None:
+        """Announce the plan's edge segments to the edge the moment it is chosen, so another
+        robot deciding before this request's bytes land already sees the work (a booking
+        ``StageQueues.forecast`` places like queued work). Each segment arrives when the robot
+        stage before it is predicted to end and is due when the rest of the plan needs it."""
+        if not self.edge_up:
+            return
+        ends = [0.0]
+        for seg in segments(self.graph(text_tokens, setting), d.placement):
+            if seg.role == "edge":
+                after = d.latency_s - d.stage_end[seg.stages[-1]]
+                try:
+                    self.client.book(seg.stages, ends[-1], self.cfg.slo_s - after)
+                except LinkDown:
+                    return  # the request will find the link down too, and run here
+            ends.append(d.stage_end[seg.stages[-1]])
 
     def _edge_schedule(self, health: dict) -> tuple[list | None, float]:
         """The edge's committed schedule (other robots' reservations included) and its age:

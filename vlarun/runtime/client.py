@@ -90,7 +90,8 @@ def check_schedule(schedule: object) -> list[dict]:
                 return []
             out.append({"robot": str(slot.get("robot", ""))[:16], "stage": slot["stage"],
                         **{k: _number(slot.get(k), k, -math.inf)
-                           for k in ("start_ms", "end_ms", "deadline_ms")}})  # fmt: skip
+                           for k in ("start_ms", "end_ms", "deadline_ms")},
+                        "booked": slot.get("booked") is True})  # fmt: skip
         except BadReply:
             return []
     return out
@@ -187,6 +188,14 @@ class EdgeClient:
         self._send(wire.control("health", rid))
         msg, _ = self._await(rid, timeout_s)
         return check_health(msg.meta), time.perf_counter() - t0
+
+    def book(self, stages: tuple[str, ...], arrive_s: float, deadline_s: float) -> None:
+        """Announce a plan's edge stages the moment it is chosen: they arrive in ``arrive_s``
+        and are due in ``deadline_s`` (seconds from now). Not waited for (the small answer is
+        dropped by the next ``_await``): booking must not cost the request time."""
+        meta = {"stages": list(stages), "arrive_ms": 1e3 * max(arrive_s, 0.0),
+                "deadline_ms": 1e3 * max(deadline_s, 0.0)}  # fmt: skip
+        self._send(wire.control("book", next(_ids), **meta))
 
     def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:
         """Send ``nbytes`` of padding to the edge and wait for its small answer: seconds of

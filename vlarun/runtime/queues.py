@@ -1,15 +1,24 @@
 """Per-stage queues of the edge and the batching rule.
 
-Every request waiting for a stage sits in that stage's queue. The worker serves the request
-with the earliest deadline (EDF) and batches with it every queued request of the same stage
-and input signature (shapes and dtypes apart from the batch axis). If the batch is not full
+Every request waiting for a stage sits in that stage's queue, in arrival order. The worker
+serves the stage whose oldest request is due first (EDF across the queues' heads) and batches,
+earliest deadline first, the queued requests of that stage with the head's input signature
+(shapes and dtypes apart from the batch axis). If the batch is not full
 and the earliest member's slack allows, it waits a short window for more robots: slack =
 deadline - now - the stage's measured time, and the wait never takes more than half of it,
 so batching never costs a deadline it could have met.
+
+The same module is the edge's queue model: ``StageQueues.forecast`` plays the worker's rule
+(each stage at its measured per-request time) forward over the batch
+running now, every queued request and every booking (a robot's plan announced at decision time,
+before its bytes arrive), so the schedule robots plan against and the admission test are one
+computation, and a second robot deciding before the first one's packet lands already sees it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections import deque
@@ -74,6 +83,41 @@ class Job:
         return tuple(sig)
 
 
+THIS = "(this request)"  # the forecast's name for the request admission asks about
+MAX_BOOKINGS = 256  # bookings held at once; more are refused (each is a few hundred bytes)
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A robot's chosen plan, announced when it decided: ``stages`` will arrive at ``arrive``
+    and are due at ``deadline`` (the edge's monotonic clock). It stands in the queue model
+    until the request itself arrives (``StageQueues.claim``) or its deadline passes."""
+
+    origin: bytes
+    stages: tuple[str, ...]
+    arrive: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One stage of one request in the forecast: who, what, when it runs and when it is due
+    (monotonic seconds); ``booked``: announced, not arrived yet."""
+
+    origin: str
+    stage: str
+    start: float
+    end: float
+    deadline: float
+    booked: bool = False
+
+    def pack(self, now: float) -> dict:
+        """The wire form: times in ms from ``now``."""
+        return {"robot": self.origin, "stage": self.stage, "start_ms": 1e3 * (self.start - now),
+                "end_ms": 1e3 * (self.end - now), "deadline_ms": 1e3 * (self.deadline - now),
+                "booked": self.booked}  # fmt: skip
+
+
 class StageQueues:
     """Thread-safe per-stage FIFO queues with EDF selection across stages."""
 
@@ -83,6 +127,7 @@ class StageQueues:
         self.cond = threading.Condition()
         self.est_s: dict[str, float] = {}  # EWMA of measured stage time at batch 1
         self.est_at: dict[str, float] = {}  # when each estimate was last measured (monotonic)
+        self.bookings: list[Booking] = []
 
     def put(self, job: Job) -> None:
         with self.cond:
@@ -105,17 +150,112 @@ class StageQueues:
             return {s: len(q) for s, q in self.queues.items()}
 
     def backlog_s(self, deadline: float) -> float:
-        """Predicted seconds of queued work the worker serves before a request due at
-        ``deadline`` (EDF: every queued request due no later), each at its stages' measured
+        """Predicted seconds of queued and booked work the worker serves before a request due
+        at ``deadline`` (EDF: every one due no later), each at its stages' measured
         per-request time; stages never measured count 0 (no evidence to refuse on)."""
         with self.cond:
-            return sum(
-                self.est_s.get(name, 0.0)
-                for q in self.queues.values()
-                for job in q
-                if job.deadline <= deadline
-                for name in job.stages[job.pos :]
-            )
+            queued = [(j.deadline, j.stages[j.pos :]) for q in self.queues.values() for j in q]
+            booked = [(b.deadline, b.stages) for b in self.bookings]
+        return sum(self.est_s.get(n, 0.0) for due, names in queued + booked
+                   if due <= deadline for n in names)  # fmt: skip
+
+    # -- bookings ---------------------------------------------------------------------------------
+
+    def book(self, booking: Booking, now: float) -> bool:
+        """Hold ``booking`` until its request arrives; False (nothing held) when the ledger is
+        full or it names a stage this edge does not run."""
+        if not booking.stages or any(n not in self.queues for n in booking.stages):
+            return False
+        with self.cond:
+            self._expire(now)
+            if len(self.bookings) >= MAX_BOOKINGS:
+                return False
+            self.bookings.append(booking)
+            return True
+
+    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
+        """The request ``origin`` booked has arrived: its booking leaves the ledger (its work
+        is now queued), the earliest of that robot's bookings for the same first stage."""
+        with self.cond:
+            self._expire(now)
+            mine = [b for b in self.bookings if b.origin == origin and b.stages[0] == stages[0]]
+            if not mine:
+                return False
+            self.bookings.remove(min(mine, key=lambda b: b.arrive))
+            return True
+
+    def _expire(self, now: float) -> None:
+        self.bookings = [b for b in self.bookings if b.deadline > now]
+
+    # -- the queue model --------------------------------------------------------------------------
+
+    def forecast(
+        self,
+        now: float,
+        busy_until: float = 0.0,
+        running: tuple = (),
+        name: Callable[[bytes], str] = bytes.hex,
+        extra: Booking | None = None,
+        limit: int = 64,
+    ) -> list[Slot]:
+        """The worker's rule played forward: after the batch running now (``running``: stage,
+        robot names, earliest deadline, each member's (name, deadline, stages after); until
+        ``busy_until``), batch after batch as ``take`` picks them from the requests queued
+        now, booked and arrived by then, or re-queued for their next stage, each at its
+        measured per-request time. ``extra``: a request not yet queued,
+        placed like a booking (admission asks where it would finish). Returns up to ``limit``
+        slots in the order they would run."""
+        with self.cond:
+            self._expire(now)
+            items = [(now, j.deadline, name(j.origin), j.stages[j.pos :], False)
+                     for q in self.queues.values() for j in q]  # fmt: skip
+            items += [(max(b.arrive, now), b.deadline, name(b.origin), b.stages, True)
+                      for b in self.bookings]  # fmt: skip
+        if extra is not None:
+            items.append((max(extra.arrive, now), extra.deadline, THIS, extra.stages, False))
+        out, cursor = [], now
+        if running and busy_until > now:
+            stage, robots, due, after = running
+            out.append(Slot(",".join(robots), stage, now, busy_until, due))
+            cursor = busy_until
+            items += [(busy_until, d, who, rest, False) for who, d, rest in after]
+        # The worker's rule (``take``): the stage queue whose head (its oldest request) is due
+        # first, and from it a batch of up to max_batch requests, earliest deadline first,
+        # taking max_batch x the per-request time (the batch window is not modelled).
+        seq = itertools.count()
+        later = [(ready, next(seq), due, who, tuple(names), booked)
+                 for ready, due, who, names, booked in items if names]  # fmt: skip
+        heapq.heapify(later)
+        queued: dict[str, list] = {}
+        while (later or any(queued.values())) and len(out) < limit:
+            while later and later[0][0] <= cursor:  # arrived by now: joins its stage's queue
+                ready, k, due, who, names, booked = heapq.heappop(later)
+                queued.setdefault(names[0], []).append((k, due, who, names, booked))
+            heads = [q[0] for q in queued.values() if q]
+            if not heads:  # idle until the next booked request lands
+                cursor = later[0][0]
+                continue
+            stage = min(heads, key=lambda h: h[1])[3][0]
+            q = queued[stage]
+            batch = sorted(q, key=lambda m: m[1])[: self.max_batch]
+            queued[stage] = [m for m in q if m not in batch]
+            end = cursor + self.est_s.get(stage, 0.0) * len(batch)
+            for k, due, who, names, booked in batch:
+                out.append(Slot(who, stage, cursor, end, due, booked))
+                if len(names) > 1:  # its next stage is queued once this one is done
+                    heapq.heappush(later, (end, k, due, who, names[1:], booked))
+            cursor = end
+        return out[:limit]
+
+    def finish(
+        self, now: float, stages: tuple[str, ...], deadline: float, busy_until: float = 0.0,
+        running: tuple = (),
+    ) -> float:  # fmt: skip
+        """When a request for ``stages`` due at ``deadline``, queued now, would finish: the
+        forecast with it in (admission's test is the robots' schedule, not a second model)."""
+        ask = Booking(b"", stages, now, deadline)
+        slots = self.forecast(now, busy_until, running, extra=ask, limit=1 << 30)
+        return max((s.end for s in slots if s.origin == THIS), default=now)
 
     def ordered(self) -> list[Job]:
         """Every queued request, in the order the worker will serve them (EDF)."""

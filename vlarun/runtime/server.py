@@ -36,7 +36,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Job, StageQueues
+from vlarun.runtime.queues import Booking, Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -155,10 +155,12 @@ class EdgeServer:
         self._pull.bind(self._pipe)
         self.stop_event = threading.Event()
         self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0, "refused": 0, "cancelled": 0,
+                      "streams": 0, "refused": 0, "cancelled": 0, "booked": 0,
+                      "booking_refused": 0,
                       "compute_s": 0.0}  # fmt: skip
         self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
-        self._running: tuple = ()  # (stage, [robot ids], earliest deadline) of that batch
+        # That batch: (stage, [robot ids], earliest deadline, [(robot, deadline, stages after)]).
+        self._running: tuple = ()
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
@@ -266,6 +268,10 @@ class EdgeServer:
         header = wire.decode_header(body[0], self.cfg.limits)
         if header.kind == "control":
             self.stats["control"] += 1
+            if header.meta.get("op") == "book":
+                origin = to[0] if route is None else route.robot
+                self._send([*to, *self._book(origin, header, now)])
+                return
             self._send([*to, *self._control(header)])
             return
         if header.kind != "data":
@@ -290,6 +296,7 @@ class EdgeServer:
         req = self.schema.check(header)
         budget = req.budget_s if route is None else min(route.budget_s, 3600.0)
         deadline = now + budget
+        self.queues.claim(origin, req.stages, now)  # booked at decision time: now it is here
         if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
             self._admit(req.stages, deadline, now)
         msg = wire.materialize(header, frames, self.cfg.limits)
@@ -350,33 +357,19 @@ class EdgeServer:
             self._seen[origin] = now
 
     def schedule(self, limit: int = 64) -> list[dict]:
-        """The committed schedule, as admission sees it: the batch running now, then every
-        queued request's remaining stages in EDF order at their measured per-request times,
-        one after another (one worker). Times in ms from now; each entry names the robot, the
-        stage and the deadline it must meet. Robots plan against it (``planning.edge_state``)."""
+        """The committed schedule, as admission sees it (``StageQueues.forecast``): the batch
+        running now, then every queued and booked request's remaining stages in the order the
+        worker's EDF rule would run them, at their measured per-request times. Times in ms
+        from now; each entry names the robot, the stage, the deadline it must meet and whether
+        it is only booked so far. Robots plan against it (``planning.edge_state``)."""
         now = time.monotonic()
-        out, cursor = [], now
-        busy, running = self._busy_until, self._running
-        if busy > now and running:
-            stage, robots, deadline = running
-            out.append(_slot(",".join(robots), stage, 0.0, busy - now, deadline - now))
-            cursor = busy
-        for job in self.queues.ordered():
-            for name in job.stages[job.pos :]:
-                seconds = self.queues.est_s.get(name, 0.0)
-                start = cursor - now
-                out.append(_slot(robot_id(job.origin), name, start, start + seconds,
-                                 job.deadline - now))  # fmt: skip
-                cursor += seconds
-                if len(out) >= limit:
-                    return out
-        return out
+        slots = self.queues.forecast(now, self._busy_until, self._running, robot_id, limit=limit)
+        return [s.pack(now) for s in slots]
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
         finish in time."""
-        finish = max(self._busy_until, now) + self.queues.backlog_s(deadline)
-        finish += self.queues.work_s(stages)
+        finish = self.queues.finish(now, stages, deadline, self._busy_until, self._running)
         if finish > deadline and self.queues.fresh(stages, self.cfg.admission_fresh_s):
             self.stats["refused"] += 1
             self.events.append({"t": now, "kind": "refused", "stages": "+".join(stages)})
@@ -384,6 +377,25 @@ class EdgeServer:
                 f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
                 f"the deadline is in {1e3 * (deadline - now):.1f} ms"
             )
+
+    def _book(self, origin: bytes, header: wire.Header, now: float) -> list[bytes]:
+        """A robot announces the edge stages it just planned (op "book": ``stages``, when they
+        arrive and are due, ms from now): they enter the queue model at once, so every robot
+        quoted before the request itself lands sees them."""
+        m = header.meta
+        stages, arrive, due = m.get("stages"), m.get("arrive_ms"), m.get("deadline_ms")
+        ok = (
+            isinstance(stages, list) and 0 < len(stages) <= len(self.schema.names)
+            and all(isinstance(n, str) for n in stages)
+            and all(isinstance(x, int | float) and 0 <= x <= 3.6e6 for x in (arrive, due))
+        )  # fmt: skip
+        if not ok:
+            raise PacketError("a booking needs stage names, arrive_ms and deadline_ms (0..3.6e6)")
+        booking = Booking(origin, tuple(stages), now + 1e-3 * arrive, now + 1e-3 * due)
+        booked = self.queues.book(booking, now)
+        with self._lock:
+            self.stats["booked" if booked else "booking_refused"] += 1
+        return wire.control("book", header.rid, ok=booked)
 
     def _stream(self, identity: bytes, stream: object, setting: AccelSetting) -> tuple:
         """The hooks and graph of one robot's accelerated stream, made on its first request.
@@ -468,8 +480,9 @@ class EdgeServer:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
         self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
+        after = [(robot_id(j.origin), j.deadline, j.stages[j.pos + 1 :]) for j in live]
         self._running = (stage.name, [robot_id(j.origin) for j in live],
-                         min(j.deadline for j in live))  # fmt: skip
+                         min(j.deadline for j in live), after)  # fmt: skip
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
                 for part in job.fresh:
@@ -558,11 +571,6 @@ class EdgeServer:
                 "schedule": self.schedule()}  # fmt: skip
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
         return wire.encode(msg, wire.Codec(**job.reply_codec))
-
-
-def _slot(robot: str, stage: str, start_s: float, end_s: float, deadline_s: float) -> dict:
-    return {"robot": robot, "stage": stage, "start_ms": 1e3 * start_s, "end_ms": 1e3 * end_s,
-            "deadline_ms": 1e3 * deadline_s}  # fmt: skip
 
 
 def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
