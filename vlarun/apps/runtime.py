@@ -80,6 +80,10 @@ class ServeEdgeOptions:
         256, "requests queued (with --workers: in flight), all robots; more are refused at "
         "once, before their tensors are read",
     )  # fmt: skip
+    max_queued_per_robot: int = opt(
+        16, "one robot's share: its requests queued and plans booked at once; beyond it its "
+        "next request is refused at once (busy)",
+    )  # fmt: skip
     max_frame_mb: float = opt(
         256.0, "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
         "a bigger one is disconnected",
@@ -122,6 +126,8 @@ class ServeEdgeOptions:
             raise ValueError("--dashboard-timeout-s must be > 0, --dashboard-max-connections >= 1")
         if self.max_queued < 1 or not 0 < self.max_frame_mb <= 2048:
             raise ValueError("--max-queued must be >= 1 and --max-frame-mb in (0, 2048]")
+        if self.max_queued_per_robot < 1:
+            raise ValueError("--max-queued-per-robot must be >= 1")
         self.check_exposure()
 
     def check_exposure(self) -> None:
@@ -153,7 +159,8 @@ class ServeEdgeOptions:
         return ServerConfig(
             f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
             max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
-            max_streams=self.max_streams, emulate=emulate,
+            max_queued_per_robot=self.max_queued_per_robot, max_streams=self.max_streams,
+            emulate=emulate,
         )  # fmt: skip
 
 

@@ -145,6 +145,11 @@ class StageQueues:
             self.queues[job.stage] = deque(j for j in q if j is not job)
             return True
 
+    def depth_of(self, origin: bytes) -> int:
+        """Requests of one robot waiting in any stage queue."""
+        with self.cond:
+            return sum(j.origin == origin for q in self.queues.values() for j in q)
+
     def depth(self) -> dict[str, int]:
         with self.cond:
             return {s: len(q) for s, q in self.queues.items()}
@@ -161,14 +166,16 @@ class StageQueues:
 
     # -- bookings ---------------------------------------------------------------------------------
 
-    def book(self, booking: Booking, now: float) -> bool:
+    def book(self, booking: Booking, now: float, per_robot: int = MAX_BOOKINGS) -> bool:
         """Hold ``booking`` until its request arrives; False (nothing held) when the ledger is
-        full or it names a stage this edge does not run."""
+        full, its robot holds ``per_robot`` already, or it names a stage this edge does not
+        run."""
         if not booking.stages or any(n not in self.queues for n in booking.stages):
             return False
         with self.cond:
             self._expire(now)
-            if len(self.bookings) >= MAX_BOOKINGS:
+            mine = sum(b.origin == booking.origin for b in self.bookings)
+            if len(self.bookings) >= MAX_BOOKINGS or mine >= per_robot:
                 return False
             self.bookings.append(booking)
             return True

@@ -104,6 +104,10 @@ class ServerConfig:
     batch_window_s: float = 0.002
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_queued: int = 256  # requests waiting in all stage queues; more are refused at once
+    # One robot's share: its requests queued (and its bookings held) at once; beyond it its
+    # next one is refused at once ("busy"), so a flood from some identities cannot fill the
+    # queue or the schedule every other robot is admitted against.
+    max_queued_per_robot: int = 16
     # Accelerated streams (one robot's episode under one setting) whose hook state (KV cache,
     # token-policy and decoder state) the edge keeps; the least recently used is forgotten
     # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
@@ -124,6 +128,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_window_s < 0 or self.max_streams < 1:
             raise ValueError("max_batch, max_streams must be >= 1 and batch_window_s >= 0")
+        if self.max_queued_per_robot < 1:
+            raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
 
 
 class EdgeServer:
@@ -184,8 +190,9 @@ class EdgeServer:
         inputs = example_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
         with torch.no_grad():
             run = self.graph.run(inputs, serialize=False)
-        for t in run.timings:
-            self.queues.observe(t.name, t.seconds, 1)
+        for t in run.timings:  # an emulated stage takes at least its target (not padded here)
+            floor = 0.0 if self.emulator is None else self.emulator.target_s(t.name)
+            self.queues.observe(t.name, max(t.seconds, floor), 1)
 
     def start(self) -> EdgeServer:
         for target, name in ((self._io_loop, "edge-io"), (self._work_loop, "edge-worker")):
@@ -281,6 +288,12 @@ class EdgeServer:
             raise PacketError(f"edge overloaded: {queued} requests queued")
         origin = to[0] if route is None else route.robot
         self._touch(origin, now)  # a robot whose request is refused is still connected
+        mine = self.queues.depth_of(origin)
+        if mine >= self.cfg.max_queued_per_robot:  # its share, before reading its tensors
+            with self._lock:
+                self.stats["refused"] += 1
+            raise Refused(f"busy: this robot has {mine} requests queued, its share is "
+                          f"{self.cfg.max_queued_per_robot}")  # fmt: skip
         job = self._job(to, origin, header, body[1:], now, route)
         with self._lock:
             self.stats["requests"] += 1
@@ -387,12 +400,14 @@ class EdgeServer:
         ok = (
             isinstance(stages, list) and 0 < len(stages) <= len(self.schema.names)
             and all(isinstance(n, str) for n in stages)
-            and all(isinstance(x, int | float) and 0 <= x <= 3.6e6 for x in (arrive, due))
+            and all(isinstance(x, int | float) and 0 <= x <= MAX_BOOKING_MS for x in (arrive, due))
         )  # fmt: skip
         if not ok:
-            raise PacketError("a booking needs stage names, arrive_ms and deadline_ms (0..3.6e6)")
+            raise PacketError(
+                f"a booking needs stage names, arrive_ms and deadline_ms in 0..{MAX_BOOKING_MS}"
+            )
         booking = Booking(origin, tuple(stages), now + 1e-3 * arrive, now + 1e-3 * due)
-        booked = self.queues.book(booking, now)
+        booked = self.queues.book(booking, now, self.cfg.max_queued_per_robot)
         with self._lock:
             self.stats["booked" if booked else "booking_refused"] += 1
         return wire.control("book", header.rid, ok=booked)
@@ -571,6 +586,11 @@ class EdgeServer:
                 "schedule": self.schedule()}  # fmt: skip
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
         return wire.encode(msg, wire.Codec(**job.reply_codec))
+
+
+# A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
+# held longer would only be a way to make the edge refuse others.
+MAX_BOOKING_MS = 10_000
 
 
 def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
