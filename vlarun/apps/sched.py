@@ -241,6 +241,10 @@ def cmd_plan(o: PlanOptions) -> dict:
     from vlarun.sched.scheduler import plan_row
 
     sched, chunk = make_scheduler(o)
+    fit, reason = _fit(o, sched)
+    head = {"model": sched.space.model, "robot": o.robot, "edge": o.edge, "chunk": chunk}
+    if reason is not None:  # nothing may run: say why, with the numbers, instead of a plan
+        return head | {"ok": False, "reason": reason, "fit": fit, "notes": list(sched.space.notes)}
     link = Link(o.bandwidth, o.rtt)
     t0 = time.perf_counter()
     d = sched.decide(link, 0.0, DeviceState(available_at=o.edge_busy_ms * 1e-3), o.top)
@@ -250,11 +254,7 @@ def cmd_plan(o: PlanOptions) -> dict:
         notes.append("no plan meets the SLO: the fastest executable plan is returned")
     if d.relative_success is None:
         notes.append("the chosen setting's accuracy cost has not been measured")
-    return {
-        "model": sched.space.model,
-        "robot": o.robot,
-        "edge": o.edge,
-        "chunk": chunk,
+    return head | {
         "slo_ms": sched.slo_s * 1e3,
         "bandwidth_mbps": o.bandwidth,
         "rtt_ms": o.rtt,
@@ -269,8 +269,25 @@ def cmd_plan(o: PlanOptions) -> dict:
         "eligible": d.eligible,
         "decision_ms": decision_ms,
         "alternatives": d.alternatives,
+        "fit": fit,
         "notes": notes,
     }
+
+
+def _fit(o: PlanOptions, sched) -> tuple[list[dict], str | None]:
+    """Does the whole model fit the robot and the edge (bf16 and weight-only int8)? And, when
+    no candidate may run, the one-line reason (None while some candidate may)."""
+    from vlarun.models.presets import get_preset
+    from vlarun.sched.cost import stage_works
+    from vlarun.sched.plans import fit_report, no_plan_reason
+    from vlarun.stages.families import Workload
+
+    cfg = get_preset(o.model)
+    works = stage_works(cfg, Workload(1, o.text_tokens, o.dtype))
+    fit = [f.as_dict() for f in fit_report(cfg, works, sched.devices, o.dtype)]
+    if sched.allowed.any():
+        return fit, None
+    return fit, no_plan_reason(cfg, sched.space, works, sched.devices, o.dtype)
 
 
 def _plan_line(p: dict) -> str:
@@ -285,6 +302,12 @@ def _plan_line(p: dict) -> str:
 
 
 def show_plan(r: dict) -> None:
+    if not r.get("ok", True):
+        print(f"{r['model']}: robot {r['robot']} + edge {r['edge']}: no plan")
+        print(f"  reason: {r['reason']}")
+        for f in r["fit"]:
+            print(f"  fit: {f['line']}")
+        return
     print(
         f"{r['model']}: robot {r['robot']} + edge {r['edge']}, {r['bandwidth_mbps']:g} Mbps / "
         f"{r['rtt_ms']:g} ms, {r['chunk']} actions per inference, SLO {r['slo_ms']:.0f} ms "
@@ -293,6 +316,8 @@ def show_plan(r: dict) -> None:
     print("  chosen: " + _plan_line(r))
     for a in r["alternatives"]:
         print("  alt:    " + _plan_line(a))
+    for f in r["fit"]:
+        print(f"  fit: {f['line']}")
     print("  energy is modelled (no power meter read)")
     for n in r["notes"]:
         print(f"  note: {n}")
