@@ -465,10 +465,11 @@ def _closest(works, devices, dtype, int8=None) -> tuple[float, tuple[str, ...], 
 
 
 def _placed(works, roles, need, devices) -> str:
-    """'vision@robot prefill@edge ..., needing robot 1.57 of 6.80 GB, edge ...'."""
+    """'vision@robot prefill@edge ..., needing robot orin-nano-8gb 1.57 of 6.80 GB, ...'."""
     where = " ".join(f"{w.name}@{r}" for w, r in zip(works, roles, strict=True))
     held = ", ".join(
-        f"{r} {b / GB:.2f} of {usable_bytes(devices[r]) / GB:.2f} GB" for r, b in need.items()
+        f"{r} {devices[r].id} {b / GB:.2f} of {usable_bytes(devices[r]) / GB:.2f} GB"
+        for r, b in need.items()
     )
     return f"{where}, needing {held}"
 
