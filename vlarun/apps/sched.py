@@ -410,6 +410,48 @@ def show_bench_validate(r: dict) -> None:
     print(format_table(r))
 
 
+# ---------------------------------------------------------------------------------------------
+# bench published
+
+
+@dataclass(frozen=True)
+class BenchPublishedOptions:
+    """Cost-model predictions vs published pi0 / pi0.5 / SmolVLA latencies (RTX 4090 with 1-3
+    camera views, Jetson Orin): one runtime-efficiency factor per device and runtime, sources
+    and the error of every row not fitted to. Pure arithmetic: no device is run."""
+
+    data: str | None = opt(None, "published-latency JSON (default: the package's published.json)")
+    out: str | None = opt(None, "also write the result JSON here")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_published(o: BenchPublishedOptions) -> dict:
+    import json
+    import time
+    from pathlib import Path
+
+    from vlarun.sched.published import PUBLISHED_FILE, published_table
+
+    r = {
+        "command": "vlarun bench published" + (f" --data {o.data}" if o.data else ""),
+        "data": str(o.data or PUBLISHED_FILE.name),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    } | published_table(o.data)
+    if o.out:
+        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(o.out).write_text(json.dumps(r, indent=1))
+    return r
+
+
+def show_bench_published(r: dict) -> None:
+    from vlarun.sched.published import format_published
+
+    print(format_published(r))
+
+
+OPTIONS["bench-published"] = BenchPublishedOptions
+RUN["bench-published"] = cmd_bench_published
+SHOW["bench-published"] = show_bench_published
 OPTIONS["bench-validate"] = BenchValidateOptions
 RUN["bench-validate"] = cmd_bench_validate
 SHOW["bench-validate"] = show_bench_validate
