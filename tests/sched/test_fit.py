@@ -11,7 +11,8 @@ from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
-from vlarun.sched.plans import fit_report, int8_weights, memory_parts
+from vlarun.sched.fit import fit_report
+from vlarun.sched.plans import int8_weights, memory_parts
 from vlarun.stages.families import Workload
 from vlarun.transforms.int8 import int8_layers, quantize_int8
 

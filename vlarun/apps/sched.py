@@ -279,7 +279,7 @@ def _fit(o: PlanOptions, sched) -> tuple[list[dict], str | None]:
     no candidate may run, the one-line reason (None while some candidate may)."""
     from vlarun.models.presets import get_preset
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import fit_report, no_plan_reason
+    from vlarun.sched.fit import fit_report, no_plan_reason
     from vlarun.stages.families import Workload
 
     cfg = get_preset(o.model)

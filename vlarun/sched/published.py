@@ -56,10 +56,14 @@ class Published:
 
 
 def load_published(path: str | Path | None = None) -> tuple[dict, tuple[Published, ...]]:
-    """(runtime groups, rows) of a published-latency file, checked: every row names a known
-    group on its own device; every group's factor is fitted on one of its own rows, stated a
-    priori, or taken from a group whose factor is not itself borrowed."""
-    data = json.loads(Path(path or PUBLISHED_FILE).read_text())
+    """(runtime groups, rows) of a published-latency file (``_parse``)."""
+    return _parse(json.loads(Path(path or PUBLISHED_FILE).read_text()))
+
+
+def _parse(data: dict) -> tuple[dict, tuple[Published, ...]]:
+    """Groups and rows, checked: every row names a known group on its own device; every
+    group's factor is one of: fitted on one of its own rows, stated a priori, or taken from a
+    known group whose factor is not itself borrowed."""
     groups, rows = data["groups"], tuple(Published(**r) for r in data["rows"])
     ids = {r.id: r for r in rows}
     for r in rows:
@@ -69,17 +73,15 @@ def load_published(path: str | Path | None = None) -> tuple[dict, tuple[Publishe
             )
     for name, g in groups.items():
         f = g["factor"]
-        if [k for k in FACTOR_KINDS if k in f] == []:
-            raise ValueError(f"group {name!r}: factor needs one of {FACTOR_KINDS}")
+        if sum(k in f for k in FACTOR_KINDS) != 1:
+            raise ValueError(f"group {name!r}: factor needs exactly one of {FACTOR_KINDS}")
         if "fit" in f and (f["fit"] not in ids or ids[f["fit"]].group != name):
             raise ValueError(f"group {name!r}: fitted on {f['fit']!r}, not one of its rows")
-        if (
-            "from_group" in f
-            and "from_group" in groups.get(f["from_group"], {"factor": {}})["factor"]
-        ):
-            raise ValueError(f"group {name!r}: borrows from a group that borrows itself")
-        if "from_group" in f and f["from_group"] not in groups:
-            raise ValueError(f"group {name!r}: borrows from unknown group {f['from_group']!r}")
+        if "from_group" in f:
+            lender = groups.get(f["from_group"])
+            if lender is None or "from_group" in lender["factor"]:
+                raise ValueError(f"group {name!r}: borrows from {f['from_group']!r}, "
+                                 "which is unknown or borrows itself")  # fmt: skip
     return groups, rows
 
 
@@ -105,7 +107,10 @@ def _err(pred: float, ref: float) -> float:
 
 
 def published_table(path: str | Path | None = None, bound_pct: float = 35.0) -> dict:
-    groups, rows = load_published(path)
+    """Every row's prior and factored prediction with its error (None for a fitted row), the
+    factors and where each came from, and how many scored rows land within ``bound_pct``."""
+    data = json.loads(Path(path or PUBLISHED_FILE).read_text())
+    groups, rows = _parse(data)
     prior = {r.id: sum(prior_ms(r).values()) for r in rows}
     by_id = {r.id: r for r in rows}
     factors: dict[str, dict] = {}
@@ -160,7 +165,7 @@ def published_table(path: str | Path | None = None, bound_pct: float = 35.0) -> 
         "within_bound": sum(abs(e) <= bound_pct for e in scored),
         "bound_pct": bound_pct,
         "mape_pct": sum(abs(e) for e in scored) / len(scored) if scored else float("nan"),
-        "missing": json.loads(Path(path or PUBLISHED_FILE).read_text()).get("missing", []),
+        "missing": data.get("missing", []),
         "machine": "none: the cost model's arithmetic (catalog roofline), no device was run",
     }
 
