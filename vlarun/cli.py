@@ -48,6 +48,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "decode": ("vlarun.apps.bench", "Jacobi decoding with early exit vs autoregressive"),
     "sched": ("vlarun.apps.sched", "scheduler vs fixed strategies"),
     "validate": ("vlarun.apps.sched", "cost model vs the papers' published times"),
+    "published": ("vlarun.apps.sched", "cost model vs published pi0 / pi0.5 / SmolVLA latencies"),
     "predictor": ("vlarun.apps.sched", "every plan of a tiny preset run here"),
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),

@@ -241,6 +241,10 @@ def cmd_plan(o: PlanOptions) -> dict:
     from vlarun.sched.scheduler import plan_row
 
     sched, chunk = make_scheduler(o)
+    fit, reason = _fit(o, sched)
+    head = {"model": sched.space.model, "robot": o.robot, "edge": o.edge, "chunk": chunk}
+    if reason is not None:  # nothing may run: say why, with the numbers, instead of a plan
+        return head | {"ok": False, "reason": reason, "fit": fit, "notes": list(sched.space.notes)}
     link = Link(o.bandwidth, o.rtt)
     t0 = time.perf_counter()
     d = sched.decide(link, 0.0, DeviceState(available_at=o.edge_busy_ms * 1e-3), o.top)
@@ -250,11 +254,7 @@ def cmd_plan(o: PlanOptions) -> dict:
         notes.append("no plan meets the SLO: the fastest executable plan is returned")
     if d.relative_success is None:
         notes.append("the chosen setting's accuracy cost has not been measured")
-    return {
-        "model": sched.space.model,
-        "robot": o.robot,
-        "edge": o.edge,
-        "chunk": chunk,
+    return head | {
         "slo_ms": sched.slo_s * 1e3,
         "bandwidth_mbps": o.bandwidth,
         "rtt_ms": o.rtt,
@@ -269,8 +269,25 @@ def cmd_plan(o: PlanOptions) -> dict:
         "eligible": d.eligible,
         "decision_ms": decision_ms,
         "alternatives": d.alternatives,
+        "fit": fit,
         "notes": notes,
     }
+
+
+def _fit(o: PlanOptions, sched) -> tuple[list[dict], str | None]:
+    """Does the whole model fit the robot and the edge (bf16 and weight-only int8)? And, when
+    no candidate may run, the one-line reason (None while some candidate may)."""
+    from vlarun.models.presets import get_preset
+    from vlarun.sched.cost import stage_works
+    from vlarun.sched.fit import fit_report, no_plan_reason
+    from vlarun.stages.families import Workload
+
+    cfg = get_preset(o.model)
+    works = stage_works(cfg, Workload(1, o.text_tokens, o.dtype))
+    fit = [f.as_dict() for f in fit_report(cfg, works, sched.devices, o.dtype)]
+    if sched.allowed.any():
+        return fit, None
+    return fit, no_plan_reason(cfg, sched.space, works, sched.devices, o.dtype)
 
 
 def _plan_line(p: dict) -> str:
@@ -285,6 +302,12 @@ def _plan_line(p: dict) -> str:
 
 
 def show_plan(r: dict) -> None:
+    if not r.get("ok", True):
+        print(f"{r['model']}: robot {r['robot']} + edge {r['edge']}: no plan")
+        print(f"  reason: {r['reason']}")
+        for f in r["fit"]:
+            print(f"  fit: {f['line']}")
+        return
     print(
         f"{r['model']}: robot {r['robot']} + edge {r['edge']}, {r['bandwidth_mbps']:g} Mbps / "
         f"{r['rtt_ms']:g} ms, {r['chunk']} actions per inference, SLO {r['slo_ms']:.0f} ms "
@@ -293,6 +316,8 @@ def show_plan(r: dict) -> None:
     print("  chosen: " + _plan_line(r))
     for a in r["alternatives"]:
         print("  alt:    " + _plan_line(a))
+    for f in r["fit"]:
+        print(f"  fit: {f['line']}")
     print("  energy is modelled (no power meter read)")
     for n in r["notes"]:
         print(f"  note: {n}")
@@ -385,6 +410,48 @@ def show_bench_validate(r: dict) -> None:
     print(format_table(r))
 
 
+# ---------------------------------------------------------------------------------------------
+# bench published
+
+
+@dataclass(frozen=True)
+class BenchPublishedOptions:
+    """Cost-model predictions vs published pi0 / pi0.5 / SmolVLA latencies (RTX 4090 with 1-3
+    camera views, Jetson Orin): one runtime-efficiency factor per device and runtime, sources
+    and the error of every row not fitted to. Pure arithmetic: no device is run."""
+
+    data: str | None = opt(None, "published-latency JSON (default: the package's published.json)")
+    out: str | None = opt(None, "also write the result JSON here")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_published(o: BenchPublishedOptions) -> dict:
+    import json
+    import time
+    from pathlib import Path
+
+    from vlarun.sched.published import PUBLISHED_FILE, published_table
+
+    r = {
+        "command": "vlarun bench published" + (f" --data {o.data}" if o.data else ""),
+        "data": str(o.data or PUBLISHED_FILE.name),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    } | published_table(o.data)
+    if o.out:
+        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(o.out).write_text(json.dumps(r, indent=1))
+    return r
+
+
+def show_bench_published(r: dict) -> None:
+    from vlarun.sched.published import format_published
+
+    print(format_published(r))
+
+
+OPTIONS["bench-published"] = BenchPublishedOptions
+RUN["bench-published"] = cmd_bench_published
+SHOW["bench-published"] = show_bench_published
 OPTIONS["bench-validate"] = BenchValidateOptions
 RUN["bench-validate"] = cmd_bench_validate
 SHOW["bench-validate"] = show_bench_validate

@@ -151,6 +151,25 @@ def pi0() -> VLAConfig:
     )
 
 
+def pi05() -> VLAConfig:
+    """pi0.5 as openpi / LeRobot ship it: pi0's shape, the flow time conditioning every norm of
+    the expert (adaptive RMSNorm) and no state token: the state is written, discretised, into
+    a prompt of up to 200 tokens (LeRobot ``tokenizer_max_length``)."""
+    flow = FlowExpertConfig(
+        GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=0, num_steps=10, time_cond="adarms"
+    )
+    return VLAConfig(
+        name="pi05",
+        family="flow",
+        action_dim=32,
+        chunk=50,
+        max_text_tokens=200,
+        flow=flow,
+        notes="PaliGemma-3B + a 300M expert with adaptive norms; the state is prompt text",
+        **_paligemma_prefix(),
+    )
+
+
 # pi0-FAST decodes a FAST code of the chunk: the FAST paper (Pertsch et al. 2025, arXiv
 # 2501.09747, section 3) reports 30 to 60 BPE tokens per one-second chunk where per-value
 # binning needs hundreds; the cost model takes the upper end. A chunk's real count varies with
@@ -563,6 +582,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-oft": openvla_oft,
     "cogact": cogact,
     "pi0": pi0,
+    "pi05": pi05,
     "pi0-fast": pi0_fast,
     "smolvla": smolvla,
     "tiny-openvla": tiny_openvla,

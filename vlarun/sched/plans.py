@@ -17,6 +17,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -271,16 +272,50 @@ def _weight_group(stage: str) -> str:
     return "llm" if stage in ("prefill", "decode", "prefill_head") else stage
 
 
-def memory_needed(works: tuple[StageWork, ...], roles: tuple[str, ...], dtype: str) -> dict:
-    """Bytes each role must hold: the weights of every stage group placed there (once per
-    group) plus the KV cache where the stage that makes it or a stage that reads it runs."""
-    need = dict.fromkeys(ROLES, 0.0)
-    groups: dict[tuple[str, str], float] = {}
+# The int8 transform's modules by weight group (module-name prefix -> group of ``_weight_group``).
+_INT8_GROUPS = {"language_model.": "llm", "action_expert.": "denoise", "action_model.": "denoise"}
+
+
+@cache
+def int8_weights(cfg: VLAConfig) -> dict[str, tuple[int, int]]:
+    """Per weight group ("llm", "denoise"): (parameters that weight-only int8 stores in int8,
+    the bytes they then take). Counted on the meta device over ``transforms.int8``'s own scope
+    (the LM's and the action head's decoder layers; embeddings, LM head, vision stay float), so
+    the planner's int8 bytes are what ``AccelSetting(weights="int8")`` would hold."""
+    import torch
+
+    from vlarun.models.vla import VLA
+    from vlarun.transforms.int8 import int8_bytes, int8_candidates
+
+    with torch.device("meta"):
+        model = VLA(cfg)
+    out: dict[str, tuple[int, int]] = {}
+    for name, linear in int8_candidates(model).items():
+        group = next(g for prefix, g in _INT8_GROUPS.items() if name.startswith(prefix))
+        n, b = out.get(group, (0, 0))
+        out[group] = (n + linear.weight.numel(), b + int8_bytes(linear))
+    return out
+
+
+def memory_parts(
+    works: tuple[StageWork, ...],
+    roles: tuple[str, ...],
+    dtype: str,
+    int8: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, tuple[float, float]]:
+    """(weight bytes, KV-cache bytes) each role must hold: the weights of every stage group
+    placed there (once per group) and the KV cache where the stage that makes it or a stage that
+    reads it runs. ``int8`` (from ``int8_weights``): those parameters are held in int8."""
+    weights: dict[tuple[str, str], float] = {}
     for work, role in zip(works, roles, strict=True):
-        key = (role, _weight_group(work.name))
-        groups[key] = max(groups.get(key, 0.0), work.params * DTYPE_BYTES[dtype])
-    for (role, _), nbytes in groups.items():
-        need[role] += nbytes
+        group = _weight_group(work.name)
+        # int8 is priced for the whole model (the identity setting, as ``fit_report`` asks).
+        q_params, q_bytes = (int8 or {}).get(group, (0, 0))
+        nbytes = (work.params - q_params) * DTYPE_BYTES[dtype] + q_bytes
+        weights[(role, group)] = max(weights.get((role, group), 0.0), nbytes)
+    parts = {role: [0.0, 0.0] for role in ROLES}
+    for (role, _), nbytes in weights.items():
+        parts[role][0] += nbytes
     kv = next((x.out_bytes for x in works if x.name == "prefill"), 0)
     holders = {
         role
@@ -288,8 +323,23 @@ def memory_needed(works: tuple[StageWork, ...], roles: tuple[str, ...], dtype: s
         if work.name == "prefill" or (kv and work.in_bytes >= kv)
     }
     for role in holders:
-        need[role] += kv
-    return need
+        parts[role][1] += kv
+    return {role: (w, k) for role, (w, k) in parts.items()}
+
+
+def memory_needed(
+    works: tuple[StageWork, ...],
+    roles: tuple[str, ...],
+    dtype: str,
+    int8: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, float]:
+    """Bytes each role must hold (``memory_parts``: weights + KV cache). Activations, the CUDA
+    context and the OS live in the share of memory ``USABLE_MEMORY`` leaves free."""
+    return {role: w + kv for role, (w, kv) in memory_parts(works, roles, dtype, int8).items()}
+
+
+def usable_bytes(device: Device) -> float:
+    return device.mem_gb * 1e9 * USABLE_MEMORY
 
 
 def feasibility(
@@ -300,7 +350,7 @@ def feasibility(
         if dtype not in devices[role].dtypes:
             return f"{devices[role].id} does not support {dtype}"
     for role, nbytes in memory_needed(works, roles, dtype).items():
-        cap = devices[role].mem_gb * 1e9 * USABLE_MEMORY
+        cap = usable_bytes(devices[role])
         if nbytes > cap:
             return f"{devices[role].id} memory: needs {nbytes / 1e9:.1f} GB of {cap / 1e9:.1f} GB"
     return None

@@ -294,12 +294,15 @@ def param_split(cfg: VLAConfig) -> dict[str, int]:
     for attr in ("action_head", "action_model", "action_expert"):
         if hasattr(model, attr):
             head = count(getattr(model, attr))
-    return {
+    split = {
         "vision": count(model.vision_backbone) + count(model.projector),
         "llm": count(model.language_model),
         "head": head,
         "total": count(model),
     }
+    if hasattr(model, "proprio_projector"):  # the state token's projection: runs in the prefill
+        split["proprio"] = count(model.proprio_projector)
+    return split
 
 
 def build_graph(
@@ -340,7 +343,7 @@ def build_graph(
                 (_actions(cfg, w),),
                 prefill_head_cost(cfg, w, params["head"]),
                 ("vision",),
-                params=params["llm"] + params["head"],
+                params=params["llm"] + params["head"] + params.get("proprio", 0),
             )
         )
         return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
@@ -352,7 +355,7 @@ def build_graph(
             _prefill_out(cfg, w),
             prefill_cost(cfg, w),
             ("vision",),
-            params=params["llm"],
+            params=params["llm"] + params.get("proprio", 0),
         )
     )
     if cfg.family == "autoregressive":

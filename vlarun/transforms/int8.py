@@ -101,6 +101,25 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+def _in_scope(model: nn.Module, lm_head: bool) -> dict[str, nn.Module]:
+    scope = DEFAULT_SCOPE + ((LM_HEAD,) if lm_head else ())
+    return {
+        name: m for name, m in model.named_modules() if any(re.fullmatch(p, name) for p in scope)
+    }
+
+
+def int8_candidates(model: nn.Module, lm_head: bool = False) -> dict[str, nn.Linear]:
+    """Name -> each plain ``nn.Linear`` that ``quantize_int8`` quantises by default: what the
+    memory planner counts (on the meta device) so that its int8 bytes are the transform's."""
+    return {n: m for n, m in _in_scope(model, lm_head).items() if type(m) is nn.Linear}
+
+
+def int8_bytes(linear: nn.Linear) -> int:
+    """Bytes a Linear's weight takes as an ``Int8Linear``: one per weight, a 4-byte fp32 scale
+    per output channel (the bias stays a float parameter, counted with the float weights)."""
+    return linear.weight.numel() + 4 * linear.out_features
+
+
 def int8_layers(model: nn.Module) -> dict[str, Int8Linear]:
     """Name -> each ``Int8Linear`` in ``model`` (empty: not quantised)."""
     return {n: m for n, m in model.named_modules() if isinstance(m, Int8Linear)}
@@ -115,10 +134,7 @@ def quantize_int8(model: VLA, include: str | None = None, *, lm_head: bool = Fal
     Raises ValueError with one line, changing nothing, when there is nothing it can quantise."""
     if int8_layers(model):
         raise ValueError("int8: the model is already quantised (quantise the float model once)")
-    scope = DEFAULT_SCOPE + ((LM_HEAD,) if lm_head else ())
-    in_scope = {
-        name: m for name, m in model.named_modules() if any(re.fullmatch(p, name) for p in scope)
-    }
+    in_scope = _in_scope(model, lm_head)
     packed = [n for n, m in in_scope.items() if isinstance(m, PackedLinear)]
     if packed:
         raise ValueError(
