@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlarun.models.fast_head import code_lengths
 from vlarun.models.static_step import check_room
 from vlarun.models.vla import VLA, PrefillResult
 
@@ -62,13 +63,15 @@ class JacobiConfig:
     last action of the previous control step's chunk, held over the whole chunk; random on an
     episode's first step, see ``JacobiDecoder``); seed: of the random guesses; exit_over: the
     tokens whose minimum confidence the exit rule tests, "all" (the paper) or "unsettled" (those
-    after the ones k iterations have made exact)."""
+    after the ones k iterations have made exact); window: for a variable-length code (FAST), the
+    guesses iterated at once (``jacobi_window``; None: the config's ``decode_tokens``)."""
 
     sigma: float | None = None
     max_iters: int | None = None
     init: str = "random"
     seed: int = 0
     exit_over: str = "all"
+    window: int | None = None
 
     def __post_init__(self) -> None:
         if self.sigma is not None and not 0.0 < self.sigma <= 1.0:
@@ -79,6 +82,8 @@ class JacobiConfig:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.exit_over not in EXIT_OVER:
             raise ValueError(f"exit_over must be one of {EXIT_OVER}, got {self.exit_over!r}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
 
 
 @dataclass
@@ -209,18 +214,25 @@ def fixed_counts(trajectory: Tensor) -> Tensor:
 # On a VLA's prefix cache
 
 
+def guess_ids(model: VLA) -> range:
+    """The LM ids an action token can be: the 256 bins, or a FAST model's FAST ids."""
+    c = model.cfg
+    return c.fast.lm_range(c.llm.vocab_size) if c.fast is not None else model.action_tokenizer.action_ids
+
+
 def initial_state(
     model: VLA, first: Tensor, cfg: JacobiConfig, gen: torch.Generator | None = None
 ) -> Tensor:
-    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated.
+    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated;
+    n = every token the model can decode (a FAST model: its cap on the code).
 
     ("previous" needs the previous output, which only a ``JacobiDecoder`` keeps: here it falls
     back to random ids, as on an episode's first step.)"""
-    n = model.cfg.num_action_tokens
+    n = model.cfg.action_token_room
     if cfg.init == "repeat":
         return first[:, None].expand(-1, n).clone()
     gen = gen if gen is not None else torch.Generator().manual_seed(cfg.seed)
-    ids = model.action_tokenizer.action_ids
+    ids = guess_ids(model)
     init = torch.randint(ids.start, ids.stop, (first.shape[0], n), generator=gen)
     return init.to(first.device)
 
@@ -254,10 +266,15 @@ def jacobi_decode(
     gen: torch.Generator | None = None,
 ) -> JacobiResult:
     """Jacobi-decode the action tokens after a prefill. init (B, n): the initial guess
-    (default: ``cfg.init``, random ids drawn from ``gen``, or one seeded by ``cfg.seed``)."""
+    (default: ``cfg.init``, random ids drawn from ``gen``, or one seeded by ``cfg.seed``). A
+    FAST model's variable-length code is decoded in a sliding window (``jacobi_window``)."""
     first = model.language_model.logits(pre.last_hidden)
     if init is None:
         init = initial_state(model, first.argmax(-1), cfg, gen)
+    if model.cfg.fast is not None:
+        from vlarun.accel.jacobi_window import window_decode  # it builds on this module
+
+        return window_decode(model, pre, init, cfg)
     return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
 
 
@@ -302,7 +319,10 @@ class GreedyDecoder:
         t0 = time.perf_counter()
         ids = model.decode_tokens(pre)
         n, b = ids.shape[1], ids.shape[0]
-        self.steps.append(DecodeStep(n, [n - 1] * b, [[1] * (n - 1)] * b, [True] * b,
+        fast = model.cfg.fast  # a FAST row took one forward per token of its own code
+        lengths = code_lengths(ids, fast.end_id).tolist() if fast is not None else [n] * b
+        self.steps.append(DecodeStep(n, [k - 1 for k in lengths],
+                                     [[1] * (k - 1) for k in lengths], [True] * b,
                                      [False] * b, [float("nan")] * b,
                                      time.perf_counter() - t0))  # fmt: skip
         return ids
@@ -351,10 +371,16 @@ class JacobiDecoder:
         return summarise_steps(self.steps)
 
     def _warm_start(self, model: VLA, pre: PrefillResult) -> Tensor | None:
-        """The "previous" initial guess, or None (use ``cfg.init``) when there is none yet."""
+        """The "previous" initial guess, or None (use ``cfg.init``) when there is none yet. A
+        FAST code's tokens do not map to actions: its guess is the previous code itself,
+        END-padded to the cap."""
         prev = self.last.tokens if self.last is not None else None
         if self.cfg.init != "previous" or prev is None or prev.shape[0] != pre.next_pos.shape[0]:
             return None
+        fast = model.cfg.fast
+        if fast is not None:
+            pad = prev.new_full((prev.shape[0], fast.max_tokens - prev.shape[1]), fast.end_id)
+            return torch.cat((prev, pad), dim=1)
         return held_action(prev, model.cfg.action_dim)
 
 
@@ -397,18 +423,20 @@ def make_decoder(
     exit_over: str = "all",
     max_iters: int | None = None,
     init: str = "random",
+    window: int | None = None,
 ):
     """``ar`` (greedy), ``jacobi`` (to the fixed point: exact, so never capped) or
     ``jacobi-exit`` (needs sigma; its rule tests ``exit_over`` tokens; at most ``max_iters``
-    iterations); both Jacobi decoders start from ``init`` guesses."""
+    iterations); both Jacobi decoders start from ``init`` guesses and iterate ``window`` of a
+    FAST code's tokens at once (None: its expected length)."""
     if method == "ar":
         return GreedyDecoder()
     if method == "jacobi":
-        return JacobiDecoder(JacobiConfig(seed=seed, init=init))
+        return JacobiDecoder(JacobiConfig(seed=seed, init=init, window=window))
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
         cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters,
-                           init=init)  # fmt: skip
+                           init=init, window=window)  # fmt: skip
         return JacobiDecoder(cfg)
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")
