@@ -1,17 +1,18 @@
 """Jacobi decoding of a variable-length code (pi0-FAST) in a window that slides as tokens settle.
 
 A FAST code has no fixed length: greedy decoding writes tokens until END, at most M of them
-(``FastConfig.max_tokens``). Here Jacobi decoding iterates a window of W guesses (default: the
-code's expected length, ``VLAConfig.decode_tokens``) instead of the whole sequence:
+(``FastConfig.max_tokens``). Here Jacobi decoding iterates W guesses at a time (default: the
+code's expected length, ``VLAConfig.decode_tokens``) in a window that slides along the sequence:
 
   state: y_0..y_{M-1} (y_0 from the prefill, exact; the rest guesses); S: the first S tokens are
   settled (final); F: the inputs y_0..y_{F-1} have their keys in the cache.
-  iteration: feed y[s : s + W], s = min(F, M - 1 - W), at their positions (keys before s come
-  from the cache). The logits propose y[s + 1 : s + W + 1]. The proposal for y_S is exact (its
+  iteration: feed the inputs whose keys are missing and the W - 1 guesses after the settled
+  ones, y[F : S + W - 1], at their positions (earlier keys come from the cache): the logits
+  propose y[F + 1 : S + W], W of them for unsettled tokens. The proposal for y_S is exact (its
   inputs are settled), and so is every next one while the guess before it was right: S becomes
-  the first index i >= S whose proposal differs from the guess, plus one (s + W + 1 when none
+  the first index i >= S whose proposal differs from the guess, plus one (S + W when none
   does). The proposals replace the unsettled guesses (the Jacobi update); F becomes the first
-  fed input that changed.
+  fed input that changed. Without early exit F = S - 1, so a forward is W tokens wide.
 
 Each iteration settles at least one token, so plain Jacobi never runs more forwards than greedy
 decoding (at most M - 1), and its output is greedy's token for token: only exact tokens settle.
@@ -19,13 +20,15 @@ A row is done when END is among its settled tokens or all M are; rows stop indep
 
 Early exit (CEED-VLA's rule on a window). When the minimum over the window's proposals (all of
 them; with ``exit_over="unsettled"`` those from y_S on) of the max token probability reaches
-sigma, the proposals are accepted as they stand (S = s + W + 1) and the window slides on; with a
+sigma, the proposals are accepted as they stand (S = S + W) and the window slides on; with a
 window that covers the rest of the sequence (W >= M - 1) that ends decoding, the paper's rule.
-The next window starts at the first accepted token whose key is not yet written (F).
+The next forward writes the accepted tokens' keys (from F, the first that changed) and proposes
+W more: it is wider than W by the tokens accepted.
 
-The window's start is clamped to M - 1 - W so it never passes the cache's room (the last token
-is never an input); near the end it re-feeds settled inputs, whose keys come out the same.
-With W = M - 1 and no END, the states are ``jacobi.jacobi_solve``'s, iteration for iteration.
+Rows of a batch share the forward's width (the widest row's; a narrower one feeds more guesses).
+Its start is clamped so it never passes the cache's room (the last token is never an input);
+near the end it re-feeds settled inputs, whose keys come out the same. With W = M - 1 and no
+END the states are ``jacobi.jacobi_solve``'s, iteration for iteration.
 """
 
 from __future__ import annotations
@@ -87,21 +90,22 @@ def window_solve(
     iterations = torch.zeros(b, dtype=torch.long, device=dev)
     exited = torch.zeros(b, dtype=torch.bool, device=dev)
     confidence = min_confidence(first_logits[:, None])
-    lanes = torch.arange(w, device=dev)
     states = [y]
     cap = m - 1 if cfg.max_iters is None else min(cfg.max_iters, m - 1)
     for _ in range(cap):
         if not bool(active.any()):
             break
-        start = fed.clamp(max=m - 1 - w)
-        idx = start[:, None] + lanes  # (B, W) indices of the inputs
+        # y[F : S + W - 1]: keys to write, then W - 1 guesses (S - F = 1 without exits)
+        t = min(int((settled - fed)[active].max()) + w - 1, m - 1)
+        start = fed.clamp(max=m - 1 - t)
+        idx = start[:, None] + torch.arange(t, device=dev)  # (B, T) indices of the inputs
         inputs = y.gather(1, idx)
         logits = step(inputs, idx)  # proposals for indices idx + 1
         new, out = logits.argmax(-1), idx + 1
         guess = y.gather(1, out)
         open_ = out >= settled[:, None]  # proposals for tokens not settled yet
         wrong = open_ & (new != guess)
-        last = start + w  # the last proposal's index
+        last = start + t  # the last proposal's index
         reach = _first(wrong, out, last) + 1  # settled through the first wrong proposal
         probs = logits.float().softmax(-1).amax(-1)  # (B, W)
         tested = open_ if cfg.exit_over == "unsettled" else torch.ones_like(open_)
