@@ -64,7 +64,9 @@ def test_greedy_stops_when_every_row_has_written_end(policy):
     model = policy.model
     end = model.cfg.fast.end_id
     fast_ids = model.cfg.fast.lm_range(model.cfg.llm.vocab_size)
-    script = torch.tensor([[fast_ids.start, end, 700, 701, 702], [fast_ids.start, 600, 601, end, 9]])
+    script = torch.tensor(
+        [[fast_ids.start, end, 700, 701, 702], [fast_ids.start, 600, 601, end, 9]]
+    )
     calls = []
 
     def one(lm, cache, tok, pos):

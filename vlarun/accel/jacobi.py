@@ -217,7 +217,11 @@ def fixed_counts(trajectory: Tensor) -> Tensor:
 def guess_ids(model: VLA) -> range:
     """The LM ids an action token can be: the 256 bins, or a FAST model's FAST ids."""
     c = model.cfg
-    return c.fast.lm_range(c.llm.vocab_size) if c.fast is not None else model.action_tokenizer.action_ids
+    return (
+        c.fast.lm_range(c.llm.vocab_size)
+        if c.fast is not None
+        else model.action_tokenizer.action_ids
+    )
 
 
 def initial_state(

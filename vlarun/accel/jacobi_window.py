@@ -49,7 +49,8 @@ WindowStep = Callable[[Tensor, Tensor], Tensor]
 
 
 def _first(mask: Tensor, values: Tensor, default: Tensor) -> Tensor:
-    """(B,) the entry of ``values`` (B, W) at each row's first True of ``mask``, else ``default``."""
+    """(B,) each row's entry of ``values`` (B, W) at its first True of ``mask``, else
+    ``default``."""
     at = mask.int().argmax(1, keepdim=True)
     return torch.where(mask.any(1), values.gather(1, at)[:, 0], default)
 
@@ -68,7 +69,7 @@ def window_solve(
     first_logits: Tensor,
     step: WindowStep,
     init: Tensor,
-    cfg: JacobiConfig = JacobiConfig(),
+    cfg: JacobiConfig | None = None,
     window: int = 8,
     end_id: int | None = None,
 ) -> JacobiResult:
@@ -77,6 +78,7 @@ def window_solve(
 
     first_logits (B, V): the distribution of y_0, from the prefill. The result's tokens are cut
     after the longest code (END-padded after each row's END); its trajectory is (B, K + 1, M)."""
+    cfg = cfg or JacobiConfig()
     b, m = init.shape
     if m < 2:
         raise ValueError(f"a window needs a sequence of >= 2 tokens, got {m}")
@@ -142,12 +144,12 @@ def window_decode(
     model: VLA,
     pre: PrefillResult,
     init: Tensor,
-    cfg: JacobiConfig = JacobiConfig(),
+    cfg: JacobiConfig | None = None,
 ) -> JacobiResult:
     """Window-Jacobi-decode a FAST model's code after a prefill; init (B, M) the guesses
     (``jacobi.initial_state``); the window is ``cfg.window`` or the config's
     ``decode_tokens``."""
-    fast = model.cfg.fast
+    cfg, fast = cfg or JacobiConfig(), model.cfg.fast
     if fast is None:
         raise ValueError(f"{model.cfg.name} decodes a fixed number of tokens: use jacobi_decode")
     lm = model.language_model

@@ -91,7 +91,9 @@ def code_lengths(ids: Tensor, end_id: int) -> Tensor:
 def pad_after_end(ids: Tensor, end_id: int) -> Tensor:
     """(B, L) ids with every token after a row's first END set to END (rows of one batch end at
     different steps; what follows an END is no part of the code)."""
-    after = torch.arange(ids.shape[1], device=ids.device)[None] >= code_lengths(ids, end_id)[:, None]
+    after = (
+        torch.arange(ids.shape[1], device=ids.device)[None] >= code_lengths(ids, end_id)[:, None]
+    )
     return torch.where(after, torch.full_like(ids, end_id), ids)
 
 

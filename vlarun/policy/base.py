@@ -33,8 +33,8 @@ from vlarun.accel.base import FullRecompute
 from vlarun.models import lerobot, static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
-from vlarun.models.fast_head import synthetic_fast_tokenizer
 from vlarun.models.device import resolve_device
+from vlarun.models.fast_head import synthetic_fast_tokenizer
 from vlarun.models.llama import LlamaConfig
 from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import PROMPTS, Tokenizer, load_tokenizer
