@@ -30,6 +30,10 @@ Batches: rows stop independently (their tokens are frozen, their statistics say 
 runs until every row has stopped. Rows decode at their own positions after right-padded prompts,
 as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
 
+A FAST model's code has no fixed length: ``jacobi_decode`` hands it to ``jacobi_window`` (a
+window of guesses that slides as tokens settle, stopping at END). The settings and the result
+both solvers share are ``jacobi_contract``'s (re-exported here).
+
   from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
   fast = policy.with_hooks(decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
   fast.predict(image, "open the drawer"); fast.hooks.decoder.summary()
@@ -46,75 +50,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlarun.accel.jacobi_contract import (  # noqa: F401 (INITS, EXIT_OVER: re-exported)
+    EXIT_OVER,
+    INITS,
+    JacobiConfig,
+    JacobiResult,
+    fixed_counts,
+    min_confidence,
+)
+from vlarun.accel.jacobi_window import window_decode
 from vlarun.models.fast_head import code_lengths
 from vlarun.models.static_step import check_room
 from vlarun.models.vla import VLA, PrefillResult
 
-INITS = ("random", "repeat", "previous")
-EXIT_OVER = ("all", "unsettled")
-
-
-@dataclass(frozen=True)
-class JacobiConfig:
-    """sigma: early-exit threshold on the minimum max-probability (None: run to the fixed
-    point, output == greedy); max_iters: cap on Jacobi forwards (None: n - 1, which already
-    guarantees the greedy output); init: initial guess of y_2..y_n, "random" (uniform over the
-    action-token ids, as the paper), "repeat" (y_1 repeated) or "previous" (a warm start: the
-    last action of the previous control step's chunk, held over the whole chunk; random on an
-    episode's first step, see ``JacobiDecoder``); seed: of the random guesses; exit_over: the
-    tokens whose minimum confidence the exit rule tests, "all" (the paper) or "unsettled" (those
-    after the ones k iterations have made exact); window: for a variable-length code (FAST), the
-    guesses iterated at once (``jacobi_window``; None: the config's ``decode_tokens``)."""
-
-    sigma: float | None = None
-    max_iters: int | None = None
-    init: str = "random"
-    seed: int = 0
-    exit_over: str = "all"
-    window: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.sigma is not None and not 0.0 < self.sigma <= 1.0:
-            raise ValueError(f"sigma must be in (0, 1], got {self.sigma}")
-        if self.max_iters is not None and self.max_iters < 1:
-            raise ValueError(f"max_iters must be >= 1, got {self.max_iters}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.exit_over not in EXIT_OVER:
-            raise ValueError(f"exit_over must be one of {EXIT_OVER}, got {self.exit_over!r}")
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
-
-
-@dataclass
-class JacobiResult:
-    """One decode of a batch.
-
-    tokens (B, n): the output; iterations (B,): Jacobi forwards each row took part in;
-    converged (B,): the output is the fixed point (== greedy); exited (B,): stopped by the
-    sigma rule before converging; confidence (B,): the rule's min over tokens (``exit_over``)
-    of the max probability at the last iteration (y_1's alone when n == 1); fixed (B, K + 1):
-    tokens that reached their final value at iteration k and kept it (k = 0: already right in
-    the initial state); trajectory (B, K + 1, n): state after each iteration (K = the batch's
-    iterations), rows frozen after they stop.
-    """
-
-    tokens: Tensor
-    iterations: Tensor
-    converged: Tensor
-    exited: Tensor
-    confidence: Tensor
-    fixed: Tensor
-    trajectory: Tensor
-
-
 # ---------------------------------------------------------------------------------------------
 # The rule and the loop (model-free: ``step`` maps action inputs to the next tokens' logits)
-
-
-def min_confidence(logits: Tensor) -> Tensor:
-    """(B, n, V) logits -> (B,): min over tokens of the max token probability (fp32)."""
-    return logits.float().softmax(-1).amax(-1).amin(-1)
 
 
 def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
@@ -142,12 +92,14 @@ Step = Callable[[Tensor, int], Tensor]
 
 
 def jacobi_solve(
-    first_logits: Tensor, step: Step, init: Tensor, cfg: JacobiConfig = JacobiConfig()
+    first_logits: Tensor, step: Step, init: Tensor, cfg: JacobiConfig | None = None
 ) -> JacobiResult:
     """Iterate ``step`` from ``init`` (B, n) until each row converges, exits or hits the cap.
 
-    first_logits (B, V): the distribution of y_1 (from the prefill), fixed for the whole solve.
+    first_logits (B, V): the distribution of y_1 (from the prefill), fixed for the whole solve;
+    cfg: default ``JacobiConfig()``.
     """
+    cfg = cfg or JacobiConfig()
     b, n = init.shape
     y = init.clone()
     y[:, 0] = first_logits.argmax(-1)
@@ -196,18 +148,6 @@ def first_change(before: Tensor, after: Tensor) -> int:
     recompute (the skipped keys are the cached ones it would have rewritten identically)."""
     changed = (before != after).any(0).nonzero()
     return int(changed[0]) if len(changed) else after.shape[1]
-
-
-def fixed_counts(trajectory: Tensor) -> Tensor:
-    """(B, K + 1, n) states -> (B, K + 1): tokens first equal to their final value at step k
-    and unchanged from then on (a token right by luck behind wrong ones counts too)."""
-    final = trajectory[:, -1:]
-    same = trajectory == final  # (B, K + 1, n)
-    # Stays right from k on: the reversed cumulative AND over iterations.
-    stays = same.flip(1).int().cumprod(1).flip(1).bool()
-    first = stays.int().argmax(1)  # (B, n): first k from which the token stays final
-    k = trajectory.shape[1]
-    return torch.nn.functional.one_hot(first, k).sum(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,19 +205,19 @@ def action_step(model: VLA, pre: PrefillResult) -> Step:
 def jacobi_decode(
     model: VLA,
     pre: PrefillResult,
-    cfg: JacobiConfig = JacobiConfig(),
+    cfg: JacobiConfig | None = None,
     init: Tensor | None = None,
     gen: torch.Generator | None = None,
 ) -> JacobiResult:
-    """Jacobi-decode the action tokens after a prefill. init (B, n): the initial guess
-    (default: ``cfg.init``, random ids drawn from ``gen``, or one seeded by ``cfg.seed``). A
-    FAST model's variable-length code is decoded in a sliding window (``jacobi_window``)."""
+    """Jacobi-decode the action tokens after a prefill (``cfg``: default ``JacobiConfig()``).
+    init (B, n): the initial guess (default: ``cfg.init``, random ids drawn from ``gen``, or one
+    seeded by ``cfg.seed``). A FAST model's variable-length code is decoded in a sliding window
+    (``jacobi_window``)."""
+    cfg = cfg or JacobiConfig()
     first = model.language_model.logits(pre.last_hidden)
     if init is None:
         init = initial_state(model, first.argmax(-1), cfg, gen)
     if model.cfg.fast is not None:
-        from vlarun.accel.jacobi_window import window_decode  # it builds on this module
-
         return window_decode(model, pre, init, cfg)
     return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
 

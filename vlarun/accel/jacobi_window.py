@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from vlarun.accel.jacobi import JacobiConfig, JacobiResult, fixed_counts, min_confidence
+from vlarun.accel.jacobi_contract import JacobiConfig, JacobiResult, fixed_counts, min_confidence
 from vlarun.models.fast_head import pad_after_end
 from vlarun.models.static_step import check_room
 from vlarun.models.vla import VLA, PrefillResult
