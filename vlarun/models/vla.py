@@ -1,6 +1,7 @@
 """A VLA = vision backbone + projector + Llama-family LM + action head, for four families.
 
-  autoregressive (OpenVLA): actions as 256-bin tokens decoded greedily one by one;
+  autoregressive (OpenVLA): actions as 256-bin tokens decoded greedily one by one, or
+                            (pi0-FAST) the chunk's FAST code, decoded up to END (fast_head.py);
   parallel (OpenVLA-OFT):   K*D empty action tokens decoded in one bidirectional pass, L1 head;
   diffusion (CogACT):       a DiT denoises an action chunk conditioned on the last LM state;
   flow (pi0, SmolVLA):      an action expert attends to the prefix KV cache, N Euler steps.
@@ -47,7 +48,8 @@ CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle")
 
 @dataclass(frozen=True)
 class VLAConfig:
-    """A VLA's shape. Exactly one head config matches ``family`` (autoregressive needs none)."""
+    """A VLA's shape. Exactly one head config matches ``family`` (autoregressive needs none;
+    its ``fast`` says how a FAST code is written, when the tokens are one)."""
 
     name: str
     family: str
