@@ -10,6 +10,7 @@ import torch
 from vlarun.cli import main
 from vlarun.models.presets import PI0_FAST_TOKENS, get_preset
 from vlarun.models.vla import VLA
+from vlarun.policy.base import Policy
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_seconds, stage_works
 from vlarun.stages.families import Workload, build_graph, param_split
@@ -73,19 +74,28 @@ def test_decode_tokens_is_checked():
         replace(get_preset("tiny-pi0"), decode_tokens=8)
 
 
-def test_tiny_decodes_its_token_count_and_refuses_to_read_them_as_bins():
-    """The decode loop honours the count; turning FAST ids into actions is not wired yet, and
-    says so instead of reading them as 256-bin tokens."""
+def test_tiny_decodes_up_to_its_cap_and_returns_a_chunk():
+    """Random weights never write END: decoding runs to the cap, and the code, not being one,
+    decodes to the all-zero chunk (openpi's answer), counted."""
     torch.manual_seed(0)
-    cfg = get_preset("tiny-pi0-fast")
-    model = VLA(cfg).eval()
+    policy = Policy.from_preset("tiny-pi0-fast")
+    model, cfg = policy.model, policy.model.cfg
     images = torch.rand(1, cfg.num_images, 3, cfg.image_size, cfg.image_size)
     with torch.no_grad():
         pre = model.prefill(model.build_prefix(model.encode_images(images), [[5, 6, 7]]))
         ids = model.decode_tokens(pre)
-    assert ids.shape == (1, cfg.decode_tokens)
-    with pytest.raises(NotImplementedError, match="FAST"):
-        model.act(images, [[5, 6, 7]])
+    assert ids.shape == (1, cfg.fast.max_tokens)
+    actions = model.tokens_to_actions(ids)
+    assert actions.shape == (1, cfg.chunk, cfg.action_dim) and model.fast_head.failures == 1
+
+
+def test_a_code_length_without_a_fast_head_is_a_cost_model_shape_only():
+    cfg = replace(get_preset("tiny-pi0-fast"), fast=None)
+    model = VLA(cfg).eval()
+    with pytest.raises(NotImplementedError, match="cost model"):
+        model.tokens_to_actions(torch.zeros(1, cfg.decode_tokens, dtype=torch.long))
+    with pytest.raises(ValueError, match="no FAST tokenizer"):
+        VLA(get_preset("tiny-pi0-fast")).tokens_to_actions(torch.zeros(1, 3, dtype=torch.long))
 
 
 def test_cli_info_predict_plan(capsys):

@@ -30,6 +30,10 @@ Batches: rows stop independently (their tokens are frozen, their statistics say 
 runs until every row has stopped. Rows decode at their own positions after right-padded prompts,
 as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
 
+A FAST model's code has no fixed length: ``jacobi_decode`` hands it to ``jacobi_window`` (a
+window of guesses that slides as tokens settle, stopping at END). The settings and the result
+both solvers share are ``jacobi_contract``'s (re-exported here).
+
   from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder
   fast = policy.with_hooks(decoder=JacobiDecoder(JacobiConfig(sigma=0.5)))
   fast.predict(image, "open the drawer"); fast.hooks.decoder.summary()
@@ -46,70 +50,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlarun.accel.jacobi_contract import (  # noqa: F401 (INITS, EXIT_OVER: re-exported)
+    EXIT_OVER,
+    INITS,
+    JacobiConfig,
+    JacobiResult,
+    fixed_counts,
+    min_confidence,
+)
+from vlarun.accel.jacobi_window import window_decode
+from vlarun.models.fast_head import code_lengths
 from vlarun.models.static_step import check_room
 from vlarun.models.vla import VLA, PrefillResult
 
-INITS = ("random", "repeat", "previous")
-EXIT_OVER = ("all", "unsettled")
-
-
-@dataclass(frozen=True)
-class JacobiConfig:
-    """sigma: early-exit threshold on the minimum max-probability (None: run to the fixed
-    point, output == greedy); max_iters: cap on Jacobi forwards (None: n - 1, which already
-    guarantees the greedy output); init: initial guess of y_2..y_n, "random" (uniform over the
-    action-token ids, as the paper), "repeat" (y_1 repeated) or "previous" (a warm start: the
-    last action of the previous control step's chunk, held over the whole chunk; random on an
-    episode's first step, see ``JacobiDecoder``); seed: of the random guesses; exit_over: the
-    tokens whose minimum confidence the exit rule tests, "all" (the paper) or "unsettled" (those
-    after the ones k iterations have made exact)."""
-
-    sigma: float | None = None
-    max_iters: int | None = None
-    init: str = "random"
-    seed: int = 0
-    exit_over: str = "all"
-
-    def __post_init__(self) -> None:
-        if self.sigma is not None and not 0.0 < self.sigma <= 1.0:
-            raise ValueError(f"sigma must be in (0, 1], got {self.sigma}")
-        if self.max_iters is not None and self.max_iters < 1:
-            raise ValueError(f"max_iters must be >= 1, got {self.max_iters}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.exit_over not in EXIT_OVER:
-            raise ValueError(f"exit_over must be one of {EXIT_OVER}, got {self.exit_over!r}")
-
-
-@dataclass
-class JacobiResult:
-    """One decode of a batch.
-
-    tokens (B, n): the output; iterations (B,): Jacobi forwards each row took part in;
-    converged (B,): the output is the fixed point (== greedy); exited (B,): stopped by the
-    sigma rule before converging; confidence (B,): the rule's min over tokens (``exit_over``)
-    of the max probability at the last iteration (y_1's alone when n == 1); fixed (B, K + 1):
-    tokens that reached their final value at iteration k and kept it (k = 0: already right in
-    the initial state); trajectory (B, K + 1, n): state after each iteration (K = the batch's
-    iterations), rows frozen after they stop.
-    """
-
-    tokens: Tensor
-    iterations: Tensor
-    converged: Tensor
-    exited: Tensor
-    confidence: Tensor
-    fixed: Tensor
-    trajectory: Tensor
-
-
 # ---------------------------------------------------------------------------------------------
 # The rule and the loop (model-free: ``step`` maps action inputs to the next tokens' logits)
-
-
-def min_confidence(logits: Tensor) -> Tensor:
-    """(B, n, V) logits -> (B,): min over tokens of the max token probability (fp32)."""
-    return logits.float().softmax(-1).amax(-1).amin(-1)
 
 
 def should_exit(logits: Tensor, sigma: float | None) -> Tensor:
@@ -137,12 +92,14 @@ Step = Callable[[Tensor, int], Tensor]
 
 
 def jacobi_solve(
-    first_logits: Tensor, step: Step, init: Tensor, cfg: JacobiConfig = JacobiConfig()
+    first_logits: Tensor, step: Step, init: Tensor, cfg: JacobiConfig | None = None
 ) -> JacobiResult:
     """Iterate ``step`` from ``init`` (B, n) until each row converges, exits or hits the cap.
 
-    first_logits (B, V): the distribution of y_1 (from the prefill), fixed for the whole solve.
+    first_logits (B, V): the distribution of y_1 (from the prefill), fixed for the whole solve;
+    cfg: default ``JacobiConfig()``.
     """
+    cfg = cfg or JacobiConfig()
     b, n = init.shape
     y = init.clone()
     y[:, 0] = first_logits.argmax(-1)
@@ -193,34 +150,33 @@ def first_change(before: Tensor, after: Tensor) -> int:
     return int(changed[0]) if len(changed) else after.shape[1]
 
 
-def fixed_counts(trajectory: Tensor) -> Tensor:
-    """(B, K + 1, n) states -> (B, K + 1): tokens first equal to their final value at step k
-    and unchanged from then on (a token right by luck behind wrong ones counts too)."""
-    final = trajectory[:, -1:]
-    same = trajectory == final  # (B, K + 1, n)
-    # Stays right from k on: the reversed cumulative AND over iterations.
-    stays = same.flip(1).int().cumprod(1).flip(1).bool()
-    first = stays.int().argmax(1)  # (B, n): first k from which the token stays final
-    k = trajectory.shape[1]
-    return torch.nn.functional.one_hot(first, k).sum(1)
-
-
 # ---------------------------------------------------------------------------------------------
 # On a VLA's prefix cache
+
+
+def guess_ids(model: VLA) -> range:
+    """The LM ids an action token can be: the 256 bins, or a FAST model's FAST ids."""
+    c = model.cfg
+    return (
+        c.fast.lm_range(c.llm.vocab_size)
+        if c.fast is not None
+        else model.action_tokenizer.action_ids
+    )
 
 
 def initial_state(
     model: VLA, first: Tensor, cfg: JacobiConfig, gen: torch.Generator | None = None
 ) -> Tensor:
-    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated.
+    """(B, n) initial guess after y_1 = ``first`` (B,): random action ids, or y_1 repeated;
+    n = every token the model can decode (a FAST model: its cap on the code).
 
     ("previous" needs the previous output, which only a ``JacobiDecoder`` keeps: here it falls
     back to random ids, as on an episode's first step.)"""
-    n = model.cfg.num_action_tokens
+    n = model.cfg.action_token_room
     if cfg.init == "repeat":
         return first[:, None].expand(-1, n).clone()
     gen = gen if gen is not None else torch.Generator().manual_seed(cfg.seed)
-    ids = model.action_tokenizer.action_ids
+    ids = guess_ids(model)
     init = torch.randint(ids.start, ids.stop, (first.shape[0], n), generator=gen)
     return init.to(first.device)
 
@@ -249,15 +205,20 @@ def action_step(model: VLA, pre: PrefillResult) -> Step:
 def jacobi_decode(
     model: VLA,
     pre: PrefillResult,
-    cfg: JacobiConfig = JacobiConfig(),
+    cfg: JacobiConfig | None = None,
     init: Tensor | None = None,
     gen: torch.Generator | None = None,
 ) -> JacobiResult:
-    """Jacobi-decode the action tokens after a prefill. init (B, n): the initial guess
-    (default: ``cfg.init``, random ids drawn from ``gen``, or one seeded by ``cfg.seed``)."""
+    """Jacobi-decode the action tokens after a prefill (``cfg``: default ``JacobiConfig()``).
+    init (B, n): the initial guess (default: ``cfg.init``, random ids drawn from ``gen``, or one
+    seeded by ``cfg.seed``). A FAST model's variable-length code is decoded in a sliding window
+    (``jacobi_window``)."""
+    cfg = cfg or JacobiConfig()
     first = model.language_model.logits(pre.last_hidden)
     if init is None:
         init = initial_state(model, first.argmax(-1), cfg, gen)
+    if model.cfg.fast is not None:
+        return window_decode(model, pre, init, cfg)
     return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
 
 
@@ -302,7 +263,10 @@ class GreedyDecoder:
         t0 = time.perf_counter()
         ids = model.decode_tokens(pre)
         n, b = ids.shape[1], ids.shape[0]
-        self.steps.append(DecodeStep(n, [n - 1] * b, [[1] * (n - 1)] * b, [True] * b,
+        fast = model.cfg.fast  # a FAST row took one forward per token of its own code
+        lengths = code_lengths(ids, fast.end_id).tolist() if fast is not None else [n] * b
+        self.steps.append(DecodeStep(n, [k - 1 for k in lengths],
+                                     [[1] * (k - 1) for k in lengths], [True] * b,
                                      [False] * b, [float("nan")] * b,
                                      time.perf_counter() - t0))  # fmt: skip
         return ids
@@ -351,10 +315,16 @@ class JacobiDecoder:
         return summarise_steps(self.steps)
 
     def _warm_start(self, model: VLA, pre: PrefillResult) -> Tensor | None:
-        """The "previous" initial guess, or None (use ``cfg.init``) when there is none yet."""
+        """The "previous" initial guess, or None (use ``cfg.init``) when there is none yet. A
+        FAST code's tokens do not map to actions: its guess is the previous code itself,
+        END-padded to the cap."""
         prev = self.last.tokens if self.last is not None else None
         if self.cfg.init != "previous" or prev is None or prev.shape[0] != pre.next_pos.shape[0]:
             return None
+        fast = model.cfg.fast
+        if fast is not None:
+            pad = prev.new_full((prev.shape[0], fast.max_tokens - prev.shape[1]), fast.end_id)
+            return torch.cat((prev, pad), dim=1)
         return held_action(prev, model.cfg.action_dim)
 
 
@@ -397,18 +367,20 @@ def make_decoder(
     exit_over: str = "all",
     max_iters: int | None = None,
     init: str = "random",
+    window: int | None = None,
 ):
     """``ar`` (greedy), ``jacobi`` (to the fixed point: exact, so never capped) or
     ``jacobi-exit`` (needs sigma; its rule tests ``exit_over`` tokens; at most ``max_iters``
-    iterations); both Jacobi decoders start from ``init`` guesses."""
+    iterations); both Jacobi decoders start from ``init`` guesses and iterate ``window`` of a
+    FAST code's tokens at once (None: its expected length)."""
     if method == "ar":
         return GreedyDecoder()
     if method == "jacobi":
-        return JacobiDecoder(JacobiConfig(seed=seed, init=init))
+        return JacobiDecoder(JacobiConfig(seed=seed, init=init, window=window))
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
         cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters,
-                           init=init)  # fmt: skip
+                           init=init, window=window)  # fmt: skip
         return JacobiDecoder(cfg)
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")

@@ -25,6 +25,12 @@ not in the paper). ``--exit-over all,unsettled`` times both in one interleaved r
 row names its rule, and ``goals_by_exit_over`` holds the goals under each. ``--max-iters``
 caps the exit methods' iterations (the issue's iteration cap; plain Jacobi is never capped, it
 must stay exact): a query that does not exit then returns its state at the cap.
+
+A preset's name (``--policy tiny-pi0-fast``) benchmarks its random weights: there is no closed
+loop to run (success is "n/a"), and the queries are seeded random frames with a few prompts. A
+FAST policy's codes vary in length: tokens/s counts each query's own code (END included), the
+Jacobi rows slide a ``--window`` of guesses along it (``accel.jacobi_window``), and agreement
+is over the autoregressive row's tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import torch
 from vlarun.accel.jacobi import EXIT_OVER, INITS, make_decoder
 from vlarun.bench.replay import interleaved_runs
 from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
+from vlarun.models.fast_head import code_lengths
 from vlarun.policy.base import Policy
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS
 
@@ -78,6 +85,7 @@ class BenchDecodeOptions:
                     "or repeat (y_1 repeated)", choices=list(INITS))  # fmt: skip
     distilled_init: str = opt("repeat", "initial guess of the distilled rows (the one the "
                               "student was distilled from)", choices=list(INITS))  # fmt: skip
+    window: int = opt(0, "FAST codes: guesses per Jacobi window; 0 = the expected code length")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
@@ -89,6 +97,10 @@ class BenchDecodeOptions:
             raise ValueError(f"max_iters must be >= 0 (0: no cap), got {self.max_iters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.window < 0:
+            raise ValueError(
+                f"window must be >= 0 (0: the expected code length), got {self.window}"
+            )
         for name in ("init", "distilled_init"):
             if getattr(self, name) not in INITS:
                 raise ValueError(f"{name} must be one of {INITS}, got {getattr(self, name)!r}")
@@ -122,15 +134,28 @@ class BenchDecodeOptions:
         )
 
 
-def _load(name: str):
+def _load(name: str, presets: bool = False):
+    """A checkpoint directory or shipped policy; with ``presets``, also a preset's random
+    weights (``Policy.from_preset``)."""
+    from vlarun.models.presets import PRESETS
     from vlarun.policy.base import Policy
 
     path = Path(name)
     if not (path / "config.json").exists():
         path = POLICY_DIR / name
     if not (path / "config.json").exists():
+        if presets and name in PRESETS:
+            return Policy.from_preset(name)
         raise FileNotFoundError(f"no policy {name!r} (neither a directory nor under {POLICY_DIR})")
     return Policy.from_checkpoint(path)
+
+
+def random_weights(name: str) -> bool:
+    """``name`` means a preset's random weights (no checkpoint of that name or path)."""
+    from vlarun.models.presets import PRESETS
+
+    shipped = (Path(name) / "config.json").exists() or (POLICY_DIR / name / "config.json").exists()
+    return name in PRESETS and not shipped
 
 
 # (method, sigma, exit rule): sigma and rule are None for the methods without early exit.
@@ -147,13 +172,19 @@ def method_rows(o: BenchDecodeOptions, have_distilled: bool) -> list[Method]:
 
 
 def decoding(
-    base: Policy, method: Method, seed: int = 0, max_iters: int = 0, init: str = "random"
+    base: Policy,
+    method: Method,
+    seed: int = 0,
+    max_iters: int = 0,
+    init: str = "random",
+    window: int = 0,
 ) -> Policy:
     """The policy decoding with ``method``; ``max_iters`` (0: none) caps exit methods only;
-    Jacobi methods start from ``init`` guesses."""
+    Jacobi methods start from ``init`` guesses (and slide ``window`` guesses along a FAST
+    code; 0: its expected length)."""
     name, sigma, rule = method
     decoder = {"distilled-exit": "jacobi-exit", "distilled": "jacobi"}.get(name, name)
-    dec = make_decoder(decoder, sigma, seed, rule or "all", max_iters or None, init)
+    dec = make_decoder(decoder, sigma, seed, rule or "all", max_iters or None, init, window or None)
     return base.with_hooks(decoder=dec)
 
 
@@ -168,10 +199,21 @@ def time_methods(policies: list[Policy], stream: list[tuple[str, np.ndarray]]) -
     return [summarise_runs(p, r) for p, r in zip(policies, runs, strict=True)]
 
 
+def decoded_tokens(policy: Policy, ids: torch.Tensor) -> int:
+    """Tokens one query decoded (ids (1, n)): all n, or a FAST code's own, END included."""
+    fast = policy.model.cfg.fast
+    return int(code_lengths(ids, fast.end_id)[0]) if fast is not None else ids.shape[1]
+
+
 def summarise_runs(policy: Policy, runs: list) -> dict:
-    n = policy.model.cfg.num_action_tokens
+    cfg = policy.model.cfg
     times = [{s.name: s.seconds for s in run.timings} for run in runs]
-    speeds = [n / t["decode"] for t in times]
+    ids = [run.outputs["action_ids"] for run in runs]
+    counts = [decoded_tokens(policy, x) for x in ids]
+    speeds = [n / t["decode"] for n, t in zip(counts, times, strict=True)]
+    room = cfg.action_token_room  # FAST codes END-padded to the cap, to stack and compare
+    end = cfg.fast.end_id if cfg.fast is not None else 0
+    padded = [torch.cat((x[0], x.new_full((room - x.shape[1],), end))) for x in ids]
     e2e_ms = [sum(t.values()) * 1e3 for t in times]
     s = policy.hooks.decoder.summary()
     return {
@@ -188,8 +230,32 @@ def summarise_runs(policy: Policy, runs: list) -> dict:
         "fixed_per_iteration_mean": s["fixed_per_iteration_mean"],
         "exited_fraction": s["exited_fraction"],
         "queries": len(runs),
-        "_ids": torch.stack([run.outputs["action_ids"][0] for run in runs]),
+        "tokens_mean": statistics.mean(counts),
+        "_ids": torch.stack(padded),
+        "_counts": torch.tensor(counts),
     }
+
+
+def agreement(ids: torch.Tensor, ar_ids: torch.Tensor, ar_counts: torch.Tensor) -> float:
+    """Fraction of the autoregressive rows' tokens (each query's own count) equal to ``ids``'
+    at the same place."""
+    inside = torch.arange(ar_ids.shape[1])[None] < ar_counts[:, None]
+    return float(((ids == ar_ids) & inside).sum() / inside.sum())
+
+
+def preset_stream(policy: Policy, queries: int) -> list[tuple[str, np.ndarray, np.ndarray | None]]:
+    """``queries`` observations of ``shapes.synthetic_stream``'s moving block (each view the
+    same frame), for a policy with random weights: nothing to succeed at, nothing to replay."""
+    from vlarun.bench.shapes import synthetic_stream
+
+    cfg = policy.model.cfg
+    stream = synthetic_stream(cfg.image_size, queries, "pick up the cup", policy.state_size)
+    if cfg.num_images == 1:
+        return stream
+    return [(text, np.stack([f] * cfg.num_images), st) for text, f, st in stream]
+
+
+NO_EPISODES = {"success_rate": None, "ci95": None, "episodes": 0}
 
 
 def recorded_stream(
@@ -229,7 +295,8 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
         o = o.reduced()
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     t0 = time.time()
-    teacher = _load(o.policy)
+    timing_only = random_weights(o.policy)
+    teacher = _load(o.policy, presets=True)
     if teacher.model.cfg.family != "autoregressive":
         raise ValueError(f"{o.policy} is not an autoregressive (action-token) policy")
     student = None
@@ -238,31 +305,39 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
             student = _load(o.distilled)
         except FileNotFoundError as e:
             log(f"skipping distilled-exit: {e}")
-    ar = closed_loop(decoding(teacher, ("ar", None, None)), o, record=True)
-    stream = recorded_stream(ar["recorded"], o.queries)
+    if student is not None and not same_shape(student, teacher):
+        log(f"skipping distilled-exit: {o.distilled} is not a student of {o.policy}'s shape")
+        student = None
+    if timing_only:
+        log(f"{o.policy}: a preset's random weights; timing on synthetic frames, no closed loop")
+        ar, stream = None, preset_stream(teacher, o.queries)
+    else:
+        ar = closed_loop(decoding(teacher, ("ar", None, None)), o, record=True)
+        stream = recorded_stream(ar["recorded"], o.queries)
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
     inits = [o.distilled_init if m[0].startswith("distilled") else o.init for m in methods]
-    policies = [decoding(b, m, o.seed, o.max_iters, i)
+    policies = [decoding(b, m, o.seed, o.max_iters, i, o.window)
                 for b, m, i in zip(bases, methods, inits, strict=True)]  # fmt: skip
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
-    rows, ar_ids = [], timings[0]["_ids"]
+    rows, ar_ids, ar_counts = [], timings[0]["_ids"], timings[0]["_counts"]
     for m, base, policy, timing, init in zip(methods, bases, policies, timings, inits, strict=True):
         (method, sigma, rule), ids = m, timing.pop("_ids")
-        fresh = decoding(base, m, o.seed, o.max_iters, init)  # no timing-run state
-        res = ar if method == "ar" else closed_loop(fresh, o)
+        timing.pop("_counts")
+        fresh = decoding(base, m, o.seed, o.max_iters, init, o.window)  # no timing-run state
+        res = NO_EPISODES if ar is None else ar if method == "ar" else closed_loop(fresh, o)
         # The cap the decoder ran with (``decoding`` applies it to exit methods only).
         dcfg = getattr(policy.hooks.decoder, "cfg", None)
         cap, guess = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
         row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap,
                "init": guess} | timing | {  # fmt: skip
-            "token_agreement_with_ar": float((ids == ar_ids).float().mean()),
+            "token_agreement_with_ar": agreement(ids, ar_ids, ar_counts),
             "success_rate": res["success_rate"], "ci95": res["ci95"],
             "episodes": res["episodes"]}  # fmt: skip
         rows.append(row)
         log(f"{_label(row, ' ')}: {row['tokens_per_s_mean']:.0f} tokens/s "
-            f"({row['iterations_mean']:.2f} it), success {row['success_rate']:.1%}")  # fmt: skip
+            f"({row['iterations_mean']:.2f} it), success {_success(row)}")  # fmt: skip
     ar_speed, ar_ms = rows[0]["tokens_per_s_mean"], rows[0]["decode_ms_mean"]
     for r in rows:
         r["speedup"] = r["tokens_per_s_mean"] / ar_speed
@@ -271,8 +346,10 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
         "quick": o.quick,
         "options": to_dict(o),
         "policy": o.policy,
+        "random_weights": timing_only,
         "distilled": o.distilled if student is not None else None,
-        "action_tokens": teacher.model.cfg.num_action_tokens,
+        "action_tokens": teacher.model.cfg.num_action_tokens,  # FAST: the expected count
+        "max_tokens": teacher.model.cfg.action_token_room,
         "threads": torch.get_num_threads(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
         "command": invoked_command("vlarun bench decode" + (" --quick" if o.quick else "")),
@@ -302,8 +379,23 @@ def goals(rows: list[dict], sigma: float = 0.5, exit_over: str = "all") -> dict:
         "time_speedup": d["time_speedup"],
         "time_speedup_ge_3": d["time_speedup"] >= 3.0,
         "min_above_ar_mean": d["tokens_per_s_min"] > ar["tokens_per_s_mean"],
-        "success_within_3pp": d["success_rate"] >= ar["success_rate"] - 0.03,
+        "success_within_3pp": None
+        if ar["success_rate"] is None
+        else d["success_rate"] >= ar["success_rate"] - 0.03,
     }
+
+
+def same_shape(student: Policy, teacher: Policy) -> bool:
+    """Could ``student`` be a distilled copy of ``teacher`` (same LM, head and action shape)?"""
+    a, b = student.model.cfg, teacher.model.cfg
+    keys = ("llm", "family", "action_dim", "chunk", "fast", "num_action_tokens")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def _success(r: dict) -> str:
+    if r["success_rate"] is None:
+        return "n/a"
+    return f"{r['success_rate']:.1%} ({r['ci95'][0]:.0%}-{r['ci95'][1]:.0%})"
 
 
 def write_results(result: dict, out: Path) -> dict:
@@ -344,10 +436,11 @@ def plot(rows: list[dict], path: str) -> None:
     ax_v.axhline(rows[0]["tokens_per_s_mean"], color="k", ls="--", lw=1, label="ar mean")
     ax_v.set(ylabel="action tokens / s (mean, min-max)", title="decode speed")
     ax_v.legend(fontsize=8)
-    succ = np.array([r["success_rate"] for r in rows])
-    err = [succ - np.array([r["ci95"][0] for r in rows]),
-           np.array([r["ci95"][1] for r in rows]) - succ]  # fmt: skip
-    ax_s.bar(x, succ, yerr=err, capsize=3, color=colors)
+    if rows[0]["success_rate"] is not None:
+        succ = np.array([r["success_rate"] for r in rows])
+        err = [succ - np.array([r["ci95"][0] for r in rows]),
+               np.array([r["ci95"][1] for r in rows]) - succ]  # fmt: skip
+        ax_s.bar(x, succ, yerr=err, capsize=3, color=colors)
     ax_s.set(ylabel="success (95% CI)", title="closed loop", ylim=(0, 1))
     for ax in (ax_v, ax_s):
         ax.set_xticks(x, [_label(r, " ") for r in rows], rotation=60, ha="right", fontsize=7)
@@ -357,14 +450,19 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def format_result(r: dict) -> str:
+    weights = ", random weights (no closed loop)" if r.get("random_weights") else ""
+    cap = r.get("max_tokens", r["action_tokens"])
+    tokens = f"{r['action_tokens']}" + (
+        f" expected, at most {cap}" if cap != r["action_tokens"] else ""
+    )
     lines = [
         f"vlarun bench decode ({'quick' if r['quick'] else 'full'}), {r['policy']} "
-        f"({r['action_tokens']} action tokens), distilled {r['distilled']}, {r['date']}, "
-        f"{r['threads']} threads, {r['wall_s']} s",
+        f"({tokens} action tokens{weights}), distilled {r['distilled']}, "
+        f"{r['date']}, {r['threads']} threads, {r['wall_s']} s",
         "",
         "| method | sigma | exit rule | tokens/s mean (min-max) | speedup | time speedup "
-        "| iterations | control rate | agreement | success (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| iterations | tokens | control rate | agreement | success (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in r["rows"]:
         sigma = "-" if x["sigma"] is None else f"{x['sigma']:g}"
@@ -373,9 +471,9 @@ def format_result(r: dict) -> str:
             f"| {x['tokens_per_s_mean']:.0f} "
             f"({x['tokens_per_s_min']:.0f}-{x['tokens_per_s_max']:.0f}) | x{x['speedup']:.2f} "
             f"| x{x['time_speedup']:.2f} | {x['iterations_mean']:.2f} "
+            f"| {x.get('tokens_mean', r['action_tokens']):.1f} "
             f"| {x['control_rate_hz']:.1f} Hz "
-            f"| {x['token_agreement_with_ar']:.1%} | {x['success_rate']:.1%} "
-            f"({x['ci95'][0]:.0%}-{x['ci95'][1]:.0%}) |"
+            f"| {x['token_agreement_with_ar']:.1%} | {_success(x)} |"
         )
     for rule, g in r.get("goals_by_exit_over", {"all": r["goals"]}).items():
         lines.append(f"goals (distilled-exit, sigma 0.5, exit rule {rule}): {g}")

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from vlarun import config as cfgio
 from vlarun.models import lerobot
+from vlarun.models.fast_tokens import FastTokenizer
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_files import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
@@ -43,6 +44,7 @@ from vlarun.models.vla import VLA, VLAConfig
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 WEIGHTS = "model.safetensors"
 STATS = "dataset_statistics.json"
+FAST_TOKENIZER_DIR = "fast_tokenizer"  # a FAST model's tokenizer.json + processor_config.json
 MAX_REPORTED = 8
 
 
@@ -233,6 +235,8 @@ def save_vla(
             (tmp / STATS).write_text(json.dumps(norm_stats, indent=1))
         if tokenizer_file is not None:
             shutil.copy(tokenizer_file, tmp / "tokenizer.json")
+        if model.fast_head is not None:  # FAST's vocabulary travels with the weights
+            model.fast_head.tokenizer.save(tmp / FAST_TOKENIZER_DIR)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         if target.exists():
@@ -407,6 +411,10 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     _raise_mismatch(str(d), {"missing": missing, **problems})
     stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
     stats = stats or config.get("norm_stats", {})
+    if cfg.fast is not None and (d / FAST_TOKENIZER_DIR).is_dir():
+        fast = FastTokenizer.load(d / FAST_TOKENIZER_DIR, action_horizon=cfg.horizon,
+                                  action_dim=cfg.action_dim)  # fmt: skip
+        model.set_fast_tokenizer(fast)
     return model.eval(), stats
 
 

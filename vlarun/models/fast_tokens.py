@@ -28,7 +28,9 @@ coefficients stay in the range ``fit`` saw.
 Where this departs from the reference, on purpose:
   * malformed ids (out of the vocabulary, bytes that are not UTF-8, a count other than T * D)
     raise ``FastDecodeError``; the reference prints the error and returns an all-zero chunk,
-    i.e. the middle of every action range. A caller that wants that can catch the error;
+    i.e. the middle of every action range. The model's head (``fast_head.FastHead``) catches
+    the error and does that, counting it; ``relaxed`` is LeRobot's variant (pad or cut the
+    coefficient count);
   * ``fit`` seeds the BPE alphabet with the 256 byte-level symbols, so every byte of every
     character is in the vocabulary and no coefficient is ever dropped as unknown (the reference
     seeds it with the raw characters, which its byte-level pre-tokenizer never produces above
@@ -160,8 +162,12 @@ class FastTokenizer:
             )
         return ids
 
-    def decode_coefficients(self, ids: Sequence[int]) -> np.ndarray:
-        """FAST ids -> quantised coefficients (T, D), int64; FastDecodeError if malformed."""
+    def decode_coefficients(self, ids: Sequence[int], *, relaxed: bool = False) -> np.ndarray:
+        """FAST ids -> quantised coefficients (T, D), int64; FastDecodeError if malformed.
+
+        ``relaxed`` (LeRobot's ``relaxed_action_decoding``): a count other than T * D is cut to
+        T * D, or padded with zero coefficients (no motion at those frequencies), instead of
+        raising; ids outside the vocabulary and broken UTF-8 still raise."""
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
@@ -172,17 +178,20 @@ class FastTokenizer:
         if "\ufffd" in text:  # bytes that do not form UTF-8 characters
             raise FastDecodeError("the ids split a coefficient's UTF-8 bytes: not a FAST sequence")
         n = self.action_horizon * self.action_dim
-        if len(text) != n:
+        if len(text) != n and not relaxed:
             raise FastDecodeError(
                 f"the ids decode to {len(text)} coefficients; a ({self.action_horizon}, "
                 f"{self.action_dim}) chunk has {n}"
             )
-        q = np.fromiter(map(ord, text), dtype=np.int64, count=n) + self.min_token
+        q = np.zeros(n, dtype=np.int64)
+        kept = min(len(text), n)
+        q[:kept] = np.fromiter(map(ord, text[:kept]), dtype=np.int64, count=kept) + self.min_token
         return q.reshape(self.action_horizon, self.action_dim)
 
-    def decode(self, ids: Sequence[int]) -> np.ndarray:
-        """FAST ids -> normalised chunk (T, D), float64; FastDecodeError if malformed."""
-        return self.chunk_from_coefficients(self.decode_coefficients(ids))
+    def decode(self, ids: Sequence[int], *, relaxed: bool = False) -> np.ndarray:
+        """FAST ids -> normalised chunk (T, D), float64; FastDecodeError if malformed (see
+        ``decode_coefficients`` for ``relaxed``)."""
+        return self.chunk_from_coefficients(self.decode_coefficients(ids, relaxed=relaxed))
 
     # ------------------------------------------------------------------------------------------
     # training and files

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vlarun.models.fast_head import FastConfig
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.heads import DiTConfig, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig
+from vlarun.models.tokenizer import EOS_ID
 from vlarun.models.vit import ViTConfig, openvla_vision_configs
 from vlarun.models.vla import VLAConfig
 
@@ -175,6 +177,9 @@ def pi05() -> VLAConfig:
 # binning needs hundreds; the cost model takes the upper end. A chunk's real count varies with
 # its smoothness and ends at the LM's EOS (openpi ``Pi0FAST.sample_actions`` stops there).
 PI0_FAST_TOKENS = 60
+# openpi: the universal FAST+ tokenizer's 2048 ids sit below PaliGemma's 128 special ids at the
+# top of its vocabulary; decoding ends at <eos> (1) or after max_decoding_steps (256).
+PI0_FAST_CODE = FastConfig(vocab_size=2048, max_tokens=256, end_id=1, skip_tokens=128)
 
 
 def pi0_fast() -> VLAConfig:
@@ -187,10 +192,11 @@ def pi0_fast() -> VLAConfig:
         chunk=32,
         max_text_tokens=250 - PI0_FAST_TOKENS,
         decode_tokens=PI0_FAST_TOKENS,
+        fast=PI0_FAST_CODE,
         notes=(
             "PaliGemma-3B (SigLIP So400m/14 + Gemma-2B), 3 cameras, no action expert: the LM "
-            f"decodes ~{PI0_FAST_TOKENS} FAST tokens per chunk. Cost model and plan space only: "
-            "decoding FAST tokens back to actions is not wired into the model yet"
+            f"decodes ~{PI0_FAST_TOKENS} FAST tokens per chunk (at most "
+            f"{PI0_FAST_CODE.max_tokens}), decoded to a 32 x 32 chunk"
         ),
         **_paligemma_prefix(),
     )
@@ -344,8 +350,11 @@ def tiny_pi0() -> VLAConfig:
 
 
 def tiny_pi0_fast() -> VLAConfig:
-    """tiny-pi0's prefix with no expert; 8 decoded tokens for an 8 x 7 chunk, about the
-    compression FAST reports (30-60 tokens for 50 x 7 values)."""
+    """tiny-pi0's prefix with no expert, decoding the FAST code of an 8 x 7 chunk: 512 FAST ids
+    at the top of the 1024-id vocabulary (the byte ids stay below them), the byte tokenizer's
+    </s> (2) as END. A random-weight preset gets ``fast_head.synthetic_fast_tokenizer``, whose
+    code of a smooth chunk is ~14 tokens (``decode_tokens``); the cap leaves room for twice
+    that."""
     return VLAConfig(
         name="tiny-pi0-fast",
         family="autoregressive",
@@ -356,8 +365,8 @@ def tiny_pi0_fast() -> VLAConfig:
         chunk=8,
         prefix_causal=False,
         max_text_tokens=TINY_TEXT,
-        decode_tokens=8,
-        notes="cost model and plan space only: FAST decoding is not wired into the model yet",
+        decode_tokens=14,
+        fast=FastConfig(vocab_size=512, max_tokens=32, end_id=EOS_ID),
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 BOS_ID = 1  # Llama convention: 0 unk/pad, 1 <s>, 2 </s>
+EOS_ID = 2
 PAD_ID = 0
 
 

@@ -1,6 +1,7 @@
 """A VLA = vision backbone + projector + Llama-family LM + action head, for four families.
 
-  autoregressive (OpenVLA): actions as 256-bin tokens decoded greedily one by one;
+  autoregressive (OpenVLA): actions as 256-bin tokens decoded greedily one by one, or
+                            (pi0-FAST) the chunk's FAST code, decoded up to END (fast_head.py);
   parallel (OpenVLA-OFT):   K*D empty action tokens decoded in one bidirectional pass, L1 head;
   diffusion (CogACT):       a DiT denoises an action chunk conditioned on the last LM state;
   flow (pi0, SmolVLA):      an action expert attends to the prefix KV cache, N Euler steps.
@@ -24,6 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from vlarun.models.dit_head import DenoiseFeatureCache, DenoiseStepHook
+from vlarun.models.fast_head import FastConfig, FastHead, pad_after_end
+from vlarun.models.fast_tokens import FastTokenizer
 from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
 from vlarun.models.heads import (
     ActionTokenizer,
@@ -45,7 +48,8 @@ CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle")
 
 @dataclass(frozen=True)
 class VLAConfig:
-    """A VLA's shape. Exactly one head config matches ``family`` (autoregressive needs none)."""
+    """A VLA's shape. Exactly one head config matches ``family`` (autoregressive needs none;
+    its ``fast`` says how a FAST code is written, when the tokens are one)."""
 
     name: str
     family: str
@@ -88,6 +92,9 @@ class VLAConfig:
     # length, what the cost model counts decode steps by. 0 = one token per value (OpenVLA's
     # 256 bins: chunk * action_dim). Autoregressive family only.
     decode_tokens: int = 0
+    # How the LM writes the FAST code (ids, END, the cap on its length: fast_head.py); None
+    # with decode_tokens set: a shape for the cost model only, its tokens never become actions.
+    fast: FastConfig | None = None
     oft: OFTHeadConfig | None = None
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
@@ -125,6 +132,10 @@ class VLAConfig:
             raise ValueError(f"decode_tokens must be >= 0, got {self.decode_tokens}")
         if self.decode_tokens and self.family != "autoregressive":
             raise ValueError(f"decode_tokens needs the autoregressive family, not {self.family!r}")
+        if self.fast is not None:
+            if not self.decode_tokens:
+                raise ValueError("a FAST head needs decode_tokens (its expected code length)")
+            self.fast.check_compatible(self.llm.vocab_size)
         if self.proprio_dim and self.flow is not None and self.flow.state_dim:
             raise ValueError("a flow model takes its state in the expert or the prefix, not both")
         if (self.proprio_after_text or self.bos_id is None) and not self.images_first:
@@ -178,13 +189,19 @@ class VLAConfig:
         return self.chunk * self.action_dim if self.family in ("autoregressive", "parallel") else 0
 
     @property
+    def action_token_room(self) -> int:
+        """Cache slots after the prompt for decoded (or placeholder) tokens: FAST's cap on its
+        code, else ``num_action_tokens``."""
+        return self.fast.max_tokens if self.fast is not None else self.num_action_tokens
+
+    @property
     def max_sequence(self) -> int:
         return (
             1
             + self.num_visual
             + self.num_state_tokens
             + self.max_text_tokens
-            + self.num_action_tokens
+            + self.action_token_room
         )
 
     @property
@@ -280,9 +297,20 @@ class VLA(nn.Module):
         self.action_tokenizer = ActionTokenizer(
             vocab_size=cfg.action_vocab_size or cfg.llm.vocab_size
         )
+        # FAST's vocabulary is a file beside the weights, not a shape: ``set_fast_tokenizer``
+        # binds one (the checkpoint loader, or a preset's synthetic one).
+        self.fast_head: FastHead | None = None
         # The static decode / Jacobi steps (static_step.py); ``static_step.compile_steps()``
         # swaps in compiled ones (CUDA graphs on a GPU).
         self.steps = DecodeSteps()
+
+    def set_fast_tokenizer(self, tokenizer: FastTokenizer) -> None:
+        """Decode this model's FAST codes with ``tokenizer`` (its chunk shape must be the
+        model's)."""
+        c = self.cfg
+        if c.fast is None:
+            raise ValueError(f"{c.name} decodes no FAST tokens (its config has no fast head)")
+        self.fast_head = FastHead(c.fast, c.llm.vocab_size, tokenizer, c.horizon, c.action_dim)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -399,7 +427,7 @@ class VLA(nn.Module):
     ) -> PrefillResult:
         """Fill (or, under a TokenPlan, partially refresh) the cache with the prefix."""
         b, p = prefix.pad.shape
-        extra = self.cfg.num_action_tokens
+        extra = self.cfg.action_token_room
         if cache is None:
             cache = self.language_model.new_cache(b, p + extra)
         if plan is None:
@@ -424,26 +452,30 @@ class VLA(nn.Module):
     # -- stage 3: the family's head ---------------------------------------------------------------
 
     def decode_tokens(self, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
-        """Autoregressive greedy decoding of chunk*D action tokens -> ids (B, chunk*D): one
-        static-shape step per token (``static_step.decode_one``), positions checked once.
+        """Autoregressive greedy decoding of the action tokens -> ids (B, n): one static-shape
+        step per token (``static_step.decode_one``), positions checked once. n is chunk*D
+        (256-bin tokens), or for FAST up to ``fast.max_tokens``: decoding stops once every row
+        has written END, and a row's tokens after its END are END (``fast_head.pad_after_end``).
 
-        ``forced`` (B, m) with 0 <= m <= chunk*D: the first m tokens are these ids instead of
-        the model's, and greedy decoding continues after them (real-time chunking forces the
+        ``forced`` (B, m) with 0 <= m <= n: the first m tokens are these ids instead of the
+        model's, and greedy decoding continues after them (real-time chunking forces the
         actions that execute while the chunk is computed, accel/rtc.py). The forced tokens go
         through the LM in one forward (``steps.iterate``, as a Jacobi iteration does), which
         writes their keys and gives the logits of token m."""
         lm = self.language_model
-        n = self.cfg.num_action_tokens
+        n = self.cfg.action_token_room
+        end = self.cfg.fast.end_id if self.cfg.fast is not None else None
         b = pre.last_hidden.shape[0]
         m = 0 if forced is None else forced.shape[-1]
         if forced is not None and (forced.dim() != 2 or forced.shape[0] != b or m > n):
             raise ValueError(
-                f"forced tokens must be (B={b}, m <= {n}) (batch, at most the chunk's "
-                f"{self.cfg.chunk} x {self.cfg.action_dim} tokens), got {tuple(forced.shape)}"
+                f"forced tokens must be (B={b}, m <= {n}) (batch, at most the {n} action "
+                f"tokens the model decodes), got {tuple(forced.shape)}"
             )
         check_room(pre.cache, lm, pre.next_pos + n - 2)
         if m == n:
-            return forced.to(pre.next_pos.device, torch.long).clone()  # nothing left to decode
+            out = forced.to(pre.next_pos.device, torch.long).clone()  # nothing left to decode
+            return out if end is None else pad_after_end(out, end)
         pos = pre.next_pos
         if m == 0:
             tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
@@ -454,18 +486,33 @@ class VLA(nn.Module):
             tok = self.steps.iterate(lm, pre.cache, forced, at)[:, -1].argmax(-1)  # token m
             out = [*forced.unbind(1), tok]
             pos = pos + m
+        ended = None if end is None else (torch.stack(out, dim=1) == end).any(1)  # (B,)
         for _ in range(n - m - 1):
+            if ended is not None and bool(ended.all()):  # every row has written END
+                break
             tok = self.steps.one(lm, pre.cache, tok, pos)
             out.append(tok)
             pos = pos + 1
-        return torch.stack(out, dim=1)
+            if ended is not None:
+                ended |= tok == end
+        ids = torch.stack(out, dim=1)
+        return ids if end is None else pad_after_end(ids, end)
 
     def tokens_to_actions(self, ids: Tensor) -> Tensor:
+        """Decoded ids (B, n) -> normalised actions (B, horizon, action_dim): bin centers, or
+        the FAST code decoded (the all-zero chunk for a row that is no code, as openpi)."""
+        if self.cfg.fast is not None:
+            if self.fast_head is None:
+                raise ValueError(
+                    f"{self.cfg.name} decodes FAST tokens but has no FAST tokenizer: load a "
+                    "checkpoint with its fast_tokenizer/ directory, or call set_fast_tokenizer"
+                )
+            return self.fast_head.actions(ids)
         if self.cfg.decode_tokens:
             raise NotImplementedError(
-                f"{self.cfg.name}: its {self.cfg.decode_tokens} decoded tokens are a FAST code of "
-                "the chunk, and decoding them through the FAST tokenizer is not wired into the "
-                "model yet; this preset serves the cost model and the plan space only"
+                f"{self.cfg.name}: its {self.cfg.decode_tokens} decoded tokens code the chunk, "
+                "and its config says nothing of how (no fast head): this shape serves the cost "
+                "model and the plan space only"
             )
         acts = self.action_tokenizer.decode(ids.cpu())
         acts = torch.as_tensor(acts, dtype=torch.float32)

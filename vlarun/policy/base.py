@@ -34,6 +34,7 @@ from vlarun.models import lerobot, static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
 from vlarun.models.device import resolve_device
+from vlarun.models.fast_head import synthetic_fast_tokenizer
 from vlarun.models.llama import LlamaConfig
 from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import PROMPTS, Tokenizer, load_tokenizer
@@ -110,9 +111,14 @@ class Policy:
 
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
-        """Random weights at a preset's shape (no statistics: actions stay in [-1, 1])."""
+        """Random weights at a preset's shape (no statistics: actions stay in [-1, 1]; a FAST
+        model decodes with ``synthetic_fast_tokenizer``)."""
         torch.manual_seed(seed)
         model = VLA(get_preset(name)).to(dtype).eval()
+        if model.cfg.fast is not None:  # no trained FAST vocabulary either: a fitted stand-in
+            c = model.cfg
+            model.set_fast_tokenizer(synthetic_fast_tokenizer(c.horizon, c.action_dim,
+                                                              c.fast.vocab_size))  # fmt: skip
         d = model.cfg.proprio_dim  # no statistics either: the state is fed as given
         proprio = ProprioNorm((0.0,) * d, (1.0,) * d) if d else None
         return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size), None, proprio)

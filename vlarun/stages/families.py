@@ -211,7 +211,7 @@ class _Runner:
     @torch.no_grad()
     def prefill(self, pk: Packet) -> Packet:
         pre = self._prefill(pk)
-        k, v, valid = pre.cache.export(pre.cache.max_len - self.model.cfg.num_action_tokens)
+        k, v, valid = pre.cache.export(pre.cache.max_len - self.model.cfg.action_token_room)
         return Packet(
             {
                 "kv_k": k,
@@ -226,7 +226,7 @@ class _Runner:
         cfg = self.model.cfg
         k = pk["kv_k"]
         cache = KVCache.from_export(
-            cfg.llm, k, pk["kv_v"], pk["kv_valid"], k.shape[3] + cfg.num_action_tokens
+            cfg.llm, k, pk["kv_v"], pk["kv_valid"], k.shape[3] + cfg.action_token_room
         )
         return PrefillResult(cache, pk["last_hidden"], pk["next_pos"])
 

@@ -57,7 +57,7 @@ class Hooks:
         cfg = model.cfg
         views = tuple(cfg.tokens_of_view(v) for v in range(cfg.num_images))
         step = StepInputs(images, visual, prefix, cfg.llm.num_layers, views, cfg.vis_start)
-        need = prefix.length + model.cfg.num_action_tokens
+        need = prefix.length + model.cfg.action_token_room
         if self.cache is None or self.cache.max_len != need:
             self.cache = model.language_model.new_cache(prefix.pad.shape[0], need)
             self.tokens.reset()  # no cache to reuse: the policy starts over
