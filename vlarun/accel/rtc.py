@@ -305,7 +305,7 @@ class Inpainter:
     def forced_tokens(self, tokenizer: ActionTokenizer, previous: Tensor, delay: Tensor) -> Tensor:
         ds = set(delay.tolist())
         if len(ds) != 1:
-            raise ValueError(f"a forced token prefix needs one delay for the batch, got {sorted(ds)}")
+            raise ValueError(f"a forced token prefix needs one delay per batch, got {sorted(ds)}")
         return forced_action_tokens(tokenizer, previous, int(ds.pop()))
 
 
