@@ -464,15 +464,25 @@ def graph_inputs(
             raise ValueError(f"{cfg.name} takes the robot state (proprio_dim {cfg.proprio_dim})")
         tensors["state"] = state
     if rtc is not None:
-        if b != 1 or rtc.horizon != cfg.horizon or rtc.previous.shape[1] != cfg.action_dim:
-            raise ValueError(
-                f"an RTC request packs one row of (H={cfg.horizon}, A={cfg.action_dim}) "
-                f"actions; got batch {b}, H={rtc.horizon}, A={rtc.previous.shape[1]}"
-            )
-        tensors["rtc_prev"] = torch.from_numpy(rtc.padded().copy())[None]
-        tensors["rtc_delay"] = torch.tensor([rtc.delay], dtype=torch.long)
-        tensors["rtc_exec"] = torch.tensor([rtc.execution_horizon], dtype=torch.long)
+        if b != 1:
+            raise ValueError(f"an RTC request packs one row, got a batch of {b}")
+        tensors.update(rtc_inputs(cfg, rtc))
     return Packet(tensors)
+
+
+def rtc_inputs(cfg: VLAConfig, rtc) -> dict[str, Tensor]:
+    """A real-time chunk request (``accel.rtc.RTCRequest``) as the packet's ``RTC_INPUTS``
+    (batch 1)."""
+    if rtc.horizon != cfg.horizon or rtc.previous.shape[1] != cfg.action_dim:
+        raise ValueError(
+            f"an RTC request for {cfg.name} holds (H={cfg.horizon}, A={cfg.action_dim}) "
+            f"actions; got H={rtc.horizon}, A={rtc.previous.shape[1]}"
+        )
+    return {
+        "rtc_prev": torch.from_numpy(rtc.padded().copy())[None],
+        "rtc_delay": torch.tensor([rtc.delay], dtype=torch.long),
+        "rtc_exec": torch.tensor([rtc.execution_horizon], dtype=torch.long),
+    }
 
 
 def example_inputs(cfg: VLAConfig, images, text_ids: list[list[int]]) -> Packet:
