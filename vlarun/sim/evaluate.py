@@ -14,6 +14,7 @@ naive asynchronous, blended, real-time chunking) under an emulated inference del
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -310,11 +311,10 @@ def run_job(job: EpisodeJob) -> dict:
     latencies."""
     import torch
 
-    from vlarun.policy.base import Policy
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    policy = Policy.from_checkpoint(job.checkpoint).to(job.device)
+    policy = _loaded(job.checkpoint, job.device)
     if job.spec is not None:
         policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
@@ -344,6 +344,17 @@ def run_job(job: EpisodeJob) -> dict:
     summary = policy.stats.summary() if policy.hooks is not None else {}
     return {"episodes": results, "summary": summary,
             "action_errors": replay_errors(policy, job.replay)}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded(checkpoint: str, device: str):
+    """The plain policy at ``checkpoint``, loaded once per worker process: a worker that runs
+    several jobs of one checkpoint (a sweep over methods and delays) does not reload it.
+    Safe to share: every configuration built from it (``build_candidate``) is a new Policy,
+    and the plain one carries no hook state."""
+    from vlarun.policy.base import Policy
+
+    return Policy.from_checkpoint(checkpoint).to(device)
 
 
 def merge_summaries(summaries: list[dict]) -> dict:
@@ -433,8 +444,11 @@ def run_jobs(jobs: list[EpisodeJob], workers: int, log=None) -> list[dict]:
     def done(n: int, i: int) -> None:
         if log is not None:
             spent = (time.time() - t0) / 60
+            job = jobs[i]
+            what = job.spec or (f"{job.execution} delay {job.delay_steps}" if job.execution
+                                else "full")  # fmt: skip
             log(f"{n}/{len(jobs)} jobs, {spent:.1f} min, ~{spent / n * (len(jobs) - n):.0f} min "
-                f"left ({jobs[i].spec or 'full'} {jobs[i].task})")  # fmt: skip
+                f"left ({what} {job.task})")  # fmt: skip
 
     if workers == 1:
         for i, job in enumerate(jobs):
