@@ -2,6 +2,7 @@
 a stall is counted when the delay outlasts the queue, an aligned chunk resumes at the current
 tick, and the freeze travels with the request to whichever side runs the head."""
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +217,40 @@ def test_the_edge_refuses_a_freeze_outside_the_horizon(dit):
     for d, s in ((3, 2), (-1, 2), (0, 0), (0, 5)):
         with pytest.raises(PacketError, match="rtc_exec"):
             schema.check_values(freeze(d, s))
+
+
+# -- the entry points: `vlarun run-robot --rtc` and Robot(rtc=True) -------------------------------
+
+
+def test_run_robot_rtc_parses_and_reaches_the_agent_config(capsys):
+    from vlarun.apps.runtime import RunRobotOptions, agent_config
+    from vlarun.cli import build_parser, main
+    from vlarun.config import parse_into
+    from vlarun.policy.setting import AccelSetting
+
+    parser = build_parser("run-robot", RunRobotOptions)
+    o = parse_into(RunRobotOptions, parser.parse_args(["--rtc", "--policy", "mt10w-flow"]))
+    assert o.rtc and agent_config(o, AccelSetting(), 0.4).rtc
+    plain = parse_into(RunRobotOptions, parser.parse_args([]))
+    assert not plain.rtc and not agent_config(plain, AccelSetting(), 0.4).rtc
+    assert main(["run-robot", "--rtc", "--sync"]) == 2  # one line, before anything loads
+    assert "--sync queues none" in capsys.readouterr().err
+
+
+def test_the_robot_api_freezes_the_queued_actions(dit):
+    from vlarun.runtime.robot import Robot
+
+    with Robot(dit, control_hz=10, strategy="device-only", rtc=True) as robot:
+        assert robot.agent.cfg.rtc
+        robot.warmup(_frame(dit), INSTRUCTION)
+        for t in range(12):
+            robot.act(_frame(dit, 40 + 10 * t), INSTRUCTION)
+            time.sleep(robot.tick_s)
+        assert robot.inferences[0].rtc_delay is None  # the first found nothing queued
+        # A request that found actions queued froze some (one that found the queue dry, on
+        # a loaded machine, has nothing to freeze).
+        frozen = [inf.rtc_delay for inf in robot.inferences if inf.rtc_delay is not None]
+        assert frozen and all(1 <= d <= 3 for d in frozen)  # H = 4: at most H - 1 queued
+        assert robot.summary()["rtc_requests"] == len(frozen)
+    with pytest.raises(ValueError, match="real-time chunking needs"):
+        Robot("tiny-oft", rtc=True)

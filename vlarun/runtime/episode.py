@@ -178,6 +178,9 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "energy_source": _source(infs),
         "measured_robot_j_mean": _mean([r.get("measured_robot_j") for r in infs]),
         "mean_batch": mean_batch(infs),
+        # real-time chunking: the requests that froze queued actions, and how many on average
+        "rtc_requests": sum(r.get("rtc_delay") is not None for r in infs),
+        "rtc_delay_mean": _mean([r.get("rtc_delay") for r in infs]),
         **prediction_error(infs),
     }
 
