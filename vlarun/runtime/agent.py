@@ -394,7 +394,7 @@ class RobotAgent:
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         pool = dict(packet.tensors)
         placement, decision, setting = self.plan(len(ids))
-        rtc = self._freeze(prior, decision, placement)
+        rtc = self._freeze(prior, decision, placement, setting)
         graph = self.graph(len(ids), setting, rtc is not None)
         refreeze = None
         if rtc is not None:
@@ -440,11 +440,17 @@ class RobotAgent:
             sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers))
         return inf
 
-    def _freeze(self, prior: Prior | None, decision, placement: dict) -> RTCRequest | None:
-        """The real-time chunk request for this plan (None: RTC off, or nothing queued).
-        Its latency: the plan's prediction and spread; without a plan, the measured local
-        stages when everything runs here, else the latency the queue leads by."""
+    def _freeze(
+        self, prior: Prior | None, decision, placement: dict, setting: AccelSetting
+    ) -> RTCRequest | None:
+        """The real-time chunk request for this plan (None: RTC off, nothing queued, or a
+        token decoder in the setting: Jacobi decoding takes no forced prefix yet). Its
+        latency: the plan's prediction and spread; without a plan, the measured local stages
+        when everything runs here, else the latency the queue leads by."""
         if not self.cfg.rtc or prior is None or prior.model is None or not len(prior.model):
+            return None
+        hooks = self._under(setting).hooks
+        if hooks is not None and hooks.decoder is not None:
             return None
         sigma = 0.0
         if decision is not None:

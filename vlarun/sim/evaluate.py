@@ -264,7 +264,8 @@ def seam_jerks(executed: np.ndarray, seams: list[int]) -> list[float]:
     """The jerk at each chunk seam: the largest norm of the executed actions' third difference
     a[k] - 3 a[k-1] + 3 a[k-2] - a[k-3] over the windows k = t .. t + 2 that straddle the switch
     between ticks t - 1 and t (a seam at tick t), in action units per tick^3. ``executed``
-    (T, A) holds every action the robot ran, hold actions of stall ticks included."""
+    (T, A) holds every action the robot was commanded (before the environment bounds it),
+    the hold actions of stall ticks included."""
     out = []
     for t in seams:
         ks = [k for k in range(t, t + 3) if 3 <= k < len(executed)]
