@@ -59,6 +59,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "cpu": ("vlarun.bench.cpu_probe", "fp32 vs bf16 on this CPU: matmul, one training step"),
     "floor": ("vlarun.bench.floor", "the floor of a ZeroMQ relay hop and a Ray actor call"),
     "paired": ("vlarun.bench.paired", "one accel-table row minus another table's, paired"),
+    "rtc": ("vlarun.bench.rtc", "chunk execution under delay: sync, naive, blend, real-time"),
     "side-by-side": ("vlarun.bench.side_by_side", "a benchmark at another commit and here"),
 }
 

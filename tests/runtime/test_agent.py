@@ -101,7 +101,7 @@ def test_chunk_queue_appends_behind_the_queue_and_leads_by_the_latency():
     gate = threading.Event()
     gate.set()
 
-    def infer(obs):
+    def infer(obs, prior):
         gate.wait(5)
         return np.full((4, 4), float(obs["k"])), obs["k"]
 

@@ -13,7 +13,7 @@ def _late_queue(horizon: int, tick_s: float, lead: bool = True):
     i is 100 k + i, so an action names its chunk and its index."""
     release = threading.Event()
 
-    def infer(obs):
+    def infer(obs, prior):
         if obs["k"]:
             release.wait(5)
         return np.arange(horizon, dtype=float)[:, None] + 100 * obs["k"], obs["k"]

@@ -28,7 +28,7 @@ class RecordingEnv:
 def test_the_loop_does_not_clip_actions(control_hz):
     chunk = np.array([[4.2, -3.0, 0.5, 1.7], [-4.2, 3.0, -0.5, -1.7]], np.float32)
     env = RecordingEnv(steps=2)
-    r = run_loop(lambda obs: (chunk, None), env, seed=0, horizon=2, control_hz=control_hz)
+    r = run_loop(lambda obs, prior: (chunk, None), env, seed=0, horizon=2, control_hz=control_hz)
     assert r["success"] and r["steps"] == 2
     np.testing.assert_array_equal(np.stack(env.actions), chunk)
 

@@ -12,12 +12,19 @@ denoising-step transform that applies it. The transform plugs into the ``Denoise
 ``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; for the autoregressive family the same
 freeze is a forced prefix of action tokens (``forced_action_tokens``, fed to the generic
 ``forced`` argument of ``VLA.decode_tokens``). The model code holds no RTC branch.
+
+A request carries its freeze as plain data (``RTCRequest``: the queued actions, d and s), which
+the stage graph packs into three tensors of the request's packet, so it crosses the wire to an
+edge like any other input; ``Inpainter`` turns a batch of those tensors back into the hook or
+the forced prefix (``models.hooks.ChunkInpainter``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -201,3 +208,105 @@ def forced_action_tokens(tokenizer: ActionTokenizer, previous: Tensor, delay: in
         )
     ids = tokenizer.encode(previous[:, :delay])  # (B, d, A)
     return torch.as_tensor(ids, dtype=torch.long).reshape(previous.shape[0], -1)
+
+
+@dataclass(frozen=True)
+class RTCRequest:
+    """What one request for a real-time chunk carries.
+
+    ``previous`` (n, A): the actions still queued when the request is sent, from the new chunk's
+    first step on, in the model's action space; ``delay`` d: the steps of them the robot
+    executes while the chunk is computed; ``execution_horizon`` s: the new chunk's steps past
+    the overlap, s = H - overlap. Invariant: 1 <= s <= H and 0 <= d <= H - s <= n (the
+    overlap only spans queued actions; a new chunk executes at least one action of its own).
+    """
+
+    previous: np.ndarray
+    delay: int
+    execution_horizon: int
+    horizon: int
+
+    def __post_init__(self) -> None:
+        prev = np.asarray(self.previous, dtype=np.float32)
+        if prev.ndim != 2 or not np.isfinite(prev).all():
+            raise ValueError(f"previous must be finite (n, A) actions, got shape {prev.shape}")
+        object.__setattr__(self, "previous", prev)
+        h, s, d = self.horizon, self.execution_horizon, self.delay
+        if not 1 <= s <= h or not 0 <= d <= h - s or h - s > len(prev):
+            raise ValueError(
+                f"need 1 <= s <= H and 0 <= d <= H - s <= n, got H={h}, s={s}, d={d}, "
+                f"n={len(prev)} queued actions"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        previous: np.ndarray,
+        horizon: int,
+        latency_s: float,
+        period_s: float,
+        sigma_s: float = 0.0,
+    ) -> RTCRequest | None:
+        """The request for a chunk asked for while ``previous`` (n, A) is still queued: the
+        overlap is those actions (at most H - 1), s = H - overlap, and d is ``frozen_steps``
+        of the executed plan's predicted latency and spread. None when nothing is queued
+        (nothing to freeze: the chunk is free)."""
+        overlap = min(len(previous), horizon - 1)
+        if overlap < 1:
+            return None
+        s = horizon - overlap
+        d = frozen_steps(latency_s, period_s, horizon, s, sigma_s)
+        return cls(np.asarray(previous)[:overlap], d, s, horizon)
+
+    def padded(self) -> np.ndarray:
+        """(H, A) float32: the overlap, then its last action repeated (rows past the overlap
+        have weight 0; they only keep the packet's shape fixed)."""
+        prev = self.previous[: self.horizon]
+        if len(prev) == self.horizon:
+            return prev
+        tail = np.repeat(prev[-1:], self.horizon - len(prev), axis=0)
+        return np.concatenate([prev, tail])
+
+
+class _RowGroups:
+    """One ``RealTimeChunking`` per group of rows sharing (d, s), applied to those rows."""
+
+    def __init__(self, groups: list[tuple[Tensor, RealTimeChunking]]) -> None:
+        self.groups = groups
+
+    def __call__(
+        self, step: int, x: Tensor, noise: Tensor, data_scale: float, noise_scale: float
+    ) -> Tensor:
+        out = x.clone()
+        for rows, hook in self.groups:
+            rows = rows.to(x.device)
+            out[rows] = hook(step, x[rows], noise[rows], data_scale, noise_scale)
+        return out
+
+
+class Inpainter:
+    """``models.hooks.ChunkInpainter``: RTC's freeze made from a batch's request tensors
+    (``rtc_prev`` (B, H, A), ``rtc_delay`` (B,), ``rtc_exec`` (B,)), which the stage graph
+    reads from the packet. Rows of different (d, s), batched on an edge, each get their own."""
+
+    def step_hook(self, previous: Tensor, delay: Tensor, execution_horizon: Tensor):
+        horizon = previous.shape[1]
+        keys = [(int(d), int(s)) for d, s in zip(delay.tolist(), execution_horizon.tolist(),
+                                                  strict=True)]  # fmt: skip
+        if len(set(keys)) == 1:
+            d, s = keys[0]
+            return RealTimeChunking(previous, d, s, horizon)
+        groups = []
+        for d, s in dict.fromkeys(keys):
+            rows = torch.tensor([i for i, k in enumerate(keys) if k == (d, s)])
+            groups.append((rows, RealTimeChunking(previous[rows], d, s, horizon)))
+        return _RowGroups(groups)
+
+    def forced_tokens(self, tokenizer: ActionTokenizer, previous: Tensor, delay: Tensor) -> Tensor:
+        ds = set(delay.tolist())
+        if len(ds) != 1:
+            raise ValueError(f"a forced token prefix needs one delay per batch, got {sorted(ds)}")
+        return forced_action_tokens(tokenizer, previous, int(ds.pop()))
+
+
+INPAINTER = Inpainter()

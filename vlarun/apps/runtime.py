@@ -367,6 +367,12 @@ class RunRobotOptions:
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
     sync: bool = opt(False, "no overlap: infer, then execute the chunk")
+    rtc: bool = opt(
+        False,
+        "real-time chunking: each request freezes the first d actions of its chunk to the ones "
+        "still queued (d from the plan's p95 latency and the control rate; the freeze runs on "
+        "whichever side runs the head), and a chunk replaces the queue on arrival",
+    )
     meter: str = opt(
         "auto", "robot power meter read around each request: auto | none | rapl | nvml | ina3221"
     )
@@ -383,30 +389,21 @@ class RunRobotOptions:
 def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
-    from vlarun.runtime.agent import AgentConfig, RobotAgent
+    from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.episode import link_timeline, run_episode, summarise
     from vlarun.runtime.relay import parse_schedule
     from vlarun.runtime.transport import robot_security
     from vlarun.sim.env import MetaWorldEnv, env_views
-    from vlarun.stages.wire import Codec
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
+    if o.rtc and o.sync:
+        raise ValueError("--rtc freezes the actions queued while the next chunk is computed; "
+                         "--sync queues none (drop one)")  # fmt: skip
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
-    cfg = AgentConfig(
-        slo_s,
-        o.strategy,
-        o.robot_slowdown,
-        Codec(o.reduce, o.compress),
-        robot_device=o.robot_device,
-        edge_device=o.edge_device,
-        setting=setting,
-        settings_file=o.settings,
-        meter=o.meter,
-        accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
-    )
+    cfg = agent_config(o, setting, slo_s)
     sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
     relay, edge = None, o.edge
     if o.edge and o.link_mbps:
@@ -434,6 +431,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     infs = [r for e in episodes for r in e["inferences"]]
     return {
         "edge": o.edge,
+        "rtc": o.rtc,
         "link": {"mbps": o.link_mbps, "delay_ms": o.link_delay_ms, "schedule": o.link_schedule}
         if relay is not None
         else None,
@@ -449,6 +447,27 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         else None,
         "episodes": episodes,
     }
+
+
+def agent_config(o: RunRobotOptions, setting, slo_s: float):
+    """The robot agent's config from the command's options (``setting`` parsed, ``slo_s`` the
+    deadline in seconds)."""
+    from vlarun.runtime.agent import AgentConfig
+    from vlarun.stages.wire import Codec
+
+    return AgentConfig(
+        slo_s,
+        o.strategy,
+        o.robot_slowdown,
+        Codec(o.reduce, o.compress),
+        robot_device=o.robot_device,
+        edge_device=o.edge_device,
+        setting=setting,
+        settings_file=o.settings,
+        meter=o.meter,
+        accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
+        rtc=o.rtc,
+    )
 
 
 def _step_logger():
@@ -471,7 +490,8 @@ def show_run_robot(r: dict) -> None:
     s = r["summary"]
     print(
         f"{r['strategy']} on {r['task']} (edge {r['edge'] or 'none'}, "
-        f"deadline {r['slo_ms']:.0f} ms, robot slowdown {r['robot_slowdown']:g}x)"
+        f"deadline {r['slo_ms']:.0f} ms, robot slowdown {r['robot_slowdown']:g}x"
+        f"{', real-time chunking' if r.get('rtc') else ''})"
     )
     for e in r["episodes"]:
         print(

@@ -111,3 +111,20 @@ class TokenDecoder(Protocol):
 
     def decode(self, model, pre: PrefillResult) -> Tensor:
         """Action token ids (B, n) after the prefill ``pre`` of ``model`` (a VLA)."""
+
+
+class ChunkInpainter(Protocol):
+    """Real-time chunking's per-request freeze, made from a batch's request tensors
+    (``accel.rtc.Inpainter``): each row carries the previous chunk's queued actions
+    ``previous`` (B, H, A) in the model's action space, its delay d ``delay`` (B,) and its
+    execution horizon s ``execution_horizon`` (B,). Rows may differ in d and s."""
+
+    def step_hook(self, previous: Tensor, delay: Tensor, execution_horizon: Tensor):
+        """A denoising step hook (``dit_head.DenoiseStepHook``) freezing each row's first d
+        actions and guiding its overlap (diffusion and flow heads)."""
+        ...
+
+    def forced_tokens(self, tokenizer, previous: Tensor, delay: Tensor) -> Tensor:
+        """The forced prefix of action token ids (B, d * A) that freezes the first d actions
+        (action-token heads; every row must share d)."""
+        ...

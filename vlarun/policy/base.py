@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from vlarun.accel.base import FullRecompute
+from vlarun.accel.rtc import INPAINTER, RTCRequest
 from vlarun.models import lerobot, static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
@@ -274,17 +275,24 @@ class Policy:
         return ids
 
     def inputs(
-        self, image: np.ndarray, instruction: str, state: np.ndarray | None = None, seed: int = 0
+        self,
+        image: np.ndarray,
+        instruction: str,
+        state: np.ndarray | None = None,
+        seed: int = 0,
+        rtc: RTCRequest | None = None,
     ) -> tuple[Packet, list[int]]:
         """The stage graph's input packet for one observation (and the prompt ids): images,
         text, the state the model takes, and the noise of a diffusion / flow head, drawn from
-        ``seed`` so a run is reproducible."""
+        ``seed`` so a run is reproducible; ``rtc``: a real-time chunk's freeze (the graph
+        ``graph(n, rtc=True)`` reads it)."""
         ids = self.text_ids(instruction, state)
         cfg = self.model.cfg
         gen = torch.Generator().manual_seed(seed)
         noise = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
         st = self.state_tensor(state)
-        return graph_inputs(cfg, self.image_tensor(image), [ids], noise=noise, state=st), ids
+        images = self.image_tensor(image)
+        return graph_inputs(cfg, images, [ids], noise=noise, state=st, rtc=rtc), ids
 
     # -- accelerators ---------------------------------------------------------------------------
 
@@ -333,14 +341,16 @@ class Policy:
 
     # -- inference ------------------------------------------------------------------------------
 
-    def graph(self, text_tokens: int) -> StageGraph:
+    def graph(self, text_tokens: int, rtc: bool = False) -> StageGraph:
         """The stage graph this policy runs for a prompt of ``text_tokens``, bound to its
-        hooks; built once per prompt length (and dtype)."""
+        hooks; built once per prompt length (and dtype). ``rtc``: its head also reads a
+        real-time chunk's freeze from the request (``inputs(..., rtc=)``)."""
         dtype = "bfloat16" if self.model.dtype == torch.bfloat16 else "float32"
-        key = (text_tokens, dtype)
+        key = (text_tokens, dtype, rtc)
         if key not in self._graphs:
             w = Workload(1, text_tokens, dtype)
-            self._graphs[key] = build_graph(self.model.cfg, self.model, w, self.hooks)
+            inpaint = INPAINTER if rtc else None
+            self._graphs[key] = build_graph(self.model.cfg, self.model, w, self.hooks, inpaint)
         return self._graphs[key]
 
     @torch.no_grad()
@@ -352,16 +362,18 @@ class Policy:
         state: np.ndarray | None = None,
         seed: int = 0,
         serialize: bool = False,
+        rtc: RTCRequest | None = None,
     ) -> GraphRun:
         """One inference through the stage graph (per-stage timings included); ``serialize``
-        encodes and decodes every stage's input packet, as crossing a network would. Under
+        encodes and decodes every stage's input packet, as crossing a network would; ``rtc``
+        freezes the new chunk's first d actions to the queued ones (real-time chunking). Under
         hooks, a changed instruction starts a new episode (``reset``), and a step whose
         prefill ran under a token policy is counted in ``stats``."""
         if self.hooks is not None and instruction != self._instruction:
             self.reset()
             self._instruction = instruction
-        packet, ids = self.inputs(image, instruction, state, seed)
-        run = self.graph(len(ids)).run(packet, serialize=serialize)
+        packet, ids = self.inputs(image, instruction, state, seed, rtc)
+        run = self.graph(len(ids), rtc is not None).run(packet, serialize=serialize)
         if self.hooks is not None and self.hooks.tokens is not None:
             llm = self.model.cfg.llm
             plan = getattr(self.hooks.tokens, "last_plan", None)

@@ -25,6 +25,13 @@ recompute, never a reuse of stale state. ``reset()`` starts a new episode (a new
 
 A robot slower than this host can be stood in for by ``robot_slowdown``: each local stage
 sleeps (slowdown - 1) times its measured duration, and every result says so.
+
+Real-time chunking (``AgentConfig.rtc``): a request made while actions are still queued
+(``chunks.Prior``) carries them with d = ceil(p95 / period) from the plan chosen for it
+(predicted latency + 1.645 sigma, network included; ``accel.rtc.RTCRequest``), so the head
+freezes the new chunk's first d actions to them on whichever side it runs. When the edge fails
+and the rest of a request runs here, d is recomputed before the head runs: the time already
+spent plus the local stages left.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ import numpy as np
 import torch
 import zmq
 
+from vlarun.accel.rtc import P95_Z, RTCRequest, frozen_steps
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
+from vlarun.runtime.chunks import Prior
 from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
 from vlarun.runtime.emulate import Emulation, StageEmulator
 from vlarun.runtime.monitor import LinkMonitor
@@ -48,6 +57,7 @@ from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
+from vlarun.stages.families import RTC_FAMILIES, RTC_INPUTS, rtc_inputs
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
@@ -83,6 +93,9 @@ class AgentConfig:
     # model on both. None: this host as it is.
     emulate: Emulation | None = None
     edge_emulate: Emulation | None = None
+    # Real-time chunking: each request freezes its chunk's first d actions to the ones still
+    # queued, d from the executed plan's p95 latency and the control period (module docstring).
+    rtc: bool = False
 
     def __post_init__(self) -> None:
         if self.emulate is not None and self.robot_slowdown > 1:
@@ -141,10 +154,21 @@ class Inference:
     predicted_j: float | None = None  # the plan's modelled energy as the scheduler priced it
     late_edge: bool = False  # an edge answer came, but too late for the deadline
     started_s: float = 0.0  # time.monotonic() when the request began (to place it on a timeline)
+    predicted_sigma_s: float | None = None  # the plan's learned latency spread (0: unmeasured)
+    model_actions: np.ndarray | None = field(default=None, repr=False)  # the chunk, model space
+    rtc_delay: int | None = None  # real-time chunking: the actions frozen (None: no freeze)
 
     @property
     def late_s(self) -> float:
         return self.latency_s - self.slo_s
+
+    @property
+    def predicted_p95_s(self) -> float | None:
+        """The plan's p95 latency (predicted + 1.645 sigma, network included); None without
+        a plan (the fixed strategies, or the edge down)."""
+        if self.predicted_s is None:
+            return None
+        return self.predicted_s + P95_Z * (self.predicted_sigma_s or 0.0)
 
     def row(self) -> dict:
         return {
@@ -167,6 +191,8 @@ class Inference:
             "explored": self.explored,
             "late_edge": self.late_edge,
             "started_s": self.started_s,
+            "predicted_p95_ms": None if self.predicted_s is None else self.predicted_p95_s * 1e3,
+            "rtc_delay": self.rtc_delay,
             "energy_source": "modelled"
             if self.meter is None
             else f"modelled; robot measured by {self.meter}",
@@ -202,6 +228,11 @@ class RobotAgent:
     ) -> None:
         """``meter``: a ``sched.meters.WindowMeter`` to read instead of ``cfg.meter``'s."""
         self.policy, self.cfg = policy, cfg or AgentConfig()
+        family = policy.model.cfg.family
+        if self.cfg.rtc and family not in RTC_FAMILIES:
+            raise ValueError(
+                f"real-time chunking needs a {', '.join(RTC_FAMILIES)} policy, not {family}"
+            )
         from vlarun.sched.meters import window_meter
 
         self.meter = meter if meter is not None else window_meter(self.cfg.meter)
@@ -255,10 +286,11 @@ class RobotAgent:
             self._policies[setting.key] = dataclasses.replace(self.policy, hooks=hooks)
         return self._policies[setting.key]
 
-    def graph(self, text_tokens: int, setting: AccelSetting | None = None):
+    def graph(self, text_tokens: int, setting: AccelSetting | None = None, rtc: bool = False):
         """The stage graph for a prompt of ``text_tokens`` under ``setting`` (default: the
-        configured one), bound to this side's hooks for it."""
-        return self._under(setting or self.cfg.setting).graph(text_tokens)
+        configured one), bound to this side's hooks for it (``rtc``: its head reads a
+        real-time chunk's freeze)."""
+        return self._under(setting or self.cfg.setting).graph(text_tokens, rtc)
 
     def factors(self, text_tokens: int) -> dict:
         """Measured-here to named-device time factors (``planning.stand_in_factors``)."""
@@ -359,7 +391,16 @@ class RobotAgent:
         size = self.policy.state_size
         return np.zeros(size, dtype=np.float32) if size else None
 
-    def infer(self, image: np.ndarray, instruction: str, state=None, seed: int = 0) -> Inference:
+    def infer(
+        self,
+        image: np.ndarray,
+        instruction: str,
+        state=None,
+        seed: int = 0,
+        prior: Prior | None = None,
+    ) -> Inference:
+        """One request. ``prior``: what the chunk queue still holds; under ``cfg.rtc`` its
+        actions are frozen into the new chunk (module docstring)."""
         t0, t0_wall = time.perf_counter(), time.monotonic()
         reading = self.meter.start() if self.meter is not None else None
         if instruction != self._instruction:  # a new task: hook state of the old one is stale
@@ -371,8 +412,18 @@ class RobotAgent:
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         pool = dict(packet.tensors)
         placement, decision, setting = self.plan(len(ids))
-        graph = self.graph(len(ids), setting)
-        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting)
+        rtc = self._freeze(prior, decision, placement, setting)
+        graph = self.graph(len(ids), setting, rtc is not None)
+        refreeze = None
+        if rtc is not None:
+            pool.update(rtc_inputs(self.policy.model.cfg, rtc))
+
+            def refreeze(stages: list[str]) -> None:  # the rest runs here: d from its time now
+                left = time.perf_counter() - t0 + sum(self.local_s.get(n, 0.0) for n in stages)
+                h, s = rtc.horizon, rtc.execution_horizon
+                pool["rtc_delay"] = torch.tensor([frozen_steps(left, prior.period_s, h, s)])
+
+        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting, refreeze)
         latency = time.perf_counter() - t0
         measured = self.meter.stop(reading) if reading is not None else None
         inf = Inference(
@@ -396,6 +447,9 @@ class RobotAgent:
             None if decision is None else decision.energy_j,
             tr.late_edge,
             started_s=t0_wall,
+            predicted_sigma_s=None if decision is None else decision.sigma_s,
+            model_actions=pool["actions"][0].float().cpu().numpy(),
+            rtc_delay=int(pool["rtc_delay"][0]) if rtc is not None else None,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
@@ -404,10 +458,42 @@ class RobotAgent:
             sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers))
         return inf
 
+    def _freeze(
+        self, prior: Prior | None, decision, placement: dict, setting: AccelSetting
+    ) -> RTCRequest | None:
+        """The real-time chunk request for this plan (None: RTC off, nothing queued, or a
+        token decoder in the setting: Jacobi decoding takes no forced prefix yet). Its
+        latency: the plan's prediction and spread; without a plan, the measured local stages
+        when everything runs here, else the latency the queue leads by."""
+        if not self.cfg.rtc or prior is None or prior.model is None or not len(prior.model):
+            return None
+        hooks = self._under(setting).hooks
+        if hooks is not None and hooks.decoder is not None:
+            return None
+        sigma = 0.0
+        if decision is not None:
+            latency, sigma = decision.latency_s, decision.sigma_s
+        elif set(placement.values()) == {"robot"} and set(placement) <= set(self.local_s):
+            latency = sum(self.local_s[n] for n in placement)
+        elif prior.latency_s is not None:
+            latency = prior.latency_s
+        else:
+            latency = self.cfg.slo_s  # nothing measured yet: the deadline bounds it
+        h = self.policy.model.cfg.horizon
+        return RTCRequest.build(prior.model, h, latency, prior.period_s, sigma)
+
     def _execute(
-        self, graph, placement, pool: dict, text_tokens: int, deadline: float, setting: AccelSetting
+        self,
+        graph,
+        placement,
+        pool: dict,
+        text_tokens: int,
+        deadline: float,
+        setting: AccelSetting,
+        refreeze=None,
     ) -> _Trace:
-        """Run the plan's segments; after the first edge failure, everything left runs here."""
+        """Run the plan's segments; after the first edge failure, everything left runs here
+        (``refreeze(stages left)`` first, when the request carries a real-time freeze)."""
         tr = _Trace()
         segs = segments(graph, placement)
         stateful = setting.stateful_stages(self.policy.model.cfg.family)
@@ -428,6 +514,9 @@ class RobotAgent:
                     graph, placement, segs, i, pool, text_tokens, deadline, tr, extra
                 ):
                     continue
+            if refreeze is not None and tr.fallback is not None:
+                refreeze([n for later in segs[i:] for n in later.stages])
+                refreeze = None
             for name in seg.stages:
                 if name in stateful and where.get(name) != "robot":
                     hooks.reset(stateful[name])  # its state here is stale (or none yet)
@@ -514,6 +603,8 @@ class RobotAgent:
         if budget <= 0:
             raise RuntimeError("the link leaves the edge no time")
         meta = {"batch": 1, "text_tokens": text_tokens, **extra}
+        if any(n in RTC_INPUTS for n in seg.needs):  # the head runs there: it freezes there
+            meta["rtc"] = True
         self.monitor.last_remote = time.monotonic()
         rep = self.client.run(seg.stages, packet, want, budget, wait, meta, self.cfg.codec)
         # Nothing from the edge reaches the pool (and the robot) unchecked: a wrong name,

@@ -3,10 +3,14 @@ the robot agent at a real control rate.
 
 At a control rate the environment is stepped once per control tick (1 / control_hz seconds of
 wall time, as a real robot would execute its actions), the action coming from the chunk queue;
-inference overlaps execution (``asynchronous=True``) or blocks between chunks (False).
-Reported: the control rate achieved, stalls (ticks the robot had no action for), and every
-inference as ``Inference.row()``. In simulated time (``control_hz=None``; ``sim.evaluate``) a
-chunk is inferred, executed whole, and the next inferred from the latest observation.
+inference overlaps execution (``asynchronous=True``) or blocks between chunks (False), and a
+new chunk joins the queue as ``merge`` says (``chunks.MERGES``). Reported: the control rate
+achieved, stalls (ticks the robot had no action for), and every inference as
+``Inference.row()``. In simulated time (``control_hz=None``; ``sim.evaluate``) a chunk is
+inferred, executed whole, and the next inferred from the latest observation. With
+``delay_steps`` (simulated time at a nominal ``control_hz``) every inference's result is
+withheld that many ticks, the robot executing (``asynchronous``) or holding still meanwhile:
+an emulated latency that is the same on every machine (``vlarun bench rtc``).
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vlarun.runtime.chunks import ChunkQueue
+from vlarun.runtime.chunks import ChunkQueue, Prior
 
 if TYPE_CHECKING:  # the agent (and ZeroMQ) only where agent episodes run
     from vlarun.runtime.agent import RobotAgent
 
 
 def run_loop(
-    infer: Callable[[dict], tuple[np.ndarray, object]],
+    infer: Callable[[dict, Prior], tuple[np.ndarray, object]],
     env,
     seed: int,
     horizon: int,
@@ -32,25 +36,46 @@ def run_loop(
     asynchronous: bool = False,
     max_steps: int | None = None,
     frames: list | None = None,
+    *,
+    merge: str = "append",
+    delay_steps: int | None = None,
+    predict: Callable[[object], float | None] | None = None,
+    model_of: Callable[[object], np.ndarray | None] | None = None,
+    executed: list | None = None,
 ) -> dict:
-    """The one episode loop: ``infer(obs) -> (chunk of actions, record)`` feeds a chunk queue
-    that the environment is stepped from until success, the environment's limit or
-    ``max_steps``. ``control_hz=None``: simulated time (evaluation): inference runs inline and
-    nothing sleeps; else one step per control tick of wall time, inference overlapping
-    execution when ``asynchronous``. ``frames`` receives every camera image. Returns the
-    episode's outcome with ``records`` (what ``infer`` returned beside each chunk, in order)."""
+    """The one episode loop: ``infer(obs, prior) -> (chunk of actions, record)`` feeds a chunk
+    queue (``chunks.ChunkQueue``; ``merge``, ``predict`` and ``model_of`` are its options) that
+    the environment is stepped from until success, the environment's limit or ``max_steps``.
+    ``control_hz=None``: simulated time (evaluation): inference runs inline and nothing
+    sleeps; else one step per control tick of wall time, inference overlapping execution
+    when ``asynchronous``. ``delay_steps``: simulated time at the nominal ``control_hz``, each
+    result withheld that many ticks; a tick without an action steps the environment with its
+    ``hold_action`` (the robot holds still). ``frames`` receives every camera image,
+    ``executed`` every action the environment was stepped with. Returns the episode's outcome
+    with ``records`` (what ``infer`` returned beside each chunk, in order)."""
     obs, _ = env.reset(seed=seed)
     if frames is not None:
         frames.append(obs["image"])
-    real_time = control_hz is not None
-    period = 1.0 / control_hz if real_time else 0.0
-    queue = ChunkQueue(infer, horizon, period, lead=asynchronous and real_time,
-                       inline=not real_time)  # fmt: skip
+    emulated = delay_steps is not None
+    if emulated and control_hz is None:
+        raise ValueError("an emulated delay needs the nominal control_hz its ticks stand for")
+    real_time = control_hz is not None and not emulated
+    period = 1.0 / control_hz if control_hz is not None else 0.0
+    lead = asynchronous and (real_time or emulated)
+    queue = ChunkQueue(infer, horizon, period, lead=lead, inline=not real_time, merge=merge,
+                       delay_steps=delay_steps or 0, predict=predict,
+                       model_of=model_of)  # fmt: skip
     steps, success, t_start = 0, False, time.perf_counter()
-    next_tick = t_start
+    next_tick, last = t_start, None
     queue.request(obs)
     while max_steps is None or steps < max_steps:
         action = queue.pop()
+        if action is None:  # simulated time, nothing to execute this tick: hold still
+            action = env.hold_action(last)
+        else:
+            last = action
+        if executed is not None:
+            executed.append(np.asarray(action))
         # As the policy gave it: an environment bounds its own actions (MetaWorldEnv clips to
         # its Box); a robot's units are not [-1, 1].
         obs, _, terminated, truncated, info = env.step(action)
@@ -75,7 +100,9 @@ def run_loop(
         "control_hz": steps / wall if wall > 0 else 0.0,
         "stalls": len(queue.stalls),
         "stall_ms_total": sum(queue.stalls) * 1e3,
+        "startup_ms": queue.startup_s * 1e3,  # the first chunk's wait, the robot at rest
         "skipped_actions": sum(queue.skipped),  # stale heads of late chunks (asynchronous only)
+        "seams": queue.seams,  # the tick each chunk after the first took over at
         "records": queue.records,
     }
 
@@ -90,23 +117,38 @@ def run_episode(
     on_inference=None,
 ) -> dict:
     """One episode of the robot agent at a real control rate (``run_loop``);
-    ``on_inference(i, inference)`` sees each inference as it completes."""
+    ``on_inference(i, inference)`` sees each inference as it completes. The next inference
+    starts by the p95 its last plan predicted; under the agent's real-time chunking a chunk
+    replaces the queue on arrival (``merge="switch"``), its first d actions frozen to the
+    ones executed meanwhile."""
     agent.reset()  # a new episode: a new stream of accelerator state on both sides
     instruction = env.instruction
     done: list = []
 
-    def infer(o: dict):
+    def infer(o: dict, prior):
         image, state = agent.policy.observation(o)
-        inf = agent.infer(image, instruction, state=state, seed=len(done))
+        inf = agent.infer(image, instruction, state=state, seed=len(done), prior=prior)
         done.append(inf)
         if on_inference is not None:
             on_inference(len(done) - 1, inf)
         return inf.actions, inf
 
     horizon = agent.policy.model.cfg.horizon
-    r = run_loop(infer, env, seed, horizon, control_hz, asynchronous, max_steps)
+    merge = "switch" if agent.cfg.rtc else "append"
+    r = run_loop(infer, env, seed, horizon, control_hz, asynchronous, max_steps, merge=merge,
+                 predict=p95_of, model_of=model_rows)  # fmt: skip
     r["inferences"] = [inf.row() for inf in r.pop("records")]
     return r
+
+
+def p95_of(inf) -> float | None:
+    """The p95 latency the plan of an ``agent.Inference`` predicted (the queue's lead)."""
+    return inf.predicted_p95_s
+
+
+def model_rows(inf) -> np.ndarray | None:
+    """An ``agent.Inference``'s chunk in the policy's model space (what RTC freezes)."""
+    return inf.model_actions
 
 
 def summarise(infs: list[dict], actions: int) -> dict:
@@ -136,6 +178,9 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "energy_source": _source(infs),
         "measured_robot_j_mean": _mean([r.get("measured_robot_j") for r in infs]),
         "mean_batch": mean_batch(infs),
+        # real-time chunking: the requests that froze queued actions, and how many on average
+        "rtc_requests": sum(r.get("rtc_delay") is not None for r in infs),
+        "rtc_delay_mean": _mean([r.get("rtc_delay") for r in infs]),
         **prediction_error(infs),
     }
 

@@ -71,10 +71,14 @@ class Job:
 
     def signature(self, inputs: tuple[str, ...]) -> tuple:
         """Stage + per input (name, dtype, shape without the batch axis). A request with hooks
-        never batches: its hooks hold one stream's state (a KV cache of batch 1)."""
+        never batches: its hooks hold one stream's state (a KV cache of batch 1); one with
+        its own graph batches only with requests of that graph (a batch runs one graph's
+        stage functions on one set of inputs)."""
         sig = [self.stage]
         if self.hooks is not None:
             sig.append(("stream", id(self)))
+        elif self.graph is not None:  # e.g. the graph reading a real-time chunk's freeze
+            sig.append(("graph", id(self.graph)))
         for n in inputs:
             t = self.pool[n]
             shape = list(t.shape)

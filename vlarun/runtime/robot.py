@@ -17,7 +17,13 @@ robot's state and an instruction, and apply one action per control tick, runs a 
 What ``act`` does:
   * it returns the next action of the current chunk. The next chunk is inferred in the
     background, from the observation given at that moment, once the actions still queued
-    just cover the expected latency (``chunks.ChunkQueue``): inference overlaps execution.
+    just cover the expected latency (the last plan's predicted p95, network included;
+    ``chunks.ChunkQueue``): inference overlaps execution.
+  * with ``rtc=True`` (real-time chunking) the request carries the actions still queued, the
+    policy freezes the new chunk's first d to them (d from the plan's p95 and the control
+    period), and the new chunk replaces the queue on arrival, aligned to the current tick:
+    the seam between chunks stays smooth (``accel/rtc.py``; diffusion, flow and
+    autoregressive policies).
     If the queue runs dry the call waits; that wait is a stall, counted in ``stalls``. Under
     asynchronous execution the late chunk then resumes at the current tick (its stale head
     skipped, counted in ``skipped``), never from its start.
@@ -40,13 +46,15 @@ Meta-World. ``examples/own_robot.py`` runs this module against a local edge.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.agent import AgentConfig, Inference, RobotAgent
 from vlarun.runtime.chunks import ChunkQueue
-from vlarun.runtime.episode import summarise
+from vlarun.runtime.episode import model_rows, p95_of, summarise
 from vlarun.runtime.transport import robot_security
 
 
@@ -59,6 +67,7 @@ class Robot:
     setting: accelerator setting of every request (``AccelSetting`` or its text);
     insecure / server_key / keys: how the link is secured (as ``vlarun run-robot``'s flags);
     asynchronous: False infers only when the chunk is used up (no overlap);
+    rtc: real-time chunking (see the module docstring);
     config: an ``AgentConfig`` for everything else (it replaces slo_s, strategy, setting)."""
 
     def __init__(
@@ -74,6 +83,7 @@ class Robot:
         server_key: str | None = None,
         keys: str | None = None,
         asynchronous: bool = True,
+        rtc: bool = False,
         config: AgentConfig | None = None,
     ) -> None:
         if control_hz <= 0:
@@ -85,7 +95,9 @@ class Robot:
         self.tick_s = 1.0 / control_hz
         if config is None:
             slo = slo_s if slo_s is not None else self.horizon * self.tick_s
-            config = AgentConfig(slo_s=slo, strategy=strategy, setting=setting)
+            config = AgentConfig(slo_s=slo, strategy=strategy, setting=setting, rtc=rtc)
+        elif rtc:
+            config = dataclasses.replace(config, rtc=True)
         sec = robot_security(insecure, server_key, keys) if edge is not None else None
         self.agent = RobotAgent(policy, config, edge, sec)
         self.asynchronous = asynchronous and self.horizon > 1
@@ -156,13 +168,16 @@ class Robot:
         self._instruction = instruction
         done: list[Inference] = []
 
-        def infer(obs: dict) -> tuple[np.ndarray, Inference]:
-            inf = self.agent.infer(obs["image"], instruction, state=obs["state"], seed=len(done))
+        def infer(obs: dict, prior) -> tuple[np.ndarray, Inference]:
+            inf = self.agent.infer(obs["image"], instruction, state=obs["state"], seed=len(done),
+                                   prior=prior)  # fmt: skip
             done.append(inf)
             self.inferences.append(inf)
             return inf.actions, inf
 
-        self._queue = ChunkQueue(infer, self.horizon, self.tick_s, lead=self.asynchronous)
+        merge = "switch" if self.agent.cfg.rtc else "append"
+        self._queue = ChunkQueue(infer, self.horizon, self.tick_s, lead=self.asynchronous,
+                                 merge=merge, predict=p95_of, model_of=model_rows)  # fmt: skip
 
     def _finish(self) -> None:
         """Wait for an inference still in flight (its result is recorded, not executed)."""

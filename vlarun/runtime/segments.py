@@ -9,6 +9,8 @@ made and consumed on the edge never crosses the link.
 The edge checks a request against the schema the graph gives for the request's workload
 (batch, instruction length): exact names, dtypes and shapes, before any tensor is allocated;
 then the values it read (finite floats, lengths and token ids in range), before any model work.
+A request with ``meta.rtc`` carries a real-time chunk's freeze (``families.RTC_INPUTS``) to its
+head stage: checked the same way, d and s against the horizon too.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from functools import lru_cache
 import torch
 
 from vlarun.accel.base import FullRecompute
+from vlarun.accel.rtc import INPAINTER
 from vlarun.models.vla import VLAConfig
 from vlarun.policy.setting import AccelSetting
 from vlarun.stages import wire
-from vlarun.stages.families import Workload, build_graph
+from vlarun.stages.families import RTC_FAMILIES, Workload, build_graph
 from vlarun.stages.graph import StageGraph, TensorSpec
 from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import PacketError
@@ -97,6 +100,7 @@ class Request:
     fresh: tuple[str, ...]
     setting: AccelSetting
     budget_s: float
+    rtc: bool = False  # carries a real-time chunk's freeze (RTC_INPUTS)
 
 
 class Schema:
@@ -108,11 +112,14 @@ class Schema:
         self.names = tuple(s.name for s in self._graph(1, 1).stages)
 
     @lru_cache(maxsize=256)  # noqa: B019 - one Schema per server; entries are small
-    def _graph(self, batch: int, text_tokens: int, token_policy: bool = False) -> StageGraph:
+    def _graph(
+        self, batch: int, text_tokens: int, token_policy: bool = False, rtc: bool = False
+    ) -> StageGraph:
         # Under a token policy the prefill also reads the frames (its schema, not its weights,
         # is what matters here: any token policy stands for all).
         hooks = Hooks(tokens=FullRecompute()) if token_policy else None
-        return build_graph(self.cfg, None, Workload(batch, text_tokens, self.dtype), hooks)
+        w = Workload(batch, text_tokens, self.dtype)
+        return build_graph(self.cfg, None, w, hooks, INPAINTER if rtc else None)
 
     def parse_stages(self, text: str) -> tuple[str, ...]:
         """'prefill+decode' -> ('prefill', 'decode'); must be consecutive graph stages."""
@@ -125,16 +132,22 @@ class Schema:
         return names
 
     def expected(
-        self, names: tuple[str, ...], batch: object, text_tokens: object, token_policy: bool = False
+        self,
+        names: tuple[str, ...],
+        batch: object,
+        text_tokens: object,
+        token_policy: bool = False,
+        rtc: bool = False,
     ) -> tuple[Segment, dict[str, TensorSpec]]:
         """The segment and the exact specs of the tensors a request for it must carry
-        (``token_policy``: its setting has a token policy, so the prefill reads the frames)."""
+        (``token_policy``: its setting has a token policy, so the prefill reads the frames;
+        ``rtc``: the head reads a real-time chunk's freeze)."""
         if not isinstance(batch, int) or not 1 <= batch <= self.max_batch:
             raise PacketError(f"meta.batch must be an integer in 1..{self.max_batch}")
         limit = self.cfg.max_text_tokens
         if not isinstance(text_tokens, int) or not 1 <= text_tokens <= limit:
             raise PacketError(f"meta.text_tokens must be an integer in 1..{limit}")
-        graph = self._graph(batch, text_tokens, token_policy)
+        graph = self._graph(batch, text_tokens, token_policy, rtc)
         seg = segment_of(graph, names)
         specs = {s.name: s for s in graph.graph_inputs}
         for st in graph.stages:
@@ -153,8 +166,13 @@ class Schema:
             setting.check_family(self.cfg.family)
         except (TypeError, ValueError) as e:
             raise PacketError(f"bad setting: {e}") from None
+        rtc = meta.get("rtc", False)
+        if not isinstance(rtc, bool):
+            raise PacketError("meta.rtc must be true or false")
+        if rtc and self.cfg.family not in RTC_FAMILIES:
+            raise PacketError(f"real-time chunking needs a {'/'.join(RTC_FAMILIES)} policy")
         seg, specs = self.expected(
-            names, meta.get("batch"), meta.get("text_tokens"), setting.token_budget < 1.0
+            names, meta.get("batch"), meta.get("text_tokens"), setting.token_budget < 1.0, rtc
         )
         got = {e.name: e for e in header.entries}
         if set(got) != set(specs):
@@ -183,7 +201,7 @@ class Schema:
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
         budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
-        return Request(names, tuple(want), codec, tuple(fresh), setting, budget)
+        return Request(names, tuple(want), codec, tuple(fresh), setting, budget, rtc)
 
     def check_values(self, tensors: dict) -> None:
         """What a header cannot promise: the values of a request's tensors, checked once they
@@ -206,6 +224,11 @@ class Schema:
             t = tensors.get(name)
             if t is not None and t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab):
                 raise PacketError(f"{name} must be token ids in 0..{vocab - 1}")
+        d, s = tensors.get("rtc_delay"), tensors.get("rtc_exec")
+        if d is not None and s is not None and d.numel():
+            h = self.cfg.horizon
+            if int(s.min()) < 1 or int(s.max()) > h or int(d.min()) < 0 or bool((d > h - s).any()):
+                raise PacketError(f"rtc_exec s must be in 1..{h} and rtc_delay d in 0..{h} - s")
         pos, kv = tensors.get("next_pos"), tensors.get("kv_k")
         if pos is not None and pos.numel():
             top = kv.shape[3] if kv is not None and kv.ndim > 3 else None

@@ -32,6 +32,7 @@ import msgpack
 import torch
 import zmq
 
+from vlarun.accel.rtc import INPAINTER
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
@@ -146,6 +147,7 @@ class EdgeServer:
         model = policy.model
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         self.graph = build_graph(model.cfg, model, Workload(1, 1, self.dtype))
+        self._rtc_graph = None  # the plain graph whose head reads a real-time chunk's freeze
         self.schema = Schema(model.cfg, self.dtype, self.cfg.max_batch)
         inputs = {s.name: tuple(x.name for x in s.inputs) for s in self.graph.stages}
         self.queues = StageQueues(inputs, self.cfg.max_batch)
@@ -318,10 +320,22 @@ class EdgeServer:
         job = Job(to[0], header.rid, req.stages, req.want, tensors, now, deadline,
                   req.reply_codec, origin=origin, route=route)  # fmt: skip
         if not req.setting.identity:
-            job.hooks, job.graph = self._stream(origin, header.meta.get("stream"), req.setting)
+            stream = header.meta.get("stream")
+            job.hooks, job.graph = self._stream(origin, stream, req.setting, req.rtc)
             job.fresh = req.fresh
             job.setting = str(req.setting)
+        elif req.rtc:
+            job.graph = self.rtc_graph
         return job
+
+    @property
+    def rtc_graph(self):
+        """The plain graph with the head reading RTC_INPUTS (built on the first RTC request)."""
+        if self._rtc_graph is None:
+            model = self.policy.model
+            w = Workload(1, 1, self.dtype)
+            self._rtc_graph = build_graph(model.cfg, model, w, None, INPAINTER)
+        return self._rtc_graph
 
     def submit(
         self,
@@ -412,24 +426,31 @@ class EdgeServer:
             self.stats["booked" if booked else "booking_refused"] += 1
         return wire.control("book", header.rid, ok=booked)
 
-    def _stream(self, identity: bytes, stream: object, setting: AccelSetting) -> tuple:
-        """The hooks and graph of one robot's accelerated stream, made on its first request.
-        Only the I/O thread calls this; a job keeps its own reference, so forgetting a stream
-        here never pulls state from under a running stage."""
+    def _stream(
+        self, identity: bytes, stream: object, setting: AccelSetting, rtc: bool = False
+    ) -> tuple:
+        """The hooks and graph of one robot's accelerated stream, made on its first request
+        (``rtc``: the graph whose head reads a real-time chunk's freeze; the hooks are the
+        stream's either way). Only the I/O thread calls this; a job keeps its own reference,
+        so forgetting a stream here never pulls state from under a running stage."""
         if not isinstance(stream, int) or not 0 <= stream < 2**63:
             raise PacketError("an accelerated request needs meta.stream, an integer in 0..2^63")
         key = (identity, stream, setting.key)
         if key in self._streams:
             self._streams.move_to_end(key)
-            return self._streams[key]
-        model = self.policy.model
-        hooks = setting.hooks(model.cfg.family, self.policy.calibration)
-        entry = (hooks, build_graph(model.cfg, model, Workload(1, 1, self.dtype), hooks))
-        self._streams[key] = entry
-        while len(self._streams) > self.cfg.max_streams:
-            self._streams.popitem(last=False)
-        self.stats["streams"] += 1
-        return entry
+            hooks, graphs = self._streams[key]
+        else:
+            hooks = setting.hooks(self.policy.model.cfg.family, self.policy.calibration)
+            graphs = {}
+            self._streams[key] = (hooks, graphs)
+            while len(self._streams) > self.cfg.max_streams:
+                self._streams.popitem(last=False)
+            self.stats["streams"] += 1
+        if rtc not in graphs:
+            model = self.policy.model
+            w = Workload(1, 1, self.dtype)
+            graphs[rtc] = build_graph(model.cfg, model, w, hooks, INPAINTER if rtc else None)
+        return hooks, graphs[rtc]
 
     def _control(self, header: wire.Header) -> list[bytes]:
         return control_reply(header, self.health)

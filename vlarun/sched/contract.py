@@ -41,6 +41,10 @@ class ExecutionPlan:
     stage_start: dict[str, float]
     stage_end: dict[str, float]
     stage_predicted_s: dict[str, float] = field(default_factory=dict)
+    # The learned spread (one sigma) of this placement's latency around ``latency_s``; 0 while
+    # never measured. latency_s + 1.645 sigma is the plan's p95 (what real-time chunking's
+    # delay and the chunk queue's lead are sized by).
+    sigma_s: float = 0.0
     # Chosen by bounded exploration (a never-run plan the rule rejected for want of evidence),
     # not by the core rule.
     explored: bool = False

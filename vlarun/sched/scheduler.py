@@ -393,6 +393,7 @@ class Scheduler:
             stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
             stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
             stage_predicted_s=predicted,
+            sigma_s=self._at(sc.sigma, c),
             explored=explored,
         )
 

@@ -491,6 +491,14 @@ class MetaWorldEnv(gym.Env):
             action = self._policy.get_action(full)
         return np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
 
+    @staticmethod
+    def hold_action(last: np.ndarray | None = None) -> np.ndarray:
+        """The action of a robot that holds still while it waits for a chunk: no end-effector
+        motion (the xyz delta is 0), the gripper keeping the effort ``last`` gave it (an
+        object held stays held), open (-1) before any action."""
+        grip = -1.0 if last is None else float(np.asarray(last).reshape(-1)[3])
+        return np.array([0.0, 0.0, 0.0, grip], dtype=np.float32)
+
     def close(self) -> None:
         """Free the GL context (safe to call twice)."""
         if self._renderer is not None:

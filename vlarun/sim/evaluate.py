@@ -6,10 +6,15 @@ or the task's step limit. The policy predicts a chunk of K actions per inference
 executed before the next observation (open-loop chunking, as OpenVLA-OFT does), so actions/s is
 K x inferences/s. Latency is per inference, model stages only, in process, and the first
 inference of each worker (warm-up) is excluded.
+
+An episode can also run a chunk execution method (``runtime.chunks.EXECUTIONS``: synchronous,
+naive asynchronous, blended, real-time chunking) under an emulated inference delay of
+``delay_steps`` control ticks (``runtime.episode.run_loop``): what `vlarun bench rtc` sweeps.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -20,9 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vlarun.accel.rtc import RTCRequest
 from vlarun.config import POLICY_FLAGS_RETIRED, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
+from vlarun.runtime.chunks import EXECUTIONS
 from vlarun.runtime.episode import run_loop
 from vlarun.sim.tasks import EVAL_SEED_OFFSET, get_task, parse_tasks
 
@@ -189,31 +196,84 @@ def paired_difference(
     }
 
 
-def run_episode(policy, env, seed: int, on_inference=None, frames: list | None = None) -> dict:
+def run_episode(
+    policy,
+    env,
+    seed: int,
+    on_inference=None,
+    frames: list | None = None,
+    *,
+    execution: str | None = None,
+    delay_steps: int = 0,
+    control_hz: float = 20.0,
+) -> dict:
     """One closed-loop episode in simulated time (``runtime.episode.run_loop``): infer a chunk,
     execute it, repeat until success or the limit.
 
     ``on_inference(obs, run)`` sees every observation and its graph run (fidelity recording);
-    ``frames``, if given, receives every camera image (the report's GIF).
+    ``frames``, if given, receives every camera image (the report's GIF). ``execution``: a
+    chunk execution method (``EXECUTIONS``) with every result withheld ``delay_steps`` ticks
+    of a ``control_hz`` robot; the episode then also reports its stalls, the ticks the policy
+    acted in, and the jerk of the executed actions at each chunk seam (``seam_jerks``).
     """
     policy.reset()  # a hooked policy's state (its KV cache, ...) starts afresh
+    method = None if execution is None else EXECUTIONS[execution]
+    horizon = policy.model.cfg.horizon
 
-    def infer(obs: dict):
+    def infer(obs: dict, prior):
         t0 = time.perf_counter()
         image, state = policy.observation(obs)
-        run = policy.run_stages(image, env.instruction, state=state)
+        rtc = None
+        if method is not None and method.rtc and prior.model is not None:
+            # The emulated delay is the plan's latency, known exactly: d = delay_steps.
+            rtc = RTCRequest.build(prior.model, horizon, prior.latency_s or 0.0, prior.period_s)
+        run = policy.run_stages(image, env.instruction, state=state, rtc=rtc)
         ms = (time.perf_counter() - t0) * 1e3
         if on_inference is not None:
             on_inference(obs, run)
-        return policy.unnormalize(run.outputs["actions"][0]), (ms, run.timings)
+        chunk = run.outputs["actions"][0]
+        frozen = None if rtc is None else rtc.delay
+        return policy.unnormalize(chunk), (ms, run.timings, chunk.float().numpy(), frozen)
 
-    r = run_loop(infer, env, seed, policy.model.cfg.horizon, frames=frames)
+    if method is None:
+        r = run_loop(infer, env, seed, horizon, frames=frames)
+    else:
+        executed: list = []
+        r = run_loop(infer, env, seed, horizon, control_hz, method.asynchronous, frames=frames,
+                     merge=method.merge, delay_steps=delay_steps, model_of=lambda rec: rec[2],
+                     executed=executed)  # fmt: skip
     stages: dict[str, list[float]] = {}
-    for _, timings in r["records"]:
-        for t in timings:
+    for rec in r["records"]:
+        for t in rec[1]:
             stages.setdefault(t.name, []).append(t.seconds * 1e3)
-    return {"seed": seed, "success": r["success"], "steps": r["steps"],
-            "latency_ms": [ms for ms, _ in r["records"]], "stages_ms": stages}  # fmt: skip
+    out = {"seed": seed, "success": r["success"], "steps": r["steps"],
+           "latency_ms": [rec[0] for rec in r["records"]], "stages_ms": stages}  # fmt: skip
+    if method is not None:
+        out |= {
+            "stalls": r["stalls"],
+            "stall_ticks": round(r["stall_ms_total"] * control_hz / 1e3),
+            "startup_ticks": round(r["startup_ms"] * control_hz / 1e3),
+            "skipped_actions": r["skipped_actions"],
+            "seam_jerk": seam_jerks(np.stack(executed), r["seams"]) if executed else [],
+            "frozen": [rec[3] for rec in r["records"] if rec[3] is not None],
+        }
+    return out
+
+
+def seam_jerks(executed: np.ndarray, seams: list[int]) -> list[float]:
+    """The jerk at each chunk seam: the largest norm of the executed actions' third difference
+    a[k] - 3 a[k-1] + 3 a[k-2] - a[k-3] over the windows k = t .. t + 2 that straddle the switch
+    between ticks t - 1 and t (a seam at tick t), in action units per tick^3. ``executed``
+    (T, A) holds every action the robot was commanded (before the environment bounds it),
+    the hold actions of stall ticks included."""
+    out = []
+    for t in seams:
+        ks = [k for k in range(t, t + 3) if 3 <= k < len(executed)]
+        if not ks:
+            continue
+        j = [executed[k] - 3 * executed[k - 1] + 3 * executed[k - 2] - executed[k - 3] for k in ks]
+        out.append(float(max(np.linalg.norm(x) for x in j)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -227,7 +287,9 @@ class EpisodeJob:
     replay: recorded episodes ((instruction, [(views, state, chunk), ...]), ...) on which the
         configuration's mean |chunk - recorded chunk| is measured after the episodes;
     demos: calibration frames for configurations that need them (``build_candidate``);
-    max_steps: episode step limit (None: the task's)."""
+    max_steps: episode step limit (None: the task's);
+    execution, delay_steps, control_hz: a chunk execution method under an emulated delay
+        (``run_episode``; None: whole chunks, no delay)."""
 
     checkpoint: str
     task: str
@@ -239,6 +301,9 @@ class EpisodeJob:
     replay: tuple = ()
     demos: str | None = None
     max_steps: int | None = None
+    execution: str | None = None
+    delay_steps: int = 0
+    control_hz: float = 20.0
 
 
 def run_job(job: EpisodeJob) -> dict:
@@ -247,11 +312,10 @@ def run_job(job: EpisodeJob) -> dict:
     latencies."""
     import torch
 
-    from vlarun.policy.base import Policy
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    policy = Policy.from_checkpoint(job.checkpoint).to(job.device)
+    policy = _loaded(job.checkpoint, job.device)
     if job.spec is not None:
         policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
@@ -265,7 +329,8 @@ def run_job(job: EpisodeJob) -> dict:
             out.append((*policy.observation(obs), run.outputs["actions"][0].float().numpy()))
 
         r = run_episode(policy, env, seed, frames=frames,
-                        on_inference=keep if i < job.record else None)  # fmt: skip
+                        on_inference=keep if i < job.record else None, execution=job.execution,
+                        delay_steps=job.delay_steps, control_hz=job.control_hz)  # fmt: skip
         if i == 0:
             r["latency_ms"] = r["latency_ms"][1:]
             r["stages_ms"] = {k: v[1:] for k, v in r["stages_ms"].items()}
@@ -280,6 +345,17 @@ def run_job(job: EpisodeJob) -> dict:
     summary = policy.stats.summary() if policy.hooks is not None else {}
     return {"episodes": results, "summary": summary,
             "action_errors": replay_errors(policy, job.replay)}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded(checkpoint: str, device: str):
+    """The plain policy at ``checkpoint``, loaded once per worker process: a worker that runs
+    several jobs of one checkpoint (a sweep over methods and delays) does not reload it.
+    Safe to share: every configuration built from it (``build_candidate``) is a new Policy,
+    and the plain one carries no hook state."""
+    from vlarun.policy.base import Policy
+
+    return Policy.from_checkpoint(checkpoint).to(device)
 
 
 def merge_summaries(summaries: list[dict]) -> dict:
@@ -369,8 +445,11 @@ def run_jobs(jobs: list[EpisodeJob], workers: int, log=None) -> list[dict]:
     def done(n: int, i: int) -> None:
         if log is not None:
             spent = (time.time() - t0) / 60
+            job = jobs[i]
+            what = job.spec or (f"{job.execution} delay {job.delay_steps}" if job.execution
+                                else "full")  # fmt: skip
             log(f"{n}/{len(jobs)} jobs, {spent:.1f} min, ~{spent / n * (len(jobs) - n):.0f} min "
-                f"left ({jobs[i].spec or 'full'} {jobs[i].task})")  # fmt: skip
+                f"left ({what} {job.task})")  # fmt: skip
 
     if workers == 1:
         for i, job in enumerate(jobs):

@@ -6,6 +6,10 @@
 
 The graph can be built from a config alone (costs and packet sizes, no weights: what
 ``vlarun info`` and the scheduler need) or bound to a model (executable stages).
+
+Real-time chunking (``rtc``): the head stage (denoise, decode) also reads the request's
+``RTC_INPUTS`` (the previous chunk's queued actions, d and s, packed by ``graph_inputs``), so
+the freeze travels with the request wherever the head runs, over the wire included.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch import Tensor
 
 from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.heads import DiTHead, L1RegressionHead
-from vlarun.models.hooks import TokenDecoder
+from vlarun.models.hooks import ChunkInpainter, TokenDecoder
 from vlarun.models.llama import KVCache
 from vlarun.models.vla import VLA, PrefillResult, VLAConfig
 from vlarun.stages.graph import Stage, StageCost, StageGraph, TensorSpec
@@ -25,6 +29,10 @@ from vlarun.stages.hooks import Hooks
 from vlarun.stages.packet import Packet
 
 DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+# A real-time chunk request's tensors: the previous chunk's queued actions (B, H, A) in the
+# model's action space, the delay d (B,) and the execution horizon s (B,) (accel/rtc.py).
+RTC_INPUTS = ("rtc_prev", "rtc_delay", "rtc_exec")
+RTC_FAMILIES = ("diffusion", "flow", "autoregressive")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,15 @@ def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
     if cfg.state_dim:
         specs.append(TensorSpec("state", (b, cfg.state_dim), "float32"))
     return tuple(specs)
+
+
+def _rtc_specs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
+    b = w.batch
+    return (
+        TensorSpec("rtc_prev", (b, cfg.horizon, cfg.action_dim), "float32"),
+        TensorSpec("rtc_delay", (b,), "int64"),
+        TensorSpec("rtc_exec", (b,), "int64"),
+    )
 
 
 def _graph_input(cfg: VLAConfig, w: Workload, name: str) -> TensorSpec:
@@ -177,9 +194,12 @@ class _Runner:
     """Stage functions of one model; each rebuilds what it needs from its packet alone (and,
     under ``hooks``, from the hooks' per-stream state: the token policy's KV cache)."""
 
-    def __init__(self, model: VLA, hooks: Hooks | None = None) -> None:
+    def __init__(
+        self, model: VLA, hooks: Hooks | None = None, rtc: ChunkInpainter | None = None
+    ) -> None:
         self.model = model
         self.hooks = hooks
+        self.rtc = rtc
 
     def stage(self, name: str):
         """Stage ``name``'s function: its packet moved to the model's device first (a packet
@@ -233,7 +253,17 @@ class _Runner:
     @torch.no_grad()
     def decode(self, pk: Packet) -> Packet:
         decoder = self.hooks.decoder if self.hooks is not None else None
-        return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder))
+        forced = None
+        if "rtc_prev" in pk.tensors:
+            if decoder is not None:
+                raise ValueError(
+                    "real-time chunking's forced prefix runs the greedy decoder; a token "
+                    "decoder (Jacobi, early exit) with a forced prefix is not supported yet"
+                )
+            tok = self.model.action_tokenizer
+            forced = self.rtc.forced_tokens(tok, pk["rtc_prev"], pk["rtc_delay"])
+        return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder,
+                               forced=forced))  # fmt: skip
 
     @torch.no_grad()
     def prefill_head(self, pk: Packet) -> Packet:
@@ -250,7 +280,10 @@ class _Runner:
         else:
             pre = self._restore(pk)
         fc = make() if make is not None else None
-        return Packet(run_head(model, pre, pk["noise"], state, fc))
+        hook = None
+        if "rtc_prev" in pk.tensors:
+            hook = self.rtc.step_hook(pk["rtc_prev"], pk["rtc_delay"], pk["rtc_exec"])
+        return Packet(run_head(model, pre, pk["noise"], state, fc, step_hook=hook))
 
 
 def run_head(
@@ -260,18 +293,22 @@ def run_head(
     state: Tensor | None = None,
     feature_cache: DenoiseFeatureCache | None = None,
     decoder: TokenDecoder | None = None,
+    step_hook=None,
+    forced: Tensor | None = None,
 ) -> dict:
     """The family's action head after a prefill, the one place it is run (the stage functions
     and the drift diagnostic call it): {"actions": (B, horizon, D), ...}; action tokens are
-    decoded by ``decoder`` if given, else greedily; ``feature_cache`` serves a DiT / flow
-    denoiser."""
+    decoded by ``decoder`` if given, else greedily (after the ``forced`` prefix of ids, if
+    any); ``feature_cache`` serves a DiT / flow denoiser, ``step_hook`` transforms its state
+    after every step (real-time chunking)."""
     family = model.cfg.family
     if family == "autoregressive":
-        ids = model.decode_tokens(pre) if decoder is None else decoder.decode(model, pre)
+        ids = model.decode_tokens(pre, forced) if decoder is None else decoder.decode(model, pre)
         return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
     if family == "parallel":
         return {"actions": model.parallel_head(pre)}
-    return {"actions": model.denoise(pre, noise, state, feature_cache)}  # diffusion, flow
+    # diffusion, flow
+    return {"actions": model.denoise(pre, noise, state, feature_cache, step_hook=step_hook)}
 
 
 def _unbound(name: str):
@@ -306,12 +343,24 @@ def param_split(cfg: VLAConfig) -> dict[str, int]:
 
 
 def build_graph(
-    cfg: VLAConfig, model: VLA | None = None, w: Workload | None = None, hooks: Hooks | None = None
+    cfg: VLAConfig,
+    model: VLA | None = None,
+    w: Workload | None = None,
+    hooks: Hooks | None = None,
+    rtc: ChunkInpainter | None = None,
 ) -> StageGraph:
     """The stage DAG of ``cfg`` at workload ``w``; executable when ``model`` is given, and
-    accelerated by ``hooks`` (token policy, decoder, denoiser cache) when they are given."""
+    accelerated by ``hooks`` (token policy, decoder, denoiser cache) when they are given.
+    ``rtc``: requests carry a real-time chunk's freeze (``RTC_INPUTS``), which the head stage
+    turns into a denoising step hook or a forced token prefix with this inpainter."""
     w = w or Workload()
-    run = _Runner(model, hooks) if model is not None else None
+    if rtc is not None and cfg.family not in RTC_FAMILIES:
+        raise ValueError(
+            f"real-time chunking needs a {', '.join(RTC_FAMILIES)} policy; {cfg.name} is "
+            f"{cfg.family} (its chunk is regressed whole, there is nothing to inpaint)"
+        )
+    freeze = _rtc_specs(cfg, w) if rtc is not None else ()
+    run = _Runner(model, hooks, rtc) if model is not None else None
     fn = run.stage if run is not None else _unbound
     params = param_split(cfg)
     b, d = w.batch, cfg.llm.hidden_size
@@ -364,7 +413,7 @@ def build_graph(
             Stage(
                 "decode",
                 fn("decode"),
-                _prefill_out(cfg, w),
+                (*_prefill_out(cfg, w), *freeze),
                 out,
                 decode_cost(cfg, w),
                 ("prefill",),
@@ -382,18 +431,21 @@ def build_graph(
             Stage(
                 "denoise",
                 fn("denoise"),
-                ins,
+                (*ins, *freeze),
                 (_actions(cfg, w),),
                 denoise_cost(cfg, w, params["head"]),
                 ("prefill",),
                 params=params["head"],
             )
         )
-    return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
+    return StageGraph(cfg.name, cfg.family, tuple(stages), (*_graph_inputs(cfg, w), *freeze))
 
 
-def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, state=None):
-    """Pack one batch into the graph's input packet (right-padded ids + lengths)."""
+def graph_inputs(
+    cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, state=None, rtc=None
+):
+    """Pack one batch into the graph's input packet (right-padded ids + lengths); ``rtc`` (an
+    ``accel.rtc.RTCRequest``, batch 1) adds the request's ``RTC_INPUTS``."""
     b = len(text_ids)
     longest = max(len(t) for t in text_ids)
     ids = torch.zeros(b, longest, dtype=torch.long)
@@ -414,7 +466,26 @@ def graph_inputs(cfg: VLAConfig, images, text_ids: list[list[int]], noise=None, 
         if state is None:
             raise ValueError(f"{cfg.name} takes the robot state (proprio_dim {cfg.proprio_dim})")
         tensors["state"] = state
+    if rtc is not None:
+        if b != 1:
+            raise ValueError(f"an RTC request packs one row, got a batch of {b}")
+        tensors.update(rtc_inputs(cfg, rtc))
     return Packet(tensors)
+
+
+def rtc_inputs(cfg: VLAConfig, rtc) -> dict[str, Tensor]:
+    """A real-time chunk request (``accel.rtc.RTCRequest``) as the packet's ``RTC_INPUTS``
+    (batch 1)."""
+    if rtc.horizon != cfg.horizon or rtc.previous.shape[1] != cfg.action_dim:
+        raise ValueError(
+            f"an RTC request for {cfg.name} holds (H={cfg.horizon}, A={cfg.action_dim}) "
+            f"actions; got H={rtc.horizon}, A={rtc.previous.shape[1]}"
+        )
+    return {
+        "rtc_prev": torch.from_numpy(rtc.padded().copy())[None],
+        "rtc_delay": torch.tensor([rtc.delay], dtype=torch.long),
+        "rtc_exec": torch.tensor([rtc.execution_horizon], dtype=torch.long),
+    }
 
 
 def example_inputs(cfg: VLAConfig, images, text_ids: list[list[int]]) -> Packet:
