@@ -75,3 +75,14 @@ def test_the_request_keeps_its_invariant():
         RTCRequest(q[:2], 1, 4, 8)  # an overlap of 4 over 2 queued actions
     with pytest.raises(ValueError, match="finite"):
         RTCRequest(np.full((6, 4), np.nan), 1, 2, 8)
+
+
+def test_a_fast_model_refuses_the_token_freeze_in_one_line():
+    """A FAST code is a DCT of the whole chunk: no prefix of it is the first d actions, so
+    the forced-prefix freeze is refused, not run as if the code were binned tokens."""
+    policy = Policy.load("tiny-pi0-fast", seed=0)
+    h = policy.model.cfg.horizon
+    queued = np.zeros((h - 2, policy.model.cfg.action_dim), np.float32)
+    rtc = RTCRequest.build(queued, h, latency_s=0.09, period_s=0.05)
+    with pytest.raises(ValueError, match="FAST"):
+        policy.run_stages(_frame(policy, 9), "open the drawer", state=_state(policy), rtc=rtc)

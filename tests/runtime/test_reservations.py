@@ -171,7 +171,7 @@ def test_a_malformed_booking_is_refused_and_changes_nothing(server, dealer):
 def test_the_queue_model_predicts_the_workers_start_times_on_a_recorded_trace(policy):
     """Five requests queued together, due in reverse order of arrival: the forecast taken
     when they are queued (EDF over stages at the measured per-request times) predicts when
-    the worker starts each of their stages within 10% (stage times made deterministic by
+    the worker starts each of their stages within 10% (+15 ms; stage times made steady by
     emulating OpenVLA-7B's stages on an RTX 4090 without jitter)."""
     from vlarun.runtime.emulate import Emulation
 
@@ -210,8 +210,8 @@ def test_the_queue_model_predicts_the_workers_start_times_on_a_recorded_trace(po
             t += entry["compute_s"]
     assert set(actual) <= set(predicted) | {(robot_id(b"robot0"), STAGES[0])}  # may be running
     for key, got in actual.items():
-        if key in predicted and got > 0.05:
-            assert abs(predicted[key] - got) <= 0.1 * got, (key, predicted[key], got)
+        if key in predicted:  # 10%, and 15 ms for one stage's jitter on a busy machine
+            assert abs(predicted[key] - got) <= 0.1 * got + 0.015, (key, predicted[key], got)
 
 
 def test_the_agent_books_each_edge_segment_it_plans(policy):

@@ -260,6 +260,12 @@ class _Runner:
                     "real-time chunking's forced prefix runs the greedy decoder; a token "
                     "decoder (Jacobi, early exit) with a forced prefix is not supported yet"
                 )
+            if self.model.cfg.fast is not None:
+                raise ValueError(
+                    "real-time chunking freezes the first d actions as their tokens, one per "
+                    "action dimension; a FAST code is a DCT of the whole chunk, so no prefix of "
+                    "it stands for the first d actions: not supported for FAST models"
+                )
             tok = self.model.action_tokenizer
             forced = self.rtc.forced_tokens(tok, pk["rtc_prev"], pk["rtc_delay"])
         return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder,
