@@ -175,7 +175,7 @@ def test_the_queue_model_predicts_the_workers_start_times_on_a_recorded_trace(po
     emulating OpenVLA-7B's stages on an RTX 4090 without jitter)."""
     from vlarun.runtime.emulate import Emulation
 
-    emu = Emulation("openvla-7b", "rtx4090", time_scale=0.2, jitter=0.0)
+    emu = Emulation("openvla-7b", "rtx4090", time_scale=0.1, jitter=0.0)
     cfg = ServerConfig(max_batch=1, emulate=emu)
     with EdgeServer(policy, INSECURE, cfg) as srv:
         done: dict[int, tuple] = {}

@@ -342,7 +342,7 @@ class RobotAgent:
         ends = [0.0]
         for seg in segments(self.graph(text_tokens, setting), d.placement):
             if seg.role == "edge":
-                after = d.latency_s - d.stage_end[seg.stages[-1]]
+                after = max(d.latency_s - d.stage_end[seg.stages[-1]], 0.0)  # residual < 0
                 try:
                     self.client.book(seg.stages, ends[-1], self.cfg.slo_s - after)
                 except LinkDown:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
+from vlarun.runtime.queues import MAX_BOOKING_MS
 from vlarun.runtime.transport import Security, dealer_socket
 from vlarun.stages import wire
 from vlarun.stages.graph import TensorSpec
@@ -193,8 +194,8 @@ class EdgeClient:
         """Announce a plan's edge stages the moment it is chosen: they arrive in ``arrive_s``
         and are due in ``deadline_s`` (seconds from now). Not waited for (the small answer is
         dropped by the next ``_await``): booking must not cost the request time."""
-        meta = {"stages": list(stages), "arrive_ms": 1e3 * max(arrive_s, 0.0),
-                "deadline_ms": 1e3 * max(deadline_s, 0.0)}  # fmt: skip
+        ms = lambda s: min(max(1e3 * s, 0.0), MAX_BOOKING_MS)  # noqa: E731 - the edge's bound
+        meta = {"stages": list(stages), "arrive_ms": ms(arrive_s), "deadline_ms": ms(deadline_s)}
         self._send(wire.control("book", next(_ids), **meta))
 
     def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:

@@ -89,6 +89,9 @@ class Job:
 
 THIS = "(this request)"  # the forecast's name for the request admission asks about
 MAX_BOOKINGS = 256  # bookings held at once; more are refused (each is a few hundred bytes)
+# A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
+# held longer would only be a way to make the edge refuse others.
+MAX_BOOKING_MS = 10_000
 
 
 @dataclass(frozen=True)

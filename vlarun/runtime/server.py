@@ -37,7 +37,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Booking, Job, StageQueues
+from vlarun.runtime.queues import MAX_BOOKING_MS, Booking, Job, StageQueues
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -607,11 +607,6 @@ class EdgeServer:
                 "schedule": self.schedule()}  # fmt: skip
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
         return wire.encode(msg, wire.Codec(**job.reply_codec))
-
-
-# A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
-# held longer would only be a way to make the edge refuse others.
-MAX_BOOKING_MS = 10_000
 
 
 def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
