@@ -22,7 +22,12 @@ CASE_KEYS = {
     "decode_speedup": float,
     "prefill_gflops": float,
     "peak_gflops": float,
+    # This machine's two limits, for each phase, beside the ratios to transformers.
     "prefill_peak_fraction": float,
+    "prefill_floor_fraction": float,
+    "decode_peak_fraction": float,
+    "decode_floor_fraction": float,
+    "mem_read_gbs": float,
     "tokens_match": bool,
 }
 
@@ -49,7 +54,9 @@ def test_schema_and_honesty(tiny_result):
         for key, kind in CASE_KEYS.items():
             assert isinstance(case[key], kind), (key, case[key])
         for key in ("prefill_ms_vlarun", "prefill_ms_hf", "decode_ms_per_token_vlarun",
-                    "decode_ms_per_token_hf", "prefill_gflops", "peak_gflops"):  # fmt: skip
+                    "decode_ms_per_token_hf", "prefill_gflops", "peak_gflops", "mem_read_gbs",
+                    "prefill_peak_fraction", "prefill_floor_fraction",
+                    "decode_peak_fraction", "decode_floor_fraction"):  # fmt: skip
             assert case[key] > 0, (key, case[key])
         assert case["prefill_ms_vlarun_p90"] >= case["prefill_ms_vlarun"]
         # (The speedups are the producer's own division; restating it here could not fail.
@@ -76,3 +83,23 @@ def test_table_renders_every_case(tiny_result):
 def test_unknown_shape_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown shape"):
         engine.make_plan(quick=True, shapes=("huge",))
+
+
+def test_limit_fractions_against_hand_numbers():
+    # 2 GFLOP in 20 ms is 100 GFLOP/s: a quarter of a 400 GFLOP/s peak.
+    assert engine.limit_fractions(2e9, 1e9, 20.0, 400.0, 10.0)["peak_fraction"] == pytest.approx(
+        0.25
+    )
+    # 1 GB at 10 GB/s takes 100 ms: a 400 ms step is at a quarter of that floor.
+    assert engine.limit_fractions(2e9, 1e9, 400.0, 400.0, 10.0)["floor_fraction"] == (
+        pytest.approx(0.25)
+    )
+
+
+def test_decode_bytes_are_weights_plus_kv():
+    cfg = engine.SHAPES["tiny"]
+    one = engine.decode_bytes_per_token(cfg, engine.DTYPES["bf16"], context=1)
+    two = engine.decode_bytes_per_token(cfg, engine.DTYPES["bf16"], context=2)
+    # One more cached position adds its K and V in every layer, 2 bytes each.
+    assert two - one == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.hd * 2
+    assert one > 2 * (cfg.num_params() - 2 * cfg.vocab_size * cfg.hidden_size)

@@ -26,7 +26,9 @@ def test_eval_json_and_report(tmp_path, capsys):
     assert 0.0 <= r["ci95"][0] <= r["success_rate"] <= r["ci95"][1] <= 1.0
     assert r["latency_ms"]["p50"] > 0 and r["latency_ms"]["p99"] >= r["latency_ms"]["p50"]
     assert list(r["stages_ms"]) == ["vision", "prefill_head"]  # graph order
-    assert r["control_rate_hz"] == pytest.approx(4e3 / r["latency_ms"]["p50"])
+    # The rate is priced on the whole inference (stages + overhead), never above stages alone.
+    assert 0 < r["control_rate_hz"] <= 4e3 / r["latency_ms"]["p50"]
+    assert r["overhead_ms"]["n"] == r["latency_ms"]["n"] and r["overhead_ms"]["p50"] >= 0
     assert json.loads((report / "eval.json").read_text())["episodes"] == 1
     assert (report / "eval.png").stat().st_size > 1000
     from PIL import Image
@@ -165,3 +167,44 @@ def test_episode_job_counts_each_inference_once_and_replays_what_it_recorded():
     inferences = sum(len(e["latency_ms"]) for e in r["episodes"]) + 1
     assert r["summary"]["steps"] == inferences
     assert len(r["action_errors"]) == len(seen) and min(r["action_errors"]) >= 0
+
+
+def _close(a: float, b: float) -> bool:
+    """Within 5% of ``a``, or 2 ms on a machine loaded by other processes."""
+    return abs(a - b) <= max(0.05 * a, 2.0)
+
+
+def test_eval_latency_is_the_sum_of_its_stage_times(monkeypatch):
+    """Each inference's reported latency is its stages' times, and the ``run_stages`` call it
+    stands for takes no longer (within 5% or 2 ms, median inference): no hidden work around
+    the graph, which is built once per prompt length, not per call. What is not a stage
+    (preprocessing) is reported beside it as overhead, not folded in."""
+    import time
+
+    from vlarun.paths import policy_dir
+    from vlarun.sim.env import MetaWorldEnv, env_views
+    from vlarun.sim.evaluate import _loaded, run_episode
+
+    policy = _loaded(str(policy_dir("tiny-ar")), "cpu")
+    walls, run_stages = [], policy.run_stages
+
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        run = run_stages(*args, **kw)
+        walls.append((time.perf_counter() - t0) * 1e3)
+        return run
+
+    monkeypatch.setattr(policy, "run_stages", timed)
+    env = MetaWorldEnv("reach-v3", max_steps=24, **env_views(policy.model.cfg))
+    r = run_episode(policy, env, 10000)
+    env.close()
+    monkeypatch.undo()
+    assert list(r["stages_ms"]) == ["vision", "prefill", "decode"]
+    lat, over = r["latency_ms"][1:], r["overhead_ms"][1:]  # the first is the warm-up
+    assert len(lat) >= 3 and len(walls) == len(r["latency_ms"])
+    # Independently: the call's own wall time against the latency eval reports for it.
+    gaps = [abs(w - x) for w, x in zip(walls[1:], lat, strict=True)]
+    assert float(np.median(gaps)) <= max(0.05 * float(np.median(lat)), 2.0), (walls, lat)
+    # (The stages' p50s need not add up to the latency's p50 on a loaded machine: a median
+    # of sums is not a sum of medians. Per inference, the latency is their sum.)
+    assert len(over) == len(lat) and min(over) >= 0

@@ -17,8 +17,9 @@ setting with layers_kept < 1 is refused here until the runtime can load pruned w
 ``weights="int8"`` is a model transform too (``transforms.int8``), but one made from the
 checkpoint's own weights in one pass, so ``Policy.with_setting`` applies it in process; the
 stage hooks cannot express it, so ``hooks`` (what the runtime's robot and edge call) refuses it
-until the runtime holds the quantised model. The plan space does not name it yet (no knob in
-``sched``; its accuracy cost is unmeasured).
+until the runtime holds the quantised model. The plan space names it (knob ``weights`` in
+``sched.plans``, priced as int8 bytes streamed and held; its accuracy cost is unmeasured), and
+the runtime's scheduler leaves it out (``runtime.planning.RUNTIME_REFUSES``).
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ class AccelSetting:
             token_method=token_method,
             cache_interval=int(interval) if interval is not None else 1,
             early_exit_sigma=knobs.get("early_exit_sigma"),
+            # Carried, not dropped: ``hooks`` refuses int8 where the runtime cannot run it.
+            weights=knobs.get("weights", "native"),
         )
 
     def knobs(self) -> dict:
@@ -185,6 +188,7 @@ class AccelSetting:
             "token_budget": self.token_budget,
             "cache_interval": self.cache_interval,
             "early_exit_sigma": self.early_exit_sigma,
+            "weights": self.weights,
         }
 
     @classmethod

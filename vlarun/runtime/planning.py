@@ -49,12 +49,18 @@ def cost_model(model_cfg, cfg):
     return get_preset(cfg.emulate.model)
 
 
+# Knobs whose non-identity values are model transforms the runtime cannot execute yet: the
+# robot and the edge run the checkpoint's own weights (``AccelSetting.hooks`` refuses int8).
+RUNTIME_REFUSES = ("layers_kept", "weights")
+
+
 def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     """The agent's scheduler between its robot and edge devices: placements under its one
     setting (``cfg.setting``; strategy "vlarun"), or placements x every setting the runtime can
     execute whose measured success clears the accuracy floor (strategy "vlarun-joint": the
-    settings table ``cfg.settings_file`` or the shipped one; layer pruning is a model
-    transform the runtime does not run, so those rows are left out)."""
+    settings table ``cfg.settings_file`` or the shipped one; layer pruning and int8 weights
+    are model transforms the runtime does not run (``AccelSetting.hooks`` refuses them), so
+    those rows are left out)."""
     devices = role_devices(cfg)
     model_cfg = cost_model(model_cfg, cfg)
     if cfg.emulate is not None:  # the real model in the dtype the emulated devices run it in
@@ -63,7 +69,7 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     if cfg.strategy == "vlarun-joint":
         rows = tuple(
             r for r in load_settings(cfg.settings_file)
-            if r.knob != "layers_kept" or r.value == IDENTITY["layers_kept"]
+            if r.knob not in RUNTIME_REFUSES or r.value == IDENTITY[r.knob]
         )  # fmt: skip
         floor = None if cfg.accuracy_floor == "none" else cfg.accuracy_floor
     else:

@@ -162,7 +162,11 @@ def no_plan_reason(
     pruned = [g for k, g in enumerate(space.settings) if space.executable[k].any()]
     if pruned:
         least = max(pruned, key=lambda g: (g.value("layers_kept"), g.value("token_budget")))
-        knobs = ", ".join(f"{n}={v:g}" for n, v in least.knobs if v != IDENTITY[n])
+        knobs = ", ".join(
+            f"{n}={v:g}" if isinstance(v, float | int) else f"{n}={v}"
+            for n, v in least.knobs
+            if v != IDENTITY[n]
+        )
         line += (
             f"; {len(pruned)} pruned settings fit (the least pruned: {knobs}), but the accuracy "
             "floor admits none (--unmeasured-settings or a lower --accuracy-floor does)"
@@ -171,7 +175,7 @@ def no_plan_reason(
     if over8 <= 0:
         return (
             f"{line}; with weight-only int8 it fits as {_placed(works, roles8, need8, devices)}"
-            " (setting int8, which the plan space does not price yet)"
+            " (setting int8: the plan space prices it, but its accuracy cost is unmeasured)"
         )
     return (
         f"{line}; weight-only int8 does not fit either: its closest is "

@@ -1,9 +1,9 @@
 """The plan space: every placement of the stage DAG x every accelerator setting, filtered.
 
 A placement maps each stage to the robot or the edge (2^|V| of them); a setting fixes the
-accelerator knobs (TRIAGE/EfficientVLA token budget, layers kept, denoising cache interval).
-Choosing both together is the point: a pruned model may fit a robot it did not fit before, or
-finish on the robot within the deadline without paying for the link.
+accelerator knobs (TRIAGE/EfficientVLA token budget, layers kept, denoising cache interval,
+weight-only int8). Choosing both together is the point: a pruned or int8 model may fit a robot
+it did not fit before, or finish on the robot within the deadline without paying for the link.
 
 Knob effects on cost are analytic (below). Their accuracy cost is NOT: it comes from
 ``settings.json``, where each setting carries its *measured* relative success, or null where
@@ -43,8 +43,16 @@ KNOB_FAMILIES = {
     "layers_kept": ("autoregressive", "parallel", "diffusion"),
     "cache_interval": ("diffusion", "flow"),
     "early_exit_sigma": ("autoregressive",),
+    # Weight-only int8 (``transforms.int8``) of the LM's and the action head's decoder layers.
+    "weights": ("autoregressive", "parallel", "diffusion", "flow"),
 }
-IDENTITY = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "early_exit_sigma": None}
+IDENTITY = {
+    "token_budget": 1.0,
+    "layers_kept": 1.0,
+    "cache_interval": 1,
+    "early_exit_sigma": None,
+    "weights": "native",
+}
 # The accuracy floor `plan` uses by default: admit a setting only if it was measured and its
 # interval reaches full compute (no loss the measurement can tell from zero).
 NO_LOSS = "no-loss"
@@ -57,7 +65,7 @@ class SettingRow:
     the identity values and unmeasured rows may claim)."""
 
     knob: str
-    value: float | None
+    value: float | str | None  # a string for the weights knob ("native", "int8")
     relative_success: float | None
     source: str | None
     modelled: bool = True
@@ -177,7 +185,7 @@ class Setting:
     """A combination of knob values. ``relative_success`` is the product of the knobs'
     measured values (an independence assumption), None when any knob is unmeasured."""
 
-    knobs: tuple[tuple[str, float | None], ...]
+    knobs: tuple[tuple[str, float | str | None], ...]
     relative_success: float | None
     lower: float | None = None  # products of the knobs' bounds (None: unmeasured)
     upper: float | None = None
@@ -230,6 +238,10 @@ def setting_grid(
 def apply_setting(works: tuple[StageWork, ...], cfg: VLAConfig, w: Workload, s: Setting):
     """The stage works under setting ``s``."""
     out = []
+    # Weight-only int8: each pass streams int8 weights (+ scales) instead of the dtype's; the
+    # matmuls still run in the dtype, so FLOPs stay. Per weight group: bytes saved per pass.
+    elt = DTYPE_BYTES[w.dtype]
+    saved = {g: n * elt - b for g, (n, b) in (int8_under(cfg, s) or {}).items()}
     budget, kept = s.value("token_budget"), s.value("layers_kept")
     interval = int(s.value("cache_interval"))
     layers = cfg.llm.num_layers
@@ -259,6 +271,11 @@ def apply_setting(works: tuple[StageWork, ...], cfg: VLAConfig, w: Workload, s: 
             computed = math.ceil(steps / interval)
             f = computed / steps
             work = replace(work, flops=work.flops * f, bytes=work.bytes * f, passes=computed)
+        cut = saved.get(_weight_group(work.name), 0)
+        if cut:
+            work = replace(
+                work, weight_bytes=work.weight_bytes - cut, bytes=work.bytes - cut * work.passes
+            )
         out.append(work)
     return tuple(out)
 
@@ -294,6 +311,19 @@ def int8_weights(cfg: VLAConfig) -> dict[str, tuple[int, int]]:
         group = next(g for prefix, g in _INT8_GROUPS.items() if name.startswith(prefix))
         n, b = out.get(group, (0, 0))
         out[group] = (n + linear.weight.numel(), b + int8_bytes(linear))
+    return out
+
+
+def int8_under(cfg: VLAConfig, s: Setting) -> dict[str, tuple[int, int]] | None:
+    """``int8_weights`` of the model setting ``s`` runs (None: its weights stay in the dtype):
+    with layers pruned, the LM's int8 share shrinks with its layers, as its float share does."""
+    if s.value("weights") != "int8":
+        return None
+    out = dict(int8_weights(cfg))
+    kept = s.value("layers_kept")
+    if "llm" in out and kept < 1.0:
+        f = max(1, round(cfg.llm.num_layers * kept)) / cfg.llm.num_layers
+        out["llm"] = (int(out["llm"][0] * f), int(out["llm"][1] * f))
     return out
 
 
@@ -343,13 +373,18 @@ def usable_bytes(device: Device) -> float:
 
 
 def feasibility(
-    works: tuple[StageWork, ...], roles: tuple[str, ...], devices: dict[str, Device], dtype: str
+    works: tuple[StageWork, ...],
+    roles: tuple[str, ...],
+    devices: dict[str, Device],
+    dtype: str,
+    int8: dict[str, tuple[int, int]] | None = None,
 ) -> str | None:
-    """None if the placement is executable, else the reason it is not."""
+    """None if the placement is executable, else the reason it is not (``int8``: as in
+    ``memory_parts``, the parameters held in int8)."""
     for role in set(roles):
         if dtype not in devices[role].dtypes:
             return f"{devices[role].id} does not support {dtype}"
-    for role, nbytes in memory_needed(works, roles, dtype).items():
+    for role, nbytes in memory_needed(works, roles, dtype, int8).items():
         cap = usable_bytes(devices[role])
         if nbytes > cap:
             return f"{devices[role].id} memory: needs {nbytes / 1e9:.1f} GB of {cap / 1e9:.1f} GB"
@@ -415,9 +450,10 @@ def build_space(
     works = tuple(apply_setting(base_works, cfg, w, g) for g in grid)
     executable = np.zeros((len(grid), len(placements)), dtype=bool)
     for k, ws in enumerate(works):
+        int8 = int8_under(cfg, grid[k])
         for p, edge in enumerate(placements):
             roles = tuple(ROLES[int(e)] for e in edge)
-            executable[k, p] = feasibility(ws, roles, devices, w.dtype) is None
+            executable[k, p] = feasibility(ws, roles, devices, w.dtype, int8) is None
     if accuracy_floor is None:
         eligible = np.ones(len(grid), dtype=bool)
         unmeasured = sum(not g.measured for g in grid)
