@@ -157,7 +157,7 @@ def _prior(agent, queued: int, period_s: float = 0.05) -> Prior:
 
 def _plan(where: str, latency_s: float, sigma_s: float = 0.0) -> ExecutionPlan:
     placement = {"vision": where, "prefill": where, "denoise": where}
-    full = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1}  # the plain setting
+    full = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "weights": "native"}
     return ExecutionPlan(placement=placement, settings=full, relative_success=None,
                          joined_batch=False, latency_s=latency_s, residual_s=0.0, energy_j=1.0,
                          actions_per_joule=1.0, feasible=True, slo_s=1.0, stage_start={},
