@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Co-inference demo: an edge server and a robot agent as separate processes on loopback.
 # The link between them (a shaping relay) runs at 200 Mbit/s, drops to 2 Mbit/s at 5 s and
-# recovers at 9 s (three episodes take about 14 s, so the return is seen); the robot prints a summary per episode and one line on when its plans left
-# the edge after the drop and came back after the restore (`--log`: one line per inference).
+# recovers at 9 s (the three episodes take about 14 s, so the return is seen); the robot prints
+# a summary per episode and one line on when its plans left the edge after the drop and came
+# back after the restore (`--log`: one line per inference).
 set -euo pipefail
 VLARUN=${VLARUN:-.venv/bin/vlarun}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
