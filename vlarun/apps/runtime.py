@@ -318,7 +318,10 @@ class RunRobotOptions:
     """Run a policy in closed loop on Meta-World as a robot: plan per request, edge stages over
     the network, local fallback, asynchronous action chunks."""
 
-    edge: str | None = opt(None, "edge endpoint (none: everything on the robot)")
+    edge: str | None = opt(
+        None, "edge endpoint (none: everything on the robot); 'local': start an edge server "
+        "for this run on loopback (plain TCP, the same policy, one thread), stopped after it",
+    )  # fmt: skip
     insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
     server_key: str | None = opt(None, "the edge's public key file")
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
@@ -404,16 +407,21 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
     cfg = agent_config(o, setting, slo_s)
-    sec = robot_security(o.insecure, o.server_key, o.keys) if o.edge else None
-    relay, edge = None, o.edge
-    if o.edge and o.link_mbps:
-        from vlarun.runtime import procs
+    from vlarun.runtime import procs
 
-        relay, edge = procs.start_relay(o.edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
-    agent = RobotAgent(policy, cfg, edge, sec)
-    env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
-    log = _step_logger() if o.log else None
-    try:
+    server, relay, edge = None, None, o.edge
+    if o.edge == "local":  # loopback only, so plain TCP reaches no one else
+        extra = ["--policy", o.policy, "--dtype", o.dtype, "--threads", "1"]
+        server, edge = procs.start_edge(extra=extra)
+    insecure = o.insecure or server is not None
+    sec = robot_security(insecure, o.server_key, o.keys) if edge else None
+    agent = env = None
+    try:  # whatever fails, the processes started here stop with it
+        if edge and o.link_mbps:
+            relay, edge = procs.start_relay(edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
+        agent = RobotAgent(policy, cfg, edge, sec)
+        env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
+        log = _step_logger() if o.log else None
         obs, _ = env.reset(seed=o.seed)
         agent.warmup(obs["image"], env.instruction)
         if relay is not None:  # the link's schedule starts with the first episode, not the set-up
@@ -424,10 +432,12 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
             for i in range(o.episodes)
         ]
     finally:
-        agent.close()
-        env.close()
-        if relay is not None:
-            procs.stop(relay)
+        for part in (agent, env):
+            if part is not None:
+                part.close()
+        for p in (relay, server):
+            if p is not None:
+                procs.stop(p)
     infs = [r for e in episodes for r in e["inferences"]]
     return {
         "edge": o.edge,
