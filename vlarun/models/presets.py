@@ -7,6 +7,7 @@ nothing here downloads weights.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from vlarun.models.fast_head import FastConfig
@@ -157,18 +158,13 @@ def pi05() -> VLAConfig:
     """pi0.5 as openpi / LeRobot ship it: pi0's shape, the flow time conditioning every norm of
     the expert (adaptive RMSNorm) and no state token: the state is written, discretised, into
     a prompt of up to 200 tokens (LeRobot ``tokenizer_max_length``)."""
-    flow = FlowExpertConfig(
-        GEMMA_300M_EXPERT, action_dim=32, horizon=50, state_dim=0, num_steps=10, time_cond="adarms"
-    )
-    return VLAConfig(
+    base = pi0()
+    return dataclasses.replace(
+        base,
         name="pi05",
-        family="flow",
-        action_dim=32,
-        chunk=50,
         max_text_tokens=200,
-        flow=flow,
+        flow=dataclasses.replace(base.flow, state_dim=0, time_cond="adarms"),
         notes="PaliGemma-3B + a 300M expert with adaptive norms; the state is prompt text",
-        **_paligemma_prefix(),
     )
 
 
