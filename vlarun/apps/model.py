@@ -69,6 +69,11 @@ class BenchEngineOptions:
     """Engine benchmark: prefill and decode against transformers on identical weights."""
 
     quick: bool = opt(False, "reduced run (a couple of minutes)")
+    profile: bool = opt(
+        False,
+        "instead: where the 1.1B prefill and decode spend their time, "
+        "vlarun against transformers (torch.profiler, self time per op)",
+    )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
@@ -299,16 +304,24 @@ def _print_convert(r: dict) -> None:
 
 
 def cmd_bench_engine(o: BenchEngineOptions) -> dict:
+    import torch
+
     from vlarun.bench import engine
     from vlarun.models.device import cpu_only
 
     cpu_only(o.device, "vlarun bench engine")
+    if o.profile:
+        torch.set_num_threads(engine._cores())
+        return {"profile": engine.profile_case(), "machine": engine.machine_info()}
     return engine.run(quick=o.quick)
 
 
 def _print_bench_engine(r: dict) -> None:
     from vlarun.bench import engine
 
+    if "profile" in r:
+        print(engine.format_profile(r["profile"]))
+        return
     print(engine.format_table(r))
 
 

@@ -658,6 +658,93 @@ def run(
 
 
 # ----------------------------------------------------------------------------------------------
+# Where the time goes: torch's profiler over one prefill and the decode steps, per runner
+
+# aten ops by what they are, for the share of time each kind takes
+OP_KINDS: dict[str, tuple[str, ...]] = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
+               "mkldnn", "onednn", "aten::_weight_int8pack_mm"),
+    "attention": ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax"),
+    "copies": ("aten::copy_", "aten::cat", "aten::contiguous", "aten::clone", "aten::index",
+               "aten::to", "aten::_to_copy", "aten::empty", "aten::zeros", "aten::fill_",
+               "aten::index_put", "aten::slice_scatter"),
+}  # fmt: skip
+
+
+def _kind(op: str) -> str:
+    for kind, marks in OP_KINDS.items():
+        if any(m in op for m in marks):
+            return kind
+    return "other"
+
+
+def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10) -> dict:
+    """Self CPU time per aten op for one prefill and ``DECODE_TOKENS`` decode steps, vlarun
+    against transformers (the static-cache variant, its best case), after one warm-up; ops
+    grouped into matmul / attention / copies / other, and the ``top`` ops of each runner."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dtype_name = dtype_name or ("bf16" if bf16_is_fast() else "fp32")
+    cfg, dtype = SHAPES[shape], DTYPES[dtype_name]
+    hf, ours = build_pair(cfg, dtype)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    ids = torch.randint(0, cfg.vocab_size, (1, PREFILL_TOKENS), generator=gen)
+    runners = [VlarunRunner(ours, PREFILL_TOKENS, DECODE_TOKENS),
+               HFRunner(hf, True, PREFILL_TOKENS, DECODE_TOKENS)]  # fmt: skip
+    out: dict = {"shape": shape, "dtype": dtype_name, "runners": {}}
+    with torch.inference_mode():
+        for r in runners:
+            _run_once(r, ids, DECODE_TOKENS)  # warm-up: first-call allocations, oneDNN plans
+            phases = {}
+            for phase in ("prefill", "decode"):
+                r.reset()
+                tok = r.prefill(ids) if phase == "decode" else None
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    t0 = time.perf_counter()
+                    if phase == "prefill":
+                        r.prefill(ids)
+                    else:
+                        for i in range(DECODE_TOKENS):
+                            tok = r.step(tok, i)
+                    wall = time.perf_counter() - t0
+                events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+                kinds: dict[str, float] = {}
+                for e in events:
+                    kinds[_kind(e.key)] = kinds.get(_kind(e.key), 0.0) + e.self_cpu_time_total
+                ops = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+                phases[phase] = {
+                    "wall_ms": 1e3 * wall,  # under the profiler: slower than the timed runs
+                    "self_ms_by_kind": {k: v / 1e3 for k, v in sorted(kinds.items())},
+                    "top_ops": [
+                        {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count}
+                        for e in ops
+                    ],  # fmt: skip
+                    "aten_calls": sum(e.count for e in events),
+                }
+            out["runners"][r.name] = phases
+    return out
+
+
+def format_profile(p: dict) -> str:
+    lines = [f"Profile ({p['shape']}, {p['dtype']}): self CPU ms by kind of op, "
+             "one prefill and the decode steps, under torch.profiler", "",
+             "| runner | phase | wall ms | matmul | attention | copies | other | aten calls |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, phases in p["runners"].items():
+        for phase, v in phases.items():
+            k = v["self_ms_by_kind"]
+            lines.append(f"| {name} | {phase} | {v['wall_ms']:.1f} | {k.get('matmul', 0):.1f} "
+                         f"| {k.get('attention', 0):.1f} | {k.get('copies', 0):.1f} "
+                         f"| {k.get('other', 0):.1f} | {v['aten_calls']} |")  # fmt: skip
+    for name, phases in p["runners"].items():
+        for phase, v in phases.items():
+            top = ", ".join(f"{o['op'].removeprefix('aten::')} {o['self_ms']:.1f} ms x{o['calls']}"
+                            for o in v["top_ops"][:6])  # fmt: skip
+            lines.append(f"- {name} {phase}: {top}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
 # Output
 
 
