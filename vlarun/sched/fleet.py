@@ -44,8 +44,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
-import statistics
+from collections import Counter
 from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field
 
@@ -60,6 +59,7 @@ from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
+from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.truth import Truth, load_samples, make_truth
 
@@ -483,31 +483,14 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
 
 
 def summarise(records: list[dict], actions: int) -> dict:
-    lat = sorted(r["latency_s"] for r in records)
-    energy = sum(r["energy_j"] for r in records)
-    out = {
-        "requests": len(records),
-        "actions_per_joule": actions * len(records) / energy,
-        "slo_satisfaction": sum(r["slo_met"] for r in records) / len(records),
-        "mean_latency_ms": statistics.fmean(lat) * 1e3,
-        "p99_latency_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
-        "placements": dict(sorted(_count(r["placement"] for r in records).items())),
-    }
+    """The one summariser of run records (``records.summarise``) over the run and over each
+    phase of the bandwidth drop, with the placements the requests ran."""
+    out = summarise_records(records, actions)
+    out["placements"] = dict(sorted(Counter(r["placement"] for r in records).items()))
     for phase in ("before", "after"):
         part = [r for r in records if r["phase"] == phase]
         if part:
-            out[f"{phase}_drop"] = {
-                "actions_per_joule": actions * len(part) / sum(r["energy_j"] for r in part),
-                "slo_satisfaction": sum(r["slo_met"] for r in part) / len(part),
-                "mean_latency_ms": statistics.fmean(r["latency_s"] for r in part) * 1e3,
-            }
-    return out
-
-
-def _count(xs) -> dict:
-    out: dict = {}
-    for x in xs:
-        out[x] = out.get(x, 0) + 1
+            out[f"{phase}_drop"] = summarise_records(part, actions)
     return out
 
 
@@ -552,7 +535,7 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
     width = 0.8 / len(STRATEGIES)
     for i, policy in enumerate(STRATEGIES):
         vals = [sim["results"][x][policy]["actions_per_joule"] for x in loads]
-        slo = [sim["results"][x][policy]["slo_satisfaction"] for x in loads]
+        slo = [sim["results"][x][policy]["slo_met_fraction"] for x in loads]
         bars = ax2.bar(np.arange(len(loads)) + i * width, vals, width, label=policy)
         for b, s in zip(bars, slo, strict=True):
             ax2.annotate(
@@ -622,16 +605,16 @@ def format_fleet(r: dict) -> str:
     for load, res in r["results"].items():
         lines.append(f"  {load} edge load ({r['load_utilisation'][load]:.0%} background):")
         for policy, s in res.items():
-            slo = 100 * s["slo_satisfaction"]
+            slo = 100 * s["slo_met_fraction"]
             phases = " | ".join(
                 f"{ph} drop {s[ph + '_drop']['actions_per_joule']:.3f} act/J "
-                f"{100 * s[ph + '_drop']['slo_satisfaction']:.1f}%"
+                f"{100 * s[ph + '_drop']['slo_met_fraction']:.1f}%"
                 for ph in ("before", "after")
                 if ph + "_drop" in s
             )
             lines.append(
                 f"    {policy:<16} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
-                f"  mean {s['mean_latency_ms']:7.1f} ms  p99 {s['p99_latency_ms']:7.1f} ms  "
+                f"  mean {s['latency_mean_ms']:7.1f} ms  p99 {s['latency_p99_ms']:7.1f} ms  "
                 f"{s['placements']}"
             )
             lines.append(f"    {'':<16} {phases}")
