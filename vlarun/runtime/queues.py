@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
@@ -211,7 +211,7 @@ class StageQueues:
     ) -> float:  # fmt: skip
         """When a request for ``stages`` due at ``deadline``, queued now, would finish: the
         forecast with it in (admission's test is the robots' schedule, not a second model)."""
-        ask = replace(self._pending(now, deadline, THIS, stages), key=THIS)
+        ask = self._pending(now, deadline, THIS, stages, key=THIS)
         _, queue = self._model(now, busy_until, running, bytes.hex, ask)
         end = finish(queue, THIS)
         return now if end is None else end
@@ -243,13 +243,14 @@ class StageQueues:
         return out, queue
 
     def _pending(
-        self, ready: float, deadline: float, origin: str, stages, booked: bool = False
-    ) -> Pending:
+        self, ready: float, deadline: float, origin: str, stages, booked: bool = False,
+        key: str | None = None,
+    ) -> Pending:  # fmt: skip
         """A request's remaining ``stages`` at their measured per-request times (0 for a stage
         never measured: no evidence to wait on)."""
         stages = tuple(stages)
         seconds = tuple(self.est_s.get(n, 0.0) for n in stages)
-        return Pending(ready, deadline, origin, stages, seconds, booked)
+        return Pending(ready, deadline, origin, stages, seconds, booked, key)
 
     def ordered(self) -> list[Job]:
         """Every queued request, in the order the worker will serve them (EDF)."""
