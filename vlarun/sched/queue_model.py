@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 
 THIS = "(this request)"  # the name and key of the request admission asks about
@@ -144,12 +144,3 @@ def finish(queue: EdgeQueue, key: Hashable) -> float | None:
             if p.key == key and len(p.stages) == 1:
                 return slot.end
     return None
-
-
-def forecast(items: Iterable[Pending], start: float, max_batch: int, limit: int = 64) -> list[Slot]:
-    """``items`` played forward from ``start`` (when the worker is next free): up to
-    ``limit`` slots, in the order they would run."""
-    queue = EdgeQueue(max_batch, start)
-    for p in items:
-        queue.add(p)
-    return play(queue, limit)
