@@ -86,7 +86,7 @@ def test_matrix_summary_on_hand_built_rows():
 
 
 def test_prediction_error_counts_only_requests_that_ran_their_plan():
-    from vlarun.runtime.episode import prediction_error, summarise
+    from vlarun.sched.records import prediction_error, summarise
 
     def row(pred_ms, real_ms, pred_j, real_j, fallback=None):
         return {

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.episode import summarise
 from vlarun.sched.meters import RaplMeter, WindowMeter, detect_meters, window_meter
+from vlarun.sched.records import summarise
 
 WATTS = 40.0
 

@@ -393,9 +393,10 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.episode import link_timeline, run_episode, summarise
+    from vlarun.runtime.episode import link_timeline, run_episode
     from vlarun.runtime.relay import parse_schedule
     from vlarun.runtime.transport import robot_security
+    from vlarun.sched.records import summarise
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads

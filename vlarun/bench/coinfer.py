@@ -253,8 +253,8 @@ def _strategy_run(
     (other robots are the caller's)."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.episode import summarise
     from vlarun.runtime.transport import Security
+    from vlarun.sched.records import summarise
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     horizon = policy.model.cfg.horizon
@@ -358,7 +358,7 @@ def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
 def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
     """``robots`` vlarun agents at the control period, sharing the edge (frames replayed)."""
     from vlarun.bench.coinfer_matrix import robot_loop
-    from vlarun.runtime.episode import summarise
+    from vlarun.sched.records import summarise
 
     horizon = policy.model.cfg.horizon
     period = horizon / o.control_hz

@@ -6,7 +6,7 @@ Every (model, bandwidth, robots) cell runs each matrix strategy (device-only, ed
 fixed-split, vlarun-placement, vlarun-joint) in the same simulated world (one seed; the robots
 are the load, with the other tenants at ``matrix_load``). A row per cell and strategy: actions
 per joule (modelled), SLO share, p50/p99, fallbacks (edge segments refused at admission and run
-on the robot). Rows are summarised by the real-process matrix's summariser (``runtime.episode.
+on the robot). Rows are summarised by the real-process matrix's summariser (``sched.records.
 summarise`` per row, ``coinfer_matrix.summarise_matrix`` per cell) and plotted by its plotter,
 so both matrices read alike. Stage times are recorded samples carried to the real shapes
 (sched/truth.py): the ``truth`` field of the result says so.
@@ -20,8 +20,8 @@ from dataclasses import replace
 
 from vlarun.bench.coinfer_matrix import parse_bandwidth, plot_matrix, summarise_matrix
 from vlarun.config import items
-from vlarun.runtime.episode import summarise
 from vlarun.sched.fleet import STRATEGIES, FleetConfig, make_setup, run_policy
+from vlarun.sched.records import summarise
 
 CELL = ("model", "bandwidth", "robots")  # the fields one matrix cell shares
 

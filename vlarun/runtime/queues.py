@@ -8,17 +8,16 @@ and the earliest member's slack allows, it waits a short window for more robots:
 deadline - now - the stage's measured time, and the wait never takes more than half of it,
 so batching never costs a deadline it could have met.
 
-The same module is the edge's queue model: ``StageQueues.forecast`` plays the worker's rule
-(each stage at its measured per-request time) forward over the batch
-running now, every queued request and every booking (a robot's plan announced at decision time,
-before its bytes arrive), so the schedule robots plan against and the admission test are one
-computation, and a second robot deciding before the first one's packet lands already sees it.
+``StageQueues.forecast`` plays that rule forward (``sched.queue_model``, the one queue model,
+also the scale-out front's and the fleet simulator's; each stage at its measured per-request
+time) over the batch running now, every queued request and every booking (a robot's plan
+announced at decision time, before its bytes arrive), so the schedule robots plan against and
+the admission test are one computation, and a second robot deciding before the first one's
+packet lands already sees it.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlarun.runtime.segments import batch_dim
+from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish, play
 
 
 @dataclass
@@ -87,7 +87,6 @@ class Job:
         return tuple(sig)
 
 
-THIS = "(this request)"  # the forecast's name for the request admission asks about
 MAX_BOOKINGS = 256  # bookings held at once; more are refused (each is a few hundred bytes)
 # A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
 # held longer would only be a way to make the edge refuse others.
@@ -104,25 +103,6 @@ class Booking:
     stages: tuple[str, ...]
     arrive: float
     deadline: float
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One stage of one request in the forecast: who, what, when it runs and when it is due
-    (monotonic seconds); ``booked``: announced, not arrived yet."""
-
-    origin: str
-    stage: str
-    start: float
-    end: float
-    deadline: float
-    booked: bool = False
-
-    def pack(self, now: float) -> dict:
-        """The wire form: times in ms from ``now``."""
-        return {"robot": self.origin, "stage": self.stage, "start_ms": 1e3 * (self.start - now),
-                "end_ms": 1e3 * (self.end - now), "deadline_ms": 1e3 * (self.deadline - now),
-                "booked": self.booked}  # fmt: skip
 
 
 class StageQueues:
@@ -212,54 +192,18 @@ class StageQueues:
         extra: Booking | None = None,
         limit: int = 64,
     ) -> list[Slot]:
-        """The worker's rule played forward: after the batch running now (``running``: stage,
-        robot names, earliest deadline, each member's (name, deadline, stages after); until
-        ``busy_until``), batch after batch as ``take`` picks them from the requests queued
-        now, booked and arrived by then, or re-queued for their next stage, each at its
-        measured per-request time. ``extra``: a request not yet queued,
-        placed like a booking (admission asks where it would finish). Returns up to ``limit``
-        slots in the order they would run."""
-        with self.cond:
-            self._expire(now)
-            items = [(now, j.deadline, name(j.origin), j.stages[j.pos :], False)
-                     for q in self.queues.values() for j in q]  # fmt: skip
-            items += [(max(b.arrive, now), b.deadline, name(b.origin), b.stages, True)
-                      for b in self.bookings]  # fmt: skip
+        """The worker's rule played forward (``sched.queue_model``): after the batch running
+        now (``running``: stage, robot names, earliest deadline, each member's (name,
+        deadline, stages after); until ``busy_until``), batch after batch from the requests
+        queued now, booked and arrived by then, or re-queued for their next stage, each stage
+        at its measured per-request time. ``extra``: a request not yet queued, placed like a
+        booking (admission asks where it would finish). Returns up to ``limit`` slots in the
+        order they would run."""
+        ask = None
         if extra is not None:
-            items.append((max(extra.arrive, now), extra.deadline, THIS, extra.stages, False))
-        out, cursor = [], now
-        if running and busy_until > now:
-            stage, robots, due, after = running
-            out.append(Slot(",".join(robots), stage, now, busy_until, due))
-            cursor = busy_until
-            items += [(busy_until, d, who, rest, False) for who, d, rest in after]
-        # The worker's rule (``take``): the stage queue whose head (its oldest request) is due
-        # first, and from it a batch of up to max_batch requests, earliest deadline first,
-        # taking max_batch x the per-request time (the batch window is not modelled).
-        seq = itertools.count()
-        later = [(ready, next(seq), due, who, tuple(names), booked)
-                 for ready, due, who, names, booked in items if names]  # fmt: skip
-        heapq.heapify(later)
-        queued: dict[str, list] = {}
-        while (later or any(queued.values())) and len(out) < limit:
-            while later and later[0][0] <= cursor:  # arrived by now: joins its stage's queue
-                ready, k, due, who, names, booked = heapq.heappop(later)
-                queued.setdefault(names[0], []).append((k, due, who, names, booked))
-            heads = [q[0] for q in queued.values() if q]
-            if not heads:  # idle until the next booked request lands
-                cursor = later[0][0]
-                continue
-            stage = min(heads, key=lambda h: h[1])[3][0]
-            q = queued[stage]
-            batch = sorted(q, key=lambda m: m[1])[: self.max_batch]
-            queued[stage] = [m for m in q if m not in batch]
-            end = cursor + self.est_s.get(stage, 0.0) * len(batch)
-            for k, due, who, names, booked in batch:
-                out.append(Slot(who, stage, cursor, end, due, booked))
-                if len(names) > 1:  # its next stage is queued once this one is done
-                    heapq.heappush(later, (end, k, due, who, names[1:], booked))
-            cursor = end
-        return out[:limit]
+            ask = self._pending(max(extra.arrive, now), extra.deadline, THIS, extra.stages)
+        out, queue = self._model(now, busy_until, running, name, ask)
+        return (out + play(queue, limit))[:limit]
 
     def finish(
         self, now: float, stages: tuple[str, ...], deadline: float, busy_until: float = 0.0,
@@ -267,9 +211,46 @@ class StageQueues:
     ) -> float:  # fmt: skip
         """When a request for ``stages`` due at ``deadline``, queued now, would finish: the
         forecast with it in (admission's test is the robots' schedule, not a second model)."""
-        ask = Booking(b"", stages, now, deadline)
-        slots = self.forecast(now, busy_until, running, extra=ask, limit=1 << 30)
-        return max((s.end for s in slots if s.origin == THIS), default=now)
+        ask = self._pending(now, deadline, THIS, stages, key=THIS)
+        _, queue = self._model(now, busy_until, running, bytes.hex, ask)
+        end = finish(queue, THIS)
+        return now if end is None else end
+
+    def _model(
+        self, now: float, busy_until: float, running: tuple, name: Callable[[bytes], str],
+        ask: Pending | None = None,
+    ) -> tuple[list[Slot], EdgeQueue]:  # fmt: skip
+        """The queue model's state now: the running batch's slot (if any) and the queues,
+        holding every queued request, every booking, ``ask`` and the running batch's
+        followers."""
+        with self.cond:
+            self._expire(now)
+            items = [self._pending(now, j.deadline, name(j.origin), j.stages[j.pos :])
+                     for q in self.queues.values() for j in q]  # fmt: skip
+            items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
+                                    booked=True) for b in self.bookings]  # fmt: skip
+        if ask is not None:
+            items.append(ask)
+        out: list[Slot] = []
+        queue = EdgeQueue(self.max_batch, now)
+        if running and busy_until > now:
+            stage, robots, due, after = running
+            out.append(Slot(",".join(robots), stage, now, busy_until, due))
+            queue.free_at = busy_until
+            items += [self._pending(busy_until, d, who, rest) for who, d, rest in after]
+        for p in items:
+            queue.add(p)
+        return out, queue
+
+    def _pending(
+        self, ready: float, deadline: float, origin: str, stages, booked: bool = False,
+        key: str | None = None,
+    ) -> Pending:  # fmt: skip
+        """A request's remaining ``stages`` at their measured per-request times (0 for a stage
+        never measured: no evidence to wait on)."""
+        stages = tuple(stages)
+        seconds = tuple(self.est_s.get(n, 0.0) for n in stages)
+        return Pending(ready, deadline, origin, stages, seconds, booked, key)
 
     def ordered(self) -> list[Job]:
         """Every queued request, in the order the worker will serve them (EDF)."""

@@ -54,8 +54,9 @@ from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.agent import AgentConfig, Inference, RobotAgent
 from vlarun.runtime.chunks import ChunkQueue
-from vlarun.runtime.episode import model_rows, p95_of, summarise
+from vlarun.runtime.episode import model_rows, p95_of
 from vlarun.runtime.transport import robot_security
+from vlarun.sched.records import summarise
 
 
 class Robot:
@@ -142,7 +143,7 @@ class Robot:
 
     def summary(self) -> dict:
         """Latency percentiles, deadlines met, fallbacks, edge requests and modelled energy
-        over every inference so far (``episode.summarise``), and the stalls."""
+        over every inference so far (``sched.records.summarise``), and the stalls."""
         rows = [inf.row() for inf in self.inferences]
         return summarise(rows, self.horizon) | {
             "stalls": len(self.stalls),

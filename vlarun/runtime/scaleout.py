@@ -25,9 +25,10 @@ own machine binds a Unix socket in the front's private folder (mode 0700) instea
 user can open it (as only this user can read Ray's token), and the payload is not encrypted
 twice on its way through one machine.
 
-Dispatch: for each request the front predicts, per live worker, when it would finish: now + the
-per-request time of every stage still in flight there (from the stage times the worker's
-replies report, EWMA; its warm-up measurement to begin with) + the request's own stages. It
+Dispatch: for each request the front predicts, per live worker, when it would finish: the one
+queue model (``sched.queue_model``, the worker's own rule played forward) over every request in
+flight there and this one, each stage at its per-request time (from the stage times the
+worker's replies report, EWMA; its warm-up measurement to begin with). It
 sends the request to the earliest (an accelerated stream stays on the worker holding its KV
 cache when that one is in time too) and refuses it at once, as one edge does, when even the
 earliest would finish after the deadline: the robot hears it and runs the segment itself.
@@ -70,6 +71,7 @@ from vlarun.runtime.server import (
     wildcard,
 )
 from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, router_socket
+from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, finish, play
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
 
@@ -108,6 +110,7 @@ class _Worker:
     est_at: dict[str, float] = field(default_factory=dict)
     flights: dict[int, _Flight] = field(default_factory=dict)  # front rid -> flight
     replies: int = 0
+    max_batch: int = 8  # the worker's (``ServerConfig.max_batch``): the model batches as it does
     # How much later than predicted its answers come (EWMA, >= 0): what the stage times miss
     # when the worker's machine gets busier (on a shared machine: a neighbour's restart).
     lag_s: float = 0.0
@@ -115,29 +118,41 @@ class _Worker:
     def work_s(self, stages) -> float:
         return sum(self.est_s.get(s, 0.0) for s in stages)
 
+    def seconds(self, stages) -> tuple[float, ...]:
+        """Each stage's estimated per-request time here (0 for a stage never measured)."""
+        return tuple(self.est_s.get(s, 0.0) for s in stages)
+
     def load_s(self) -> float:
         """Predicted seconds of the work in flight here (conservative: every flight counts
         whole, whatever part of it has run)."""
         return sum(self.work_s(f.stages) for f in list(self.flights.values()))
 
+    def queue(self, now: float) -> EdgeQueue:
+        """The worker's queues as the front sees them, for the one queue model: every flight
+        queued now for all of its stages (what has run of a request is not known here, so
+        each counts whole: conservative), each stage at the estimated per-request time."""
+        q = EdgeQueue(self.max_batch, now)
+        for f in list(self.flights.values()):
+            q.add(Pending(now, f.deadline, robot_id(f.identity), f.stages, self.seconds(f.stages)))
+        return q
+
     def schedule(self, limit: int = 64) -> list[dict]:
         """This worker's committed schedule as the front sees it (the contract of
-        ``EdgeServer.schedule``): its requests in flight in EDF order, each stage at the
-        estimated per-request time, one after another from now (what has run of a request is
-        not known here, so each counts whole: conservative)."""
+        ``EdgeServer.schedule``): its flights played forward by the worker's rule."""
         now = time.monotonic()
-        out, cursor = [], now
-        for f in sorted(list(self.flights.values()), key=lambda f: f.deadline):
-            for stage in f.stages:
-                seconds = self.est_s.get(stage, 0.0)
-                out.append({"robot": robot_id(f.identity), "stage": stage,
-                            "start_ms": 1e3 * (cursor - now),
-                            "end_ms": 1e3 * (cursor + seconds - now),
-                            "deadline_ms": 1e3 * (f.deadline - now)})  # fmt: skip
-                cursor += seconds
-                if len(out) >= limit:
-                    return out
-        return out
+        return [s.pack(now) for s in play(self.queue(now), limit)]
+
+    def finish(
+        self, now: float, stages: tuple[str, ...], deadline: float,
+        seconds: tuple[float, ...] | None = None,
+    ) -> float:  # fmt: skip
+        """When a request for ``stages`` due at ``deadline``, sent now, would finish here
+        (``seconds``: its stages' times, when not this worker's estimates)."""
+        q = self.queue(now)
+        own = self.seconds(stages) if seconds is None else seconds
+        q.add(Pending(now, deadline, THIS, stages, own, key=THIS))
+        end = finish(q, THIS)
+        return now if end is None else end
 
     def fresh(self, stages, within_s: float) -> bool:
         now = time.monotonic()
@@ -189,7 +204,7 @@ class EdgeFront:
         self._pipe = f"inproc://vlarun-front-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)
-        self._w = [_Worker(i) for i in range(len(hellos))]
+        self._w = [_Worker(i, max_batch=self.cfg.max_batch) for i in range(len(hellos))]
         for w, h in zip(self._w, hellos, strict=True):
             self._connect(w, h)
         self.stop_event = threading.Event()
@@ -347,9 +362,7 @@ class EdgeFront:
         """Send ``f`` to the worker predicted to finish it first; refuse it (raise on a first
         dispatch, answer at once on a re-dispatch) when none can finish before its deadline."""
         live = [w for w in self._w if w.up and w.index != exclude]
-        finish = {
-            w.index: now + w.load_s() + self._work_s(w, live, f.stages) + w.lag_s for w in live
-        }
+        finish = {w.index: self._finish(w, live, f, now) + w.lag_s for w in live}
         order = sorted(live, key=lambda w: finish[w.index])
         sticky = self._affinity.get(f.stream) if f.stream is not None else None
         if sticky is not None and sticky in finish and finish[sticky] <= f.deadline:
@@ -372,15 +385,16 @@ class EdgeFront:
         self._send(f.identity, wire.error(f.rid, why))
         return False
 
-    def _work_s(self, w: _Worker, live: list[_Worker], stages) -> float:
-        """``w``'s predicted time for ``stages``. An estimate not refreshed for
+    def _finish(self, w: _Worker, live: list[_Worker], f: _Flight, now: float) -> float:
+        """When ``w`` would finish ``f`` if sent now: the one queue model over its flights with
+        ``f`` in. ``f``'s own stages at ``w``'s estimates; one not refreshed for
         ``admission_fresh_s`` counts as the best live worker's: a worker once measured slow
         (a warm-up on a busy machine) still gets a request now and then, and is measured
         again, instead of being passed over for good."""
-        own = w.work_s(stages)
-        if w.fresh(stages, self.cfg.admission_fresh_s):
-            return own
-        return min([own, *(x.work_s(stages) for x in live)])
+        seconds = w.seconds(f.stages)
+        if not w.fresh(f.stages, self.cfg.admission_fresh_s):
+            seconds = min([seconds, *(x.seconds(f.stages) for x in live)], key=sum)
+        return w.finish(now, f.stages, f.deadline, seconds)
 
     def _forward(self, w: _Worker, f: _Flight, now: float) -> bool:
         rid = next(self._rids)

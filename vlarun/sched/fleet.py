@@ -26,31 +26,40 @@ The simulator is the "world" and keeps its truth from the scheduler:
 - the link: bandwidth trace (``bw_before`` -> ``bw_after`` at ``drop_at``), per-transfer
   lognormal jitter (NOT measured); each robot has its own link.
 - admission: the edge refuses an edge segment it cannot finish before the request's deadline,
-  as the runtime's edge server does (here it knows the true service times); the robot then
+  as the runtime's edge server does (the same model over what runs and waits when it arrives;
+  here it knows the true service times, not what will arrive later); the robot then
   runs that segment and everything after it itself, as the robot agent does: a fallback.
+- the edge's queues: the one queue model (``sched.queue_model``), the worker's own rule: the
+  stage queue whose oldest request is due first, earliest deadline first within it, never
+  preempted, never idle while a request waits. The run is discrete-event: robots release
+  requests every period, a request runs until its next edge segment reaches the edge, and the
+  scheduler plans from what it has learnt of the requests finished by then.
 Energy is modelled from the true times with the catalog's power figures.
-Simplifications: robot stages on the edge are placed first-fit into gaps between other robots'
-stages (no preemption); the simulator does not execute edge batches, so vlarun runs with
-batching off here.
+Simplifications: the recorded samples are of batch 1, so the simulated edge runs one request
+per batch and vlarun plans with batching off here; a robot's own requests never wait for each
+other on the robot.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import statistics
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from vlarun.config import items, opt
 from vlarun.sched.catalog import Device
-from vlarun.sched.contract import Outcome, StageOutcome
+from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import DeviceState
+from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
+from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.truth import Truth, load_samples, make_truth
 
@@ -130,32 +139,57 @@ class FleetConfig:
 # The world
 
 
-class EdgeTimeline:
-    """Busy intervals of the edge (robot stages), sorted by start."""
+# The recorded samples are of batch 1 and nothing measured says what a batch of k costs, so
+# the simulated edge serves one request per batch: batching here would only be the model's
+# conservative k x the per-request time, every member ending with the batch.
+SIM_MAX_BATCH = 1
 
-    def __init__(self, intervals: list[tuple[float, float]]) -> None:
-        self.starts = [a for a, _ in intervals]
-        self.ends = [b for _, b in intervals]
 
-    def fit(self, ready: float, seconds: float) -> float:
-        """First-fit start >= ready in an idle gap long enough (nothing is taken)."""
-        i = max(bisect.bisect_right(self.starts, ready) - 1, 0)
-        start = ready
-        while i < len(self.starts):
-            if start < self.ends[i] and start + seconds > self.starts[i]:
-                start = max(start, self.ends[i])
-            elif self.starts[i] >= start + seconds:
-                break
-            i += 1
-        return start
+@dataclass(frozen=True)
+class Arrival:
+    """An edge segment reaching the edge at ``at``: its ``stages``, their true wall seconds
+    there (other tenants' load included), due at ``deadline``."""
 
-    def place(self, ready: float, seconds: float) -> float:
-        """``fit``, and the interval is then taken."""
-        start = self.fit(ready, seconds)
-        j = bisect.bisect_left(self.starts, start)
-        self.starts.insert(j, start)
-        self.ends.insert(j, start + seconds)
-        return start
+    at: float
+    deadline: float
+    stages: tuple[str, ...]
+    seconds: tuple[float, ...]
+
+
+class SimEdge:
+    """The simulated edge: the one queue model (``queue_model.EdgeQueue``, the worker's rule)
+    stepped batch by batch as simulated time reaches each, with the runtime edge's admission:
+    a segment is refused on arrival when the model, over what is running and queued then,
+    has it finish after its deadline. Unlike the runtime's, it knows the true service times;
+    like it, it does not know what will arrive later."""
+
+    def __init__(self, max_batch: int = SIM_MAX_BATCH) -> None:
+        self.queue = EdgeQueue(max_batch)
+
+    def finish(self, a: Arrival) -> float:
+        """When ``a``, arriving now, would finish (nothing is queued)."""
+        q = self.queue.copy()
+        q.add(Pending(a.at, a.deadline, THIS, a.stages, a.seconds, key=THIS))
+        end = finish(q, THIS)
+        return a.at if end is None else end
+
+    def admit(self, a: Arrival, origin: str, key: Hashable) -> bool:
+        """Queue ``a`` (``key``: the caller's handle, on each of its slots) unless it would
+        finish after its deadline; whether it was."""
+        if self.finish(a) > a.deadline:
+            return False
+        self.queue.add(Pending(a.at, a.deadline, origin, a.stages, a.seconds, key=key))
+        return True
+
+    def next_at(self) -> float | None:
+        """When the next batch starts (None: nothing queued)."""
+        return self.queue.next_at()
+
+    def run(self, now: float) -> list[tuple[Pending, Slot]]:
+        """Start the batch due at ``now`` (every arrival up to ``now`` admitted first); empty
+        when none is due yet."""
+        due = self.queue.next_at()
+        return self.queue.step() if due is not None and due <= now else []
 
 
 @dataclass
@@ -248,15 +282,16 @@ def _segment(roles: list[str], i: int) -> list[int]:
 
 
 def execute(
-    world: World, works, roles, release: float, edge: EdgeTimeline, radio: RadioPower, load: float
-) -> Executed:
-    """Run one request through the world; true latency and modelled energy."""
+    world: World, works, roles, release: float, radio: RadioPower, load: float
+) -> Generator[Arrival, dict[str, float] | None, Executed]:
+    """Run one request through the world: true latency and modelled energy. A generator, as
+    the edge is shared: it yields each edge segment as it reaches the edge and is sent back
+    when each of the segment's stages ends there (None: refused on arrival)."""
     names = [w.name for w in works]
     draws = world.draw(works)
     deadline = release + world.cfg.slo_s
     roles = list(roles)
     end: dict[str, float] = {}
-    walls: dict[int, float] = {}  # edge wall seconds of the admitted stages
     stage_s, transfers, spends = {}, [], []
     tx_s = rx_s = 0.0
     fallback = None
@@ -274,21 +309,22 @@ def execute(
                     rx_s += tau
                 t += tau
             ready = max(ready, t)
-        if roles[i] == "edge" and i not in walls:  # an edge segment arrives: admission
+        if roles[i] == "edge" and work.name not in end:  # an edge segment arrives
             seg = _segment(roles, i)
-            ws = [world.stretch(draws[k] * world.scale(works[k], "edge")[0], load) for k in seg]
-            if edge.fit(ready, sum(ws)) + sum(ws) > deadline:
+            walls = tuple(
+                world.stretch(draws[k] * world.scale(works[k], "edge")[0], load) for k in seg
+            )
+            ends = yield Arrival(ready, deadline, tuple(names[k] for k in seg), walls)
+            if ends is None:
                 # Refused at once; this stage and every later one run on the robot.
                 fallback = "edge: cannot finish before the deadline"
                 roles[i:] = ["robot"] * (len(works) - i)
                 ready += world.cfg.rtt_ms * 1e-3 / 2
             else:
-                walls.update(zip(seg, ws, strict=True))
+                end.update(ends)
         k, util = world.scale(work, roles[i])
         seconds = draws[i] * k
-        if roles[i] == "edge":
-            end[work.name] = edge.place(ready, walls[i]) + walls[i]
-        else:
+        if roles[i] == "robot":
             end[work.name] = ready + seconds
         stage_s[work.name] = seconds
         spends.append(StageSpend(roles[i], seconds, util))
@@ -327,11 +363,28 @@ def _identity_index(space: PlanSpace) -> int:
     raise ValueError("the plan space has no identity setting")
 
 
+@dataclass(eq=False)
+class _Request:
+    """One request in flight in the simulation (compared by identity: it keys its slots)."""
+
+    robot: int
+    release: float
+    setting: int
+    works: tuple
+    plan: ExecutionPlan | None  # the scheduler's (None: a fixed strategy)
+    run: Generator[Arrival, dict[str, float] | None, Executed]
+    ends: dict[str, float] = field(default_factory=dict)  # its edge segment's stage ends
+
+
 def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int) -> list[dict]:
-    """All requests of all robots under one policy and load level."""
+    """All requests of all robots under one policy and load level, as one discrete-event run:
+    robots release requests every period, each request runs until its next edge segment
+    reaches the edge, the edge serves batches under the worker's rule, and a request goes on
+    when its segment ends there. A plan is made from what the scheduler has learnt from the
+    requests finished by its release."""
     world = make_world(cfg, setup, seed)
     space = setup.joint if policy == "vlarun-joint" else setup.placement
-    edge, rho = EdgeTimeline([]), LOADS[load]
+    edge, rho = SimEdge(), LOADS[load]
     radio, period = RadioPower(), cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
     sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
@@ -342,40 +395,75 @@ def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int
         sched.period_s = period
         links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
     k_id = _identity_index(space)
-    releases = sorted(
-        (i * period / cfg.robots + n * period, i)
-        for i in range(cfg.robots)
-        for n in range(int(cfg.duration_s / period))
-    )
+    events: list[tuple] = []  # (time, is an edge batch, order, kind, what)
+    order = itertools.count()
+
+    def at(t: float, kind: str, what: object = None) -> None:
+        # At one instant, arrivals and finished segments come before the edge picks a batch.
+        heapq.heappush(events, (t, kind == "batch", next(order), kind, what))
+
+    for n in range(int(cfg.duration_s / period)):
+        for i in range(cfg.robots):
+            at(i * period / cfg.robots + n * period, "release", i)
     records = []
-    for release, robot in releases:
-        if sched is None:
-            k, roles = k_id, fixed_roles(policy, space.stages)
-        else:
-            state.expire(release)
-            d = sched.decide(links[robot], release, state, top=0)
-            sched.commit(d, state)
-            k, roles = sched.setting_index(d), tuple(d.placement.values())
-        works = space.works[k]
-        out = execute(world, works, roles, release, edge, radio, rho)
-        if sched is not None:
-            _learn(sched, links[robot], d, works, out)
-        records.append(
-            {
-                "robot": robot,
-                "release": release,
-                "latency_s": out.latency_s,
-                "latency_ms": out.latency_s * 1e3,
-                "energy_j": out.energy_j,
-                "slo_met": out.latency_s <= cfg.slo_s,
-                "placement": "/".join(r[0].upper() for r in out.placement),
-                "ran": " ".join(f"{w.name}@{r}" for w, r in zip(works, out.placement, strict=True)),
-                "fallback": out.fallback,
-                "setting": k,
-                "phase": "before" if release < cfg.drop_at * cfg.duration_s else "after",
-            }
-        )
-    return records
+
+    def advance(req: _Request, sent: dict[str, float] | None) -> None:
+        try:
+            at((arrival := req.run.send(sent)).at, "arrive", (req, arrival))
+        except StopIteration as stop:
+            out: Executed = stop.value
+            if req.plan is not None:
+                _learn(sched, links[req.robot], req.plan, req.works, out)
+            records.append(_record(cfg, req, out))
+
+    while events:
+        t, _, _, kind, what = heapq.heappop(events)
+        if kind == "release":
+            d = None
+            if sched is None:
+                k, roles = k_id, fixed_roles(policy, space.stages)
+            else:
+                state.expire(t)
+                d = sched.decide(links[what], t, state, top=0)
+                sched.commit(d, state)
+                k, roles = sched.setting_index(d), tuple(d.placement.values())
+            works = space.works[k]
+            run = execute(world, works, roles, t, radio, rho)
+            advance(_Request(what, t, k, works, d, run), None)
+        elif kind == "arrive":
+            req, arrival = what
+            if edge.admit(arrival, str(req.robot), req):
+                at(edge.next_at(), "batch")
+            else:
+                advance(req, None)
+        elif kind == "batch":
+            batch = edge.run(t)  # empty for a second call at one instant: nothing is due
+            for p, slot in batch:
+                p.key.ends[slot.stage] = slot.end
+                if len(p.stages) == 1:  # its segment is done: the request goes on then
+                    at(slot.end, "done", p.key)
+            if batch and (nxt := edge.next_at()) is not None:
+                at(nxt, "batch")
+        else:  # "done"
+            ends, what.ends = what.ends, {}
+            advance(what, ends)
+    return sorted(records, key=lambda r: (r["release"], r["robot"]))
+
+
+def _record(cfg: FleetConfig, req: _Request, out: Executed) -> dict:
+    return {
+        "robot": req.robot,
+        "release": req.release,
+        "latency_s": out.latency_s,
+        "latency_ms": out.latency_s * 1e3,
+        "energy_j": out.energy_j,
+        "slo_met": out.latency_s <= cfg.slo_s,
+        "placement": "/".join(r[0].upper() for r in out.placement),
+        "ran": " ".join(f"{w.name}@{r}" for w, r in zip(req.works, out.placement, strict=True)),
+        "fallback": out.fallback,
+        "setting": req.setting,
+        "phase": "before" if req.release < cfg.drop_at * cfg.duration_s else "after",
+    }
 
 
 def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
@@ -395,31 +483,14 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
 
 
 def summarise(records: list[dict], actions: int) -> dict:
-    lat = sorted(r["latency_s"] for r in records)
-    energy = sum(r["energy_j"] for r in records)
-    out = {
-        "requests": len(records),
-        "actions_per_joule": actions * len(records) / energy,
-        "slo_satisfaction": sum(r["slo_met"] for r in records) / len(records),
-        "mean_latency_ms": statistics.fmean(lat) * 1e3,
-        "p99_latency_ms": lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] * 1e3,
-        "placements": dict(sorted(_count(r["placement"] for r in records).items())),
-    }
+    """The one summariser of run records (``records.summarise``) over the run and over each
+    phase of the bandwidth drop, with the placements the requests ran."""
+    out = summarise_records(records, actions)
+    out["placements"] = dict(sorted(Counter(r["placement"] for r in records).items()))
     for phase in ("before", "after"):
         part = [r for r in records if r["phase"] == phase]
         if part:
-            out[f"{phase}_drop"] = {
-                "actions_per_joule": actions * len(part) / sum(r["energy_j"] for r in part),
-                "slo_satisfaction": sum(r["slo_met"] for r in part) / len(part),
-                "mean_latency_ms": statistics.fmean(r["latency_s"] for r in part) * 1e3,
-            }
-    return out
-
-
-def _count(xs) -> dict:
-    out: dict = {}
-    for x in xs:
-        out[x] = out.get(x, 0) + 1
+            out[f"{phase}_drop"] = summarise_records(part, actions)
     return out
 
 
@@ -464,7 +535,7 @@ def plot(cfg: FleetConfig, sim: dict, path: str) -> None:
     width = 0.8 / len(STRATEGIES)
     for i, policy in enumerate(STRATEGIES):
         vals = [sim["results"][x][policy]["actions_per_joule"] for x in loads]
-        slo = [sim["results"][x][policy]["slo_satisfaction"] for x in loads]
+        slo = [sim["results"][x][policy]["slo_met_fraction"] for x in loads]
         bars = ax2.bar(np.arange(len(loads)) + i * width, vals, width, label=policy)
         for b, s in zip(bars, slo, strict=True):
             ax2.annotate(
@@ -534,16 +605,16 @@ def format_fleet(r: dict) -> str:
     for load, res in r["results"].items():
         lines.append(f"  {load} edge load ({r['load_utilisation'][load]:.0%} background):")
         for policy, s in res.items():
-            slo = 100 * s["slo_satisfaction"]
+            slo = 100 * s["slo_met_fraction"]
             phases = " | ".join(
                 f"{ph} drop {s[ph + '_drop']['actions_per_joule']:.3f} act/J "
-                f"{100 * s[ph + '_drop']['slo_satisfaction']:.1f}%"
+                f"{100 * s[ph + '_drop']['slo_met_fraction']:.1f}%"
                 for ph in ("before", "after")
                 if ph + "_drop" in s
             )
             lines.append(
                 f"    {policy:<16} {s['actions_per_joule']:7.3f} act/J  SLO {slo:6.2f}%"
-                f"  mean {s['mean_latency_ms']:7.1f} ms  p99 {s['p99_latency_ms']:7.1f} ms  "
+                f"  mean {s['latency_mean_ms']:7.1f} ms  p99 {s['latency_p99_ms']:7.1f} ms  "
                 f"{s['placements']}"
             )
             lines.append(f"    {'':<16} {phases}")
