@@ -663,7 +663,7 @@ def run(
 # aten ops by what they are, for the share of time each kind takes
 OP_KINDS: dict[str, tuple[str, ...]] = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
-               "mkldnn", "onednn", "aten::_weight_int8pack_mm"),
+               "mkldnn::_linear", "onednn", "aten::_weight_int8pack_mm"),
     "attention": ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax"),
     "copies": ("aten::copy_", "aten::cat", "aten::contiguous", "aten::clone", "aten::index",
                "aten::to", "aten::_to_copy", "aten::empty", "aten::zeros", "aten::fill_",
@@ -707,7 +707,9 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
                         for i in range(DECODE_TOKENS):
                             tok = r.step(tok, i)
                     wall = time.perf_counter() - t0
-                events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+                # every op (aten and oneDNN's own: vlarun's prepacked linears are
+                # mkldnn::_linear_pointwise); self times do not double-count nested calls
+                events = [e for e in prof.key_averages() if "::" in e.key]
                 kinds: dict[str, float] = {}
                 for e in events:
                     kinds[_kind(e.key)] = kinds.get(_kind(e.key), 0.0) + e.self_cpu_time_total
@@ -719,7 +721,7 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
                         {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count}
                         for e in ops
                     ],  # fmt: skip
-                    "aten_calls": sum(e.count for e in events),
+                    "op_calls": sum(e.count for e in events),
                 }
             out["runners"][r.name] = phases
     return out
@@ -728,17 +730,17 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
 def format_profile(p: dict) -> str:
     lines = [f"Profile ({p['shape']}, {p['dtype']}): self CPU ms by kind of op, "
              "one prefill and the decode steps, under torch.profiler", "",
-             "| runner | phase | wall ms | matmul | attention | copies | other | aten calls |",
+             "| runner | phase | wall ms | matmul | attention | copies | other | op calls |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, phases in p["runners"].items():
         for phase, v in phases.items():
             k = v["self_ms_by_kind"]
             lines.append(f"| {name} | {phase} | {v['wall_ms']:.1f} | {k.get('matmul', 0):.1f} "
                          f"| {k.get('attention', 0):.1f} | {k.get('copies', 0):.1f} "
-                         f"| {k.get('other', 0):.1f} | {v['aten_calls']} |")  # fmt: skip
+                         f"| {k.get('other', 0):.1f} | {v['op_calls']} |")  # fmt: skip
     for name, phases in p["runners"].items():
         for phase, v in phases.items():
-            top = ", ".join(f"{o['op'].removeprefix('aten::')} {o['self_ms']:.1f} ms x{o['calls']}"
+            top = ", ".join(f"{o['op']} {o['self_ms']:.1f} ms x{o['calls']}"
                             for o in v["top_ops"][:6])  # fmt: skip
             lines.append(f"- {name} {phase}: {top}")
     return "\n".join(lines)
