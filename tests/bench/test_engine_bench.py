@@ -103,3 +103,20 @@ def test_decode_bytes_are_weights_plus_kv():
     # One more cached position adds its K and V in every layer, 2 bytes each.
     assert two - one == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.hd * 2
     assert one > 2 * (cfg.num_params() - 2 * cfg.vocab_size * cfg.hidden_size)
+
+
+def test_profile_names_where_each_runner_spends_its_time():
+    """`bench engine --profile` at the tiny shape: both runners' prefill and decode are
+    profiled, their matmuls found under either kernel's name (vlarun's prepacked oneDNN
+    linears are not aten ops), and the kinds add up to no more than the profiled wall time."""
+    from vlarun.bench.engine import format_profile, profile_case
+
+    p = profile_case("tiny", "fp32", top=5)
+    assert set(p["runners"]) == {"vlarun", "hf-static"}
+    for phases in p["runners"].values():
+        for v in phases.values():
+            kinds = v["self_ms_by_kind"]
+            assert kinds.get("matmul", 0) > 0, kinds
+            assert sum(kinds.values()) <= v["wall_ms"] * 1.05 + 1.0
+            assert len(v["top_ops"]) == 5
+    assert "| vlarun | prefill |" in format_profile(p)
