@@ -424,10 +424,11 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    smol = kind == "smolvla"
+    smol, fast = kind == "smolvla", kind == "pi0_fast"
     side = (
         LEROBOT_SMOLVLM["vision_config"]["image_size"] if smol else LEROBOT_REFERENCE_FRAMES[0][0]
     )
+    side = 224 if fast else side  # LeRobot's pi0_fast tower is 224 px, whatever it is told
     feats = {k: {"type": "VISUAL", "shape": [3, side, side]} for k in LEROBOT_CAMERAS}
     feats["observation.state"] = {"type": "STATE", "shape": [LEROBOT_STATE_DIM]}
     norm = "QUANTILES" if kind == "pi05" else "MEAN_STD"
@@ -443,7 +444,6 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
         "max_period": 4.0, "tokenizer_max_length": 48 if kind == "pi0" else 200,
         "use_relative_actions": False,
     }  # fmt: skip
-    fast = kind == "pi0_fast"
     if fast:  # PI0FastConfig's fields instead of the flow ones
         for key in ("num_inference_steps", "min_period", "max_period"):
             config.pop(key)

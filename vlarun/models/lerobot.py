@@ -232,6 +232,10 @@ def _pi0_fast_config(config: Mapping, directory: str | Path) -> VLAConfig:
     the directory's two tokenizers, as LeRobot reads them."""
     where = f"{directory}/config.json"
     vlm_name, tower, llm = _paligemma(config, where)
+    if tower.image_size != 224:  # PI0FastPaliGemma never sets the tower's size (pi0 does)
+        raise LeRobotError(f"{where}: image_resolution {config['image_resolution']}; LeRobot's "
+                           "pi0_fast builds its SigLIP tower at 224 px whatever this says, so "
+                           "it runs at 224 only")  # fmt: skip
     temperature = float(config.get("temperature", 0.0))
     if temperature > 0:
         raise LeRobotError(f"{where}: temperature={temperature} (sampled FAST codes); vlarun "
