@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vlarun import parity
+from vlarun.accel.jacobi import JacobiConfig, jacobi_decode
 from vlarun.models import lerobot
 from vlarun.models.checkpoint import CheckpointError
 from vlarun.models.fast_head import FastHead
@@ -121,6 +122,21 @@ def test_fast_codes_decode_as_lerobot_decodes_them(reference):
         else:
             want = np.array(case["actions"])
             assert np.abs(got - want).max() < FAST_ACTIONS_TOL, case["name"]
+
+
+@pytest.mark.parametrize("reference", ["pi0_fast"], indirect=True)
+@torch.no_grad()
+def test_jacobi_decoding_lands_on_lerobots_tokens(reference):
+    """Plain Jacobi decoding (no early exit) of the FAST code, in its sliding window, from
+    random guesses: the same tokens as LeRobot's greedy loop, "|" included."""
+    d, fixture = reference
+    policy = Policy.load(d)
+    model, inputs = policy.model, parity.lerobot_reference_inputs()
+    ids = policy.text_ids(inputs["task"], inputs["state"])
+    images = policy.image_tensor(inputs["frames"])
+    pre = model.prefill(model.build_prefix(model.encode_images(images), [ids]))
+    result = jacobi_decode(model, pre, JacobiConfig(window=4, seed=0))
+    assert result.tokens[0].tolist() == fixture["generated_ids"]
 
 
 def test_the_prefix_matches_transformers(reference):
