@@ -260,6 +260,10 @@ def test_what_vlarun_cannot_load_is_one_line(reference, tmp_path):
         with pytest.raises(CheckpointError, match="no fast_tokenizer.*fast-action-tokenizer's "
                            "tokenizer.json and processor_config.json"):  # fmt: skip
             Policy.load(bad)
+        shutil.copytree(d / "fast_tokenizer", bad / "fast_tokenizer")
+        (bad / "tokenizer.json").write_text(parity._word_tokenizer_json())  # not 257152 entries
+        with pytest.raises(CheckpointError, match="tokens; LeRobot places the FAST ids"):
+            Policy.load(bad)
     if (d / "vlm_config.json").exists():
         (bad / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
         (bad / "vlm_config.json").unlink()

@@ -241,10 +241,11 @@ def _pi0_fast_config(config: Mapping, directory: str | Path) -> VLAConfig:
         raise LeRobotError(f"{where}: temperature={temperature} (sampled FAST codes); vlarun "
                            "decodes greedily, as LeRobot does at temperature 0")  # fmt: skip
     text = _text_tokenizer(directory, config)
-    if text.get_vocab_size() != llm.vocab_size:
-        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: {text.get_vocab_size()} tokens; LeRobot "
-                           "places the FAST ids from the top of the tokenizer's vocabulary, "
-                           f"which must then be the model's {llm.vocab_size}")  # fmt: skip
+    size = text.get_vocab_size(with_added_tokens=False)  # transformers' ``vocab_size``
+    if size != llm.vocab_size:
+        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: {size} tokens; LeRobot places the "
+                           "FAST ids from the top of the tokenizer's vocabulary, which must "
+                           f"then be the model's {llm.vocab_size}")  # fmt: skip
     marks = {t: text.token_to_id(t) for t in ("|", "Action", ":")}
     if None in marks.values():
         absent = [t for t, i in marks.items() if i is None]
