@@ -347,7 +347,10 @@ LEROBOT_STATE_DIM, LEROBOT_ACTION_DIM, LEROBOT_CHUNK = 8, 7, 4
 # A word-level vocabulary in PaliGemma's special-token layout (<pad> 0, <eos> 1, <bos> 2).
 _LEROBOT_WORDS = ("<pad>", "<eos>", "<bos>", "<unk>", " ", "\n", "pick", "up", "the", "red",
                   "block", "open", "drawer", "put", "in", "cup", "Task", "State", "Action", ":",
-                  ",", ";", *map(str, range(-1, 256)))  # pi05's prompt: words, bins  # fmt: skip
+                  ",", ";", *map(str, range(-1, 256)), "|")  # words, state bins, end  # fmt: skip
+# PaliGemma's vocabulary size: LeRobot's pi0_fast places FAST ids from the top of the
+# tokenizer's vocabulary, so its tokenizer is filled up to this many entries.
+PALIGEMMA_VOCAB = 257152
 
 
 def lerobot_reference_inputs() -> dict:
@@ -361,13 +364,19 @@ def lerobot_reference_inputs() -> dict:
     return {"frames": frames, "state": state, "task": LEROBOT_REFERENCE_TASK}
 
 
-def _word_tokenizer_json(bos: bool = True) -> str:
+def _word_tokenizer_json(bos: bool = True, size: int = 0) -> str:
     """A ``tokenizer.json`` (the ``tokenizers`` library's format) that splits on whitespace,
     keeps the spaces and newlines as tokens, and adds <bos> in front as Gemma's does (or, as
-    SmolVLM's, nothing: ``bos=False``)."""
+    SmolVLM's, nothing: ``bos=False``). ``size``: entries up to that many are unused tokens
+    named as PaliGemma's top ones are (``<unusedN>``, then 1024 ``<locNNNN>``, 128
+    ``<segNNN>``)."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 
     vocab = {w: i for i, w in enumerate(_LEROBOT_WORDS)}
+    loc, seg = size - 128 - 1024, size - 128
+    for i in range(len(vocab), size):
+        vocab[f"<loc{i - loc:04d}>" if loc <= i < seg else
+              f"<seg{i - seg:03d}>" if i >= seg else f"<unused{i}>"] = i  # fmt: skip
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s,;:]"), behavior="isolated")
     if bos:
@@ -394,11 +403,16 @@ LEROBOT_SMOLVLM = {
 
 
 def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
-    """A LeRobot pi0, pi05 or smolvla directory (lerobot 7427f31's file set and weight names)
-    of seeded random weights at a tiny shape (pi0 / pi05: the ``vlarun_tiny`` variants;
-    smolvla: ``LEROBOT_SMOLVLM`` as its ``vlm_config.json``): config.json, model.safetensors
-    (fp32), both processor pipelines with statistics (pi0 / smolvla: MEAN_STD; pi05:
-    QUANTILES, as their defaults), and a tokenizer.json. Returns its config."""
+    """A LeRobot pi0, pi05, smolvla or pi0_fast directory (lerobot 7427f31's file set and
+    weight names) of seeded random weights at a tiny shape (pi0 / pi05 / pi0_fast: the
+    ``vlarun_tiny`` variants; smolvla: ``LEROBOT_SMOLVLM`` as its ``vlm_config.json``):
+    config.json, model.safetensors (fp32), both processor pipelines with statistics (pi0 /
+    smolvla / pi0_fast: MEAN_STD; pi05: QUANTILES, as their defaults), and a tokenizer.json.
+    Returns its config.
+
+    pi0_fast (``_pi0_fast_extras``) also gets a FAST tokenizer in ``fast_tokenizer/``, a
+    tokenizer.json of PaliGemma's vocabulary size, and its tied head saved under the head's
+    name, as LeRobot's save keeps it."""
     import json
 
     import numpy as np
@@ -410,10 +424,11 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    smol = kind == "smolvla"
+    smol, fast = kind == "smolvla", kind == "pi0_fast"
     side = (
         LEROBOT_SMOLVLM["vision_config"]["image_size"] if smol else LEROBOT_REFERENCE_FRAMES[0][0]
     )
+    side = 224 if fast else side  # LeRobot's pi0_fast tower is 224 px, whatever it is told
     feats = {k: {"type": "VISUAL", "shape": [3, side, side]} for k in LEROBOT_CAMERAS}
     feats["observation.state"] = {"type": "STATE", "shape": [LEROBOT_STATE_DIM]}
     norm = "QUANTILES" if kind == "pi05" else "MEAN_STD"
@@ -429,6 +444,18 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
         "max_period": 4.0, "tokenizer_max_length": 48 if kind == "pi0" else 200,
         "use_relative_actions": False,
     }  # fmt: skip
+    if fast:  # PI0FastConfig's fields instead of the flow ones
+        for key in ("num_inference_steps", "min_period", "max_period"):
+            config.pop(key)
+        config |= {
+            "tokenizer_max_length": 48, "max_action_tokens": LEROBOT_FAST_STEPS,
+            "max_decoding_steps": LEROBOT_FAST_STEPS, "fast_skip_tokens": 128,
+            "temperature": 0.0, "use_kv_cache": True,
+            "text_tokenizer_name": "google/paligemma-3b-pt-224",
+            "action_tokenizer_name": "lerobot/fast-action-tokenizer",
+            # random weights do not write "Action: " before their code (see _pi0_fast_extras)
+            "validate_action_token_prefix": False,
+        }  # fmt: skip
     if smol:  # SmolVLAConfig's fields instead of the PaliGemma ones
         for key in ("paligemma_variant", "action_expert_variant", "dtype", "image_resolution",
                     "num_inference_steps"):  # fmt: skip
@@ -443,7 +470,10 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
         }  # fmt: skip
         (out / lerobot.VLM_CONFIG_FILE).write_text(json.dumps(LEROBOT_SMOLVLM, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json(bos=not smol))
+    vocab = PALIGEMMA_VOCAB if fast else 0
+    (out / lerobot.TOKENIZER_FILE).write_text(_word_tokenizer_json(bos=not smol, size=vocab))
+    if fast:
+        _lerobot_fast_tokenizer().save(out / lerobot.FAST_TOKENIZER_DIR)
     cfg = lerobot.vla_config(config, out)
     with torch.device("meta"):
         model = VLA(cfg)
@@ -460,6 +490,8 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
         center = 1.0 if is_norm and (smol or name.startswith("vision_backbone.")) else 0.0
         value = center + (0.1 if is_norm else 0.05) * noise
         tensors[inverse[prefix] + name[len(prefix) :]] = torch.from_numpy(value)
+    if fast:
+        _pi0_fast_extras(tensors, cfg)
     save_file(tensors, out / "model.safetensors", {"format": "pt"})
     stats_rng = np.random.default_rng(LEROBOT_REFERENCE_SEED + 2)
     # the same draws for either kind: (mean, std) for MEAN_STD, (q01, q01 + spread) otherwise
@@ -487,3 +519,42 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
         steps = [{"registry_name": "rename_observations_processor", "config": {}}] * step
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": [*steps, norm]}))
     return config
+
+
+LEROBOT_FAST_STEPS = 24  # pi0_fast's max_decoding_steps in the tiny directory
+LEROBOT_FAST_VOCAB = 512  # its FAST tokenizer's ids (the byte alphabet and 256 merges)
+# pi0_fast's weights, scaled so that greedy decoding writes a code (see _pi0_fast_extras)
+LEROBOT_FAST_LAYER_SCALE, LEROBOT_FAST_ROW_SCALE, LEROBOT_FAST_END_SCALE = 10.0, 2.0, 3.0
+_HEAD = "model.paligemma_with_expert.paligemma.lm_head.weight"
+_EMBED = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+
+
+def _lerobot_fast_tokenizer():
+    """The tiny pi0_fast's FAST tokenizer, fitted on smooth (chunk, action dim) chunks."""
+    from vlarun.models.fast_head import synthetic_fast_tokenizer
+
+    return synthetic_fast_tokenizer(LEROBOT_CHUNK, LEROBOT_ACTION_DIM, LEROBOT_FAST_VOCAB)
+
+
+def _pi0_fast_extras(tensors: dict, cfg) -> None:
+    """Random weights decode no FAST code on their own. With the head tied to the embedding,
+    small layers leave each token's own embedding in the residual stream, so greedy decoding
+    repeats the last prompt token forever; and over 257k rows it would pick text ids anyway.
+    So the LM's layer matrices are made larger (the layers, not the input token, decide the
+    next one), and so are the embedding rows of the FAST ids that codes of smooth chunks use
+    and, less, the "|" row: the greedy sequence is then FAST ids (one text id among them)
+    and, eight steps on, "|". The embedding is saved as LeRobot saves it: under the head's
+    name (``lerobot.RENAMES``)."""
+    from vlarun.models.fast_head import smooth_chunks
+
+    for name, t in tensors.items():
+        if ".language_model.layers." in name and t.ndim == 2:
+            t *= LEROBOT_FAST_LAYER_SCALE
+    tok, fast = _lerobot_fast_tokenizer(), cfg.fast
+    chunks = smooth_chunks(200, LEROBOT_CHUNK, LEROBOT_ACTION_DIM)
+    used = sorted({i for c in chunks for i in tok.encode(c)})
+    top = cfg.llm.vocab_size - 1 - fast.skip_tokens  # the LM id of FAST id 0
+    embed = tensors.pop(_EMBED)
+    embed[[top - f for f in used]] *= LEROBOT_FAST_ROW_SCALE
+    embed[fast.end_id] *= LEROBOT_FAST_END_SCALE
+    tensors[_HEAD] = embed

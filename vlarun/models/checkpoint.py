@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from vlarun import config as cfgio
 from vlarun.models import lerobot
-from vlarun.models.fast_tokens import FastTokenizer
+from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_files import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
@@ -44,7 +44,6 @@ from vlarun.models.vla import VLA, VLAConfig
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 WEIGHTS = "model.safetensors"
 STATS = "dataset_statistics.json"
-FAST_TOKENIZER_DIR = "fast_tokenizer"  # a FAST model's tokenizer.json + processor_config.json
 MAX_REPORTED = 8
 
 
@@ -259,6 +258,9 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
             return lerobot.vla_config(config, directory)
         except lerobot.LeRobotError as e:
             raise CheckpointError(str(e)) from None
+    retired = lerobot.RETIRED_TYPES.get(config.get("type"))
+    if retired and "model_type" not in config:
+        raise CheckpointError(f"{directory}/config.json: type {config['type']!r} is {retired}")
     kind = config.get("model_type")
     if kind == "vlarun":
         try:
@@ -404,7 +406,7 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
         _put(model, own, name, tensor, problems)
     towers.clear()
     if from_lerobot:  # modules LeRobot does not have (the expert's unused embedding table)
-        for name in lerobot.ABSENT:
+        for name in (n for n in lerobot.ABSENT if n in own):  # pi0_fast has no expert
             _put(model, own, name, torch.zeros(own[name].shape), problems)
     _retie(model)
     missing = [n for n, p in model.named_parameters() if p.is_meta]

@@ -13,13 +13,22 @@ when the decoded text holds no action marker, and the FAST processor's ``decode`
 (the middle of every normalised range) when its ids do not decode to T x D coefficients.
 ``FastHead.decode`` does the same for an id outside the FAST range before END, ids that do not
 decode and a wrong coefficient count, and counts each in ``failures`` (openpi prints it).
-``FastConfig.relaxed`` is LeRobot's ``relaxed_action_decoding``: a wrong count is cut or padded
-with zero coefficients instead. A sequence cut off at ``max_tokens`` without END is decoded as
-it stands (usually a wrong count, so zeros).
+``FastConfig.relaxed`` is LeRobot's decoding (``PI0FastPolicy.decode_actions_with_fast``, which
+always relaxes): a wrong count is cut or padded with zero coefficients instead, and an LM id
+below the FAST range (a text token, whose FAST id lies past the FAST vocabulary) is dropped, as
+the BPE decoder LeRobot calls drops ids it does not know. A sequence cut off at ``max_tokens``
+without END is decoded as it stands (usually a wrong count, so zeros unless relaxed).
 
-Layout. vlarun's sequence is the FAST ids and END only; openpi's LM also writes the text
-"Action: " before them and "|" after them. A checkpoint trained that way puts the marker in its
-prompt (as the pi05 template ends in "Action: ") and the "|" id in ``end_id``.
+Layout. vlarun's own sequence is the FAST ids and END only; openpi's LM also writes the text
+"Action: " before them and "|" after them. LeRobot's pi0_fast decodes that text itself, as
+vlarun does with ``FastConfig.strip`` (the "Action: " ids, removed wherever they occur before
+END), ``starts`` (its ``validate_action_token_prefix``: the code must begin "Action" ":") and
+``end_id`` (the "|" id).
+
+Departures from LeRobot, on purpose: a code that fails ``starts`` is a failure (zeros, counted)
+where LeRobot's assertion stops the whole inference; a code whose ids split a coefficient's
+UTF-8 bytes is a failure where LeRobot decodes the replacement character U+FFFD as a
+coefficient of 65533 + min_token.
 
 Random-weight presets have no trained vocabulary: ``synthetic_fast_tokenizer`` fits one on
 seeded smooth chunks of the preset's shape, so every step of the path is the real one.
@@ -45,13 +54,18 @@ class FastConfig:
     file's vocabulary); max_tokens: the most tokens one chunk decodes, END included (openpi's
     ``max_decoding_steps``); end_id: the LM id that ends the code (PaliGemma's <eos> is 1);
     skip_tokens: ids at the top of the LM vocabulary that are not FAST ids (PaliGemma: 128);
-    relaxed: LeRobot's relaxed decoding of a wrong coefficient count (module docstring)."""
+    relaxed: LeRobot's decoding of a wrong coefficient count and of text ids (module
+    docstring); strip: LM ids of a text marker removed wherever it occurs before END (LeRobot:
+    "Action: "); starts: LM ids a code must begin with, else it is no code (LeRobot's
+    ``validate_action_token_prefix``: "Action" ":"); () for none."""
 
     vocab_size: int
     max_tokens: int
     end_id: int
     skip_tokens: int = 0
     relaxed: bool = False
+    strip: tuple[int, ...] = ()
+    starts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.vocab_size < 1 or self.max_tokens < 2:
@@ -79,6 +93,9 @@ class FastConfig:
                 f"end_id {self.end_id} must be an LM id outside the FAST ids "
                 f"{ids.start}..{ids.stop - 1} (vocabulary {lm_vocab})"
             )
+        text = [i for i in (*self.strip, *self.starts) if i in ids or not 0 <= i < lm_vocab]
+        if text:
+            raise ValueError(f"marker ids {text} must be LM ids outside the FAST ids")
 
 
 def code_lengths(ids: Tensor, end_id: int) -> Tensor:
@@ -133,13 +150,18 @@ class FastHead:
     def decode(self, ids: Sequence[int]) -> np.ndarray:
         """Decoded LM ids (a row, END and what follows it ignored) -> normalised chunk (T, D),
         float64; the all-zero chunk (counted in ``failures``) if they are not a FAST code."""
-        row = np.asarray(ids, dtype=np.int64)
-        ends = np.flatnonzero(row == self.cfg.end_id)
-        code = row[: ends[0]] if len(ends) else row
+        cfg = self.cfg
+        row = [int(i) for i in ids]
+        code = row[: row.index(cfg.end_id)] if cfg.end_id in row else row
         try:
+            if cfg.starts and code[: len(cfg.starts)] != list(cfg.starts):
+                raise FastDecodeError("the code does not start with the marker")
+            code = np.asarray(_without(code, cfg.strip), dtype=np.int64)
+            if cfg.relaxed:  # text ids: LeRobot's BPE decoder skips ids past the FAST vocabulary
+                code = code[code >= self.ids.start]
             if not ((code >= self.ids.start) & (code < self.ids.stop)).all():
                 raise FastDecodeError("an id before END is not a FAST id")
-            return self.tokenizer.decode(self._flip(code).tolist(), relaxed=self.cfg.relaxed)
+            return self.tokenizer.decode(self._flip(code).tolist(), relaxed=cfg.relaxed)
         except FastDecodeError:
             self.failures += 1
             return np.zeros((self.tokenizer.action_horizon, self.tokenizer.action_dim))
@@ -148,6 +170,20 @@ class FastHead:
         """(B, L) decoded ids -> (B, T, D) float32 normalised actions."""
         rows = [self.decode(r) for r in ids.cpu().tolist()]
         return torch.as_tensor(np.stack(rows), dtype=torch.float32)
+
+
+def _without(ids: list[int], marker: tuple[int, ...]) -> list[int]:
+    """``ids`` with every occurrence of ``marker`` removed, scanning left to right and looking
+    again at the same place after a removal (LeRobot's ``detokenize_actions`` loop)."""
+    if not marker:
+        return ids
+    out, n, i = list(ids), len(marker), 0
+    while i <= len(out) - n:
+        if tuple(out[i : i + n]) == marker:
+            del out[i : i + n]
+        else:
+            i += 1
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

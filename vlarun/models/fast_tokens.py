@@ -52,6 +52,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 _MAX_CHAR = 0xD7FF
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "processor_config.json"
+FAST_TOKENIZER_DIR = "fast_tokenizer"  # where a checkpoint keeps the two, beside its weights
 
 
 class FastDecodeError(ValueError):

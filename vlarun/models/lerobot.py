@@ -1,7 +1,7 @@
-"""LeRobot policy directories (``config.json`` with ``"type"``: ``"pi0"``, ``"pi05"`` or
-``"smolvla"``) as vlarun VLAs of the flow family.
+"""LeRobot policy directories (``config.json`` with ``"type"``: ``"pi0"``, ``"pi05"``,
+``"smolvla"`` or ``"pi0_fast"``) as vlarun VLAs of the flow family (pi0_fast: autoregressive).
 
-What a LeRobot directory holds (lerobot 7427f31, ``policies/{pi0,pi05,smolvla}``):
+What a LeRobot directory holds (lerobot 7427f31, ``policies/{pi0,pi05,smolvla,pi0_fast}``):
 ``config.json`` (backbone variants or sizes, ``chunk_size``, ``max_state_dim`` /
 ``max_action_dim``, ``tokenizer_max_length``, ``input_features`` / ``output_features``,
 ``normalization_mapping``), ``model.safetensors`` (fp32), and the processor pipelines
@@ -27,9 +27,17 @@ SmolVLA (``_smolvla_config``): SmolVLM2's vision tower, pixel-shuffle connector 
 prefix token after the text in an attention block of its own; no BOS; an expert whose odd
 layers cross-attend to its own projections of the prefix's keys and values; causal actions.
 
+pi0_fast (``_pi0_fast_config``) is pi0's PaliGemma without an expert: the LM decodes greedily
+after [every camera's tokens, <bos>, "Task: ..., State: ...;\n", <bos>] (LeRobot appends a
+second <bos> after the prompt; the state is written in 256 bins as pi05's), every prefix token
+seeing every other. It writes "Action: ", the FAST code (``fast_head.py``: FAST id f is the LM
+id ``vocab - 1 - fast_skip_tokens - f``) and "|"; the code is a (n_action_steps, robot action
+dim) chunk, unpadded, decoded as LeRobot's ``detokenize_actions`` does (relaxed).
+
 LeRobot's ``empty_cameras`` are masked out of attention and positions: simply absent here.
 Nothing is fetched: what LeRobot downloads at run time (the tokenizer; SmolVLA's backbone
-config) must be in the directory (``tokenizer.json``, ``vlm_config.json``).
+config; pi0_fast's FAST tokenizer) must be in the directory (``tokenizer.json``,
+``vlm_config.json``, ``fast_tokenizer/``).
 """
 
 from __future__ import annotations
@@ -42,13 +50,21 @@ from pathlib import Path
 
 import numpy as np
 
+from vlarun.models.fast_head import FastConfig
+from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.llama import LlamaConfig
-from vlarun.models.presets import GEMMA_2B, GEMMA_300M_EXPERT, SMOLVLA_LAYOUT
+from vlarun.models.presets import GEMMA_2B, GEMMA_300M_EXPERT, PI0_FAST_TOKENS, SMOLVLA_LAYOUT
 from vlarun.models.vit import ViTConfig
 from vlarun.models.vla import VLAConfig
 
-LEROBOT_TYPES = ("pi0", "pi05", "smolvla")
+LEROBOT_TYPES = ("pi0", "pi05", "smolvla", "pi0_fast")
+# Types LeRobot no longer has, with the reason vlarun does not load them (one line each).
+RETIRED_TYPES = {
+    "pi0fast": "LeRobot's earlier pi0-FAST port (policies/pi0fast, removed from LeRobot in "
+    "6e8be57, October 2025), whose weight layout vlarun does not load; LeRobot's current "
+    "port is type 'pi0_fast'",
+}
 PALIGEMMA_BOS = 2  # PaliGemma's <bos>; LeRobot's tokenizer step adds it before the task
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -88,13 +104,18 @@ _EXPERT_HEADS: tuple[tuple[str, str | None], ...] = (
 )
 # LeRobot weight name prefixes -> vlarun's, per policy type; None drops the tensor (tied or
 # unused LM heads). Below the prefixes the names are transformers' (so are vlarun's).
+_PALIGEMMA: tuple[tuple[str, str | None], ...] = (
+    ("model.paligemma_with_expert.paligemma.model.vision_tower.", _TOWER),
+    ("model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.", "projector."),
+    ("model.paligemma_with_expert.paligemma.model.language_model.", "language_model.model."),
+    # The head is tied to embed_tokens. LeRobot saves through huggingface_hub's
+    # save_torch_state_dict, which keeps a shared tensor under the first of its names in sort
+    # order: the head's. LeRobot's loader copies it back to embed_tokens; so does this name.
+    ("model.paligemma_with_expert.paligemma.lm_head.", "language_model.model.embed_tokens."),
+)
 RENAMES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "pi0": (
-        ("model.paligemma_with_expert.paligemma.model.vision_tower.", _TOWER),
-        ("model.paligemma_with_expert.paligemma.model.multi_modal_projector.linear.",
-         "projector."),
-        ("model.paligemma_with_expert.paligemma.model.language_model.", "language_model.model."),
-        ("model.paligemma_with_expert.paligemma.lm_head.", None),  # tied to embed_tokens
+        *_PALIGEMMA,
         ("model.paligemma_with_expert.gemma_expert.model.", "action_expert.expert.model."),
         ("model.paligemma_with_expert.gemma_expert.lm_head.", None),  # the expert emits no tokens
         *_EXPERT_HEADS,
@@ -110,6 +131,7 @@ RENAMES: dict[str, tuple[tuple[str, str | None], ...]] = {
     ),
 }  # fmt: skip
 RENAMES["pi05"] = RENAMES["pi0"]
+RENAMES["pi0_fast"] = _PALIGEMMA  # no expert: the LM's own head decodes the FAST code
 # Parameters a LeRobot directory does not hold because LeRobot has no such module: the
 # expert's one-entry embedding table (LeRobot sets ``embed_tokens = None``). Zero-filled.
 ABSENT = ("action_expert.expert.model.embed_tokens.weight",)
@@ -158,24 +180,18 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     check_tokenizer(directory, config)
     if kind == "smolvla":
         return _smolvla_config(config, directory)
+    if kind == "pi0_fast":
+        return _pi0_fast_config(config, directory)
     for memory in ("use_visual_memory", "use_proprioceptive_memory"):
         if config.get(memory):
             raise LeRobotError(f"{where}: {memory}=true (pi05's frame / state history) is not "
                                "supported")  # fmt: skip
-    vlm_name = config.get("paligemma_variant", "gemma_2b")
+    vlm_name, tower, llm = _paligemma(config, where)
     expert_name = config.get("action_expert_variant", "gemma_300m")
-    if vlm_name not in PALIGEMMA_VARIANTS:
-        raise LeRobotError(f"{where}: paligemma_variant {vlm_name!r}; known: "
-                           f"{sorted(PALIGEMMA_VARIANTS)}")  # fmt: skip
     if expert_name not in EXPERT_VARIANTS:
         raise LeRobotError(f"{where}: action_expert_variant {expert_name!r}; known: "
                            f"{sorted(EXPERT_VARIANTS)}")  # fmt: skip
-    res = config.get("image_resolution", [224, 224])
-    if len(res) != 2 or res[0] != res[1]:
-        raise LeRobotError(f"{where}: image_resolution {res} must be square (PaliGemma's is)")
     cams = camera_keys(config)
-    tower, llm = PALIGEMMA_VARIANTS[vlm_name]
-    tower = dataclasses.replace(tower, image_size=int(res[0]))
     expert = EXPERT_VARIANTS[expert_name]
     width = int(config.get("max_action_dim", 32))
     horizon = int(config.get("chunk_size", 50))
@@ -195,6 +211,80 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
         )  # fmt: skip
     except ValueError as e:
         raise LeRobotError(f"{where}: {e}") from None
+
+
+def _paligemma(config: Mapping, where: str) -> tuple[str, ViTConfig, LlamaConfig]:
+    """(variant name, SigLIP tower at the configured resolution, Gemma) of a PaliGemma prefix."""
+    vlm_name = config.get("paligemma_variant", "gemma_2b")
+    if vlm_name not in PALIGEMMA_VARIANTS:
+        raise LeRobotError(f"{where}: paligemma_variant {vlm_name!r}; known: "
+                           f"{sorted(PALIGEMMA_VARIANTS)}")  # fmt: skip
+    res = config.get("image_resolution", [224, 224])
+    if len(res) != 2 or res[0] != res[1]:
+        raise LeRobotError(f"{where}: image_resolution {res} must be square (PaliGemma's is)")
+    tower, llm = PALIGEMMA_VARIANTS[vlm_name]
+    return vlm_name, dataclasses.replace(tower, image_size=int(res[0])), llm
+
+
+def _pi0_fast_config(config: Mapping, directory: str | Path) -> VLAConfig:
+    """pi0_fast: the PaliGemma prefix, then greedy decoding of "Action: ", a FAST code and "|"
+    (module docstring). The marker, the end and the FAST ids' place in the vocabulary come from
+    the directory's two tokenizers, as LeRobot reads them."""
+    where = f"{directory}/config.json"
+    vlm_name, tower, llm = _paligemma(config, where)
+    if tower.image_size != 224:  # PI0FastPaliGemma never sets the tower's size (pi0 does)
+        raise LeRobotError(f"{where}: image_resolution {config['image_resolution']}; LeRobot's "
+                           "pi0_fast builds its SigLIP tower at 224 px whatever this says, so "
+                           "it runs at 224 only")  # fmt: skip
+    temperature = float(config.get("temperature", 0.0))
+    if temperature > 0:
+        raise LeRobotError(f"{where}: temperature={temperature} (sampled FAST codes); vlarun "
+                           "decodes greedily, as LeRobot does at temperature 0")  # fmt: skip
+    text = _text_tokenizer(directory, config)
+    size = text.get_vocab_size(with_added_tokens=False)  # transformers' ``vocab_size``
+    if size != llm.vocab_size:
+        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: {size} tokens; LeRobot places the "
+                           "FAST ids from the top of the tokenizer's vocabulary, which must "
+                           f"then be the model's {llm.vocab_size}")  # fmt: skip
+    marks = {t: text.token_to_id(t) for t in ("|", "Action", ":")}
+    if None in marks.values():
+        absent = [t for t, i in marks.items() if i is None]
+        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: no token {absent}; LeRobot's pi0_fast "
+                           "ends its code at '|' and checks it starts 'Action' ':'")  # fmt: skip
+    fast_dir = _fetched_file(directory, config, FAST_TOKENIZER_DIR, "tokenizer.json and "
+                             "processor_config.json", "decodes actions with")  # fmt: skip
+    try:
+        fast_vocab = FastTokenizer.load(fast_dir, action_horizon=1, action_dim=1).vocab_size
+    except (OSError, ValueError) as e:
+        raise LeRobotError(f"{fast_dir}: {e}") from None
+    horizon = int(config.get("n_action_steps", config.get("chunk_size", 50)))
+    dim = _feature_width(config, "output_features", "action") or int(config["max_action_dim"])
+    steps = int(config.get("max_decoding_steps", 256))
+    validate = bool(config.get("validate_action_token_prefix", True))
+    try:
+        fast = FastConfig(
+            vocab_size=fast_vocab, max_tokens=steps, end_id=marks["|"],
+            skip_tokens=int(config.get("fast_skip_tokens", 128)), relaxed=True,
+            strip=tuple(text.encode("Action: ", add_special_tokens=False).ids),
+            starts=(marks["Action"], marks[":"]) if validate else (),
+        )  # fmt: skip
+        return VLAConfig(
+            name=f"lerobot-pi0_fast-{vlm_name}", family="autoregressive", llm=llm,
+            vision=(tower,), connector="linear", num_images=len(camera_keys(config)),
+            action_dim=dim, chunk=horizon,
+            max_text_tokens=int(config.get("tokenizer_max_length", 200)),
+            prefix_causal=False, images_first=True, bos_id=PALIGEMMA_BOS,
+            prompt_suffix_ids=(PALIGEMMA_BOS,), decode_tokens=min(PI0_FAST_TOKENS, steps),
+            fast=fast, notes="LeRobot pi0_fast directory (PaliGemma decoding FAST tokens)",
+        )  # fmt: skip
+    except ValueError as e:
+        raise LeRobotError(f"{where}: {e}") from None
+
+
+def _text_tokenizer(directory: str | Path, config: Mapping):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(check_tokenizer(directory, config)))
 
 
 def _check_common(config: Mapping, where: str) -> None:
@@ -217,10 +307,13 @@ def _check_common(config: Mapping, where: str) -> None:
                            "is not supported")  # fmt: skip
 
 
-def _hub_name(config: Mapping) -> str:
+def _hub_name(config: Mapping, name: str = TOKENIZER_FILE) -> str:
+    """The model hub repository LeRobot fetches ``name`` from."""
     if config.get("type") == "smolvla":
         return config.get("vlm_model_name", "HuggingFaceTB/SmolVLM2-500M-Video-Instruct")
-    return "google/paligemma-3b-pt-224"
+    if name == FAST_TOKENIZER_DIR:
+        return config.get("action_tokenizer_name", "lerobot/fast-action-tokenizer")
+    return config.get("text_tokenizer_name", "google/paligemma-3b-pt-224")
 
 
 def _fetched_file(directory: str | Path, config: Mapping, name: str, hub_file: str,
@@ -228,11 +321,12 @@ def _fetched_file(directory: str | Path, config: Mapping, name: str, hub_file: s
     """``directory/name``, a copy of what LeRobot fetches from a model hub (``hub_file`` of
     the repository it names), or the one error that says where to get it."""
     path = Path(directory) / name
+    copy = "them here into" if " and " in hub_file else "that file here as"
     if not path.exists():
         raise LeRobotError(
             f"{directory}: no {name}. LeRobot {config.get('type')} {use} "
-            f"{_hub_name(config)}'s {hub_file}, which it fetches from a model hub at run time; "
-            f"vlarun never downloads: copy that file here as {name}"
+            f"{_hub_name(config, name)}'s {hub_file}, which it fetches from a model hub at run "
+            f"time; vlarun never downloads: copy {copy} {name}"
         )
     return path
 
@@ -461,7 +555,8 @@ def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO
     action = _feature_norm(config, post_cfg, post_stats, "action", "ACTION", cfg.action_dim,
                            action_dim, f"{d}/policy_postprocessor.json")  # fmt: skip
     kind = config.get("type")
-    prompt = "pi05" if kind == "pi05" else "task-newline"  # pi05 writes the state in the text
+    # pi05 and pi0_fast write the state in the text
+    prompt = kind if kind in ("pi05", "pi0_fast") else "task-newline"
     resize = "pad-topleft" if kind == "smolvla" else "pad"  # SmolVLA pads left/top, openpi centres
     declared = "observation.state" in (config.get("input_features") or {})
     return LeRobotIO(state, action, prompt, resize, tuple(camera_keys(config)),

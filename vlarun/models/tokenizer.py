@@ -24,17 +24,29 @@ def task_newline_prompt(instruction: str, state=None) -> str:
     return instruction if instruction.endswith("\n") else instruction + "\n"
 
 
-def pi05_prompt(instruction: str, state=None) -> str:
-    """pi05's prompt (LeRobot ``Pi05PrepareStateTokenizerProcessorStep``): the cleaned task and
+def _task_and_state(instruction: str, state, model: str) -> str:
+    """The text "Task: ..., State: ...;\n" as LeRobot's pi05 and pi0_fast write it: the task and
     the normalised state in 256 bins over [-1, 1] (values outside fall to -1 or 255 as
-    ``np.digitize`` puts them), e.g. "Task: pick up the cup, State: 128 3 255;\nAction: "."""
+    ``np.digitize`` puts them), the task cleaned as they clean it."""
     import numpy as np
 
     if state is None:
-        raise ValueError("pi05 writes the robot state into its prompt: pass the state")
+        raise ValueError(f"{model} writes the robot state into its prompt: pass the state")
     bins = np.digitize(np.asarray(state), bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
     task = instruction.strip().replace("_", " ").replace("\n", " ")
-    return f"Task: {task}, State: {' '.join(map(str, bins.reshape(-1)))};\nAction: "
+    return f"Task: {task}, State: {' '.join(map(str, bins.reshape(-1)))};\n"
+
+
+def pi05_prompt(instruction: str, state=None) -> str:
+    """pi05's prompt (LeRobot ``Pi05PrepareStateTokenizerProcessorStep``), e.g. "Task: pick up
+    the cup, State: 128 3 255;\nAction: "."""
+    return _task_and_state(instruction, state, "pi05") + "Action: "
+
+
+def pi0_fast_prompt(instruction: str, state=None) -> str:
+    """pi0_fast's prompt (LeRobot ``Pi0FastPrepareStateAndLanguageTokenizerProcessorStep``):
+    pi05's without "Action: ", which the model writes itself before its FAST code."""
+    return _task_and_state(instruction, state, "pi0_fast")
 
 
 def _openvla(instruction: str, state=None) -> str:
@@ -42,8 +54,14 @@ def _openvla(instruction: str, state=None) -> str:
 
 
 # Prompt templates by the name a Policy records (the one its checkpoint was trained with); each
-# takes the instruction and the normalised state (which only pi05's writes into the text).
-PROMPTS = {"openvla": _openvla, "task-newline": task_newline_prompt, "pi05": pi05_prompt}
+# takes the instruction and the normalised state (which pi05's and pi0_fast's write into the
+# text).
+PROMPTS = {
+    "openvla": _openvla,
+    "task-newline": task_newline_prompt,
+    "pi05": pi05_prompt,
+    "pi0_fast": pi0_fast_prompt,
+}
 
 
 class Tokenizer(Protocol):
