@@ -12,7 +12,7 @@ from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.scaleout import _Flight, _Worker
 from vlarun.runtime.server import robot_id
 from vlarun.sched.fleet import Arrival, SimEdge
-from vlarun.sched.queue_model import play
+from vlarun.sched.queue_model import StageTimes, play
 
 STAGES = ("vision", "prefill", "decode")
 EST = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}
@@ -46,7 +46,7 @@ def _edge(now: float) -> tuple[list[tuple], float]:
 
 def _front(now: float) -> tuple[list[tuple], float]:
     """The scale-out front's view of one worker holding the script's requests in flight."""
-    w = _Worker(0, est_s=dict(EST), max_batch=MAX_BATCH)
+    w = _Worker(0, times=StageTimes(dict(EST)), max_batch=MAX_BATCH)
     for k, (who, stages, due) in enumerate(SCRIPT):
         w.flights[k] = _Flight(who, k, [], stages, "full", now, now + due, None)
     return _rows(play(w.queue(now)), now), w.finish(now, ASK[0], now + ASK[1]) - now

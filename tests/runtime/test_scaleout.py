@@ -157,8 +157,9 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
 
 def test_the_front_reports_a_workers_flights_as_its_committed_schedule():
     from vlarun.runtime.scaleout import _Flight, _Worker
+    from vlarun.sched.queue_model import StageTimes
 
-    w = _Worker(0, est_s={"vision": 0.01, "prefill": 0.02, "decode": 0.03})
+    w = _Worker(0, times=StageTimes({"vision": 0.01, "prefill": 0.02, "decode": 0.03}))
     now = time.monotonic()
     w.flights[1] = _Flight(b"late", 7, [], STAGES, "full", now, now + 0.9, None)
     w.flights[2] = _Flight(b"soon", 8, [], ("decode",), "full", now, now + 0.2, None)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vlarun.runtime.segments import batch_dim
-from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish, play
+from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, StageTimes, finish, play
 
 
 @dataclass
@@ -105,15 +105,15 @@ class Booking:
     deadline: float
 
 
-class StageQueues:
-    """Thread-safe per-stage FIFO queues with EDF selection across stages."""
+class StageQueues(StageTimes):
+    """Thread-safe per-stage FIFO queues with EDF selection across stages; the stage times
+    measured here (``StageTimes``) are what its forecasts use."""
 
     def __init__(self, stage_inputs: dict[str, tuple[str, ...]], max_batch: int = 8) -> None:
+        super().__init__()
         self.inputs, self.max_batch = stage_inputs, max_batch
         self.queues: dict[str, deque[Job]] = {s: deque() for s in stage_inputs}
         self.cond = threading.Condition()
-        self.est_s: dict[str, float] = {}  # EWMA of measured stage time at batch 1
-        self.est_at: dict[str, float] = {}  # when each estimate was last measured (monotonic)
         self.bookings: list[Booking] = []
 
     def put(self, job: Job) -> None:
@@ -260,18 +260,10 @@ class StageQueues:
 
     def fresh(self, stages: tuple[str, ...], within_s: float) -> bool:
         """Whether every stage's estimate was measured in the last ``within_s`` seconds."""
-        now = time.monotonic()
-        return all(now - self.est_at.get(name, -1e9) <= within_s for name in stages)
-
-    def work_s(self, stages: tuple[str, ...]) -> float:
-        """Predicted seconds of ``stages`` for one request (0 for stages never measured)."""
-        return sum(self.est_s.get(name, 0.0) for name in stages)
+        return self.fresh_at(stages, within_s, time.monotonic())
 
     def observe(self, stage: str, seconds: float, batch: int) -> None:
-        per = seconds / max(batch, 1)
-        self.est_at[stage] = time.monotonic()
-        old = self.est_s.get(stage)
-        self.est_s[stage] = per if old is None else 0.8 * old + 0.2 * per
+        self.measured(stage, seconds, batch, time.monotonic())
 
     def take(self, stop: threading.Event, window: Callable[[], float]) -> list[Job] | None:
         """Block until work exists (or ``stop``); return one batch, ready to run. ``window()``

@@ -71,7 +71,7 @@ from vlarun.runtime.server import (
     wildcard,
 )
 from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, router_socket
-from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, finish, play
+from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, StageTimes, finish, play
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
 
@@ -106,8 +106,7 @@ class _Worker:
     pid: int = 0
     endpoint: str = ""
     incarnation: int = 0
-    est_s: dict[str, float] = field(default_factory=dict)  # per-request stage seconds (EWMA)
-    est_at: dict[str, float] = field(default_factory=dict)
+    times: StageTimes = field(default_factory=StageTimes)  # as the worker measures them
     flights: dict[int, _Flight] = field(default_factory=dict)  # front rid -> flight
     replies: int = 0
     max_batch: int = 8  # the worker's (``ServerConfig.max_batch``): the model batches as it does
@@ -116,11 +115,11 @@ class _Worker:
     lag_s: float = 0.0
 
     def work_s(self, stages) -> float:
-        return sum(self.est_s.get(s, 0.0) for s in stages)
+        return self.times.work_s(stages)
 
     def seconds(self, stages) -> tuple[float, ...]:
         """Each stage's estimated per-request time here (0 for a stage never measured)."""
-        return tuple(self.est_s.get(s, 0.0) for s in stages)
+        return self.times.seconds(stages)
 
     def load_s(self) -> float:
         """Predicted seconds of the work in flight here (conservative: every flight counts
@@ -155,8 +154,7 @@ class _Worker:
         return now if end is None else end
 
     def fresh(self, stages, within_s: float) -> bool:
-        now = time.monotonic()
-        return all(now - self.est_at.get(s, -1e9) <= within_s for s in stages)
+        return self.times.fresh_at(stages, within_s, time.monotonic())
 
     def observe(self, timings: object) -> None:
         if not isinstance(timings, list):
@@ -168,10 +166,7 @@ class _Worker:
             stage, sec, batch = t.get("stage"), t.get("compute_s"), t.get("batch", 1)
             if not isinstance(stage, str) or not isinstance(sec, float | int):
                 continue
-            per = float(sec) / max(int(batch) if isinstance(batch, int) else 1, 1)
-            old = self.est_s.get(stage)
-            self.est_s[stage] = per if old is None else 0.8 * old + 0.2 * per
-            self.est_at[stage] = now
+            self.times.measured(stage, float(sec), batch if isinstance(batch, int) else 1, now)
 
 
 class EdgeFront:
@@ -262,7 +257,7 @@ class EdgeFront:
         w.incarnation += 1
         now = time.monotonic()
         for stage, ms in hello.get("stage_ms", {}).items():  # its warm-up measurement
-            w.est_s[stage], w.est_at[stage] = ms * 1e-3, now
+            w.times.est_s[stage], w.times.est_at[stage] = ms * 1e-3, now
         w.up = True
 
     def _disconnect(self, w: _Worker) -> None:
@@ -556,7 +551,7 @@ class EdgeFront:
             {"worker": w.index, "up": w.up, "pid": w.pid, "endpoint": w.endpoint,
              "incarnation": w.incarnation, "in_flight": len(w.flights), "replies": w.replies,
              "load_ms": 1e3 * w.load_s(), "lag_ms": 1e3 * w.lag_s,
-             "stage_ms": {k: v * 1e3 for k, v in w.est_s.items()}}
+             "stage_ms": {k: v * 1e3 for k, v in w.times.est_s.items()}}
             for w in self._w
         ]  # fmt: skip
         return {
@@ -566,7 +561,7 @@ class EdgeFront:
             "dtype": self.dtype,
             "stages": list(self.schema.names),
             "queue": queue,
-            "stage_ms": {k: v * 1e3 for k, v in best.est_s.items()} if best else {},
+            "stage_ms": {k: v * 1e3 for k, v in best.times.est_s.items()} if best else {},
             "max_batch": self.cfg.max_batch,
             "backlog_ms": 1e3 * best.load_s() if best else 0.0,
             "schedule": best.schedule() if best else [],

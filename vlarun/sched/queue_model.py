@@ -19,9 +19,37 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 THIS = "(this request)"  # the name and key of the request admission asks about
+
+
+@dataclass
+class StageTimes:
+    """One worker's per-request stage times: an EWMA (0.2 on the newest) of each measured
+    batch's time over its size, and when each stage was last measured (monotonic seconds).
+    The edge's own queues and the scale-out front's view of each worker keep one each; what
+    they feed the queue model comes from here."""
+
+    est_s: dict[str, float] = field(default_factory=dict)
+    est_at: dict[str, float] = field(default_factory=dict)
+
+    def measured(self, stage: str, seconds: float, batch: int, now: float) -> None:
+        per = seconds / max(batch, 1)
+        old = self.est_s.get(stage)
+        self.est_s[stage] = per if old is None else 0.8 * old + 0.2 * per
+        self.est_at[stage] = now
+
+    def seconds(self, stages) -> tuple[float, ...]:
+        """Each stage's per-request time (0 for a stage never measured)."""
+        return tuple(self.est_s.get(s, 0.0) for s in stages)
+
+    def work_s(self, stages) -> float:
+        return sum(self.seconds(stages))
+
+    def fresh_at(self, stages, within_s: float, now: float) -> bool:
+        """Whether every stage was measured in the ``within_s`` seconds before ``now``."""
+        return all(now - self.est_at.get(s, -1e9) <= within_s for s in stages)
 
 
 @dataclass(frozen=True)
