@@ -22,7 +22,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.runtime import procs
 
 POLICY_ATTACKS = ("pipeline", "churn", "flood16", "flood50", "largest", "half-open", "fuzz")
 EDGE_ATTACKS = ("edge-flood16",)
@@ -87,29 +87,16 @@ def _cpus() -> tuple[set[int], set[int]]:
 
 
 def start_server(argv: list[str], server_cpus: set[int]) -> tuple[subprocess.Popen, str]:
-    """A ``vlarun`` server process printing its endpoint as a JSON line; (process, endpoint)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]),
-                                         env.get("PYTHONPATH", "")])  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "vlarun.cli", *argv, "--json"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: _pin(server_cpus))  # fmt: skip
-    line = proc.stdout.readline()
-    if not line:
-        err = proc.communicate(timeout=30)[1]
-        raise RuntimeError(f"{argv[0]} did not start: {err.strip().splitlines()[-1:]}")
-    return proc, json.loads(line)["endpoint"]
+    """A ``vlarun`` server process (pinned to ``server_cpus``); (process, endpoint)."""
+    return procs.spawn_module("vlarun.cli", [*argv, "--json"], timeout_s=120.0, cpus=server_cpus)
 
 
 def stop_server(proc: subprocess.Popen) -> str:
     """SIGTERM, wait; the server's stderr (for tracebacks)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.communicate(timeout=60)[1]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate()[1]
+    procs.stop(proc, timeout_s=60.0, close=False)
+    err = procs.stderr_of(proc)
+    proc.err_file.close()
+    return err
 
 
 class Memory:
@@ -557,6 +544,8 @@ def run(o: BenchHostileOptions) -> dict:
     except ImportError:
         raise RuntimeError("bench hostile needs openpi-client: pip install --no-deps "
                            "openpi-client websockets dm-tree") from None  # fmt: skip
+    from vlarun.bench.engine import machine_info
+
     attacks = ("pipeline", "largest") if o.quick else o.attacks
     if o.quick:
         o = BenchHostileOptions(**{**o.__dict__, "seconds": min(o.seconds, 4.0),
@@ -566,15 +555,8 @@ def run(o: BenchHostileOptions) -> dict:
         rows.append(edge_attack(o) if name in EDGE_ATTACKS else policy_attack(name, o))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if a later one hangs
     return {"benchmark": "servers under attack (own processes, loopback)", "policy": o.policy,
-            "frame_mb": o.frame_mb, "budget_s": o.budget_s, "cpu": _cpu_name(),
+            "frame_mb": o.frame_mb, "budget_s": o.budget_s, "cpu": machine_info()["cpu"],
             "rows": rows}  # fmt: skip
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def show(r: dict) -> None:

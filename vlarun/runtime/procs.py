@@ -17,13 +17,15 @@ import time
 from pathlib import Path
 
 
-def _spawn(args: list[str], timeout_s: float) -> tuple[subprocess.Popen, str]:
+def _spawn(
+    args: list[str], timeout_s: float, cpus: set[int] | None = None
+) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     # stderr goes to a file, not a pipe: a pipe nobody drains would block a chatty child.
     err_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
-    proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=err_file, env=env, text=True
-    )
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # before it runs anything
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err_file,
+                            env=env, text=True, preexec_fn=pin)  # fmt: skip
     proc.err_file = err_file  # closed by stop()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -69,9 +71,22 @@ def start_relay(
     return _spawn(args, timeout_s)
 
 
-def spawn_module(module: str, args: list[str] | None = None, timeout_s: float = 20.0):
-    """``python -m module args`` that prints its endpoint first; (process, endpoint)."""
-    return _spawn(["-m", module, *(args or [])], timeout_s)
+def spawn_module(
+    module: str, args: list[str] | None = None, timeout_s: float = 20.0,
+    cpus: set[int] | None = None,
+):  # fmt: skip
+    """``python -m module args`` that prints its endpoint first; (process, endpoint).
+    ``cpus``: the CPUs it may run on (pinned before it starts)."""
+    return _spawn(["-m", module, *(args or [])], timeout_s, cpus)
+
+
+def stderr_of(proc: subprocess.Popen) -> str:
+    """What a child started here wrote to stderr so far (after ``stop(proc, close=False)``)."""
+    err_file = getattr(proc, "err_file", None)
+    if err_file is None or err_file.closed:
+        return ""
+    err_file.seek(0)
+    return err_file.read()
 
 
 def peak_rss_mb(proc: subprocess.Popen) -> float | None:
