@@ -38,6 +38,14 @@ def test_pad_waits_for_the_target_and_counts_overruns():
     r = emu.report()
     assert r["executions"] == 2 and r["emulation_violations"] == 1 and not r["valid"]
     assert r["worst_overrun_ms"] > 900
+    # Packets: padded up to the real model's (OpenVLA: 0.6 MB of images in, 2.1 MB of vision
+    # features out of the vision stage), never down.
+    vision = emu.targets["vision"]
+    assert emu.pad_bytes(("vision", "prefill"), "in", 1000) == vision.in_bytes - 1000
+    assert emu.pad_bytes(("vision",), "out", 0) == vision.out_bytes > 2e6
+    assert emu.pad_bytes(("vision",), "in", 10**9) == 0
+    with pytest.raises(ValueError, match="'in' or 'out'"):
+        emu.pad_bytes(("vision",), "up", 0)
     with pytest.raises(ValueError, match="no stage"):
         StageEmulator.build(Emulation("openvla-7b", "rtx4090"), ("denoise",))
     with pytest.raises(ValueError, match="MODEL:DEVICE"):
@@ -90,6 +98,8 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         assert "edge" in planned.planned.values() and planned.fallback is None
         assert planned.predicted_s == pytest.approx(planned.latency_s, rel=0.5)
         assert remote.fallback is None and set(remote.ran.values()) == {"edge"}
+        # The link carried OpenVLA's two 224 px images, not tiny-ar's 128 px one.
+        assert remote.bytes_sent >= srv.emulator.targets["vision"].in_bytes
         for stage, ms in remote.stage_ms.items():
             assert ms * 1e-3 >= srv.emulator.target_s(stage) * 0.999
         assert remote.latency_s < inf.latency_s  # the 4090's round trip beats the Orin

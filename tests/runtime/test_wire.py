@@ -208,3 +208,27 @@ def test_bfloat16_tensors_travel_exactly():
     back = wire.decode(wire.encode(Message("result", packet=Packet({"t": t}))))
     assert back.packet["t"].dtype == torch.bfloat16 and torch.equal(back.packet["t"], t)
     assert np.array_equal(back.packet["t"].float().numpy(), t.float().numpy())
+
+
+def test_a_pad_travels_as_zero_bytes_and_is_dropped_on_receipt():
+    """An emulated device's packet padded to the real model's size: the link carries the pad
+    (one frame of its own), the receiver gets back exactly the tensors."""
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    frames = wire.encode(Message("data", 3, "vision", 1.0, {}, Packet({"x": x}), pad=1000))
+    assert len(frames) == 3 and frames[-1] == bytes(1000)
+    back = wire.decode(frames)
+    assert list(back.packet.tensors) == ["x"] and torch.equal(back.packet["x"], x)
+    assert back.pad == 1000
+    with pytest.raises(PacketError, match="pad frame is 999 bytes"):
+        wire.decode([*frames[:-1], bytes(999)])
+    with pytest.raises(PacketError, match="1 tensors and a pad, got 1 frames"):
+        wire.decode(frames[:-1])
+    with pytest.raises(PacketError, match="pad must be a byte count"):
+        wire.decode(frames, Limits(max_total_bytes=24 + 999))  # the tensor's 24 bytes + pad
+    with pytest.raises(PacketError, match="pad must be >= 0"):
+        wire.encode(Message("data", pad=-1))
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["pad"] = "1000"
+    with pytest.raises(PacketError, match="pad must be a byte count"):
+        wire.decode([msgpack.packb(header, use_bin_type=True), *frames[1:]])
+    assert len(wire.encode(Message("data", packet=Packet({"x": x})))) == 2  # no pad, no frame

@@ -17,6 +17,7 @@ in for that device), and the report says so.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -47,7 +48,18 @@ class BenchCoinferOptions:
         "emulate MODEL (e.g. openvla-7b) on --robot-device and --edge-device: each side runs "
         "--policy for real and pads every stage to MODEL's roofline time on its device",
     )
-    time_scale: float = opt(1.0, "with --emulate: every emulated time divided by this")
+    time_scale: float = opt(
+        1.0, "with --emulate: every emulated time, delay and deadline divided by this and every "
+        "bandwidth multiplied by it (the options name the unscaled values)",
+    )  # fmt: skip
+    pin: bool = opt(
+        True, "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
+        "relays on CPU 1; each row records the run-queue wait of each",
+    )  # fmt: skip
+    restore: bool = opt(
+        False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
+        "back up; prints when the plans left the edge and came back (vlarun-joint)",
+    )  # fmt: skip
     bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
@@ -86,9 +98,13 @@ def run(o: BenchCoinferOptions) -> dict:
     robots = min(o.robots, 2) if o.quick else o.robots
     requests = 4 if o.quick else o.fleet_requests
     policy = Policy.load(o.policy)
+    pins = _pins(o)
+    if pins:
+        os.sched_setaffinity(0, pins["robot"])  # the robot, its load and this bench
     edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1",
-                                             *_edge_emulation(o)])  # fmt: skip
-    rows, fleet, matrix = [], None, None
+                                             *_edge_emulation(o)],
+                                      cpus=pins.get("edge"))  # fmt: skip
+    rows, fleet, matrix, restore = [], None, None, None
     try:
         from vlarun.runtime.overhead import measure
 
@@ -97,24 +113,32 @@ def run(o: BenchCoinferOptions) -> dict:
             from vlarun.bench.coinfer_matrix import run_matrix
 
             def cell(strategy, n, before, after, load):
-                return _strategy_run(o, policy, endpoint, strategy, n, before, after, load)
+                return _strategy_run(o, policy, endpoint, strategy, n, before, after, load,
+                                     edge_pid=edge.pid)  # fmt: skip
 
             matrix = run_matrix(o, policy, endpoint, steps, cell,
                                 lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
             rows, matrix = matrix["rows"], matrix["summary"]
+        elif o.restore:
+            third = steps / o.control_hz / 3
+            changes = [(third, RESTORE_LOW_MBPS), (2 * third, o.bandwidth)]
+            row = _strategy_run(o, policy, endpoint, "vlarun-joint", steps, o.bandwidth, None,
+                                edge_pid=edge.pid, changes=changes)  # fmt: skip
+            rows, restore = [row], row["link_timeline"]
         else:
             for strategy in STRATEGIES:
                 rows.append(_strategy_run(o, policy, endpoint, strategy, steps, o.bandwidth,
-                                          o.drop_to))  # fmt: skip
-        if robots > 0 and not o.matrix:
+                                          o.drop_to, edge_pid=edge.pid))  # fmt: skip
+        if robots > 0 and not (o.matrix or o.restore):
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
             fleet["edge_peak_rss_mb"] = procs.peak_rss_mb(edge)  # over the whole run
     finally:
         procs.stop(edge)
     batching = None
-    if o.batching and robots > 0:
+    if o.batching and robots > 0 and not (o.matrix or o.restore):
         single, at = procs.start_edge(
-            extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1", *_edge_emulation(o)]
+            extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1", *_edge_emulation(o)],
+            cpus=pins.get("edge"),
         )
         try:
             unbatched = _fleet_run(o, policy, at, robots, requests)
@@ -133,6 +157,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "robot_slowdown": o.robot_slowdown if o.emulate is None else 1.0,
         "devices": {"robot": o.robot_device, "edge": o.edge_device},
         "emulated": None if o.emulate is None else {"model": o.emulate, "time_scale": o.time_scale},
+        "affinity": {k: sorted(v) for k, v in pins.items()} or None,
         "link": {
             "before_mbps": o.bandwidth,
             "after_mbps": o.drop_to,
@@ -145,6 +170,7 @@ def run(o: BenchCoinferOptions) -> dict:
         "fleet": fleet,
         "batching": batching,
         "matrix": matrix,
+        "restore": restore,
         "runtime_overhead": overhead,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
@@ -193,6 +219,24 @@ def plot(r: dict, path: str) -> str | None:
     return path
 
 
+RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
+
+
+def _scale(o: BenchCoinferOptions) -> float:
+    """The emulation's time scale (1 without --emulate): times and delays are divided by it,
+    bandwidths multiplied, so every transfer keeps its share of the scaled deadline."""
+    return o.time_scale if o.emulate is not None else 1.0
+
+
+def _pins(o: BenchCoinferOptions) -> dict[str, set[int]]:
+    """role -> CPUs: with --emulate and --pin on a machine of >= 2 CPUs, the edge alone on the
+    first, everything else (robot, load generator, relays) on the second; {} otherwise."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if o.emulate is None or not o.pin or len(cpus) < 2:
+        return {}
+    return {"edge": {cpus[0]}, "robot": {cpus[1]}, "relay": {cpus[1]}}
+
+
 def _emulations(o: BenchCoinferOptions):
     """(robot, edge) emulations of ``--emulate``, or (None, None)."""
     from vlarun.runtime.emulate import Emulation
@@ -231,7 +275,7 @@ def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: f
         o.robot_slowdown if robot is None else 1.0,  # the emulation stands in for the robot
         robot_device=o.robot_device,
         edge_device=o.edge_device,
-        bandwidth_mbps=bandwidth,
+        bandwidth_mbps=bandwidth * _scale(o),
         emulate=robot,
         edge_emulate=edge,
     )
@@ -246,13 +290,18 @@ def _strategy_run(
     bandwidth: float,
     drop_to: float | None,
     load: str = "light",
+    edge_pid: int | None = None,
+    changes: list[tuple[float, float]] | None = None,
 ) -> dict:
     """``steps`` control steps of closed loop through a fresh relay at ``bandwidth`` Mbit/s
-    that drops to ``drop_to`` halfway (None: no drop). Episodes end at success or the task's
-    step limit; the next one follows at once. ``load`` names the edge's load during the run
-    (other robots are the caller's)."""
+    that drops to ``drop_to`` halfway (None: no drop), or follows ``changes`` ((seconds into
+    the run, Mbit/s), the restore run's). Bandwidths and the delay are the unscaled ones (the
+    relay gets them scaled). Episodes end at success or the task's step limit; the next one
+    follows at once. ``load`` names the edge's load during the run (other robots are the
+    caller's); ``edge_pid``: the edge process, whose run-queue wait the row records."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.episode import link_timeline
     from vlarun.runtime.transport import Security
     from vlarun.sched.records import summarise
     from vlarun.sim.env import MetaWorldEnv, env_views
@@ -266,8 +315,16 @@ def _strategy_run(
     local = dict(agent.local_s)
     agent.close()
     drop_after = steps / o.control_hz / 2  # seconds into the episode
-    schedule = "" if drop_to is None else f"{drop_after}:{drop_to}"
-    relay, via = procs.start_relay(endpoint, bandwidth, o.delay_ms, schedule)
+    if changes is None:
+        changes = [] if drop_to is None else [(drop_after, drop_to)]
+    else:
+        drop_after = changes[0][0]
+    k = _scale(o)
+    schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
+    relay, via = procs.start_relay(endpoint, bandwidth * k, o.delay_ms / k, schedule,
+                                   cpus=_pins(o).get("relay"))  # fmt: skip
+    waits = _waits(edge_pid, relay.pid)
+    clock0 = 0.0
     edge_before = _edge_emulation_report(endpoint) if o.emulate else None
     times: list[float] = []
     try:
@@ -277,14 +334,20 @@ def _strategy_run(
         agent.local_s.update(local)
         agent.prepare(env.instruction)  # its one-time setup is not the first request's latency
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
-        t0 = time.monotonic()
+        t0 = clock0 = time.monotonic()
         ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0))
         emulation = agent.emulator.report() if agent.emulator is not None else None
         agent.close()
         if emulation is not None:  # the edge's side over this run: its counters' difference
             edge_after = _edge_emulation_report(endpoint)
-            emulation["edge"] = {k: edge_after[k] - edge_before[k]
-                                 for k in ("executions", "emulation_violations")}  # fmt: skip
+            emulation["edge"] = {n: edge_after[n] - edge_before[n]
+                                 for n in ("executions", "emulation_violations")}  # fmt: skip
+        after_run = _waits(edge_pid, relay.pid)
+        waits = {
+            role: None if w is None or after_run[role] is None
+            else round((after_run[role] - w) * 1e3, 1)
+            for role, w in waits.items()
+        }  # fmt: skip
     finally:
         procs.stop(relay)
         env.close()
@@ -325,8 +388,24 @@ def _strategy_run(
         else emulation["emulation_violations"] + emulation["edge"]["emulation_violations"],
         "emulation": emulation,
         "drop_at_s": drop_after,
+        "link_timeline": link_timeline(infs, clock0, bandwidth, changes) if changes else None,
+        # ms each process waited runnable on a run queue over the run (pinned: its core's
+        # other processes got in its way this long)
+        "run_queue_wait_ms": waits,
         # (completion time in the episode s, latency ms, where each stage ran)
         "trace": [[t, r["latency_ms"], r["ran"]] for r, t in zip(infs, times, strict=True)],
+    }
+
+
+def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
+    """Run-queue wait so far (s) of the edge, this process (the robot and its load) and the
+    relay."""
+    from vlarun.runtime.procs import run_queue_wait_s
+
+    return {
+        "edge": None if edge_pid is None else run_queue_wait_s(edge_pid),
+        "robot": run_queue_wait_s(os.getpid()),
+        "relay": run_queue_wait_s(relay_pid),
     }
 
 
@@ -412,6 +491,13 @@ def show(r: dict) -> None:
             f"{x['actions_per_joule']:>8.3f}{x['fallbacks']:>10}"
         )
     _show_overhead(r["runtime_overhead"])
+    t = r.get("restore")
+    if t:
+        ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
+        print(f"  restore: {r['link']['before_mbps']:g} -> {RESTORE_LOW_MBPS:g} Mbit/s at "
+              f"{t['drop_s']:.1f} s, plans left the edge after {ms(t['left_edge_after_drop_ms'])}; "
+              f"back at {t['restore_s']:.1f} s, edge again after "
+              f"{ms(t['edge_again_after_restore_ms'])}")  # fmt: skip
     _show_batching(r.get("batching"))
     f = r.get("fleet")
     if f and f.get("inferences"):

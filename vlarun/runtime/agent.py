@@ -597,7 +597,9 @@ class RobotAgent:
             raise RuntimeError("no time left for the edge")
         want = wanted(graph, placement, seg)
         packet = Packet({n: pool[n] for n in seg.needs})
-        up = self.link.transfer_s(sum(t.nbytes for t in packet.tensors.values()))
+        emu = self.emulator  # an emulated robot sends the real model's packet size
+        pad = 0 if emu is None else emu.pad_bytes(seg.stages, "in", packet.nbytes)
+        up = self.link.transfer_s(packet.nbytes + pad)
         down = self.link.transfer_s(self._reply_bytes.get(seg.stages, 0))
         budget = wait - up - down
         if budget <= 0:
@@ -606,7 +608,7 @@ class RobotAgent:
         if any(n in RTC_INPUTS for n in seg.needs):  # the head runs there: it freezes there
             meta["rtc"] = True
         self.monitor.last_remote = time.monotonic()
-        rep = self.client.run(seg.stages, packet, want, budget, wait, meta, self.cfg.codec)
+        rep = self.client.run(seg.stages, packet, want, budget, wait, meta, self.cfg.codec, pad)
         # Nothing from the edge reaches the pool (and the robot) unchecked: a wrong name,
         # shape or a NaN is a fallback here, never an action. Accelerated streams may change
         # intermediate sizes, so their shapes are checked by rank and batch only.

@@ -217,14 +217,16 @@ class EdgeClient:
         timeout_s: float,
         meta: dict | None = None,
         codec: wire.Codec | None = None,
+        pad: int = 0,
     ) -> Reply:
         """Run ``stages`` on the edge; raise LinkDown when there is no reply in ``timeout_s``
-        and RuntimeError when the edge refuses the request."""
+        and RuntimeError when the edge refuses the request. ``pad``: zero bytes sent after the
+        tensors (an emulated device's packet at the real model's size)."""
         rid = next(_ids)
         meta = {**(meta or {}), "want": list(want)}
         if codec is not None:
             meta["reply_codec"] = {"reduce": codec.reduce, "compress": codec.compress}
-        msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet)
+        msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet, pad)
         t0 = time.perf_counter()
         sent = self._send(wire.encode(msg, codec))
         try:

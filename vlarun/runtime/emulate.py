@@ -13,6 +13,9 @@ emulated device (the CPU was too slow or too busy for the scale chosen).
 
 Both the robot agent (``AgentConfig.emulate``) and the edge server (``ServerConfig.emulate``)
 take an ``Emulation``; the robot's stands in for the robot device, the edge's for the edge one.
+Packets are padded to the real model's sizes (``pad_bytes``: a zero frame the wire drops on
+receipt), so the link moves the real bytes; with a ``time_scale`` the bench multiplies every
+bandwidth by it too, so a transfer keeps its share of the scaled deadline.
 Energy stays the modelled account priced on the emulated devices, labelled "modelled".
 """
 
@@ -141,6 +144,20 @@ class StageEmulator:
         if own < target:
             time.sleep(target - own)
         return time.perf_counter() - started
+
+    def pad_bytes(self, stages: tuple[str, ...], direction: str, nbytes: int) -> int:
+        """Zero bytes to add to a packet of ``nbytes`` so the link carries what the real model's
+        would: a request for ``stages`` carries its first stage's input packet ("in"), the
+        answer the last stage's output ("out"). 0 where the small model's packet is larger."""
+        if direction not in ("in", "out"):
+            raise ValueError(f"direction is 'in' or 'out', got {direction!r}")
+        stage = stages[0] if direction == "in" else stages[-1]
+        work = self.targets.get(stage)
+        if work is None:
+            raise ValueError(f"cannot emulate stage {stage!r}: {self.emulation.model} has "
+                             f"{', '.join(self.targets)}")  # fmt: skip
+        real = work.in_bytes if direction == "in" else work.out_bytes
+        return max(int(real) - int(nbytes), 0)
 
     def report(self) -> dict:
         share = self.violations / self.executions if self.executions else 0.0

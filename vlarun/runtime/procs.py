@@ -46,16 +46,20 @@ def _spawn(
     raise RuntimeError(f"{' '.join(args[:4])} did not start: {err.strip()[-500:]}")
 
 
-def start_edge(port: int = 0, extra: list[str] | None = None, timeout_s: float = 60.0):
-    """`vlarun serve-edge --insecure` on loopback; (process, endpoint)."""
+def start_edge(
+    port: int = 0, extra: list[str] | None = None, timeout_s: float = 60.0,
+    cpus: set[int] | None = None,
+):  # fmt: skip
+    """`vlarun serve-edge --insecure` on loopback; (process, endpoint). ``cpus``: pinned there."""
     args = ["-m", "vlarun.cli", "serve-edge", "--port", str(port), "--insecure", "--json"]
-    return _spawn(args + (extra or []), timeout_s)
+    return _spawn(args + (extra or []), timeout_s, cpus)
 
 
 def start_relay(
-    upstream: str, mbps: float, delay_ms: float = 0.0, schedule: str = "", timeout_s: float = 20.0
-):
-    """A shaping relay in front of ``upstream``; (process, endpoint)."""
+    upstream: str, mbps: float, delay_ms: float = 0.0, schedule: str = "", timeout_s: float = 20.0,
+    cpus: set[int] | None = None,
+):  # fmt: skip
+    """A shaping relay in front of ``upstream``; (process, endpoint). ``cpus``: pinned there."""
     args = [
         "-m",
         "vlarun.runtime.relay",
@@ -68,7 +72,7 @@ def start_relay(
         "--schedule",
         schedule,
     ]
-    return _spawn(args, timeout_s)
+    return _spawn(args, timeout_s, cpus)
 
 
 def spawn_module(
@@ -87,6 +91,24 @@ def stderr_of(proc: subprocess.Popen) -> str:
         return ""
     err_file.seek(0)
     return err_file.read()
+
+
+def run_queue_wait_s(pid: int) -> float | None:
+    """Seconds the threads of process ``pid`` have waited on a run queue, runnable but not
+    running (the second field of Linux ``/proc/PID/task/*/schedstat``); None where unreadable.
+    Two readings' difference over a run says whether the processes sharing a core got in each
+    other's way (a pinned benchmark's check that its timings are its own)."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total / 1e9
 
 
 def peak_rss_mb(proc: subprocess.Popen) -> float | None:

@@ -605,7 +605,10 @@ class EdgeServer:
         packet = Packet({n: job.pool[n] for n in job.want})
         meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival,
                 "schedule": self.schedule()}  # fmt: skip
-        msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet)
+        emu = self.emulator  # an emulated edge answers with the real model's packet size
+        pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
+        msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet,
+                           pad=pad)  # fmt: skip
         return wire.encode(msg, wire.Codec(**job.reply_codec))
 
 

@@ -2,6 +2,9 @@
 
     frame 0   msgpack map  {v, kind, rid, stage, deadline_s, meta, tensors: [entry, ...]}
     frame i   the bytes of tensor i-1, as its entry says (raw, reduced and/or compressed)
+    frame n+1 (only when the header's ``pad`` > 0) that many zero bytes, read and dropped: an
+              emulated device's packet made as large as the real model's (``runtime.emulate``),
+              so the link carries the real bytes
 
     entry = {name, dtype, shape, enc, scale?, z?, nbytes}
       dtype   the tensor's dtype (what the receiver gets back), a name of ``packet.DTYPES``
@@ -80,6 +83,7 @@ class Message:
     deadline_s: float = math.inf
     meta: dict = field(default_factory=dict)
     packet: Packet = field(default_factory=lambda: Packet({}))
+    pad: int = 0  # zero bytes sent after the tensors (a frame of its own), dropped on receipt
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class Header:
     deadline_s: float
     meta: dict
     entries: tuple[Entry, ...]
+    pad: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +145,11 @@ def encode(msg: Message, codec: Codec | None = None) -> list[bytes]:
         "meta": msg.meta,
         "tensors": entries,
     }
+    if msg.pad < 0:
+        raise PacketError(f"pad must be >= 0 bytes, got {msg.pad}")
+    if msg.pad:
+        header["pad"] = int(msg.pad)
+        frames.append(bytes(msg.pad))
     return [msgpack.packb(header, use_bin_type=True), *frames]
 
 
@@ -228,7 +238,11 @@ def decode_header(raw: bytes | memoryview, limits: Limits | None = None) -> Head
         if total > limits.max_total_bytes:
             raise PacketError(f"tensors exceed the total limit of {limits.max_total_bytes} bytes")
         entries.append(e)
-    return Header(kind, rid, stage, float(deadline), meta, tuple(entries))
+    pad = h.get("pad", 0)
+    if not _is_dim(pad) or total + pad > limits.max_total_bytes:
+        raise PacketError(f"pad must be a byte count within the total limit of "
+                          f"{limits.max_total_bytes} bytes with the tensors")  # fmt: skip
+    return Header(kind, rid, stage, float(deadline), meta, tuple(entries), pad)
 
 
 def _entry(raw: object, limits: Limits) -> Entry:
@@ -269,8 +283,16 @@ def _is_dim(d: object) -> bool:
 
 def materialize(header: Header, frames, limits: Limits | None = None) -> Message:
     """The message of a validated header and its tensor frames (each checked first)."""
-    if len(frames) != len(header.entries):
-        raise PacketError(f"header lists {len(header.entries)} tensors, got {len(frames)} frames")
+    want = len(header.entries) + (header.pad > 0)
+    if len(frames) != want:
+        pad = " and a pad" if header.pad else ""
+        got = len(frames)
+        raise PacketError(f"header lists {len(header.entries)} tensors{pad}, got {got} frames")
+    if header.pad:
+        if len(memoryview(frames[-1])) != header.pad:
+            raise PacketError(f"pad frame is {len(memoryview(frames[-1]))} bytes, header says "
+                              f"{header.pad}")  # fmt: skip
+        frames = frames[:-1]
     tensors = {}
     for e, frame in zip(header.entries, frames, strict=True):
         view = memoryview(frame)
@@ -279,9 +301,8 @@ def materialize(header: Header, frames, limits: Limits | None = None) -> Message
                 f"tensor {e.name!r}: frame is {len(view)} bytes, header says {e.nbytes}"
             )
         tensors[e.name] = _decode_tensor(e, view)
-    return Message(
-        header.kind, header.rid, header.stage, header.deadline_s, header.meta, Packet(tensors)
-    )
+    return Message(header.kind, header.rid, header.stage, header.deadline_s, header.meta,
+                   Packet(tensors), header.pad)  # fmt: skip
 
 
 def _decode_tensor(e: Entry, view: memoryview) -> torch.Tensor:
