@@ -219,6 +219,7 @@ def plot(r: dict, path: str) -> str | None:
     return path
 
 
+WALL_BUDGET = 1.25  # a strategy run's wall time at most, in units of its steps' on-time span
 RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
 
 
@@ -412,16 +413,19 @@ def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
 def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
     """Held-out episodes back to back (seeds 10000, 10001, ...) until ``steps`` control steps
     have run: a successful episode ends early, and a run of one episode would then hold too few
-    requests for its SLO share or p99 to mean anything."""
+    requests for its SLO share or p99 to mean anything. Every strategy gets the same wall
+    time at most (WALL_BUDGET x the steps' time on schedule): a strategy whose chunks arrive
+    after the queue ran dry executes about one action per inference, and would otherwise run
+    for ``steps`` inferences."""
     from vlarun.runtime.episode import run_episode
 
     done: list[dict] = []
     ran = 0
-    while ran < steps:
+    stop_at = time.perf_counter() + WALL_BUDGET * steps / control_hz
+    while ran < steps and time.perf_counter() < stop_at:
         seed = 10000 + len(done)
-        ep = run_episode(
-            agent, env, seed, control_hz, True, steps - ran, lambda i, inf: on_inference()
-        )
+        ep = run_episode(agent, env, seed, control_hz, True, steps - ran,
+                         lambda i, inf: on_inference(), stop_at)  # fmt: skip
         done.append(ep)
         ran += ep["steps"]
     wall = sum(e["wall_s"] for e in done)

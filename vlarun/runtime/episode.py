@@ -42,6 +42,7 @@ def run_loop(
     predict: Callable[[object], float | None] | None = None,
     model_of: Callable[[object], np.ndarray | None] | None = None,
     executed: list | None = None,
+    stop_at: float | None = None,
 ) -> dict:
     """The one episode loop: ``infer(obs, prior) -> (chunk of actions, record)`` feeds a chunk
     queue (``chunks.ChunkQueue``; ``merge``, ``predict`` and ``model_of`` are its options) that
@@ -51,7 +52,9 @@ def run_loop(
     when ``asynchronous``. ``delay_steps``: simulated time at the nominal ``control_hz``, each
     result withheld that many ticks; a tick without an action steps the environment with its
     ``hold_action`` (the robot holds still). ``frames`` receives every camera image,
-    ``executed`` every action the environment was stepped with. Returns the episode's outcome
+    ``executed`` every action the environment was stepped with; ``stop_at``: a
+    ``time.perf_counter()`` time after which the episode ends at the next step (a benchmark's
+    wall-clock budget: a robot that stalls steps slowly). Returns the episode's outcome
     with ``records`` (what ``infer`` returned beside each chunk, in order)."""
     obs, _ = env.reset(seed=seed)
     if frames is not None:
@@ -69,6 +72,8 @@ def run_loop(
     next_tick, last = t_start, None
     queue.request(obs)
     while max_steps is None or steps < max_steps:
+        if stop_at is not None and time.perf_counter() >= stop_at:
+            break
         action = queue.pop()
         if action is None:  # simulated time, nothing to execute this tick: hold still
             action = env.hold_action(last)
@@ -115,8 +120,10 @@ def run_episode(
     asynchronous: bool = True,
     max_steps: int | None = None,
     on_inference=None,
+    stop_at: float | None = None,
 ) -> dict:
-    """One episode of the robot agent at a real control rate (``run_loop``);
+    """One episode of the robot agent at a real control rate (``run_loop``, ``stop_at`` its
+    wall-clock end);
     ``on_inference(i, inference)`` sees each inference as it completes. The next inference
     starts by the p95 its last plan predicted; under the agent's real-time chunking a chunk
     replaces the queue on arrival (``merge="switch"``), its first d actions frozen to the
@@ -136,7 +143,7 @@ def run_episode(
     horizon = agent.policy.model.cfg.horizon
     merge = "switch" if agent.cfg.rtc else "append"
     r = run_loop(infer, env, seed, horizon, control_hz, asynchronous, max_steps, merge=merge,
-                 predict=p95_of, model_of=model_rows)  # fmt: skip
+                 predict=p95_of, model_of=model_rows, stop_at=stop_at)  # fmt: skip
     r["inferences"] = [inf.row() for inf in r.pop("records")]
     return r
 
