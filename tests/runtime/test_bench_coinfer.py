@@ -4,6 +4,7 @@ and the overhead measurement, with the documented JSON keys (slow: tens of secon
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -105,3 +106,20 @@ def test_prediction_error_counts_only_requests_that_ran_their_plan():
     late = [*rows, {**row(100, 250, 2.0, 2.0), "slo_met": False}]  # the edge answered late
     assert summarise(rows, 4)["late_edge_answers"] == 0
     assert summarise(late, 4)["late_edge_answers"] == 1
+
+
+def test_emulated_options_are_checked_before_anything_starts():
+    """--utilisations needs the emulated edge's times; the pins and the scale follow --emulate."""
+    from vlarun.bench.coinfer import BenchCoinferOptions, _pins, _scale, run
+
+    with pytest.raises(ValueError, match="give --emulate"):
+        run(BenchCoinferOptions(utilisations=(0.5,)))
+    with pytest.raises(ValueError, match="shares in"):
+        run(BenchCoinferOptions(emulate="openvla-7b", utilisations=(2.0,)))
+    plain = BenchCoinferOptions(time_scale=0.3)
+    emulated = BenchCoinferOptions(emulate="openvla-7b", time_scale=0.3)
+    assert _scale(plain) == 1.0 and _scale(emulated) == 0.3 and _pins(plain) == {}
+    pins = _pins(emulated)
+    if len(os.sched_getaffinity(0)) >= 2:  # the edge alone on one CPU, everything else on another
+        assert pins["edge"].isdisjoint(pins["robot"]) and pins["relay"] == pins["robot"]
+    assert _pins(BenchCoinferOptions(emulate="openvla-7b", pin=False)) == {}

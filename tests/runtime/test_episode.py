@@ -44,3 +44,22 @@ def test_metaworld_env_clips_to_its_own_bounds():
     b, _, _, _, _ = bounded.step(np.array([1.0, -1.0, 0.0, 1.0], np.float32))
     np.testing.assert_array_equal(a["state"], b["state"])
     np.testing.assert_array_equal(far.raw_obs, bounded.raw_obs)
+
+
+def test_a_wall_clock_budget_ends_the_episode_at_the_next_step():
+    """A benchmark's budget (``stop_at``): a policy slower than its chunk stalls every step,
+    and the episode still ends on time instead of after ``max_steps`` inferences."""
+    import time
+
+    chunk = np.zeros((2, 4), np.float32)
+
+    def slow(obs, prior):
+        time.sleep(0.05)  # longer than the chunk's 2 ticks at 200 Hz: a stall each chunk
+        return chunk, None
+
+    env = RecordingEnv(steps=10_000)
+    t0 = time.perf_counter()
+    r = run_loop(slow, env, 0, 2, control_hz=200.0, asynchronous=True, max_steps=10_000,
+                 stop_at=t0 + 0.3)  # fmt: skip
+    took = time.perf_counter() - t0
+    assert not r["success"] and 0 < r["steps"] < 200 and took < 0.3 + 0.2

@@ -187,3 +187,45 @@ def test_run_policy_rejects_an_unknown_strategy():
     cfg = FleetConfig(model="smolvla", duration_s=2)
     with pytest.raises(ValueError, match="choose from"):
         run_policy(cfg, make_setup(cfg), "edge-first", "light", 0)
+
+
+def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
+    """The power sweep's variants: a named power is scaled on the device or radio the
+    simulator and its schedulers price with; bad terms and an idle above busy are refused."""
+    from vlarun.sched.fleet import scale_powers
+
+    cfg = FleetConfig(model="smolvla", duration_s=4, loads="light")
+    base = make_setup(cfg)
+    hot = make_setup(FleetConfig(model="smolvla", duration_s=4, loads="light",
+                                 powers="edge.busy=2,radio.tx=0.5"))  # fmt: skip
+    assert hot.devices["edge"].busy_w == 2 * base.devices["edge"].busy_w
+    assert hot.devices["robot"] == base.devices["robot"]
+    assert hot.radio.tx_w == base.radio.tx_w / 2 and hot.radio.rx_w == base.radio.rx_w
+    cheap = run_policy(cfg, base, "edge-only", "light", 0)
+    dear = run_policy(cfg, hot, "edge-only", "light", 0)
+    assert sum(r["energy_j"] for r in dear) > sum(r["energy_j"] for r in cheap)
+    devices, radio = base.devices, base.radio
+    refusals = (("edge.turbo=2", "TERM one of"), ("robot.busy=-1", "FACTOR > 0"),
+                ("radio.tx=x", "FACTOR > 0"), ("robot.idle=100", "above its busy"))  # fmt: skip
+    for bad, why in refusals:
+        with pytest.raises(ValueError, match=why):
+            scale_powers(bad, devices, radio)
+
+
+def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys):
+    from vlarun.bench.power_sweep import POWER_TERMS, ranking
+
+    by = {"a": {"slo_met_fraction": 1.0, "actions_per_joule": 1.0},
+          "b": {"slo_met_fraction": 1.0, "actions_per_joule": 2.0},
+          "c": {"slo_met_fraction": 0.5, "actions_per_joule": 9.0},
+          "d": {"slo_met_fraction": 0.9, "actions_per_joule": 0.1}}  # fmt: skip
+    assert ranking(by) == ["b", "a", "d", "c"]  # a deadline missed is never an energy win
+    argv = ["fleet", "--power-sweep", "--matrix-models", "smolvla", "--matrix-bandwidths", "200",
+            "--matrix-robots", "1", "--matrix-duration-s", "3", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    v = r["variants"]
+    assert len(v) == 1 + 2 * len(POWER_TERMS) and v[0]["powers"] == "catalogue"
+    assert v[0]["same_ranking_as_catalogue"] == v[0]["cells"] == 1
+    assert {x["powers"] for x in v[1:]} >= {"edge.busy=2", "robot.idle=0.5", "radio.rx=2"}
+    assert r["energy_source"] == "modelled"

@@ -473,7 +473,11 @@ def cmd_fleet(o) -> dict:
     import json
     from pathlib import Path
 
-    if o.matrix:
+    if o.power_sweep:
+        from vlarun.bench.power_sweep import run_power_sweep
+
+        r = run_power_sweep(o)
+    elif o.matrix:
         from vlarun.bench.fleet_matrix import run_fleet_matrix
 
         r = run_fleet_matrix(o)
@@ -488,7 +492,11 @@ def cmd_fleet(o) -> dict:
 
 
 def show_fleet(r: dict) -> None:
-    if "rows" in r:
+    if "variants" in r:
+        from vlarun.bench.power_sweep import format_sweep
+
+        print(format_sweep(r))
+    elif "rows" in r:
         from vlarun.bench.fleet_matrix import format_matrix
 
         print(format_matrix(r))

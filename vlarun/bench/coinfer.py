@@ -56,6 +56,12 @@ class BenchCoinferOptions:
         True, "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
         "relays on CPU 1; each row records the run-queue wait of each",
     )  # fmt: skip
+    utilisations: tuple[float, ...] = opt(
+        (), "with --emulate: the fleet of --robots vlarun agents instead of the strategies, once "
+        "per edge utilisation: their period (and deadline) set so their edge-only demand at batch "
+        "1 is that share of the edge; rows: prediction error of the executed plans and the "
+        "utilisation measured",
+    )  # fmt: skip
     restore: bool = opt(
         False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
         "back up; prints when the plans left the edge and came back (vlarun-joint)",
@@ -92,6 +98,12 @@ def run(o: BenchCoinferOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.runtime import procs
 
+    if o.utilisations and o.emulate is None:  # before anything starts
+        raise ValueError("--utilisations sets the robots' period from the emulated edge's "
+                         "stage times: give --emulate")  # fmt: skip
+    if o.utilisations and (o.robots < 1 or not all(0 < u < 1.5 for u in o.utilisations)):
+        raise ValueError(f"--utilisations needs --robots >= 1 and shares in (0, 1.5), got "
+                         f"{o.robots} robots and {list(o.utilisations)}")  # fmt: skip
     torch.set_num_threads(1)
     t_start = time.monotonic()
     steps = 24 if o.quick else o.steps
@@ -119,6 +131,9 @@ def run(o: BenchCoinferOptions) -> dict:
             matrix = run_matrix(o, policy, endpoint, steps, cell,
                                 lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
             rows, matrix = matrix["rows"], matrix["summary"]
+        elif o.utilisations:
+            fleet = {"utilisation": [_utilisation_run(o, policy, endpoint, robots, requests, u)
+                                     for u in o.utilisations]}  # fmt: skip
         elif o.restore:
             third = steps / o.control_hz / 3
             changes = [(third, RESTORE_LOW_MBPS), (2 * third, o.bandwidth)]
@@ -129,13 +144,13 @@ def run(o: BenchCoinferOptions) -> dict:
             for strategy in STRATEGIES:
                 rows.append(_strategy_run(o, policy, endpoint, strategy, steps, o.bandwidth,
                                           o.drop_to, edge_pid=edge.pid))  # fmt: skip
-        if robots > 0 and not (o.matrix or o.restore):
+        if robots > 0 and not (o.matrix or o.restore or o.utilisations):
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
             fleet["edge_peak_rss_mb"] = procs.peak_rss_mb(edge)  # over the whole run
     finally:
         procs.stop(edge)
     batching = None
-    if o.batching and robots > 0 and not (o.matrix or o.restore):
+    if o.batching and robots > 0 and not (o.matrix or o.restore or o.utilisations):
         single, at = procs.start_edge(
             extra=["--policy", o.policy, "--threads", "1", "--max-batch", "1", *_edge_emulation(o)],
             cpus=pins.get("edge"),
@@ -398,6 +413,30 @@ def _strategy_run(
     }
 
 
+def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: float) -> dict:
+    """The fleet at the period that makes its edge-only demand (every stage on the edge, batch
+    1, emulated time) ``u`` of the edge, each request due in the chunk's time at --control-hz
+    as everywhere else; the utilisation measured is the edge's compute over the wall time of
+    the run, from its health counters."""
+    from vlarun.runtime.client import ping
+    from vlarun.runtime.emulate import StageEmulator
+    from vlarun.runtime.transport import Security
+
+    edge = StageEmulator.build(_emulations(o)[1])
+    demand_s = sum(edge.target_s(s) for s in edge.targets)
+    period = robots * demand_s / u
+
+    def counters() -> tuple[float, float]:
+        h = ping(endpoint, Security(insecure=True), count=1).get("health") or {}
+        return float(h.get("compute_s", 0.0)), float(h.get("uptime_s", 0.0))
+
+    busy0, up0 = counters()
+    run = _fleet_run(o, policy, endpoint, robots, requests, period)
+    busy1, up1 = counters()
+    return {"target_utilisation": u, "period_ms": period * 1e3,
+            "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9), **run}  # fmt: skip
+
+
 def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
     """Run-queue wait so far (s) of the edge, this process (the robot and its load) and the
     relay."""
@@ -438,8 +477,11 @@ def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
     }
 
 
-def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
-    """``robots`` vlarun agents at the control period, sharing the edge (frames replayed)."""
+def _fleet_run(
+    o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None
+) -> dict:
+    """``robots`` vlarun agents sharing the edge (frames replayed), each due in the chunk's
+    time at --control-hz, one request every ``period_s`` (default: that deadline)."""
     from vlarun.bench.coinfer_matrix import robot_loop
     from vlarun.sched.records import summarise
 
@@ -456,7 +498,7 @@ def _fleet_run(o, policy, endpoint: str, robots: int, requests: int) -> dict:
     stop = threading.Event()
     threads = [threading.Thread(target=robot_loop, args=(policy, cfg, endpoint, i, robots, stop),
                                 kwargs={"requests": requests, "on_inference": keep,
-                                        "warmup": True})
+                                        "warmup": True, "period_s": period_s})
                for i in range(robots)]  # fmt: skip
     for t in threads:
         t.start()
@@ -503,6 +545,15 @@ def show(r: dict) -> None:
               f"back at {t['restore_s']:.1f} s, edge again after "
               f"{ms(t['edge_again_after_restore_ms'])}")  # fmt: skip
     _show_batching(r.get("batching"))
+    for f in (r.get("fleet") or {}).get("utilisation", []):
+        lat, en = f.get("latency_mape_pct"), f.get("energy_mape_pct")
+        print(f"  utilisation {f['target_utilisation']:.2f} (measured "
+              f"{f['measured_utilisation']:.2f}), {f['robots']} robots every "
+              f"{f['period_ms']:.0f} ms: latency MAPE {'-' if lat is None else f'{lat:.1f}%'}, "
+              f"energy MAPE {'-' if en is None else f'{en:.1f}%'} over "
+              f"{f.get('predicted_requests', 0)} requests that ran their plan; SLO met "
+              f"{_pct(f.get('slo_met_fraction'))}, mean batch "
+              f"{f.get('mean_batch') or 0:.2f}")  # fmt: skip
     f = r.get("fleet")
     if f and f.get("inferences"):
         print(

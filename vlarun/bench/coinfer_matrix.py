@@ -54,9 +54,11 @@ def robot_loop(
     requests: int | None = None,
     on_inference=None,
     warmup: bool = False,
+    period_s: float | None = None,
 ) -> None:
     """Robot ``i`` of ``robots`` sharing the edge at ``endpoint``: an agent (``cfg``) replaying
-    a camera frame at the control period (``cfg.slo_s``), out of phase with the others, for
+    a camera frame every ``period_s`` (default its deadline, ``cfg.slo_s``: the control
+    period), out of phase with the others, for
     ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one. The loop
     of the fleet run (coinfer._fleet_run) and of the matrix's background load."""
     from vlarun.runtime.agent import RobotAgent
@@ -64,7 +66,7 @@ def robot_loop(
 
     size = policy.model.cfg.image_size
     image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
-    period = cfg.slo_s
+    period = period_s or cfg.slo_s
     agent = RobotAgent(policy, cfg, endpoint, Security(insecure=True))
     try:
         if warmup:

@@ -103,7 +103,15 @@ class FleetConfig:
         False, "drop the accuracy floor: allow settings whose accuracy cost is unmeasured"
     )
     seed: int = opt(0, "random seed of the world")
+    powers: str = opt(
+        "", "scale catalog powers, ROLE.TERM=FACTOR,... with TERM idle|busy for robot and edge, "
+        "tx|rx for radio (e.g. edge.busy=2): one variant of the power sweep",
+    )  # fmt: skip
     matrix: bool = opt(False, "run the condition matrix (models x bandwidths x robots)")
+    power_sweep: bool = opt(
+        False, "run the matrix at every power x0.5 and x2 (bench/power_sweep.py): which "
+        "rankings of the strategies survive",
+    )  # fmt: skip
     matrix_models: tuple[str, ...] = opt(MATRIX_MODELS, "models of the matrix")
     matrix_bandwidths: tuple[str, ...] = opt(
         ("200", "50", "10", "200-50"), "bandwidths of the matrix, Mbit/s (200-50: a drop)"
@@ -251,6 +259,43 @@ class Setup:
     joint: PlanSpace
     devices: dict[str, Device]
     truth: Truth
+    radio: RadioPower = field(default_factory=RadioPower)
+
+
+POWER_TERMS = ("robot.idle", "robot.busy", "edge.idle", "edge.busy", "radio.tx", "radio.rx")
+
+
+def scale_powers(
+    spec: str, devices: dict[str, Device], radio: RadioPower
+) -> tuple[dict[str, Device], RadioPower]:
+    """``devices`` and ``radio`` with the powers ``spec`` names scaled ("edge.busy=2,radio.tx=
+    0.5"); a term not in POWER_TERMS, a factor that is not a positive number, or a scaling that
+    leaves a device idling above its busy power is refused, naming it."""
+    from dataclasses import replace
+
+    devices, watts = dict(devices), {"tx_w": radio.tx_w, "rx_w": radio.rx_w}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        term, _, factor = part.partition("=")
+        try:
+            f = float(factor)
+        except ValueError:
+            f = -1.0
+        if term not in POWER_TERMS or not f > 0:
+            raise ValueError(f"power {part!r}: want TERM=FACTOR, TERM one of "
+                             f"{', '.join(POWER_TERMS)} and FACTOR > 0")  # fmt: skip
+        role, kind = term.split(".")
+        if role == "radio":
+            watts[f"{kind}_w"] *= f
+            continue
+        dev = devices[role]
+        idle = dev.idle_w * (f if kind == "idle" else 1.0)
+        busy = dev.busy_w * (f if kind == "busy" else 1.0)
+        if idle > busy:
+            raise ValueError(f"power {part!r}: {dev.id} would idle ({idle:g} W) above its busy "
+                             f"power ({busy:g} W)")  # fmt: skip
+        scaled = replace(dev, idle_w=idle, busy_w=busy)
+        devices[role] = scaled
+    return devices, RadioPower(**watts)
 
 
 def make_world(cfg: FleetConfig, setup: Setup, seed: int) -> World:
@@ -385,13 +430,13 @@ def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int
     world = make_world(cfg, setup, seed)
     space = setup.joint if policy == "vlarun-joint" else setup.placement
     edge, rho = SimEdge(), LOADS[load]
-    radio, period = RadioPower(), cfg.slo_s
+    radio, period = setup.radio, cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
     sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
     if policy in ("vlarun-placement", "vlarun-joint"):
         # The simulator does not execute edge batches: no plan may count on joining one.
         sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                          join_batches=False)  # fmt: skip
+                          join_batches=False, radio=radio)  # fmt: skip
         sched.period_s = period
         links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
     k_id = _identity_index(space)
@@ -568,13 +613,14 @@ def make_setup(cfg: FleetConfig) -> Setup:
 
     model = get_preset(cfg.model)
     devices = {"robot": get_device(cfg.robot), "edge": get_device(cfg.edge)}
+    devices, radio = scale_powers(cfg.powers, devices, RadioPower())
     w = Workload()
     base = stage_works(model, w)
     floor = None if cfg.unmeasured_accelerators else cfg.accuracy_floor
     placement = build_space(model, base, devices, w, floor, accelerators=False)
     joint = build_space(model, base, devices, w, floor)
     truth = make_truth(load_samples(cfg.model, cfg.samples), base, devices)
-    return Setup(placement, joint, devices, truth)
+    return Setup(placement, joint, devices, truth, radio)
 
 
 def run_fleet(cfg: FleetConfig) -> dict:
