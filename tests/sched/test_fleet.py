@@ -229,3 +229,27 @@ def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys):
     assert v[0]["same_ranking_as_catalogue"] == v[0]["cells"] == 1
     assert {x["powers"] for x in v[1:]} >= {"edge.busy=2", "robot.idle=0.5", "radio.rx=2"}
     assert r["energy_source"] == "modelled"
+
+
+def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
+    from vlarun.bench.fleet_matrix import compare
+
+    def row(strategy, apj, **cell):
+        return {"strategy": strategy, "actions_per_joule": apj, **cell}
+
+    real = {"rows": [row("fixed-split", 1.0, bandwidth="200", load="none"),
+                     row("vlarun-joint", 1.5, bandwidth="200", load="none"),
+                     row("fixed-split", 1.0, bandwidth="200", load="heavy"),
+                     row("vlarun-joint", 9.0, bandwidth="200", load="heavy")]}  # fmt: skip
+    sim = [row("fixed-split", 2.0, bandwidth="200", robots=1),
+           row("vlarun-joint", 2.4, bandwidth="200", robots=1),
+           row("fixed-split", 1.0, bandwidth="200", robots=8),
+           row("vlarun-joint", 5.0, bandwidth="200", robots=8)]  # fmt: skip
+    c = compare(sim, real)
+    joint = next(x for x in c["cells"] if x["strategy"] == "vlarun-joint")
+    # the real matrix's first load (none) against the simulator's fewest robots (1)
+    assert c["real_load"] == "none" and c["sim_robots"] == 1
+    assert joint["real_over_split"] == 1.5 and joint["sim_over_split"] == 1.2
+    assert joint["difference"] == pytest.approx(-0.3)
+    with pytest.raises(ValueError, match="--compare-with"):
+        compare(sim, {"rows": []})

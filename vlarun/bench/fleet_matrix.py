@@ -14,9 +14,11 @@ so both matrices read alike. Stage times are recorded samples carried to the rea
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from vlarun.bench.coinfer_matrix import parse_bandwidth, plot_matrix, summarise_matrix
 from vlarun.config import items
@@ -83,7 +85,47 @@ def run_fleet_matrix(cfg: FleetConfig) -> dict:
     }
     if cfg.plot:
         result["plot"] = plot_matrix(result, cfg.plot, column="model", x=("bandwidth", "robots"))
+    if cfg.compare_with:
+        result["comparison"] = compare(rows, json.loads(Path(cfg.compare_with).read_text()))
     return result
+
+
+def _over_split(rows: list[dict], cell: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """cell -> strategy -> actions/J over Fixed Split's in the same cell."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(tuple(r[k] for k in cell), {})[r["strategy"]] = r
+    return {
+        key: {s: r["actions_per_joule"] / cells["fixed-split"]["actions_per_joule"]
+              for s, r in cells.items()}
+        for key, cells in by.items()
+        if cells.get("fixed-split", {}).get("actions_per_joule")
+    }  # fmt: skip
+
+
+def compare(rows: list[dict], real: dict) -> dict:
+    """The simulator's cells against the real-process matrix's cells of the same bandwidth
+    (its first load level; the simulator's first robot count): each strategy's actions/J over
+    Fixed Split in both, and the simulator's minus the real one."""
+    real_rows = real.get("rows") or []
+    if not real_rows or "load" not in real_rows[0]:
+        raise ValueError("--compare-with takes a `vlarun bench coinfer --matrix --json` result")
+    load = real_rows[0]["load"]
+    there = _over_split([r for r in real_rows if r["load"] == load], ("bandwidth",))
+    robots = min(r["robots"] for r in rows)
+    here = _over_split([r for r in rows if r["robots"] == robots], ("bandwidth",))
+    out = []
+    for (bw,), strategies in there.items():
+        sim = here.get((bw,))
+        if sim is None:
+            continue
+        for s, ratio in strategies.items():
+            if s in sim:
+                out.append({"bandwidth": bw, "strategy": s, "real_over_split": ratio,
+                            "sim_over_split": sim[s], "difference": sim[s] - ratio})  # fmt: skip
+    diffs = [abs(x["difference"]) for x in out]
+    return {"real_load": load, "sim_robots": robots, "cells": out,
+            "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None}  # fmt: skip
 
 
 def format_matrix(r: dict) -> str:
@@ -114,6 +156,15 @@ def format_matrix(r: dict) -> str:
         f"{s['joint_over_fixed_split_mean']:.2f}x; cells where joint meets the goal: "
         f"{s['cells_meeting_goal']} of {len(s['cells'])}"
     )
+    c = r.get("comparison")
+    if c:
+        lines.append(f"  against the real-process matrix ({c['real_load']} load; here "
+                     f"{c['sim_robots']} robot): actions/J over Fixed Split, simulated - real, "
+                     f"mean |difference| {c['mean_abs_difference'] or 0:.2f}")  # fmt: skip
+        for x in c["cells"]:
+            lines.append(f"    {x['bandwidth']:<8}{x['strategy']:<18}real "
+                         f"{x['real_over_split']:.2f}  simulated {x['sim_over_split']:.2f}  "
+                         f"({x['difference']:+.2f})")  # fmt: skip
     for model, label in r["truth"].items():
         lines.append(f"  truth ({model}): {label}")
     if r["plot"]:

@@ -68,7 +68,7 @@ STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vl
 FIXED = STRATEGIES[:3]
 # Background edge utilisation by other tenants: our definition (the paper names the levels
 # but gives no numbers).
-LOADS = {"light": 0.2, "medium": 0.5, "heavy": 0.8}
+LOADS = {"none": 0.0, "light": 0.2, "medium": 0.5, "heavy": 0.8}
 BACKGROUND_JOB_S = 0.02  # mean service time of one background job
 MATRIX_MODELS = ("openvla-7b", "openvla-oft", "pi0", "smolvla", "cogact")
 
@@ -119,6 +119,10 @@ class FleetConfig:
     matrix_robots: tuple[int, ...] = opt((1, 4, 16, 32), "robot counts of the matrix")
     matrix_load: str = opt("medium", "background edge load of the matrix")
     matrix_duration_s: float = opt(60.0, "simulated seconds per matrix cell")
+    compare_with: str | None = opt(
+        None, "a `vlarun bench coinfer --matrix --json` result: per cell of its first load "
+        "level and each strategy, actions/J over Fixed Split here and there, and the difference",
+    )  # fmt: skip
     out: str | None = opt(None, "write the JSON result here")
     plot: str | None = opt(None, "write a PNG plot here")
     json: bool = opt(False, "print one JSON object")
