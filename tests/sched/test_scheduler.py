@@ -355,6 +355,32 @@ def test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it():
     assert not any(plain.decide(link).explored for _ in range(30))
 
 
+def test_exploration_never_tries_a_robot_only_plan_whose_stages_were_timed():
+    """Device-only within the prior error of the deadline is worth one try while its stages
+    are the cost model's guess; once the robot's warm-up timed every stage (``prime``), its
+    latency is known and a try would only miss the deadline (a miss per exploration)."""
+    link = Link(200.0, 5.0)
+    probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
+    robot_only = next(p for p in range(len(probe.space.placements))
+                      if set(probe.space.roles(p)) == {"robot"})  # fmt: skip
+    c = int(np.flatnonzero((probe.p == robot_only) & ~probe.join)[0])
+    latency = float(probe.score(link).latency[c])
+    slo = latency / 1.05  # 5% over: within the 15% prior error, so a guess might make it
+
+    def explored(primed: bool) -> bool:
+        sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20,
+                          explore_every=1)  # fmt: skip
+        if primed:  # timed exactly as the model predicts: 5% over the deadline, measured
+            k = 0
+            sched.prime({n: float(sched.t_rob[k, i]) for i, n in enumerate(sched.space.stages)},
+                        {})  # fmt: skip
+        return any(set(d.placement.values()) == {"robot"} and d.explored
+                   for d in (sched.decide(link) for _ in range(5)))  # fmt: skip
+
+    assert explored(False)  # a guess is worth a try
+    assert not explored(True)
+
+
 def test_exploration_never_tries_what_the_model_error_cannot_explain():
     link = Link(200.0, 5.0)
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)

@@ -194,6 +194,15 @@ class Calibration:
         """Whether the placement's end-to-end latency was ever observed."""
         return placement in self.residuals
 
+    def timed(self, placement: tuple[str, ...], stages: tuple[str, ...]) -> bool:
+        """Whether the placement's latency is known from measurement: observed end to end, or
+        every stage runs on the robot and each was timed there (the robot's warm-up runs):
+        no link and no edge queue stand between those stage times and the request's."""
+        return self.measured(placement) or (
+            all(r == "robot" for r in placement)
+            and all((s, "robot") in self.stage_factor for s in stages)
+        )
+
     def observe_stage(self, stage: str, role: str, predicted_s: float, measured_s: float):
         """Measured compute time of a stage on ``role``'s machine (robot or edge); the factor
         tracks measured / uncalibrated model. Keyed by role, not catalog device id: the robot

@@ -336,7 +336,10 @@ class Scheduler:
         self._since_explore += 1
         if not self.explore_every or self._since_explore < self.explore_every:
             return None
-        unmeasured = ~self._per_placement(lambda roles: self.cal.measured(tuple(roles)))
+        # A robot-only plan whose stages were all timed is known, not a guess: trying it would
+        # only miss the deadline its own measured stages already say it misses.
+        stages = self.space.stages
+        unmeasured = ~self._per_placement(lambda roles: self.cal.timed(tuple(roles), stages))
         plausible = sc.latency * (1.0 - self.cal.prior_rel) <= self.slo_s
         cand = self.allowed & ~self.join & unmeasured & plausible & (apj > apj[best])
         if not cand.any():
