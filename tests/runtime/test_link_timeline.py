@@ -26,3 +26,18 @@ def test_never_back_and_no_drop():
     up = link_timeline(rows, 100.0, 50.0, [(5.0, 200.0)])  # a rise first is no drop
     assert up["drop_s"] is None and up["restore_s"] is None
     assert up["left_edge_after_drop_ms"] is None and up["edge_again_after_restore_ms"] is None
+
+
+def test_run_robot_starts_from_the_shaped_bandwidth():
+    """`run-robot --link-mbps 20` plans its first request for 20 Mbit/s, not the agent's
+    default 1 Gbit/s (which sent the first plans to an edge the link could not reach in time)."""
+    from vlarun.apps.runtime import RunRobotOptions, agent_config
+    from vlarun.cli import build_parser
+    from vlarun.config import parse_into
+    from vlarun.policy.setting import AccelSetting
+
+    parser = build_parser("run-robot", RunRobotOptions)
+    shaped = parse_into(RunRobotOptions, parser.parse_args(["--link-mbps", "20"]))
+    plain = parse_into(RunRobotOptions, parser.parse_args([]))
+    assert agent_config(shaped, AccelSetting(), 0.4).bandwidth_mbps == 20.0
+    assert agent_config(plain, AccelSetting(), 0.4).bandwidth_mbps == 1000.0

@@ -478,6 +478,9 @@ def agent_config(o: RunRobotOptions, setting, slo_s: float):
         meter=o.meter,
         accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
         rtc=o.rtc,
+        # The first plan's link estimate: the shaped bandwidth where the run sets one (measured
+        # transfers refine it), not a default 1 Gbit/s that sends the first plans to a slow edge.
+        **({"bandwidth_mbps": o.link_mbps} if o.link_mbps else {}),
     )
 
 
