@@ -381,6 +381,37 @@ def test_exploration_never_tries_a_robot_only_plan_whose_stages_were_timed():
     assert not explored(True)
 
 
+def test_exploration_counts_timed_robot_stages_at_their_measured_time():
+    """Vision on the edge, the rest on the robot: within the prior error while every time is a
+    guess, but once the robot stages it keeps were timed and alone outlast the deadline, only
+    the edge part could be off, and no edge part can make up for them."""
+    link = Link(200.0, 5.0)
+    probe = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=1.0, actions=1)
+    names = probe.space.stages
+    p = next(p for p in range(len(probe.space.placements))
+             if dict(zip(names, probe.space.roles(p), strict=True))["vision"] == "edge"
+             and set(probe.space.roles(p)[1:]) == {"robot"})  # fmt: skip
+    c = int(np.flatnonzero((probe.p == p) & ~probe.join)[0])
+    latency = float(probe.score(link).latency[c])
+    robot_part = float(sum(probe.t_rob[0, i] for i, n in enumerate(names) if n != "vision"))
+    assert robot_part > 0.85 * latency  # the robot stages are most of this plan's time
+    slo = (robot_part + 0.85 * latency) / 2  # the guess could make it, the timed part cannot
+
+    def explored(primed: bool) -> set[tuple[str, ...]]:
+        sched = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=slo,
+                          actions=1, explore_every=1)  # fmt: skip
+        if primed:  # prefill and decode timed on the robot; vision never ran there
+            sched.prime({n: float(sched.t_rob[0, i]) for i, n in enumerate(names)
+                         if n != "vision"}, {})  # fmt: skip
+        return {tuple(d.placement.values())
+                for d in (sched.decide(link) for _ in range(8)) if d.explored}  # fmt: skip
+
+    # Unprimed, the robot-heavy plans are guesses worth a try; primed, none whose timed robot
+    # stages (prefill and decode) alone outlast the deadline is tried.
+    assert any(roles[1:] == ("robot", "robot") for roles in explored(False))
+    assert not any(roles[1:] == ("robot", "robot") for roles in explored(True))
+
+
 def test_exploration_never_tries_what_the_model_error_cannot_explain():
     link = Link(200.0, 5.0)
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)

@@ -215,7 +215,7 @@ def plot(r: dict, path: str) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for row in r["rows"]:
         if row["trace"]:
-            t, lat, _ = zip(*row["trace"], strict=True)
+            t, lat = zip(*((x[0], x[1]) for x in row["trace"]), strict=True)
             ax.plot(t, lat, marker=".", lw=1, label=row["strategy"])
     ax.axhline(r["slo_ms"], color="k", ls="--", lw=0.8, label="deadline")
     ax.axvline(r["rows"][0]["drop_at_s"], color="grey", ls=":", lw=0.8)
@@ -408,8 +408,12 @@ def _strategy_run(
         # ms each process waited runnable on a run queue over the run (pinned: its core's
         # other processes got in its way this long)
         "run_queue_wait_ms": waits,
-        # (completion time in the episode s, latency ms, where each stage ran)
-        "trace": [[t, r["latency_ms"], r["ran"]] for r, t in zip(infs, times, strict=True)],
+        # (completion time in the episode s, latency ms, where each stage ran, why it fell back
+        # (None: it did not), whether the plan was an exploration)
+        "trace": [
+            [t, r["latency_ms"], r["ran"], r["fallback"], r["explored"]]
+            for r, t in zip(infs, times, strict=True)
+        ],  # fmt: skip
     }
 
 

@@ -340,12 +340,29 @@ class Scheduler:
         # only miss the deadline its own measured stages already say it misses.
         stages = self.space.stages
         unmeasured = ~self._per_placement(lambda roles: self.cal.timed(tuple(roles), stages))
-        plausible = sc.latency * (1.0 - self.cal.prior_rel) <= self.slo_s
+        # Only the guessed part may be off by the prior error: robot stages timed on the robot
+        # take their measured time (a plan whose timed robot stages alone outlast the deadline
+        # is not worth a try, however fast its edge part).
+        known = np.minimum(self._timed_robot_s(), sc.latency)
+        plausible = known + (sc.latency - known) * (1.0 - self.cal.prior_rel) <= self.slo_s
         cand = self.allowed & ~self.join & unmeasured & plausible & (apj > apj[best])
         if not cand.any():
             return None
         self._since_explore = 0
         return int(np.argmax(np.where(cand, apj, -np.inf)))
+
+    def _timed_robot_s(self) -> np.ndarray:
+        """Per candidate: the calibrated time of its robot stages that were timed on the robot
+        (warm-up or outcomes), summed; 0 for a stage never timed there."""
+        timed = np.array(
+            [
+                self.t_rob[:, si] * self.cal.factor(n, "robot")
+                if (n, "robot") in self.cal.stage_factor
+                else np.zeros(len(self.t_rob))
+                for si, n in enumerate(self.space.stages)
+            ]
+        ).T  # (K, S)
+        return ((~self.edge) * timed[self.k]).sum(axis=1)
 
     def on_time(self, sc: Scores) -> np.ndarray:
         """Each candidate's predicted probability of meeting the deadline: its learned spread
