@@ -77,3 +77,32 @@ def test_a_time_measured_here_is_priced_on_the_device_it_stands_in_for():
     assert got < 0.9 * naive
     with pytest.raises(ValueError, match="robot_slowdown"):
         AgentConfig(robot_slowdown=2.0, robot_device="orin-nx-16gb")
+
+
+@pytest.mark.parametrize("split", ["robot", "vision-on-robot"])
+def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
+    """The runtime prices an executed stage at the roofline utilisation the plan priced it at
+    (``roofline_utilisation``), not at full utilisation: an outcome that took exactly the
+    roofline times costs exactly the plan's energy (it cost 5-15% more: an energy MAPE that
+    was the account's, not the prediction's)."""
+    from vlarun.runtime.planning import roofline_utilisation
+    from vlarun.sched.cost import roofline
+
+    cfg = get_preset("openvla-7b")
+    works = stage_works(cfg, Workload(text_tokens=8))
+    placement = {w.name: "robot" if split == "robot" or w.name == "vision" else "edge"
+                 for w in works}  # fmt: skip
+    devices = {"robot": ORIN, "edge": RTX}
+    times = {w.name: roofline(w, devices[placement[w.name]], "bfloat16").seconds for w in works}
+    link, radio, slo = Link(200.0, 2.0), RadioPower(1.2, 1.2), 2.0
+    pred = predict_placement(works, placement, devices, link, period_s=slo, radio=radio)
+    agent = AgentConfig(slo_s=slo, robot_device=ORIN.id, edge_device=RTX.id)
+    edge_s = {n: t for n, t in times.items() if placement[n] == "edge"}
+    same = {"robot": {}, "edge": {}}
+    util = roofline_utilisation(cfg, agent, 8, "bfloat16")
+    assert 0 < min(min(u.values()) for u in util.values()) < 1  # decode is memory-bound
+    realised = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same,
+                               radio=radio, utilisation=util)  # fmt: skip
+    assert realised == pytest.approx(pred.energy_j, rel=1e-9)
+    full = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same, radio=radio)
+    assert full > 1.01 * realised  # the old account: every stage at full utilisation

@@ -251,6 +251,7 @@ class RobotAgent:
         self._last_setting: tuple | None = None
         self._scheds: dict[int, object] = {}
         self._factors: dict[int, dict] = {}
+        self._utilisation: dict[int, dict] = {}  # text tokens -> role -> stage -> roofline u
         self._schedule: tuple[float, list] = (0.0, [])  # (when, the edge's schedule then)
         self.client = self.monitor = None
         if edge is not None:
@@ -650,7 +651,14 @@ class RobotAgent:
         )
 
     def _energy(self, text_tokens, ran, stage_s, edge_times, latency) -> float:
-        from vlarun.runtime.planning import modelled_energy
+        """The modelled energy of what ran, each stage at the roofline utilisation the
+        scheduler prices it at on the device it ran on (the one account, every strategy)."""
+        from vlarun.runtime.planning import modelled_energy, roofline_utilisation
 
         factors = self.factors(text_tokens)
-        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors)
+        if text_tokens not in self._utilisation:
+            self._utilisation[text_tokens] = roofline_utilisation(
+                self.policy.model.cfg, self.cfg, text_tokens, self.dtype
+            )
+        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors,
+                               utilisation=self._utilisation[text_tokens])  # fmt: skip

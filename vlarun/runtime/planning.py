@@ -116,6 +116,19 @@ def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, 
     return out
 
 
+def roofline_utilisation(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, dict]:
+    """Role -> stage -> the roofline's utilisation of the role's device running the stage at
+    batch 1 (the model the plan is costed for, on the devices as emulated): what the scheduler
+    prices a stage's power at, so the runtime prices an executed stage at it too."""
+    devices = role_devices(cfg)
+    model_cfg = cost_model(model_cfg, cfg)
+    if cfg.emulate is not None:
+        dtype = cfg.emulate.dtype
+    works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
+    return {role: {w.name: roofline(w, dev, dtype).utilisation for w in works}
+            for role, dev in devices.items()}  # fmt: skip
+
+
 def convert(times: dict[str, float], factors: dict[str, float]) -> dict[str, float]:
     return {name: t * factors.get(name, 1.0) for name, t in times.items()}
 
@@ -188,20 +201,26 @@ def modelled_energy(
     latency_s: float,
     factors: dict,
     radio: RadioPower | None = None,
+    utilisation: dict[str, dict[str, float]] | None = None,
 ) -> float:
     """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
-    measured times, at full utilisation (an upper bound of the dynamic part). Edge stages are
-    charged their per-request compute time (``edge_s``), the radio the request's remote time
-    that was not edge compute, half sending and half receiving.
+    measured times. A stage is priced at ``utilisation[role][name]`` (the roofline's estimate
+    for the device it ran on, ``roofline_utilisation``: what the scheduler priced it at, so an
+    outcome that ran its plan in the predicted times costs what the plan predicted), else at
+    full utilisation (an upper bound of the dynamic part). Edge stages are charged their
+    per-request compute time (``edge_s``), the radio the request's remote time that was not
+    edge compute, half sending and half receiving.
 
     The devices are ``cfg.robot_device`` / ``cfg.edge_device``; times measured on this host
     are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
     devices = role_devices(cfg)
     rob, edge = devices["robot"], devices["edge"]
     f_rob, f_edge = factors["robot"], factors["edge"]
+    util = utilisation or {}
     spends = [
         StageSpend(role, stage_s[name] * f_rob.get(name, 1.0) if role == "robot"
-                   else edge_s.get(name, 0.0) * f_edge.get(name, 1.0))
+                   else edge_s.get(name, 0.0) * f_edge.get(name, 1.0),
+                   util.get(role, {}).get(name, 1.0))
         for name, role in ran.items()
     ]  # fmt: skip
     remote = [n for n, r in ran.items() if r == "edge"]
