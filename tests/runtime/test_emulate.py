@@ -44,6 +44,12 @@ def test_pad_waits_for_the_target_and_counts_overruns():
     assert emu.pad_bytes(("vision", "prefill"), "in", 1000) == vision.in_bytes - 1000
     assert emu.pad_bytes(("vision",), "out", 0) == vision.out_bytes > 2e6
     assert emu.pad_bytes(("vision",), "in", 10**9) == 0
+    # Under a setting, the real model's work as the plan space transforms it: TRIAGE at 7% of
+    # the visual tokens takes less prefill, nothing else changes.
+    triage = {"token_budget": 0.07, "cache_interval": 1, "early_exit_sigma": None,
+              "weights": "native"}  # fmt: skip
+    assert emu.target_s("prefill", 1, triage) < 0.9 * emu.target_s("prefill")
+    assert emu.target_s("decode", 1, triage) == emu.target_s("decode")
     with pytest.raises(ValueError, match="'in' or 'out'"):
         emu.pad_bytes(("vision",), "up", 0)
     with pytest.raises(ValueError, match="no stage"):

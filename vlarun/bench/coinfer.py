@@ -171,7 +171,9 @@ def run(o: BenchCoinferOptions) -> dict:
         "slo_ms": policy.model.cfg.horizon / o.control_hz * 1e3,
         "robot_slowdown": o.robot_slowdown if o.emulate is None else 1.0,
         "devices": {"robot": o.robot_device, "edge": o.edge_device},
-        "emulated": None if o.emulate is None else {"model": o.emulate, "time_scale": o.time_scale},
+        "emulated": None
+        if o.emulate is None
+        else {"model": o.emulate, "time_scale": o.time_scale, "settings": SETTINGS_PROXY},
         "affinity": {k: sorted(v) for k, v in pins.items()} or None,
         "link": {
             "before_mbps": o.bandwidth,
@@ -235,7 +237,12 @@ def plot(r: dict, path: str) -> str | None:
 
 
 WALL_BUDGET = 1.25  # a strategy run's wall time at most, in units of its steps' on-time span
-RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
+RESTORE_LOW_MBPS = 2.0
+SETTINGS_PROXY = (
+    "vlarun-joint's accuracy costs: vlarun/sched/settings_mt10.json, measured on the shipped "
+    "MT10 policies (paired episodes), carried to the emulated model as a proxy: no real-size "
+    "model's success was measured"
+)  # the restore run's low: too slow for any edge plan of a real model
 
 
 def _scale(o: BenchCoinferOptions) -> float:
@@ -283,8 +290,12 @@ def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
 
 def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float):
     from vlarun.runtime.agent import AgentConfig
+    from vlarun.sched.plans import MEASURED_SETTINGS_FILE
 
     robot, edge = _emulations(o)
+    # Emulated, vlarun-joint plans with the costs measured on the shipped deep policies,
+    # carried to the emulated model as a labelled proxy (SETTINGS_PROXY); else the shipped table.
+    proxy = {"settings_file": str(MEASURED_SETTINGS_FILE), "settings_proxy": True}
     return AgentConfig(
         slo_s,
         strategy,
@@ -294,6 +305,7 @@ def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: f
         bandwidth_mbps=bandwidth * _scale(o),
         emulate=robot,
         edge_emulate=edge,
+        **(proxy if robot is not None else {}),
     )
 
 

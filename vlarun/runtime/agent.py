@@ -84,6 +84,10 @@ class AgentConfig:
     # accuracy floor its settings must clear (plans.NO_LOSS, a number, or "none").
     settings_file: str | None = None
     accuracy_floor: float | str = "no-loss"
+    # With ``emulate``: the table's accuracy costs, measured on the shipped deep policies, are
+    # carried to the emulated model as a proxy (its plan space's notes say so; no real-size
+    # model was run for them). False: only rows that name the emulated model count.
+    settings_proxy: bool = False
     # A power meter on the robot (RAPL, NVML, Jetson INA rails) read around every request:
     # "auto" (the first readable one; none on a machine without), "none", or its name.
     meter: str = "auto"
@@ -521,7 +525,7 @@ class RobotAgent:
             for name in seg.stages:
                 if name in stateful and where.get(name) != "robot":
                     hooks.reset(stateful[name])  # its state here is stale (or none yet)
-                tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran)
+                tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran, setting)
         for name in stateful:
             if name in tr.ran:
                 where[name] = tr.ran[name]
@@ -562,7 +566,7 @@ class RobotAgent:
         self._observe_transfer(rep)
         return True
 
-    def _local(self, stage, pool: dict, ran: dict) -> float:
+    def _local(self, stage, pool: dict, ran: dict, setting: AccelSetting | None = None) -> float:
         start = time.perf_counter()
         with torch.no_grad():
             out = stage.fn(Packet({s.name: pool[s.name] for s in stage.inputs}))
@@ -571,7 +575,8 @@ class RobotAgent:
         if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer
             time.sleep(own * (self.cfg.robot_slowdown - 1))
         if self.emulator is not None:  # stand in for a named device running the real model
-            self.emulator.pad(stage.name, start)
+            knobs = None if setting is None or setting.identity else setting.knobs()
+            self.emulator.pad(stage.name, start, knobs=knobs)
         seconds = time.perf_counter() - start
         old = self.local_s.get(stage.name)
         self.local_s[stage.name] = seconds if old is None else 0.7 * old + 0.3 * seconds

@@ -92,11 +92,13 @@ class StageEmulator:
 
     emulation: Emulation
     targets: dict[str, object]  # stage name -> StageWork of the real model
+    works: tuple = ()  # every stage's StageWork, in order (what a setting transforms)
     executions: int = 0
     violations: int = 0
     worst_overrun_s: float = 0.0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _under: dict = field(default_factory=dict, repr=False)  # knobs -> stage -> StageWork
 
     @classmethod
     def build(cls, emulation: Emulation, stages: tuple[str, ...] = ()) -> StageEmulator:
@@ -113,12 +115,15 @@ class StageEmulator:
                 f"(its stages: {', '.join(works)}); run a policy of the same family"
             )
         get_device(emulation.device)  # an unknown id fails here, listing the valid ones
-        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)})
+        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)}, tuple(works.values()))
         emu._rng.seed(emulation.seed)
         return emu
 
-    def target_s(self, stage: str, batch: int = 1) -> float:
-        """The emulated device's time for ``stage`` over ``batch`` requests (no jitter)."""
+    def target_s(self, stage: str, batch: int = 1, knobs: dict | None = None) -> float:
+        """The emulated device's time for ``stage`` over ``batch`` requests (no jitter), under
+        the accelerator setting ``knobs`` (the plan space's knob map, ``AccelSetting.knobs``;
+        None: full compute): the real model's stage work as the plan space transforms it, so
+        a setting the scheduler chose for its lower cost takes that lower time here too."""
         from vlarun.sched.cost import at_batch, roofline
 
         if stage not in self.targets:
@@ -126,15 +131,33 @@ class StageEmulator:
                 f"cannot emulate stage {stage!r}: {self.emulation.model} has "
                 f"{', '.join(self.targets)}; run a policy of the same family"
             )
-        work = at_batch(self.targets[stage], batch)
+        work = at_batch(self._work(stage, knobs), batch)
         return roofline(work, emulated_device(self.emulation), self.emulation.dtype).seconds
 
-    def pad(self, stage: str, started: float, batch: int = 1) -> float:
+    def _work(self, stage: str, knobs: dict | None):
+        if not knobs:
+            return self.targets[stage]
+        key = tuple(sorted(knobs.items(), key=lambda kv: kv[0]))
+        with self._lock:
+            under = self._under.get(key)
+        if under is None:
+            from vlarun.models.presets import get_preset
+            from vlarun.sched.plans import Setting, apply_setting
+            from vlarun.stages.families import Workload
+
+            cfg = get_preset(self.emulation.model)
+            works = apply_setting(self.works, cfg, Workload(), Setting(key, None))
+            under = {w.name: w for w in works}
+            with self._lock:
+                self._under[key] = under
+        return under[stage]
+
+    def pad(self, stage: str, started: float, batch: int = 1, knobs: dict | None = None) -> float:
         """Sleep until ``stage`` (begun at ``perf_counter`` time ``started``) has taken its
-        target; return the seconds it took in all."""
+        target (under the setting ``knobs``); return the seconds it took in all."""
         with self._lock:
             factor = math.exp(self._rng.gauss(0.0, self.emulation.jitter))
-        target = self.target_s(stage, batch) * factor
+        target = self.target_s(stage, batch, knobs) * factor
         own = time.perf_counter() - started
         with self._lock:
             self.executions += 1

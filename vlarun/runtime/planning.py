@@ -25,7 +25,7 @@ from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
-from vlarun.sched.plans import IDENTITY, SettingRow, build_space, load_settings
+from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
 from vlarun.sched.predictor import DeviceState, Reservation
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
@@ -71,6 +71,8 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
             r for r in load_settings(cfg.settings_file)
             if r.knob not in RUNTIME_REFUSES or r.value == IDENTITY[r.knob]
         )  # fmt: skip
+        if cfg.emulate is not None and cfg.settings_proxy:
+            rows = carried_to(rows, model_cfg.name)
         floor = None if cfg.accuracy_floor == "none" else cfg.accuracy_floor
     else:
         rows = tuple(

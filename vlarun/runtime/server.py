@@ -563,8 +563,10 @@ class EdgeServer:
         with torch.no_grad():
             out = stage.fn(packet)
         settle(out.tensors)
-        if self.emulator is not None:
-            self.emulator.pad(stage.name, start, batch=len(jobs))
+        if self.emulator is not None:  # a batch shares one setting (its jobs' graph)
+            setting = jobs[0].setting
+            knobs = None if setting in (None, "", "full") else AccelSetting.parse(setting).knobs()
+            self.emulator.pad(stage.name, start, batch=len(jobs), knobs=knobs)
         seconds = time.perf_counter() - start
         sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
         for name, t in out.tensors.items():

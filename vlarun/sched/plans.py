@@ -29,6 +29,8 @@ from vlarun.sched.cost import StageWork
 from vlarun.stages.families import DTYPE_BYTES, Workload, prefix_len
 
 SETTINGS_FILE = Path(__file__).with_name("settings.json")
+# The accuracy costs measured on the shipped deep MT10 policies (`vlarun bench accel --table`).
+MEASURED_SETTINGS_FILE = Path(__file__).with_name("settings_mt10.json")
 ROLES = ("robot", "edge")
 # Share of a device's memory the weights and caches may take: the OS, the CUDA context and
 # activations need the rest (on a Jetson the memory is also the system's).
@@ -113,6 +115,21 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
                 r.get("upper"),
             )  # fmt: skip
         )
+    return tuple(out)
+
+
+def carried_to(rows: tuple[SettingRow, ...], model: str) -> tuple[SettingRow, ...]:
+    """``rows`` with every measured accuracy cost also claimed for ``model``, its source saying
+    it is a proxy: an emulated real-size model (runtime.emulate) has no measured costs of its
+    own, and the small policies' are the only evidence there is. The plan space's notes name
+    the rows carried."""
+    out = []
+    for r in rows:
+        if r.models is None or model in r.models:
+            out.append(r)
+            continue
+        source = f"proxy for {model}: measured on {', '.join(r.models)} ({r.source})"
+        out.append(replace(r, models=(*r.models, model), source=source))
     return tuple(out)
 
 
