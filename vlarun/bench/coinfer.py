@@ -421,9 +421,11 @@ def _strategy_run(
         # other processes got in its way this long)
         "run_queue_wait_ms": waits,
         # (completion time in the episode s, latency ms, where each stage ran, why it fell back
-        # (None: it did not), whether the plan was an exploration)
+        # (None: it did not), whether the plan was an exploration, modelled energy J, whether
+        # it met its deadline): what the matrix's bootstrap intervals resample
         "trace": [
-            [t, r["latency_ms"], r["ran"], r["fallback"], r["explored"]]
+            [t, r["latency_ms"], r["ran"], r["fallback"], r["explored"], r["energy_j"],
+             r["slo_met"]]
             for r, t in zip(infs, times, strict=True)
         ],  # fmt: skip
     }
