@@ -424,8 +424,15 @@ def _strategy_run(
         # (None: it did not), whether the plan was an exploration, modelled energy J, whether
         # it met its deadline): what the matrix's bootstrap intervals resample
         "trace": [
-            [t, r["latency_ms"], r["ran"], r["fallback"], r["explored"], r["energy_j"],
-             r["slo_met"]]
+            [
+                t,
+                r["latency_ms"],
+                r["ran"],
+                r["fallback"],
+                r["explored"],
+                r["energy_j"],
+                r["slo_met"],
+            ]
             for r, t in zip(infs, times, strict=True)
         ],  # fmt: skip
     }
