@@ -123,3 +123,29 @@ def test_emulated_options_are_checked_before_anything_starts():
     if len(os.sched_getaffinity(0)) >= 2:  # the edge alone on one CPU, everything else on another
         assert pins["edge"].isdisjoint(pins["robot"]) and pins["relay"] == pins["robot"]
     assert _pins(BenchCoinferOptions(emulate="openvla-7b", pin=False)) == {}
+
+
+def test_matrix_intervals_resample_each_rows_requests():
+    """With per-request energies in the rows' traces, each cell's joint / best-fixed ratio gets
+    a bootstrap interval, judged only where it is tight; the oracle and feasibility per cell."""
+    from vlarun.bench.coinfer_matrix import ratio_interval, summarise_matrix
+
+    def row(strategy, joules, slo=1.0):
+        trace = [[0.0, 100.0, "x@edge", None, False, j, True] for j in joules]
+        return {"strategy": strategy, "bandwidth": "50", "load": "none", "slo_met_fraction": slo,
+                "actions_per_joule": 4 * len(joules) / sum(joules), "trace": trace}  # fmt: skip
+
+    steady = [10.0, 10.1, 9.9, 10.0] * 10
+    rows = [row("device-only", [5.0] * 40, slo=0.0), row("edge-only", [20.0] * 40),
+            row("fixed-split", steady), row("vlarun-placement", steady),
+            row("vlarun-joint", [x / 2 for x in steady])]  # fmt: skip
+    (cell,) = summarise_matrix(rows)["cells"]
+    lo, hi = cell["joint_over_best_fixed_ci95"]
+    assert lo < 2.0 < hi and hi - lo < 0.1 and cell["judged"]
+    assert cell["oracle"] == "vlarun-joint" and cell["feasible"]
+    noisy = row("vlarun-joint", [1.0, 30.0] * 5)
+    lo, hi = ratio_interval(noisy, rows[2])
+    assert hi - lo > 0.5  # a few erratic requests: too wide to judge
+    assert ratio_interval({"trace": []}, rows[2]) is None
+    s = summarise_matrix(rows)
+    assert s["joint_over_fixed_split_geomean"] == pytest.approx(2.0)

@@ -607,6 +607,16 @@ def _show_matrix(r: dict) -> None:
             f"{x['latency_p50_ms']:>9.1f}{x['latency_p99_ms']:>9.1f}{x['fallbacks']:>10}{batch:>7}"
         )
     m = r["matrix"]
+    for c in m["cells"]:
+        ci = c.get("joint_over_best_fixed_ci95")
+        band = (
+            ""
+            if ci is None
+            else f" (95% {ci[0]:.2f}-{ci[1]:.2f}{'' if c['judged'] else ', not judged'})"
+        )
+        print(f"  {c['load']:<8}{c['bandwidth']:>8}  joint / best fixed ({c['best_fixed']}) "
+              f"{c['joint_over_best_fixed']:.2f}{band}; oracle {c.get('oracle') or 'none'}"
+              f"{'' if c.get('feasible', True) else ' (none meets the SLO bar)'}")  # fmt: skip
     split, place = m["joint_over_fixed_split_mean"], m["joint_over_placement_mean"]
     print(f"  vlarun-joint meets the goal (>= 0.97 x best fixed, SLO >= 99.9%) in "
           f"{m['cells_meeting_goal']} of {len(m['cells'])} cells; mean joint / Fixed Split "

@@ -145,10 +145,39 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
     return {"rows": rows, "summary": summarise_matrix(rows)}
 
 
+BOOTSTRAP = 2000  # resamples per interval
+JUDGED_HALF_WIDTH = 0.03  # a cell's ratio is judged only where its 95% interval is this tight
+
+
+def _energies(row: dict) -> np.ndarray | None:
+    """The per-request modelled energies of a real-process row (its trace), or None."""
+    trace = row.get("trace") or []
+    if not trace or len(trace[0]) < 6:
+        return None
+    return np.array([t[5] for t in trace], dtype=float)
+
+
+def ratio_interval(a: dict, b: dict, seed: int = 0) -> tuple[float, float] | None:
+    """95% bootstrap interval of actions/J of row ``a`` over row ``b`` (each row's requests
+    resampled on their own: the strategies ran one after another, not paired); None without
+    per-request energies. Actions per request are equal, so the ratio is mean(b) / mean(a)."""
+    ea, eb = _energies(a), _energies(b)
+    if ea is None or eb is None:
+        return None
+    rng = np.random.default_rng(seed)
+    ma = ea[rng.integers(0, len(ea), (BOOTSTRAP, len(ea)))].mean(axis=1)
+    mb = eb[rng.integers(0, len(eb), (BOOTSTRAP, len(eb)))].mean(axis=1)
+    lo, hi = np.percentile(mb / ma, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def summarise_matrix(rows: list[dict], cell: tuple[str, ...] = ("bandwidth", "load")) -> dict:
     """Per cell (the rows sharing the ``cell`` fields): vlarun-joint / the best fixed strategy
-    meeting the SLO bar (actions/J), and whether joint met the bar; over the cells: mean
-    joint / Fixed Split and joint / placement. The fleet simulator's matrix uses it too."""
+    meeting the SLO bar (actions/J, with a bootstrap interval where the rows carry per-request
+    energies; judged only where its half-width is under 3%), whether joint met the bar, the
+    oracle (the best of all strategies in hindsight) and whether any strategy met the bar at
+    all; over the cells: mean and geometric mean of joint / Fixed Split, mean joint /
+    placement. The fleet simulator's matrix uses it too."""
     cells: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         cells.setdefault(tuple(r[k] for k in cell), {})[r["strategy"]] = r
@@ -161,12 +190,21 @@ def summarise_matrix(rows: list[dict], cell: tuple[str, ...] = ("bandwidth", "lo
         pool = meeting or [by[s] for s in FIXED if s in by]
         best = max(pool, key=lambda r: r["actions_per_joule"])
         ratio = joint["actions_per_joule"] / best["actions_per_joule"]
+        ci = ratio_interval(joint, best)
+        split_ci = ratio_interval(joint, by["fixed-split"]) if "fixed-split" in by else None
+        on_bar = [r for r in by.values() if r["slo_met_fraction"] >= SLO_BAR]
+        oracle = max(on_bar, key=lambda r: r["actions_per_joule"]) if on_bar else None
         out.append(dict(zip(cell, key, strict=True)) | {
             "best_fixed": best["strategy"],
             "best_fixed_meets_slo_bar": bool(meeting),
             "joint_over_best_fixed": ratio,
+            "joint_over_best_fixed_ci95": ci,
+            "judged": ci is None or (ci[1] - ci[0]) / 2 / ratio < JUDGED_HALF_WIDTH,
+            "joint_over_fixed_split_ci95": split_ci,
             "joint_slo_met_fraction": joint["slo_met_fraction"],
             "joint_meets_goal": bool(ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR),
+            "oracle": None if oracle is None else oracle["strategy"],
+            "feasible": bool(on_bar),  # some strategy met the SLO bar in this cell
         })  # fmt: skip
         if "fixed-split" in by and by["fixed-split"]["actions_per_joule"] > 0:
             vs_split.append(joint["actions_per_joule"] / by["fixed-split"]["actions_per_joule"])
@@ -178,6 +216,9 @@ def summarise_matrix(rows: list[dict], cell: tuple[str, ...] = ("bandwidth", "lo
         "cells": out,
         "cells_meeting_goal": sum(c["joint_meets_goal"] for c in out),
         "joint_over_fixed_split_mean": float(np.mean(vs_split)) if vs_split else None,
+        "joint_over_fixed_split_geomean": float(np.exp(np.mean(np.log(vs_split))))
+        if vs_split and min(vs_split) > 0
+        else None,
         "joint_over_placement_mean": float(np.mean(vs_place)) if vs_place else None,
         "slo_bar": SLO_BAR,
     }
