@@ -64,7 +64,8 @@ class BenchCoinferOptions:
     )  # fmt: skip
     restore: bool = opt(
         False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
-        "back up; prints when the plans left the edge and came back (vlarun-joint)",
+        "back up; prints when the plans left the edge and came back (vlarun-placement: the "
+        "edge's user whatever the settings table)",
     )  # fmt: skip
     bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
@@ -137,7 +138,7 @@ def run(o: BenchCoinferOptions) -> dict:
         elif o.restore:
             third = steps / o.control_hz / 3
             changes = [(third, RESTORE_LOW_MBPS), (2 * third, o.bandwidth)]
-            row = _strategy_run(o, policy, endpoint, "vlarun-joint", steps, o.bandwidth, None,
+            row = _strategy_run(o, policy, endpoint, "vlarun", steps, o.bandwidth, None,
                                 edge_pid=edge.pid, changes=changes)  # fmt: skip
             rows, restore = [row], row["link_timeline"]
         else:
