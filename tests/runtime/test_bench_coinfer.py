@@ -149,3 +149,13 @@ def test_matrix_intervals_resample_each_rows_requests():
     assert ratio_interval({"trace": []}, rows[2]) is None
     s = summarise_matrix(rows)
     assert s["joint_over_fixed_split_geomean"] == pytest.approx(2.0)
+
+
+def test_the_utilisation_plot_draws_each_run(tmp_path):
+    from vlarun.bench.coinfer import plot_utilisation
+
+    runs = [{"measured_utilisation": u, "target_utilisation": u + 0.1, "robots": 8,
+             "latency_mape_pct": 5.0 * u, "energy_mape_pct": None} for u in (0.3, 0.6)]  # fmt: skip
+    png = tmp_path / "u.png"
+    assert plot_utilisation({"fleet": {"utilisation": runs}}, str(png)) == str(png)
+    assert png.stat().st_size > 0

@@ -212,7 +212,7 @@ def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
             scale_powers(bad, devices, radio)
 
 
-def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys):
+def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys, tmp_path):
     from vlarun.bench.power_sweep import POWER_TERMS, ranking
 
     by = {"a": {"slo_met_fraction": 1.0, "actions_per_joule": 1.0},
@@ -220,10 +220,13 @@ def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys):
           "c": {"slo_met_fraction": 0.5, "actions_per_joule": 9.0},
           "d": {"slo_met_fraction": 0.9, "actions_per_joule": 0.1}}  # fmt: skip
     assert ranking(by) == ["b", "a", "d", "c"]  # a deadline missed is never an energy win
+    png = tmp_path / "sweep.png"
     argv = ["fleet", "--power-sweep", "--matrix-models", "smolvla", "--matrix-bandwidths", "200",
-            "--matrix-robots", "1", "--matrix-duration-s", "3", "--json"]  # fmt: skip
+            "--matrix-robots", "1", "--matrix-duration-s", "3", "--plot", str(png),
+            "--json"]  # fmt: skip
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
+    assert r["plot"] == str(png) and png.stat().st_size > 0
     v = r["variants"]
     assert len(v) == 1 + 2 * len(POWER_TERMS) and v[0]["powers"] == "catalogue"
     assert v[0]["same_ranking_as_catalogue"] == v[0]["cells"] == 1

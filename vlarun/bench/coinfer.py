@@ -199,6 +199,8 @@ def run(o: BenchCoinferOptions) -> dict:
             from vlarun.bench.coinfer_matrix import plot_matrix
 
             result["plot"] = plot_matrix({"rows": rows}, png)
+        elif o.utilisations:
+            result["plot"] = plot_utilisation(result, png)
         else:
             result["plot"] = plot(result, png)
         Path(o.out).write_text(json.dumps(result, indent=1))
@@ -221,14 +223,20 @@ def plot(r: dict, path: str) -> str | None:
             t, lat = zip(*((x[0], x[1]) for x in row["trace"]), strict=True)
             ax.plot(t, lat, marker=".", lw=1, label=row["strategy"])
     ax.axhline(r["slo_ms"], color="k", ls="--", lw=0.8, label="deadline")
+    link, restore = r["link"], r.get("restore")
     ax.axvline(r["rows"][0]["drop_at_s"], color="grey", ls=":", lw=0.8)
-    link = r["link"]
+    if restore and restore.get("restore_s") is not None:
+        ax.axvline(restore["restore_s"], color="grey", ls=":", lw=0.8)
+    low = RESTORE_LOW_MBPS if restore else link["after_mbps"]
+    back = f" -> {link['before_mbps']:g}" if restore else ""
+    emulated = r.get("emulated")
+    who = (f"{emulated['model']} emulated, times x1/{emulated['time_scale']:g}" if emulated
+           else f"robot slowdown {r['robot_slowdown']:g}x")  # fmt: skip
     ax.set(
         xlabel="time in the run (s; episodes back to back)",
         ylabel="request -> actions latency (ms)",
         yscale="log",
-        title=f"{link['before_mbps']:g} -> {link['after_mbps']:g} Mbit/s at the dotted line; "
-        f"robot slowdown {r['robot_slowdown']:g}x",
+        title=f"{link['before_mbps']:g} -> {low:g}{back} Mbit/s at the dotted lines; {who}",
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -259,6 +267,35 @@ def _pins(o: BenchCoinferOptions) -> dict[str, set[int]]:
     if o.emulate is None or not o.pin or len(cpus) < 2:
         return {}
     return {"edge": {cpus[0]}, "robot": {cpus[1]}, "relay": {cpus[1]}}
+
+
+def plot_utilisation(r: dict, path: str) -> str | None:
+    """Latency and energy MAPE of the executed plans against the edge utilisation measured,
+    one point per --utilisations run; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    runs = r["fleet"]["utilisation"]
+    u = [x["measured_utilisation"] for x in runs]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for key, label in (("latency_mape_pct", "latency"), ("energy_mape_pct", "energy (modelled)")):
+        ax.plot(u, [x.get(key) or 0 for x in runs], marker="o", label=label)
+    for x in runs:
+        ax.annotate(f"set {x['target_utilisation']:g}", (x["measured_utilisation"], 0),
+                    fontsize=7, rotation=90, va="bottom")  # fmt: skip
+    ax.axhline(10, color="k", ls="--", lw=0.8, label="latency goal 10%")
+    ax.axhline(5, color="grey", ls=":", lw=0.8, label="energy goal 5%")
+    ax.set(xlabel="edge utilisation measured", ylabel="MAPE of the executed plan (%)",
+           title=f"{runs[0]['robots']} robots sharing the emulated edge")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _emulations(o: BenchCoinferOptions):

@@ -49,7 +49,9 @@ def run_power_sweep(cfg: FleetConfig) -> dict:
     variants = [""] + [f"{t}={f:g}" for t in POWER_TERMS for f in FACTORS]
     t0, base, out = time.monotonic(), None, []
     for i, powers in enumerate(variants):
-        r = run_fleet_matrix(replace(cfg, powers=powers, plot=None, power_sweep=False))
+        r = run_fleet_matrix(
+            replace(cfg, powers=powers, plot=None, power_sweep=False, compare_with=None)
+        )
         cells = {k: ranking(by) for k, by in _cells(r).items()}
         if base is None:
             base = cells
@@ -68,12 +70,44 @@ def run_power_sweep(cfg: FleetConfig) -> dict:
         })  # fmt: skip
         print(f"power sweep: {i + 1}/{len(variants)} variants, {time.monotonic() - t0:.0f} s",
               file=sys.stderr, flush=True)  # fmt: skip
-    return {
+    result = {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "json"},
         "variants": out,
         "energy_source": "modelled",
         "wall_s": time.monotonic() - t0,
+        "plot": None,
     }
+    if cfg.plot:
+        result["plot"] = plot_sweep(result, cfg.plot)
+    return result
+
+
+def plot_sweep(r: dict, path: str) -> str | None:
+    """Per variant: the share of cells keeping the catalogue's best strategy and its whole
+    ranking; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return None
+    v = r["variants"]
+    x = np.arange(len(v))
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(v)), 3.8))
+    bars = (("same_best_as_catalogue", "best strategy kept"),
+            ("same_ranking_as_catalogue", "whole ranking kept"))  # fmt: skip
+    for i, (key, label) in enumerate(bars):
+        ax.bar(x + (i - 0.5) * 0.4, [y[key] / y["cells"] for y in v], 0.4, label=label)
+    ax.set_xticks(x, [y["powers"] for y in v], rotation=60, fontsize=7, ha="right")
+    ax.set(ylabel="share of cells", ylim=(0, 1.05),
+           title="power sweep (fleet simulator, energy modelled)")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def format_sweep(r: dict) -> str:
