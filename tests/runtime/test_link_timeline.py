@@ -41,3 +41,31 @@ def test_run_robot_starts_from_the_shaped_bandwidth():
     plain = parse_into(RunRobotOptions, parser.parse_args([]))
     assert agent_config(shaped, AccelSetting(), 0.4).bandwidth_mbps == 20.0
     assert agent_config(plain, AccelSetting(), 0.4).bandwidth_mbps == 1000.0
+
+
+def test_a_transfer_longer_than_a_second_keeps_its_connection(server):
+    """A message that takes 1.6 s on the link: the heartbeat the robot sends after it waits
+    behind it, so a 1 s heartbeat timeout dropped the connection mid-request and the reply
+    was lost (every edge plan on a 10 Mbit/s link fell back). The reply arrives."""
+    import time
+
+    import zmq
+
+    from vlarun.runtime import procs
+    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.transport import Security
+
+    relay, via = procs.start_relay(server.address, 2.0)  # 400 kB: 1.6 s
+    client = EdgeClient(via, Security(insecure=True), zmq.Context.instance())
+    try:
+        for _ in range(50):  # IMMEDIATE: a send fails until the connection is up
+            try:
+                client.health(5.0)
+                break
+            except LinkDown:
+                time.sleep(0.1)
+        took = client.probe(400_000, timeout_s=6.0)
+        assert 1.5 < took < 4.0
+    finally:
+        client.close()
+        procs.stop(relay)

@@ -165,15 +165,23 @@ def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int)
     return s
 
 
+# A heartbeat's answer waits behind every byte the link is still carrying (a PING sent after a
+# 2 MB request on a 15 Mbit/s link is answered > 1 s later): the timeout must outlast the
+# longest transfer, or a slow link drops the connection mid-request and loses the reply.
+# A dead link is noticed sooner by the agent's own per-request timeout and the link
+# monitor's health probes (runtime.monitor), not by this.
+HEARTBEAT_TIMEOUT_MS = 30_000
+
+
 def dealer_socket(ctx: zmq.Context, address: str, sec: Security) -> zmq.Socket:
     """A robot's socket. IMMEDIATE: a send with no live connection fails at once instead of
     queueing, which is how the agent notices a dropped link; heartbeats make a silent dead
-    peer (cable pulled, no TCP reset) drop the connection within a second."""
+    peer (cable pulled, no TCP reset) drop the connection in the end (HEARTBEAT_TIMEOUT_MS)."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.IMMEDIATE, 1)
     s.setsockopt(zmq.HEARTBEAT_IVL, 200)
-    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1000)
+    s.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
     s.setsockopt(zmq.RECONNECT_IVL, 100)
     s.setsockopt(zmq.RECONNECT_IVL_MAX, 250)  # an edge that returns is found quickly
     if not sec.insecure:
