@@ -547,6 +547,10 @@ class RobotAgent:
             tr.fallback = f"link: {e}"
             self.monitor.mark_down()
             self._bound_bandwidth(e)
+            # Abandon the transfer: a fresh socket drops the request's bytes still queued for
+            # the link, which would otherwise delay every later request (and a restored link's
+            # first) behind megabytes nobody waits for. Its late reply could not be used anyway.
+            self.client.reset()
             return False
         except RuntimeError as e:  # the edge refused, ran out of time, or answered nonsense
             tr.fallback = f"edge: {e}"
