@@ -9,6 +9,7 @@ import torch
 
 from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode, make_decoder
 from vlarun.accel.rtc import RTCRequest, forced_action_tokens
+from vlarun.models.vla import PrefillResult
 from vlarun.policy.base import Policy
 
 # Token ids of three instructions of different lengths (right-padded rows decode at their own
@@ -42,7 +43,8 @@ def test_jacobi_after_a_forced_prefix_is_greedy_after_it(setup, m, init):
     n = model.cfg.num_action_tokens
     forced = model.decode_tokens(_prefill(model, img0))[:, :m]  # another frame's tokens
     greedy = model.decode_tokens(_prefill(model, img1), forced)
-    assert not torch.equal(model.decode_tokens(_prefill(model, img1))[:, :m], forced)
+    if m >= 5:  # the prefix really overrides the model (a token or two may agree by chance)
+        assert not torch.equal(model.decode_tokens(_prefill(model, img1))[:, :m], forced)
     r = jacobi_decode(model, _prefill(model, img1), JacobiConfig(init=init), forced=forced)
     assert torch.equal(r.tokens, greedy)
     assert torch.equal(r.tokens[:, :m], forced)
@@ -101,12 +103,9 @@ def test_the_freeze_runs_under_a_token_decoder_through_the_stages(method):
     np.testing.assert_array_equal(run.outputs["actions"][0].numpy()[:2], queued[:2])
 
 
-@torch.no_grad()
 def test_a_fast_code_takes_no_forced_prefix_under_jacobi():
-    policy = Policy.load("tiny-pi0-fast", seed=0)
-    model, size = policy.model, policy.model.cfg.image_size
-    images = torch.rand(1, model.cfg.num_images, 3, size, size)
-    state = torch.zeros(1, model.cfg.proprio_dim) if model.cfg.proprio_dim else None
-    pre = model.prefill(model.build_prefix(model.encode_images(images), [[30, 41]], state))
+    """Refused before anything runs (no prefill needed: the prefix's shape is all it reads)."""
+    model = Policy.load("tiny-pi0-fast", seed=0).model
+    pre = PrefillResult(None, torch.zeros(1, model.cfg.llm.hidden_size), torch.zeros(1).long())
     with pytest.raises(ValueError, match="FAST"):
         jacobi_decode(model, pre, forced=torch.zeros(1, 2, dtype=torch.long))
