@@ -43,8 +43,6 @@ def test_jacobi_after_a_forced_prefix_is_greedy_after_it(setup, m, init):
     n = model.cfg.num_action_tokens
     forced = model.decode_tokens(_prefill(model, img0))[:, :m]  # another frame's tokens
     greedy = model.decode_tokens(_prefill(model, img1), forced)
-    if m >= 5:  # the prefix really overrides the model (a token or two may agree by chance)
-        assert not torch.equal(model.decode_tokens(_prefill(model, img1))[:, :m], forced)
     r = jacobi_decode(model, _prefill(model, img1), JacobiConfig(init=init), forced=forced)
     assert torch.equal(r.tokens, greedy)
     assert torch.equal(r.tokens[:, :m], forced)
