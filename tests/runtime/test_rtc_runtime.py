@@ -219,6 +219,29 @@ def test_the_edge_refuses_a_freeze_outside_the_horizon(dit):
             schema.check_values(freeze(d, s))
 
 
+@pytest.mark.parametrize("setting", ["exit:0.5", "exit:1"])
+def test_a_jacobi_setting_freezes_the_queued_actions(policy, setting):
+    """Under a token decoder (Jacobi with early exit; sigma 1 all but never exits) the agent
+    freezes as under greedy decoding: the decoder takes the forced prefix (it refused it once)."""
+    from vlarun.policy.setting import AccelSetting
+
+    st = AccelSetting.parse(setting)
+    agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True,
+                                           setting=st))  # fmt: skip
+    prior = _prior(agent, queued=3, period_s=1e-4)  # d: the whole overlap (H = 4)
+    inf = agent.infer(_frame(policy), INSTRUCTION, prior=prior)
+    assert inf.setting == str(st) and inf.rtc_delay == 3
+    np.testing.assert_array_equal(inf.model_actions[:3], prior.model)
+    decoder = agent._under(st).hooks.decoder
+    assert decoder.last is not None and len(decoder.steps) == 2  # the Jacobi decoder ran
+
+
+def test_a_fast_policy_refuses_the_freeze_before_any_request():
+    """A FAST code has no prefix that is the first d actions, under any decoder."""
+    with pytest.raises(ValueError, match="FAST"):
+        RobotAgent(Policy.load("tiny-pi0-fast", seed=0), AgentConfig(rtc=True))
+
+
 # -- the entry points: `vlarun run-robot --rtc` and Robot(rtc=True) -------------------------------
 
 

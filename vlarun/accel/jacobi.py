@@ -26,6 +26,11 @@ iterations y_1..y_{k+1} are exact whatever their confidence, and on a distilled 
 least confident token is most often one of the first action's (BENCHMARKS.md), which the
 paper's rule waits on although Jacobi has already settled it.
 
+A forced prefix (real-time chunking's frozen actions, ``forced`` as ``VLA.decode_tokens``
+takes it) is never iterated on: one forward writes its keys and gives the first free token's
+distribution, which plays the prefill's part; the system above is then the free tokens', and
+so are the iterations, the exit rule and its confidence.
+
 Batches: rows stop independently (their tokens are frozen, their statistics say when); the batch
 runs until every row has stopped. Rows decode at their own positions after right-padded prompts,
 as ``VLA.decode_tokens`` does, so a row's output does not depend on its batch mates.
@@ -181,16 +186,19 @@ def initial_state(
     return init.to(first.device)
 
 
-def action_step(model: VLA, pre: PrefillResult) -> Step:
+def action_step(model: VLA, pre: PrefillResult, offset: int = 0) -> Step:
     """Logits of y[:, start + 1 :] from inputs y[:, start : n - 1], written at their action
-    slots of ``pre.cache``.
+    slots of ``pre.cache``; y are the action tokens from index ``offset`` on (the ones after a
+    forced prefix of that many, whose keys are already in the cache), so n = the model's action
+    tokens - offset.
 
     Calls rewrite action slots in place (a slot's old keys are overwritten, never attended to:
     the call's own slots follow its causal mask); slots before ``start`` keep the keys of
     unchanged inputs from an earlier call, and the queries attend to them from the cache."""
     lm = model.language_model
-    n = model.cfg.num_action_tokens
-    positions = pre.next_pos[:, None] + torch.arange(n - 1, device=pre.next_pos.device)[None]
+    n = model.cfg.num_action_tokens - offset
+    first = pre.next_pos + offset
+    positions = first[:, None] + torch.arange(n - 1, device=pre.next_pos.device)[None]
     if n > 1:
         check_room(pre.cache, lm, positions[:, -1])
 
@@ -208,18 +216,58 @@ def jacobi_decode(
     cfg: JacobiConfig | None = None,
     init: Tensor | None = None,
     gen: torch.Generator | None = None,
+    forced: Tensor | None = None,
 ) -> JacobiResult:
     """Jacobi-decode the action tokens after a prefill (``cfg``: default ``JacobiConfig()``).
     init (B, n): the initial guess (default: ``cfg.init``, random ids drawn from ``gen``, or one
     seeded by ``cfg.seed``). A FAST model's variable-length code is decoded in a sliding window
-    (``jacobi_window``)."""
+    (``jacobi_window``).
+
+    ``forced`` (B, m): the first m tokens are these ids, as ``VLA.decode_tokens`` takes them
+    (real-time chunking's frozen actions, accel/rtc.py). They are not iterated on: one forward
+    writes their keys (``VLA.first_free_logits``, the same as greedy's) and gives the
+    distribution of token m, which plays the prefill's part for the n - m free tokens after
+    them; Jacobi iterations, their statistics and the early-exit rule see only those, so the
+    forced tokens come out verbatim and, without exit, the free ones are greedy's after the
+    same prefix. ``init``'s first m columns are unused. (A FAST code takes no forced prefix:
+    none of its prefixes stands for the first actions, and RTC refuses FAST models.)"""
     cfg = cfg or JacobiConfig()
-    first = model.language_model.logits(pre.last_hidden)
+    m = model.forced_width(pre, forced)
+    if m and model.cfg.fast is not None:
+        raise ValueError(
+            f"{model.cfg.name} decodes a FAST code: Jacobi decoding takes no forced prefix of it"
+        )
+    if m == model.cfg.action_token_room:
+        return settled(forced.to(pre.next_pos.device, torch.long))
+    first = model.first_free_logits(pre, forced)
     if init is None:
         init = initial_state(model, first.argmax(-1), cfg, gen)
     if model.cfg.fast is not None:
         return window_decode(model, pre, init, cfg)
-    return jacobi_solve(first, action_step(model, pre), init.to(first.device), cfg)
+    r = jacobi_solve(first, action_step(model, pre, m), init[:, m:].to(first.device), cfg)
+    return r if m == 0 else after_prefix(forced.to(r.tokens.device, torch.long), r)
+
+
+def settled(tokens: Tensor) -> JacobiResult:
+    """The result of a decode with nothing left to iterate: ``tokens`` (B, n), all forced."""
+    b = tokens.shape[0]
+    none = torch.zeros(b, dtype=torch.long, device=tokens.device)
+    trajectory = tokens[:, None]
+    return JacobiResult(tokens, none, none == 0, none != 0,
+                        torch.ones(b, device=tokens.device), fixed_counts(trajectory),
+                        trajectory)  # fmt: skip
+
+
+def after_prefix(forced: Tensor, r: JacobiResult) -> JacobiResult:
+    """A solve of the free tokens ``r`` behind the ``forced`` (B, m) ones: the forced tokens
+    lead its output and every state of its trajectory (fixed from the start, so ``fixed``
+    counts them at k = 0); iterations, convergence, exits and confidence are the free
+    tokens'."""
+    k = r.trajectory.shape[1]
+    trajectory = torch.cat((forced[:, None].expand(-1, k, -1), r.trajectory), dim=2)
+    return JacobiResult(torch.cat((forced, r.tokens), dim=1), r.iterations, r.converged,
+                        r.exited, r.confidence, fixed_counts(trajectory),
+                        trajectory)  # fmt: skip
 
 
 def held_action(previous: Tensor, action_dim: int) -> Tensor:
@@ -259,14 +307,18 @@ class GreedyDecoder:
     def reset(self) -> None:
         pass
 
-    def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
+    def decode(self, model: VLA, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
+        """``forced`` (B, m): a forced prefix of ids (``VLA.decode_tokens``); its one forward
+        is not counted, as the prefill is not: a row's one-token forwards are those after
+        token m."""
         t0 = time.perf_counter()
-        ids = model.decode_tokens(pre)
+        ids = model.decode_tokens(pre, forced)
         n, b = ids.shape[1], ids.shape[0]
+        m = 0 if forced is None else forced.shape[1]
         fast = model.cfg.fast  # a FAST row took one forward per token of its own code
         lengths = code_lengths(ids, fast.end_id).tolist() if fast is not None else [n] * b
-        self.steps.append(DecodeStep(n, [k - 1 for k in lengths],
-                                     [[1] * (k - 1) for k in lengths], [True] * b,
+        forwards = [max(k - 1 - m, 0) for k in lengths]
+        self.steps.append(DecodeStep(n, forwards, [[1] * k for k in forwards], [True] * b,
                                      [False] * b, [float("nan")] * b,
                                      time.perf_counter() - t0))  # fmt: skip
         return ids
@@ -303,9 +355,11 @@ class JacobiDecoder:
         self._gen.manual_seed(self.cfg.seed)
         self.last = None
 
-    def decode(self, model: VLA, pre: PrefillResult) -> Tensor:
+    def decode(self, model: VLA, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
+        """``forced`` (B, m): a forced prefix of ids, not iterated on (``jacobi_decode``)."""
         t0 = time.perf_counter()
-        r = jacobi_decode(model, pre, self.cfg, init=self._warm_start(model, pre), gen=self._gen)
+        init = self._warm_start(model, pre)
+        r = jacobi_decode(model, pre, self.cfg, init=init, gen=self._gen, forced=forced)
         seconds = time.perf_counter() - t0
         self.steps.append(step_stats(r, seconds))
         self.last = r

@@ -11,7 +11,8 @@ This file holds the delay d a plan implies (``frozen_steps``), the weight schedu
 denoising-step transform that applies it. The transform plugs into the ``DenoiseStepHook`` of
 ``FlowMatchingExpert.sample`` and of ``DiTHead.sample``; for the autoregressive family the same
 freeze is a forced prefix of action tokens (``forced_action_tokens``, fed to the generic
-``forced`` argument of ``VLA.decode_tokens``). The model code holds no RTC branch.
+``forced`` argument of ``VLA.decode_tokens`` or of a token decoder, Jacobi and its early exit
+included: ``accel.jacobi.jacobi_decode``). The model code holds no RTC branch.
 
 A request carries its freeze as plain data (``RTCRequest``: the queued actions, d and s), which
 the stage graph packs into three tensors of the request's packet, so it crosses the wire to an
@@ -192,9 +193,10 @@ def forced_action_tokens(tokenizer: ActionTokenizer, previous: Tensor, delay: in
     ``previous`` (n, A) or (B, n, A): the previous chunk's normalised actions from the new
     chunk's first step on, as for ``RealTimeChunking``. Its first d actions are re-tokenised
     (OpenVLA's binning, one token per action dimension, action-major as the model decodes
-    them); passed as ``VLA.decode_tokens``' ``forced`` (``VLA.act``'s ``forced_tokens``), they
-    make the new chunk's first d actions the previous ones' bin centers exactly, and the model
-    decodes the rest greedily after them, conditioned on the prefix. A chunk the same model
+    them); passed as ``VLA.decode_tokens``' ``forced`` (``VLA.act``'s ``forced_tokens``, a
+    Jacobi decoder's ``forced``), they make the new chunk's first d actions the previous ones'
+    bin centers exactly, and the model decodes the rest after them, conditioned on the prefix
+    (greedily, or by Jacobi iterations over the free tokens alone). A chunk the same model
     decoded is already bin centers, so its first d actions come back unchanged.
     There is no soft region: a token is forced or free.
     """

@@ -109,8 +109,10 @@ class TokenDecoder(Protocol):
     def reset(self) -> None:
         """Forget per-episode state (a new episode starts)."""
 
-    def decode(self, model, pre: PrefillResult) -> Tensor:
-        """Action token ids (B, n) after the prefill ``pre`` of ``model`` (a VLA)."""
+    def decode(self, model, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
+        """Action token ids (B, n) after the prefill ``pre`` of ``model`` (a VLA); ``forced``
+        (B, m): the first m ids are these, never decoded (real-time chunking's frozen actions;
+        see ``VLA.decode_tokens``), and the decoder works on the n - m after them."""
 
 
 class ChunkInpainter(Protocol):

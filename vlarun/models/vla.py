@@ -451,6 +451,34 @@ class VLA(nn.Module):
 
     # -- stage 3: the family's head ---------------------------------------------------------------
 
+    def forced_width(self, pre: PrefillResult, forced: Tensor | None) -> int:
+        """m, the width of a forced prefix of action token ids (0 for None), checked: (B, m)
+        with m at most the tokens the model decodes. Every decoder of action tokens (greedy
+        here, Jacobi in accel/jacobi.py) takes the same prefix, so they refuse the same ones."""
+        if forced is None:
+            return 0
+        b, n = pre.last_hidden.shape[0], self.cfg.action_token_room
+        if forced.dim() != 2 or forced.shape[0] != b or forced.shape[1] > n:
+            raise ValueError(
+                f"forced tokens must be (B={b}, m <= {n}) (batch, at most the {n} action "
+                f"tokens the model decodes), got {tuple(forced.shape)}"
+            )
+        return forced.shape[1]
+
+    def first_free_logits(self, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
+        """Logits (B, V) of the first action token after a forced prefix (B, m), m < n: from
+        the prefill's last hidden state when m = 0, else from one forward of the forced tokens
+        at their action slots (``steps.iterate``), which also writes their keys into
+        ``pre.cache``, as if they had been decoded, for the free tokens after them to attend
+        to. Shared by every decoder so that a forced prefix conditions them identically."""
+        lm = self.language_model
+        if self.forced_width(pre, forced) == 0:
+            return lm.logits(pre.last_hidden)
+        pos = pre.next_pos
+        forced = forced.to(pos.device, torch.long)
+        at = pos[:, None] + torch.arange(forced.shape[1], device=pos.device)[None]  # (B, m)
+        return self.steps.iterate(lm, pre.cache, forced, at)[:, -1]
+
     def decode_tokens(self, pre: PrefillResult, forced: Tensor | None = None) -> Tensor:
         """Autoregressive greedy decoding of the action tokens -> ids (B, n): one static-shape
         step per token (``static_step.decode_one``), positions checked once. n is chunk*D
@@ -460,32 +488,21 @@ class VLA(nn.Module):
         ``forced`` (B, m) with 0 <= m <= n: the first m tokens are these ids instead of the
         model's, and greedy decoding continues after them (real-time chunking forces the
         actions that execute while the chunk is computed, accel/rtc.py). The forced tokens go
-        through the LM in one forward (``steps.iterate``, as a Jacobi iteration does), which
-        writes their keys and gives the logits of token m."""
+        through the LM in one forward (``first_free_logits``, as a Jacobi iteration does),
+        which writes their keys and gives the logits of token m."""
         lm = self.language_model
         n = self.cfg.action_token_room
         end = self.cfg.fast.end_id if self.cfg.fast is not None else None
-        b = pre.last_hidden.shape[0]
-        m = 0 if forced is None else forced.shape[-1]
-        if forced is not None and (forced.dim() != 2 or forced.shape[0] != b or m > n):
-            raise ValueError(
-                f"forced tokens must be (B={b}, m <= {n}) (batch, at most the {n} action "
-                f"tokens the model decodes), got {tuple(forced.shape)}"
-            )
+        m = self.forced_width(pre, forced)
         check_room(pre.cache, lm, pre.next_pos + n - 2)
         if m == n:
             out = forced.to(pre.next_pos.device, torch.long).clone()  # nothing left to decode
             return out if end is None else pad_after_end(out, end)
-        pos = pre.next_pos
-        if m == 0:
-            tok = lm.logits(pre.last_hidden).argmax(-1)  # (B,)
-            out = [tok]
-        else:
-            forced = forced.to(pos.device, torch.long)
-            at = pos[:, None] + torch.arange(m, device=pos.device)[None]  # (B, m)
-            tok = self.steps.iterate(lm, pre.cache, forced, at)[:, -1].argmax(-1)  # token m
-            out = [*forced.unbind(1), tok]
-            pos = pos + m
+        tok = self.first_free_logits(pre, forced).argmax(-1)  # token m, (B,)
+        out = [tok]
+        if m:
+            out = [*forced.to(tok.device, torch.long).unbind(1), tok]
+        pos = pre.next_pos + m
         ended = None if end is None else (torch.stack(out, dim=1) == end).any(1)  # (B,)
         for _ in range(n - m - 1):
             if ended is not None and bool(ended.all()):  # every row has written END

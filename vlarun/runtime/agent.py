@@ -57,7 +57,7 @@ from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
-from vlarun.stages.families import RTC_FAMILIES, RTC_INPUTS, rtc_inputs
+from vlarun.stages.families import RTC_FAMILIES, RTC_INPUTS, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
@@ -237,6 +237,8 @@ class RobotAgent:
             raise ValueError(
                 f"real-time chunking needs a {', '.join(RTC_FAMILIES)} policy, not {family}"
             )
+        if self.cfg.rtc:  # before any request, not at the first one that finds a queue
+            refuse_fast_freeze(policy.model.cfg)
         from vlarun.sched.meters import window_meter
 
         self.meter = meter if meter is not None else window_meter(self.cfg.meter)
@@ -417,7 +419,7 @@ class RobotAgent:
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         pool = dict(packet.tensors)
         placement, decision, setting = self.plan(len(ids))
-        rtc = self._freeze(prior, decision, placement, setting)
+        rtc = self._freeze(prior, decision, placement)
         graph = self.graph(len(ids), setting, rtc is not None)
         refreeze = None
         if rtc is not None:
@@ -463,17 +465,13 @@ class RobotAgent:
             sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers))
         return inf
 
-    def _freeze(
-        self, prior: Prior | None, decision, placement: dict, setting: AccelSetting
-    ) -> RTCRequest | None:
-        """The real-time chunk request for this plan (None: RTC off, nothing queued, or a
-        token decoder in the setting: Jacobi decoding takes no forced prefix yet). Its
-        latency: the plan's prediction and spread; without a plan, the measured local stages
-        when everything runs here, else the latency the queue leads by."""
+    def _freeze(self, prior: Prior | None, decision, placement: dict) -> RTCRequest | None:
+        """The real-time chunk request for this plan (None: RTC off, or nothing queued), under
+        any setting: a token decoder (Jacobi, early exit) takes the freeze's forced prefix as
+        greedy decoding does (``accel.jacobi.jacobi_decode``). Its latency: the plan's
+        prediction and spread; without a plan, the measured local stages when everything runs
+        here, else the latency the queue leads by."""
         if not self.cfg.rtc or prior is None or prior.model is None or not len(prior.model):
-            return None
-        hooks = self._under(setting).hooks
-        if hooks is not None and hooks.decoder is not None:
             return None
         sigma = 0.0
         if decision is not None:

@@ -254,18 +254,8 @@ class _Runner:
     def decode(self, pk: Packet) -> Packet:
         decoder = self.hooks.decoder if self.hooks is not None else None
         forced = None
-        if "rtc_prev" in pk.tensors:
-            if decoder is not None:
-                raise ValueError(
-                    "real-time chunking's forced prefix runs the greedy decoder; a token "
-                    "decoder (Jacobi, early exit) with a forced prefix is not supported yet"
-                )
-            if self.model.cfg.fast is not None:
-                raise ValueError(
-                    "real-time chunking freezes the first d actions as their tokens, one per "
-                    "action dimension; a FAST code is a DCT of the whole chunk, so no prefix of "
-                    "it stands for the first d actions: not supported for FAST models"
-                )
+        if "rtc_prev" in pk.tensors:  # any decoder takes the prefix (greedy, Jacobi, exit)
+            refuse_fast_freeze(self.model.cfg)
             tok = self.model.action_tokenizer
             forced = self.rtc.forced_tokens(tok, pk["rtc_prev"], pk["rtc_delay"])
         return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder,
@@ -292,6 +282,19 @@ class _Runner:
         return Packet(run_head(model, pre, pk["noise"], state, fc, step_hook=hook))
 
 
+def refuse_fast_freeze(cfg: VLAConfig) -> None:
+    """Raise for a FAST model: real-time chunking freezes the first d actions as their tokens,
+    one per action dimension, and a FAST code is a DCT of the whole chunk, so no prefix of it
+    stands for the first d actions (whichever decoder runs). The head stage and the agent ask
+    here, so a freeze is refused the same way before or during a request."""
+    if cfg.fast is not None:
+        raise ValueError(
+            "real-time chunking freezes the first d actions as their tokens, one per "
+            "action dimension; a FAST code is a DCT of the whole chunk, so no prefix of "
+            "it stands for the first d actions: not supported for FAST models"
+        )
+
+
 def run_head(
     model: VLA,
     pre: PrefillResult,
@@ -304,12 +307,15 @@ def run_head(
 ) -> dict:
     """The family's action head after a prefill, the one place it is run (the stage functions
     and the drift diagnostic call it): {"actions": (B, horizon, D), ...}; action tokens are
-    decoded by ``decoder`` if given, else greedily (after the ``forced`` prefix of ids, if
-    any); ``feature_cache`` serves a DiT / flow denoiser, ``step_hook`` transforms its state
-    after every step (real-time chunking)."""
+    decoded by ``decoder`` if given, else greedily, either way after the ``forced`` prefix of
+    ids, if any; ``feature_cache`` serves a DiT / flow denoiser, ``step_hook`` transforms its
+    state after every step (real-time chunking)."""
     family = model.cfg.family
     if family == "autoregressive":
-        ids = model.decode_tokens(pre, forced) if decoder is None else decoder.decode(model, pre)
+        if decoder is None:
+            ids = model.decode_tokens(pre, forced)
+        else:
+            ids = decoder.decode(model, pre, forced)
         return {"actions": model.tokens_to_actions(ids), "action_ids": ids}
     if family == "parallel":
         return {"actions": model.parallel_head(pre)}
