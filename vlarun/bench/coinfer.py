@@ -401,7 +401,8 @@ def _strategy_run(
         agent.prepare(env.instruction)  # its one-time setup is not the first request's latency
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = clock0 = time.monotonic()
-        ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0))
+        ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0),
+                       WALL_BUDGET * steps / o.control_hz)  # fmt: skip
         emulation = agent.emulator.report() if agent.emulator is not None else None
         agent.close()
         if emulation is not None:  # the edge's side over this run: its counters' difference
@@ -512,19 +513,21 @@ def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
     }
 
 
-def _episodes(agent, env, control_hz: float, steps: int, on_inference) -> dict:
+def _episodes(
+    agent, env, control_hz: float, steps: int, on_inference, wall_s: float | None = None
+) -> dict:
     """Held-out episodes back to back (seeds 10000, 10001, ...) until ``steps`` control steps
     have run: a successful episode ends early, and a run of one episode would then hold too few
-    requests for its SLO share or p99 to mean anything. Every strategy gets the same wall
-    time at most (WALL_BUDGET x the steps' time on schedule): a strategy whose chunks arrive
-    after the queue ran dry executes about one action per inference, and would otherwise run
-    for ``steps`` inferences."""
+    requests for its SLO share or p99 to mean anything. ``wall_s``: the wall time at most (the
+    bench gives every strategy the same, WALL_BUDGET x the steps' time on schedule: a strategy
+    whose chunks arrive after the queue ran dry executes about one action per inference, and
+    would otherwise run for ``steps`` inferences)."""
     from vlarun.runtime.episode import run_episode
 
     done: list[dict] = []
     ran = 0
-    stop_at = time.perf_counter() + WALL_BUDGET * steps / control_hz
-    while ran < steps and time.perf_counter() < stop_at:
+    stop_at = None if wall_s is None else time.perf_counter() + wall_s
+    while ran < steps and (stop_at is None or time.perf_counter() < stop_at):
         seed = 10000 + len(done)
         ep = run_episode(agent, env, seed, control_hz, True, steps - ran,
                          lambda i, inf: on_inference(), stop_at)  # fmt: skip
