@@ -1,5 +1,7 @@
 """`link_timeline`: when plans left the edge after a drop and came back after the restore."""
 
+import pytest
+
 from vlarun.runtime.episode import link_timeline
 
 
@@ -68,4 +70,92 @@ def test_a_transfer_longer_than_a_second_keeps_its_connection(server):
         assert 1.5 < took < 4.0
     finally:
         client.close()
+        procs.stop(relay)
+
+
+def test_a_dropped_link_stays_capped_and_a_restored_one_shows_within_two_probes(server):
+    """The monitor's probes, not the agent's requests, keep an idle robot's link estimate
+    honest: at 1 Mbit/s a 96 KiB probe cannot come back within its timeout, and that failure
+    is an upper bound renewed before the last one expires, so the estimate stays under
+    2 Mbit/s for the whole drop (before: the bound of the request that timed out expired after
+    2 s and the next request tried the edge again, waiting out its deadline). After the
+    restore the first probe through lifts the bound."""
+    import time
+
+    import zmq
+
+    from vlarun.runtime import procs
+    from vlarun.runtime.monitor import LinkMonitor
+    from vlarun.runtime.transport import Security
+    from vlarun.sched.link import Link
+
+    relay, via = procs.start_relay(server.address, 1.0, schedule="5:200")
+    t0 = time.monotonic()  # the relay counts its schedule from about now
+    link = Link(200.0, 1.0)
+    mon = LinkMonitor(via, Security(insecure=True), zmq.Context.instance()).start(wait_s=3.0)
+    try:
+        worst = 0.0
+        while time.monotonic() - t0 < 4.5:  # the drop: every refresh, as a request would
+            time.sleep(0.1)
+            link.refresh()
+            mon.feed(link)
+            if time.monotonic() - t0 > 1.0:  # the first failed probe has had its 0.4 s
+                worst = max(worst, link.bandwidth_mbps)
+        assert worst < 2.5, f"the estimate rose to {worst:.1f} Mbit/s while the link was at 1"
+        back = None
+        while time.monotonic() - t0 < 9.0:
+            time.sleep(0.05)
+            link.refresh()
+            mon.feed(link)
+            if link.bandwidth_mbps > 20.0:
+                back = time.monotonic() - t0 - 5.0
+                break
+        # one probe spacing after a failure (0.4 s / 0.25 = 1.6 s) plus the probe itself
+        assert back is not None and back < 2.5, f"restored link seen after {back} s"
+    finally:
+        mon.stop()
+        procs.stop(relay)
+
+
+def test_a_reset_socket_does_not_wait_behind_an_abandoned_request(server):
+    """The agent resets its data socket after a request times out (``_try_remote``): the
+    abandoned request's bytes still queued for a slow link would otherwise hold up every later
+    message on that socket. At 2 Mbit/s, 400 kB take 1.6 s: a health check sent after them
+    on the same socket misses a 0.5 s wait; on a fresh socket it comes back."""
+    import time
+
+    import zmq
+
+    from vlarun.runtime import procs
+    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.transport import Security
+
+    relay, via = procs.start_relay(server.address, 2.0)
+    clients = [EdgeClient(via, Security(insecure=True), zmq.Context.instance()) for _ in "ab"]
+    try:
+        for client in clients:
+            for _ in range(50):  # IMMEDIATE: a send fails until the connection is up
+                try:
+                    client.health(5.0)
+                    break
+                except LinkDown:
+                    time.sleep(0.1)
+        kept, fresh = clients
+        for client in clients:
+            with pytest.raises(LinkDown):
+                client.probe(400_000, timeout_s=0.2)
+        fresh.reset()
+        with pytest.raises(LinkDown):
+            kept.health(0.5)  # behind the 400 kB
+        fresh_took = None
+        for _ in range(50):  # the fresh socket reconnects first
+            try:
+                fresh_took = fresh.health(0.5)[1]
+                break
+            except LinkDown:
+                time.sleep(0.05)
+        assert fresh_took is not None and fresh_took < 0.5
+    finally:
+        for client in clients:
+            client.close()
         procs.stop(relay)

@@ -174,3 +174,22 @@ def test_a_timeout_bound_expires_or_yields_to_a_faster_sample():
     now[0] += 10.0  # no sample for a while: the last estimate holds
     link.refresh()
     assert link.bandwidth_mbps == pytest.approx(50.0, rel=1e-6)
+
+
+def test_a_looser_bound_renews_a_tighter_one_and_a_probe_bound_caps():
+    now, clock = _fake_clock()
+    link = Link(200.0, 0.0, clock=clock, cap_s=2.0)
+    link.cap(2.0)
+    now[0] = 1.5
+    link.cap(5.0)  # both hold: the link is under 2, now for 2 s more
+    assert link.bandwidth_mbps == 2.0
+    now[0] = 3.0
+    link.refresh()
+    assert link.bandwidth_mbps == 2.0
+    now[0] = 3.6
+    link.refresh()
+    assert link.bandwidth_mbps == 200.0
+    link.bound(96 * 1024, 0.4)  # a probe that did not come back in 0.4 s: under 1.97 Mbit/s
+    assert link.bandwidth_mbps == pytest.approx(96 * 1024 * 8 / 0.4 / 1e6)
+    link.bound(1000, 0.4)  # too small to say anything about bandwidth
+    assert link.bandwidth_mbps == pytest.approx(96 * 1024 * 8 / 0.4 / 1e6)

@@ -478,10 +478,15 @@ def _strategy_run(
 
 
 def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: float) -> dict:
-    """The fleet at the period that makes its edge-only demand (every stage on the edge, batch
-    1, emulated time) ``u`` of the edge, each request due in the chunk's time at --control-hz
-    as everywhere else; the utilisation measured is the edge's compute over the wall time of
-    the run, from its health counters."""
+    """One vlarun robot, measured, among ``robots - 1`` others sending edge-only requests open
+    loop (``loadgen.OpenLoopLoad``, a process of their own), all at the period that makes the
+    fleet's edge-only demand (every stage on the edge, batch 1, emulated time) ``u`` of the
+    edge; each request due in the chunk's time at --control-hz as everywhere else. The others
+    are not agents in this process: as threads they shared its interpreter lock with the
+    robot measured, and their own plans (vision here) kept the edge at half the target. The
+    utilisation measured is the edge's compute over the wall time of the run, from its health
+    counters; the prediction errors are the measured robot's, over ``requests`` requests."""
+    from vlarun.bench.coinfer_matrix import background_load
     from vlarun.runtime.client import ping
     from vlarun.runtime.emulate import StageEmulator
     from vlarun.runtime.transport import Security
@@ -494,11 +499,16 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
         h = ping(endpoint, Security(insecure=True), count=1).get("health") or {}
         return float(h.get("compute_s", 0.0)), float(h.get("uptime_s", 0.0))
 
-    busy0, up0 = counters()
-    run = _fleet_run(o, policy, endpoint, robots, requests, period)
-    busy1, up1 = counters()
-    return {"target_utilisation": u, "period_ms": period * 1e3,
-            "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9), **run}  # fmt: skip
+    make_cfg = lambda strategy, slo_s: _agent_cfg(o, strategy, slo_s, o.bandwidth)  # noqa: E731
+    slo = policy.model.cfg.horizon / o.control_hz
+    with background_load(policy, endpoint, robots - 1, period, make_cfg, slo) as load:
+        busy0, up0 = counters()
+        run = _fleet_run(o, policy, endpoint, 1, requests, period)
+        busy1, up1 = counters()
+    return {"target_utilisation": u, "period_ms": period * 1e3, "robots": robots,
+            "measured_robots": 1, "background": load.counts,
+            "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
+            **{k: v for k, v in run.items() if k != "robots"}}  # fmt: skip
 
 
 def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:

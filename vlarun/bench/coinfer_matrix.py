@@ -84,35 +84,19 @@ def robot_loop(
         agent.close()
 
 
-class BackgroundLoad:
-    """``robots`` agents sending edge-only requests to ``endpoint`` at the control period until
-    stopped (``robot_loop``): the other robots of a loaded edge."""
+def background_load(
+    policy, endpoint: str, robots: int, period_s: float, make_cfg, slo_s: float | None = None
+):
+    """The other robots of a loaded edge: ``robots`` open-loop senders of ``policy``'s
+    whole-policy request every ``period_s`` (``loadgen.OpenLoopLoad``, a process of its own,
+    on the CPUs this bench runs on), at the deadline (``slo_s``, default the period) and
+    packet size an edge-only robot of ``make_cfg`` would send."""
+    from vlarun.runtime.emulate import StageEmulator
+    from vlarun.runtime.loadgen import OpenLoopLoad
 
-    def __init__(self, policy, endpoint: str, robots: int, period_s: float, make_cfg) -> None:
-        self.policy, self.endpoint, self.robots = policy, endpoint, robots
-        self.cfg = make_cfg("edge-only", period_s)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self.requests = 0
-
-    def __enter__(self) -> BackgroundLoad:
-        for i in range(self.robots):
-            args = (self.policy, self.cfg, self.endpoint, i, self.robots, self._stop)
-            t = threading.Thread(target=robot_loop, args=args,
-                                 kwargs={"on_inference": self._count}, daemon=True)  # fmt: skip
-            t.start()
-            self._threads.append(t)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-
-    def _count(self, row: dict) -> None:
-        with self._lock:
-            self.requests += 1
+    cfg = make_cfg("edge-only", slo_s or period_s)
+    emulator = StageEmulator.build(cfg.emulate) if cfg.emulate is not None else None
+    return OpenLoopLoad(policy, endpoint, robots, period_s, cfg.slo_s, emulator)
 
 
 def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> dict:
@@ -126,7 +110,7 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
     rows = []
     total, t0 = len(loads) * len(bandwidths) * len(MATRIX_STRATEGIES), time.monotonic()
     for load, robots in loads.items():
-        with BackgroundLoad(policy, endpoint, robots, period, make_cfg) as bg:
+        with background_load(policy, endpoint, robots, period, make_cfg) as bg:
             for spec in bandwidths:
                 before, after = parse_bandwidth(spec)
                 for label in MATRIX_STRATEGIES:
@@ -138,10 +122,10 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
                     print(f"matrix: {len(rows)}/{total} cells, {time.monotonic() - t0:.0f} s "
                           f"({load}, {spec} Mbit/s, {label}: SLO {slo:.0f}%)",
                           file=sys.stderr, flush=True)  # fmt: skip
-            background = bg.requests
         for row in rows:
             if row["load"] == load:
-                row["background_requests"] = background
+                row["background_requests"] = bg.requests
+                row["background"] = bg.counts
     return {"rows": rows, "summary": summarise_matrix(rows)}
 
 

@@ -56,7 +56,7 @@ from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import TransferOutcome
-from vlarun.sched.link import MIN_BANDWIDTH_SAMPLE_BYTES, Link
+from vlarun.sched.link import Link
 from vlarun.stages.families import RTC_FAMILIES, RTC_INPUTS, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
@@ -244,7 +244,12 @@ class RobotAgent:
         self.meter = meter if meter is not None else window_meter(self.cfg.meter)
         model = policy.model
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
-        self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms)
+        # An emulated run's clock is 1 / time_scale slower than the emulated devices': the
+        # link's memory and the monitor's intervals stretch with it, as every emulated time.
+        self._stretch = 1.0 if self.cfg.emulate is None else 1.0 / self.cfg.emulate.time_scale
+        stretch = self._stretch
+        self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms,
+                         window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch)  # fmt: skip
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
         emulate = self.cfg.emulate
         self.emulator = StageEmulator.build(emulate) if emulate is not None else None
@@ -264,7 +269,8 @@ class RobotAgent:
             sec = sec or Security(insecure=True)
             ctx = ctx or zmq.Context.instance()
             self.client = EdgeClient(edge, sec, ctx)
-            self.monitor = LinkMonitor(edge, sec, ctx).start(wait_s=2.0)
+            self.monitor = LinkMonitor(edge, sec, ctx, clock_scale=self._stretch)
+            self.monitor.start(wait_s=2.0)
 
     @property
     def edge_up(self) -> bool:
@@ -632,13 +638,8 @@ class RobotAgent:
 
     def _refresh_link(self) -> None:
         self.link.refresh()  # a timeout's bound expires with time, with or without new samples
-        if self.monitor is None:
-            return
-        for rtt in self.monitor.take_rtts():
-            self.link.observe_rtt(rtt)
-        for nbytes, round_trip in self.monitor.take_transfers():
-            # one way = the round trip minus the small answer's half (rtt / 2)
-            self.link.observe_transfer(nbytes, round_trip - self.link.rtt_ms * 1e-3 / 2)
+        if self.monitor is not None:
+            self.monitor.feed(self.link)
         # No socket reset when the edge returns: the DEALER reconnects by itself, IMMEDIATE
         # kept nothing queued for the dead link, and late replies are dropped by request id.
 
@@ -647,9 +648,7 @@ class RobotAgent:
         there at once (for ``Link.cap_s`` seconds, or until a faster sample). Without this a
         congested link teaches nothing (no reply, no sample), and every request keeps trying
         it, queueing yet more bytes behind the last."""
-        payload_s = e.waited_s - self.link.rtt_ms * 1e-3 / 2
-        if e.sent_bytes >= MIN_BANDWIDTH_SAMPLE_BYTES and payload_s > 0:
-            self.link.cap(e.sent_bytes * 8 / payload_s / 1e6)
+        self.link.bound(e.sent_bytes, e.waited_s)
 
     def _observe_transfer(self, rep) -> None:
         """Both directions lumped: bytes moved over the time not spent computing on the edge."""

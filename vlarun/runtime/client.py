@@ -223,12 +223,8 @@ class EdgeClient:
         and RuntimeError when the edge refuses the request. ``pad``: zero bytes sent after the
         tensors (an emulated device's packet at the real model's size)."""
         rid = next(_ids)
-        meta = {**(meta or {}), "want": list(want)}
-        if codec is not None:
-            meta["reply_codec"] = {"reduce": codec.reduce, "compress": codec.compress}
-        msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet, pad)
         t0 = time.perf_counter()
-        sent = self._send(wire.encode(msg, codec))
+        sent = self._send(request_frames(rid, stages, packet, want, budget_s, meta, codec, pad))
         try:
             reply, recv = self._await(rid, timeout_s)
         except LinkDown as e:
@@ -250,6 +246,25 @@ class EdgeClient:
             recv,
             check_schedule(reply.meta.get("schedule")),
         )
+
+
+def request_frames(
+    rid: int,
+    stages: tuple[str, ...],
+    packet: Packet,
+    want: tuple[str, ...],
+    budget_s: float,
+    meta: dict | None = None,
+    codec: wire.Codec | None = None,
+    pad: int = 0,
+) -> list[bytes]:
+    """The frames of a data request (``EdgeClient.run``'s arguments): ``stages`` to run on
+    ``packet`` within ``budget_s``, the outputs in ``want`` sent back in ``codec``."""
+    meta = {**(meta or {}), "want": list(want)}
+    if codec is not None:
+        meta["reply_codec"] = {"reduce": codec.reduce, "compress": codec.compress}
+    msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet, pad)
+    return wire.encode(msg, codec)
 
 
 def ping(address: str, sec: Security, count: int = 5, timeout_s: float = 1.0) -> dict:

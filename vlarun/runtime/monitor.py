@@ -4,6 +4,13 @@ While the edge is up it probes every ``up_every_s`` (round-trip time for the lin
 queue depth and stage times for the predictor's view of the edge). When the agent reports the
 link down, it probes every ``down_every_s`` and sets ``up`` again as soon as the edge answers,
 so the agent reconnects in the background without ever blocking a control step on it.
+
+An idle link (the robot running everything here) is probed with a padding packet: a probe
+that comes back is a bandwidth sample, one that does not within ``probe_timeout_s`` is an
+upper bound (its bytes moved slower than bytes / wait). ``feed`` hands both to the agent's
+``Link``: the bounds keep a dropped link's estimate down while it stays down (each failed
+probe renews the bound before the last one expires), the first fast probe after a restore
+lifts it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import zmq
 
 from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.transport import Security
+from vlarun.sched.link import Link
 
 
 class LinkMonitor:
@@ -30,7 +38,19 @@ class LinkMonitor:
         probe_every_s: float = 0.25,
         probe_bytes: int = 96 * 1024,
         probe_share: float = 0.25,
+        probe_timeout_s: float = 0.4,
+        clock_scale: float = 1.0,
     ) -> None:
+        # clock_scale multiplies every interval and timeout here: an emulated run whose times
+        # are divided by its time scale passes 1 / time_scale, so that its probes wait and
+        # space as they would on the emulated clock (a probe timing out at a third of its
+        # emulated wait would bound the link three times too loosely).
+        if clock_scale <= 0:
+            raise ValueError(f"clock_scale must be > 0, got {clock_scale}")
+        up_every_s, down_every_s, timeout_s, probe_every_s, probe_timeout_s = (
+            x * clock_scale
+            for x in (up_every_s, down_every_s, timeout_s, probe_every_s, probe_timeout_s)
+        )
         self.address, self.sec, self.ctx = address, sec, ctx
         self.up_every_s, self.down_every_s, self.timeout_s = up_every_s, down_every_s, timeout_s
         self.up = threading.Event()
@@ -45,8 +65,12 @@ class LinkMonitor:
         # (a probe that took 0.4 s on a 2 Mbit/s link waits 1.6 s for the next).
         self.probe_every_s, self.probe_bytes = probe_every_s, probe_bytes
         self.probe_share = probe_share
+        # A failed probe waits this long, and the next one waits probe_timeout_s / probe_share
+        # (1.6 s): less than ``Link.cap_s`` (2 s), so the bound it leaves is renewed in time.
+        self.probe_timeout_s = probe_timeout_s
         self._probe_took = 0.0
         self.transfers: list[tuple[int, float]] = []  # (bytes, round-trip s) of probes
+        self.bounds: list[tuple[int, float]] = []  # (bytes, s waited) of probes that timed out
         self.last_remote = 0.0  # monotonic time of the agent's last remote request
         self._last_probe = 0.0
         self.reconnects = 0
@@ -75,6 +99,22 @@ class LinkMonitor:
             out, self.transfers = self.transfers, []
         return out
 
+    def take_bounds(self) -> list[tuple[int, float]]:
+        with self.lock:
+            out, self.bounds = self.bounds, []
+        return out
+
+    def feed(self, link: Link) -> None:
+        """Fold what the monitor measured since the last call into ``link``: round-trip times,
+        probe transfers (one way = the round trip less the small answer's half) and the
+        upper bounds of probes that timed out."""
+        for rtt in self.take_rtts():
+            link.observe_rtt(rtt)
+        for nbytes, round_trip in self.take_transfers():
+            link.observe_transfer(nbytes, round_trip - link.rtt_ms * 1e-3 / 2)
+        for nbytes, waited in self.take_bounds():
+            link.bound(nbytes, waited)
+
     def probe_due(self, now: float) -> bool:
         """Whether an idle link is due a probe (none while the agent's requests measure it)."""
         if self.probe_every_s <= 0 or now - self.last_remote <= self.probe_every_s:
@@ -88,9 +128,14 @@ class LinkMonitor:
             return
         self._last_probe = now
         try:
-            seconds = client.probe(self.probe_bytes, timeout_s=max(self.up_every_s, 1.0))
+            seconds = client.probe(self.probe_bytes, timeout_s=self.probe_timeout_s)
         except LinkDown:
             self._probe_took = time.monotonic() - now
+            with self.lock:
+                self.bounds.append((self.probe_bytes, self._probe_took))
+            # The probe's bytes still queued would delay the health checks (and the next
+            # probe) behind them: a fresh socket starts the next measurement clean.
+            client.reset()
             raise
         self._probe_took = seconds
         with self.lock:

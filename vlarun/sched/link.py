@@ -79,10 +79,21 @@ class Link:
         self.refresh()
 
     def cap(self, mbps: float) -> None:
-        """An upper bound from a timeout, held for ``cap_s`` seconds (or until beaten)."""
+        """An upper bound from a timeout, held for ``cap_s`` seconds (or until beaten). A
+        bound that comes while a lower one still holds renews the lower one: both are true."""
         if mbps > 0:
-            self._cap = (mbps, self.clock() + self.cap_s)
+            now = self.clock()
+            if self._cap is not None and now < self._cap[1]:
+                mbps = min(mbps, self._cap[0])
+            self._cap = (mbps, now + self.cap_s)
             self.refresh()
+
+    def bound(self, nbytes: int, waited_s: float) -> None:
+        """``nbytes`` sent and no answer within ``waited_s``: cap the estimate at the rate
+        that would have delivered them (the answer's half round trip taken off)."""
+        payload_s = waited_s - self.rtt_ms * 1e-3 / 2
+        if nbytes >= MIN_BANDWIDTH_SAMPLE_BYTES and payload_s > 0:
+            self.cap(nbytes * 8 / payload_s / 1e6)
 
     def refresh(self) -> None:
         """Recompute the estimate: expire old samples and a stale cap."""

@@ -345,6 +345,14 @@ def _decompress(e: Entry, view: memoryview) -> bytes:
         ) from None
 
 
+def renumber(frames: list[bytes], rid: int) -> list[bytes]:
+    """``frames`` (made by ``encode``) as the message with request id ``rid``: only the header
+    is packed again, so a request encoded once can be sent many times (a load generator)."""
+    header = msgpack.unpackb(frames[0], raw=False)
+    header["rid"] = int(rid)
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
 def control(op: str, rid: int = 0, **meta) -> list[bytes]:
     """Frames of a control message (no tensors): ``meta`` carries ``op`` and its fields."""
     return encode(Message("control", rid, meta={"op": op, **meta}))

@@ -1,0 +1,57 @@
+"""The open-loop load generator: a request encoded once, sent on a fixed period by robots in
+a process of their own, answered by a real edge."""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+import pytest
+
+from vlarun.runtime import loadgen
+from vlarun.stages import wire
+
+INSTRUCTION = "open the drawer"
+
+
+def test_a_request_file_round_trips_and_a_bad_one_is_refused(policy, tmp_path):
+    frames = loadgen.encode_request(policy, INSTRUCTION, 1.0)
+    path = tmp_path / "req.bin"
+    loadgen.write_frames(frames, path)
+    assert loadgen.read_frames(path) == frames
+    renumbered = wire.renumber(frames, 7)
+    assert wire.decode(renumbered).rid == 7 and renumbered[1:] == frames[1:]
+    msg = wire.decode(frames)
+    assert msg.kind == "data" and msg.stage == "vision+prefill+decode"
+    assert "actions" in msg.meta["want"] and msg.deadline_s == 1.0
+    bad = tmp_path / "bad.bin"
+    for data in (b"nope", loadgen.MAGIC + struct.pack(">I", 2) + struct.pack(">QQ", 5, 9)):
+        bad.write_bytes(data)
+        with pytest.raises(ValueError):
+            loadgen.read_frames(bad)
+
+
+def test_open_loop_robots_send_on_their_period_whatever_the_answers(server, policy):
+    """Two robots every 0.2 s for 1.2 s: about 12 requests, sent on time (not after the last
+    answer), each answered by the edge."""
+    frames = loadgen.encode_request(policy, INSTRUCTION, 1.0)
+    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=1.2)
+    assert 11 <= counts["sent"] + counts["unsent"] <= 13
+    assert counts["unsent"] <= 2  # only before the connection is up
+    assert counts["answered"] + counts["late"] == counts["sent"] and counts["refused"] == 0
+
+
+def test_the_process_reports_its_counts_when_stopped(server, policy):
+    import time
+
+    with loadgen.OpenLoopLoad(policy, server.address, 1, 0.1, 1.0) as load:
+        time.sleep(1.0)
+    assert load.requests >= 5 and load.counts["answered"] >= 4
+
+
+def test_a_bad_request_file_names_the_problem(tmp_path, capsys):
+    path = tmp_path / "req.bin"
+    path.write_bytes(b"junk")
+    with pytest.raises(SystemExit):
+        loadgen.main(["--edge", "tcp://127.0.0.1:9", "--frames", str(path), "--insecure"])
+    assert "not a request file" in capsys.readouterr().err
