@@ -487,6 +487,7 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     utilisation measured is the edge's compute over the wall time of the run, from its health
     counters; the prediction errors are the measured robot's, over ``requests`` requests."""
     from vlarun.bench.coinfer_matrix import background_load
+    from vlarun.runtime import procs
     from vlarun.runtime.client import ping
     from vlarun.runtime.emulate import StageEmulator
     from vlarun.runtime.transport import Security
@@ -501,10 +502,19 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
 
     make_cfg = lambda strategy, slo_s: _agent_cfg(o, strategy, slo_s, o.bandwidth)  # noqa: E731
     slo = policy.model.cfg.horizon / o.control_hz
-    with background_load(policy, endpoint, robots - 1, period, make_cfg, slo) as load:
-        busy0, up0 = counters()
-        run = _fleet_run(o, policy, endpoint, 1, requests, period)
-        busy1, up1 = counters()
+    # The measured robot reaches the edge through its own shaped link (--bandwidth, --delay-ms,
+    # scaled), as in every strategy run: over bare loopback its padded megabytes moved at
+    # memory speed, its link estimate swung between 20 and 11,000 Mbit/s and its plans with it.
+    k = _scale(o)
+    relay, via = procs.start_relay(endpoint, o.bandwidth * k, o.delay_ms / k,
+                                   cpus=_pins(o).get("relay"))  # fmt: skip
+    try:
+        with background_load(policy, endpoint, robots - 1, period, make_cfg, slo) as load:
+            busy0, up0 = counters()
+            run = _fleet_run(o, policy, via, 1, requests, period)
+            busy1, up1 = counters()
+    finally:
+        procs.stop(relay)
     return {"target_utilisation": u, "period_ms": period * 1e3, "robots": robots,
             "measured_robots": 1, "background": load.counts,
             "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
@@ -588,7 +598,11 @@ def _fleet_run(
             if f"{n}@edge" in r["ran"].split("/"))
         for r in rows if "@edge" in r["ran"]
     ]  # fmt: skip
+    keep_keys = ("plan", "ran", "latency_ms", "predicted_ms", "energy_j", "predicted_j",
+                 "stage_ms", "edge_batch", "remote_overhead_ms", "link_mbps",
+                 "late_edge")  # fmt: skip
     return {"robots": robots, "requests_per_robot": requests, **s,
+            "requests": [{k: r.get(k) for k in keep_keys} for r in rows],
             "edge_stage_ms_mean": sum(edge) / len(edge) if edge else None,
             "edge_compute_ms_per_request": sum(per_request) / len(per_request)
             if per_request else None}  # fmt: skip
