@@ -159,3 +159,22 @@ def test_the_utilisation_plot_draws_each_run(tmp_path):
     png = tmp_path / "u.png"
     assert plot_utilisation({"fleet": {"utilisation": runs}}, str(png)) == str(png)
     assert png.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_coinfer_quick_utilisation_json(capsys, tmp_path):
+    """One vlarun robot, measured, through its own shaped link, beside open-loop robots (a
+    process of their own; --quick keeps 2 robots in all): their counts, its per-request rows,
+    the edge's utilisation."""
+    out = tmp_path / "u.json"
+    argv = ["bench", "coinfer", "--quick", "--utilisations", "0.5",
+            "--emulate", "openvla-7b", "--robot-device", "orin-agx-32gb", "--edge-device",
+            "rtx4090", "--time-scale", "0.3", "--control-hz", "1.2"]  # fmt: skip
+    assert main([*argv, "--json", "--out", str(out)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    (u,) = r["fleet"]["utilisation"]
+    assert u["measured_robots"] == 1 and u["background"]["robots"] == u["robots"] - 1 >= 1
+    assert u["background"]["sent"] >= 2
+    assert u["background"]["answered"] + u["background"]["late"] == u["background"]["sent"]
+    assert len(u["requests"]) == 4 and 0 < u["measured_utilisation"] < 1
+    assert all(x["link_mbps"] < 100 for x in u["requests"])  # the shaped 60, not loopback's
