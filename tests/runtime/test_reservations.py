@@ -103,15 +103,21 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
         {"robot": other, "stage": "vision", "start_ms": 350.0, "end_ms": 5000.0,
          "deadline_ms": 9000.0},
     ]  # fmt: skip
-    state = edge_state({}, busy, age_s=0.0, slo_s=0.5)
-    got = [(r.start, r.end) for r in state.reservations]
-    assert np.allclose(got, [(0.0, 0.3), (0.3, 0.35)])
+    state = edge_state({}, busy, age_s=0.0)
+    got = [(r.start, r.end, r.due) for r in state.reservations]
+    assert np.allclose(got, [(0.0, 0.3, 0.32), (0.3, 0.35, 0.4), (0.35, 5.0, 9.0)])
     loaded = sched.score(link, 0.0, state)
     delay = loaded.latency[edge_only] - idle.latency[edge_only]
     assert 0.34 <= delay <= 0.36  # its edge stages start after both slots that go first
     assert loaded.latency[robot_only] == idle.latency[robot_only]  # the robot's own work
+    # Work due after this request but already running when it arrives holds the edge (EDF
+    # only orders what waits): 200 ms of it delay every edge plan by 200 ms.
+    running = [{"robot": other, "stage": "vision", "start_ms": 0.0, "end_ms": 200.0,
+                "deadline_ms": 9000.0}]  # fmt: skip
+    held = sched.score(link, 0.0, edge_state({}, running, age_s=0.0))
+    assert 0.19 <= held.latency[edge_only] - idle.latency[edge_only] <= 0.21
     # An older schedule: the running slot has 100 ms less left.
-    aged = sched.score(link, 0.0, edge_state({}, busy, age_s=0.1, slo_s=0.5))
+    aged = sched.score(link, 0.0, edge_state({}, busy, age_s=0.1))
     assert abs(loaded.latency[edge_only] - aged.latency[edge_only] - 0.1) < 1e-9
     # A schedule that fills the edge past the deadline: the plan keeps every stage home.
     full = [{"robot": other, "stage": "decode", "start_ms": 0.0, "end_ms": 10_000.0,
@@ -137,7 +143,7 @@ def test_a_booking_by_robot_a_is_in_robot_bs_quote_before_its_bytes_arrive(polic
             assert [s["stage"] for s in quote] == list(STAGES)
             assert quote[0]["start_ms"] >= 150.0  # placed when A's bytes are due, not now
             assert len({s["robot"] for s in quote}) == 1
-            state = edge_state({}, check_schedule(quote), age_s=0.0, slo_s=5.0)
+            state = edge_state({}, check_schedule(quote), age_s=0.0)
             assert len(state.reservations) == 3  # B's scheduler plans around A's booking
             inputs, meta = _inputs(policy, 0)
             a.run(STAGES, inputs, ("actions",), 5.0, 5.0, meta)
@@ -234,3 +240,34 @@ def test_the_agent_books_each_edge_segment_it_plans(policy):
         assert planned > 0, [inf.planned for inf in infs]  # the slow robot sends work out
         assert srv.stats["booked"] == planned
         assert srv.queues.bookings == []
+
+
+def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not():
+    """Open-loop senders (another fleet's robots, a load generator) announce nothing; a robot
+    deciding now would not see the request one of them sends before its own lands, nor the
+    batch its stage will join. The edge expects a steady client again one period after its
+    last request, with the stages and time it gave then; not a client that books its plans
+    (it announces itself), an irregular one, or one overdue."""
+    from vlarun.runtime.queues import Booking, Job, StageQueues
+
+    q = StageQueues({s: () for s in STAGES}, max_batch=2)
+    q.est_s = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}
+    t0 = 100.0
+
+    def arrive(who: bytes, at: float) -> None:
+        job = Job(who, 0, STAGES, ("actions",), {}, at, at + 1.0, origin=who)
+        q.put(job)
+        assert q.discard(job)  # served: only its arrival is remembered
+
+    for k in range(5):
+        arrive(b"steady", t0 + 0.5 * k)
+        arrive(b"booking", t0 + 0.5 * k + 0.01)
+        arrive(b"erratic", t0 + (0.5, 0.9, 1.1, 2.0, 2.3)[k])
+        if k == 1:
+            assert q.book(Booking(b"booking", STAGES, t0 + 1.0, t0 + 2.0), t0 + 0.6)
+    (b,) = q.periodic(t0 + 2.1)
+    assert b.origin == b"steady" and b.stages == STAGES
+    assert abs(b.arrive - (t0 + 2.5)) < 1e-9 and abs(b.deadline - (t0 + 3.5)) < 1e-9
+    slots = [s for s in q.forecast(t0 + 2.1, name=robot_id) if s.origin == robot_id(b"steady")]
+    assert [s.stage for s in slots] == list(STAGES) and slots[0].start >= t0 + 2.5 - 1e-9
+    assert q.periodic(t0 + 2.6) == []  # overdue by more than a tenth of its period

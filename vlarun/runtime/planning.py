@@ -17,8 +17,6 @@ stage time is the queued work.
 
 from __future__ import annotations
 
-import math
-
 from vlarun.runtime.emulate import emulated_device
 from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
@@ -145,19 +143,19 @@ def prime(
     sched.prime(convert(robot_s, factors["robot"]), convert(edge_s, factors["edge"]))
 
 
-def edge_state(
-    health: dict, schedule: list | None = None, age_s: float = 0.0, slo_s: float = math.inf
-) -> DeviceState:
-    """The edge's load for a request made now, due in ``slo_s``: the edge's committed schedule
-    (``age_s`` old) as reservations, or else its queue depth x measured stage times."""
+def edge_state(health: dict, schedule: list | None = None, age_s: float = 0.0) -> DeviceState:
+    """The edge's load for a request made now: the edge's committed schedule (``age_s`` old)
+    as reservations with their deadlines, or else its queue depth x measured stage times."""
     if schedule:
         res = []
         for slot in schedule:
             start, end = slot["start_ms"] * 1e-3 - age_s, slot["end_ms"] * 1e-3 - age_s
             due = slot["deadline_ms"] * 1e-3 - age_s
-            if end <= 0 or (start > 0 and due > slo_s):
-                continue  # done by now, or not started and served after this request (EDF)
-            res.append(Reservation("edge", slot["stage"], max(start, 0.0), end))
+            if end <= 0:
+                continue  # done by now
+            # Which work is served after this request (EDF) depends on when each plan's stage
+            # reaches the edge: the scheduler decides that per plan from ``due``.
+            res.append(Reservation("edge", slot["stage"], max(start, 0.0), end, due=due))
         return DeviceState(reservations=res)
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
@@ -169,7 +167,7 @@ def decide(
 ) -> ExecutionPlan:
     """The scheduler's decision for a request made now, given the edge's last health reply
     and its committed schedule (``age_s`` old)."""
-    state = edge_state(health, schedule, age_s, sched.slo_s)
+    state = edge_state(health, schedule, age_s)
     return sched.decide(link, 0.0, state, top=0)
 
 

@@ -88,6 +88,14 @@ class Job:
 
 
 MAX_BOOKINGS = 256  # bookings held at once; more are refused (each is a few hundred bytes)
+# Periodic arrivals: a client whose last ARRIVALS_KEPT requests came at a steady period (every
+# gap within PERIODIC_JITTER of their median, at least PERIODIC_MIN of them) is expected again
+# one period after its last. Clients that book their plans announce themselves and are not
+# forecast; a client overdue by more than the jitter is not either (it stopped or changed).
+ARRIVALS_KEPT = 8
+PERIODIC_MIN = 4
+PERIODIC_JITTER = 0.1
+MAX_TRACKED = 1024  # clients whose arrivals are remembered (the oldest forgotten first)
 # A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
 # held longer would only be a way to make the edge refuse others.
 MAX_BOOKING_MS = 10_000
@@ -115,12 +123,49 @@ class StageQueues(StageTimes):
         self.queues: dict[str, deque[Job]] = {s: deque() for s in stage_inputs}
         self.cond = threading.Condition()
         self.bookings: list[Booking] = []
+        # origin -> its last arrivals (time, time it gave, stages); when it last booked
+        self.arrivals: dict[bytes, deque] = {}
+        self.booked_at: dict[bytes, float] = {}
 
     def put(self, job: Job) -> None:
         with self.cond:
             job.enqueued = time.monotonic()
             self.queues[job.stage].append(job)
+            if job.pos == 0:  # a new request, not one moving on to its next stage
+                self._arrived(job)
             self.cond.notify()
+
+    def _arrived(self, job: Job) -> None:
+        hist = self.arrivals.pop(job.origin, None) or deque(maxlen=ARRIVALS_KEPT)
+        hist.append((job.arrival, job.deadline - job.arrival, tuple(job.stages)))
+        self.arrivals[job.origin] = hist  # re-inserted: the dict keeps the latest clients last
+        while len(self.arrivals) > MAX_TRACKED:
+            gone = next(iter(self.arrivals))
+            del self.arrivals[gone]
+            self.booked_at.pop(gone, None)
+
+    def periodic(self, now: float) -> list[Booking]:
+        """The next request of every client that arrives on a steady period and does not book
+        (open-loop senders: other robots' firmware, a fleet's load generator), as a booking:
+        it arrives one period after its last request, with the stages and the time it gave
+        then. Without it a robot that decides now cannot see a request that will land before
+        its own and take the edge first, or the batch its own stage will join."""
+        out = []
+        with self.cond:
+            for origin, hist in self.arrivals.items():
+                if len(hist) < PERIODIC_MIN or self.booked_at.get(origin, -1.0) >= hist[0][0]:
+                    continue
+                times = [h[0] for h in hist]
+                gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+                period = gaps[len(gaps) // 2]
+                if period <= 0 or max(abs(g - period) for g in gaps) > PERIODIC_JITTER * period:
+                    continue
+                nxt = times[-1] + period
+                if now > nxt + PERIODIC_JITTER * period:
+                    continue
+                given = sorted(h[1] for h in hist)[len(hist) // 2]
+                out.append(Booking(origin, hist[-1][2], nxt, nxt + given))
+        return out
 
     def discard(self, job: Job) -> bool:
         """Take ``job`` out of its stage queue if it waits there (its tensors go with it);
@@ -165,6 +210,8 @@ class StageQueues(StageTimes):
             if len(self.bookings) >= MAX_BOOKINGS or mine >= per_robot:
                 return False
             self.bookings.append(booking)
+            if booking.origin in self.arrivals:  # it announces its plans: not forecast
+                self.booked_at[booking.origin] = now
             return True
 
     def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
@@ -229,6 +276,8 @@ class StageQueues(StageTimes):
                      for q in self.queues.values() for j in q]  # fmt: skip
             items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
                                     booked=True) for b in self.bookings]  # fmt: skip
+        items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
+                                booked=True) for b in self.periodic(now)]  # fmt: skip
         if ask is not None:
             items.append(ask)
         out: list[Slot] = []

@@ -261,7 +261,9 @@ class Reservation:
     """A committed interval on a device: [start, end) seconds on the shared clock, for a stage.
     ``batch`` counts the requests sharing it; only requests with the same input ``signature``
     (setting) may join, and only while the batch still ends by ``latest_end``, the earliest
-    deadline among its members."""
+    deadline among its members. ``due``: the deadline of the work it holds (the edge serves
+    earliest deadline first: work not yet started when a request's stage is ready, and due
+    after that request, runs after it)."""
 
     device: str
     stage: str
@@ -270,6 +272,7 @@ class Reservation:
     batch: int = 1
     signature: int = -1
     latest_end: float = math.inf
+    due: float = math.inf
 
 
 @dataclass

@@ -210,6 +210,7 @@ class Scheduler:
         energy = np.zeros(c_n)
         bps, half_rtt = link.bytes_per_s, link.rtt_ms * 1e-3 / 2
         res = sorted(st.reservations, key=lambda r: r.start)
+        arrive = np.full(c_n, np.inf)  # when each candidate's first edge stage is ready
         for s, name in enumerate(sp.stages):
             on_edge = self.edge[:, s]
             wire = half_rtt + self.in_bytes[k, s] / bps
@@ -229,9 +230,14 @@ class Scheduler:
             t_r = self.t_rob[k, s] * cal.factor(name, "robot")
             t_e = self.t_edge[k, s, 1] * f_edge * st.slowdown
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
+            arrive = np.where(on_edge & np.isinf(arrive), ready, arrive)
             for r in res:
                 overlap = (s_edge < r.end) & (s_edge + t_e > r.start)
-                s_edge = np.where(overlap, r.end, s_edge)
+                # EDF: work not started when this request reaches the edge and due after it
+                # runs after it (its slot was placed without this request); work that starts
+                # first, or is due first, holds the edge.
+                after = (r.start >= arrive) & (r.due > now + self.slo_s)
+                s_edge = np.where(overlap & ~after, r.end, s_edge)
             # request_energy's edge term: power x calibrated busy time (not the slowed wall).
             e_edge = np.where(on_edge, self.e_edge[k, s, 1] * f_edge, 0.0)
             s_edge, t_e, e_edge, joined[:, s] = self._join(
@@ -550,11 +556,14 @@ class Scheduler:
             if d.joined_batch and same:
                 i = same[0]
                 r = edge_state.reservations[i]
+                latest = min(r.latest_end, end + slack)
                 edge_state.reservations[i] = Reservation(
-                    r.device, name, start, end, r.batch + 1, k, min(r.latest_end, end + slack)
+                    r.device, name, start, end, r.batch + 1, k, latest, min(r.due, latest)
                 )
-            else:
-                edge_state.reserve(Reservation(edge_id, name, start, end, 1, k, end + slack))
+            else:  # due: as late as the request's deadline lets this stage end
+                edge_state.reserve(
+                    Reservation(edge_id, name, start, end, 1, k, end + slack, end + slack)
+                )
 
 
 def plan_row(d: ExecutionPlan) -> dict:
