@@ -424,7 +424,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
         log = _step_logger() if o.log else None
         obs, _ = env.reset(seed=o.seed)
-        agent.warmup(obs["image"], env.instruction)
+        agent.warmup(policy.observation(obs)[0], env.instruction)  # every view it reads
         if relay is not None:  # the link's schedule starts with the first episode, not the set-up
             relay.send_signal(signal.SIGUSR1)
         clock0 = time.monotonic()

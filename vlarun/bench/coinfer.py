@@ -377,7 +377,7 @@ def _strategy_run(
     env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
     obs, _ = env.reset(seed=10000)
     agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s, bandwidth))
-    agent.warmup(obs["image"], env.instruction)
+    agent.warmup(policy.observation(obs)[0], env.instruction)  # every view it reads
     local = dict(agent.local_s)
     agent.close()
     drop_after = steps / o.control_hz / 2  # seconds into the episode

@@ -62,10 +62,10 @@ def robot_loop(
     ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one. The loop
     of the fleet run (coinfer._fleet_run) and of the matrix's background load."""
     from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.loadgen import camera_frames
     from vlarun.runtime.transport import Security
 
-    size = policy.model.cfg.image_size
-    image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    image = camera_frames(policy)
     period = period_s or cfg.slo_s
     agent = RobotAgent(policy, cfg, endpoint, Security(insecure=True))
     try:

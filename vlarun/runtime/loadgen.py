@@ -42,14 +42,20 @@ MAX_FRAMES = 64  # a request has a header, one frame per tensor and a pad frame
 MAX_FRAME_BYTES = 1 << 30
 
 
+def camera_frames(policy, seed: int = 0) -> np.ndarray:
+    """Random uint8 frames of every camera the policy reads: (cameras, S, S, 3)."""
+    cfg = policy.model.cfg
+    shape = (cfg.num_images, cfg.image_size, cfg.image_size, 3)
+    return np.random.default_rng(seed).integers(0, 255, shape, dtype=np.uint8)
+
+
 def encode_request(policy, instruction: str, budget_s: float, emulator=None) -> list[bytes]:
     """The frames of one whole-policy request of ``policy`` (a random camera frame, a zero
     state), with ``budget_s`` for the edge; padded to the real model's first input packet
     when an ``emulate.StageEmulator`` stands in for it."""
     from vlarun.runtime.client import request_frames
 
-    size = policy.model.cfg.image_size
-    image = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    image = camera_frames(policy)
     state = np.zeros(policy.state_size, dtype=np.float32) if policy.state_size else None
     packet, ids = policy.inputs(image, instruction, state, 0)
     graph = policy.graph(len(ids))
