@@ -55,3 +55,17 @@ def test_a_bad_request_file_names_the_problem(tmp_path, capsys):
     with pytest.raises(SystemExit):
         loadgen.main(["--edge", "tcp://127.0.0.1:9", "--frames", str(path), "--insecure"])
     assert "not a request file" in capsys.readouterr().err
+
+
+def test_a_request_carries_every_camera_the_policy_reads():
+    """mt10w-flow reads a workspace and a wrist view: the background robots' request (and the
+    fleet robots' frames) hold both, or the policy refuses the packet."""
+    from pathlib import Path
+
+    from vlarun.policy.base import Policy
+
+    root = Path(__file__).resolve().parents[2]
+    two = Policy.from_checkpoint(root / "checkpoints" / "mt10w-flow")
+    assert loadgen.camera_frames(two).shape == (2, 128, 128, 3)
+    msg = wire.decode(loadgen.encode_request(two, INSTRUCTION, 1.0))
+    assert msg.packet.tensors["images"].shape[1] == 2
