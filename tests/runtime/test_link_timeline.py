@@ -10,6 +10,20 @@ def _row(t: float, edge: bool, fallback: str | None = None) -> dict:
     return {"started_s": 100.0 + t, "ran": ran, "fallback": fallback}
 
 
+def _connected(client) -> None:
+    """Wait until ``client`` has a connection (IMMEDIATE: a send fails until it is up)."""
+    import time
+
+    from vlarun.runtime.client import LinkDown
+
+    for _ in range(50):
+        try:
+            client.health(5.0)
+            return
+        except LinkDown:
+            time.sleep(0.1)
+
+
 def test_drop_and_restore_are_found_and_timed():
     rows = [_row(t, True) for t in (0, 4, 8.5)]
     rows += [_row(9.2, True, fallback="link timeout")]  # planned edge, ran here: not on the edge
@@ -49,23 +63,17 @@ def test_a_transfer_longer_than_a_second_keeps_its_connection(server):
     """A message that takes 1.6 s on the link: the heartbeat the robot sends after it waits
     behind it, so a 1 s heartbeat timeout dropped the connection mid-request and the reply
     was lost (every edge plan on a 10 Mbit/s link fell back). The reply arrives."""
-    import time
 
     import zmq
 
     from vlarun.runtime import procs
-    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.client import EdgeClient
     from vlarun.runtime.transport import Security
 
     relay, via = procs.start_relay(server.address, 2.0)  # 400 kB: 1.6 s
     client = EdgeClient(via, Security(insecure=True), zmq.Context.instance())
     try:
-        for _ in range(50):  # IMMEDIATE: a send fails until the connection is up
-            try:
-                client.health(5.0)
-                break
-            except LinkDown:
-                time.sleep(0.1)
+        _connected(client)
         took = client.probe(400_000, timeout_s=6.0)
         assert 1.5 < took < 4.0
     finally:
@@ -134,12 +142,7 @@ def test_a_reset_socket_does_not_wait_behind_an_abandoned_request(server):
     clients = [EdgeClient(via, Security(insecure=True), zmq.Context.instance()) for _ in "ab"]
     try:
         for client in clients:
-            for _ in range(50):  # IMMEDIATE: a send fails until the connection is up
-                try:
-                    client.health(5.0)
-                    break
-                except LinkDown:
-                    time.sleep(0.1)
+            _connected(client)
         kept, fresh = clients
         for client in clients:
             with pytest.raises(LinkDown):
