@@ -146,7 +146,10 @@ def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
         ep = run_episode(agent, env, 0, control_hz=40.0, max_steps=60, on_inference=on_inference)
         assert ep["success"] and ep["steps"] == 60  # the episode finished
         assert edge.poll() is not None
-        kill_at = next(i for i, r in enumerate(records) if r.fallback)
+        # The first request after the kill falls back, or (when the monitor heard the edge go
+        # first) is planned on the robot: either way everything from there on runs here.
+        kill_at = next(i for i, r in enumerate(records)
+                       if r.fallback or "edge" not in r.ran.values())  # fmt: skip
         assert all("edge" in r.ran.values() for r in records[:kill_at])
         assert all(r.ran and set(r.ran.values()) == {"robot"} for r in records[kill_at:])
         # No step later than its deadline plus one local inference (+ slack for a shared CPU).

@@ -204,8 +204,14 @@ class EdgeClient:
         rid = next(_ids)
         pad = Packet({"pad": torch.zeros(nbytes, dtype=torch.uint8)})
         t0 = time.perf_counter()
-        self._send(wire.encode(wire.Message("control", rid, meta={"op": "probe"}, packet=pad)))
-        self._await(rid, timeout_s)
+        sent = self._send(
+            wire.encode(wire.Message("control", rid, meta={"op": "probe"}, packet=pad))
+        )
+        try:
+            self._await(rid, timeout_s)
+        except LinkDown as e:  # sent and not answered: evidence about the link's rate
+            e.sent_bytes, e.waited_s = sent, time.perf_counter() - t0
+            raise
         return time.perf_counter() - t0
 
     def run(

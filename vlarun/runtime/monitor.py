@@ -129,10 +129,11 @@ class LinkMonitor:
         self._last_probe = now
         try:
             seconds = client.probe(self.probe_bytes, timeout_s=self.probe_timeout_s)
-        except LinkDown:
+        except LinkDown as e:
             self._probe_took = time.monotonic() - now
-            with self.lock:
-                self.bounds.append((self.probe_bytes, self._probe_took))
+            if e.sent_bytes:  # sent, not answered in time (not: no connection to send on)
+                with self.lock:
+                    self.bounds.append((e.sent_bytes, e.waited_s))
             # The probe's bytes still queued would delay the health checks (and the next
             # probe) behind them: a fresh socket starts the next measurement clean.
             client.reset()
