@@ -57,10 +57,10 @@ class BenchCoinferOptions:
         "relays on CPU 1; each row records the run-queue wait of each",
     )  # fmt: skip
     utilisations: tuple[float, ...] = opt(
-        (), "with --emulate: the fleet of --robots vlarun agents instead of the strategies, once "
-        "per edge utilisation: their period (and deadline) set so their edge-only demand at batch "
-        "1 is that share of the edge; rows: prediction error of the executed plans and the "
-        "utilisation measured",
+        (), "with --emulate: one vlarun robot beside --robots - 1 open-loop ones instead of the "
+        "strategies, once per edge utilisation: their period set so the fleet's edge-only demand "
+        "at batch 1 is that share of the edge; rows: prediction error of the robot's executed "
+        "plans and the utilisation measured",
     )  # fmt: skip
     restore: bool = opt(
         False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
@@ -246,12 +246,12 @@ def plot(r: dict, path: str) -> str | None:
 
 
 WALL_BUDGET = 1.25  # a strategy run's wall time at most, in units of its steps' on-time span
-RESTORE_LOW_MBPS = 2.0
+RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
 SETTINGS_PROXY = (
     "vlarun-joint's accuracy costs: vlarun/sched/settings_mt10.json, measured on the shipped "
     "MT10 policies (paired episodes), carried to the emulated model as a proxy: no real-size "
     "model's success was measured"
-)  # the restore run's low: too slow for any edge plan of a real model
+)
 
 
 def _scale(o: BenchCoinferOptions) -> float:
@@ -385,10 +385,7 @@ def _strategy_run(
         changes = [] if drop_to is None else [(drop_after, drop_to)]
     else:
         drop_after = changes[0][0]
-    k = _scale(o)
-    schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
-    relay, via = procs.start_relay(endpoint, bandwidth * k, o.delay_ms / k, schedule,
-                                   cpus=_pins(o).get("relay"))  # fmt: skip
+    relay, via = _relay(o, endpoint, bandwidth, changes)
     waits = _waits(edge_pid, relay.pid)
     clock0 = 0.0
     edge_before = _edge_emulation_report(endpoint) if o.emulate else None
@@ -505,9 +502,7 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     # The measured robot reaches the edge through its own shaped link (--bandwidth, --delay-ms,
     # scaled), as in every strategy run: over bare loopback its padded megabytes moved at
     # memory speed, its link estimate swung between 20 and 11,000 Mbit/s and its plans with it.
-    k = _scale(o)
-    relay, via = procs.start_relay(endpoint, o.bandwidth * k, o.delay_ms / k,
-                                   cpus=_pins(o).get("relay"))  # fmt: skip
+    relay, via = _relay(o, endpoint, o.bandwidth)
     try:
         with background_load(policy, endpoint, robots - 1, period, make_cfg, slo) as load:
             busy0, up0 = counters()
@@ -519,6 +514,18 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
             "measured_robots": 1, "background": load.counts,
             "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
             **{k: v for k, v in run.items() if k != "robots"}}  # fmt: skip
+
+
+def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
+    """A shaping relay in front of ``endpoint`` at ``bandwidth`` Mbit/s and --delay-ms, with
+    the ``changes`` ((seconds into the run, Mbit/s)) as its schedule, every rate and delay
+    scaled as the emulation's times are, pinned with the robot; (process, endpoint)."""
+    from vlarun.runtime import procs
+
+    k = _scale(o)
+    schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
+    return procs.start_relay(endpoint, bandwidth * k, o.delay_ms / k, schedule,
+                             cpus=_pins(o).get("relay"))  # fmt: skip
 
 
 def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:

@@ -60,7 +60,7 @@ def robot_loop(
     a camera frame every ``period_s`` (default its deadline, ``cfg.slo_s``: the control
     period), out of phase with the others, for
     ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one. The loop
-    of the fleet run (coinfer._fleet_run) and of the matrix's background load."""
+    of the fleet run (coinfer._fleet_run); background load is ``background_load``'s."""
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.loadgen import camera_frames
     from vlarun.runtime.transport import Security

@@ -246,8 +246,7 @@ class RobotAgent:
         self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
         # An emulated run's clock is 1 / time_scale slower than the emulated devices': the
         # link's memory and the monitor's intervals stretch with it, as every emulated time.
-        self._stretch = 1.0 if self.cfg.emulate is None else 1.0 / self.cfg.emulate.time_scale
-        stretch = self._stretch
+        stretch = 1.0 if self.cfg.emulate is None else 1.0 / self.cfg.emulate.time_scale
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms,
                          window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch)  # fmt: skip
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
@@ -269,7 +268,7 @@ class RobotAgent:
             sec = sec or Security(insecure=True)
             ctx = ctx or zmq.Context.instance()
             self.client = EdgeClient(edge, sec, ctx)
-            self.monitor = LinkMonitor(edge, sec, ctx, clock_scale=self._stretch)
+            self.monitor = LinkMonitor(edge, sec, ctx, clock_scale=stretch)
             self.monitor.start(wait_s=2.0)
 
     @property

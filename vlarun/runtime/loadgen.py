@@ -174,14 +174,13 @@ def _read(sock, sent_at: dict[int, float], budget_s: float, counts: dict) -> Non
 class OpenLoopLoad:
     """``robots`` background robots sending ``policy``'s whole-policy request to
     ``endpoint`` every ``period_s`` (``budget_s`` each; padded as ``emulator`` says) from a
-    process of their own (on ``cpus`` when given);
-    ``counts`` holds what they saw once the block ends. ``robots`` = 0 starts nothing."""
+    process of their own, on the CPUs this process may use; ``counts`` holds what they saw
+    once the block ends. ``robots`` = 0 starts nothing."""
 
     def __init__(self, policy, endpoint: str, robots: int, period_s: float, budget_s: float,
-                 emulator=None, cpus: set[int] | None = None) -> None:  # fmt: skip
+                 emulator=None) -> None:  # fmt: skip
         self.policy, self.endpoint, self.robots = policy, endpoint, robots
-        self.period_s, self.budget_s, self.cpus = period_s, budget_s, cpus
-        self.emulator = emulator
+        self.period_s, self.budget_s, self.emulator = period_s, budget_s, emulator
         self.proc: subprocess.Popen | None = None
         self.counts: dict = {}
         self._dir: tempfile.TemporaryDirectory | None = None
@@ -201,7 +200,7 @@ class OpenLoopLoad:
         write_frames(frames, path)
         args = ["--edge", self.endpoint, "--frames", str(path), "--robots", str(self.robots),
                 "--period-s", str(self.period_s), "--insecure"]  # fmt: skip
-        self.proc, _ = procs.spawn_module("vlarun.runtime.loadgen", args, cpus=self.cpus)
+        self.proc, _ = procs.spawn_module("vlarun.runtime.loadgen", args)
         return self
 
     def __exit__(self, *exc) -> None:
