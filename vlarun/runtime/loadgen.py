@@ -140,8 +140,12 @@ def run(
             except zmq.Again:  # no connection yet (IMMEDIATE): a robot that could not send
                 counts["unsent"] += 1
             due[i] += period_s
-        for sock, _ in poller.poll(int(1e3 * min(budget, 2.0))):  # the last answers
-            _read(sock, sent_at, budget, counts)
+        # The answers still in flight: wait for each until its budget (at most 2 s) is out;
+        # one poll would return with the first and miss the ones behind it.
+        drain_end = time.monotonic() + min(budget, 2.0)
+        while sent_at and (left := drain_end - time.monotonic()) > 0:
+            for sock, _ in poller.poll(max(int(left * 1e3), 1)):
+                _read(sock, sent_at, budget, counts)
     finally:
         for s in socks:
             s.close(0)
