@@ -145,6 +145,18 @@ def test_fleet_runs_every_strategy_and_reports_both_phases(tmp_path):
     assert r["vlarun_vs_fixed_split"]["light"] >= 1.0
 
 
+@pytest.mark.parametrize("model", ["pi05", "rdt-1b"])
+def test_ecovlas_other_models_run_in_the_simulator(model):
+    """EcoVLA's five models all run in the fleet simulator: pi0.5 on pi0's recorded samples,
+    RDT-1b (no executable model here) on CogACT's, scaled to each one's own stage costs."""
+    cfg = FleetConfig(model=model, robots=1, duration_s=4, loads="light")
+    recs = run_policy(cfg, make_setup(cfg), "edge-only", "light", 0)
+    before = [r for r in recs if r["release"] < cfg.drop_at * cfg.duration_s]  # 200 Mbit/s
+    assert len(recs) == 4 and before and all(r["slo_met"] and not r["fallback"] for r in before)
+    stand_in = {"pi05": "tiny-pi0", "rdt-1b": "tiny-cogact"}[model]
+    assert load_samples(model).model == stand_in
+
+
 def test_samples_name_their_stand_in_and_refuse_unknown_models():
     assert load_samples("smolvla").model == "tiny-smolvla"
     assert load_samples("tiny-cogact").model == "tiny-cogact"

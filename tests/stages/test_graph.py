@@ -34,7 +34,7 @@ def test_graph_run_equals_direct_call(name):
         assert timing.in_bytes == stage.in_bytes, stage.name  # schema sizes are the real sizes
 
 
-REAL = ["openvla-7b", "pi0", "smolvla", "cogact", "openvla-oft"]
+REAL = ["openvla-7b", "pi0", "pi05", "smolvla", "cogact", "openvla-oft", "rdt-1b"]
 
 
 @pytest.mark.parametrize("name", TINY + MT10 + REAL)

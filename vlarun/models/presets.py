@@ -14,6 +14,7 @@ from vlarun.models.fast_head import FastConfig
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.heads import DiTConfig, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig
+from vlarun.models.rdt_head import RDTConfig
 from vlarun.models.tokenizer import EOS_ID
 from vlarun.models.vit import ViTConfig, openvla_vision_configs
 from vlarun.models.vla import VLAConfig
@@ -81,6 +82,25 @@ SMOLVLA_EXPERT = LlamaConfig(  # 0.75 x width; the VLM's layers, heads and head_
     rms_norm_eps=1e-5,
     rope_theta=100000.0,
     max_positions=8192,
+)
+
+
+# RDT-1b's language encoder: T5-v1.1-XXL's encoder (google/t5-v1_1-xxl: d_model 4096, d_ff
+# 10240 gated-GELU, 24 layers, 64 heads of 64). As a LlamaConfig it has the same matmul shapes
+# (its relative position bias is not rope, which the cost model does not count); one table
+# of 32128 embeddings and no LM head.
+T5_XXL_ENCODER = LlamaConfig(
+    vocab_size=32128,
+    hidden_size=4096,
+    intermediate_size=10240,
+    num_layers=24,
+    num_heads=64,
+    num_kv_heads=64,
+    head_dim=64,
+    rms_norm_eps=1e-6,
+    max_positions=1024,
+    mlp_act="gelu_tanh",
+    tie_embeddings=True,
 )
 
 
@@ -165,6 +185,32 @@ def pi05() -> VLAConfig:
         max_text_tokens=200,
         flow=dataclasses.replace(base.flow, state_dim=0, time_cond="adarms"),
         notes="PaliGemma-3B + a 300M expert with adaptive norms; the state is prompt text",
+    )
+
+
+def rdt_1b() -> VLAConfig:
+    """RDT-1b (thu-ml/RoboticsDiffusionTransformer, configs/base.yaml): SigLIP So400m/14 at
+    384 px on 3 cameras x 2 history frames (4374 image tokens), a T5-XXL encoder over the
+    instruction, and a 1.2B DiT that cross-attends to both and samples 64 x 128 actions in 5
+    steps. Stages: vision (SigLIP), prefill (the T5 encoder; the images' features pass through
+    it to the head), denoise (adaptors + DiT). RDT's own deployment precomputes the language
+    features once per instruction; here the encoder is a stage of every request."""
+    rdt = RDTConfig.rdt_1b()
+    return VLAConfig(
+        name="rdt-1b",
+        family="rdt",
+        llm=T5_XXL_ENCODER,
+        vision=(ViTConfig.siglip_so400m(384, feature_layer=-1),),
+        connector="none",
+        num_images=6,
+        action_dim=rdt.action_dim,
+        chunk=rdt.horizon,
+        max_text_tokens=64,
+        bos_id=None,
+        images_first=True,
+        prefix_causal=False,
+        rdt=rdt,
+        notes="SigLIP So400m/14 @384 x 6 views, T5-XXL encoder, 1.2B cross-attention DiT, 5 steps",
     )
 
 
@@ -590,6 +636,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "pi05": pi05,
     "pi0-fast": pi0_fast,
     "smolvla": smolvla,
+    "rdt-1b": rdt_1b,
     "tiny-openvla": tiny_openvla,
     "tiny-openvla-oft": tiny_oft,
     "tiny-cogact": tiny_cogact,

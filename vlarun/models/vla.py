@@ -37,13 +37,16 @@ from vlarun.models.heads import (
     empty_action_embeddings,
 )
 from vlarun.models.llama import AttnProbe, KVCache, LlamaConfig, LlamaLM, LMOutput
+from vlarun.models.rdt_head import RDTConfig
 from vlarun.models.static_step import DecodeSteps, check_room
 from vlarun.models.token_plan import DeferredPlan, TokenPlan
 from vlarun.models.tokenizer import BOS_ID, PAD_ID
 from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbone, ViTConfig
 
-FAMILIES = ("autoregressive", "parallel", "diffusion", "flow")
-CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle")
+# "rdt": a language encoder and a vision tower feeding a cross-attending diffusion head
+# (RDT-1b); the cost model and the emulator read its shape, vlarun builds no executable one.
+FAMILIES = ("autoregressive", "parallel", "diffusion", "flow", "rdt")
+CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle", "none")  # none: rdt's head adapts
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class VLAConfig:
     oft: OFTHeadConfig | None = None
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
+    rdt: RDTConfig | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -107,12 +111,18 @@ class VLAConfig:
             raise ValueError(f"unknown connector {self.connector!r}; choose from {CONNECTORS}")
         if not 1 <= len(self.vision) <= 2:
             raise ValueError("vision must hold one tower, or two (dinov2, siglip) to fuse")
-        needed = {"parallel": "oft", "diffusion": "dit", "flow": "flow"}.get(self.family)
-        for head in ("oft", "dit", "flow"):
+        needed = {"parallel": "oft", "diffusion": "dit", "flow": "flow", "rdt": "rdt"}.get(
+            self.family
+        )
+        for head in ("oft", "dit", "flow", "rdt"):
             if (getattr(self, head) is not None) != (head == needed):
                 raise ValueError(f"family {self.family!r} needs head config {needed!r} only")
         if self.flow is not None:
             self.flow.check_compatible(self.llm)
+        if (self.connector == "none") != (self.family == "rdt"):
+            raise ValueError("connector 'none' (the head adapts the image features) is rdt's alone")
+        if self.rdt is not None:
+            self._check_rdt()
         g = self.vision[0].grid
         if self.pixel_shuffle < 1 or g % self.pixel_shuffle:
             raise ValueError(f"pixel_shuffle {self.pixel_shuffle} must divide the grid {g}")
@@ -140,11 +150,28 @@ class VLAConfig:
             raise ValueError("a flow model takes its state in the expert or the prefix, not both")
         if (self.proprio_after_text or self.bos_id is None) and not self.images_first:
             raise ValueError("proprio_after_text and bos_id None need images_first")
-        if self.max_sequence > self.llm.max_positions:
+        if self.family != "rdt" and self.max_sequence > self.llm.max_positions:
             raise ValueError(
                 f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
                 f"({self.llm.max_positions})"
             )
+
+    def _check_rdt(self) -> None:
+        r, v = self.rdt, self.vision[0]
+        if len(self.vision) != 1 or r.img_dim != v.hidden_size:
+            widths = [x.hidden_size for x in self.vision]
+            raise ValueError(f"{self.name}: the RDT head adapts one tower's {r.img_dim}-d "
+                             f"features; the vision is {widths}")  # fmt: skip
+        if r.img_tokens != self.num_images * v.num_patches:
+            raise ValueError(f"{self.name}: {self.num_images} images x {v.num_patches} patches "
+                             f"is not the head's {r.img_tokens} image tokens")  # fmt: skip
+        if r.lang_dim != self.llm.hidden_size or self.max_text_tokens > r.max_lang_tokens:
+            raise ValueError(f"{self.name}: the language encoder ({self.llm.hidden_size}-d, up to "
+                             f"{self.max_text_tokens} tokens) does not fit the head "
+                             f"({r.lang_dim}-d, {r.max_lang_tokens})")  # fmt: skip
+        if r.action_dim != self.action_dim or self.chunk != r.horizon:
+            raise ValueError(f"{self.name}: action_dim / chunk must be the head's "
+                             f"({r.action_dim}, {r.horizon})")  # fmt: skip
 
     @property
     def image_size(self) -> int:
@@ -175,6 +202,8 @@ class VLAConfig:
         """Length of the state vector an inference takes (prefix proprio or flow expert)."""
         if self.flow is not None and self.flow.state_dim:
             return self.flow.state_dim
+        if self.rdt is not None:  # RDT's unified state space
+            return self.rdt.state_dim
         return self.proprio_dim
 
     @property
@@ -215,6 +244,8 @@ class VLAConfig:
             return self.dit.horizon
         if self.flow is not None:
             return self.flow.horizon
+        if self.rdt is not None:
+            return self.rdt.horizon
         return self.chunk
 
 
@@ -277,6 +308,11 @@ class VLA(nn.Module):
 
     def __init__(self, cfg: VLAConfig) -> None:
         super().__init__()
+        if cfg.family == "rdt":
+            raise ValueError(
+                f"{cfg.name} is an RDT-family shape for the cost model and the emulator (vlarun "
+                "info / predict / fleet, --emulate): vlarun builds no executable RDT policy"
+            )
         self.cfg = cfg
         if len(cfg.vision) == 2:
             self.vision_backbone = FusedVisionBackbone(*cfg.vision)

@@ -44,7 +44,8 @@ def stage_layers(cfg: VLAConfig, stage: str) -> int:
     if stage in ("prefill", "decode", "prefill_head"):
         return cfg.llm.num_layers
     if stage == "denoise":
-        return cfg.dit.num_layers if cfg.dit is not None else cfg.flow.expert.num_layers
+        head = cfg.dit or cfg.rdt
+        return head.num_layers if head is not None else cfg.flow.expert.num_layers
     raise ValueError(f"unknown stage {stage!r}")
 
 

@@ -70,7 +70,8 @@ FIXED = STRATEGIES[:3]
 # but gives no numbers).
 LOADS = {"none": 0.0, "light": 0.2, "medium": 0.5, "heavy": 0.8}
 BACKGROUND_JOB_S = 0.02  # mean service time of one background job
-MATRIX_MODELS = ("openvla-7b", "openvla-oft", "pi0", "smolvla", "cogact")
+# EcoVLA's five models (its section 7.1); openvla-oft and cogact run with --matrix-models.
+MATRIX_MODELS = ("openvla-7b", "pi0", "pi05", "smolvla", "rdt-1b")
 
 
 @dataclass(frozen=True)

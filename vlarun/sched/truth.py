@@ -29,7 +29,11 @@ RECORDED_AS = {
     "openvla-oft": "tiny-openvla-oft",
     "cogact": "tiny-cogact",
     "pi0": "tiny-pi0",
+    "pi05": "tiny-pi0",
     "smolvla": "tiny-smolvla",
+    # No tiny RDT runs (vlarun builds no executable RDT): CogACT's DiT-headed chain has the
+    # same stage names, and only each stage's jitter shape is taken from it.
+    "rdt-1b": "tiny-cogact",
 }
 
 

@@ -3,6 +3,9 @@
   autoregressive: vision -> prefill -> decode
   parallel:       vision -> prefill_head        (prompt + K*D empty action tokens, one pass)
   diffusion/flow: vision -> prefill -> denoise
+  rdt:            vision -> prefill -> denoise  (the prefill is the language encoder over the
+                  text alone; the image features pass through it to the head, which
+                  cross-attends to both: RDT-1b, a shape for costs and emulation only)
 
 The graph can be built from a config alone (costs and packet sizes, no weights: what
 ``vlarun info`` and the scheduler need) or bound to a model (executable stages).
@@ -23,6 +26,7 @@ from vlarun.models.dit_head import DenoiseFeatureCache
 from vlarun.models.heads import DiTHead, L1RegressionHead
 from vlarun.models.hooks import ChunkInpainter, TokenDecoder
 from vlarun.models.llama import KVCache
+from vlarun.models.rdt_head import RDTHead
 from vlarun.models.vla import VLA, PrefillResult, VLAConfig
 from vlarun.stages.graph import Stage, StageCost, StageGraph, TensorSpec
 from vlarun.stages.hooks import Hooks
@@ -51,6 +55,9 @@ class Workload:
 
 
 def prefix_len(cfg: VLAConfig, w: Workload) -> int:
+    """Tokens the LM's prefill reads (rdt's language encoder: the instruction alone)."""
+    if cfg.family == "rdt":
+        return w.text_tokens
     bos = int(cfg.bos_id is not None)  # SmolVLA's prompt has none
     return bos + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
 
@@ -66,7 +73,7 @@ def _graph_inputs(cfg: VLAConfig, w: Workload) -> tuple[TensorSpec, ...]:
         TensorSpec("text_ids", (b, w.text_tokens), "int64"),
         TensorSpec("text_len", (b,), "int64"),
     ]
-    if cfg.family in ("diffusion", "flow"):
+    if cfg.family in ("diffusion", "flow", "rdt"):
         specs.append(TensorSpec("noise", (b, cfg.horizon, cfg.action_dim), "float32"))
     if cfg.state_dim:
         specs.append(TensorSpec("state", (b, cfg.state_dim), "float32"))
@@ -115,6 +122,8 @@ def _actions(cfg: VLAConfig, w: Workload) -> TensorSpec:
 
 def _connector_flops(cfg: VLAConfig, tokens_in: int) -> int:
     vdim, d = sum(v.hidden_size for v in cfg.vision), cfg.llm.hidden_size
+    if cfg.connector == "none":  # rdt: the head's adaptor, counted with the head
+        return 0
     if cfg.connector == "fused-mlp":
         return 2 * tokens_in * (vdim * 4 * vdim + 4 * vdim * d + d * d)
     if cfg.connector == "mlp":
@@ -184,6 +193,26 @@ def denoise_cost(cfg: VLAConfig, w: Workload, head_params: int) -> StageCost:
     steps, p = cfg.flow.num_steps, prefix_len(cfg, w)
     flops = cfg.flow.flops(w.batch, p)
     return StageCost(flops, hb, steps * (hb + _kv_bytes(cfg, w, p)), passes=steps)
+
+
+def encoder_cost(cfg: VLAConfig, w: Workload) -> StageCost:
+    """rdt's prefill: the language encoder over the instruction alone, bidirectional."""
+    n, llm = w.text_tokens, cfg.llm
+    flops = w.batch * llm.flops(n, context=n)
+    wb = _llm_weight_bytes(cfg, w, with_head=False)
+    acts = w.batch * n * llm.hidden_size * llm.num_layers * 8 * DTYPE_BYTES[w.dtype]
+    return StageCost(flops, wb, wb + acts)
+
+
+def rdt_denoise_cost(cfg: VLAConfig, w: Workload, head_params: int) -> StageCost:
+    """rdt's head: the adaptors once, then ``steps`` DiT passes, each reading the weights and
+    every condition token (its cross-attention projects them again every pass)."""
+    r, steps = cfg.rdt, cfg.rdt.steps
+    with torch.device("meta"):
+        flops = RDTHead(r).flops(w.batch, w.text_tokens)
+    hb = head_params * DTYPE_BYTES[w.dtype]
+    conds = w.batch * (r.img_tokens + w.text_tokens) * r.hidden_size * DTYPE_BYTES[w.dtype]
+    return StageCost(flops, hb, steps * (hb + conds), passes=steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +365,11 @@ def _unbound(name: str):
 
 def param_split(cfg: VLAConfig) -> dict[str, int]:
     """Parameters per component, counted on the meta device (no memory allocated)."""
+    if cfg.family == "rdt":  # no executable VLA: each part on its own
+        with torch.device("meta"):
+            head = sum(p.numel() for p in RDTHead(cfg.rdt).parameters())
+        vision, llm = sum(v.num_params() for v in cfg.vision), cfg.llm.num_params()
+        return {"vision": vision, "llm": llm, "head": head, "total": vision + llm + head}
     with torch.device("meta"):
         model = VLA(cfg)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
@@ -395,6 +429,8 @@ def build_graph(
             params=params["vision"],
         )
     ]
+    if cfg.family == "rdt":
+        return _rdt_graph(cfg, w, stages, text, params)
     if cfg.family == "parallel":
         stages.append(
             Stage(
@@ -451,6 +487,26 @@ def build_graph(
             )
         )
     return StageGraph(cfg.name, cfg.family, tuple(stages), (*_graph_inputs(cfg, w), *freeze))
+
+
+def _rdt_graph(
+    cfg: VLAConfig, w: Workload, stages: list[Stage], text: tuple, params: dict[str, int]
+) -> StageGraph:
+    """rdt's chain after the vision stage: the encoder carries the image features through (a
+    cut after it sends both), the head reads image features, language features and state."""
+    b = w.batch
+    visual = TensorSpec("visual", (b, cfg.num_visual, cfg.vision[0].hidden_size), w.dtype)
+    stages[0] = Stage("vision", _unbound("vision"), stages[0].inputs, (visual,),
+                      stages[0].cost, params=params["vision"])  # fmt: skip
+    lang = TensorSpec("lang", (b, w.text_tokens, cfg.llm.hidden_size), w.dtype)
+    encoded = (visual, lang, text[1])
+    stages.append(Stage("prefill", _unbound("prefill"), (visual, *text), encoded,
+                        encoder_cost(cfg, w), ("vision",), params=params["llm"]))  # fmt: skip
+    ins = (*encoded, _graph_input(cfg, w, "noise"), _graph_input(cfg, w, "state"))
+    stages.append(Stage("denoise", _unbound("denoise"), ins, (_actions(cfg, w),),
+                        rdt_denoise_cost(cfg, w, params["head"]), ("prefill",),
+                        params=params["head"]))  # fmt: skip
+    return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
 
 
 def graph_inputs(
