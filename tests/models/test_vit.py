@@ -225,7 +225,11 @@ def test_real_sizes_param_counts():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="divisible by patch_size"):
-        ViTConfig(kind="siglip", **dict(TINY, image_size=30))
+        ViTConfig(kind="dinov2", **dict(TINY, image_size=30))
+    with pytest.raises(ValueError, match="divisible by patch_size"):
+        ViTConfig(kind="siglip", **dict(TINY, image_size=TINY["patch_size"] - 1))
+    # SigLIP floors, as its patch conv does (So400m/14 at 384 px: 27 x 27)
+    assert ViTConfig.siglip_so400m(384).grid == 27
     with pytest.raises(ValueError, match="divisible by num_heads"):
         ViTConfig(kind="siglip", **dict(TINY, num_heads=5))
     with pytest.raises(ValueError, match="kind"):

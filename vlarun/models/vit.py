@@ -74,9 +74,12 @@ class ViTConfig:
         _require(min(sizes) > 0, f"ViTConfig sizes must be positive, got {self}.")
         S, P, D, H = self.image_size, self.patch_size, self.hidden_size, self.num_heads
         L = self.num_layers
-        # The patch conv floors as Hugging Face's does: SigLIP So400m/14 at 384 px sees 27 x 27
-        # patches and ignores the last 6 pixel rows and columns.
-        _require(S >= P, f"image_size {S} is smaller than patch_size {P}.")
+        # SigLIP's patch conv floors as Hugging Face's does: So400m/14 at 384 px (RDT-1b) sees
+        # 27 x 27 patches and ignores the last 6 pixel rows and columns.
+        _require(
+            S % P == 0 or (self.kind == "siglip" and S >= P),
+            f"image_size {S} is not divisible by patch_size {P}.",
+        )
         _require(D % H == 0, f"hidden_size {D} is not divisible by num_heads {H}.")
         _require(
             self.num_registers >= 0 and not (self.kind == "siglip" and self.num_registers),
