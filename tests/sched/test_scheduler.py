@@ -13,7 +13,14 @@ from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
 from vlarun.sched.plans import NO_LOSS, SettingRow, build_space, feasibility, setting_grid
-from vlarun.sched.predictor import INPUT, OUTPUT, Calibration, DeviceState, predict_placement
+from vlarun.sched.predictor import (
+    INPUT,
+    OUTPUT,
+    Calibration,
+    DeviceState,
+    Reservation,
+    predict_placement,
+)
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -565,3 +572,29 @@ def test_residual_and_spread_relax_toward_the_prior_with_time():
     assert cal.sigma(roles) == pytest.approx(sigma / 2**0.5)
     now[0] = 1000.0
     assert abs(cal.residual(roles)) < 1e-6 and cal.sigma(roles) < 1e-6
+
+
+def test_a_slot_that_starts_about_when_the_request_arrives_costs_its_expected_wait():
+    """Where the request reaches the edge is predicted to within prior_rel of the time until
+    then: a slot that starts well before it holds the edge, one that starts well after it (and
+    is due later) runs after it, and one that starts at about the same moment delays it by the
+    wait expected over that error (half of it at the same instant), not all or nothing."""
+    sched, link, _ = _edge_plan_and_slo()
+    c = _only(sched, "edge")
+    arrive = float(sched.score(link, 0.0, DeviceState()).start[c, 0])
+    alone = float(sched.score(link, 0.0, DeviceState()).latency[c])
+    sd = sched.cal.prior_rel * arrive
+    hold = 0.2  # the slot's length
+
+    def latency(offset_sd: float) -> float:
+        start = arrive + offset_sd * sd
+        slot = Reservation("edge", "vision", start, start + hold, due=10 * sched.slo_s)
+        return float(sched.score(link, 0.0, DeviceState(reservations=[slot])).latency[c])
+
+    lat = {k: latency(k) for k in (-4.0, -1.0, 0.0, 1.0, 4.0)}
+    assert lat[-4.0] == pytest.approx(alone + hold - 4 * sd, rel=1e-3)  # waits it out
+    assert lat[4.0] == pytest.approx(alone, abs=1e-4)  # goes first
+    assert lat[0.0] == pytest.approx(alone + hold / 2, rel=1e-3)  # a coin: half the wait
+    # 1 sigma early: it holds the edge with P = Phi(1) = 0.841, for the 0.2 s less 1 sigma
+    assert lat[-1.0] == pytest.approx(alone + 0.8413 * (hold - sd), rel=1e-3)
+    assert lat[0.0] > lat[1.0] > lat[4.0]
