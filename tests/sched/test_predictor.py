@@ -139,6 +139,25 @@ def _send(link, mbps: float, nbytes: int = 200_000) -> None:
     link.observe_transfer(nbytes, link.rtt_ms * 1e-3 / 2 + nbytes * 8 / (mbps * 1e6))
 
 
+def test_a_probe_is_measured_over_the_paths_least_rtt_not_the_edges_slow_answers():
+    """Health answers carry the edge's own time (it computes its schedule for them): RTT
+    samples of 2 ms on the path and 7 ms when the edge is busy. A 96 KiB probe over 60 Mbit/s
+    takes 13.1 ms + the path's 2 ms; taking the EWMA's ~5 ms off it would read ~80 Mbit/s."""
+    now, clock = _fake_clock()
+    link = Link(60.0, 2.0, clock=clock)
+    for rtt in (0.002, 0.002, 0.007, 0.007, 0.007):
+        link.observe_rtt(rtt)
+        now[0] += 0.5
+    assert link.rtt_ms > 4.0 and link.base_rtt_ms == pytest.approx(2.0)
+    nbytes = 96 * 1024
+    round_trip = 0.002 + nbytes * 8 / 60e6
+    link.observe_transfer(nbytes, round_trip - link.base_rtt_ms * 1e-3 / 2)  # monitor.feed
+    assert link.bandwidth_mbps == pytest.approx(60.0, rel=1e-6)
+    now[0] += 11.0  # the 2 ms samples are old now: the least of the window is 7 ms
+    link.observe_rtt(0.007)
+    assert link.base_rtt_ms == pytest.approx(7.0)
+
+
 def test_link_estimate_recovers_with_the_first_fast_sample():
     """200 -> 2 -> 200 Mbit/s: the drop shows after two slow samples, the restore with the
     first fast one (the EWMA it replaces needed ~10 samples to climb back past 100)."""

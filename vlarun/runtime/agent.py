@@ -248,7 +248,8 @@ class RobotAgent:
         # link's memory and the monitor's intervals stretch with it, as every emulated time.
         stretch = 1.0 if self.cfg.emulate is None else 1.0 / self.cfg.emulate.time_scale
         self.link = Link(self.cfg.bandwidth_mbps, self.cfg.rtt_ms,
-                         window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch)  # fmt: skip
+                         window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch,
+                         rtt_window_s=Link.rtt_window_s * stretch)  # fmt: skip
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
         emulate = self.cfg.emulate
         self.emulator = StageEmulator.build(emulate) if emulate is not None else None

@@ -113,7 +113,7 @@ class LinkMonitor:
         for rtt in self.take_rtts():
             link.observe_rtt(rtt)
         for nbytes, round_trip in self.take_transfers():
-            link.observe_transfer(nbytes, round_trip - link.rtt_ms * 1e-3 / 2)
+            link.observe_transfer(nbytes, round_trip - link.base_rtt_ms * 1e-3 / 2)
         for nbytes, waited in self.take_bounds():
             link.bound(nbytes, waited)
 
