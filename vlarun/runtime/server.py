@@ -56,9 +56,11 @@ MAX_SEEN = 1024
 # The ledger (the committed schedule) is pushed to every robot that asked for health in the
 # last LISTENER_TTL_S seconds, every LEDGER_EVERY_S while one robot or more sent data or a
 # booking in the last LEDGER_ACTIVE_S: a robot deciding now plans against a schedule at most
-# ~20 ms old (its health answers come every 0.5 s). One schedule is computed per push for all
-# listeners; each push is one small message (~100 bytes per slot) per listener.
+# ~20 ms old (its health answers come every 0.5 s). A push goes out when the schedule changed
+# (a request queued or taken, a booking held or claimed) or LEDGER_QUIET_S after the last: one
+# schedule computed per push for all listeners, one small message (~100 bytes per slot) each.
 LEDGER_EVERY_S = 0.02
+LEDGER_QUIET_S = 0.25
 LEDGER_ACTIVE_S = 10.0
 LISTENER_TTL_S = 10.0
 MAX_LISTENERS = 256
@@ -185,6 +187,7 @@ class EdgeServer:
         self._active_at = -math.inf  # the last data request or booking (ledger pushes)
         self._listeners: dict[bytes, float] = {}  # identity -> last health request (monotonic)
         self._pushed_at = -math.inf
+        self._pushed_version = -1
         self._lock = threading.Lock()  # _seen and the request count: socket and submit()
         # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
         self._streams: OrderedDict[tuple, tuple] = OrderedDict()
@@ -252,10 +255,13 @@ class EdgeServer:
         in the other robots' plans within ~20 ms, not at their next health answer."""
         if now - self._pushed_at < LEDGER_EVERY_S or now - self._active_at > LEDGER_ACTIVE_S:
             return
+        version = self.queues.version
+        if version == self._pushed_version and now - self._pushed_at < LEDGER_QUIET_S:
+            return  # nothing moved: the last push, aged by the robot, still holds
         self._listeners = {k: t for k, t in self._listeners.items() if now - t < LISTENER_TTL_S}
         if not self._listeners:
             return
-        self._pushed_at = now
+        self._pushed_at, self._pushed_version = now, version
         frames = wire.control("ledger", 0, schedule=self.schedule())
         for identity in self._listeners:
             self._send([identity, *frames])
