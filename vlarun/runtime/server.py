@@ -53,12 +53,13 @@ from vlarun.stages.packet import Limits, Packet, PacketError
 # Robots remembered as recently active (batch window, dashboard) before the silent ones are
 # forgotten; a bound, so a stream of short-lived connections cannot grow the table.
 MAX_SEEN = 1024
-# The ledger (the committed schedule) is pushed to every robot that asked for health in the
-# last LISTENER_TTL_S seconds, every LEDGER_EVERY_S while one robot or more sent data or a
-# booking in the last LEDGER_ACTIVE_S: a robot deciding now plans against a schedule at most
-# ~20 ms old (its health answers come every 0.5 s). A push goes out when the schedule changed
-# (a request queued or taken, a booking held or claimed) or LEDGER_QUIET_S after the last: one
-# schedule computed per push for all listeners, one small message (~100 bytes per slot) each.
+# The ledger (the committed schedule) is pushed to every robot that asked to listen in its
+# health request in the last LISTENER_TTL_S seconds, while one robot or more sent data or a
+# booking in the last LEDGER_ACTIVE_S: within LEDGER_EVERY_S of every change (a request queued
+# or taken, a booking held or claimed), and LEDGER_QUIET_S after the last push when nothing
+# moved (the robot ages a schedule itself). A robot deciding now plans against what the edge
+# holds ~20 ms ago, not at its last health answer (0.5 s). One schedule is computed per push
+# for all listeners, one small message (~100 bytes per slot) each.
 LEDGER_EVERY_S = 0.02
 LEDGER_QUIET_S = 0.25
 LEDGER_ACTIVE_S = 10.0
@@ -250,9 +251,10 @@ class EdgeServer:
             self._push_ledger(time.monotonic())
 
     def _push_ledger(self, now: float) -> None:
-        """Every ``LEDGER_EVERY_S`` while robots are active, the schedule to every listener
-        (a robot's link monitor, which asked for health lately): bookings and arrivals show
-        in the other robots' plans within ~20 ms, not at their next health answer."""
+        """While robots are active, the schedule to every listener (a robot's link monitor)
+        when it changed (at most every ``LEDGER_EVERY_S``) or ``LEDGER_QUIET_S`` after the
+        last push: bookings and arrivals show in the other robots' plans within ~20 ms, not
+        at their next health answer."""
         if now - self._pushed_at < LEDGER_EVERY_S or now - self._active_at > LEDGER_ACTIVE_S:
             return
         version = self.queues.version
