@@ -364,11 +364,16 @@ class RobotAgent:
 
     def _edge_schedule(self, health: dict) -> tuple[list | None, float]:
         """The edge's committed schedule (other robots' reservations included) and its age:
-        from the last reply, or the monitor's last health reply when that is fresher."""
+        the freshest of the last reply, the monitor's last health reply and the ledger the
+        edge last pushed (every ~20 ms while robots are active)."""
         now = time.monotonic()
         at, schedule = self._schedule
-        if self.monitor is not None and self.monitor.health_at > at and "schedule" in health:
-            at, schedule = self.monitor.health_at, health["schedule"]
+        m = self.monitor
+        if m is not None and m.health_at > at and "schedule" in health:
+            at, schedule = m.health_at, health["schedule"]
+        if m is not None and m.ledger_at > at:
+            with m.lock:
+                at, schedule = m.ledger_at, m.ledger
         return (schedule, now - at) if at else (None, 0.0)
 
     # -- one inference ------------------------------------------------------------------------

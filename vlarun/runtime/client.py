@@ -182,11 +182,34 @@ class EdgeClient:
             if msg.rid == rid:
                 return msg, sum(len(f) for f in frames)
 
-    def health(self, timeout_s: float = 1.0) -> tuple[dict, float]:
-        """The edge's health map and the round-trip time in seconds."""
+    def listen(self, timeout_s: float) -> list | None:
+        """Wait up to ``timeout_s`` for what the edge pushes unasked (its ledger, while
+        robots are active): the newest schedule that came (checked as a health answer's), or
+        None. Anything else that arrives (a late answer to an abandoned request) is dropped,
+        as ``_await`` drops it."""
+        end = time.monotonic() + max(timeout_s, 0.0)
+        newest = None
+        while True:
+            # once a ledger came, only take what is already here (a newer one), then return
+            left = 0.0 if newest is not None else end - time.monotonic()
+            if not self.sock.poll(max(int(left * 1e3), 0), zmq.POLLIN):
+                if newest is not None or time.monotonic() >= end:
+                    return newest
+                continue
+            frames = self.sock.recv_multipart(copy=True)
+            try:
+                msg = wire.decode(frames, self.limits)
+            except Exception:  # noqa: BLE001 - whatever the decoder trips on, from a peer
+                continue
+            if msg.kind == "control" and msg.meta.get("op") == "ledger":
+                newest = check_schedule(msg.meta.get("schedule"))
+
+    def health(self, timeout_s: float = 1.0, listen: bool = False) -> tuple[dict, float]:
+        """The edge's health map and the round-trip time in seconds. ``listen``: the edge
+        pushes its ledger to this socket from now on, while robots are active (``listen``)."""
         rid = next(_ids)
         t0 = time.perf_counter()
-        self._send(wire.control("health", rid))
+        self._send(wire.control("health", rid, **({"listen": True} if listen else {})))
         msg, _ = self._await(rid, timeout_s)
         return check_health(msg.meta), time.perf_counter() - t0
 

@@ -57,6 +57,10 @@ class LinkMonitor:
         self.lock = threading.Lock()
         self.health: dict = {}
         self.health_at = 0.0  # monotonic time the last health reply came
+        # The ledger the edge pushes between health answers (every ~20 ms while robots are
+        # active): the committed schedule, and when it came.
+        self.ledger: list = []
+        self.ledger_at = 0.0
         self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
         # A robot that runs everything locally sends nothing, so its bandwidth estimate would
         # stay at the last bad value forever; idle links are probed to notice a recovery: every
@@ -144,13 +148,26 @@ class LinkMonitor:
         with self.lock:
             self.transfers.append((self.probe_bytes, seconds))
 
+    def _listen(self, client: EdgeClient, seconds: float) -> None:
+        """Wait ``seconds`` (or until stopped) for the next health check, keeping the newest
+        ledger the edge pushes meanwhile."""
+        end = time.monotonic() + seconds
+        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            try:
+                schedule = client.listen(min(left, 0.05))
+            except zmq.ZMQError:
+                return
+            if schedule is not None:
+                with self.lock:
+                    self.ledger, self.ledger_at = schedule, time.monotonic()
+
     def _loop(self) -> None:
         client = EdgeClient(self.address, self.sec, self.ctx)
         try:
             while not self._stop.is_set():
                 was_up = self.up.is_set()
                 try:
-                    health, rtt = client.health(self.timeout_s)
+                    health, rtt = client.health(self.timeout_s, listen=True)
                 except LinkDown:
                     self.up.clear()
                     if was_up:  # a fresh socket: nothing queued for the dead link survives
@@ -165,7 +182,7 @@ class LinkMonitor:
                     self.up.set()
                     with contextlib.suppress(LinkDown):
                         self._maybe_probe(client)
-                self._stop.wait(self.up_every_s if self.up.is_set() else self.down_every_s)
+                self._listen(client, self.up_every_s if self.up.is_set() else self.down_every_s)
         finally:
             with contextlib.suppress(zmq.ZMQError):
                 client.close()

@@ -126,11 +126,15 @@ class StageQueues(StageTimes):
         # origin -> its last arrivals (time, time it gave, stages); when it last booked
         self.arrivals: dict[bytes, deque] = {}
         self.booked_at: dict[bytes, float] = {}
+        # Bumped by every change the schedule shows (a request queued, taken or dropped, a
+        # booking held or claimed): the edge pushes its ledger when it moved, not every tick.
+        self.version = 0
 
     def put(self, job: Job) -> None:
         with self.cond:
             job.enqueued = time.monotonic()
             self.queues[job.stage].append(job)
+            self.version += 1
             if job.pos == 0:  # a new request, not one moving on to its next stage
                 self._arrived(job)
             self.cond.notify()
@@ -175,6 +179,7 @@ class StageQueues(StageTimes):
             if q is None or not any(j is job for j in q):
                 return False
             self.queues[job.stage] = deque(j for j in q if j is not job)
+            self.version += 1
             return True
 
     def depth_of(self, origin: bytes) -> int:
@@ -210,6 +215,7 @@ class StageQueues(StageTimes):
             if len(self.bookings) >= MAX_BOOKINGS or mine >= per_robot:
                 return False
             self.bookings.append(booking)
+            self.version += 1
             if booking.origin in self.arrivals:  # it announces its plans: not forecast
                 self.booked_at[booking.origin] = now
             return True
@@ -223,6 +229,7 @@ class StageQueues(StageTimes):
             if not mine:
                 return False
             self.bookings.remove(min(mine, key=lambda b: b.arrive))
+            self.version += 1
             return True
 
     def _expire(self, now: float) -> None:
@@ -354,4 +361,5 @@ class StageQueues(StageTimes):
         ids = {id(j) for j in batch}
         q = self.queues[stage]
         self.queues[stage] = deque(j for j in q if id(j) not in ids)
+        self.version += 1
         return batch

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -52,6 +53,18 @@ from vlarun.stages.packet import Limits, Packet, PacketError
 # Robots remembered as recently active (batch window, dashboard) before the silent ones are
 # forgotten; a bound, so a stream of short-lived connections cannot grow the table.
 MAX_SEEN = 1024
+# The ledger (the committed schedule) is pushed to every robot that asked to listen in its
+# health request in the last LISTENER_TTL_S seconds, while one robot or more sent data or a
+# booking in the last LEDGER_ACTIVE_S: within LEDGER_EVERY_S of every change (a request queued
+# or taken, a booking held or claimed), and LEDGER_QUIET_S after the last push when nothing
+# moved (the robot ages a schedule itself). A robot deciding now plans against what the edge
+# holds ~20 ms ago, not at its last health answer (0.5 s). One schedule is computed per push
+# for all listeners, one small message (~100 bytes per slot) each.
+LEDGER_EVERY_S = 0.02
+LEDGER_QUIET_S = 0.25
+LEDGER_ACTIVE_S = 10.0
+LISTENER_TTL_S = 10.0
+MAX_LISTENERS = 256
 
 
 class Refused(PacketError):
@@ -172,6 +185,10 @@ class EdgeServer:
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
+        self._active_at = -math.inf  # the last data request or booking (ledger pushes)
+        self._listeners: dict[bytes, float] = {}  # identity -> last health request (monotonic)
+        self._pushed_at = -math.inf
+        self._pushed_version = -1
         self._lock = threading.Lock()  # _seen and the request count: socket and submit()
         # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
         self._streams: OrderedDict[tuple, tuple] = OrderedDict()
@@ -226,11 +243,30 @@ class EdgeServer:
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
         while not self.stop_event.is_set():
-            events = dict(poller.poll(50))
+            events = dict(poller.poll(int(1e3 * LEDGER_EVERY_S) if self._listeners else 50))
             if self._pull in events:
                 self._drain_replies()
             if self.sock in events:
                 self._drain_requests()
+            self._push_ledger(time.monotonic())
+
+    def _push_ledger(self, now: float) -> None:
+        """While robots are active, the schedule to every listener (a robot's link monitor)
+        when it changed (at most every ``LEDGER_EVERY_S``) or ``LEDGER_QUIET_S`` after the
+        last push: bookings and arrivals show in the other robots' plans within ~20 ms, not
+        at their next health answer."""
+        if now - self._pushed_at < LEDGER_EVERY_S or now - self._active_at > LEDGER_ACTIVE_S:
+            return
+        version = self.queues.version
+        if version == self._pushed_version and now - self._pushed_at < LEDGER_QUIET_S:
+            return  # nothing moved: the last push, aged by the robot, still holds
+        self._listeners = {k: t for k, t in self._listeners.items() if now - t < LISTENER_TTL_S}
+        if not self._listeners:
+            return
+        self._pushed_at, self._pushed_version = now, version
+        frames = wire.control("ledger", 0, schedule=self.schedule())
+        for identity in self._listeners:
+            self._send([identity, *frames])
 
     def _drain_replies(self) -> None:
         while True:
@@ -279,8 +315,14 @@ class EdgeServer:
             self.stats["control"] += 1
             if header.meta.get("op") == "book":
                 origin = to[0] if route is None else route.robot
+                self._active_at = now
                 self._send([*to, *self._book(origin, header, now)])
                 return
+            # A robot's link monitor asks for health with ``listen``: it hears the ledger for
+            # LISTENER_TTL_S from now (a relayed worker's peer is the front, which does not).
+            room = len(self._listeners) < MAX_LISTENERS or to[0] in self._listeners
+            if header.meta.get("listen") is True and route is None and room:
+                self._listeners[to[0]] = now
             self._send([*to, *self._control(header)])
             return
         if header.kind != "data":
@@ -290,6 +332,7 @@ class EdgeServer:
             raise PacketError(f"edge overloaded: {queued} requests queued")
         origin = to[0] if route is None else route.robot
         self._touch(origin, now)  # a robot whose request is refused is still connected
+        self._active_at = now
         mine = self.queues.depth_of(origin)
         if mine >= self.cfg.max_queued_per_robot:  # its share, before reading its tensors
             with self._lock:
