@@ -69,3 +69,16 @@ def test_a_request_carries_every_camera_the_policy_reads():
     assert loadgen.camera_frames(two).shape == (2, 128, 128, 3)
     msg = wire.decode(loadgen.encode_request(two, INSTRUCTION, 1.0))
     assert msg.packet.tensors["images"].shape[1] == 2
+
+
+def test_robots_send_first_at_the_time_they_are_given(server, policy):
+    """The phase is fixed from outside: nothing is sent before ``start_at``, then one
+    request per robot per period (0.6 s from now, 2 robots x 0.2 s, 0.3 s: about 4)."""
+    import time
+
+    frames = loadgen.encode_request(policy, INSTRUCTION, 1.0)
+    t0 = time.monotonic()
+    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=0.3,
+                         start_at=t0 + 0.6)  # fmt: skip
+    assert time.monotonic() - t0 >= 0.9
+    assert 3 <= counts["sent"] + counts["unsent"] <= 4 and counts["unsent"] == 0

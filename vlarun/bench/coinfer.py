@@ -247,6 +247,9 @@ def plot(r: dict, path: str) -> str | None:
 
 WALL_BUDGET = 1.25  # a strategy run's wall time at most, in units of its steps' on-time span
 RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
+# A utilisation run's first requests start this long after it is set up: the measured robot's
+# warm-up (one padded local run, ~4 s at x0.3) and the load generator's start fit before it.
+PHASE_LEAD_S = 10.0
 SETTINGS_PROXY = (
     "vlarun-joint's accuracy costs: vlarun/sched/settings_mt10.json, measured on the shipped "
     "MT10 policies (paired episodes), carried to the emulated model as a proxy: no real-size "
@@ -503,15 +506,23 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     # scaled), as in every strategy run: over bare loopback its padded megabytes moved at
     # memory speed, its link estimate swung between 20 and 11,000 Mbit/s and its plans with it.
     relay, via = _relay(o, endpoint, o.bandwidth)
+    # A fixed phase, so that repeated runs (other code, other seeds) meet the same pattern
+    # of arrivals: the background's robots send first at ``start`` and a share of the period
+    # apart, the measured robot half a share after the first of them. Left to chance, one
+    # run's robot joined a background batch in every request and another's in none.
+    gap = period / max(robots - 1, 1)
+    start = time.monotonic() + PHASE_LEAD_S
     try:
-        with background_load(policy, endpoint, robots - 1, period, make_cfg, slo) as load:
+        with background_load(policy, endpoint, robots - 1, period, make_cfg, slo,
+                             start_at=start) as load:  # fmt: skip
             busy0, up0 = counters()
-            run = _fleet_run(o, policy, via, 1, requests, period)
+            run = _fleet_run(o, policy, via, 1, requests, period, start_at=start + gap / 2)
             busy1, up1 = counters()
     finally:
         procs.stop(relay)
     return {"target_utilisation": u, "period_ms": period * 1e3, "robots": robots,
             "measured_robots": 1, "background": load.counts,
+            "phase_ms": {"background_gap": gap * 1e3, "measured_after_first": gap / 2 * 1e3},
             "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
             **{k: v for k, v in run.items() if k != "robots"}}  # fmt: skip
 
@@ -571,10 +582,12 @@ def _episodes(
 
 
 def _fleet_run(
-    o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None
-) -> dict:
+    o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None,
+    start_at: float | None = None,
+) -> dict:  # fmt: skip
     """``robots`` vlarun agents sharing the edge (frames replayed), each due in the chunk's
-    time at --control-hz, one request every ``period_s`` (default: that deadline)."""
+    time at --control-hz, one request every ``period_s`` (default: that deadline), the first
+    at ``start_at`` (``robot_loop``)."""
     from vlarun.bench.coinfer_matrix import robot_loop
     from vlarun.sched.records import summarise
 
@@ -591,7 +604,8 @@ def _fleet_run(
     stop = threading.Event()
     threads = [threading.Thread(target=robot_loop, args=(policy, cfg, endpoint, i, robots, stop),
                                 kwargs={"requests": requests, "on_inference": keep,
-                                        "warmup": True, "period_s": period_s})
+                                        "warmup": True, "period_s": period_s,
+                                        "start_at": start_at})
                for i in range(robots)]  # fmt: skip
     for t in threads:
         t.start()

@@ -55,12 +55,15 @@ def robot_loop(
     on_inference=None,
     warmup: bool = False,
     period_s: float | None = None,
+    start_at: float | None = None,
 ) -> None:
     """Robot ``i`` of ``robots`` sharing the edge at ``endpoint``: an agent (``cfg``) replaying
     a camera frame every ``period_s`` (default its deadline, ``cfg.slo_s``: the control
     period), out of phase with the others, for
-    ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one. The loop
-    of the fleet run (coinfer._fleet_run); background load is ``background_load``'s."""
+    ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one.
+    ``start_at``: robot 0's first request at this ``time.monotonic()`` (after its warm-up;
+    default: as soon as warm), the others a share of the period after it. The loop of the
+    fleet run (coinfer._fleet_run); background load is ``background_load``'s."""
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.loadgen import camera_frames
     from vlarun.runtime.transport import Security
@@ -71,7 +74,12 @@ def robot_loop(
     try:
         if warmup:
             agent.warmup(image, "open the drawer", runs=1)
-        time.sleep(i * period / max(robots, 1))  # robots out of phase, as in a real fleet
+        first = (time.monotonic() if start_at is None else start_at) + i * period / max(robots, 1)
+        late = time.monotonic() - first  # robots out of phase, as in a real fleet
+        if start_at is not None and late > 0.01:
+            print(f"robot {i}: warm {late:.2f} s after its phase; the phase is not held",
+                  file=sys.stderr)  # fmt: skip
+        time.sleep(max(-late, 0.0))
         done = 0
         while not stop.is_set() and (requests is None or done < requests):
             t0 = time.monotonic()
@@ -85,18 +93,20 @@ def robot_loop(
 
 
 def background_load(
-    policy, endpoint: str, robots: int, period_s: float, make_cfg, slo_s: float | None = None
-):
+    policy, endpoint: str, robots: int, period_s: float, make_cfg, slo_s: float | None = None,
+    start_at: float | None = None,
+):  # fmt: skip
     """The other robots of a loaded edge: ``robots`` open-loop senders of ``policy``'s
     whole-policy request every ``period_s`` (``loadgen.OpenLoopLoad``, a process of its own,
     on the CPUs this bench runs on), at the deadline (``slo_s``, default the period) and
-    packet size an edge-only robot of ``make_cfg`` would send."""
+    packet size an edge-only robot of ``make_cfg`` would send; the first at ``start_at``
+    (``loadgen.run``)."""
     from vlarun.runtime.emulate import StageEmulator
     from vlarun.runtime.loadgen import OpenLoopLoad
 
     cfg = make_cfg("edge-only", slo_s or period_s)
     emulator = StageEmulator.build(cfg.emulate) if cfg.emulate is not None else None
-    return OpenLoopLoad(policy, endpoint, robots, period_s, cfg.slo_s, emulator)
+    return OpenLoopLoad(policy, endpoint, robots, period_s, cfg.slo_s, emulator, start_at)
 
 
 def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> dict:

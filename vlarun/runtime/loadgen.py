@@ -102,9 +102,13 @@ def run(
     stop: threading.Event,
     sec=None,
     seconds: float | None = None,
+    start_at: float | None = None,
 ) -> dict:
     """Send ``frames`` as ``robots`` robots (one socket each) every ``period_s`` until
-    ``stop`` (or ``seconds``); the counts of what was sent and how it was answered."""
+    ``stop`` (or ``seconds`` after the first send); the counts of what was sent and how it was
+    answered. Robot i sends first at ``start_at`` + i x period / robots (``time.monotonic``,
+    which every process on the machine shares; default: 0.2 s from now), so a run that
+    starts its measured robot at a time of its own fixes the phase between them."""
     import zmq
 
     from vlarun.runtime.transport import Security, dealer_socket
@@ -119,7 +123,7 @@ def run(
     for s in socks:
         poller.register(s, zmq.POLLIN)
     counts = {"sent": 0, "unsent": 0, "answered": 0, "late": 0, "refused": 0}
-    start = time.monotonic() + 0.2  # the connections come up first
+    start = time.monotonic() + 0.2 if start_at is None else start_at  # connections first
     due = [start + i * period_s / robots for i in range(robots)]
     sent_at: dict[int, float] = {}
     rid = 0
@@ -127,7 +131,7 @@ def run(
     try:
         while not stop.is_set() and (end is None or time.monotonic() < end):
             i = int(np.argmin(due))
-            wait = due[i] - time.monotonic()
+            wait = min(due[i] - time.monotonic(), 0.1)  # and look at ``stop`` meanwhile
             for sock, _ in poller.poll(max(int(wait * 1e3), 0)) if wait > 0 else ():
                 _read(sock, sent_at, budget, counts)
             if time.monotonic() < due[i]:
@@ -182,9 +186,10 @@ class OpenLoopLoad:
     once the block ends. ``robots`` = 0 starts nothing."""
 
     def __init__(self, policy, endpoint: str, robots: int, period_s: float, budget_s: float,
-                 emulator=None) -> None:  # fmt: skip
+                 emulator=None, start_at: float | None = None) -> None:  # fmt: skip
         self.policy, self.endpoint, self.robots = policy, endpoint, robots
         self.period_s, self.budget_s, self.emulator = period_s, budget_s, emulator
+        self.start_at = start_at  # the first send (time.monotonic), as ``run`` takes it
         self.proc: subprocess.Popen | None = None
         self.counts: dict = {}
         self._dir: tempfile.TemporaryDirectory | None = None
@@ -204,6 +209,8 @@ class OpenLoopLoad:
         write_frames(frames, path)
         args = ["--edge", self.endpoint, "--frames", str(path), "--robots", str(self.robots),
                 "--period-s", str(self.period_s), "--insecure"]  # fmt: skip
+        if self.start_at is not None:
+            args += ["--start-at", repr(self.start_at)]
         self.proc, _ = procs.spawn_module("vlarun.runtime.loadgen", args)
         return self
 
@@ -232,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--robots", type=int, default=4, help="background robots")
     ap.add_argument("--period-s", type=float, default=1.0, help="each robot's request period")
     ap.add_argument("--seconds", type=float, default=None, help="stop after (default: SIGINT)")
+    ap.add_argument("--start-at", type=float, default=None,
+                    help="first send at this time.monotonic() (default: in 0.2 s)")  # fmt: skip
     ap.add_argument("--insecure", action="store_true", help="plain TCP (the bench's own edge)")
     a = ap.parse_args(argv)
     if not a.insecure:
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(json.dumps({"endpoint": a.edge, "robots": a.robots}), flush=True)
-    counts = run(a.edge, frames, a.robots, a.period_s, stop, seconds=a.seconds)
+    counts = run(a.edge, frames, a.robots, a.period_s, stop, seconds=a.seconds, start_at=a.start_at)
     print(json.dumps(counts), flush=True)
 
 
