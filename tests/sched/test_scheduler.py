@@ -598,3 +598,31 @@ def test_a_slot_that_starts_about_when_the_request_arrives_costs_its_expected_wa
     # 1 sigma early: it holds the edge with P = Phi(1) = 0.841, for the 0.2 s less 1 sigma
     assert lat[-1.0] == pytest.approx(alone + 0.8413 * (hold - sd), rel=1e-3)
     assert lat[0.0] > lat[1.0] > lat[4.0]
+
+
+def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
+    """An edge plan that realises 2/3 of its predicted energy (its stage kept joining other
+    robots' batches the schedule did not show) is predicted at 2/3 from the next request on;
+    a fallback teaches nothing; a plan not run lately drifts back toward the model."""
+    from vlarun.sched.contract import Outcome
+
+    now = [0.0]
+    sched, link, d = _edge_plan_and_slo()
+    sched.cal.clock = lambda: now[0]
+    roles = tuple(d.placement.values())
+    c = sched.candidate_index(d)
+    before = float(sched.score(link).energy[c])
+    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, fallback="link: timed out",
+                             energy_j=0.1 * d.energy_j))  # fmt: skip
+    assert float(sched.score(link).energy[c]) == pytest.approx(before)
+    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
+    assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
+    sc = sched.score(link)
+    again = sched._decision(c, sc, sched.actions / sc.energy)  # the same plan, decided now
+    assert again.energy_factor == pytest.approx(2 / 3)
+    assert again.energy_j == pytest.approx(2 / 3 * d.energy_j, rel=1e-6)
+    # the same reading again: learnt against the model's own figure, the factor stays 2/3
+    sched.observe(again, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
+    assert sched.cal.energy_factor(roles, d.joined_batch) == pytest.approx(2 / 3)
+    now[0] += 10 * sched.cal.half_life_s  # not run for ten half-lives: back to the model
+    assert float(sched.score(link).energy[c]) == pytest.approx(before, rel=1e-2)

@@ -55,6 +55,9 @@ class ExecutionPlan:
     # measured prediction error, or the realised window fell below the fixed strategy).
     held_to_fixed: bool = False
     energy_source: str = "modelled"
+    # The learned realised / predicted energy of this kind of plan, already in ``energy_j``
+    # (``Calibration.energy_factor``; 1: never measured).
+    energy_factor: float = 1.0
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0
     eligible: int = 0

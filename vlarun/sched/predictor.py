@@ -159,6 +159,10 @@ class Calibration:
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, role)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
+    # (placement, joined a batch) -> (realised / predicted energy, evidence, when): what the
+    # energy model misses for a plan of that kind, e.g. an edge stage that keeps joining other
+    # robots' batches the schedule did not show (realised 106 J against 156 J predicted).
+    energy_factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str) -> float:
         return self.stage_factor.get((stage, role), 1.0)
@@ -237,6 +241,31 @@ class Calibration:
         # One error says nothing about the spread (its distance from the prior's 0 is bias).
         var = 0.0 if first else (1.0 - w) * (r.var + w * dev * dev)
         self.residuals[placement] = ResidualStats(mean, var, count, scale, self.clock())
+
+    def energy_factor(self, placement: tuple[str, ...], joined: bool) -> float:
+        """Realised / predicted energy of this kind of plan, relaxed toward 1 with the
+        residuals' half-life since it last ran (1: never measured)."""
+        f = self.energy_factors.get((placement, joined))
+        if f is None:
+            return 1.0
+        keep = 0.5 ** ((self.clock() - f[2]) / self.half_life_s)
+        return 1.0 + (f[0] - 1.0) * keep
+
+    def observe_energy(
+        self, placement: tuple[str, ...], joined: bool, predicted_j: float, measured_j: float
+    ) -> None:
+        """A request that ran as planned: its energy against the model's (without the
+        factor). Taken at once the first time, then averaged over at most ``max_count``
+        (clipped to 1/4..4: one wild reading does not make a plan free or barred)."""
+        if predicted_j <= 0 or measured_j <= 0:
+            return
+        ratio = min(max(measured_j / predicted_j, 0.25), 4.0)
+        key = (placement, joined)
+        old = self.energy_factors.get(key)
+        count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
+        now_f = ratio if old is None else self.energy_factor(placement, joined)
+        f = now_f + (ratio - now_f) / count
+        self.energy_factors[key] = (f, count, self.clock())
 
 
 def on_time_probability(latency_s, sigma_s, slo_s: float) -> np.ndarray:

@@ -263,6 +263,7 @@ class Scheduler:
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
         energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
+        energy = energy * self._energy_factors(joined)
         return Scores(latency, energy, start, end, joined, self._sigmas())
 
     def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
@@ -274,6 +275,14 @@ class Scheduler:
 
     def _residuals(self) -> np.ndarray | float:
         return self._per_placement(self.cal.residual) if self.cal.residuals else 0.0
+
+    def _energy_factors(self, joined: np.ndarray) -> np.ndarray | float:
+        """Each candidate's learned realised / predicted energy, by its placement and whether
+        it joins a batch (1.0 while nothing was measured)."""
+        if not self.cal.energy_factors:
+            return 1.0
+        f = [self._per_placement(lambda r, j=j: self.cal.energy_factor(r, j)) for j in (0, 1)]
+        return np.where((joined >= 0).any(axis=1), f[1], f[0])
 
     def _sigmas(self) -> np.ndarray | float:
         return self._per_placement(self.cal.sigma) if self.cal.residuals else 0.0
@@ -424,6 +433,7 @@ class Scheduler:
             latency_s=float(sc.latency[c]),
             residual_s=float(self.cal.residual(tuple(roles))),
             energy_j=float(sc.energy[c]),
+            energy_factor=self.cal.energy_factor(tuple(roles), bool((sc.joined[c] >= 0).any())),
             actions_per_joule=float(apj[c]),
             feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
             slo_s=self.slo_s,
@@ -512,6 +522,8 @@ class Scheduler:
             self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
             if outcome.energy_j is not None:
                 self.net.learn_error(plan.energy_j, outcome.energy_j)
+                raw = plan.energy_j / plan.energy_factor
+                self.cal.observe_energy(roles, plan.joined_batch, raw, outcome.energy_j)
         self._watch(plan, outcome)
 
     def _watch(self, plan: ExecutionPlan, outcome: Outcome) -> None:
