@@ -624,5 +624,7 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     # the same reading again: learnt against the model's own figure, the factor stays 2/3
     sched.observe(again, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
     assert sched.cal.energy_factor(roles, d.joined_batch) == pytest.approx(2 / 3)
+    now[0] += 0.9 * sched.cal.half_life_s  # in use: kept
+    assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
     now[0] += 10 * sched.cal.half_life_s  # not run for ten half-lives: back to the model
     assert float(sched.score(link).energy[c]) == pytest.approx(before, rel=1e-2)

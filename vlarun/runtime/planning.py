@@ -24,7 +24,7 @@ from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
-from vlarun.sched.predictor import DeviceState, Reservation
+from vlarun.sched.predictor import Calibration, DeviceState, Reservation
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -83,8 +83,12 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     # Batching is the edge's own business (its queues), not reserved here. Outcomes come back
     # (``RobotAgent.infer``), so a plan never run may be tried now and then (bounded
     # exploration): its cost is capped by the agent's timeout at deadline + one local run.
+    # An emulated run's clock is 1 / time_scale slower than the emulated devices': what the
+    # calibration forgets with time forgets on the emulated clock, as the link's memory does.
+    stretch = 1.0 if cfg.emulate is None else 1.0 / cfg.emulate.time_scale
+    cal = Calibration(half_life_s=Calibration.half_life_s * stretch)
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
-                     join_batches=False, explore_every=EXPLORE_EVERY)  # fmt: skip
+                     cal=cal, join_batches=False, explore_every=EXPLORE_EVERY)  # fmt: skip
 
 
 EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most

@@ -243,13 +243,15 @@ class Calibration:
         self.residuals[placement] = ResidualStats(mean, var, count, scale, self.clock())
 
     def energy_factor(self, placement: tuple[str, ...], joined: bool) -> float:
-        """Realised / predicted energy of this kind of plan, relaxed toward 1 with the
-        residuals' half-life since it last ran (1: never measured)."""
+        """Realised / predicted energy of this kind of plan (1: never measured). A plan in
+        use keeps it; one not run for over a half-life relaxes toward the model's figure
+        with the residuals' half-life from then (a plan's energy does not drift between two
+        of its requests the way a queue does, and decaying it between them kept it off)."""
         f = self.energy_factors.get((placement, joined))
         if f is None:
             return 1.0
-        keep = 0.5 ** ((self.clock() - f[2]) / self.half_life_s)
-        return 1.0 + (f[0] - 1.0) * keep
+        idle = max(self.clock() - f[2] - self.half_life_s, 0.0)
+        return 1.0 + (f[0] - 1.0) * 0.5 ** (idle / self.half_life_s)
 
     def observe_energy(
         self, placement: tuple[str, ...], joined: bool, predicted_j: float, measured_j: float
@@ -264,7 +266,7 @@ class Calibration:
         old = self.energy_factors.get(key)
         count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
         now_f = ratio if old is None else self.energy_factor(placement, joined)
-        f = now_f + (ratio - now_f) / count
+        f = now_f + (ratio - now_f) / count  # the mean of the readings while in use
         self.energy_factors[key] = (f, count, self.clock())
 
 
