@@ -365,7 +365,7 @@ class RobotAgent:
     def _edge_schedule(self, health: dict) -> tuple[list | None, float]:
         """The edge's committed schedule (other robots' reservations included) and its age:
         the freshest of the last reply, the monitor's last health reply and the ledger the
-        edge last pushed (every ~20 ms while robots are active)."""
+        edge last pushed (``LinkMonitor.ledger``)."""
         now = time.monotonic()
         at, schedule = self._schedule
         m = self.monitor

@@ -206,7 +206,8 @@ class EdgeClient:
 
     def health(self, timeout_s: float = 1.0, listen: bool = False) -> tuple[dict, float]:
         """The edge's health map and the round-trip time in seconds. ``listen``: the edge
-        pushes its ledger to this socket from now on, while robots are active (``listen``)."""
+        pushes its ledger to this socket from now on, while robots are active (read it with
+        ``listen()``)."""
         rid = next(_ids)
         t0 = time.perf_counter()
         self._send(wire.control("health", rid, **({"listen": True} if listen else {})))

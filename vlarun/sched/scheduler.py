@@ -31,7 +31,6 @@ decision over thousands of plans takes well under a millisecond of Python.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,7 +245,13 @@ class Scheduler:
                 # EDF: work not started when this request reaches the edge and due after it
                 # runs after it (its slot was placed without this request); work that starts
                 # first, or is due first, holds the edge.
-                after = _first(arrive, arrive_sd, r.start) * (r.due > now + self.slo_s)
+                if not overlap.any():
+                    continue
+                # P(there before the slot starts), for the plans it overlaps that reach the
+                # edge by now (the others' edge times are not used)
+                first, m = np.zeros(c_n), overlap & np.isfinite(arrive)
+                first[m] = on_time_probability(arrive[m], arrive_sd[m], r.start)
+                after = first * (r.due > now + self.slo_s)
                 s_edge = np.where(overlap, after * s_edge + (1.0 - after) * r.end, s_edge)
                 weighed[i] |= overlap & on_edge
             # request_energy's edge term: power x calibrated busy time (not the slowed wall).
@@ -604,15 +609,3 @@ def plan_row(d: ExecutionPlan) -> dict:
         "feasible": d.feasible,
         "explored": d.explored,
     }
-
-
-def _first(arrive: np.ndarray, sd: np.ndarray, start: float) -> np.ndarray:
-    """P(a request predicted to reach the edge at ``arrive`` (+-``sd``, normal) is there before
-    ``start``); exact 1 / 0 where ``sd`` is 0 or ``arrive`` infinite. The normal CDF through
-    tanh (error < 2e-4): a decision scores every candidate against every slot."""
-    gap = start - arrive
-    hard = (gap >= 0).astype(float)
-    ok = (sd > 0) & np.isfinite(gap)
-    z = np.clip(np.divide(gap, sd, out=np.zeros_like(gap), where=ok), -8.0, 8.0)
-    soft = 0.5 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z**3)))
-    return np.where(ok, soft, hard)

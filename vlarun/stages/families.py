@@ -414,7 +414,9 @@ def build_graph(
         TensorSpec("text_ids", (b, w.text_tokens), "int64"),
         TensorSpec("text_len", (b,), "int64"),
     )
-    visual = TensorSpec("visual", (b, cfg.num_visual, d), w.dtype)
+    # rdt's vision stage hands on the tower's own features (its head adapts them)
+    width = cfg.vision_dim if cfg.connector == "none" else d
+    visual = TensorSpec("visual", (b, cfg.num_visual, width), w.dtype)
     if cfg.proprio_dim:  # the proprio token enters with the prompt
         text = (*text, _graph_input(cfg, w, "state"))
     if hooks is not None and hooks.needs_images:  # a token policy sees the frame itself
@@ -430,7 +432,7 @@ def build_graph(
         )
     ]
     if cfg.family == "rdt":
-        return _rdt_graph(cfg, w, stages, text, params)
+        return _rdt_graph(cfg, w, stages, visual, text, params)
     if cfg.family == "parallel":
         stages.append(
             Stage(
@@ -490,15 +492,12 @@ def build_graph(
 
 
 def _rdt_graph(
-    cfg: VLAConfig, w: Workload, stages: list[Stage], text: tuple, params: dict[str, int]
-) -> StageGraph:
+    cfg: VLAConfig, w: Workload, stages: list[Stage], visual: TensorSpec, text: tuple,
+    params: dict[str, int],
+) -> StageGraph:  # fmt: skip
     """rdt's chain after the vision stage: the encoder carries the image features through (a
     cut after it sends both), the head reads image features, language features and state."""
-    b = w.batch
-    visual = TensorSpec("visual", (b, cfg.num_visual, cfg.vision[0].hidden_size), w.dtype)
-    stages[0] = Stage("vision", _unbound("vision"), stages[0].inputs, (visual,),
-                      stages[0].cost, params=params["vision"])  # fmt: skip
-    lang = TensorSpec("lang", (b, w.text_tokens, cfg.llm.hidden_size), w.dtype)
+    lang = TensorSpec("lang", (w.batch, w.text_tokens, cfg.llm.hidden_size), w.dtype)
     encoded = (visual, lang, text[1])
     stages.append(Stage("prefill", _unbound("prefill"), (visual, *text), encoded,
                         encoder_cost(cfg, w), ("vision",), params=params["llm"]))  # fmt: skip
