@@ -77,7 +77,7 @@ class LyingEdge:
             if msg.kind == "control":
                 lie = {"ok": True, "stage_ms": {"vision": "slow", "decode": float("nan")},
                        "queue": {"vision": -3},
-                       "schedule": [{"stage": 1, "start_ms": "x"}]}  # fmt: skip
+                       "schedule": [{"stage": 1, "start_s": "x"}]}  # fmt: skip
                 self.sock.send_multipart([who, *wire.control("health", msg.rid, **lie)])
                 continue
             honest = {k: self.honest[k] for k in msg.meta["want"]}

@@ -31,7 +31,7 @@ def _client(address: str, listen: bool = False) -> EdgeClient:
 
 
 def _booked(schedule) -> bool:
-    return bool(schedule) and any(s["booked"] for s in schedule)
+    return bool(schedule) and any(s.booked for s in schedule)
 
 
 def test_a_listening_robot_hears_another_robots_booking_unasked(policy):
@@ -57,7 +57,7 @@ def test_a_listening_robot_hears_another_robots_booking_unasked(policy):
             newest = None
             while time.monotonic() < t0 + 1.0:
                 got = b.listen(0.05)
-                if got is not None and sum(s["booked"] for s in got) == 4:
+                if got is not None and sum(s.booked for s in got) == 4:
                     newest = time.monotonic() - t0
                     break
             assert newest is not None and newest < 0.5  # ~20 ms; room for a loaded CI machine

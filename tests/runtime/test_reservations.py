@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.client import EdgeClient, LinkDown, check_schedule, ping
+from vlarun.runtime.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.planning import decide, edge_state, make_scheduler
+from vlarun.runtime.records import ScheduleSlot
 from vlarun.runtime.segments import segments
 from vlarun.runtime.server import EdgeServer, ServerConfig, robot_id
 from vlarun.runtime.transport import Security
@@ -76,15 +77,15 @@ def test_the_edge_returns_its_committed_schedule_across_two_robots(policy):
         health = clients[0].health(2.0)[0]
         for c in clients:
             c.close()
-    both = [s for s in seen if len({slot["robot"] for slot in s}) == 2]
+    both = [s for s in seen if len({slot.robot for slot in s}) == 2]
     assert both, "the schedule never held both robots' work"
     sched = max(both, key=len)
     for a, b in zip(sched, sched[1:], strict=False):  # one worker: slots follow one another
-        assert b["start_ms"] >= a["end_ms"] - 1e-6 and b["end_ms"] >= b["start_ms"]
-        assert b["deadline_ms"] >= a["deadline_ms"] - 1e-6 or a["start_ms"] == 0.0  # EDF
-    assert {slot["stage"] for slot in sched} <= set(STAGES)
-    assert len(replies) == 2 and all(isinstance(r.schedule, list) for r in replies)
-    assert health["schedule"] == []  # nothing left once both are answered
+        assert b.start_s >= a.end_s - 1e-9 and b.end_s >= b.start_s
+        assert b.deadline_s >= a.deadline_s - 1e-9 or a.start_s == 0.0  # EDF
+    assert {slot.stage for slot in sched} <= set(STAGES)
+    assert len(replies) == 2 and all(isinstance(r.schedule, tuple) for r in replies)
+    assert health["schedule"] == ()  # nothing left once both are answered
 
 
 def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
@@ -96,13 +97,11 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     idle = sched.score(link, 0.0, edge_state({}, []))
     other = robot_id(b"another robot")
     busy = [  # another robot's decode running for 300 ms, then its vision queued, due first
-        {"robot": other, "stage": "decode", "start_ms": 0.0, "end_ms": 300.0, "deadline_ms": 320.0},
-        {"robot": other, "stage": "vision", "start_ms": 300.0, "end_ms": 350.0,
-         "deadline_ms": 400.0},
+        ScheduleSlot(other, "decode", 0.0, 0.3, 0.32),
+        ScheduleSlot(other, "vision", 0.3, 0.35, 0.4),
         # due after this request's deadline and not started: EDF serves this request first
-        {"robot": other, "stage": "vision", "start_ms": 350.0, "end_ms": 5000.0,
-         "deadline_ms": 9000.0},
-    ]  # fmt: skip
+        ScheduleSlot(other, "vision", 0.35, 5.0, 9.0),
+    ]
     state = edge_state({}, busy, age_s=0.0)
     got = [(r.start, r.end, r.due) for r in state.reservations]
     assert np.allclose(got, [(0.0, 0.3, 0.32), (0.3, 0.35, 0.4), (0.35, 5.0, 9.0)])
@@ -112,16 +111,14 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     assert loaded.latency[robot_only] == idle.latency[robot_only]  # the robot's own work
     # Work due after this request but already running when it arrives holds the edge (EDF
     # only orders what waits): 200 ms of it delay every edge plan by 200 ms.
-    running = [{"robot": other, "stage": "vision", "start_ms": 0.0, "end_ms": 200.0,
-                "deadline_ms": 9000.0}]  # fmt: skip
+    running = [ScheduleSlot(other, "vision", 0.0, 0.2, 9.0)]
     held = sched.score(link, 0.0, edge_state({}, running, age_s=0.0))
     assert 0.19 <= held.latency[edge_only] - idle.latency[edge_only] <= 0.21
     # An older schedule: the running slot has 100 ms less left.
     aged = sched.score(link, 0.0, edge_state({}, busy, age_s=0.1))
     assert abs(loaded.latency[edge_only] - aged.latency[edge_only] - 0.1) < 1e-9
     # A schedule that fills the edge past the deadline: the plan keeps every stage home.
-    full = [{"robot": other, "stage": "decode", "start_ms": 0.0, "end_ms": 10_000.0,
-             "deadline_ms": 100.0}]  # fmt: skip
+    full = [ScheduleSlot(other, "decode", 0.0, 10.0, 0.1)]
     plan = decide(sched, link, {}, full, 0.0)
     assert set(plan.placement.values()) == {"robot"}
 
@@ -139,19 +136,19 @@ def test_a_booking_by_robot_a_is_in_robot_bs_quote_before_its_bytes_arrive(polic
             quote = []
             end = time.monotonic() + 2.0
             while not quote and time.monotonic() < end:  # the booking is one message ahead
-                quote = [s for s in b.health(2.0)[0]["schedule"] if s["booked"]]
-            assert [s["stage"] for s in quote] == list(STAGES)
-            assert quote[0]["start_ms"] >= 150.0  # placed when A's bytes are due, not now
-            assert len({s["robot"] for s in quote}) == 1
-            state = edge_state({}, check_schedule(quote), age_s=0.0)
+                quote = [s for s in b.health(2.0)[0]["schedule"] if s.booked]
+            assert [s.stage for s in quote] == list(STAGES)
+            assert quote[0].start_s >= 0.15  # placed when A's bytes are due, not now
+            assert len({s.robot for s in quote}) == 1
+            state = edge_state({}, quote, age_s=0.0)
             assert len(state.reservations) == 3  # B's scheduler plans around A's booking
             inputs, meta = _inputs(policy, 0)
             a.run(STAGES, inputs, ("actions",), 5.0, 5.0, meta)
             after = b.health(2.0)[0]
-            assert after["schedule"] == [] and after["booked"] == 1  # claimed, not doubled
+            assert after["schedule"] == () and after["booked"] == 1  # claimed, not doubled
             a.book(STAGES, arrive_s=0.0, deadline_s=0.05)  # never followed by its request
             time.sleep(0.1)
-            assert b.health(2.0)[0]["schedule"] == []  # expired with its deadline
+            assert b.health(2.0)[0]["schedule"] == ()  # expired with its deadline
         finally:
             a.close()
             b.close()
@@ -163,10 +160,12 @@ def test_a_malformed_booking_is_refused_and_changes_nothing(server, dealer):
 
     sock = dealer(server.address)
     for meta in (
-        {"stages": "vision", "arrive_ms": 0, "deadline_ms": 10},
-        {"stages": ["vision"], "arrive_ms": -1, "deadline_ms": 10},
-        {"stages": ["vision"], "arrive_ms": 0, "deadline_ms": float("nan")},
-        {"stages": ["nope"], "arrive_ms": 0, "deadline_ms": 100},
+        {"stages": "vision", "arrive_s": 0, "deadline_s": 0.01},
+        {"stages": ["vision"], "arrive_s": -1, "deadline_s": 0.01},
+        {"stages": ["vision"], "arrive_s": 0, "deadline_s": float("nan")},
+        {"stages": ["vision"], "arrive_s": 0, "deadline_s": 11.0},  # past MAX_BOOKING_S
+        {"stages": ["nope"], "arrive_s": 0, "deadline_s": 0.1},
+        {"stages": ["vision"], "arrive_ms": 0, "deadline_ms": 10},  # the old keys, in ms
     ):
         sock.send_multipart(wire.control("book", 7, **meta))
         reply = wire.decode(sock.recv_multipart())
@@ -211,9 +210,9 @@ def test_the_queue_model_predicts_the_workers_start_times_on_a_recorded_trace(po
         assert err is None
         t = jobs[k].arrival
         for entry in timings:  # a stage starts its queue wait after the one before it ends
-            t += entry["queue_s"]
-            actual[(robot_id(b"robot%d" % k), entry["stage"])] = t - now
-            t += entry["compute_s"]
+            t += entry.queue_s
+            actual[(robot_id(b"robot%d" % k), entry.stage)] = t - now
+            t += entry.compute_s
     assert set(actual) <= set(predicted) | {(robot_id(b"robot0"), STAGES[0])}  # may be running
     for key, got in actual.items():
         if key in predicted:  # 10%, and 15 ms for one stage's jitter on a busy machine

@@ -103,7 +103,7 @@ def test_two_workers_serve_two_robots(fleet, policy):
     assert h["capacity"] == 2 and len(h["workers"]) == 2 and h["ray_auth"] == "token"
     assert all(w["replies"] > 0 for w in h["workers"]), h["workers"]  # both served
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
-    assert h["schedule"] == []  # the same reservations contract as one edge (nothing in flight)
+    assert h["schedule"] == ()  # the same reservations contract as one edge (nothing in flight)
     from vlarun.runtime.dashboard import Dashboard
 
     state = Dashboard(front).state()  # the live page reads the front as it reads one edge
@@ -164,7 +164,7 @@ def test_the_front_reports_a_workers_flights_as_its_committed_schedule():
     w.flights[1] = _Flight(b"late", 7, [], STAGES, "full", now, now + 0.9, None)
     w.flights[2] = _Flight(b"soon", 8, [], ("decode",), "full", now, now + 0.2, None)
     slots = w.schedule()
-    assert [s["stage"] for s in slots] == ["decode", "vision", "prefill", "decode"]  # EDF
-    assert slots[0]["start_ms"] == 0.0 and abs(slots[-1]["end_ms"] - 90.0) < 1e-6
+    assert [s.stage for s in slots] == ["decode", "vision", "prefill", "decode"]  # EDF
+    assert slots[0].start_s == 0.0 and abs(slots[-1].end_s - 0.09) < 1e-9
     for a, b in zip(slots, slots[1:], strict=False):
-        assert abs(b["start_ms"] - a["end_ms"]) < 1e-9
+        assert abs(b.start_s - a.end_s) < 1e-12

@@ -56,8 +56,8 @@ def test_remote_segment_equals_local_and_reports_timings(server, policy):
         meta = {"batch": 1, "text_tokens": len(ids)}
         rep = client.run(("prefill", "decode"), packet, ("actions",), 5.0, 5.0, meta)
         assert torch.equal(rep.packet["actions"], local.outputs["actions"])
-        assert [t["stage"] for t in rep.timings] == ["prefill", "decode"]
-        assert all(t["compute_s"] > 0 and t["batch"] == 1 for t in rep.timings)
+        assert [t.stage for t in rep.timings] == ["prefill", "decode"]
+        assert all(t.compute_s > 0 and t.batch == 1 for t in rep.timings)
         assert 0 < rep.server_s < rep.wall_s
         # whole graph remotely, reply reduced to bf16 on the way back
         full = client.run(
@@ -107,7 +107,7 @@ def test_batches_same_stage_from_two_robots(policy):
             t.join(10)
         for c in clients:
             c.close()
-    assert [r.timings[0]["batch"] for r in out] == [2, 2]
+    assert [r.timings[0].batch for r in out] == [2, 2]
     assert torch.allclose(out[0].packet["visual"], local.outputs["visual"], atol=1e-5)
     assert torch.allclose(out[1].packet["visual"], local2.outputs["visual"], atol=1e-5)
 

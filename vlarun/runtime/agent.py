@@ -263,7 +263,8 @@ class RobotAgent:
         self._scheds: dict[int, object] = {}
         self._factors: dict[int, dict] = {}
         self._utilisation: dict[int, dict] = {}  # text tokens -> role -> stage -> roofline u
-        self._schedule: tuple[float, list] = (0.0, [])  # (when, the edge's schedule then)
+        # (when, the edge's schedule then: ``records.ScheduleSlot``s)
+        self._schedule: tuple[float, tuple] = (0.0, ())
         self.client = self.monitor = None
         if edge is not None:
             sec = sec or Security(insecure=True)
@@ -362,7 +363,7 @@ class RobotAgent:
                     return  # the request will find the link down too, and run here
             ends.append(d.stage_end[seg.stages[-1]])
 
-    def _edge_schedule(self, health: dict) -> tuple[list | None, float]:
+    def _edge_schedule(self, health: dict) -> tuple[tuple | None, float]:
         """The edge's committed schedule (other robots' reservations included) and its age:
         the freshest of the last reply, the monitor's last health reply and the ledger the
         edge last pushed (``LinkMonitor.ledger``)."""
@@ -566,11 +567,11 @@ class RobotAgent:
             return False
         pool.update(rep.packet.tensors)  # checked in _remote: names, shapes, finite values
         for t in rep.timings:
-            tr.ran[t["stage"]] = "edge"
+            tr.ran[t.stage] = "edge"
             # Energy: this request's share of the batch; calibration: the execution itself.
-            tr.edge_s[t["stage"]] = t["compute_s"] / max(t["batch"], 1)
-            tr.stage_s[t["stage"]] = t["compute_s"]
-            tr.batch[t["stage"]] = max(int(t["batch"]), 1)
+            tr.edge_s[t.stage] = t.share_s
+            tr.stage_s[t.stage] = t.compute_s
+            tr.batch[t.stage] = t.batch
         tr.overheads_ms.append((rep.wall_s - rep.server_s) * 1e3)
         seg = segs[i].stages
         tr.transfers.append(TransferOutcome(seg[0], seg[-1], max(rep.wall_s - rep.server_s, 0.0),

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import zmq
 
-from vlarun.runtime.queues import MAX_BOOKING_MS
+from vlarun.runtime.records import (
+    PlanBooking,
+    RecordError,
+    ScheduleSlot,
+    StageTiming,
+    number,
+    parse_schedule,
+    parse_timings,
+)
 from vlarun.runtime.transport import Security, dealer_socket
 from vlarun.stages import wire
 from vlarun.stages.graph import TensorSpec
@@ -39,12 +46,12 @@ class Reply:
     measured (wall time from send to receive, bytes each way)."""
 
     packet: Packet
-    timings: list[dict]
+    timings: tuple[StageTiming, ...]
     server_s: float
     wall_s: float
     sent_bytes: int
     recv_bytes: int
-    schedule: list = field(default_factory=list)  # the edge's committed schedule at the reply
+    schedule: tuple[ScheduleSlot, ...] = ()  # the edge's committed schedule at the reply
     late: bool = False  # set by the agent: arrived too late for the request to finish in time
 
 
@@ -56,46 +63,19 @@ class BadReply(RuntimeError):
 
 def _number(x: object, what: str, low: float = 0.0) -> float:
     """A finite real >= ``low`` (bool is not a number here), or BadReply naming ``what``."""
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < low:
-        raise BadReply(f"bad reply: {what} is {str(x)[:40]!r}, not a finite number >= {low:g}")
-    return float(x)
+    try:
+        return number(x, what, low)
+    except RecordError as e:
+        raise BadReply(f"bad reply: {e}") from None
 
 
-def check_timings(timings: object, stages: tuple[str, ...]) -> list[dict]:
-    """The per-stage timings of a result, each ``{"stage", "compute_s", "queue_s", "batch"}``
-    for a stage of the request, with finite non-negative times and a batch >= 1."""
-    if not isinstance(timings, list) or len(timings) > len(stages):
-        raise BadReply(f"bad reply: timings must be a list of at most {len(stages)} entries")
-    out = []
-    for t in timings:
-        if not isinstance(t, dict) or t.get("stage") not in stages:
-            raise BadReply(f"bad reply: a timing entry names no stage of {'+'.join(stages)}")
-        batch = t.get("batch")
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise BadReply(f"bad reply: batch of {t['stage']} is {str(batch)[:40]!r}")
-        out.append({"stage": t["stage"], "compute_s": _number(t.get("compute_s"), "compute_s"),
-                    "queue_s": _number(t.get("queue_s", 0.0), "queue_s"),
-                    "batch": batch})  # fmt: skip
-    return out
-
-
-def check_schedule(schedule: object) -> list[dict]:
-    """The edge's committed schedule as planning reads it; anything malformed is dropped
-    (it only informs planning: no schedule is a safe answer, a wrong one is not)."""
-    if not isinstance(schedule, list):
-        return []
-    out = []
-    for slot in schedule[:256]:
-        try:
-            if not isinstance(slot, dict) or not isinstance(slot.get("stage"), str):
-                return []
-            out.append({"robot": str(slot.get("robot", ""))[:16], "stage": slot["stage"],
-                        **{k: _number(slot.get(k), k, -math.inf)
-                           for k in ("start_ms", "end_ms", "deadline_ms")},
-                        "booked": slot.get("booked") is True})  # fmt: skip
-        except BadReply:
-            return []
-    return out
+def check_timings(timings: object, stages: tuple[str, ...]) -> tuple[StageTiming, ...]:
+    """The per-stage timings of a result for ``stages`` (``records.StageTiming``), or
+    BadReply naming what is wrong."""
+    try:
+        return parse_timings(timings, stages)
+    except RecordError as e:
+        raise BadReply(f"bad reply: {e}") from None
 
 
 def check_health(health: object) -> dict:
@@ -111,7 +91,7 @@ def check_health(health: object) -> dict:
             with contextlib.suppress(BadReply):
                 clean[name] = _number(v, key) if isinstance(name, str) else None
         out[key] = {k: v for k, v in clean.items() if v is not None}
-    out["schedule"] = check_schedule(health.get("schedule"))
+    out["schedule"] = parse_schedule(health.get("schedule"))
     return out
 
 
@@ -182,7 +162,7 @@ class EdgeClient:
             if msg.rid == rid:
                 return msg, sum(len(f) for f in frames)
 
-    def listen(self, timeout_s: float) -> list | None:
+    def listen(self, timeout_s: float) -> tuple[ScheduleSlot, ...] | None:
         """Wait up to ``timeout_s`` for what the edge pushes unasked (its ledger, while
         robots are active): the newest schedule that came (checked as a health answer's), or
         None. Anything else that arrives (a late answer to an abandoned request) is dropped,
@@ -202,7 +182,7 @@ class EdgeClient:
             except Exception:  # noqa: BLE001 - whatever the decoder trips on, from a peer
                 continue
             if msg.kind == "control" and msg.meta.get("op") == "ledger":
-                newest = check_schedule(msg.meta.get("schedule"))
+                newest = parse_schedule(msg.meta.get("schedule"))
 
     def health(self, timeout_s: float = 1.0, listen: bool = False) -> tuple[dict, float]:
         """The edge's health map and the round-trip time in seconds. ``listen``: the edge
@@ -218,9 +198,8 @@ class EdgeClient:
         """Announce a plan's edge stages the moment it is chosen: they arrive in ``arrive_s``
         and are due in ``deadline_s`` (seconds from now). Not waited for (the small answer is
         dropped by the next ``_await``): booking must not cost the request time."""
-        ms = lambda s: min(max(1e3 * s, 0.0), MAX_BOOKING_MS)  # noqa: E731 - the edge's bound
-        meta = {"stages": list(stages), "arrive_ms": ms(arrive_s), "deadline_ms": ms(deadline_s)}
-        self._send(wire.control("book", next(_ids), **meta))
+        booking = PlanBooking.clamped(stages, arrive_s, deadline_s)
+        self._send(wire.control("book", next(_ids), **booking.pack()))
 
     def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:
         """Send ``nbytes`` of padding to the edge and wait for its small answer: seconds of
@@ -274,7 +253,7 @@ class EdgeClient:
             wall,
             sent,
             recv,
-            check_schedule(reply.meta.get("schedule")),
+            parse_schedule(reply.meta.get("schedule")),
         )
 
 

@@ -380,7 +380,7 @@ class OpenpiPolicyServer:
             if "deadline passed" in err:
                 raise Busy(f"not served within the time budget of {budget:g} s (--budget-s)")
             raise RuntimeError(err)
-        model_ms = 1e3 * sum(t["compute_s"] for t in timings)
+        model_ms = 1e3 * sum(t.compute_s for t in timings)
         actions = self.policy.unnormalize(out["actions"][0])
         return {"actions": np.asarray(actions, dtype=np.float32)}, model_ms
 

@@ -75,7 +75,7 @@ def measure(edge: str, policy, n: int = 30) -> dict:
         for i in range(n + 3):
             rep = client.run(("vision",), packet, ("visual",), 5.0, 5.0, meta)
             if i >= 3:
-                runs.append((rep.wall_s - sum(t["compute_s"] for t in rep.timings), rep))
+                runs.append((rep.wall_s - sum(t.compute_s for t in rep.timings), rep))
     finally:
         client.close()
     sizes = [len(f) for f in wire.encode(wire.Message("data", 1, "vision", 5.0, meta, packet))]

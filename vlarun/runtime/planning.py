@@ -147,19 +147,19 @@ def prime(
     sched.prime(convert(robot_s, factors["robot"]), convert(edge_s, factors["edge"]))
 
 
-def edge_state(health: dict, schedule: list | None = None, age_s: float = 0.0) -> DeviceState:
-    """The edge's load for a request made now: the edge's committed schedule (``age_s`` old)
-    as reservations with their deadlines, or else its queue depth x measured stage times."""
+def edge_state(health: dict, schedule=None, age_s: float = 0.0) -> DeviceState:
+    """The edge's load for a request made now: the edge's committed schedule (a sequence of
+    ``records.ScheduleSlot``, ``age_s`` old) as reservations with their deadlines, or else
+    its queue depth x measured stage times."""
     if schedule:
         res = []
-        for slot in schedule:
-            start, end = slot["start_ms"] * 1e-3 - age_s, slot["end_ms"] * 1e-3 - age_s
-            due = slot["deadline_ms"] * 1e-3 - age_s
-            if end <= 0:
+        for slot in (s.aged(age_s) for s in schedule):
+            if slot.end_s <= 0:
                 continue  # done by now
             # Which work is served after this request (EDF) depends on when each plan's stage
             # reaches the edge: the scheduler decides that per plan from ``due``.
-            res.append(Reservation("edge", slot["stage"], max(start, 0.0), end, due=due))
+            res.append(Reservation("edge", slot.stage, max(slot.start_s, 0.0), slot.end_s,
+                                   due=slot.deadline_s))  # fmt: skip
         return DeviceState(reservations=res)
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
@@ -167,7 +167,7 @@ def edge_state(health: dict, schedule: list | None = None, age_s: float = 0.0) -
 
 
 def decide(
-    sched: Scheduler, link: Link, health: dict, schedule: list | None = None, age_s: float = 0.0
+    sched: Scheduler, link: Link, health: dict, schedule=None, age_s: float = 0.0
 ) -> ExecutionPlan:
     """The scheduler's decision for a request made now, given the edge's last health reply
     and its committed schedule (``age_s`` old)."""

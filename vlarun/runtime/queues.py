@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vlarun.runtime.records import StageTiming
 from vlarun.runtime.segments import batch_dim
 from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, StageTimes, finish, play
 
@@ -56,7 +57,7 @@ class Job:
     cancelled: bool = False
     pos: int = 0
     enqueued: float = 0.0
-    timings: list[dict] = field(default_factory=list)
+    timings: list[StageTiming] = field(default_factory=list)
 
     def address(self, with_timings: bool = False) -> list[bytes]:
         """The frames a reply to this request starts with: the peer's identity, then, when a
@@ -96,9 +97,6 @@ ARRIVALS_KEPT = 8
 PERIODIC_MIN = 4
 PERIODIC_JITTER = 0.1
 MAX_TRACKED = 1024  # clients whose arrivals are remembered (the oldest forgotten first)
-# A booking reaches at most this far ahead (ms): a plan is for the next request, and a booking
-# held longer would only be a way to make the edge refuse others.
-MAX_BOOKING_MS = 10_000
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.ray_workers import RayWorkers
+from vlarun.runtime.records import (
+    RecordError,
+    ScheduleSlot,
+    StageTiming,
+    pack_schedule,
+    parse_timings,
+)
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.server import (
     Refused,
@@ -135,11 +142,11 @@ class _Worker:
             q.add(Pending(now, f.deadline, robot_id(f.identity), f.stages, self.seconds(f.stages)))
         return q
 
-    def schedule(self, limit: int = 64) -> list[dict]:
+    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
         """This worker's committed schedule as the front sees it (the contract of
         ``EdgeServer.schedule``): its flights played forward by the worker's rule."""
         now = time.monotonic()
-        return [s.pack(now) for s in play(self.queue(now), limit)]
+        return [ScheduleSlot.of(s, now) for s in play(self.queue(now), limit)]
 
     def finish(
         self, now: float, stages: tuple[str, ...], deadline: float,
@@ -156,17 +163,10 @@ class _Worker:
     def fresh(self, stages, within_s: float) -> bool:
         return self.times.fresh_at(stages, within_s, time.monotonic())
 
-    def observe(self, timings: object) -> None:
-        if not isinstance(timings, list):
-            return
+    def observe(self, timings: tuple[StageTiming, ...]) -> None:
         now = time.monotonic()
         for t in timings:
-            if not isinstance(t, dict):
-                continue
-            stage, sec, batch = t.get("stage"), t.get("compute_s"), t.get("batch", 1)
-            if not isinstance(stage, str) or not isinstance(sec, float | int):
-                continue
-            self.times.measured(stage, float(sec), batch if isinstance(batch, int) else 1, now)
+            self.times.measured(t.stage, t.compute_s, t.batch, now)
 
 
 class EdgeFront:
@@ -421,7 +421,10 @@ class EdgeFront:
             if f is None:
                 continue  # already answered (expired, or re-dispatched after a loss)
             now = time.monotonic()
-            timings = echo.get("timings") or []
+            try:  # a worker's bad timings cost its estimates an update, never the reply
+                timings = parse_timings(echo.get("timings") or [], f.stages)
+            except RecordError:
+                timings = ()
             w.observe(timings)
             w.lag_s = 0.7 * w.lag_s + 0.3 * max(now - f.predicted, 0.0)
             w.replies += 1
@@ -431,19 +434,15 @@ class EdgeFront:
                 self.stats["late"] += 1
             self._send(f.identity, frames[1:])  # the robot's reply, untouched
 
-    def _record(self, w: _Worker, f: _Flight, timings: list, now: float) -> None:
-        compute_s = sum(
-            t.get("compute_s", 0.0) / max(t.get("batch", 1), 1)
-            for t in timings
-            if isinstance(t, dict)
-        )
+    def _record(self, w: _Worker, f: _Flight, timings: tuple[StageTiming, ...], now: float) -> None:
+        compute_s = sum(t.share_s for t in timings)
         self.stats["replies"] += 1
         self.stats["compute_s"] += compute_s
         self.recent.append({
             "t": now, "robot": robot_id(f.identity), "stages": "+".join(f.stages),
             "setting": f.setting, "server_s": now - f.arrival, "budget_s": f.deadline - f.arrival,
             "compute_s": compute_s, "worker": w.index,
-            "batch": {t.get("stage"): t.get("batch", 1) for t in timings if isinstance(t, dict)},
+            "batch": {t.stage: t.batch for t in timings},
         })  # fmt: skip
 
     def _expire(self, now: float) -> None:
@@ -564,7 +563,7 @@ class EdgeFront:
             "stage_ms": {k: v * 1e3 for k, v in best.times.est_s.items()} if best else {},
             "max_batch": self.cfg.max_batch,
             "backlog_ms": 1e3 * best.load_s() if best else 0.0,
-            "schedule": best.schedule() if best else [],
+            "schedule": pack_schedule(best.schedule()) if best else [],
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             "capacity": len(live),

@@ -38,7 +38,14 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import MAX_BOOKING_MS, Booking, Job, StageQueues
+from vlarun.runtime.queues import Booking, Job, StageQueues
+from vlarun.runtime.records import (
+    PlanBooking,
+    RecordError,
+    ScheduleSlot,
+    StageTiming,
+    pack_schedule,
+)
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -101,10 +108,10 @@ class Route:
             {"rid": self.rid, "robot": self.robot.decode(), "budget_s": self.budget_s}
         )
 
-    def echo(self, timings: list | None = None) -> bytes:
+    def echo(self, timings: list[StageTiming] | None = None) -> bytes:
         """The frame a reply to the front starts with: its rid (and, for results, the
         per-stage timings, so the front keeps its estimates without parsing the reply)."""
-        return msgpack.packb({"rid": self.rid, "timings": timings or []})
+        return msgpack.packb({"rid": self.rid, "timings": [t.pack() for t in timings or ()]})
 
 
 @dataclass(frozen=True)
@@ -264,7 +271,7 @@ class EdgeServer:
         if not self._listeners:
             return
         self._pushed_at, self._pushed_version = now, version
-        frames = wire.control("ledger", 0, schedule=self.schedule())
+        frames = wire.control("ledger", 0, schedule=pack_schedule(self.schedule()))
         for identity in self._listeners:
             self._send([identity, *frames])
 
@@ -386,7 +393,7 @@ class EdgeServer:
         want: tuple[str, ...],
         budget_s: float,
         origin: bytes,
-        done: Callable[[dict | None, str | None, list[dict]], None],
+        done: Callable[[dict | None, str | None, list[StageTiming]], None],
         admit: bool = False,
     ) -> Job:
         """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
@@ -426,15 +433,15 @@ class EdgeServer:
                 self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
             self._seen[origin] = now
 
-    def schedule(self, limit: int = 64) -> list[dict]:
+    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
         """The committed schedule, as admission sees it (``StageQueues.forecast``): the batch
         running now, then every queued and booked request's remaining stages in the order the
-        worker's EDF rule would run them, at their measured per-request times. Times in ms
+        worker's EDF rule would run them, at their measured per-request times. Times in s
         from now; each entry names the robot, the stage, the deadline it must meet and whether
         it is only booked so far. Robots plan against it (``planning.edge_state``)."""
         now = time.monotonic()
         slots = self.queues.forecast(now, self._busy_until, self._running, robot_id, limit=limit)
-        return [s.pack(now) for s in slots]
+        return [ScheduleSlot.of(s, now) for s in slots]
 
     def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
         """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
@@ -449,21 +456,14 @@ class EdgeServer:
             )
 
     def _book(self, origin: bytes, header: wire.Header, now: float) -> list[bytes]:
-        """A robot announces the edge stages it just planned (op "book": ``stages``, when they
-        arrive and are due, ms from now): they enter the queue model at once, so every robot
-        quoted before the request itself lands sees them."""
-        m = header.meta
-        stages, arrive, due = m.get("stages"), m.get("arrive_ms"), m.get("deadline_ms")
-        ok = (
-            isinstance(stages, list) and 0 < len(stages) <= len(self.schema.names)
-            and all(isinstance(n, str) for n in stages)
-            and all(isinstance(x, int | float) and 0 <= x <= MAX_BOOKING_MS for x in (arrive, due))
-        )  # fmt: skip
-        if not ok:
-            raise PacketError(
-                f"a booking needs stage names, arrive_ms and deadline_ms in 0..{MAX_BOOKING_MS}"
-            )
-        booking = Booking(origin, tuple(stages), now + 1e-3 * arrive, now + 1e-3 * due)
+        """A robot announces the edge stages it just planned (op "book", a ``PlanBooking``):
+        they enter the queue model at once, so every robot quoted before the request itself
+        lands sees them."""
+        try:
+            b = PlanBooking.parse(header.meta, self.schema.names)
+        except RecordError as e:
+            raise PacketError(f"bad booking: {e}") from None
+        booking = Booking(origin, b.stages, now + b.arrive_s, now + b.deadline_s)
         booked = self.queues.book(booking, now, self.cfg.max_queued_per_robot)
         with self._lock:
             self.stats["booked" if booked else "booking_refused"] += 1
@@ -514,7 +514,7 @@ class EdgeServer:
             "max_batch": self.cfg.max_batch,
             "streams_kept": len(self._streams),
             "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
-            "schedule": self.schedule(),
+            "schedule": pack_schedule(self.schedule()),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
             # stage executions that overran their emulated device's time (None: not emulated)
@@ -579,14 +579,7 @@ class EdgeServer:
         self._busy_until = 0.0
         self.queues.observe(stage.name, seconds, len(live))
         for job in live:
-            job.timings.append(
-                {
-                    "stage": stage.name,
-                    "compute_s": seconds,
-                    "queue_s": now - job.enqueued,
-                    "batch": len(live),
-                }
-            )
+            job.timings.append(StageTiming(stage.name, seconds, now - job.enqueued, len(live)))
             job.pos += 1
             if job.cancelled:
                 continue
@@ -633,7 +626,7 @@ class EdgeServer:
     def _record(self, job: Job) -> None:
         self.stats["replies"] += 1
         now = time.monotonic()
-        compute_s = sum(t["compute_s"] / t["batch"] for t in job.timings)  # this request's share
+        compute_s = sum(t.share_s for t in job.timings)  # this request's share
         self.stats["compute_s"] += compute_s
         self.recent.append({
             "t": now,
@@ -643,13 +636,14 @@ class EdgeServer:
             "server_s": now - job.arrival,
             "budget_s": job.deadline - job.arrival,
             "compute_s": compute_s,
-            "batch": {t["stage"]: t["batch"] for t in job.timings},
+            "batch": {t.stage: t.batch for t in job.timings},
         })  # fmt: skip
 
     def _reply(self, job: Job) -> list[bytes]:
         packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": job.timings, "server_s": time.monotonic() - job.arrival,
-                "schedule": self.schedule()}  # fmt: skip
+        meta = {"timings": [t.pack() for t in job.timings],
+                "server_s": time.monotonic() - job.arrival,
+                "schedule": pack_schedule(self.schedule())}  # fmt: skip
         emu = self.emulator  # an emulated edge answers with the real model's packet size
         pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
         msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet,

@@ -79,12 +79,6 @@ class Slot:
     deadline: float
     booked: bool = False
 
-    def pack(self, now: float) -> dict:
-        """The wire form: times in ms from ``now``."""
-        return {"robot": self.origin, "stage": self.stage, "start_ms": 1e3 * (self.start - now),
-                "end_ms": 1e3 * (self.end - now), "deadline_ms": 1e3 * (self.deadline - now),
-                "booked": self.booked}  # fmt: skip
-
 
 class EdgeQueue:
     """One worker's queues under the worker's rule. ``add`` a request (it joins when
