@@ -5,9 +5,12 @@ import pytest
 from vlarun.runtime.episode import link_timeline
 
 
-def _row(t: float, edge: bool, fallback: str | None = None) -> dict:
+def _row(t: float, edge: bool, fallback: str | None = None, sent: float = 0.05) -> dict:
+    """A request begun ``t`` s into the run; ``edge``: an edge answer in time came, sent for
+    ``sent`` s after the request began."""
     ran = "vision@edge/prefill@edge/decode@robot" if edge else "vision@robot/prefill@robot"
-    return {"started_s": 100.0 + t, "ran": ran, "fallback": fallback}
+    return {"started_s": 100.0 + t, "ran": ran, "fallback": fallback,
+            "edge_at_s": 100.0 + t + sent if edge and fallback is None else None}  # fmt: skip
 
 
 def _connected(client) -> None:
@@ -32,7 +35,18 @@ def test_drop_and_restore_are_found_and_timed():
     t = link_timeline(rows, 100.0, 200.0, [(9.0, 2.0), (15.0, 200.0)])
     assert t["drop_s"] == 9.0 and t["restore_s"] == 15.0
     assert abs(t["left_edge_after_drop_ms"] - 200.0) < 1e-6
-    assert abs(t["edge_again_after_restore_ms"] - 800.0) < 1e-6
+    assert abs(t["edge_again_after_restore_ms"] - 850.0) < 1e-6  # when its edge part was sent
+
+
+def test_a_request_handed_to_the_edge_mid_way_is_the_edges_return():
+    """A request that began here before the restore and sent its rest to the edge after it
+    (a handoff) is when the edge came back, not the next request planned onto it."""
+    rows = [_row(t, True) for t in (0, 4, 8.5)] + [_row(t, False) for t in (10, 12)]
+    handed = _row(14.7, True, sent=0.6)  # began 0.3 s before the restore, sent 0.3 s after
+    handed["handoff"] = "prefill+decode to the edge"
+    rows += [handed, _row(15.8, True)]
+    t = link_timeline(rows, 100.0, 200.0, [(9.0, 2.0), (15.0, 200.0)])
+    assert abs(t["edge_again_after_restore_ms"] - 300.0) < 1e-6 and t["handoffs"] == 1
 
 
 def test_never_back_and_no_drop():

@@ -628,3 +628,45 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
     now[0] += 10 * sched.cal.half_life_s  # not run for ten half-lives: back to the model
     assert float(sched.score(link).energy[c]) == pytest.approx(before, rel=1e-2)
+
+
+def _local_times(sched, link) -> list[float]:
+    """When each stage of the robot-only plan ends, from the request's start."""
+    c = _only(sched, "robot")
+    return [float(x) for x in sched.score(link).end[c]]
+
+
+def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_is_back():
+    """OpenVLA-7B on the Orin misses a 1 s deadline alone (EcoVLA's regime): a request that
+    ran here while the link was down hands the rest to the restored edge at its next stage
+    boundary, from whichever held output finishes first (the 0.6 MB image before 2.1 MB of
+    visual features at 200 Mbit/s). After prefill the edge redoes prefill (the KV cache is
+    too big to send), the robot's work on it lost."""
+    sched = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=1.0, actions=7)
+    good = Link(200.0, 5.0)
+    ends = _local_times(sched, good)
+    assert ends[-1] > 1.0  # the robot alone is late
+    after_vision = sched.handoff(None, 1, ends[0], good)
+    assert after_vision is not None and after_vision.start in ("vision", "prefill")
+    assert after_vision.placement["prefill"] == after_vision.placement["decode"] == "edge"
+    assert after_vision.finish_s < 1.0 < after_vision.local_finish_s
+    after_prefill = sched.handoff(None, 2, ends[1], good)
+    assert after_prefill is not None and after_prefill.start != "decode"  # not the KV cache
+    assert after_prefill.finish_s < after_prefill.local_finish_s
+    assert abs(after_prefill.local_finish_s - ends[-1]) < 1e-6  # on the predicted path
+    # The link still down, or a robot on time: the rest stays here.
+    assert sched.handoff(None, 1, ends[0], Link(2.0, 5.0)) is None
+    relaxed = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=5.0,
+                        actions=7)  # fmt: skip
+    assert relaxed.handoff(None, 1, ends[0], good) is None
+    assert sched.handoff(None, 0, 0.0, good) is None  # nothing has run here yet: plan it
+
+
+def test_a_handoff_waits_out_the_edge_queue():
+    """Work queued at the edge until after the robot would finish keeps the rest here."""
+    sched = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=1.0, actions=7)
+    good = Link(200.0, 5.0)
+    ends = _local_times(sched, good)
+    busy = DeviceState(reservations=[Reservation("edge", s, 0.0, 5.0, due=0.5)
+                                     for s in ("vision", "prefill", "decode")])  # fmt: skip
+    assert sched.handoff(None, 1, ends[0], good, busy) is None

@@ -161,6 +161,8 @@ class Inference:
     predicted_sigma_s: float | None = None  # the plan's learned latency spread (0: unmeasured)
     model_actions: np.ndarray | None = field(default=None, repr=False)  # the chunk, model space
     rtc_delay: int | None = None  # real-time chunking: the actions frozen (None: no freeze)
+    edge_at_s: float | None = None  # time.monotonic() the first edge answer in time was sent for
+    handoff: str | None = None  # the rest went to the edge mid-way when the link came back
 
     @property
     def late_s(self) -> float:
@@ -197,6 +199,8 @@ class Inference:
             "started_s": self.started_s,
             "predicted_p95_ms": None if self.predicted_s is None else self.predicted_p95_s * 1e3,
             "rtc_delay": self.rtc_delay,
+            "edge_at_s": self.edge_at_s,
+            "handoff": self.handoff,
             "energy_source": "modelled"
             if self.meter is None
             else f"modelled; robot measured by {self.meter}",
@@ -216,6 +220,12 @@ class _Trace:
     sent: int = 0
     transfers: list = field(default_factory=list)  # contract.TransferOutcome per edge call
     late_edge: bool = False  # an edge answer came too late for the deadline
+    # When the first edge answer in time was sent for (time.monotonic()); None: none was.
+    edge_at: float | None = None
+    # The rest of the request went to the edge mid-way (``Scheduler.handoff``): why, and the
+    # robot stages whose work that threw away (their time still costs energy).
+    handoff: str | None = None
+    wasted_s: dict[str, float] = field(default_factory=dict)
 
 
 class RobotAgent:
@@ -442,7 +452,15 @@ class RobotAgent:
                 h, s = rtc.horizon, rtc.execution_horizon
                 pool["rtc_delay"] = torch.tensor([frozen_steps(left, prior.period_s, h, s)])
 
-        tr = self._execute(graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting, refreeze)
+        handoff = None
+        if rtc is None and setting.identity and self.cfg.strategy in ("vlarun", "vlarun-joint"):
+
+            def handoff(done: int):  # at a boundary of the request running here
+                return self._handoff(len(ids), decision, done, t0, link_mbps)
+
+        tr = self._execute(
+            graph, placement, pool, len(ids), t0 + self.cfg.slo_s, setting, refreeze, handoff
+        )
         latency = time.perf_counter() - t0
         measured = self.meter.stop(reading) if reading is not None else None
         inf = Inference(
@@ -453,7 +471,7 @@ class RobotAgent:
             self.cfg.slo_s,
             tr.fallback,
             None if decision is None else decision.latency_s,
-            self._energy(len(ids), tr.ran, tr.stage_s, tr.edge_s, latency),
+            self._energy(len(ids), tr.ran, tr.stage_s, tr.edge_s, latency, tr.wasted_s),
             {k: v * 1e3 for k, v in tr.stage_s.items()},
             tr.overheads_ms,
             tr.sent,
@@ -469,12 +487,19 @@ class RobotAgent:
             predicted_sigma_s=None if decision is None else decision.sigma_s,
             model_actions=pool["actions"][0].float().cpu().numpy(),
             rtc_delay=int(pool["rtc_delay"][0]) if rtc is not None else None,
+            edge_at_s=tr.edge_at,
+            handoff=tr.handoff,
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
 
             sched, factors = self.scheduler(len(ids)), self.factors(len(ids))
-            sched.observe(decision, outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers))
+            # A handed-off request did not run its plan: its stages and transfers teach, its
+            # latency and energy are not the plan's (as after a fallback).
+            out = outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers)
+            if tr.handoff is not None and out.fallback is None:
+                out = dataclasses.replace(out, fallback=f"handoff: {tr.handoff}")
+            sched.observe(decision, out)
         return inf
 
     def _freeze(self, prior: Prior | None, decision, placement: dict) -> RTCRequest | None:
@@ -506,9 +531,13 @@ class RobotAgent:
         deadline: float,
         setting: AccelSetting,
         refreeze=None,
+        handoff=None,
     ) -> _Trace:
         """Run the plan's segments; after the first edge failure, everything left runs here
-        (``refreeze(stages left)`` first, when the request carries a real-time freeze)."""
+        (``refreeze(stages left)`` first, when the request carries a real-time freeze).
+        ``handoff(stages done)``: asked before each robot stage after the first while the rest
+        runs here; a ``sched.scheduler.Handoff`` it returns sends the rest to the edge
+        (``_hand_off``), once per request."""
         tr = _Trace()
         segs = segments(graph, placement)
         stateful = setting.stateful_stages(self.policy.model.cfg.family)
@@ -533,13 +562,71 @@ class RobotAgent:
                 refreeze([n for later in segs[i:] for n in later.stages])
                 refreeze = None
             for name in seg.stages:
+                if handoff is not None and tr.ran and self._rest_here(segs, i, tr):
+                    h, handoff = handoff(len(tr.ran)), None  # asked once per request
+                    if h is not None and self._hand_off(graph, h, pool, text_tokens, deadline, tr):
+                        break
                 if name in stateful and where.get(name) != "robot":
                     hooks.reset(stateful[name])  # its state here is stale (or none yet)
                 tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran, setting)
+            if tr.handoff is not None:
+                break
         for name in stateful:
             if name in tr.ran:
                 where[name] = tr.ran[name]
         return tr
+
+    @staticmethod
+    def _rest_here(segs, i: int, tr: _Trace) -> bool:
+        """Whether everything from segment ``i`` on runs here: the plan's own robot segments
+        to the end, or a fallback."""
+        if any(role != "robot" for role in tr.ran.values()):
+            return False  # the edge already took part: not a request running here
+        return tr.fallback is not None or all(s.role == "robot" for s in segs[i:])
+
+    def _handoff(self, text_tokens: int, decision, done: int, t0: float, link_mbps):
+        """The scheduler's handoff for a request running here with ``done`` stages run, or
+        None. Asked only once the link looks back since the request was planned (the edge
+        was down then, the request fell back, or the bandwidth estimate has since doubled):
+        a request the plan keeps here on a steady link is not re-planned at every stage."""
+        if self.monitor is None or not self.edge_up:
+            return None
+        before = link_mbps
+        self._refresh_link()
+        now_mbps = self.link.bandwidth_mbps
+        if decision is not None and before is not None and now_mbps < 2.0 * before:
+            return None
+        from vlarun.runtime.planning import edge_state
+
+        sched = self.scheduler(text_tokens)
+        schedule, age = self._edge_schedule(self.monitor.health)
+        return sched.handoff(
+            None if decision is None else decision.settings, done,
+            time.perf_counter() - t0, self.link, edge_state(self.monitor.health, schedule, age),
+        )  # fmt: skip
+
+    def _hand_off(self, graph, h, pool, text_tokens: int, deadline: float, tr: _Trace) -> bool:
+        """Send the rest of a request running here to the edge (``h``: from ``h.start`` on,
+        as an edge request like any other, waited for until the deadline); False, with every
+        stage run here kept, if the edge does not answer in time."""
+        segs = segments(graph, h.placement)
+        i = next(k for k, s in enumerate(segs) if s.role == "edge")
+        order = list(tr.ran)
+        redo = {n: tr.stage_s.pop(n) for n in segs[i].stages if tr.ran.get(n) == "robot"}
+        for n in redo:
+            del tr.ran[n]
+        fallback, tr.fallback = tr.fallback, None
+        if self._try_remote(graph, h.placement, segs, i, pool, text_tokens, deadline, tr, {}):
+            tr.fallback = fallback
+            tr.wasted_s.update(redo)
+            tr.handoff = (
+                f"{'+'.join(segs[i].stages)} to the edge at "
+                f"{1e3 * (h.local_finish_s - h.finish_s):.0f} ms predicted gain"
+            )
+            return True
+        tr.stage_s.update(redo)
+        tr.ran = {n: "robot" for n in order}
+        return False
 
     def _try_remote(
         self, graph, placement, segs, i, pool, text_tokens, deadline, tr, extra
@@ -566,6 +653,9 @@ class RobotAgent:
             tr.fallback = f"edge: {e}"
             return False
         pool.update(rep.packet.tensors)  # checked in _remote: names, shapes, finite values
+        tr.late_edge = tr.late_edge or rep.late
+        if not rep.late and tr.edge_at is None:
+            tr.edge_at = time.monotonic() - rep.wall_s
         for t in rep.timings:
             tr.ran[t.stage] = "edge"
             # Energy: this request's share of the batch; calibration: the execution itself.
@@ -662,7 +752,7 @@ class RobotAgent:
             rep.sent_bytes + rep.recv_bytes, max(rep.wall_s - rep.server_s, 1e-6)
         )
 
-    def _energy(self, text_tokens, ran, stage_s, edge_times, latency) -> float:
+    def _energy(self, text_tokens, ran, stage_s, edge_times, latency, wasted=None) -> float:
         """The modelled energy of what ran, each stage at the roofline utilisation the
         scheduler prices it at on the device it ran on (the one account, every strategy)."""
         from vlarun.runtime.planning import modelled_energy, roofline_utilisation
@@ -673,4 +763,5 @@ class RobotAgent:
                 self.policy.model.cfg, self.cfg, text_tokens, self.dtype
             )
         return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors,
-                               utilisation=self._utilisation[text_tokens])  # fmt: skip
+                               utilisation=self._utilisation[text_tokens],
+                               wasted=wasted)  # fmt: skip

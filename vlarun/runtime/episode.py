@@ -168,8 +168,10 @@ def link_timeline(
     placed by its ``started_s``. A drop is the first change to a lower bandwidth than the one
     before it, the restore the first later change back up. ``left_edge_after_drop_ms``: from the
     drop to the first request that ran nothing on the edge; ``edge_again_after_restore_ms``:
-    from the restore to the first later request that ran a stage on the edge as planned. None
-    where that never happened (or the schedule has no drop or no restore)."""
+    from the restore to the first edge answer in time sent for after it (``edge_at_s``: a
+    request planned onto the edge, or one running here whose rest was handed to the edge when
+    the link came back). None where that never happened (or the schedule has no drop or no
+    restore)."""
     changes = sorted(schedule)
     drop = restore = None
     for (_, before), (at, after) in zip([(0.0, mbps), *changes], changes, strict=False):
@@ -189,9 +191,12 @@ def link_timeline(
                 return (t - at) * 1e3
         return None
 
+    sent = sorted(r["edge_at_s"] - clock0 for r in infs if r.get("edge_at_s") is not None)
+    again = next((t for t in sent if restore is not None and t >= restore), None)
     return {
         "drop_s": None if drop is None else drop[0],
         "restore_s": restore,
         "left_edge_after_drop_ms": first_after(None if drop is None else drop[0], False),
-        "edge_again_after_restore_ms": first_after(restore, True),
+        "edge_again_after_restore_ms": None if again is None else (again - restore) * 1e3,
+        "handoffs": sum(r.get("handoff") is not None for r in infs),
     }

@@ -206,6 +206,7 @@ def modelled_energy(
     factors: dict,
     radio: RadioPower | None = None,
     utilisation: dict[str, dict[str, float]] | None = None,
+    wasted: dict[str, float] | None = None,
 ) -> float:
     """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
     measured times. A stage is priced at ``utilisation[role][name]`` (the roofline's estimate
@@ -215,9 +216,13 @@ def modelled_energy(
     per-request compute time (``edge_s``), the radio the request's remote time that was not
     edge compute, half sending and half receiving.
 
+    ``wasted``: robot stages that ran here and were then redone on the edge (a handoff): the
+    robot was busy for them all the same.
+
     The devices are ``cfg.robot_device`` / ``cfg.edge_device``; times measured on this host
     are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
     devices = role_devices(cfg)
+    wasted = wasted or {}
     rob, edge = devices["robot"], devices["edge"]
     f_rob, f_edge = factors["robot"], factors["edge"]
     util = utilisation or {}
@@ -227,12 +232,15 @@ def modelled_energy(
                    util.get(role, {}).get(name, 1.0))
         for name, role in ran.items()
     ]  # fmt: skip
+    spends += [StageSpend("robot", t * f_rob.get(name, 1.0), util.get("robot", {}).get(name, 1.0))
+               for name, t in wasted.items()]  # fmt: skip
     remote = [n for n, r in ran.items() if r == "edge"]
     on_air = 0.0
     if remote:  # the link's time is the link's: measured, never converted
-        robot_busy = sum(stage_s[n] for n in ran if ran[n] == "robot")
+        robot_busy = sum(stage_s[n] for n in ran if ran[n] == "robot") + sum(wasted.values())
         on_air = max(latency_s - robot_busy - sum(stage_s[n] for n in remote), 0.0)
     latency = _converted_latency(latency_s, ran, stage_s, factors)
+    latency += sum(t * (f_rob.get(n, 1.0) - 1.0) for n, t in wasted.items())
     return request_energy(
         rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
         tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(),

@@ -53,6 +53,18 @@ from vlarun.sched.predictor import (
 MAX_EDGE_BATCH = 8
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """The rest of a request moved to the edge mid-way (``Scheduler.handoff``): the edge takes
+    every stage from ``start`` on (``placement``), predicted to finish ``finish_s`` after the
+    request began, where finishing on the robot would take until ``local_finish_s``."""
+
+    start: str
+    placement: dict[str, str]
+    finish_s: float
+    local_finish_s: float
+
+
 @dataclass
 class SafetyNet:
     """The evidence the rule needs before it leaves the best fixed strategy.
@@ -474,14 +486,17 @@ class Scheduler:
 
     def setting_index(self, plan: ExecutionPlan) -> int:
         """Which of this scheduler's settings ``plan`` runs (its knobs name it)."""
+        return self._setting_k(plan.settings)
+
+    def _setting_k(self, settings: dict) -> int:
         if self._by_settings is None:
             self._by_settings = {
                 tuple(sorted(g.as_dict().items())): k for k, g in enumerate(self.space.settings)
             }
         try:
-            return self._by_settings[tuple(sorted(plan.settings.items()))]
+            return self._by_settings[tuple(sorted(settings.items()))]
         except KeyError:
-            raise ValueError(f"plan settings {plan.settings} are not in this plan space") from None
+            raise ValueError(f"plan settings {settings} are not in this plan space") from None
 
     def candidate_index(self, plan: ExecutionPlan) -> int:
         """The candidate (setting, placement, no batch join) ``plan`` is, for re-scoring it."""
@@ -565,6 +580,74 @@ class Scheduler:
             self.cal.observe_boundary(parent, tr.into, model_s / 2, tr.seconds / 2)
         for child in out or ([OUTPUT] if o == len(names) - 1 else []):
             self.cal.observe_boundary(tr.out_of, child, model_s / 2, tr.seconds / 2)
+
+    # -- handing the rest of a request to the edge -----------------------------------------------
+
+    def handoff(
+        self,
+        settings: dict | None,
+        done: int,
+        elapsed_s: float,
+        link: Link,
+        edge_state: DeviceState | None = None,
+    ) -> Handoff | None:
+        """Whether the rest of a request now running here should go to the edge after all:
+        its plan (at ``settings``, a plan's knobs; None: the identity setting, as when the
+        edge was down and nothing was planned) ran or fell back to the robot, its first
+        ``done`` stages have run here in ``elapsed_s``, and the link has come back since. The
+        robot holds every output made so far, so the edge may take over from any earlier
+        stage m <= ``done`` (its stages from m on; the robot's work on m..done-1 is lost):
+        each such candidate is scored with its robot part already behind it (the queue and
+        the link as they are now), against finishing here.
+
+        A handoff exists to win back the deadline: None while the robot's own rest meets it
+        (the plan made for the request stands), and otherwise the edge candidate with the
+        earliest finish (plus ``tail_z`` sigma, the prior's where never measured), if that is
+        sooner than the robot's finish."""
+        sp = self.space
+        s_n = len(sp.stages)
+        if not 0 < done < s_n:
+            return None
+        if settings is None:
+            k = int(self.k[np.flatnonzero(self.fixed)[0]]) if self.fixed.any() else 0
+        else:
+            k = self._setting_k(settings)
+        index = {tuple(sp.roles(pi)): pi for pi in range(len(sp.placements))}
+
+        def candidates(roles: tuple[str, ...]) -> np.ndarray:
+            pi = index.get(roles)
+            if pi is None:
+                return np.zeros(0, dtype=int)
+            return np.flatnonzero((self.k == k) & (self.p == pi) & self.allowed)
+
+        local = candidates(("robot",) * s_n)
+        if not len(local):
+            return None
+        sc = self.score(link, 0.0, edge_state)
+        c_loc = int(local[0])
+        # Predicted time of the robot stages before each m (one chain of robot stages).
+        before = [0.0] + [float(sc.end[c_loc, m - 1]) for m in range(1, done + 1)]
+        local_finish = elapsed_s + float(sc.latency[c_loc]) - before[done]
+        if local_finish <= self.slo_s:
+            return None
+        measured = self._per_placement(lambda roles: self.cal.measured(tuple(roles)))
+        best: Handoff | None = None
+        for m in range(done + 1):
+            cs = candidates(("robot",) * m + ("edge",) * (s_n - m))
+            if not len(cs):
+                continue
+            at = self.score(link, -before[m], edge_state)  # its robot part ends now
+            for c in cs:
+                rest = float(at.latency[c]) - before[m]
+                sigma = self._at(at.sigma, c) if measured[c] else self.cal.prior_rel * rest
+                finish = elapsed_s + rest
+                if finish + self.cal.tail_z * sigma >= local_finish:
+                    continue
+                if best is None or finish < best.finish_s:
+                    roles = sp.roles(self.p[c])
+                    best = Handoff(sp.stages[m], dict(zip(sp.stages, roles, strict=True)),
+                                   finish, local_finish)  # fmt: skip
+        return best
 
     # -- reservations -----------------------------------------------------------------------------
 
