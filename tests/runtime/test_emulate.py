@@ -111,3 +111,42 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         assert remote.latency_s < inf.latency_s  # the 4090's round trip beats the Orin
         report = srv.health()["emulation"]  # what the bench reads over the wire
         assert report["executions"] >= 3 and report["emulated"] == "openvla-7b on rtx4090"
+
+
+def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_back(policy):
+    """OpenVLA-7B on an emulated Orin misses its deadline alone. A request planned here while
+    the link was held down (a timeout's bound) sends its rest to the edge at the next stage
+    boundary once the monitor's probes show the link back: the prefill and decode run on the
+    emulated 4090 and the request ends long before the robot alone would have."""
+    import threading
+
+    scale = _scale_for("orin-agx-32gb", 1.2)  # the robot alone: 1.2 s here, prefill ends at 0.4
+    robot = Emulation("openvla-7b", "orin-agx-32gb", time_scale=scale, jitter=0.0)
+    edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
+    image = np.zeros((128, 128, 3), np.uint8)
+    cfg = AgentConfig(slo_s=0.8, strategy="vlarun", emulate=robot, edge_emulate=edge,
+                      robot_device="orin-agx-32gb", edge_device="rtx4090",
+                      meter="none")  # fmt: skip
+    with EdgeServer(policy, Security(insecure=True), ServerConfig(emulate=edge)) as srv:
+        agent = RobotAgent(policy, cfg, srv.address, Security(insecure=True))
+        try:
+            agent.warmup(image, INSTRUCTION, runs=1)
+            mon = agent.monitor
+            mon.probe_every_s = 1e9  # no probe until the request has been planned
+            time.sleep(0.1)
+            agent._refresh_link()
+            agent.link.cap(0.5)  # as a request that timed out leaves it: the link is down
+            local_s = sum(agent.emulator.target_s(s) for s in ("vision", "prefill", "decode"))
+
+            def link_back() -> None:  # the monitor probes again, every 20 ms
+                mon.up_every_s = mon.probe_every_s = 0.02
+
+            threading.Timer(0.03, link_back).start()
+            inf = agent.infer(image, INSTRUCTION)
+        finally:
+            agent.close()
+    assert set(inf.planned.values()) == {"robot"}  # planned for the link held down
+    assert inf.handoff is not None and inf.fallback is None
+    assert inf.ran["decode"] == "edge" and inf.edge_at_s is not None
+    assert inf.latency_s < 0.8 * local_s
+    assert inf.energy_j > 0

@@ -100,8 +100,9 @@ def test_a_dropped_link_stays_capped_and_a_restored_one_shows_within_two_probes(
     honest: at 1 Mbit/s a 96 KiB probe cannot come back within its timeout, and that failure
     is an upper bound renewed before the last one expires, so the estimate stays under
     2 Mbit/s for the whole drop (before: the bound of the request that timed out expired after
-    2 s and the next request tried the edge again, waiting out its deadline). After the
-    restore the first probe through lifts the bound."""
+    2 s and the next request tried the edge again, waiting out its deadline); once slow, the
+    light probes that time out renew it. After the restore the first light probe through
+    calls a full one, whose sample lifts the bound."""
     import time
 
     import zmq
@@ -132,9 +133,10 @@ def test_a_dropped_link_stays_capped_and_a_restored_one_shows_within_two_probes(
             if link.bandwidth_mbps > 20.0:
                 back = time.monotonic() - t0 - 5.0
                 break
-        # one probe spacing after a failure (0.4 s / 0.5 = 0.8 s, on the monitor's 0.5 s ticks)
-        # plus the probe itself
-        assert back is not None and back < 1.8, f"restored link seen after {back} s"
+        # one light probe's spacing (16 KiB at 1 Mbit/s: 0.13 s, at most half the link's
+        # time) plus the light and the full probe (was 0.8 s spacing after a failed full one)
+        assert back is not None and back < 0.8, f"restored link seen after {back} s"
+        assert mon.light_probes > 0
     finally:
         mon.stop()
         procs.stop(relay)

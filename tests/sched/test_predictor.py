@@ -176,6 +176,22 @@ def test_link_estimate_recovers_with_the_first_fast_sample():
     assert link.bandwidth_mbps == pytest.approx(200.0, rel=1e-6)
 
 
+def test_with_every_sample_old_the_newest_one_holds_not_an_older_fast_one():
+    """60 Mbit/s, then one slow probe (2 Mbit/s) and a timeout bound: once both samples and
+    the bound are old, the link holds at its last word (2), not the fast sample that was in the
+    window when the estimate was last taken."""
+    now, clock = _fake_clock()
+    link = Link(60.0, 0.0, clock=clock, window_s=2.0, cap_s=2.0)
+    _send(link, 60.0)
+    now[0] += 1.0
+    _send(link, 2.0)  # one slow sample: noise so far, the fast one still in the window
+    link.cap(2.0)
+    assert link.bandwidth_mbps == pytest.approx(2.0, rel=1e-6)
+    now[0] += 5.0  # everything expired, no sample since
+    link.refresh()
+    assert link.bandwidth_mbps == pytest.approx(2.0, rel=1e-6)
+
+
 def test_a_timeout_bound_expires_or_yields_to_a_faster_sample():
     now, clock = _fake_clock()
     link = Link(200.0, 0.0, clock=clock, cap_s=2.0)

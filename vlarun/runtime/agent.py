@@ -537,7 +537,7 @@ class RobotAgent:
         (``refreeze(stages left)`` first, when the request carries a real-time freeze).
         ``handoff(stages done)``: asked before each robot stage after the first while the rest
         runs here; a ``sched.scheduler.Handoff`` it returns sends the rest to the edge
-        (``_hand_off``), once per request."""
+        (``_hand_off``), tried once per request."""
         tr = _Trace()
         segs = segments(graph, placement)
         stateful = setting.stateful_stages(self.policy.model.cfg.family)
@@ -563,9 +563,11 @@ class RobotAgent:
                 refreeze = None
             for name in seg.stages:
                 if handoff is not None and tr.ran and self._rest_here(segs, i, tr):
-                    h, handoff = handoff(len(tr.ran)), None  # asked once per request
-                    if h is not None and self._hand_off(graph, h, pool, text_tokens, deadline, tr):
-                        break
+                    h = handoff(len(tr.ran))  # at every boundary, until one is tried
+                    if h is not None:
+                        handoff = None
+                        if self._hand_off(graph, h, pool, text_tokens, deadline, tr):
+                            break
                 if name in stateful and where.get(name) != "robot":
                     hooks.reset(stateful[name])  # its state here is stale (or none yet)
                 tr.stage_s[name] = self._local(graph.stage(name), pool, tr.ran, setting)

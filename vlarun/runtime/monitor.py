@@ -11,6 +11,14 @@ upper bound (its bytes moved slower than bytes / wait). ``feed`` hands both to t
 ``Link``: the bounds keep a dropped link's estimate down while it stays down (each failed
 probe renews the bound before the last one expires), the first fast probe after a restore
 lifts it.
+
+A slow link (the last probe took over a quarter of ``probe_timeout_s``) is probed lightly:
+``LIGHT_PROBE_BYTES`` every ``slow_probe_every_s``, or as the share allows (a full probe
+would hold a 2 Mbit/s link for 0.4 s, and the share rule would space the next one 0.8 s
+later: the restore was seen 0.8-2.7 s late). A light probe is no bandwidth sample (too
+small: mostly round trip), only a question: did it come back at least ``LIGHT_GAIN`` times
+faster than the slow rate says? Then a full probe follows at once, and its sample lifts the
+estimate (a probe train of two).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from vlarun.runtime.client import EdgeClient, LinkDown
 from vlarun.runtime.transport import Security
 from vlarun.sched.link import Link
 
+LIGHT_PROBE_BYTES = 16 * 1024
+LIGHT_GAIN = 4.0
+
 
 class LinkMonitor:
     def __init__(
@@ -36,6 +47,7 @@ class LinkMonitor:
         down_every_s: float = 0.1,
         timeout_s: float = 0.3,
         probe_every_s: float = 0.25,
+        slow_probe_every_s: float = 0.1,
         probe_bytes: int = 96 * 1024,
         probe_share: float = 0.5,
         probe_timeout_s: float = 0.4,
@@ -51,6 +63,7 @@ class LinkMonitor:
             x * clock_scale
             for x in (up_every_s, down_every_s, timeout_s, probe_every_s, probe_timeout_s)
         )
+        self.slow_probe_every_s = slow_probe_every_s * clock_scale
         self.address, self.sec, self.ctx = address, sec, ctx
         self.up_every_s, self.down_every_s, self.timeout_s = up_every_s, down_every_s, timeout_s
         self.up = threading.Event()
@@ -75,8 +88,11 @@ class LinkMonitor:
         # (0.8 s): less than ``Link.cap_s`` (2 s), so the bound it leaves is renewed in time.
         self.probe_timeout_s = probe_timeout_s
         self._probe_took = 0.0
+        self.slow_rate: float | None = None  # bytes/s of the last slow full probe (None: fast)
+        self.light_probes = 0
         self.transfers: list[tuple[int, float]] = []  # (bytes, round-trip s) of probes
         self.bounds: list[tuple[int, float]] = []  # (bytes, s waited) of probes that timed out
+        self.caps: list[float] = []  # Mbit/s upper bounds of light probes that timed out
         self.last_remote = 0.0  # monotonic time of the agent's last remote request
         self._last_probe = 0.0
         self.reconnects = 0
@@ -113,19 +129,24 @@ class LinkMonitor:
     def feed(self, link: Link) -> None:
         """Fold what the monitor measured since the last call into ``link``: round-trip times,
         probe transfers (one way = the round trip less the small answer's half) and the
-        upper bounds of probes that timed out."""
+        upper bounds of probes that timed out (a light one's: the slow rate it tested)."""
         for rtt in self.take_rtts():
             link.observe_rtt(rtt)
         for nbytes, round_trip in self.take_transfers():
             link.observe_transfer(nbytes, round_trip - link.base_rtt_ms * 1e-3 / 2)
         for nbytes, waited in self.take_bounds():
             link.bound(nbytes, waited)
+        with self.lock:
+            caps, self.caps = self.caps, []
+        for mbps in caps:
+            link.cap(mbps)
 
     def probe_due(self, now: float) -> bool:
         """Whether an idle link is due a probe (none while the agent's requests measure it)."""
-        if self.probe_every_s <= 0 or now - self.last_remote <= self.probe_every_s:
+        every = self.probe_every_s if self.slow_rate is None else self.slow_probe_every_s
+        if self.probe_every_s <= 0 or now - self.last_remote <= every:
             return False
-        spacing = max(self.probe_every_s, self._probe_took / self.probe_share)
+        spacing = max(every, self._probe_took / self.probe_share)
         return now - self._last_probe >= spacing
 
     def _maybe_probe(self, client: EdgeClient) -> None:
@@ -133,6 +154,26 @@ class LinkMonitor:
         if not self.probe_due(now):
             return
         self._last_probe = now
+        if self.slow_rate is not None:
+            expected = LIGHT_PROBE_BYTES / self.slow_rate  # its time were the link still slow
+            try:
+                seconds = client.probe(LIGHT_PROBE_BYTES, timeout_s=expected)
+            except LinkDown as e:
+                if e.sent_bytes:  # not through in the slow rate's time: no faster than that
+                    with self.lock:
+                        self.caps.append(self.slow_rate * 8 / 1e6)
+                client.reset()  # still slow (or gone): its bytes must not delay the next
+                self._probe_took = time.monotonic() - now
+                raise
+            self.light_probes += 1
+            self._probe_took = seconds
+            if seconds * LIGHT_GAIN > expected:
+                return  # about as slow as before
+        self._full_probe(client)
+
+    def _full_probe(self, client: EdgeClient) -> None:
+        """A probe of ``probe_bytes``: a bandwidth sample, or an upper bound on a timeout."""
+        now = time.monotonic()
         try:
             seconds = client.probe(self.probe_bytes, timeout_s=self.probe_timeout_s)
         except LinkDown as e:
@@ -140,19 +181,28 @@ class LinkMonitor:
             if e.sent_bytes:  # sent, not answered in time (not: no connection to send on)
                 with self.lock:
                     self.bounds.append((e.sent_bytes, e.waited_s))
+                self.slow_rate = e.sent_bytes / max(e.waited_s, 1e-6)
             # The probe's bytes still queued would delay the health checks (and the next
             # probe) behind them: a fresh socket starts the next measurement clean.
             client.reset()
             raise
         self._probe_took = seconds
+        slow = seconds > self.probe_timeout_s / 4
+        self.slow_rate = self.probe_bytes / seconds if slow else None
         with self.lock:
             self.transfers.append((self.probe_bytes, seconds))
 
     def _listen(self, client: EdgeClient, seconds: float) -> None:
         """Wait ``seconds`` (or until stopped) for the next health check, keeping the newest
-        ledger the edge pushes meanwhile."""
+        ledger the edge pushes meanwhile; a slow link's probes go on meanwhile."""
         end = time.monotonic() + seconds
         while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
+            if self.slow_rate is not None and self.up.is_set():
+                with contextlib.suppress(LinkDown):
+                    self._maybe_probe(client)
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
             try:
                 schedule = client.listen(min(left, 0.05))
             except zmq.ZMQError:

@@ -11,7 +11,7 @@ follow changes the other way:
   * a timeout is an upper bound (``cap``): bytes not through within the wait moved slower than
     bytes / wait. The bound holds for ``cap_s`` seconds or until a sample beats it, then the
     estimate returns to the samples' word, so one lost packet does not bar the edge for good.
-With no recent sample the last estimate holds. Transfers too small to say anything about
+With no recent sample the newest sample's word holds. Transfers too small to say anything about
 bandwidth (mostly latency) update only the RTT.
 
 A sample takes off the path's own delay: the least RTT of the last ``rtt_window_s`` seconds
@@ -116,7 +116,12 @@ class Link:
         """Recompute the estimate: expire old samples and a stale cap."""
         now = self.clock()
         while self._samples and now - self._samples[0][0] > self.window_s:
-            self._samples.popleft()
+            _, newest = self._samples.popleft()
+            if not self._samples:
+                # The window emptied: what holds is the link's last word, not a max taken
+                # while an older fast sample was still in it (that read a 2 Mbit/s link as 60
+                # once its bound expired, and sent a request into it).
+                self._held = newest
         if self._samples:
             self._held = max(m for _, m in self._samples)
         estimate = self._held
