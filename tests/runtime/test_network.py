@@ -107,3 +107,23 @@ def test_idle_probes_come_often_but_take_a_bounded_share_of_the_link():
     assert not mon.probe_due(10.79) and mon.probe_due(10.81)
     mon.last_remote = 10.8  # the agent's own requests measure the link: no probe
     assert not mon.probe_due(10.9)
+
+
+def test_the_monitor_feeds_its_evidence_in_the_order_it_came():
+    """Light probes that timed out while the link was slow (caps), then the full probe after
+    the restore: the estimate is the restored link's. Fed out of order, the older caps held
+    it down after the sample that beat them (a restore seen one probe later)."""
+    import zmq
+
+    from vlarun.runtime.monitor import LinkMonitor
+    from vlarun.runtime.transport import Security
+    from vlarun.sched.link import Link
+
+    mon = LinkMonitor("tcp://127.0.0.1:9", Security(insecure=True), zmq.Context.instance())
+    link = Link(200.0, 0.0)
+    mon.evidence += [("cap", 0.6, 0.0), ("cap", 0.6, 0.0), ("transfer", 96 * 1024, 0.0125)]
+    mon.feed(link)
+    assert link.bandwidth_mbps > 50.0
+    mon.evidence += [("transfer", 96 * 1024, 0.0125), ("bound", 96 * 1024, 0.4)]
+    mon.feed(link)  # a timeout after the sample: the link is slow again
+    assert link.bandwidth_mbps < 2.5

@@ -90,9 +90,9 @@ class LinkMonitor:
         self._probe_took = 0.0
         self.slow_rate: float | None = None  # bytes/s of the last slow full probe (None: fast)
         self.light_probes = 0
-        self.transfers: list[tuple[int, float]] = []  # (bytes, round-trip s) of probes
-        self.bounds: list[tuple[int, float]] = []  # (bytes, s waited) of probes that timed out
-        self.caps: list[float] = []  # Mbit/s upper bounds of light probes that timed out
+        # What the probes showed, in order: ("transfer", bytes, round-trip s), ("bound",
+        # bytes, s waited) of a probe that timed out, ("cap", Mbit/s, 0) of a light one.
+        self.evidence: list[tuple[str, float, float]] = []
         self.last_remote = 0.0  # monotonic time of the agent's last remote request
         self._last_probe = 0.0
         self.reconnects = 0
@@ -116,30 +116,26 @@ class LinkMonitor:
             out, self.rtts = self.rtts, []
         return out
 
-    def take_transfers(self) -> list[tuple[int, float]]:
+    def take_evidence(self) -> list[tuple[str, float, float]]:
         with self.lock:
-            out, self.transfers = self.transfers, []
-        return out
-
-    def take_bounds(self) -> list[tuple[int, float]]:
-        with self.lock:
-            out, self.bounds = self.bounds, []
+            out, self.evidence = self.evidence, []
         return out
 
     def feed(self, link: Link) -> None:
         """Fold what the monitor measured since the last call into ``link``: round-trip times,
-        probe transfers (one way = the round trip less the small answer's half) and the
-        upper bounds of probes that timed out (a light one's: the slow rate it tested)."""
+        then the probes' evidence in the order it came: transfers (one way = the round trip
+        less the small answer's half) and the upper bounds of probes that timed out (a light
+        one's: the slow rate it tested). In order, because a sample clears an older bound: a
+        bound fed after the sample that beat it held a restored link down until the next."""
         for rtt in self.take_rtts():
             link.observe_rtt(rtt)
-        for nbytes, round_trip in self.take_transfers():
-            link.observe_transfer(nbytes, round_trip - link.base_rtt_ms * 1e-3 / 2)
-        for nbytes, waited in self.take_bounds():
-            link.bound(nbytes, waited)
-        with self.lock:
-            caps, self.caps = self.caps, []
-        for mbps in caps:
-            link.cap(mbps)
+        for kind, a, b in self.take_evidence():
+            if kind == "transfer":
+                link.observe_transfer(int(a), b - link.base_rtt_ms * 1e-3 / 2)
+            elif kind == "bound":
+                link.bound(int(a), b)
+            else:
+                link.cap(a)
 
     def probe_due(self, now: float) -> bool:
         """Whether an idle link is due a probe (none while the agent's requests measure it)."""
@@ -161,7 +157,7 @@ class LinkMonitor:
             except LinkDown as e:
                 if e.sent_bytes:  # not through in the slow rate's time: no faster than that
                     with self.lock:
-                        self.caps.append(self.slow_rate * 8 / 1e6)
+                        self.evidence.append(("cap", self.slow_rate * 8 / 1e6, 0.0))
                 client.reset()  # still slow (or gone): its bytes must not delay the next
                 self._probe_took = time.monotonic() - now
                 raise
@@ -180,7 +176,7 @@ class LinkMonitor:
             self._probe_took = time.monotonic() - now
             if e.sent_bytes:  # sent, not answered in time (not: no connection to send on)
                 with self.lock:
-                    self.bounds.append((e.sent_bytes, e.waited_s))
+                    self.evidence.append(("bound", e.sent_bytes, e.waited_s))
                 self.slow_rate = e.sent_bytes / max(e.waited_s, 1e-6)
             # The probe's bytes still queued would delay the health checks (and the next
             # probe) behind them: a fresh socket starts the next measurement clean.
@@ -190,7 +186,7 @@ class LinkMonitor:
         slow = seconds > self.probe_timeout_s / 4
         self.slow_rate = self.probe_bytes / seconds if slow else None
         with self.lock:
-            self.transfers.append((self.probe_bytes, seconds))
+            self.evidence.append(("transfer", self.probe_bytes, seconds))
 
     def _listen(self, client: EdgeClient, seconds: float) -> None:
         """Wait ``seconds`` (or until stopped) for the next health check, keeping the newest
