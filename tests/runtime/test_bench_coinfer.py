@@ -178,3 +178,26 @@ def test_bench_coinfer_quick_utilisation_json(capsys, tmp_path):
     assert u["background"]["answered"] + u["background"]["late"] == u["background"]["sent"]
     assert len(u["requests"]) == 4 and 0 < u["measured_utilisation"] < 1
     assert all(x["link_mbps"] < 100 for x in u["requests"])  # the shaped 60, not loopback's
+
+
+def test_restore_runs_are_summarised_per_shift_on_the_emulated_clock():
+    from vlarun.bench.coinfer import restore_summary
+
+    def row(again, handoffs):
+        return {
+            "link_timeline": {
+                "drop_s": 25.0,
+                "restore_s": 50.0,
+                "left_edge_after_drop_ms": 2000.0,
+                "edge_again_after_restore_ms": again,
+                "handoffs": handoffs,
+            }
+        }
+
+    s = restore_summary([row(1400.0, 0), row(900.0, 1)], (0.0, 1.0), 0.3)
+    assert s["edge_again_after_restore_ms"] == 1400.0  # the first run's, as before
+    assert [r["shift_s"] for r in s["runs"]] == [0.0, 1.0]
+    assert s["runs"][1]["edge_again_after_restore_emulated_ms"] == pytest.approx(270.0)
+    assert s["worst_edge_again_emulated_ms"] == pytest.approx(420.0) and s["handoffs"] == 1
+    never = restore_summary([row(None, 0)], (0.0,), 1.0)
+    assert never["worst_edge_again_emulated_ms"] is None

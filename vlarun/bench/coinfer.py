@@ -67,6 +67,11 @@ class BenchCoinferOptions:
         "back up; prints when the plans left the edge and came back (vlarun-placement: the "
         "edge's user whatever the settings table)",
     )  # fmt: skip
+    restore_shifts: tuple[float, ...] = opt(
+        (0.0,), "with --restore: one run per shift, its restore that many seconds (of the run's "
+        "clock) later: where in a local request the link comes back decides whether a request's "
+        "rest is handed to the edge or the next one is planned there",
+    )  # fmt: skip
     bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
     delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
@@ -137,10 +142,11 @@ def run(o: BenchCoinferOptions) -> dict:
                                      for u in o.utilisations]}  # fmt: skip
         elif o.restore:
             third = steps / o.control_hz / 3
-            changes = [(third, RESTORE_LOW_MBPS), (2 * third, o.bandwidth)]
-            row = _strategy_run(o, policy, endpoint, "vlarun", steps, o.bandwidth, None,
-                                edge_pid=edge.pid, changes=changes)  # fmt: skip
-            rows, restore = [row], row["link_timeline"]
+            for shift in o.restore_shifts:
+                changes = [(third, RESTORE_LOW_MBPS), (2 * third + shift, o.bandwidth)]
+                rows.append(_strategy_run(o, policy, endpoint, "vlarun", steps, o.bandwidth,
+                                          None, edge_pid=edge.pid, changes=changes))  # fmt: skip
+            restore = restore_summary(rows, o.restore_shifts, _scale(o))
         else:
             for strategy in STRATEGIES:
                 rows.append(_strategy_run(o, policy, endpoint, strategy, steps, o.bandwidth,
@@ -246,6 +252,29 @@ def plot(r: dict, path: str) -> str | None:
 
 
 WALL_BUDGET = 1.25  # a strategy run's wall time at most, in units of its steps' on-time span
+
+
+def restore_summary(rows: list[dict], shifts, time_scale: float) -> dict:
+    """The restore runs' link timelines, one per shift, and the worst return. ``*_emulated_ms``:
+    on the emulated devices' clock (the run's times x ``time_scale``; the same where nothing
+    is emulated)."""
+    runs = []
+    for shift, row in zip(shifts, rows, strict=True):
+        t = dict(row["link_timeline"], shift_s=shift)
+        for key in ("left_edge_after_drop_ms", "edge_again_after_restore_ms"):
+            v = t[key]
+            t[key.replace("_ms", "_emulated_ms")] = None if v is None else v * time_scale
+        runs.append(t)
+    again = [t["edge_again_after_restore_emulated_ms"] for t in runs]
+    return {
+        **runs[0],
+        "runs": runs,
+        # None where a run never came back (the worst there is: never)
+        "worst_edge_again_emulated_ms": None if None in again else max(again),
+        "handoffs": sum(t["handoffs"] for t in runs),
+    }
+
+
 RESTORE_LOW_MBPS = 2.0  # the restore run's low: too slow for any edge plan of a real model
 # A utilisation run's first requests start this long after it is set up: the measured robot's
 # warm-up (one padded local run, ~4 s at x0.3) and the load generator's start fit before it.
@@ -655,6 +684,14 @@ def show(r: dict) -> None:
               f"{t['drop_s']:.1f} s, plans left the edge after {ms(t['left_edge_after_drop_ms'])}; "
               f"back at {t['restore_s']:.1f} s, edge again after "
               f"{ms(t['edge_again_after_restore_ms'])}")  # fmt: skip
+        for run in t.get("runs", [])[1:]:
+            print(f"    restore {run['shift_s']:+.1f} s later: edge again after "
+                  f"{ms(run['edge_again_after_restore_ms'])}")  # fmt: skip
+        if "runs" in t:
+            print(
+                f"  on the emulated clock: edge again after at worst "
+                f"{ms(t['worst_edge_again_emulated_ms'])}, {t['handoffs']} handoffs"
+            )
     _show_batching(r.get("batching"))
     for f in (r.get("fleet") or {}).get("utilisation", []):
         lat, en = f.get("latency_mape_pct"), f.get("energy_mape_pct")
