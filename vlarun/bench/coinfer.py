@@ -224,14 +224,20 @@ def plot(r: dict, path: str) -> str | None:
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in r["rows"]:
+    link, restore = r["link"], r.get("restore")
+    runs = (restore or {}).get("runs") or [restore or {}]
+    for i, row in enumerate(r["rows"]):
+        label = row["strategy"]
+        if len(runs) > 1:  # the restore runs, one per shift: each its colour and its restore
+            label = f"{label}, restore +{runs[i]['shift_s']:g} s"
         if row["trace"]:
             t, lat = zip(*((x[0], x[1]) for x in row["trace"]), strict=True)
-            ax.plot(t, lat, marker=".", lw=1, label=row["strategy"])
+            line = ax.plot(t, lat, marker=".", lw=1, label=label)[0]
+            if len(runs) > 1 and runs[i].get("restore_s") is not None:
+                ax.axvline(runs[i]["restore_s"], color=line.get_color(), ls=":", lw=0.8)
     ax.axhline(r["slo_ms"], color="k", ls="--", lw=0.8, label="deadline")
-    link, restore = r["link"], r.get("restore")
     ax.axvline(r["rows"][0]["drop_at_s"], color="grey", ls=":", lw=0.8)
-    if restore and restore.get("restore_s") is not None:
+    if len(runs) == 1 and restore and restore.get("restore_s") is not None:
         ax.axvline(restore["restore_s"], color="grey", ls=":", lw=0.8)
     low = RESTORE_LOW_MBPS if restore else link["after_mbps"]
     back = f" -> {link['before_mbps']:g}" if restore else ""
