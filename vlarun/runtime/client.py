@@ -53,6 +53,7 @@ class Reply:
     recv_bytes: int
     schedule: tuple[ScheduleSlot, ...] = ()  # the edge's committed schedule at the reply
     late: bool = False  # set by the agent: arrived too late for the request to finish in time
+    arrived_s: float = 0.0  # time.perf_counter() when it reached the socket (before decoding)
 
 
 class BadReply(RuntimeError):
@@ -146,7 +147,9 @@ class EdgeClient:
             raise LinkDown(f"no connection to {self.address}") from None
         return sum(len(f) for f in frames)
 
-    def _await(self, rid: int, timeout_s: float) -> tuple[wire.Message, int]:
+    def _await(self, rid: int, timeout_s: float) -> tuple[wire.Message, int, float]:
+        """The reply to ``rid``, its size and when it arrived (``time.perf_counter()`` as the
+        socket had it, before it was read and decoded)."""
         end = time.monotonic() + max(timeout_s, 0.0)
         while True:
             left = end - time.monotonic()
@@ -154,13 +157,14 @@ class EdgeClient:
                 if time.monotonic() >= end:
                     raise LinkDown(f"no reply from {self.address} within {timeout_s * 1e3:.0f} ms")
                 continue
+            arrived = time.perf_counter()
             frames = self.sock.recv_multipart(copy=True)
             try:
                 msg = wire.decode(frames, self.limits)
             except Exception:  # noqa: BLE001 - whatever the decoder trips on, from a peer
                 continue  # a corrupt reply is as good as none; keep waiting for a valid one
             if msg.rid == rid:
-                return msg, sum(len(f) for f in frames)
+                return msg, sum(len(f) for f in frames), arrived
 
     def listen(self, timeout_s: float) -> tuple[ScheduleSlot, ...] | None:
         """Wait up to ``timeout_s`` for what the edge pushes unasked (its ledger, while
@@ -191,7 +195,7 @@ class EdgeClient:
         rid = next(_ids)
         t0 = time.perf_counter()
         self._send(wire.control("health", rid, **({"listen": True} if listen else {})))
-        msg, _ = self._await(rid, timeout_s)
+        msg, _, _ = self._await(rid, timeout_s)
         return check_health(msg.meta), time.perf_counter() - t0
 
     def book(self, stages: tuple[str, ...], arrive_s: float, deadline_s: float) -> None:
@@ -235,7 +239,7 @@ class EdgeClient:
         t0 = time.perf_counter()
         sent = self._send(request_frames(rid, stages, packet, want, budget_s, meta, codec, pad))
         try:
-            reply, recv = self._await(rid, timeout_s)
+            reply, recv, arrived = self._await(rid, timeout_s)
         except LinkDown as e:
             e.sent_bytes, e.waited_s = sent, time.perf_counter() - t0
             raise
@@ -254,6 +258,7 @@ class EdgeClient:
             sent,
             recv,
             parse_schedule(reply.meta.get("schedule")),
+            arrived_s=arrived,
         )
 
 

@@ -32,8 +32,9 @@ def summarise(infs: list[dict], actions: int) -> dict:
         "late_edge_answers": sum(
             r["fallback"] is None and "@edge" in r["ran"] and not r["slo_met"] for r in infs
         ),  # fmt: skip
-        # of which the answer itself came after what the deadline allowed (the agent's check
-        # once the answer is decoded); the rest were made late by the robot's own stages
+        # of which the answer itself reached the robot after what the deadline allowed (its
+        # later stages counted); the rest were made late by the robot's own reading of the
+        # answer or its own stages
         "edge_answered_late": sum(bool(r.get("late_edge")) for r in infs),
         "explored": sum(bool(r.get("explored")) for r in infs),
         "edge_requests": sum("@edge" in r["ran"] for r in infs),
