@@ -133,13 +133,16 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
             agent.warmup(image, INSTRUCTION, runs=1)
             mon = agent.monitor
             mon.probe_every_s = 1e9  # no probe until the request has been planned
-            time.sleep(0.1)
+            # ... but its loop ticks often: a tick of the default 0.57 s, begun before the
+            # link came back, could outlast the last stage boundary (the handoff then flaked)
+            mon.up_every_s = 0.02
+            time.sleep(0.7)
             agent._refresh_link()
             agent.link.cap(0.5)  # as a request that timed out leaves it: the link is down
             local_s = sum(agent.emulator.target_s(s) for s in ("vision", "prefill", "decode"))
 
             def link_back() -> None:  # the monitor probes again, every 20 ms
-                mon.up_every_s = mon.probe_every_s = 0.02
+                mon.probe_every_s = 0.02
 
             threading.Timer(0.03, link_back).start()
             inf = agent.infer(image, INSTRUCTION)

@@ -596,10 +596,9 @@ class RobotAgent:
         a request the plan keeps here on a steady link is not re-planned at every stage."""
         if self.monitor is None or not self.edge_up:
             return None
-        before = link_mbps
         self._refresh_link()
-        now_mbps = self.link.bandwidth_mbps
-        if decision is not None and before is not None and now_mbps < 2.0 * before:
+        steady = link_mbps is not None and self.link.bandwidth_mbps < 2.0 * link_mbps
+        if decision is not None and steady:
             return None
         from vlarun.runtime.planning import edge_state
 

@@ -92,6 +92,10 @@ def parse_timings(raw: object, stages: tuple[str, ...]) -> tuple[StageTiming, ..
     return tuple(StageTiming.parse(t, stages) for t in raw)
 
 
+def pack_timings(timings) -> list[dict]:
+    return [t.pack() for t in timings]
+
+
 @dataclass(frozen=True)
 class ScheduleSlot:
     """One stage of one request in the edge's committed schedule: the robot it is for (a short

@@ -45,6 +45,7 @@ from vlarun.runtime.records import (
     ScheduleSlot,
     StageTiming,
     pack_schedule,
+    pack_timings,
 )
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
@@ -111,7 +112,7 @@ class Route:
     def echo(self, timings: list[StageTiming] | None = None) -> bytes:
         """The frame a reply to the front starts with: its rid (and, for results, the
         per-stage timings, so the front keeps its estimates without parsing the reply)."""
-        return msgpack.packb({"rid": self.rid, "timings": [t.pack() for t in timings or ()]})
+        return msgpack.packb({"rid": self.rid, "timings": pack_timings(timings or ())})
 
 
 @dataclass(frozen=True)
@@ -641,7 +642,7 @@ class EdgeServer:
 
     def _reply(self, job: Job) -> list[bytes]:
         packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": [t.pack() for t in job.timings],
+        meta = {"timings": pack_timings(job.timings),
                 "server_s": time.monotonic() - job.arrival,
                 "schedule": pack_schedule(self.schedule())}  # fmt: skip
         emu = self.emulator  # an emulated edge answers with the real model's packet size

@@ -151,7 +151,9 @@ class Scheduler:
         self.edge = space.placements[self.p]  # (C, S)
         self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
         self._by_settings: dict[tuple, int] | None = None
-        self.fixed = self._fixed_mask()
+        self.fixed = self._fixed_mask()  # sets k0, the identity setting's index (-1: none)
+        # placement roles -> its index in the space (a plan's placement, a handoff's)
+        self._by_roles = {tuple(space.roles(pi)): pi for pi in range(len(space.placements))}
         self._tables()
         if measured:
             self._override(measured)
@@ -167,8 +169,8 @@ class Scheduler:
         fixed_p = np.array([any((row == pat).all() for pat in patterns) for row in pl])
         ids = [k for k, s in enumerate(self.space.settings)
                if all(v == IDENTITY[n] for n, v in s.knobs)]  # fmt: skip
-        k0 = ids[0] if ids else 0 if len(self.space.settings) == 1 else -1
-        return fixed_p[self.p] & (self.k == k0)
+        self.k0 = ids[0] if ids else 0 if len(self.space.settings) == 1 else -1
+        return fixed_p[self.p] & (self.k == self.k0)
 
     # -- precomputed per-setting costs -----------------------------------------------------------
 
@@ -501,11 +503,11 @@ class Scheduler:
     def candidate_index(self, plan: ExecutionPlan) -> int:
         """The candidate (setting, placement, no batch join) ``plan`` is, for re-scoring it."""
         k = self.setting_index(plan)
-        roles = [plan.placement[n] for n in self.space.stages]
-        for c in np.flatnonzero((self.k == k) & ~self.join):
-            if list(self.space.roles(self.p[c])) == roles:
-                return int(c)
-        raise ValueError(f"placement {plan.placement} is not in this plan space")
+        pi = self._by_roles.get(tuple(plan.placement[n] for n in self.space.stages))
+        cs = np.flatnonzero((self.k == k) & (self.p == pi) & ~self.join)
+        if pi is None or not len(cs):
+            raise ValueError(f"placement {plan.placement} is not in this plan space")
+        return int(cs[0])
 
     def prime(self, robot_s: dict[str, float], edge_s: dict[str, float]) -> None:
         """Start calibrated from stage times already measured at batch 1 on the identity
@@ -608,14 +610,10 @@ class Scheduler:
         s_n = len(sp.stages)
         if not 0 < done < s_n:
             return None
-        if settings is None:
-            k = int(self.k[np.flatnonzero(self.fixed)[0]]) if self.fixed.any() else 0
-        else:
-            k = self._setting_k(settings)
-        index = {tuple(sp.roles(pi)): pi for pi in range(len(sp.placements))}
+        k = self._setting_k(settings) if settings is not None else max(self.k0, 0)
 
         def candidates(roles: tuple[str, ...]) -> np.ndarray:
-            pi = index.get(roles)
+            pi = self._by_roles.get(roles)
             if pi is None:
                 return np.zeros(0, dtype=int)
             return np.flatnonzero((self.k == k) & (self.p == pi) & self.allowed)
