@@ -43,6 +43,7 @@ def test_bench_coinfer_quick_json(capsys, tmp_path):
     assert r["rows"][0]["mean_batch"] is None  # device-only: nothing ran on the edge
     assert r["rows"][1]["energy_source"] == "modelled"
     assert r["fleet"]["robots"] == 2 and r["fleet"]["inferences"] == 8
+    assert r["fleet"]["robots_as"] == "processes" and r["fleet"]["robot_peak_rss_mb"] > 50
     assert r["runtime_overhead"]["raw_round_trip_ms"] > 0
     one = r["batching"]["max_batch_1"]
     assert one["inferences"] == 8 and one["mean_batch"] in (None, 1.0)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -547,13 +545,15 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     # apart, the measured robot half a share after the first of them. Left to chance, one
     # run's robot joined a background batch in every request and another's in none.
     gap = period / max(robots - 1, 1)
-    start = time.monotonic() + PHASE_LEAD_S
     try:
-        with background_load(policy, endpoint, robots - 1, period, make_cfg, slo,
-                             start_at=start) as load:  # fmt: skip
-            busy0, up0 = counters()
-            run = _fleet_run(o, policy, via, 1, requests, period, start_at=start + gap / 2)
-            busy1, up1 = counters()
+        with _fleet(o, policy, via, 1, requests, period) as fleet:  # warm before the clock
+            start = time.monotonic() + PHASE_LEAD_S
+            with background_load(policy, endpoint, robots - 1, period, make_cfg, slo,
+                                 start_at=start) as load:  # fmt: skip
+                busy0, up0 = counters()
+                rows = fleet.run(start_at=start + gap / 2)
+                busy1, up1 = counters()
+        run = _fleet_summary(policy, 1, requests, rows, fleet.peak_rss_mb)
     finally:
         procs.stop(relay)
     return {"target_utilisation": u, "period_ms": period * 1e3, "robots": robots,
@@ -621,41 +621,29 @@ def _fleet_run(
     o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None,
     start_at: float | None = None,
 ) -> dict:  # fmt: skip
-    """``robots`` vlarun agents sharing the edge (frames replayed), each due in the chunk's
-    time at --control-hz, one request every ``period_s`` (default: that deadline), the first
-    at ``start_at`` (``robot_loop``)."""
-    from vlarun.bench.coinfer_matrix import robot_loop
+    """``robots`` vlarun agents sharing the edge (frames replayed), each a process of its own
+    (``fleet_robots.RobotFleet``), due in the chunk's time at --control-hz, one request every
+    ``period_s`` (default: that deadline), robot 0's first at ``start_at`` (default: once all
+    are warm), the others a share of the period after it."""
+    with _fleet(o, policy, endpoint, robots, requests, period_s) as fleet:
+        rows = fleet.run(start_at)
+    return _fleet_summary(policy, robots, requests, rows, fleet.peak_rss_mb)
+
+
+def _fleet(o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None):
+    """The fleet of ``_fleet_run``, not yet started (enter it: the robots warm up)."""
+    from vlarun.bench.fleet_robots import RobotFleet
+
+    period = policy.model.cfg.horizon / o.control_hz
+    cfg = _agent_cfg(o, "vlarun", period, o.bandwidth)
+    return RobotFleet(o.policy, cfg, endpoint, robots, requests, period_s)
+
+
+def _fleet_summary(policy, robots: int, requests: int, rows: list[dict],
+                   peak_rss_mb: float | None) -> dict:  # fmt: skip
     from vlarun.sched.records import summarise
 
     horizon = policy.model.cfg.horizon
-    period = horizon / o.control_hz
-    cfg = _agent_cfg(o, "vlarun", period, o.bandwidth)
-    rows: list[dict] = []
-    lock = threading.Lock()
-
-    def keep(row: dict) -> None:
-        with lock:
-            rows.append(row)
-
-    stop = threading.Event()
-    threads = [threading.Thread(target=robot_loop, args=(policy, cfg, endpoint, i, robots, stop),
-                                kwargs={"requests": requests, "on_inference": keep,
-                                        "warmup": True, "period_s": period_s,
-                                        "start_at": start_at})
-               for i in range(robots)]  # fmt: skip
-    # The robots are threads of this one process on one core: each answer a robot reads waits
-    # for the GIL, by default handed over every 5 ms, which made answers that reached the
-    # socket in time read too late (up to 37 ms at 16 robots). A robot is its own computer:
-    # hand the GIL over 10x as often while they run.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, 5e-4))
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
-    finally:
-        sys.setswitchinterval(switch)
     s = summarise(rows, horizon)
     edge = [ms for r in rows for n, ms in r["stage_ms"].items() if "@edge" in r["ran"]
             and f"{n}@edge" in r["ran"].split("/")]  # fmt: skip
@@ -668,6 +656,7 @@ def _fleet_run(
                  "stage_ms", "edge_batch", "remote_overhead_ms", "link_mbps",
                  "late_edge")  # fmt: skip
     return {"robots": robots, "requests_per_robot": requests, **s,
+            "robot_peak_rss_mb": peak_rss_mb, "robots_as": "processes",
             "requests": [{k: r.get(k) for k in keep_keys} for r in rows],
             "edge_stage_ms_mean": sum(edge) / len(edge) if edge else None,
             "edge_compute_ms_per_request": sum(per_request) / len(per_request)

@@ -19,7 +19,6 @@ compared on actions/J alone and says so) and, averaged over the cells, against F
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 import numpy as np
@@ -42,54 +41,6 @@ def parse_bandwidth(spec: str) -> tuple[float, float | None]:
     if out[0] <= 0 or (out[1] is not None and out[1] <= 0):
         raise ValueError(f"bandwidth {spec!r} must be positive")
     return out
-
-
-def robot_loop(
-    policy,
-    cfg,
-    endpoint: str,
-    i: int,
-    robots: int,
-    stop: threading.Event,
-    requests: int | None = None,
-    on_inference=None,
-    warmup: bool = False,
-    period_s: float | None = None,
-    start_at: float | None = None,
-) -> None:
-    """Robot ``i`` of ``robots`` sharing the edge at ``endpoint``: an agent (``cfg``) replaying
-    a camera frame every ``period_s`` (default its deadline, ``cfg.slo_s``: the control
-    period), out of phase with the others, for
-    ``requests`` inferences or until ``stop``; ``on_inference(row)`` sees each one.
-    ``start_at``: robot 0's first request at this ``time.monotonic()`` (after its warm-up;
-    default: as soon as warm), the others a share of the period after it. The loop of the
-    fleet run (coinfer._fleet_run); background load is ``background_load``'s."""
-    from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.loadgen import camera_frames
-    from vlarun.runtime.transport import Security
-
-    image = camera_frames(policy)
-    period = period_s or cfg.slo_s
-    agent = RobotAgent(policy, cfg, endpoint, Security(insecure=True))
-    try:
-        if warmup:
-            agent.warmup(image, "open the drawer", runs=1)
-        first = (time.monotonic() if start_at is None else start_at) + i * period / max(robots, 1)
-        late = time.monotonic() - first  # robots out of phase, as in a real fleet
-        if start_at is not None and late > 0.01:
-            print(f"robot {i}: warm {late:.2f} s after its phase; the phase is not held",
-                  file=sys.stderr)  # fmt: skip
-        time.sleep(max(-late, 0.0))
-        done = 0
-        while not stop.is_set() and (requests is None or done < requests):
-            t0 = time.monotonic()
-            inf = agent.infer(image, "open the drawer")
-            done += 1
-            if on_inference is not None:
-                on_inference(inf.row())
-            stop.wait(max(period - (time.monotonic() - t0), 0.0))
-    finally:
-        agent.close()
 
 
 def background_load(

@@ -18,13 +18,14 @@ from pathlib import Path
 
 
 def _spawn(
-    args: list[str], timeout_s: float, cpus: set[int] | None = None
+    args: list[str], timeout_s: float, cpus: set[int] | None = None, stdin: bool = False
 ) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     # stderr goes to a file, not a pipe: a pipe nobody drains would block a chatty child.
     err_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # before it runs anything
     proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err_file,
+                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                             env=env, text=True, preexec_fn=pin)  # fmt: skip
     proc.err_file = err_file  # closed by stop()
     sel = selectors.DefaultSelector()
@@ -77,11 +78,12 @@ def start_relay(
 
 def spawn_module(
     module: str, args: list[str] | None = None, timeout_s: float = 20.0,
-    cpus: set[int] | None = None,
+    cpus: set[int] | None = None, stdin: bool = False,
 ):  # fmt: skip
     """``python -m module args`` that prints its endpoint first; (process, endpoint).
-    ``cpus``: the CPUs it may run on (pinned before it starts)."""
-    return _spawn(["-m", module, *(args or [])], timeout_s, cpus)
+    ``cpus``: the CPUs it may run on (pinned before it starts); ``stdin``: a pipe to it
+    (``proc.stdin``, text), else it reads nothing."""
+    return _spawn(["-m", module, *(args or [])], timeout_s, cpus, stdin)
 
 
 def stderr_of(proc: subprocess.Popen) -> str:
@@ -131,6 +133,7 @@ def stop(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
-    for stream in (proc.stdout, proc.stderr, getattr(proc, "err_file", None) if close else None):
+    streams = (proc.stdin, proc.stdout, proc.stderr)
+    for stream in (*streams, getattr(proc, "err_file", None) if close else None):
         if stream is not None:
             stream.close()
