@@ -625,9 +625,21 @@ def _fleet_run(
     (``fleet_robots.RobotFleet``), due in the chunk's time at --control-hz, one request every
     ``period_s`` (default: that deadline), robot 0's first at ``start_at`` (default: once all
     are warm), the others a share of the period after it."""
+    from vlarun.runtime.emulate import MAX_VIOLATION_SHARE
+
+    edge_before = _edge_emulation_report(endpoint) if o.emulate else None
     with _fleet(o, policy, endpoint, robots, requests, period_s) as fleet:
         rows = fleet.run(start_at)
-    return _fleet_summary(policy, robots, requests, rows, fleet.peak_rss_mb)
+    out = _fleet_summary(policy, robots, requests, rows, fleet.peak_rss_mb)
+    if edge_before is not None:  # a fleet cell is valid as a strategy's is (emulate.py)
+        after = _edge_emulation_report(endpoint)
+        edge = {n: after[n] - edge_before[n] for n in ("executions", "emulation_violations")}
+        runs = fleet.emulation["executions"] + edge["executions"]
+        bad = fleet.emulation["emulation_violations"] + edge["emulation_violations"]
+        out["emulation"] = {"robots": fleet.emulation, "edge": edge,
+                            "violation_share": bad / runs if runs else 0.0,
+                            "valid": bad <= MAX_VIOLATION_SHARE * runs}  # fmt: skip
+    return out
 
 
 def _fleet(o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None):
@@ -654,7 +666,7 @@ def _fleet_summary(policy, robots: int, requests: int, rows: list[dict],
     ]  # fmt: skip
     keep_keys = ("plan", "ran", "latency_ms", "predicted_ms", "energy_j", "predicted_j",
                  "stage_ms", "edge_batch", "remote_overhead_ms", "link_mbps",
-                 "late_edge")  # fmt: skip
+                 "late_edge", "fallback", "started_s")  # fmt: skip
     return {"robots": robots, "requests_per_robot": requests, **s,
             "robot_peak_rss_mb": peak_rss_mb, "robots_as": "processes",
             "requests": [{k: r.get(k) for k in keep_keys} for r in rows],
@@ -713,9 +725,18 @@ def show(r: dict) -> None:
             f"  fleet: {f['robots']} robots x {f['requests_per_robot']} requests: p50 "
             f"{f['latency_p50_ms']:.1f} ms, p99 {f['latency_p99_ms']:.1f} ms, SLO met "
             f"{_pct(f['slo_met_fraction'])}, {f['actions_per_joule']:.3f} act/J, "
-            f"{f['fallbacks']} fallbacks, {f['late_edge_answers']} edge answers after the "
-            f"deadline, edge peak RSS {f.get('edge_peak_rss_mb') or 0:.0f} MB"
+            f"{f['fallbacks']} fallbacks, {f['late_edge_answers']} of {f['edge_requests']} "
+            f"edge answers after the deadline; peak RSS edge "
+            f"{f.get('edge_peak_rss_mb') or 0:.0f} MB, robot "
+            f"{f.get('robot_peak_rss_mb') or 0:.0f} MB (each a process)"
         )
+        e = f.get("emulation")
+        if e:
+            print(f"  fleet emulation: {e['robots']['emulation_violations']} + "
+                  f"{e['edge']['emulation_violations']} violations in "
+                  f"{e['robots']['executions']} robot + {e['edge']['executions']} edge stage "
+                  f"runs ({100 * e['violation_share']:.2f}%; "
+                  f"{'valid' if e['valid'] else 'INVALID: over 1%'})")  # fmt: skip
         if f.get("latency_mape_pct") is not None:
             print(f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"
                   f" latency MAPE {f['latency_mape_pct']:.1f}%, energy MAPE "

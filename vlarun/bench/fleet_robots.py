@@ -50,6 +50,8 @@ class RobotFleet:
         self.timeout_s = timeout_s  # for the whole run, once started
         self.procs: list[subprocess.Popen] = []
         self.peak_rss_mb: float | None = None
+        # Over the robots' padded stages once run (None: not emulated): executions, violations.
+        self.emulation: dict | None = None
         self._dir: tempfile.TemporaryDirectory | None = None
 
     def _rows_path(self, i: int) -> Path:
@@ -92,7 +94,7 @@ class RobotFleet:
             p.stdin.write(f"{start!r}\n")
             p.stdin.flush()
         end = time.monotonic() + max(start - time.monotonic(), 0) + self.timeout_s
-        rss = []
+        rss, emulation = [], []
         for i, p in enumerate(self.procs):
             try:
                 p.wait(max(end - time.monotonic(), 1.0))
@@ -106,7 +108,12 @@ class RobotFleet:
                 raise RuntimeError(f"fleet robot {i} failed (exit {p.returncode}): "
                                    f"{procs.stderr_of(p).strip()[-500:]}")  # fmt: skip
             rss.append(float(done["peak_rss_mb"]))
+            if done.get("emulation"):
+                emulation.append(done["emulation"])
         self.peak_rss_mb = max(rss)
+        if emulation:
+            self.emulation = {n: sum(int(e[n]) for e in emulation)
+                              for n in ("executions", "emulation_violations")}  # fmt: skip
         return [json.loads(ln) for i in range(self.robots)
                 for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
 
@@ -121,9 +128,9 @@ class RobotFleet:
             self._dir = None
 
 
-def _robot(a: argparse.Namespace) -> int:
+def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
     """One robot: warm, ready, started, ``a.requests`` inferences out of phase; the number
-    done."""
+    done and its emulator's report (None: not emulated)."""
     import torch
 
     from vlarun.config import from_dict
@@ -143,7 +150,7 @@ def _robot(a: argparse.Namespace) -> int:
         print(json.dumps({"endpoint": a.edge, "ready": True}), flush=True)
         line = sys.stdin.readline().strip()
         if not line:  # the bench ended before starting the fleet
-            return 0
+            return 0, None
         first = float(line) + a.index * a.period_s / a.robots  # out of phase, as in a fleet
         late = time.monotonic() - first
         if late > 0.01:
@@ -160,7 +167,7 @@ def _robot(a: argparse.Namespace) -> int:
                 time.sleep(max(a.period_s - (time.monotonic() - t0), 0.0))
     finally:
         agent.close()
-    return done
+    return done, None if agent.emulator is None else agent.emulator.report()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,9 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= a.index < a.robots or a.requests < 1 or a.period_s <= 0:
         ap.error(f"need 0 <= --index < --robots, --requests >= 1 and --period-s > 0, got "
                  f"{a.index}, {a.robots}, {a.requests}, {a.period_s}")  # fmt: skip
-    done = _robot(a)
+    done, emulation = _robot(a)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"done": done, "peak_rss_mb": round(peak, 1)}), flush=True)
+    print(json.dumps({"done": done, "peak_rss_mb": round(peak, 1), "emulation": emulation}),
+          flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
