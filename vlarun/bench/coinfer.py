@@ -634,6 +634,7 @@ def _fleet_run(
     if edge_before is not None:  # a fleet cell is valid as a strategy's is (emulate.py)
         after = _edge_emulation_report(endpoint)
         edge = {n: after[n] - edge_before[n] for n in ("executions", "emulation_violations")}
+        edge["worst_overrun_ms"] = after["worst_overrun_ms"]  # since the edge started
         runs = fleet.emulation["executions"] + edge["executions"]
         bad = fleet.emulation["emulation_violations"] + edge["emulation_violations"]
         out["emulation"] = {"robots": fleet.emulation, "edge": edge,

@@ -114,6 +114,8 @@ class RobotFleet:
         if emulation:
             self.emulation = {n: sum(int(e[n]) for e in emulation)
                               for n in ("executions", "emulation_violations")}  # fmt: skip
+            self.emulation["worst_overrun_ms"] = max(float(e["worst_overrun_ms"])
+                                                     for e in emulation)  # fmt: skip
         return [json.loads(ln) for i in range(self.robots)
                 for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
 
