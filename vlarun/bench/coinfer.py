@@ -6,7 +6,8 @@ closed loop on Meta-World, compared across placement strategies.
             from --bandwidth to --drop-to halfway through every run
   robot     this process: RobotAgent + asynchronous chunk queue, at --robot-slowdown
             (local stages take that many times longer: a stand-in for a slow robot computer)
-  fleet     --robots agents (threads of this process, camera frames replayed) share the edge
+  fleet     --robots agents share the edge, each a process of its own (fleet_robots.py),
+            camera frames replayed; with --emulate they run on the robot's core
 
 Strategies: device-only, edge-only, fixed-split (vision here, the rest on the edge), vlarun
 (the scheduler per request, with fallback). Energy is modelled from the measured stage times

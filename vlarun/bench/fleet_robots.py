@@ -116,6 +116,15 @@ class RobotFleet:
                               for n in ("executions", "emulation_violations")}  # fmt: skip
             self.emulation["worst_overrun_ms"] = max(float(e["worst_overrun_ms"])
                                                      for e in emulation)  # fmt: skip
+            stages: dict[str, dict] = {}
+            for e in emulation:
+                for name, x in (e.get("by_stage") or {}).items():
+                    t = stages.setdefault(name, {"executions": 0, "violations": 0,
+                                                 "worst_overrun_ms": 0.0})  # fmt: skip
+                    t["executions"] += int(x["executions"])
+                    t["violations"] += int(x["violations"])
+                    t["worst_overrun_ms"] = max(t["worst_overrun_ms"], float(x["worst_overrun_ms"]))
+            self.emulation["by_stage"] = stages
         return [json.loads(ln) for i in range(self.robots)
                 for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
 
@@ -149,6 +158,8 @@ def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
     done = 0
     try:
         agent.warmup(image, INSTRUCTION, runs=1)
+        if agent.emulator is not None:  # warmed while the other robots load: not the run
+            agent.emulator.clear_counts()
         print(json.dumps({"endpoint": a.edge, "ready": True}), flush=True)
         line = sys.stdin.readline().strip()
         if not line:  # the bench ended before starting the fleet

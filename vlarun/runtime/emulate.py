@@ -96,6 +96,7 @@ class StageEmulator:
     executions: int = 0
     violations: int = 0
     worst_overrun_s: float = 0.0
+    by_stage: dict = field(default_factory=dict)  # stage -> [executions, violations, worst s]
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _under: dict = field(default_factory=dict, repr=False)  # knobs -> stage -> StageWork
@@ -161,12 +162,23 @@ class StageEmulator:
         own = time.perf_counter() - started
         with self._lock:
             self.executions += 1
+            mine = self.by_stage.setdefault(stage, [0, 0, 0.0])
+            mine[0] += 1
             if own > target:
                 self.violations += 1
                 self.worst_overrun_s = max(self.worst_overrun_s, own - target)
+                mine[1] += 1
+                mine[2] = max(mine[2], own - target)
         if own < target:
             time.sleep(target - own)
         return time.perf_counter() - started
+
+    def clear_counts(self) -> None:
+        """Forget the executions and violations counted so far (a warm-up's, run while other
+        processes start beside it, are not the run's)."""
+        with self._lock:
+            self.executions, self.violations, self.worst_overrun_s = 0, 0, 0.0
+            self.by_stage = {}
 
     def pad_bytes(self, stages: tuple[str, ...], direction: str, nbytes: int) -> int:
         """Zero bytes to add to a packet of ``nbytes`` so the link carries what the real model's
@@ -191,5 +203,10 @@ class StageEmulator:
             "emulation_violations": self.violations,
             "violation_share": share,
             "worst_overrun_ms": self.worst_overrun_s * 1e3,
+            # which stage could not be padded: its own compute against its target
+            "by_stage": {
+                s: {"executions": n, "violations": v, "worst_overrun_ms": w * 1e3}
+                for s, (n, v, w) in self.by_stage.items()
+            },  # fmt: skip
             "valid": share <= MAX_VIOLATION_SHARE,
         }
