@@ -229,3 +229,48 @@ def test_no_accepted_edge_answer_makes_a_request_late(server, policy):
             if inf.fallback is None and "edge" in inf.ran.values() and not inf.late_edge:
                 assert inf.late_s <= 0.01, (strategy, inf.late_s)  # decoding's few ms at most
             assert inf.late_s <= 1.5 * local + 0.05, (strategy, inf.late_s, local)
+
+
+class _Pinned(RobotAgent):
+    """Runs one placement whatever its strategy: the first stage here, the middle ones on the
+    edge, the last here again (a split the scheduler may choose; no fixed strategy has it)."""
+
+    def plan(self, text_tokens: int):
+        names = [s.name for s in self.graph(text_tokens).stages]
+        where = {n: "edge" for n in names}
+        where[names[0]] = where[names[-1]] = "robot"
+        return where, None, self.cfg.setting
+
+
+def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_late(
+    server, policy
+):  # fmt: skip
+    """vision here, prefill on the edge, decode here on a 4x-slowed robot, under a deadline
+    that fits the edge's usual answer but not the decode after it. The robot waits for the
+    edge only while its decode still fits (and tells the edge so): the answer is refused or
+    not waited for, and the request runs here, instead of arriving "in time" and then being
+    made late by the decode (before: the edge was given the rest of the deadline, so the
+    answer was used and the request ended about half a decode late)."""
+    image = StubEnv(1).image
+    loose = _Pinned(policy, AgentConfig(slo_s=5.0, strategy="edge-only", robot_slowdown=4.0),
+                    server.address, INSECURE)  # fmt: skip
+    try:
+        loose.warmup(image, INSTRUCTION, runs=1)
+        usual = float(np.median([loose.infer(image, INSTRUCTION).latency_s for _ in range(5)]))
+        decode = loose.local_s["decode"]  # tiny-ar: vision, prefill, decode
+    finally:
+        loose.close()
+    assert decode > 0.04  # the 4x decode: long enough that half of it is a clear miss
+    cfg = AgentConfig(slo_s=usual - decode / 2, strategy="edge-only", robot_slowdown=4.0)
+    agent = _Pinned(policy, cfg, server.address, INSECURE)
+    try:
+        agent.warmup(image, INSTRUCTION, runs=1)
+        infs = [agent.infer(image, INSTRUCTION) for _ in range(6)]
+    finally:
+        agent.close()
+    for inf in infs:
+        if inf.fallback is None and "edge" in inf.ran.values() and not inf.late_edge:
+            assert inf.late_s <= 0.01, (
+                f"an edge answer was used and the request was late by {inf.late_s:.3f} s"
+            )
+    assert any(inf.fallback is not None or inf.late_edge for inf in infs)  # the case was met

@@ -38,6 +38,11 @@ def test_pad_waits_for_the_target_and_counts_overruns():
     r = emu.report()
     assert r["executions"] == 2 and r["emulation_violations"] == 1 and not r["valid"]
     assert r["worst_overrun_ms"] > 900
+    assert r["by_stage"]["vision"]["violations"] == 1  # the report names the stage
+    assert r["by_stage"]["vision"]["executions"] == 2
+    emu.clear_counts()  # a warm-up's executions are not the run's
+    r = emu.report()
+    assert r["executions"] == r["emulation_violations"] == 0 and r["by_stage"] == {} and r["valid"]
     # Packets: padded up to the real model's (OpenVLA: 0.6 MB of images in, 2.1 MB of vision
     # features out of the vision stage), never down.
     vision = emu.targets["vision"]
