@@ -14,7 +14,9 @@ one worker, asked in turn: the hop = median over pairs of (round trip - the edge
 arrival to reply), front minus direct, with a bootstrap 95% interval.
 
 The projection is a queueing simulation of the front's dispatch rule (earliest predicted finish,
-refusal when no worker can make the deadline), with each request's service time drawn from the
+refusal when no worker can make the deadline) on the edge's one queue model
+(``sched.queue_model``: the front's forecast and each worker's service), with each request's
+service time drawn from the
 per-request compute times the 1-worker run measured; it is checked against the measured 1- and
 2-worker runs, then run with more workers. It models workers that do not share cores (one GPU
 or machine each), which this 2-core machine cannot show beyond two.
@@ -22,7 +24,7 @@ or machine each), which this 2-core machine cannot show beyond two.
 
 from __future__ import annotations
 
-import heapq
+import math
 import os
 import random
 import signal
@@ -301,11 +303,18 @@ def _hop(o, policy) -> dict:
 
 def simulate(
     workers: int, robots: int, period_s: float, slo_s: float, samples: list[float],
-    seconds: float, seed: int = 0,
+    seconds: float, seed: int = 0, max_batch: int = 1,
 ) -> dict:  # fmt: skip
-    """The front's dispatch rule on ``workers`` independent workers: each request goes to the
-    worker predicted to finish it first (its backlog at the mean service time), and is refused
-    when that finish is past the deadline; service times are drawn from ``samples``."""
+    """The front's dispatch rule on ``workers`` simulated workers, on the edge's one queue
+    model (``sched.queue_model``): each request goes to the worker predicted to finish it
+    first, as the front predicts it (``runtime.scaleout``: that worker's requests in flight,
+    each whole at the mean service time, and this one, played forward by the worker's rule),
+    and is refused when that finish is past the deadline. Each worker then serves by the same
+    rule, at service times drawn from ``samples`` (per request; ``max_batch`` as the workers
+    take them: a batch costs its members' sum). Robots send one request every ``period_s``,
+    each at its own random phase, for ``seconds``."""
+    from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, finish
+
     rng = random.Random(seed)
     mean = statistics.fmean(samples)
     arrivals = sorted(
@@ -313,24 +322,44 @@ def simulate(
         for r in range(robots)
         for k in range(int(seconds / period_s) + 1)
     )
-    free = [0.0] * workers  # when each worker's queue empties (FIFO per worker)
-    queued = [[] for _ in range(workers)]  # finish times of requests in each worker
+    stage = ("policy",)
+    served = [EdgeQueue(max_batch) for _ in range(workers)]  # what each worker does
+    # per worker: request -> (deadline, when its answer leaves; None until its batch starts)
+    flights: list[dict[int, tuple[float, float | None]]] = [{} for _ in range(workers)]
     count = {"ok": 0, "late": 0, "refused": 0}
-    for t, _ in arrivals:
+
+    def run_until(w: int, t: float) -> None:  # worker w's batches that start by t
+        q = served[w]
+        while (at := q.next_at()) is not None and at <= t:
+            for p, slot in q.step():
+                flights[w][p.key] = (p.deadline, slot.end)
+                count["ok" if slot.end <= p.deadline else "late"] += 1
+        for k in [k for k, (_, end) in flights[w].items() if end is not None and end <= t]:
+            del flights[w][k]  # answered: the front no longer counts it
+
+    def predicted(w: int, t: float) -> float:  # the front's view of worker w
+        q = EdgeQueue(max_batch, t)
+        for deadline, _ in flights[w].values():
+            q.add(Pending(t, deadline, "robot", stage, (mean,)))
+        q.add(Pending(t, t + slo_s, THIS, stage, (mean,), key=THIS))
+        return finish(q, THIS)
+
+    for i, (t, r) in enumerate(arrivals):
         if t >= seconds:
             break
-        for q in queued:
-            while q and q[0] <= t:
-                heapq.heappop(q)
-        predicted = [t + len(q) * mean + mean for q in queued]
-        w = min(range(workers), key=lambda i: predicted[i])
-        if predicted[w] > t + slo_s:
+        for w in range(workers):
+            run_until(w, t)
+        # Every flight is due no later than this request (one deadline for all), so by the
+        # worker's rule it runs after all of them: the worker with the fewest flights finishes
+        # it first, and only that worker's forecast is played.
+        best = min(range(workers), key=lambda w: len(flights[w]))
+        if predicted(best, t) > t + slo_s:
             count["refused"] += 1
             continue
-        finish = max(free[w], t) + rng.choice(samples)
-        free[w] = finish
-        heapq.heappush(queued[w], finish)
-        count["ok" if finish - t <= slo_s else "late"] += 1
+        served[best].add(Pending(t, t + slo_s, f"robot{r}", stage, (rng.choice(samples),), key=i))
+        flights[best][i] = (t + slo_s, None)
+    for w in range(workers):
+        run_until(w, math.inf)  # what was admitted is served to the end
     n = sum(count.values())
     return {"workers": workers, "robots": robots, "served_per_s": count["ok"] / seconds,
             "slo_share": count["ok"] / n if n else 0.0, **count}  # fmt: skip
