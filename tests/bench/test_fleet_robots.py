@@ -31,3 +31,34 @@ def test_robot_arguments_are_checked_before_anything_loads(bad, capsys):
     with pytest.raises(SystemExit):
         fleet_robots.main([x for kv in args.items() for x in kv])
     assert "--index" in capsys.readouterr().err
+
+
+def test_emulator_reports_are_merged_stage_by_stage():
+    def stage(n, v, worst):
+        return {"executions": n, "violations": v, "worst_overrun_ms": worst}
+
+    a = {"executions": 3, "emulation_violations": 1, "worst_overrun_ms": 5.0,
+         "by_stage": {"vision": stage(3, 1, 5.0)}}  # fmt: skip
+    b = {"executions": 2, "emulation_violations": 0, "worst_overrun_ms": 0.0,
+         "by_stage": {"vision": stage(1, 0, 0.0), "decode": stage(1, 0, 0.0)}}  # fmt: skip
+    m = fleet_robots._merged([a, b])
+    assert (m["executions"], m["emulation_violations"], m["worst_overrun_ms"]) == (5, 1, 5.0)
+    assert m["by_stage"]["vision"] == {"executions": 4, "violations": 1, "worst_overrun_ms": 5.0}
+    assert m["by_stage"]["decode"]["executions"] == 1
+
+
+def test_two_robot_processes_run_their_requests_against_one_edge():
+    """The fleet's path end to end, small: two robots, each a process (policy loaded, warmed,
+    started on one clock), two requests each against an edge in this process; every row comes
+    back, and each robot's peak RSS."""
+    from vlarun.policy import Policy
+    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.transport import Security
+
+    with EdgeServer(Policy.load("tiny-ar"), Security(insecure=True), ServerConfig()) as edge:
+        cfg = AgentConfig(0.5, "vlarun")
+        with RobotFleet("tiny-ar", cfg, edge.address, robots=2, requests=2, period_s=0.3) as f:
+            assert len(f.procs) == 2
+            rows = f.run()
+    assert len(rows) == 4 and all(r["latency_ms"] > 0 and r["ran"] for r in rows)
+    assert f.peak_rss_mb > 50 and f.emulation is None and f.procs == []

@@ -111,20 +111,7 @@ class RobotFleet:
             if done.get("emulation"):
                 emulation.append(done["emulation"])
         self.peak_rss_mb = max(rss)
-        if emulation:
-            self.emulation = {n: sum(int(e[n]) for e in emulation)
-                              for n in ("executions", "emulation_violations")}  # fmt: skip
-            self.emulation["worst_overrun_ms"] = max(float(e["worst_overrun_ms"])
-                                                     for e in emulation)  # fmt: skip
-            stages: dict[str, dict] = {}
-            for e in emulation:
-                for name, x in (e.get("by_stage") or {}).items():
-                    t = stages.setdefault(name, {"executions": 0, "violations": 0,
-                                                 "worst_overrun_ms": 0.0})  # fmt: skip
-                    t["executions"] += int(x["executions"])
-                    t["violations"] += int(x["violations"])
-                    t["worst_overrun_ms"] = max(t["worst_overrun_ms"], float(x["worst_overrun_ms"]))
-            self.emulation["by_stage"] = stages
+        self.emulation = _merged(emulation) if emulation else None
         return [json.loads(ln) for i in range(self.robots)
                 for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
 
@@ -137,6 +124,22 @@ class RobotFleet:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+
+def _merged(reports: list[dict]) -> dict:
+    """The robots' emulator reports (``StageEmulator.report``) as one: counts summed, the
+    worst overrun the worst of all, per stage alike."""
+    out: dict = {n: sum(int(r[n]) for r in reports) for n in ("executions", "emulation_violations")}
+    out["worst_overrun_ms"] = max(float(r["worst_overrun_ms"]) for r in reports)
+    stages: dict[str, dict] = {}
+    for r in reports:
+        for name, x in (r.get("by_stage") or {}).items():
+            t = stages.setdefault(name, {"executions": 0, "violations": 0, "worst_overrun_ms": 0.0})
+            t["executions"] += int(x["executions"])
+            t["violations"] += int(x["violations"])
+            t["worst_overrun_ms"] = max(t["worst_overrun_ms"], float(x["worst_overrun_ms"]))
+    out["by_stage"] = stages
+    return out
 
 
 def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
