@@ -8,6 +8,7 @@ import pytest
 from vlarun.bench import fleet_robots
 from vlarun.bench.fleet_robots import RobotFleet
 from vlarun.runtime.agent import AgentConfig
+from vlarun.runtime.emulate import merge_reports
 
 
 def test_a_robot_that_cannot_start_is_named_and_none_is_left_running():
@@ -41,7 +42,7 @@ def test_emulator_reports_are_merged_stage_by_stage():
          "by_stage": {"vision": stage(3, 1, 5.0)}}  # fmt: skip
     b = {"executions": 2, "emulation_violations": 0, "worst_overrun_ms": 0.0,
          "by_stage": {"vision": stage(1, 0, 0.0), "decode": stage(1, 0, 0.0)}}  # fmt: skip
-    m = fleet_robots._merged([a, b])
+    m = merge_reports([a, b])
     assert (m["executions"], m["emulation_violations"], m["worst_overrun_ms"]) == (5, 1, 5.0)
     assert m["by_stage"]["vision"] == {"executions": 4, "violations": 1, "worst_overrun_ms": 5.0}
     assert m["by_stage"]["decode"]["executions"] == 1

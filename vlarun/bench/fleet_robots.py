@@ -88,6 +88,7 @@ class RobotFleet:
         others a share of the period after it) and wait for all; their rows, robot by robot.
         A robot that ends with an error raises ``RuntimeError`` with its stderr's tail."""
         from vlarun.runtime import procs
+        from vlarun.runtime.emulate import merge_reports
 
         start = time.monotonic() + START_LEAD_S if start_at is None else start_at
         for p in self.procs:
@@ -111,7 +112,7 @@ class RobotFleet:
             if done.get("emulation"):
                 emulation.append(done["emulation"])
         self.peak_rss_mb = max(rss)
-        self.emulation = _merged(emulation) if emulation else None
+        self.emulation = merge_reports(emulation) if emulation else None
         return [json.loads(ln) for i in range(self.robots)
                 for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
 
@@ -124,22 +125,6 @@ class RobotFleet:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
-
-
-def _merged(reports: list[dict]) -> dict:
-    """The robots' emulator reports (``StageEmulator.report``) as one: counts summed, the
-    worst overrun the worst of all, per stage alike."""
-    out: dict = {n: sum(int(r[n]) for r in reports) for n in ("executions", "emulation_violations")}
-    out["worst_overrun_ms"] = max(float(r["worst_overrun_ms"]) for r in reports)
-    stages: dict[str, dict] = {}
-    for r in reports:
-        for name, x in (r.get("by_stage") or {}).items():
-            t = stages.setdefault(name, {"executions": 0, "violations": 0, "worst_overrun_ms": 0.0})
-            t["executions"] += int(x["executions"])
-            t["violations"] += int(x["violations"])
-            t["worst_overrun_ms"] = max(t["worst_overrun_ms"], float(x["worst_overrun_ms"]))
-    out["by_stage"] = stages
-    return out
 
 
 def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:

@@ -93,10 +93,8 @@ class StageEmulator:
     emulation: Emulation
     targets: dict[str, object]  # stage name -> StageWork of the real model
     works: tuple = ()  # every stage's StageWork, in order (what a setting transforms)
-    executions: int = 0
-    violations: int = 0
-    worst_overrun_s: float = 0.0
-    by_stage: dict = field(default_factory=dict)  # stage -> [executions, violations, worst s]
+    # stage -> [executions, violations, worst overrun s]; the totals below are its sums
+    by_stage: dict = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _under: dict = field(default_factory=dict, repr=False)  # knobs -> stage -> StageWork
@@ -161,12 +159,9 @@ class StageEmulator:
         target = self.target_s(stage, batch, knobs) * factor
         own = time.perf_counter() - started
         with self._lock:
-            self.executions += 1
             mine = self.by_stage.setdefault(stage, [0, 0, 0.0])
             mine[0] += 1
             if own > target:
-                self.violations += 1
-                self.worst_overrun_s = max(self.worst_overrun_s, own - target)
                 mine[1] += 1
                 mine[2] = max(mine[2], own - target)
         if own < target:
@@ -177,8 +172,15 @@ class StageEmulator:
         """Forget the executions and violations counted so far (a warm-up's, run while other
         processes start beside it, are not the run's)."""
         with self._lock:
-            self.executions, self.violations, self.worst_overrun_s = 0, 0, 0.0
             self.by_stage = {}
+
+    @property
+    def executions(self) -> int:
+        return sum(n for n, _, _ in self.by_stage.values())
+
+    @property
+    def violations(self) -> int:
+        return sum(v for _, v, _ in self.by_stage.values())
 
     def pad_bytes(self, stages: tuple[str, ...], direction: str, nbytes: int) -> int:
         """Zero bytes to add to a packet of ``nbytes`` so the link carries what the real model's
@@ -195,18 +197,40 @@ class StageEmulator:
         return max(int(real) - int(nbytes), 0)
 
     def report(self) -> dict:
-        share = self.violations / self.executions if self.executions else 0.0
+        # which stage could not be padded: its own compute against its target
+        stages = {s: {"executions": n, "violations": v, "worst_overrun_ms": w * 1e3}
+                  for s, (n, v, w) in self.by_stage.items()}  # fmt: skip
         return {
             "emulated": f"{self.emulation.model} on {self.emulation.device}",
             "time_scale": self.emulation.time_scale,
-            "executions": self.executions,
-            "emulation_violations": self.violations,
-            "violation_share": share,
-            "worst_overrun_ms": self.worst_overrun_s * 1e3,
-            # which stage could not be padded: its own compute against its target
-            "by_stage": {
-                s: {"executions": n, "violations": v, "worst_overrun_ms": w * 1e3}
-                for s, (n, v, w) in self.by_stage.items()
-            },  # fmt: skip
-            "valid": share <= MAX_VIOLATION_SHARE,
+            **merge_reports([{"by_stage": stages}]),
         }
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """Counts of several emulators (``report()`` or its counts) as one: executions and
+    violations summed, per stage too, the worst overrun the worst of all, and whether the
+    whole is valid (at most ``MAX_VIOLATION_SHARE`` overran). A report without ``by_stage``
+    (an edge's counters over a run) adds its totals only."""
+    stages: dict[str, dict] = {}
+    runs = bad = 0
+    worst = 0.0
+    for r in reports:
+        per = r.get("by_stage")
+        if per is None:
+            per = {}
+            runs += int(r["executions"])
+            bad += int(r["emulation_violations"])
+            worst = max(worst, float(r.get("worst_overrun_ms", 0.0)))
+        for name, x in per.items():
+            t = stages.setdefault(name, {"executions": 0, "violations": 0, "worst_overrun_ms": 0.0})
+            t["executions"] += int(x["executions"])
+            t["violations"] += int(x["violations"])
+            t["worst_overrun_ms"] = max(t["worst_overrun_ms"], float(x["worst_overrun_ms"]))
+    runs += sum(t["executions"] for t in stages.values())
+    bad += sum(t["violations"] for t in stages.values())
+    worst = max([worst, *(t["worst_overrun_ms"] for t in stages.values())])
+    share = bad / runs if runs else 0.0
+    return {"executions": runs, "emulation_violations": bad, "violation_share": share,
+            "worst_overrun_ms": worst, "by_stage": stages,
+            "valid": share <= MAX_VIOLATION_SHARE}  # fmt: skip
