@@ -20,6 +20,13 @@ def checkpoints_dir() -> Path:
     return Path(env) if env else _SOURCE_ROOT / "checkpoints"
 
 
+def training_dir() -> Path:
+    """Where training runs keep their resumable state: ``training/`` of the source checkout
+    (``VLARUN_TRAINING`` overrides), committed so that a run outlives the machine."""
+    env = os.environ.get("VLARUN_TRAINING")
+    return Path(env) if env else _SOURCE_ROOT / "training"
+
+
 def data_dir() -> Path:
     """Where demonstrations and recorded rollouts are written by default."""
     return Path(os.environ.get("VLARUN_DATA", "data"))

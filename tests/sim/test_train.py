@@ -184,3 +184,54 @@ def test_sigterm_saves_state_and_exports(tmp_path, demos):
     again = train(TrainConfig(demos=str(demos), out=str(out), steps=step + 1, batch=2, warmup=1,
                               precision="fp32"))  # fmt: skip
     assert again["step"] == step + 1
+
+
+def _weights(run) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(run / "state.safetensors").items() if k.startswith("model.")}
+
+
+def test_a_run_cut_in_two_equals_a_run_done_at_once(tmp_path, demos):
+    """The same batches, the same step count, the same weights: what a run on a new machine
+    must continue from the committed state."""
+    base = dict(demos=str(demos), steps=4, batch=2, warmup=1, log_every=1, precision="fp32", moments_mb=0,
+                threads=1)  # fmt: skip
+    whole = train(TrainConfig(out=str(tmp_path / "whole"), **base))
+    first = train(TrainConfig(out=str(tmp_path / "cut"), stop_after=2, **base))
+    assert first["step"] == 2
+    second = train(TrainConfig(out=str(tmp_path / "cut"), **base))
+    assert whole["step"] == second["step"] == 4
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    logs = [
+        [json.loads(x) for x in (tmp_path / d / "train.log").read_text().splitlines()]
+        for d in ("whole", "cut")
+    ]
+    assert [e["step"] for e in logs[1]] == [1, 2, 3, 4]
+    for x, y in zip(*logs, strict=True):  # the same batches: the same losses, step by step
+        assert x["ar"] == pytest.approx(y["ar"], rel=1e-4)
+    state = json.loads((tmp_path / "cut" / "state.json").read_text())
+    assert state["samples"] == 8 and state["moments_saved"] and "statistics" in state
+
+
+def test_state_without_moments_rewarms_and_says_so(tmp_path, demos, capsys):
+    cfg = dict(demos=str(demos), out=str(tmp_path / "run"), steps=2, batch=2, warmup=1,
+               log_every=1, precision="fp32", moments_mb=0.01, rewarm=4)  # fmt: skip
+    train(TrainConfig(**cfg))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "run" / "state.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert names and not any(k.startswith("opt.") for k in names)
+    assert any(".aux" in k or "trunk." in k for k in names)
+    train(TrainConfig(**{**cfg, "steps": 4}))
+    assert "without AdamW moments" in capsys.readouterr().err
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "run" / "train.log").read_text().splitlines()]
+    from vlarun.sim.train import lr_at
+
+    scheduled = lr_at(TrainConfig(**{**cfg, "steps": 4}), 2)
+    assert lrs[2] == pytest.approx(scheduled / 4)  # the first step after the resume: 1/4
+    assert lrs[3] == pytest.approx(lr_at(TrainConfig(**{**cfg, "steps": 4}), 3) / 2)

@@ -453,15 +453,21 @@ MW_VOCAB = 512  # 256 text ids (a BPE trained on the instructions) + 256 action 
 
 
 def _mw_trunk(
-    name: str, family: str, width: int = 192, layers: int = 4, chunk: int = MW_CHUNK, **kw
+    name: str,
+    family: str,
+    width: int = 192,
+    layers: int = 4,
+    chunk: int = MW_CHUNK,
+    patch: int = 8,
+    **kw,
 ) -> VLAConfig:
-    """The Meta-World policies' shape: a 128 px SigLIP-style ViT (patch 8, width 128, 4 layers),
-    an MLP projector and a small Llama of ``width`` x ``layers``; ``kw`` adds views, proprio and
-    the head."""
+    """The Meta-World policies' shape: a 128 px SigLIP-style ViT (patch ``patch``, width 128, 4
+    layers), an MLP projector and a small Llama of ``width`` x ``layers``; ``kw`` adds views,
+    proprio and the head."""
     vit = ViTConfig(
         kind="siglip",
         image_size=MW_IMAGE,
-        patch_size=8,
+        patch_size=patch,
         hidden_size=128,
         num_layers=4,
         num_heads=4,
@@ -628,6 +634,37 @@ def mt10w_flow() -> VLAConfig:
     return _mt10w_trunk("mt10w-flow", "flow", flow=flow)
 
 
+# -- MT10 at patch 16: the wrist-camera suite in a shape that trains on two CPU cores ---------
+# mt10w's 12-layer LM, ViT and 128 px views, with 16 px patches: 64 workspace tokens + the wrist
+# view pooled to 16 = 80 visual tokens in a ~137-token sequence, against 320 in ~377 at patch 8.
+# The LM's cost is its sequence, so a training step is ~3.4x cheaper (27 against 8 samples/s
+# on two cores, measured 2026-12-04) while every pixel of the 128 px frames is still seen (64 px
+# at patch 8 costs the same but shrinks the goal marker to 2-3 px). Every head predicts 8 steps
+# except the autoregressive one (4 steps: each step is 4 more sequential decode steps).
+
+MT10P_PATCH = 16
+
+
+def _mt10p_trunk(name: str, family: str, chunk: int = MT10W_CHUNK, **kw) -> VLAConfig:
+    return _mt10w_trunk(name, family, chunk=chunk, patch=MT10P_PATCH, **kw)
+
+
+def mt10p_ar() -> VLAConfig:
+    return _mt10p_trunk("mt10p-ar", "autoregressive", chunk=MW_CHUNK)
+
+
+def mt10p_oft() -> VLAConfig:
+    return dataclasses.replace(mt10w_oft(), name="mt10p-oft", vision=mt10p_ar().vision)
+
+
+def mt10p_dit() -> VLAConfig:
+    return dataclasses.replace(mt10w_dit(), name="mt10p-dit", vision=mt10p_ar().vision)
+
+
+def mt10p_flow() -> VLAConfig:
+    return dataclasses.replace(mt10w_flow(), name="mt10p-flow", vision=mt10p_ar().vision)
+
+
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
@@ -653,6 +690,10 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10w-oft": mt10w_oft,
     "mt10w-dit": mt10w_dit,
     "mt10w-flow": mt10w_flow,
+    "mt10p-ar": mt10p_ar,
+    "mt10p-oft": mt10p_oft,
+    "mt10p-dit": mt10p_dit,
+    "mt10p-flow": mt10p_flow,
 }
 DEFAULT_PRESET = "tiny-openvla"
 # A shipped policy and the preset of its shape share one name (tiny-ar, mt10-oft, ...): a name

@@ -78,9 +78,15 @@ SUITES: dict[str, dict[str, str]] = {
         "diffusion": "mt10w-dit",
         "flow": "mt10w-flow",
     },
+    "mt10p": {
+        "autoregressive": "mt10p-ar",
+        "parallel": "mt10p-oft",
+        "diffusion": "mt10p-dit",
+        "flow": "mt10p-flow",
+    },
 }
 # Suites whose demonstrations carry object and goal positions for the auxiliary head.
-AUX_SUITES = frozenset({"mt10w"})
+AUX_SUITES = frozenset({"mt10w", "mt10p"})
 NUM_TARGETS = 6  # object xyz + goal xyz
 
 

@@ -59,9 +59,11 @@ if TYPE_CHECKING:  # the simulator is imported where episodes run, so that comma
     from vlarun.sim.env import MetaWorldEnv
 
 
-FORMAT = "vlarun.sim.demos/2"
-"""Version 2 adds ``targets`` (object and goal xyz) per frame; version 1 directories still load."""
-FORMATS = ("vlarun.sim.demos/1", FORMAT)
+FORMAT = "vlarun.sim.demos/3"
+"""Version 2 added ``targets`` (object and goal xyz) per frame, version 3 ``sim_states`` (the
+simulator state each frame was rendered from, :meth:`MetaWorldEnv.sim_state`); older directories
+still load."""
+FORMATS = ("vlarun.sim.demos/1", "vlarun.sim.demos/2", FORMAT)
 MANIFEST = "manifest.json"
 STATISTICS = "dataset_statistics.json"
 DATASET_NAME = "metaworld"  # key of the statistics, as OpenVLA names datasets
@@ -72,8 +74,13 @@ TENSORS = {
     "episode_index": np.int32,
     "step_index": np.int32,
     "targets": np.float32,
+    "sim_states": np.float32,
 }
-OPTIONAL = frozenset({"targets"})  # absent from version-1 shards
+# What each older format lacks.
+MISSING_IN = {
+    FORMATS[0]: frozenset({"targets", "sim_states"}),
+    FORMATS[1]: frozenset({"sim_states"}),
+}
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,7 @@ class Episode:
     states: list[np.ndarray] = field(default_factory=list)
     actions: list[np.ndarray] = field(default_factory=list)
     targets: list[np.ndarray] = field(default_factory=list)
+    sim_states: list[np.ndarray] = field(default_factory=list)
     success: bool = False
 
     @property
@@ -212,6 +220,7 @@ def run_expert_episode(env: MetaWorldEnv, seed: int, dart_noise: float = 0.0) ->
         episode.states.append(obs["state"])
         episode.actions.append(action)
         episode.targets.append(env.targets)
+        episode.sim_states.append(env.sim_state())
         executed = action
         if dart_noise:
             executed = action.copy()
@@ -247,6 +256,7 @@ class _ExpertLabels:
         ep.states.append(self._obs["state"])
         ep.actions.append(expert)
         ep.targets.append(self.env.targets)
+        ep.sim_states.append(self.env.sim_state())
         executed = expert if self.rng.random() < self.beta else action
         obs, reward, terminated, truncated, info = self.env.step(executed)
         self._obs = obs
@@ -313,6 +323,7 @@ def _run_shard(job: _ShardJob, progress: Callable[[], None] | None = None) -> di
             ),
             "step_index": np.concatenate([np.arange(ep.length, dtype=np.int32) for ep in kept]),
             "targets": np.stack([t for ep in kept for t in ep.targets]).astype(np.float32),
+            "sim_states": np.stack([x for ep in kept for x in ep.sim_states]),
         }
         metadata = {
             "format": FORMAT,
@@ -605,14 +616,14 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
     manifest = json.loads((out / MANIFEST).read_text())
     if manifest.get("format") not in FORMATS:
         raise ValueError(f"{out / MANIFEST}: format {manifest.get('format')!r} not in {FORMATS}")
-    wanted = set(TENSORS) - (OPTIONAL if manifest["format"] != FORMAT else set())
+    wanted = set(TENSORS) - MISSING_IN.get(manifest["format"], frozenset())
     size = manifest["image_size"]
     task_ids = {t: i for i, t in enumerate(manifest["task_names"])}
     per_shard: dict[str, list[dict[str, Any]]] = {}
     for ep in manifest["episodes"]:
         per_shard.setdefault(ep["shard"], []).append(ep)
 
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*wanted, "task_index")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in (*(wanted - {"sim_states"}), "task_index")}
     episode_base = 0
     for shard in manifest["shards"]:
         path = out / shard["file"]
@@ -622,7 +633,8 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             names = set(f.keys())
             if names != wanted:
                 raise ValueError(f"{path}: tensors {sorted(names)} != {sorted(wanted)}")
-            arrays = {k: f.get_tensor(k) for k in wanted if k != "images"}
+            # sim_states are for re-rendering (--from-manifest), not for training: not loaded.
+            arrays = {k: f.get_tensor(k) for k in wanted if k not in ("images", "sim_states")}
             meta = f.metadata() or {}
         # Frames stay on disk (memory-mapped): a deep-policy collection is ~10 GB of pixels.
         arrays["images"] = _memmap_tensor(path, "images")
@@ -636,7 +648,7 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             "step_index": (frames,),
             "targets": (frames, 6),
         }
-        for k in wanted:
+        for k in wanted - {"sim_states"}:
             dtype = TENSORS[k]
             if arrays[k].dtype != dtype or arrays[k].shape != expected[k]:
                 raise ValueError(
@@ -651,7 +663,7 @@ def load_demos(out_dir: str | os.PathLike[str]) -> Demos:
             raise ValueError(f"{path}: episode frame counts {counts.tolist()} disagree")
         if json.loads(meta.get("seeds", "[]")) != [e["seed"] for e in eps]:
             raise ValueError(f"{path}: seeds in the shard disagree with the manifest")
-        for k in wanted:
+        for k in wanted - {"sim_states"}:
             parts[k].append(arrays[k])
         parts["episode_index"][-1] = arrays["episode_index"] + episode_base
         parts["task_index"].append(np.full(frames, task_ids[shard["task"]], np.int32))
@@ -746,9 +758,15 @@ class DemosOptions:
     """Collect scripted-expert Meta-World demonstrations (safetensors shards + a JSON
     manifest); with --dagger, a trained policy drives and the expert labels every state."""
 
-    tasks: tuple[str, ...] = opt(help=f"task names, mt10 or all ({', '.join(task_names())})")
-    episodes: int = opt(help="successful episodes per task")
     out: str = opt(help="output directory")
+    tasks: tuple[str, ...] = opt((), f"task names, mt10 or all ({', '.join(task_names())})")
+    episodes: int = opt(0, "successful episodes per task")
+    from_manifest: str | None = opt(
+        None, "render a committed manifest directory (manifest.json + replay.npz) into --out"
+    )
+    save_manifest: str | None = opt(
+        None, "after collecting, write the manifest and simulator states to this directory"
+    )
     image_size: int = opt(128, "camera frame size")
     seed_start: int = opt(0, "first seed of each task")
     workers: int = opt(1, "collecting processes")
@@ -778,17 +796,34 @@ class DemosOptions:
 
 
 def run_demos(o: DemosOptions) -> dict[str, Any]:
-    """`vlarun demos`: ``collect`` with the options' tasks ("mt10", "all" or names)."""
-    tasks = {"all": task_names(), "mt10": list(MT10)}.get(o.tasks[0], list(o.tasks))
+    """`vlarun demos`: ``collect`` with the options' tasks ("mt10", "all" or names), or render
+    a committed manifest (``--from-manifest``, :mod:`vlarun.sim.demo_replay`)."""
+    from vlarun.sim import demo_replay
+
     try:
-        return collect(tasks, o.episodes, o.out, image_size=o.image_size,
-                       seed_start=o.seed_start, workers=o.workers,
-                       episodes_per_shard=o.episodes_per_shard, camera=o.camera,
-                       extra_cameras=o.extra_cameras, episodes_for=o.counts(),
-                       dart_noise=o.dart_noise, dagger_policy=o.dagger,
-                       dagger_beta=o.dagger_beta, overwrite=o.overwrite)  # fmt: skip
+        if o.from_manifest:
+            if o.tasks or o.episodes:
+                raise ValueError("--from-manifest renders the manifest's own tasks and episodes;"
+                                 " drop --tasks / --episodes")  # fmt: skip
+            return demo_replay.render_manifest(o.from_manifest, o.out, o.workers, o.overwrite)
+        if not o.tasks or o.episodes < 1:
+            raise ValueError("give --tasks and --episodes (or --from-manifest DIR)")
+        manifest = _collect(o)
+        if o.save_manifest:
+            demo_replay.save_manifest(o.out, o.save_manifest)
+        return manifest
     except FileExistsError as e:
         raise ValueError(str(e)) from None
+
+
+def _collect(o: DemosOptions) -> dict[str, Any]:
+    tasks = {"all": task_names(), "mt10": list(MT10)}.get(o.tasks[0], list(o.tasks))
+    return collect(tasks, o.episodes, o.out, image_size=o.image_size,
+                   seed_start=o.seed_start, workers=o.workers,
+                   episodes_per_shard=o.episodes_per_shard, camera=o.camera,
+                   extra_cameras=o.extra_cameras, episodes_for=o.counts(),
+                   dart_noise=o.dart_noise, dagger_policy=o.dagger,
+                   dagger_beta=o.dagger_beta, overwrite=o.overwrite)  # fmt: skip
 
 
 def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
@@ -797,6 +832,11 @@ def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
         print(f"{name:26s} {n:4d} episodes {frames:6d} frames {failed} failed")
     where = f" to {out}" if out else ""
     print(f"wrote {len(manifest['shards'])} shards + {MANIFEST}{where}")
+    if "fingerprint" in manifest:
+        f = manifest["fingerprint"]
+        print(f"rendered from {manifest['rendered_from']}: {f['probes']} probe frames match the "
+              f"committed fingerprints (mean block difference {f['mean_diff']:.2f} levels, "
+              f"worst {f['worst_diff']:.2f})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

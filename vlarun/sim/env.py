@@ -447,6 +447,36 @@ class MetaWorldEnv(gym.Env):
         info = {**mw_info, "success": success, "steps": self._steps}
         return self._obs(), float(reward), success, self._steps >= self.max_steps, info
 
+    # -- simulator state (demonstrations stored as states, rendered where they are needed) ---
+
+    def sim_state(self) -> np.ndarray:
+        """float32 (qpos, qvel, mocap pos, mocap quat) of the current frame, flattened.
+
+        With the episode's seed this is all a frame is made of: :meth:`restore` of it after
+        ``reset(seed=...)`` renders the same pixels (float32 is < 1e-7 m of rounding) and the
+        same observation, so demonstrations are kept as ~0.2 KB per frame instead of ~100 KB."""
+        d = self._mw.data
+        return np.concatenate(
+            (d.qpos, d.qvel, d.mocap_pos.reshape(-1), d.mocap_quat.reshape(-1))
+        ).astype(np.float32)
+
+    def restore(self, state: np.ndarray) -> dict[str, np.ndarray]:
+        """Put the simulator in ``state`` (from :meth:`sim_state`, same episode seed) and
+        return that frame's observation; the episode's goal stays the one ``reset`` drew."""
+        m, d = self._mw.model, self._mw.data
+        sizes = (m.nq, m.nv, 3 * m.nmocap, 4 * m.nmocap)
+        if state.shape != (sum(sizes),):
+            raise ValueError(f"a {self.task.name} state has {sum(sizes)} values, got {state.shape}")
+        qpos, qvel, mpos, mquat = np.split(state.astype(np.float64), np.cumsum(sizes)[:-1])
+        d.qpos[:], d.qvel[:] = qpos, qvel
+        d.mocap_pos[:], d.mocap_quat[:] = mpos.reshape(-1, 3), mquat.reshape(-1, 4)
+        mujoco.mj_forward(m, d)
+        raw = np.array(self.raw_obs, dtype=np.float64)
+        curr = self._mw._get_curr_obs_combined_no_goal()  # hand, gripper, objects (18 values)
+        raw[: len(curr)] = curr  # not _get_obs(): that would advance the frame-stack buffer
+        self._raw_obs = raw
+        return self._obs()
+
     @property
     def steps(self) -> int:
         """Steps taken in the current episode."""

@@ -1,10 +1,16 @@
 """`vlarun train`: behaviour cloning on scripted Meta-World demonstrations, resumable.
 
-Runs in the foreground (start it with nohup/& for the background); every ``save_every`` steps it
-writes ``state.safetensors`` (weights and AdamW moments, no pickle) and ``state.json`` (step,
-elapsed time, config, sampling state) into ``out``, outside the repository by default
-(``~/.cache/vlarun/runs/<suite>``); starting again with the same ``out`` resumes there, and a
-run with no state starts from the suite's committed checkpoints when they exist. Progress goes
+Runs in the foreground (start it with nohup/& for the background); every ``save_every`` steps,
+every ``save_minutes`` and when stopped it writes ``state.safetensors`` (fp32 weights of every
+head, the training-only auxiliary head included; the AdamW moments only while the file stays
+under ``moments_mb``; no pickle) and ``state.json`` (step, samples seen, elapsed time, config,
+precision) into ``out``: by default ``training/<suite>/`` in the repository, so a new machine
+continues the run from a clone (commit the two files when work stops: they replace the last
+ones). Starting again with the same ``out`` resumes there: the same schedule position and the
+same data stream (batch ``k`` is drawn from a generator seeded by ``(seed, k)``, so a run cut in
+two draws exactly the batches of a run done at once); without saved moments the LR re-warms over
+``rewarm`` steps while AdamW rebuilds them, and the log says so. A run with no state starts from
+the suite's committed checkpoints when they exist. Progress goes
 to stderr, one JSON line per ``log_every`` steps to ``out/train.log``. At the end (and with
 ``--export-only``) each family is exported as a standalone checkpoint under ``out/export/``.
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import queue
 import shutil
 import signal
 import sys
@@ -37,7 +44,7 @@ from vlarun.config import opt
 from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
-from vlarun.paths import checkpoints_dir
+from vlarun.paths import checkpoints_dir, training_dir
 from vlarun.sim.bc_model import AUX_SUITES, SUITES, Batch, MultiHeadBC
 from vlarun.sim.demos import DATASET_NAME, Demos, FrameStore, action_statistics, load_demos
 from vlarun.sim.text import build_tokenizer
@@ -55,7 +62,7 @@ class TrainConfig:
         choices=tuple(SUITES),
     )
     demos: str = opt("data/demos128", "demo directory, or several joined by commas")
-    out: str = opt("", "run directory: state, log, exports (default ~/.cache/vlarun/runs/SUITE)")
+    out: str = opt("", "run directory: state, log, exports (default training/SUITE)")
     init_from: str = opt(
         "",
         "start a new run from a run directory or a directory of exported policies (default: "
@@ -68,6 +75,12 @@ class TrainConfig:
     weight_decay: float = opt(0.01, "AdamW weight decay")
     shift: int = opt(6, "random-shift augmentation in pixels (DrQ-style); 0 = off")
     save_every: int = opt(250, "steps between resumable state saves")
+    save_minutes: float = opt(20.0, "minutes between resumable state saves (also on stop)")
+    moments_mb: float = opt(
+        25.0, "keep the AdamW moments in the state only while the file stays under this size"
+    )
+    rewarm: int = opt(200, "LR re-warm-up steps after resuming without saved moments")
+    stop_after: int = opt(0, "stop (resumably) after this many steps of this call; 0 = none")
     log_every: int = opt(25, "steps between train.log lines")
     seed: int = opt(0, "sampling and initialisation seed")
     precision: str = opt(
@@ -100,8 +113,9 @@ class TrainConfig:
 
 
 def default_run_dir(suite: str) -> Path:
-    """Training state lives outside the repository: it is large and machine-local."""
-    return Path("~/.cache/vlarun/runs").expanduser() / suite
+    """Training state lives in the repository (``training/SUITE``): a machine's cache does not
+    outlive it, and a run must continue on the next one."""
+    return training_dir() / suite
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,11 +132,15 @@ class PrecisionChoice:
         return "bf16 autocast" if self.bf16 else "fp32"
 
 
+BF16_MIN_RATIO = 1.5
+
+
 def choose_precision(requested: str, width: int = 512, rows: int = 2048) -> PrecisionChoice:
     """bf16 autocast only where this CPU runs it faster than fp32 (measured, not assumed).
 
     Times ``rows x width @ width x width`` matmuls in both dtypes (best of 5 after a warm-up);
-    bf16 is chosen when it is at least 1.3x the fp32 rate. An explicit request is honoured and
+    bf16 is chosen when it is at least 1.5x the fp32 rate (below that its rounding is not worth
+    it: a training step is more than its matmuls). An explicit request is honoured and
     its measured ratio still reported."""
     a32 = torch.randn(rows, width)
     b32 = torch.randn(width, width)
@@ -142,7 +160,7 @@ def choose_precision(requested: str, width: int = 512, rows: int = 2048) -> Prec
         f"({ratio:.2f}x) on {torch.get_num_threads()} thread(s)"
     )
     if requested == "auto":
-        fast = ratio >= 1.3
+        fast = ratio >= BF16_MIN_RATIO
         why = "faster here" if fast else "not faster here"
         return PrecisionChoice(fast, f"auto: {'bf16' if fast else 'fp32'}, {why}: {measured}")
     return PrecisionChoice(requested == "bf16", f"{requested} as asked: {measured}")
@@ -197,6 +215,7 @@ class DemoSampler:
             self.targets = torch.from_numpy(t.astype(np.float32))
         self.balance = balance
         self.by_task = [torch.nonzero(self.task == k)[:, 0] for k in range(len(self.text))]
+        self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
@@ -217,7 +236,11 @@ class DemoSampler:
             for k in pick.tolist()
         ])  # fmt: skip
 
-    def sample(self, batch: int, shift: int) -> Batch:
+    def sample(self, batch: int, shift: int, step: int | None = None) -> Batch:
+        """One batch; with ``step``, the batch of that step of the run, whatever came before
+        (the generator is seeded by ``(seed, step)``: the data stream survives a restart)."""
+        if step is not None:
+            self.gen.manual_seed(self.seed * 1_000_003 + step)
         idx = self.draw(batch)
         frames = self.frames(idx)
         if frames.ndim == 4:
@@ -345,22 +368,37 @@ def _unique_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def save_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW, meta: dict) -> None:
-    tensors = {f"model.{k}": v.contiguous() for k, v in _unique_state(model).items()}
+def save_state(
+    out: Path, model: torch.nn.Module, opt: torch.optim.AdamW, meta: dict, moments_mb: float = 0
+) -> dict:
+    """Write ``state.safetensors`` (fp32 weights, and the AdamW moments when the file stays
+    under ``moments_mb``; 0 = always) and ``state.json``; returns the meta as written."""
+    tensors = {f"model.{k}": v.float().contiguous() for k, v in _unique_state(model).items()}
     names = {id(p): n for n, p in model.named_parameters()}
+    moments = {}
     for group in opt.param_groups:
         for p in group["params"]:
             st = opt.state.get(p)
             if st:
                 for key in ("exp_avg", "exp_avg_sq", "step"):
-                    tensors[f"opt.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).contiguous()
+                    moments[f"opt.{names[id(p)]}.{key}"] = torch.as_tensor(st[key]).contiguous()
+    nbytes = sum(t.numel() * t.element_size() for t in (*tensors.values(), *moments.values()))
+    keep = not moments_mb or nbytes <= moments_mb * 2**20
+    if keep:
+        tensors |= moments
+    meta = meta | {"moments_saved": keep and bool(moments)}
     tmp = out / "state.safetensors.tmp"
     save_file(tensors, tmp)
     tmp.replace(out / "state.safetensors")
-    (out / "state.json").write_text(json.dumps(meta, indent=1))
+    tmp = out / "state.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    tmp.replace(out / "state.json")
+    return meta
 
 
-def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | None:
+def load_state(out: Path, model: torch.nn.Module, opt: torch.optim.AdamW) -> dict | None:
+    """Resume from ``out``: weights, moments where saved (else ``rewarm_from`` marks the step
+    the LR re-warms from), and the meta (step, seconds, ...). None where there is no state."""
     if not (out / "state.safetensors").exists():
         return None
     tensors = load_file(out / "state.safetensors")
@@ -369,12 +407,17 @@ def load_state(out: Path, model: MultiHeadBC, opt: torch.optim.AdamW) -> dict | 
     if missing:
         raise ValueError(f"{out / 'state.safetensors'} lacks {sorted(missing)[:5]}")
     model.load_state_dict(weights, strict=False)  # tied aliases come with their first name
+    restored = 0
     for name, p in model.named_parameters():
         if f"opt.{name}.exp_avg" in tensors:
+            restored += 1
             opt.state[p] = {
                 key: tensors[f"opt.{name}.{key}"] for key in ("exp_avg", "exp_avg_sq", "step")
             }
-    return json.loads((out / "state.json").read_text())
+    meta = json.loads((out / "state.json").read_text())
+    if not restored and meta.get("step", 0):
+        meta["rewarm_from"] = meta["step"]
+    return meta
 
 
 # The exported checkpoints' names, per suite and family: the presets' own (one name, one model).
@@ -382,7 +425,7 @@ EXPORT_NAMES = SUITES
 FAMILY_NAMES = EXPORT_NAMES["mw"]
 # A suite whose trunk has the shape of another's starts from that one's policies when it has
 # none of its own (mt10w: mt10's trunk, a wrist camera instead of the mirrored view).
-GROWS_FROM: dict[str, tuple[str, ...]] = {"mt10w": ("mt10",)}
+GROWS_FROM: dict[str, tuple[str, ...]] = {"mt10w": ("mt10",), "mt10p": ("mt10w", "mt10")}
 
 
 def _source_tokenizer(source: Path, suite: str = "mw") -> Path | None:
@@ -456,8 +499,15 @@ def default_init(cfg: TrainConfig) -> Path | None:
 # Loop
 
 
-def lr_at(cfg: TrainConfig, step: int, seconds: float = 0.0) -> float:
-    """Linear warmup, then cosine to 5% of ``lr`` over steps or ``budget_minutes``."""
+def lr_at(
+    cfg: TrainConfig, step: int, seconds: float = 0.0, rewarm_from: int | None = None
+) -> float:
+    """Linear warmup, then cosine to 5% of ``lr`` over steps or ``budget_minutes``; after a
+    resume without moments (``rewarm_from``), the scheduled LR ramps up again over
+    ``cfg.rewarm`` steps."""
+    if rewarm_from is not None and step >= rewarm_from:
+        ramp = min(1.0, (step - rewarm_from + 1) / max(1, getattr(cfg, "rewarm", 1)))
+        return ramp * lr_at(cfg, step, seconds)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
@@ -494,18 +544,18 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
         if init_from is not None:
             meta["init_from"] = init_weights(model, init_from, cfg.suite)
             print(f"vlarun train: initialised from {meta['init_from']}", file=sys.stderr)
+    if meta.get("rewarm_from") is not None:
+        print(f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
+              f"keeps them only under {cfg.moments_mb:g} MB): the LR re-warms over {cfg.rewarm} "
+              "steps", file=sys.stderr)  # fmt: skip
     spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
     if not export_only and meta["step"] < cfg.steps and not spent:
         precision = choose_precision(cfg.precision)
         print(f"vlarun train: precision {precision.reason}", file=sys.stderr)
         meta["precision"] = precision.reason
+        # Batch k is drawn from (seed, k) whatever ran before: a resumed run continues the stream.
         sampler = DemoSampler(
-            cfg.demos,
-            model.chunk,
-            tokenizer,
-            cfg.seed + meta["step"],  # a resumed run draws a fresh (still seeded) stream
-            model.cfg.num_images,
-            balance=cfg.balance,
+            cfg.demos, model.chunk, tokenizer, cfg.seed, model.cfg.num_images, balance=cfg.balance
         )
         if cfg.suite in AUX_SUITES and sampler.targets is None:
             raise ValueError(f"suite {cfg.suite} trains on targets; {cfg.demos} has none "
@@ -518,9 +568,11 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
     """The optimisation loop shared by `vlarun train` and `vlarun distill`.
 
     ``losses_at(step)`` samples a batch and returns its losses (``.total``, ``.as_floats()``);
-    ``cfg`` carries steps, batch, lr/warmup, log_every, save_every, max_minutes, budget_minutes.
+    ``cfg`` carries steps, batch, lr/warmup, log_every, save_every, max_minutes, budget_minutes
+    (and, where it has them, save_minutes, moments_mb, rewarm, stop_after).
     Logs a JSON line every ``log_every`` steps to ``log``, saves resumable state every
-    ``save_every`` steps and when the time limit or budget runs out; returns the updated meta.
+    ``save_every`` steps or ``save_minutes`` and when the time limit or budget runs out;
+    returns the updated meta.
 
     SIGTERM or SIGINT (Ctrl-C, ``kill``) ends the run after the current step with its state
     saved, and the caller goes on to export: a run can be cut at any time, e.g. to give a
@@ -529,24 +581,31 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
     """
     model.train()
     start_step, t0, seconds0 = meta["step"], time.time(), meta["seconds"]
+    save_minutes = getattr(cfg, "save_minutes", 0.0)
+    moments_mb = getattr(cfg, "moments_mb", 0.0)
+    stop_after = getattr(cfg, "stop_after", 0)
+    rewarm_from = meta.get("rewarm_from")
+    last_save = time.time()
     bar = tqdm(total=cfg.steps, initial=start_step, desc=desc, unit="step")
     stop = _StopRequest()
     for step in range(start_step, cfg.steps):
+        lr = lr_at(cfg, step, meta["seconds"], rewarm_from)
         for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step, meta["seconds"])
+            g["lr"] = lr
         losses = losses_at(step)
         opt.zero_grad(set_to_none=True)
         losses.total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        meta = meta | {"step": step + 1, "seconds": seconds0 + time.time() - t0}
+        meta = meta | {"step": step + 1, "samples": (step + 1) * cfg.batch,
+                       "seconds": seconds0 + time.time() - t0}  # fmt: skip
         bar.update(1)
         if (step + 1) % cfg.log_every == 0:
             rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
             entry = {
                 "step": step + 1,
                 "samples": (step + 1) * cfg.batch,
-                "lr": lr_at(cfg, step, meta["seconds"]),
+                "lr": lr,
                 "samples_per_s": round(rate, 1),
                 "minutes": round(meta["seconds"] / 60, 2),
             } | losses.as_floats()
@@ -558,12 +617,18 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
         out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
             cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
         )
-        if (step + 1) % cfg.save_every == 0 or done or out_of_time or stop.requested:
-            save_state(out, model, opt, meta)
-        if out_of_time or stop.requested:
+        cut = stop_after and step + 1 - start_step >= stop_after
+        due = save_minutes and (time.time() - last_save) / 60 >= save_minutes
+        if (step + 1) % cfg.save_every == 0 or due or done or out_of_time or cut or stop.requested:
+            meta = save_state(out, model, opt, meta, moments_mb)
+            last_save = time.time()
+        if out_of_time or cut or stop.requested:
             break
     bar.close()
     stop.restore()
+    meta["samples_per_s"] = round(
+        (meta["step"] - start_step) * cfg.batch / max(time.time() - t0, 1e-9), 1
+    )
     return meta
 
 
@@ -588,20 +653,68 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
-def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bool) -> dict:
-    def losses_at(step: int):
-        batch = sampler.sample(cfg.batch, cfg.shift)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return model(batch)
+class Prefetcher:
+    """Draws the batches of steps ``start, start + 1, ...`` in a thread, ``depth`` ahead of the
+    optimiser (drawing a batch, ~0.1 s, is ~10% of a step once steps are fast)."""
 
-    with (out / "train.log").open("a") as log:
-        meta = resumable_loop(cfg, model, opt, meta, out, losses_at, log, "train")
+    def __init__(self, sampler: DemoSampler, batch: int, shift: int, start: int, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._halt = threading.Event()
+        self._next = start
+
+        def produce() -> None:
+            step = start
+            while not self._halt.is_set():
+                item = (step, sampler.sample(batch, shift, step))
+                while not self._halt.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                step += 1
+
+        self._thread = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def get(self, step: int) -> Batch:
+        """The batch of ``step`` (steps are asked for in order)."""
+        if step != self._next:
+            raise RuntimeError(f"batches are drawn in order: asked for {step}, next {self._next}")
+        got, batch = self._queue.get()
+        self._next = got + 1
+        return batch
+
+    def close(self) -> None:
+        self._halt.set()
+        self._thread.join()
+
+
+def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bool) -> dict:
     meta["demos_manifest"] = {
         "tasks": sampler.manifest["task_names"],
         "episodes": len(sampler.manifest["episodes"]),
         "frames": len(sampler),
     }
-    meta["statistics"] = sampler.stats_json
+    meta["statistics"] = sampler.stats_json  # saved with every state: export needs no demos
+    batches = Prefetcher(sampler, cfg.batch, cfg.shift, meta["step"])
+
+    def losses_at(step: int):
+        batch = batches.get(step)
+        # The heads' noise (diffusion timesteps, flow times) comes from the global generator:
+        # seeded by step, so a resumed run draws what a run done at once would.
+        torch.manual_seed(cfg.seed * 1_000_003 + step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return model(batch)
+
+    try:
+        with (out / "train.log").open("a") as log:
+            meta = resumable_loop(cfg, model, opt, meta, out, losses_at, log, "train")
+    finally:
+        batches.close()
+    print(f"vlarun train: {meta['samples_per_s']} samples/s ({'bf16 autocast' if bf16 else 'fp32'}"
+          f", {torch.get_num_threads()} threads); {meta['step'] * cfg.batch} samples seen",
+          file=sys.stderr)  # fmt: skip
     return meta
 
 
