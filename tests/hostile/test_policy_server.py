@@ -217,3 +217,59 @@ def test_the_seen_clients_table_is_pruned(serve):
         srv.edge._touch(f"gone-{k}".encode(), now - 5.0)
     srv.edge._touch(b"live", now)
     assert list(srv.edge._seen) == [b"live"]
+
+
+def test_a_numpy_scalar_prompt_is_refused_before_its_string_is_built(serve, caplog):
+    """15 MiB of bytes tagged as a numpy "<U1" scalar became a 63 MB string before the prompt
+    limit saw it (issue 45, 10): a numpy scalar must be one number, checked on its header."""
+    caplog.set_level(logging.INFO)
+    srv = serve()
+    # openpi's msgpack_numpy tags with bytes keys (b"__npgeneric__"), as its client sends.
+    generic = {b"__npgeneric__": True, b"data": b"\0" * (7 << 20), b"dtype": "<U1"}
+    image = {b"__ndarray__": True, b"data": OBS["image"].tobytes(), b"dtype": "|u1",
+             b"shape": [128, 128, 3]}  # fmt: skip
+    frame = msgpack.packb({"image": image, "prompt": generic}, use_bin_type=True)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="a numpy scalar must be one number"):
+        openpi.unpackb(frame, 4096)
+    assert time.perf_counter() - t0 < 1.0
+    ws = _raw(srv)
+    ws.send(frame)
+    reply = ws.recv(timeout=30)
+    assert "a numpy scalar must be one number" in str(reply)
+    ws.close()
+    small = {b"__npgeneric__": True, b"data": b"abcd", b"dtype": "<U1"}  # a str subclass
+    with pytest.raises(ValueError, match="must be one number"):
+        openpi.unpackb(msgpack.packb({"prompt": small}, use_bin_type=True))
+    number = {b"__npgeneric__": True, b"data": np.float32(2.5).tobytes(), b"dtype": "<f4"}
+    assert openpi.unpackb(msgpack.packb({"x": number}, use_bin_type=True))["x"] == 2.5
+    _no_tracebacks(caplog)
+
+
+@pytest.mark.parametrize(
+    "state,needle",
+    [
+        (np.array(["2026-01-01"] * 4, dtype="datetime64[D]"), "must be numbers, got dtype"),
+        (np.array([np.nan, 0, 0, 0], np.float32), "finite"),
+    ],
+)
+def test_a_state_that_is_not_finite_numbers_is_refused(state, needle):
+    """datetime64 converts to float silently; NaN passes any range check (issue 45, 13)."""
+    with pytest.raises(ValueError, match=needle):
+        openpi.get_layout("metaworld").inputs({**OBS, "state": state}, 1, 4096)
+
+
+def test_a_state_of_the_wrong_length_is_refused_by_the_server():
+    """1000 floats for a 4-number state: refused by the policy before anything runs."""
+    srv = openpi.OpenpiPolicyServer(Policy.load("mt10-oft"), openpi.get_layout("metaworld"),
+                                    port=0, api_key=KEY)  # fmt: skip
+    stop = srv.start_in_thread(60)
+    try:
+        client = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY)
+        obs = {"image": OBS["image"], "second_image": OBS["image"], "prompt": "reach the goal"}
+        with pytest.raises(RuntimeError, match="reads a state of 4 numbers, got 1000"):
+            client.infer({**obs, "state": np.zeros(1000, np.float32)})
+        again = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY)
+        assert again.infer({**obs, "state": np.zeros(4, np.float32)})["actions"].shape[1] == 4
+    finally:
+        stop()

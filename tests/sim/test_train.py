@@ -195,8 +195,8 @@ def _weights(run) -> dict:
 def test_a_run_cut_in_two_equals_a_run_done_at_once(tmp_path, demos):
     """The same batches, the same step count, the same weights: what a run on a new machine
     must continue from the committed state."""
-    base = dict(demos=str(demos), steps=4, batch=2, warmup=1, log_every=1, precision="fp32", moments_mb=0,
-                threads=1)  # fmt: skip
+    base = dict(demos=str(demos), steps=4, batch=2, warmup=1, log_every=1, precision="fp32",
+                moments_mb=0, threads=1)  # fmt: skip
     whole = train(TrainConfig(out=str(tmp_path / "whole"), **base))
     first = train(TrainConfig(out=str(tmp_path / "cut"), stop_after=2, **base))
     assert first["step"] == 2

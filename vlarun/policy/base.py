@@ -206,6 +206,24 @@ class Policy:
         """Entries of one robot action: the model's width may be padded (LeRobot's 32)."""
         return self.norm.dim if self.norm is not None else self.model.cfg.action_dim
 
+    def check_state(self, state: np.ndarray | list[float] | None) -> np.ndarray | None:
+        """The robot state as float32 numbers, or one ValueError naming what is wrong: not
+        numbers (a datetime, text), not this policy's length, or not finite (a NaN state would
+        give NaN actions: the robot must fix its sensor, not move on them)."""
+        if state is None:
+            return None
+        raw = np.asarray(state)
+        if raw.dtype.kind not in "fiu":
+            raise ValueError(f"the state must be numbers, got dtype {raw.dtype}")
+        arr = raw.astype(np.float32).reshape(-1)
+        if self.state_size and arr.size != self.state_size:
+            raise ValueError(f"{self.model.cfg.name} reads a state of {self.state_size} numbers,"
+                             f" got {arr.size}")  # fmt: skip
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            raise ValueError(f"the state must be finite: entry {bad[0]} is {arr[bad[0]]}")
+        return arr
+
     def state_tensor(self, state: np.ndarray | None) -> torch.Tensor | None:
         """(1, state_dim) model input: normalised for a proprio token, raw for a flow expert,
         None when the model takes no state."""
@@ -286,6 +304,7 @@ class Policy:
         text, the state the model takes, and the noise of a diffusion / flow head, drawn from
         ``seed`` so a run is reproducible; ``rtc``: a real-time chunk's freeze (the graph
         ``graph(n, rtc=True)`` reads it)."""
+        state = self.check_state(state)
         ids = self.text_ids(instruction, state)
         cfg = self.model.cfg
         gen = torch.Generator().manual_seed(seed)

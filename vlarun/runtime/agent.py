@@ -677,7 +677,7 @@ class RobotAgent:
     def _local(self, stage, pool: dict, ran: dict, setting: AccelSetting | None = None) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            out = stage.fn(Packet({s.name: pool[s.name] for s in stage.inputs}))
+            out = stage(Packet({s.name: pool[s.name] for s in stage.inputs}))
         settle(out.tensors)
         own = time.perf_counter() - start
         if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer

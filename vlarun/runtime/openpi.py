@@ -45,6 +45,7 @@ import numpy as np
 MAX_FRAME = 16 * 2**20  # a 224 px two-camera observation is ~0.3 MB; 16 MiB leaves room
 MAX_ARRAY_DIMS = 8
 REFUSED_KINDS = "VOc"  # void (structured), object (pickle), complex: as openpi's own decoder
+SCALAR_KINDS = "biuf"  # what a numpy scalar in a request may be: a bool or a number
 # An observation is a flat map of a few arrays, a state and a prompt: these leave room for
 # nested layouts and short lists while bounding what a frame can make the decoder build.
 MAX_LIST_LEN = 1024
@@ -79,7 +80,14 @@ def _decode(obj: dict) -> Any:
             raise ValueError(f"array of {dtype} {tuple(shape)} does not match its {got} bytes")
         return np.frombuffer(data, dtype=dtype).reshape(shape)  # read-only view, no copy
     if b"__npgeneric__" in obj:
-        return _dtype(obj.get(b"dtype")).type(obj.get(b"data"))
+        dtype, data = _dtype(obj.get(b"dtype")), obj.get(b"data")
+        # A scalar is a number: a text or time scalar is built from its bytes before any limit
+        # sees it (15 MiB of bytes as "<U1" is a 63 MB string), and is no observation's value.
+        if dtype.kind not in SCALAR_KINDS or not isinstance(data, bytes) \
+                or len(data) != dtype.itemsize:  # fmt: skip
+            raise ValueError(f"a numpy scalar must be one number (bool, int or float), got "
+                             f"dtype {dtype.str} with {len(data or b'')} bytes")  # fmt: skip
+        return np.frombuffer(data, dtype=dtype)[0]
     return obj
 
 
@@ -157,7 +165,7 @@ class ObservationLayout:
             raise ValueError(f"observation lacks {missing} (layout {self.name!r}: keys "
                              f"{[*self.image_keys, self.state_key, self.prompt_key]})")  # fmt: skip
         prompt = obs[self.prompt_key]
-        if not isinstance(prompt, str | bytes):
+        if type(prompt) not in (str, bytes):  # not a subclass either: np.str_ is a str
             raise ValueError(f"{self.prompt_key!r} must be text, got {type(prompt).__name__}")
         # The byte length before any decoding or tokenizing: a tokenizer holds the interpreter
         # for as long as the text is (seconds for megabytes), stalling every other client.
@@ -180,7 +188,10 @@ class ObservationLayout:
             images = views
         state = obs.get(self.state_key)
         if state is not None:
-            state = np.asarray(state, dtype=np.float32)
+            raw = np.asarray(state)
+            if raw.dtype.kind not in "fiu":
+                raise ValueError(f"{self.state_key!r} must be numbers, got dtype {raw.dtype}")
+            state = raw.astype(np.float32)
             if state.size > MAX_LIST_LEN or not np.isfinite(state).all():
                 raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} finite "
                                  f"numbers, got shape {state.shape}")  # fmt: skip

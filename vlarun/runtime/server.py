@@ -598,7 +598,7 @@ class EdgeServer:
             packet = Packet({n: torch.cat([j.pool[n] for j in jobs], batch_dim(n)) for n in names})
         start = time.perf_counter()
         with torch.no_grad():
-            out = stage.fn(packet)
+            out = stage(packet)
         settle(out.tensors)
         if self.emulator is not None:  # a batch shares one setting (its jobs' graph)
             setting = jobs[0].setting

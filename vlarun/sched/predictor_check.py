@@ -37,7 +37,7 @@ def run_plan(graph, inputs: Packet, roles: dict[str, str], link: Link) -> float:
         pk = Packet({s.name: pool[s.name] for s in st.inputs})
         if any(where[s.name] not in (role, role_any) for s in st.inputs):
             pk = _cross(pk, link)
-        out = st.fn(pk)
+        out = st(pk)
         pool.update(out.tensors)
         where.update(dict.fromkeys(out.tensors, role))
     if roles[graph.stages[-1].name] != "robot":

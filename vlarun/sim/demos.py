@@ -765,7 +765,9 @@ class DemosOptions:
         None, "render a committed manifest directory (manifest.json + replay.npz) into --out"
     )
     save_manifest: str | None = opt(
-        None, "after collecting, write the manifest and simulator states to this directory"
+        None,
+        "write the manifest and simulator states of --out to this directory (after collecting,"
+        " or alone for a collection made earlier)",
     )
     image_size: int = opt(128, "camera frame size")
     seed_start: int = opt(0, "first seed of each task")
@@ -806,6 +808,8 @@ def run_demos(o: DemosOptions) -> dict[str, Any]:
                 raise ValueError("--from-manifest renders the manifest's own tasks and episodes;"
                                  " drop --tasks / --episodes")  # fmt: skip
             return demo_replay.render_manifest(o.from_manifest, o.out, o.workers, o.overwrite)
+        if o.save_manifest and not o.tasks:  # the manifest of a collection made earlier
+            return demo_replay.save_manifest(o.out, o.save_manifest)
         if not o.tasks or o.episodes < 1:
             raise ValueError("give --tasks and --episodes (or --from-manifest DIR)")
         manifest = _collect(o)
@@ -830,6 +834,11 @@ def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
     for name, t in manifest["tasks"].items():
         n, frames, failed = t["episodes"], t["frames"], t["failed"]
         print(f"{name:26s} {n:4d} episodes {frames:6d} frames {failed} failed")
+    if "replay" in manifest:  # --save-manifest: what to commit
+        r = manifest["replay"]
+        print(f"wrote {MANIFEST} + {r['file']} ({r['frames']} frames' simulator states, "
+              f"{r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
+        return
     where = f" to {out}" if out else ""
     print(f"wrote {len(manifest['shards'])} shards + {MANIFEST}{where}")
     if "fingerprint" in manifest:

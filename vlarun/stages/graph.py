@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from vlarun.models.device import settle
 from vlarun.stages import wire
 from vlarun.stages.packet import DTYPES, Packet
@@ -50,6 +52,10 @@ class StageCost:
     passes: int = 1
 
 
+class NonFiniteActions(ValueError):
+    """A policy computed NaN or infinite actions (from bad input or diverged weights)."""
+
+
 @dataclass(frozen=True)
 class Stage:
     """A node of the inference DAG. ``fn`` maps an input packet to an output packet."""
@@ -62,6 +68,17 @@ class Stage:
     parents: tuple[str, ...] = ()
     devices: tuple[str, ...] = DEVICES_ANY
     params: int = 0
+
+    def __call__(self, packet: Packet) -> Packet:
+        """Run the stage; a stage that produces actions never returns a non-finite one (a
+        NaN action would move a robot): ``NonFiniteActions`` instead, naming the stage."""
+        out = self.fn(packet)
+        actions = out.tensors.get("actions")
+        if actions is not None and not bool(torch.isfinite(actions).all()):
+            raise NonFiniteActions(
+                f"stage {self.name!r} produced non-finite actions; refusing to return them"
+            )
+        return out
 
     @property
     def in_bytes(self) -> int:
@@ -128,7 +145,7 @@ class StageGraph:
                 frames = wire.encode(wire.Message("data", 0, st.name, packet=packet))
                 packet = wire.decode(frames).packet
             start = clock()
-            out = st.fn(packet)
+            out = st(packet)
             settle(out.tensors)  # a GPU stage is timed to its end, not its launch
             timings.append(StageTiming(st.name, clock() - start, packet.nbytes, out.nbytes))
             pool.update(out.tensors)

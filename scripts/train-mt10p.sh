@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Continue training the mt10p policies (issue 48) from the repository, on any machine:
+# renders the committed demonstration manifests (assets/demos/) where their frames are missing,
+# then resumes `vlarun train` from training/mt10p/ (the committed state) for MINUTES minutes.
+# Commit training/mt10p/state.* and train.log when it stops (they replace the last ones).
+#   scripts/train-mt10p.sh [MINUTES] [THREADS]     (default 90 minutes, every core)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MINUTES=${1:-90}
+THREADS=${2:-0}
+export MUJOCO_GL=${MUJOCO_GL:-egl}
+VLARUN=.venv/bin/vlarun
+SETS=()
+for m in assets/demos/mt10p-*/; do
+  name=$(basename "$m")
+  if [ ! -f "data/$name/manifest.json" ]; then
+    "$VLARUN" demos --from-manifest "$m" --out "data/$name" --workers "$(nproc)"
+  fi
+  SETS+=("data/$name")
+done
+DEMOS=$(IFS=,; echo "${SETS[*]}")
+exec "$VLARUN" train --suite mt10p --demos "$DEMOS" --steps 12000 --batch 32 --lr 3e-4 \
+  --warmup 300 --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20
