@@ -4,6 +4,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -274,3 +275,30 @@ def test_openvla_directories_resize_any_frame_bicubic(tmp_path):
     (out / "preprocessor_config.json").write_text(json.dumps({"input_sizes": [[3, 448, 448]]}))
     with pytest.raises(ValueError, match="input sizes"):
         frame_resize(out, size)
+
+
+def test_a_policy_that_lost_its_tokenizer_is_refused_in_one_line(tmp_path, capsys):
+    """Without tokenizer.json a shipped policy read its prompt as bytes and said only "58
+    tokens; tiny-ar allows 32" (issue 45, 6). A checkpoint saved without a tokenizer says so
+    in its config and still loads (byte-level on purpose)."""
+    import shutil
+
+    from vlarun.cli import main
+    from vlarun.paths import checkpoints_dir
+    from vlarun.policy import Policy
+
+    lost = tmp_path / "tiny-ar"
+    shutil.copytree(checkpoints_dir() / "tiny-ar", lost)
+    (lost / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        Policy.load(str(lost))
+    image = tmp_path / "f.npy"
+    np.save(image, np.zeros((128, 128, 3), np.uint8))
+    argv = ["act", "--policy", str(lost), "--image", str(image), "--instruction", "open drawer"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no tokenizer.json" in err, err
+    model = Policy.from_preset("tiny-openvla").model  # byte-level: its prompt fits in bytes
+    bytes_level = save_vla(model, tmp_path / "bytes")
+    assert json.loads((bytes_level / "config.json").read_text())["tokenizer"] == "byte"
+    assert Policy.load(str(bytes_level)).predict(np.zeros((64, 64, 3), np.uint8), "x").shape

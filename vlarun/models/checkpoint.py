@@ -229,6 +229,8 @@ def save_vla(
             "vla": cfgio.to_dict(model.cfg),
             "torch_dtype": str(model.dtype).removeprefix("torch."),
         }
+        if tokenizer_file is None:  # said, so a directory that lost its tokenizer.json is
+            config["tokenizer"] = "byte"  # refused instead of read as bytes (Policy.load)
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if norm_stats is not None:
             (tmp / STATS).write_text(json.dumps(norm_stats, indent=1))

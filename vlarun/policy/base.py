@@ -176,6 +176,17 @@ class Policy:
         config = read_config(directory)
         if config.get("model_type") == "openvla":  # checked before gigabytes of weights load
             require_tokenizer(directory)
+        own = config.get("model_type") == "vlarun"
+        if (
+            own
+            and config.get("tokenizer") != "byte"
+            and not (Path(directory) / "tokenizer.json").exists()
+        ):
+            raise ValueError(
+                f"{directory}: no tokenizer.json. This policy was trained on its own tokenizer's "
+                "ids (saved beside its weights): copy tokenizer.json back from where the "
+                "checkpoint came from"
+            )
         model, stats = load_vla(directory, dtype)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
