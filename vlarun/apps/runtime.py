@@ -620,13 +620,26 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
                                 api_key=key, limits=o.limits(),
                                 max_batch=o.max_batch,
                                 batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
     async def main() -> None:
         ready, done = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # at any point of the server's life
+            loop.add_signal_handler(sig, done.set)
         task = asyncio.create_task(server.serve(ready, done))
-        await ready.wait()
+        started = asyncio.create_task(ready.wait())
+        await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # it ended before listening: a busy port, a bad host, a signal
+            started.cancel()
+            error = task.exception()
+            if isinstance(error, OSError):
+                raise ValueError(
+                    f"cannot listen on {o.host}:{o.port}: {error.strerror or error}"
+                    " (another server on that port? pick another --port)"
+                ) from None
+            if error is not None:
+                raise error
+            return
         start = {
             "endpoint": f"ws://{o.host}:{server.port}",
             "policy": policy.model.cfg.name,
@@ -644,10 +657,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
                 "vlarun serve-policy: WARNING: --insecure, any client is accepted", file=sys.stderr
             )
         print(json.dumps(start) if o.json else f"serving {start}", flush=True)
-        while not stop.is_set():
-            await asyncio.sleep(0.2)
-        done.set()
-        await task
+        await task  # until SIGTERM / SIGINT set done
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

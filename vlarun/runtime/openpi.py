@@ -496,14 +496,16 @@ class OpenpiPolicyServer:
                        open_timeout=lim.handshake_timeout_s,
                        process_request=self._process_request)  # fmt: skip
         self.edge.start()
-        async with serve(self._handle, self.host, self.port, **options) as srv:
-            self._server = srv
-            self.port = srv.sockets[0].getsockname()[1]  # the real one when port 0 was asked
-            if ready is not None:
-                ready.set()
-            await (stop.wait() if stop is not None else asyncio.Future())
-        self._pool.shutdown(wait=False)
-        self.edge.stop()
+        try:  # a port that cannot be bound must not leave the edge's threads running
+            async with serve(self._handle, self.host, self.port, **options) as srv:
+                self._server = srv
+                self.port = srv.sockets[0].getsockname()[1]  # the real one when port 0 was asked
+                if ready is not None:
+                    ready.set()
+                await (stop.wait() if stop is not None else asyncio.Future())
+        finally:
+            self._pool.shutdown(wait=False)
+            self.edge.stop()
 
 
 def _settle(fut: asyncio.Future, value: Any) -> None:

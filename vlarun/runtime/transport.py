@@ -161,7 +161,12 @@ def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int)
         s.curve_server = True
         s.curve_publickey = sec.own.public
         s.curve_secretkey = sec.own.secret
-    s.bind(address)
+    try:
+        s.bind(address)
+    except zmq.ZMQError as e:
+        s.close()
+        raise ValueError(f"cannot listen on {address}: {e.strerror} (another server on that "
+                         "port? pick another --port)") from None  # fmt: skip
     return s
 
 
