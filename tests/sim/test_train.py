@@ -125,6 +125,9 @@ def test_precision_is_chosen_by_measurement():
 
     auto = choose_precision("auto", width=64, rows=64)
     assert auto.reason.startswith("auto: ") and "GFLOP/s" in auto.reason
+    steps = []
+    timed = choose_precision("auto", step=lambda: steps.append(torch.is_autocast_enabled("cpu")))
+    assert "training step" in timed.reason and steps == [False] * 3 + [True] * 3
     assert choose_precision("fp32", width=64, rows=64).bf16 is False
     assert choose_precision("bf16", width=64, rows=64).label == "bf16 autocast"
     with pytest.raises(ValueError, match="precision"):
