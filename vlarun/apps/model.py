@@ -213,7 +213,8 @@ def cmd_act(o: ActOptions) -> dict:
         "policy": o.policy,
         "instruction": o.instruction,
         "actions": actions.round(5).tolist(),
-        "unnormalized": policy.norm is not None,
+        "unnormalized": policy.action_units == "robot units",
+        "action_units": policy.action_units,
         "timing_scope": "model stages only, in process, warm-up excluded, median of repeats",
         "stages": [
             {"name": n, "median_ms": statistics.median(v), "max_ms": max(v)}
@@ -228,7 +229,7 @@ def cmd_act(o: ActOptions) -> dict:
 
 def _print_act(r: dict) -> None:
     print(f'{r["model"]} ({r["family"]}) - "{r["instruction"]}"')
-    units = "robot units" if r["unnormalized"] else "normalised [-1, 1]: no statistics"
+    units = r["action_units"]
     for i, a in enumerate(r["actions"]):
         print(f"  action[{i}] ({units}): " + " ".join(f"{x:+.4f}" for x in a))
     print(f"  latency per stage ({r['timing_scope']}, n={r['repeats']}):")

@@ -444,6 +444,9 @@ class FeatureNorm:
     a: tuple[float, ...] = ()  # mean | min | q01
     b: tuple[float, ...] = ()  # std  | max | q99
     eps: float = 1e-8
+    # False: the config asks for statistics the directory lacks (no processor file): values
+    # pass through unchanged, and are not in robot units (Policy.action_units says so).
+    statistics: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -521,7 +524,7 @@ def _feature_norm(config: Mapping, step: dict, stats: dict, key: str, kind: str,
     names = [f"{key}.{f}" for f in fields]
     if any(n not in stats for n in names):
         if not stats:  # no statistics saved at all: leave the values as they are, and say so
-            return FeatureNorm("IDENTITY", dim, width, eps=eps)
+            return FeatureNorm("IDENTITY", dim, width, eps=eps, statistics=False)
         raise LeRobotError(f"{where}: {mode} for {key} needs {names}; the file has "
                            f"{sorted(stats)}")  # fmt: skip
     a, b = (tuple(float(v) for v in np.asarray(stats[n]).reshape(-1)) for n in names)

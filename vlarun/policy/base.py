@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,12 @@ class Policy:
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
+            for norm, file, what in ((io.action, "policy_postprocessor", "actions stay "
+                                      "normalised [-1, 1], not robot units"),
+                                     (io.state, "policy_preprocessor", "the state goes in "
+                                      "un-normalised")):  # fmt: skip
+                if not norm.statistics:
+                    warnings.warn(f"{directory}: no {file}.json statistics: {what}", stacklevel=2)
             calibration = load_calibration(directory)
             return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt,
                        camera_keys=io.cameras, state_key=io.state_key)  # fmt: skip
@@ -211,6 +218,37 @@ class Policy:
     def state_size(self) -> int:
         """Entries of the robot state this policy reads (in its model or its prompt); 0: none."""
         return self.proprio.dim if self.proprio is not None else self.model.cfg.state_dim
+
+    @property
+    def cameras(self) -> dict[str, tuple[int, int, int]]:
+        """The frames ``predict`` takes, in order: camera name -> (H, W, 3) uint8. Names are
+        the checkpoint's own (a LeRobot policy's ``observation.images.*`` keys, a vlarun
+        policy's views); a checkpoint that resizes (OpenVLA) takes other sizes too."""
+        cfg = self.model.cfg
+        names = self.camera_keys or getattr(cfg, "views", ()) or ()
+        names = list(names)[: cfg.num_images]
+        names += [f"image{i}" for i in range(len(names), cfg.num_images)]
+        return {n: (cfg.image_size, cfg.image_size, 3) for n in names}
+
+    @property
+    def action_units(self) -> str:
+        """ "robot units" where the checkpoint carries action statistics; otherwise what the
+        model outputs: "normalised [-1, 1]: no statistics"."""
+        known = self.norm is not None and getattr(self.norm, "statistics", True)
+        return "robot units" if known else "normalised [-1, 1]: no statistics"
+
+    @property
+    def action_shape(self) -> tuple[int, int]:
+        """What ``predict`` returns: (horizon, action entries), float32."""
+        return (self.model.cfg.horizon, self.action_size)
+
+    def example_observation(self, instruction: str = "open the drawer") -> dict:
+        """A valid observation of this policy (black frames, a zero state) as ``predict``'s
+        keyword arguments: ``policy.predict(**policy.example_observation())`` runs, and shows
+        the shapes a robot must send (as openpi's ``make_droid_example``)."""
+        frames = [np.zeros(shape, np.uint8) for shape in self.cameras.values()]
+        state = np.zeros(self.state_size, np.float32) if self.state_size else None
+        return {"image": frames, "instruction": instruction, "state": state}
 
     @property
     def action_size(self) -> int:
@@ -415,9 +453,10 @@ class Policy:
         return np.asarray(self.norm.unnormalize(a)) if self.norm is not None else a
 
     def predict(self, image: np.ndarray, instruction: str, **kw) -> np.ndarray:
-        """Actions (horizon, action_dim) in robot units (if statistics are known)."""
+        """Actions ``action_shape`` = (horizon, action entries), float32 for every policy, in
+        robot units where the checkpoint has statistics (``action_units`` says which)."""
         run = self.run_stages(image, instruction, **kw)
-        return self.unnormalize(run.outputs["actions"][0])
+        return self.unnormalize(run.outputs["actions"][0]).astype(np.float32, copy=False)
 
 
 def require_tokenizer(directory: str | Path) -> None:
