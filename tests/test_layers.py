@@ -27,13 +27,14 @@ LAYERS: dict[str, int] = {
     "vlarun.transforms": 2,
     "vlarun.policy": 3,
     "vlarun.sched": 4,
-    "vlarun.runtime": 5,
-    "vlarun.sim": 6,
-    "vlarun.bench": 7,  # benchmark programs
-    "vlarun.parity": 7,
-    "vlarun.apps": 8,  # the commands: options, run, show
-    "vlarun.cli": 9,
-    "vlarun.__main__": 10,  # `python -m vlarun`: the command line, above everything
+    "vlarun.world": 5,  # what emulated devices really do: above the scheduler, never read by it
+    "vlarun.runtime": 6,
+    "vlarun.sim": 7,
+    "vlarun.bench": 8,  # benchmark programs
+    "vlarun.parity": 8,
+    "vlarun.apps": 9,  # the commands: options, run, show
+    "vlarun.cli": 10,
+    "vlarun.__main__": 11,  # `python -m vlarun`: the command line, above everything
 }
 
 # The front door: ``vlarun/__init__.py`` re-exports these inside its module ``__getattr__``,

@@ -311,7 +311,7 @@ def test_frames_and_states_are_checked(reference):
     inputs = parity.lerobot_reference_inputs()
     with pytest.raises(ValueError, match="takes 2 frame"):
         policy.image_tensor(inputs["frames"][:1])
-    with pytest.raises(ValueError, match="state has 5 entries; the checkpoint's has 8"):
+    with pytest.raises(ValueError, match="reads a state of 8 numbers, got 5"):
         policy.inputs(inputs["frames"], inputs["task"], np.zeros(5, np.float32))
 
 

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("metaworld")
 
 from vlarun.sim.demo_replay import REPLAY, render_manifest, save_manifest  # noqa: E402
-from vlarun.sim.demos import MANIFEST, collect, load_demos, main  # noqa: E402
+from vlarun.sim.demos import MANIFEST, collect, load_demos  # noqa: E402
+from vlarun.sim.demos_cli import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from vlarun.sim.demos import (  # noqa: E402
     STATISTICS,
     collect,
     load_demos,
-    main,
 )
+from vlarun.sim.demos_cli import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

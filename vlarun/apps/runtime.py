@@ -72,6 +72,10 @@ class ServeEdgeOptions:
         "stage to MODEL's roofline time on DEVICE at its batch",
     )  # fmt: skip
     time_scale: float = opt(1.0, "with --emulate: every emulated time divided by this")
+    world: str = opt(
+        "catalog", "with --emulate: the devices' truth (vlarun.world): catalog (the scheduler's "
+        "own model: tests the link only), published, adversarial, or a world file",
+    )  # fmt: skip
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
@@ -155,7 +159,9 @@ class ServeEdgeOptions:
         from vlarun.runtime.emulate import Emulation
         from vlarun.runtime.server import ServerConfig
 
-        emulate = None if self.emulate is None else Emulation.parse(self.emulate, self.time_scale)
+        emulate = None
+        if self.emulate is not None:
+            emulate = Emulation.parse(self.emulate, self.time_scale, world=self.world)
         return ServerConfig(
             f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
             max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,

@@ -3,7 +3,7 @@ CEED-VLA consistency distillation."""
 
 from __future__ import annotations
 
-from vlarun.sim.demos import DemosOptions, run_demos, show_demos
+from vlarun.sim.demos_cli import DemosOptions, run_demos, show_demos
 from vlarun.sim.distill import DistillConfig, distill
 from vlarun.sim.train import TrainConfig, train
 

@@ -52,6 +52,11 @@ class BenchCoinferOptions:
         1.0, "with --emulate: every emulated time, delay and deadline divided by this and every "
         "bandwidth multiplied by it (the options name the unscaled values)",
     )  # fmt: skip
+    world: str = opt(
+        "catalog", "with --emulate: the devices' truth (vlarun.world), which the scheduler never "
+        "reads: catalog (its own model: tests queueing and the link only), published, "
+        "adversarial, or a world file",
+    )  # fmt: skip
     pin: bool = opt(
         True, "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
         "relays on CPU 1; each row records the run-queue wait of each",
@@ -180,7 +185,12 @@ def run(o: BenchCoinferOptions) -> dict:
         "devices": {"robot": o.robot_device, "edge": o.edge_device},
         "emulated": None
         if o.emulate is None
-        else {"model": o.emulate, "time_scale": o.time_scale, "settings": SETTINGS_PROXY},
+        else {
+            "model": o.emulate,
+            "time_scale": o.time_scale,
+            "settings": SETTINGS_PROXY,
+            "world": _world_label(o),
+        },
         "affinity": {k: sorted(v) for k, v in pins.items()} or None,
         "link": {
             "before_mbps": o.bandwidth,
@@ -242,7 +252,8 @@ def plot(r: dict, path: str) -> str | None:
     low = RESTORE_LOW_MBPS if restore else link["after_mbps"]
     back = f" -> {link['before_mbps']:g}" if restore else ""
     emulated = r.get("emulated")
-    who = (f"{emulated['model']} emulated, times x1/{emulated['time_scale']:g}" if emulated
+    who = (f"{emulated['model']} emulated ({emulated.get('world', 'catalog')} world), "
+           f"times x1/{emulated['time_scale']:g}" if emulated
            else f"robot slowdown {r['robot_slowdown']:g}x")  # fmt: skip
     ax.set(
         xlabel="time in the run (s; episodes back to back)",
@@ -336,14 +347,22 @@ def plot_utilisation(r: dict, path: str) -> str | None:
     return path
 
 
+def _world_label(o: BenchCoinferOptions) -> str:
+    """Which truth the emulated devices ran under, as every row and figure must say."""
+    from vlarun.world import load_world
+
+    return load_world(o.world, o.emulate, (o.robot_device, o.edge_device)).label()
+
+
 def _emulations(o: BenchCoinferOptions):
     """(robot, edge) emulations of ``--emulate``, or (None, None)."""
     from vlarun.runtime.emulate import Emulation
 
     if o.emulate is None:
         return None, None
-    return (Emulation(o.emulate, o.robot_device, time_scale=o.time_scale),
-            Emulation(o.emulate, o.edge_device, time_scale=o.time_scale))  # fmt: skip
+    return (Emulation(o.emulate, o.robot_device, time_scale=o.time_scale, world=o.world),
+            Emulation(o.emulate, o.edge_device, time_scale=o.time_scale,
+                      world=o.world))  # fmt: skip
 
 
 def _edge_emulation_report(endpoint: str) -> dict:
@@ -369,7 +388,8 @@ def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
     """serve-edge's flags for the edge's side of ``--emulate``."""
     if o.emulate is None:
         return []
-    return ["--emulate", f"{o.emulate}:{o.edge_device}", "--time-scale", str(o.time_scale)]
+    return ["--emulate", f"{o.emulate}:{o.edge_device}", "--time-scale", str(o.time_scale),
+            "--world", o.world]  # fmt: skip
 
 
 def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float):

@@ -51,7 +51,7 @@ from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.chunks import Prior
 from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
-from vlarun.runtime.emulate import Emulation, StageEmulator
+from vlarun.runtime.emulate import Emulation, StageEmulator, world_meter
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
@@ -113,6 +113,8 @@ class AgentConfig:
                     f"robot and edge emulate one model at one time scale, got {a.model} x"
                     f"{a.time_scale:g} and {b.model} x{b.time_scale:g}"
                 )
+            if a.world != b.world:
+                raise ValueError(f"robot and edge live in one world, got {a.world} and {b.world}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.setting.weights != "native":
@@ -163,6 +165,7 @@ class Inference:
     rtc_delay: int | None = None  # real-time chunking: the actions frozen (None: no freeze)
     edge_at_s: float | None = None  # time.monotonic() the first edge answer in time was sent for
     handoff: str | None = None  # the rest went to the edge mid-way when the link came back
+    world: str | None = None  # emulated under this world, whose powers priced energy_j
 
     @property
     def late_s(self) -> float:
@@ -175,6 +178,12 @@ class Inference:
         if self.predicted_s is None:
             return None
         return self.predicted_s + P95_Z * (self.predicted_sigma_s or 0.0)
+
+    @property
+    def energy_source(self) -> str:
+        if self.world is not None:
+            return f"modelled: the {self.world} world's powers x the emulated times (no meter)"
+        return "modelled" if self.meter is None else f"modelled; robot measured by {self.meter}"
 
     def row(self) -> dict:
         return {
@@ -201,9 +210,7 @@ class Inference:
             "rtc_delay": self.rtc_delay,
             "edge_at_s": self.edge_at_s,
             "handoff": self.handoff,
-            "energy_source": "modelled"
-            if self.meter is None
-            else f"modelled; robot measured by {self.meter}",
+            "energy_source": self.energy_source,
         }
 
 
@@ -263,6 +270,7 @@ class RobotAgent:
         self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
         emulate = self.cfg.emulate
         self.emulator = StageEmulator.build(emulate) if emulate is not None else None
+        self._world_meter = world_meter(self.cfg)
         self._reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
         # Reading, decoding and checking an answer once it is on the socket: a slow peak,
         # decaying 10% per answer (16 agents sharing a core's GIL took up to 37 ms for it).
@@ -492,6 +500,7 @@ class RobotAgent:
             rtc_delay=int(pool["rtc_delay"][0]) if rtc is not None else None,
             edge_at_s=tr.edge_at,
             handoff=tr.handoff,
+            world=None if self._world_meter is None else self._world_meter[0],
         )
         if decision is not None:
             from vlarun.runtime.planning import outcome
@@ -762,8 +771,17 @@ class RobotAgent:
 
     def _energy(self, text_tokens, ran, stage_s, edge_times, latency, wasted=None) -> float:
         """The modelled energy of what ran, each stage at the roofline utilisation the
-        scheduler prices it at on the device it ran on (the one account, every strategy)."""
+        scheduler prices it at on the device it ran on (the one account, every strategy).
+        Emulated under a world other than the catalog, the world is the meter: the same
+        account with the world's powers (busy while a stage runs) on the emulated times, so
+        a power the scheduler has wrong is not priced its way."""
         from vlarun.runtime.planning import modelled_energy, roofline_utilisation
+
+        if self._world_meter is not None:
+            _, devices, radio = self._world_meter
+            ones = {"robot": {}, "edge": {}}
+            return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, ones,
+                                   radio=radio, wasted=wasted, devices=devices)  # fmt: skip
 
         factors = self.factors(text_tokens)
         if text_tokens not in self._utilisation:

@@ -22,7 +22,6 @@ Energy stays the modelled account priced on the emulated devices, labelled "mode
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import threading
 import time
@@ -43,9 +42,12 @@ class Emulation:
     device: a catalog id (``orin-agx-32gb``, ``rtx4090``, ...).
     dtype: the dtype the emulated device runs the model in.
     time_scale: every emulated time is divided by this (>= 1 speeds the run up).
-    jitter: sigma of the lognormal factor each execution's target is multiplied by (measured
-        jitter of a GPU stage is a few percent; 0 = none).
+    jitter: sigma of the lognormal factor each execution's target is multiplied by under the
+        ``catalog`` world (other worlds carry their own jitter and stalls; 0 = none).
     seed: seeds the jitter, so two runs draw the same factors.
+    world: where the emulated device's truth comes from (``vlarun.world``): ``catalog`` (the
+        scheduler's own cost model: tests queueing and the link only), ``published``,
+        ``adversarial`` or a world file. The scheduler never reads it.
     """
 
     model: str
@@ -54,6 +56,7 @@ class Emulation:
     time_scale: float = 1.0
     jitter: float = 0.03
     seed: int = 0
+    world: str = "catalog"
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -62,12 +65,14 @@ class Emulation:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
 
     @classmethod
-    def parse(cls, spec: str, time_scale: float = 1.0, seed: int = 0) -> Emulation:
+    def parse(
+        cls, spec: str, time_scale: float = 1.0, seed: int = 0, world: str = "catalog"
+    ) -> Emulation:
         """``MODEL:DEVICE`` (e.g. ``openvla-7b:orin-agx-32gb``)."""
         model, sep, device = spec.partition(":")
         if not sep or not model or not device:
             raise ValueError(f"emulation takes MODEL:DEVICE, got {spec!r}")
-        return cls(model, device, time_scale=time_scale, seed=seed)
+        return cls(model, device, time_scale=time_scale, seed=seed, world=world)
 
 
 def emulated_device(emulation: Emulation) -> Device:
@@ -91,13 +96,16 @@ class StageEmulator:
     """Pads stage executions to their emulated targets and counts what could not be padded."""
 
     emulation: Emulation
-    targets: dict[str, object]  # stage name -> StageWork of the real model
-    works: tuple = ()  # every stage's StageWork, in order (what a setting transforms)
+    targets: dict[str, object]  # stage name -> StageWork of the real model (packet sizes)
+    works: tuple = ()  # every stage's StageWork, in order
+    world: object = None  # vlarun.world.World: the truth the stages are padded to
+    device: object = None  # its DeviceWorld for this side's device
+    # knob -> executions that ran under it while the world has no table for it (full time)
+    undescribed: dict = field(default_factory=dict)
     # stage -> [executions, violations, worst overrun s]; the totals below are its sums
     by_stage: dict = field(default_factory=dict)
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _under: dict = field(default_factory=dict, repr=False)  # knobs -> stage -> StageWork
 
     @classmethod
     def build(cls, emulation: Emulation, stages: tuple[str, ...] = ()) -> StageEmulator:
@@ -114,48 +122,36 @@ class StageEmulator:
                 f"(its stages: {', '.join(works)}); run a policy of the same family"
             )
         get_device(emulation.device)  # an unknown id fails here, listing the valid ones
-        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)}, tuple(works.values()))
+        from vlarun.world import load_world
+        from vlarun.world.model import Jitter
+
+        world = load_world(emulation.world, emulation.model, (emulation.device,))
+        device = world.device(emulation.device)
+        if world.tests_only_the_link:  # the catalog world keeps the emulation's own jitter
+            device = dataclasses.replace(device, jitter=Jitter(emulation.jitter))
+        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)}, tuple(works.values()),
+                  world=world, device=device)  # fmt: skip
         emu._rng.seed(emulation.seed)
         return emu
 
     def target_s(self, stage: str, batch: int = 1, knobs: dict | None = None) -> float:
         """The emulated device's time for ``stage`` over ``batch`` requests (no jitter), under
         the accelerator setting ``knobs`` (the plan space's knob map, ``AccelSetting.knobs``;
-        None: full compute): the real model's stage work as the plan space transforms it, so
-        a setting the scheduler chose for its lower cost takes that lower time here too."""
-        from vlarun.sched.cost import at_batch, roofline
-
+        None: full compute), as the world has it, divided by the time scale."""
         if stage not in self.targets:
             raise ValueError(
                 f"cannot emulate stage {stage!r}: {self.emulation.model} has "
                 f"{', '.join(self.targets)}; run a policy of the same family"
             )
-        work = at_batch(self._work(stage, knobs), batch)
-        return roofline(work, emulated_device(self.emulation), self.emulation.dtype).seconds
-
-    def _work(self, stage: str, knobs: dict | None):
-        if not knobs:
-            return self.targets[stage]
-        key = tuple(sorted(knobs.items(), key=lambda kv: kv[0]))
-        with self._lock:
-            under = self._under.get(key)
-        if under is None:
-            from vlarun.models.presets import get_preset
-            from vlarun.sched.plans import Setting, apply_setting
-            from vlarun.stages.families import Workload
-
-            cfg = get_preset(self.emulation.model)
-            works = apply_setting(self.works, cfg, Workload(), Setting(key, None))
-            under = {w.name: w for w in works}
-            with self._lock:
-                self._under[key] = under
-        return under[stage]
+        return self.device.stage_s(stage, batch, knobs) / self.emulation.time_scale
 
     def pad(self, stage: str, started: float, batch: int = 1, knobs: dict | None = None) -> float:
         """Sleep until ``stage`` (begun at ``perf_counter`` time ``started``) has taken its
         target (under the setting ``knobs``); return the seconds it took in all."""
         with self._lock:
-            factor = math.exp(self._rng.gauss(0.0, self.emulation.jitter))
+            factor = self.device.jitter.factor(self._rng)
+            for knob in self.device.setting_ratio(stage, knobs)[1]:
+                self.undescribed[knob] = self.undescribed.get(knob, 0) + 1
         target = self.target_s(stage, batch, knobs) * factor
         own = time.perf_counter() - started
         with self._lock:
@@ -202,6 +198,8 @@ class StageEmulator:
                   for s, (n, v, w) in self.by_stage.items()}  # fmt: skip
         return {
             "emulated": f"{self.emulation.model} on {self.emulation.device}",
+            "world": self.world.label(),
+            "undescribed_settings": dict(self.undescribed),
             "time_scale": self.emulation.time_scale,
             **merge_reports([{"by_stage": stages}]),
         }
@@ -234,3 +232,27 @@ def merge_reports(reports: list[dict]) -> dict:
     return {"executions": runs, "emulation_violations": bad, "violation_share": share,
             "worst_overrun_ms": worst, "by_stage": stages,
             "valid": share <= MAX_VIOLATION_SHARE}  # fmt: skip
+
+
+def world_meter(cfg) -> tuple[str, dict, object] | None:
+    """(world name, role -> Device with the world's powers, RadioPower) for an agent config
+    emulated under a world other than the catalog; None otherwise (the catalog's powers are
+    the scheduler's own: today's modelled account prices them).
+
+    Each device keeps its catalog entry with the world's ``busy_w`` / ``idle_w``; stages are
+    then priced at utilisation 1 (the world's busy power is what the device draws running
+    them) by the one energy account, ``sched.energy.request_energy``."""
+    if cfg.emulate is None or cfg.emulate.world == "catalog":
+        return None
+    from vlarun.sched.energy import RadioPower
+    from vlarun.world import load_world
+
+    robot, edge = cfg.emulate, cfg.edge_emulate
+    world = load_world(robot.world, robot.model, (robot.device, edge.device))
+    devices = {}
+    for role, emu in (("robot", robot), ("edge", edge)):
+        power = world.device(emu.device).power
+        devices[role] = dataclasses.replace(get_device(emu.device), busy_w=power.busy_w,
+                                            idle_w=power.idle_w)  # fmt: skip
+    radio = world.device(robot.device).power
+    return world.name, devices, RadioPower(radio.tx_w, radio.rx_w)

@@ -207,6 +207,7 @@ def modelled_energy(
     radio: RadioPower | None = None,
     utilisation: dict[str, dict[str, float]] | None = None,
     wasted: dict[str, float] | None = None,
+    devices: dict[str, Device] | None = None,
 ) -> float:
     """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
     measured times. A stage is priced at ``utilisation[role][name]`` (the roofline's estimate
@@ -219,9 +220,10 @@ def modelled_energy(
     ``wasted``: robot stages that ran here and were then redone on the edge (a handoff): the
     robot was busy for them all the same.
 
-    The devices are ``cfg.robot_device`` / ``cfg.edge_device``; times measured on this host
+    The devices are ``devices`` (a world's meter) or ``cfg.robot_device`` / ``cfg.edge_device``;
+    times measured on this host
     are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
-    devices = role_devices(cfg)
+    devices = devices or role_devices(cfg)
     wasted = wasted or {}
     rob, edge = devices["robot"], devices["edge"]
     f_rob, f_edge = factors["robot"], factors["edge"]
