@@ -412,6 +412,31 @@ class RobotAgent:
                 self._local(st, pool, {})
         self.reset()  # the warm-up's hook state is not the episode's
         self.prepare(instruction)
+        if self.cfg.strategy == "vlarun-joint":
+            self._warm_settings(image, instruction, len(ids))
+
+    def _warm_settings(self, image: np.ndarray, instruction: str, text_tokens: int) -> None:
+        """Time every setting the scheduler may choose on the robot, once (its second step: a
+        token policy's first step has nothing to reuse), so the scheduler plans each with what
+        it really costs here rather than with what the model says it saves. Settings on the
+        edge are planned with slack until their first run there (``Scheduler.decide``)."""
+        from vlarun.runtime.planning import convert
+
+        sched = self.scheduler(text_tokens)
+        state, kept = self._zero_state(), dict(self.local_s)  # the identity's estimates stay
+        for plan_setting in sched.space.settings:
+            setting = AccelSetting.from_knobs(plan_setting.as_dict(), self.cfg.setting.token_method)
+            if setting.identity:
+                continue
+            graph = self.graph(text_tokens, setting)
+            for _ in range(2):
+                pool, times = dict(self.policy.inputs(image, instruction, state, 0)[0].tensors), {}
+                for st in graph.stages:
+                    times[st.name] = self._local(st, pool, {}, setting)
+            self.reset()
+            robot = convert(times, self.factors(text_tokens)["robot"])
+            sched.prime_setting(plan_setting.as_dict(), robot)
+        self.local_s = kept
 
     def prepare(self, instruction: str) -> None:
         """Build, before any request, what the first request for ``instruction`` would

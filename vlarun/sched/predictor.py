@@ -157,6 +157,11 @@ class Calibration:
     half_life_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, role)
+    # (stage, role, setting index): what a setting really does on that side, measured over what
+    # the model says it does (on top of the stage's own factor). A setting's time ratio is its
+    # own: the FLOPs a setting saves on a GPU at batch 1 are not the time it saves, and a
+    # factor learned under one setting must not re-price every other.
+    setting_factor: dict[tuple[str, str, int], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
     # (placement, joined a batch) -> (realised / predicted energy, evidence, when): what the
@@ -164,8 +169,18 @@ class Calibration:
     # robots' batches the schedule did not show (realised 106 J against 156 J predicted).
     energy_factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
 
-    def factor(self, stage: str, role: str) -> float:
-        return self.stage_factor.get((stage, role), 1.0)
+    def factor(self, stage: str, role: str, setting: int | None = None) -> float:
+        """measured / model for ``stage`` on ``role``, under ``setting`` (a plan space's setting
+        index; None: the identity setting, whose factor every setting starts from)."""
+        f = self.stage_factor.get((stage, role), 1.0)
+        if setting is None:
+            return f
+        return f * self.setting_factor.get((stage, role, setting), 1.0)
+
+    def setting_timed(self, stage: str, role: str, setting: int | None) -> bool:
+        """Whether ``stage`` was timed on ``role`` under ``setting`` (the identity counts as
+        timed: its factor is the warm-up's, or the cost model's until one ran)."""
+        return setting is None or (stage, role, setting) in self.setting_factor
 
     def boundary(self, parent: str, child: str) -> float:
         return self.boundary_s.get((parent, child), 0.0)
@@ -207,16 +222,31 @@ class Calibration:
             and all((s, "robot") in self.stage_factor for s in stages)
         )
 
-    def observe_stage(self, stage: str, role: str, predicted_s: float, measured_s: float):
+    def observe_stage(
+        self,
+        stage: str,
+        role: str,
+        predicted_s: float,
+        measured_s: float,
+        setting: int | None = None,
+    ):
         """Measured compute time of a stage on ``role``'s machine (robot or edge); the factor
         tracks measured / uncalibrated model. Keyed by role, not catalog device id: the robot
         and the edge are two machines even when the catalog names the same device for both
         (``bench coinfer`` prices both as this-cpu, the robot 4x slowed); one shared factor
-        would average the two and mis-price every stage on both sides."""
-        if predicted_s > 0:
+        would average the two and mis-price every stage on both sides. Under a setting
+        (``setting``: its index; None: the identity) the time teaches that setting's own
+        correction on top of the stage's factor."""
+        if predicted_s <= 0:
+            return
+        if setting is None:
             key = (stage, role)
             ratio = measured_s / predicted_s
             self.stage_factor[key] = ewma(self.stage_factor.get(key), ratio, self.alpha)
+            return
+        key3 = (stage, role, setting)
+        ratio = measured_s / (predicted_s * self.factor(stage, role))
+        self.setting_factor[key3] = ewma(self.setting_factor.get(key3), ratio, self.alpha)
 
     def observe_boundary(self, parent: str, child: str, predicted_s: float, measured_s: float):
         """Measured transfer of a cut edge: what the link model misses (encode, dispatch)."""

@@ -241,8 +241,8 @@ class Scheduler:
                 energy += np.where(on_edge, wire * self.radio.tx_w, 0.0)
             # The robot is this request's own device: a robot stage starts when it is ready.
             # An edge stage also waits for the edge, its queue and committed reservations.
-            f_edge = cal.factor(name, "edge")
-            t_r = self.t_rob[k, s] * cal.factor(name, "robot")
+            f_edge = self._factors(name, "edge")  # per candidate: its setting's own
+            t_r = self.t_rob[k, s] * self._factors(name, "robot")
             t_e = self.t_edge[k, s, 1] * f_edge * st.slowdown
             s_edge = np.maximum(ready, st.available_at) + st.queued_s.get(name, 0.0)
             arrive = np.where(on_edge & np.isinf(arrive), ready, arrive)
@@ -285,6 +285,41 @@ class Scheduler:
         energy = energy * self._energy_factors(joined)
         return Scores(latency, energy, start, end, joined, self._sigmas())
 
+    def _key_k(self, k: int) -> int | None:
+        """A setting index as calibration keys it: None for the identity (the stage factor)."""
+        return None if int(k) == self.k0 else int(k)
+
+    def _factors(self, name: str, role: str) -> np.ndarray:
+        """Each candidate's calibrated factor for stage ``name`` on ``role``, under its own
+        setting (``Calibration.factor``)."""
+        per_k = np.array(
+            [self.cal.factor(name, role, self._key_k(k)) for k in range(len(self.space.settings))]
+        )
+        return per_k[self.k]
+
+    def _untimed_setting(self) -> np.ndarray:
+        """Candidates with a stage whose setting was never timed on the side it runs on: that
+        stage's time is the cost model's alone, which can be off by more than a setting saves
+        (a GPU at batch 1 saves less time than FLOPs)."""
+        k_n = len(self.space.settings)
+        out = np.zeros(len(self.k), dtype=bool)
+        for si, name in enumerate(self.space.stages):
+            for role, on in (("robot", ~self.edge[:, si]), ("edge", self.edge[:, si])):
+                timed = np.array(
+                    [self.cal.setting_timed(name, role, self._key_k(k)) for k in range(k_n)]
+                )
+                out |= on & ~timed[self.k]
+        return out
+
+    def prime_setting(self, settings: dict, robot_s: dict[str, float]) -> None:
+        """Stage times measured on the robot under the setting ``settings`` (a plan's knobs;
+        the warm-up runs every setting the scheduler may choose once), at batch 1."""
+        k = self._setting_k(settings)
+        for si, name in enumerate(self.space.stages):
+            if name in robot_s:
+                self.cal.observe_stage(name, "robot", self.t_rob[k, si], robot_s[name],
+                                       self._key_k(k))  # fmt: skip
+
     def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
         return np.where(src_on_edge, self.radio.rx_w, self.radio.tx_w)
 
@@ -322,12 +357,12 @@ class Scheduler:
                 continue
             # The grown batch must not run into the next committed interval either.
             room = min([r.latest_end] + [q.start for q in res[i + 1 :] if q.start >= r.end])
-            t_new = self.t_edge[k, s, r.batch + 1] * self.cal.factor(name, "edge")
+            f_edge = self._factors(name, "edge")
+            t_new = self.t_edge[k, s, r.batch + 1] * f_edge
             t_new = t_new * slowdown
             ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
             s_edge = np.where(ok, r.start, s_edge)
             t_e = np.where(ok, t_new, t_e)
-            f_edge = self.cal.factor(name, "edge")
             share = self.e_edge[k, s, r.batch + 1] * f_edge / (r.batch + 1)
             e_edge = np.where(ok, share, e_edge)
             joined = np.where(ok, i, joined)
@@ -346,7 +381,11 @@ class Scheduler:
                 "or no setting meets the accuracy floor"
             )
         apj = self.actions / sc.energy
-        feasible = self.allowed & (sc.latency + self.cal.tail_z * sc.sigma <= self.slo_s)
+        # A setting never timed on a side it uses is planned only with slack: its prediction's
+        # upper bound (the cost model's prior error, tail_z sigmas of it) must meet the deadline.
+        sigma = np.where(self._untimed_setting(), np.maximum(sc.sigma, self.cal.prior_rel *
+                                                              sc.latency), sc.sigma)  # fmt: skip
+        feasible = self.allowed & (sc.latency + self.cal.tail_z * sigma <= self.slo_s)
         fixed = feasible & self.fixed
         anchor = int(np.argmax(np.where(fixed, apj, -np.inf))) if fixed.any() else None
         held = False
@@ -439,9 +478,9 @@ class Scheduler:
         setting = sp.settings[k]
         roles = sp.roles(self.p[c])
         predicted = {
-            name: float(self.t_edge[k, s, 1] * self.cal.factor(name, "edge"))
+            name: float(self.t_edge[k, s, 1] * self.cal.factor(name, "edge", self._key_k(k)))
             if role == "edge"
-            else float(self.t_rob[k, s] * self.cal.factor(name, "robot"))
+            else float(self.t_rob[k, s] * self.cal.factor(name, "robot", self._key_k(k)))
             for s, (name, role) in enumerate(zip(sp.stages, roles, strict=True))
         }
         return ExecutionPlan(
@@ -536,7 +575,7 @@ class Scheduler:
                 base = self.t_rob[k, si]
             else:
                 base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
-            self.cal.observe_stage(st.name, st.role, base, st.seconds)
+            self.cal.observe_stage(st.name, st.role, base, st.seconds, self._key_k(k))
         for tr in outcome.transfers:
             self._observe_transfer(plan, tr)
         if outcome.fallback is None:
