@@ -135,9 +135,9 @@ def run(o: BenchCoinferOptions) -> dict:
         if o.matrix:
             from vlarun.bench.coinfer_matrix import run_matrix
 
-            def cell(strategy, n, before, after, load):
+            def cell(strategy, n, before, after, load, setting=None):
                 return _strategy_run(o, policy, endpoint, strategy, n, before, after, load,
-                                     edge_pid=edge.pid)  # fmt: skip
+                                     edge_pid=edge.pid, setting=setting)  # fmt: skip
 
             matrix = run_matrix(o, policy, endpoint, steps, cell,
                                 lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
@@ -392,7 +392,11 @@ def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
             "--world", o.world]  # fmt: skip
 
 
-def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float):
+def _agent_cfg(
+    o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float,
+    setting: str | None = None,
+):  # fmt: skip
+    from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig
     from vlarun.sched.plans import MEASURED_SETTINGS_FILE
 
@@ -410,6 +414,7 @@ def _agent_cfg(o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: f
         emulate=robot,
         edge_emulate=edge,
         **(proxy if robot is not None else {}),
+        **({} if setting is None else {"setting": AccelSetting.parse(setting)}),
     )
 
 
@@ -424,13 +429,15 @@ def _strategy_run(
     load: str = "light",
     edge_pid: int | None = None,
     changes: list[tuple[float, float]] | None = None,
+    setting: str | None = None,
 ) -> dict:
     """``steps`` control steps of closed loop through a fresh relay at ``bandwidth`` Mbit/s
     that drops to ``drop_to`` halfway (None: no drop), or follows ``changes`` ((seconds into
     the run, Mbit/s), the restore run's). Bandwidths and the delay are the unscaled ones (the
     relay gets them scaled). Episodes end at success or the task's step limit; the next one
     follows at once. ``load`` names the edge's load during the run (other robots are the
-    caller's); ``edge_pid``: the edge process, whose run-queue wait the row records."""
+    caller's); ``edge_pid``: the edge process, whose run-queue wait the row records;
+    ``setting``: the accelerator setting a fixed strategy runs (default: full compute)."""
     from vlarun.runtime import procs
     from vlarun.runtime.agent import RobotAgent
     from vlarun.runtime.episode import link_timeline
@@ -457,9 +464,8 @@ def _strategy_run(
     edge_before = _edge_emulation_report(endpoint) if o.emulate else None
     times: list[float] = []
     try:
-        agent = RobotAgent(
-            policy, _agent_cfg(o, strategy, slo_s, bandwidth), via, Security(insecure=True)
-        )
+        agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s, bandwidth, setting), via,
+                           Security(insecure=True))  # fmt: skip
         agent.local_s.update(local)
         agent.prepare(env.instruction)  # its one-time setup is not the first request's latency
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
@@ -490,6 +496,7 @@ def _strategy_run(
     return {
         "model": o.emulate or policy.model.cfg.name,  # what the times stand for
         "strategy": strategy,
+        "fixed_setting": setting,
         "bandwidth_mbps": bandwidth,  # before the drop
         "bandwidth_after_mbps": drop_to,
         "load": load,
@@ -522,7 +529,8 @@ def _strategy_run(
         "run_queue_wait_ms": waits,
         # (completion time in the episode s, latency ms, where each stage ran, why it fell back
         # (None: it did not), whether the plan was an exploration, modelled energy J, whether
-        # it met its deadline): what the matrix's bootstrap intervals resample
+        # it met its deadline, the setting it ran, its predicted ms and J (None: not
+        # scheduled)): what the matrix's bootstrap intervals resample
         "trace": [
             [
                 t,
@@ -532,6 +540,9 @@ def _strategy_run(
                 r["explored"],
                 r["energy_j"],
                 r["slo_met"],
+                r["setting"],
+                r["predicted_ms"],
+                r["predicted_j"],
             ]
             for r, t in zip(infs, times, strict=True)
         ],  # fmt: skip
