@@ -190,7 +190,10 @@ def test_a_client_that_leaves_has_its_queued_work_dropped_without_a_traceback(se
 
 
 def test_silent_peers_are_closed_by_the_handshake_and_idle_timeouts(policy):
-    lim = openpi.ServeLimits(handshake_timeout_s=0.5, idle_timeout_s=0.5)
+    """A handshake that never ends, and an authenticated connection that never sends its
+    first request: closed by their own timeouts, not the (long) idle one between requests
+    (40 silent connections held 30 of 30 slots for 120 s, issue 45, 12)."""
+    lim = openpi.ServeLimits(handshake_timeout_s=0.5, idle_timeout_s=120, first_frame_timeout_s=0.5)
     srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0,
                                     api_key=KEY, limits=lim)  # fmt: skip
     stop = srv.start_in_thread(60)
@@ -241,7 +244,7 @@ def test_a_numpy_scalar_prompt_is_refused_before_its_string_is_built(serve, capl
     small = {b"__npgeneric__": True, b"data": b"abcd", b"dtype": "<U1"}  # a str subclass
     with pytest.raises(ValueError, match="must be one number"):
         openpi.unpackb(msgpack.packb({"prompt": small}, use_bin_type=True))
-    number = {b"__npgeneric__": True, b"data": np.float32(2.5).tobytes(), b"dtype": "<f4"}
+    number = {b"__npgeneric__": True, b"data": 2.5, b"dtype": "<f4"}  # openpi's own encoding
     assert openpi.unpackb(msgpack.packb({"x": number}, use_bin_type=True))["x"] == 2.5
     _no_tracebacks(caplog)
 
@@ -273,3 +276,12 @@ def test_a_state_of_the_wrong_length_is_refused_by_the_server():
         assert again.infer({**obs, "state": np.zeros(4, np.float32)})["actions"].shape[1] == 4
     finally:
         stop()
+
+
+def test_the_metadata_says_what_to_send(serve):
+    """Keys, frame sizes and the state's length, before the first request (a 224 px frame to
+    tiny-ar failed with "expects 1x128x128x3" and nothing had told the client 128)."""
+    srv = serve()
+    meta = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY).get_server_metadata()
+    assert meta["image_shapes"] == {"image": [128, 128, 3]}
+    assert meta["state_size"] == 0 and meta["image_resize"] is False

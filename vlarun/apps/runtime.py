@@ -572,6 +572,9 @@ class ServePolicyOptions:
     idle_timeout_s: float = opt(
         120.0, "close a connection that completes no request frame for this long"
     )
+    first_frame_timeout_s: float = opt(
+        10.0, "close a connection whose first request frame takes longer than this"
+    )
     max_batch: int = opt(8, "largest batch of one stage across clients")
     batch_window_ms: float = opt(2.0, "longest wait for other clients' requests to batch with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
@@ -600,6 +603,7 @@ class ServePolicyOptions:
             max_connections=self.max_connections,
             max_inflight_bytes=int(self.max_inflight_mb * 2**20), budget_s=self.budget_s,
             handshake_timeout_s=self.handshake_timeout_s, idle_timeout_s=self.idle_timeout_s,
+            first_frame_timeout_s=self.first_frame_timeout_s,
         )  # fmt: skip
 
 
@@ -610,7 +614,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     require("websockets")  # before the weights load
     from vlarun.policy import Policy
-    from vlarun.runtime.openpi import OpenpiPolicyServer
+    from vlarun.runtime.openpi import OpenpiPolicyServer, expected_inputs
 
     key = None
     if o.api_key_file is not None:
@@ -656,6 +660,7 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
             "prompt_key": layout.prompt_key,
             "action_horizon": policy.model.cfg.horizon,
             "action_dim": policy.action_size,
+            **expected_inputs(policy, layout),
             "authenticated": key is not None,
         }
         if key is None:

@@ -81,13 +81,14 @@ def _decode(obj: dict) -> Any:
         return np.frombuffer(data, dtype=dtype).reshape(shape)  # read-only view, no copy
     if b"__npgeneric__" in obj:
         dtype, data = _dtype(obj.get(b"dtype")), obj.get(b"data")
-        # A scalar is a number: a text or time scalar is built from its bytes before any limit
-        # sees it (15 MiB of bytes as "<U1" is a 63 MB string), and is no observation's value.
-        if dtype.kind not in SCALAR_KINDS or not isinstance(data, bytes) \
-                or len(data) != dtype.itemsize:  # fmt: skip
+        # A scalar is a number (openpi sends ``obj.item()``): a text or time scalar is built
+        # from whatever ``data`` holds before any limit sees it (15 MiB of bytes as "<U1" is a
+        # 63 MB string), and is no observation's value.
+        if dtype.kind not in SCALAR_KINDS or type(data) not in (bool, int, float):
+            what = type(data).__name__
             raise ValueError(f"a numpy scalar must be one number (bool, int or float), got "
-                             f"dtype {dtype.str} with {len(data or b'')} bytes")  # fmt: skip
-        return np.frombuffer(data, dtype=dtype)[0]
+                             f"dtype {dtype.str} holding {what}")  # fmt: skip
+        return dtype.type(data)
     return obj
 
 
@@ -198,6 +199,19 @@ class ObservationLayout:
         return images, state, prompt
 
 
+def expected_inputs(policy, layout: ObservationLayout) -> dict:
+    """What a client must send, for the metadata frame and the start line: each image key with
+    the (H, W, 3) uint8 frame it takes (and whether other sizes are resized), the state's
+    length (0: none read)."""
+    shapes = list(policy.cameras.values())
+    keys = layout.image_keys[: len(shapes)]
+    return {
+        "image_shapes": {k: list(shape) for k, shape in zip(keys, shapes, strict=True)},
+        "image_resize": policy.resize is not None,
+        "state_size": policy.state_size,
+    }
+
+
 LAYOUTS: dict[str, ObservationLayout] = {
     # vlarun's Meta-World observation names: the workspace camera, the second view, the state.
     "metaworld": ObservationLayout("metaworld", ("image", "second_image"), "state"),
@@ -244,6 +258,9 @@ class ServeLimits:
     # No complete request frame for this long (idle, or a frame trickling in) closes the
     # connection, so silent peers cannot hold connection slots for ever.
     idle_timeout_s: float = 120.0
+    # A connection that has sent no request yet holds a slot for nothing: the first frame must
+    # come sooner (40 idle authenticated connections held 30 of 30 slots for 120 s).
+    first_frame_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_frame < 1024:
@@ -252,7 +269,8 @@ class ServeLimits:
             raise ValueError("max_inflight_bytes must be >= max_frame (one request must fit)")
         if self.max_prompt_bytes < 1 or self.max_connections < 1:
             raise ValueError("max_prompt_bytes and max_connections must be >= 1")
-        if min(self.budget_s, self.handshake_timeout_s, self.idle_timeout_s) <= 0:
+        if min(self.budget_s, self.handshake_timeout_s, self.idle_timeout_s,
+               self.first_frame_timeout_s) <= 0:  # fmt: skip
             raise ValueError("budget_s and the timeouts must be > 0")
 
     @property
@@ -299,7 +317,7 @@ class OpenpiPolicyServer:
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
             "action_horizon": cfg.horizon, "action_dim": policy.action_size,
             "image_keys": list(layout.image_keys), "state_key": layout.state_key,
-            "prompt_key": layout.prompt_key,
+            "prompt_key": layout.prompt_key, **expected_inputs(policy, layout),
         }  # fmt: skip
         # The model runs on the edge's worker thread; requests wait for it on the event loop.
         cfg_edge = ServerConfig(f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s,
@@ -419,15 +437,19 @@ class OpenpiPolicyServer:
         from websockets.exceptions import ConnectionClosed
 
         prev_total_ms = None
+        first = True
         while True:
+            lim = self.limits
+            wait = lim.first_frame_timeout_s if first else lim.idle_timeout_s
             try:
-                frame = await asyncio.wait_for(ws.recv(), self.limits.idle_timeout_s)
+                frame = await asyncio.wait_for(ws.recv(), wait)
             except TimeoutError:
                 self.refusals["idle"] += 1
                 await _refuse(ws, None, 1001, "idle timeout")
                 return
             except ConnectionClosed:
                 return
+            first = False
             t0 = time.perf_counter()
             try:
                 if not isinstance(frame, bytes):
