@@ -124,3 +124,37 @@ def test_every_lie_is_a_fallback_with_its_cause_never_a_crash(strategy):
     causes = " | ".join(s.fallback for s in steps)
     for cause in ("server_s", "timing", "NaN", "wanted"):
         assert cause in causes, causes
+
+
+def test_a_reply_larger_than_the_graph_allows_is_never_buffered():
+    """A lying edge sends a 64 MB "answer" under another request id before each real one
+    (issue 45, 11: two 256 MB replies per request took a robot to 55% on time): the robot's
+    socket refuses any message part over what its graph can emit (ZeroMQ's MAXMSGSIZE: the
+    connection is dropped, not the memory filled), and an answer to another request id is
+    dropped on its header without building its tensors."""
+    from vlarun.runtime.client import EdgeClient, reply_limits
+
+    policy = Policy.load("tiny-ar")
+    limits = reply_limits(policy)
+    assert limits.max_total_bytes < 8 << 20  # tiny-ar's largest packet is ~1 MB
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    client = EdgeClient(f"tcp://127.0.0.1:{port}", INSECURE, ctx, limits)
+    assert client.sock.getsockopt(zmq.MAXMSGSIZE) == limits.max_total_bytes
+    try:
+        client._send(wire.control("health", 7))
+        assert router.poll(5000)
+        who, *_ = router.recv_multipart()
+        huge = wire.encode(wire.Message("result", 99, "vision",
+                                        packet=Packet({"x": torch.zeros(16 << 20)})))  # fmt: skip
+        router.send_multipart([who, *huge])  # 64 MB: over the limit
+        other = wire.encode(wire.Message("result", 98, "vision",
+                                         packet=Packet({"x": torch.zeros(1000)})))  # fmt: skip
+        router.send_multipart([who, *other])
+        with pytest.raises(Exception, match="no reply"):  # neither is the answer to 7
+            client._await(7, 1.0)
+    finally:
+        client.close()
+        router.close(0)

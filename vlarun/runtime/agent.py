@@ -50,7 +50,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.chunks import Prior
-from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
+from vlarun.runtime.client import EdgeClient, LinkDown, check_packet, reply_limits
 from vlarun.runtime.emulate import Emulation, StageEmulator, world_meter
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.segments import segments, wanted
@@ -290,7 +290,7 @@ class RobotAgent:
         if edge is not None:
             sec = sec or Security(insecure=True)
             ctx = ctx or zmq.Context.instance()
-            self.client = EdgeClient(edge, sec, ctx)
+            self.client = EdgeClient(edge, sec, ctx, reply_limits(policy, self.emulator))
             self.monitor = LinkMonitor(edge, sec, ctx, clock_scale=stretch)
             self.monitor.start(wait_s=2.0)
 

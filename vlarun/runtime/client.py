@@ -130,7 +130,7 @@ class EdgeClient:
         self.address, self.sec = address, sec
         self.ctx = ctx or zmq.Context.instance()
         self.limits = limits or Limits()
-        self.sock = dealer_socket(self.ctx, address, sec)
+        self.sock = dealer_socket(self.ctx, address, sec, self.limits.max_total_bytes)
 
     def close(self) -> None:
         self.sock.close(0)
@@ -138,7 +138,7 @@ class EdgeClient:
     def reset(self) -> None:
         """A fresh socket: drops anything queued for, or arriving from, the old connection."""
         self.sock.close(0)
-        self.sock = dealer_socket(self.ctx, self.address, self.sec)
+        self.sock = dealer_socket(self.ctx, self.address, self.sec, self.limits.max_total_bytes)
 
     def _send(self, frames: list[bytes]) -> int:
         try:
@@ -158,13 +158,17 @@ class EdgeClient:
                     raise LinkDown(f"no reply from {self.address} within {timeout_s * 1e3:.0f} ms")
                 continue
             arrived = time.perf_counter()
-            frames = self.sock.recv_multipart(copy=True)
+            frames = [f.buffer for f in self.sock.recv_multipart(copy=False)]
             try:
-                msg = wire.decode(frames, self.limits)
+                # The header first: an answer to another request (a late one, or a lying edge's
+                # 256 MB "reply") is dropped without building its tensors.
+                header = wire.decode_header(frames[0], self.limits)
+                if header.rid != rid:
+                    continue
+                msg = wire.materialize(header, frames[1:], self.limits)
             except Exception:  # noqa: BLE001 - whatever the decoder trips on, from a peer
                 continue  # a corrupt reply is as good as none; keep waiting for a valid one
-            if msg.rid == rid:
-                return msg, sum(len(f) for f in frames), arrived
+            return msg, sum(len(f) for f in frames), arrived
 
     def listen(self, timeout_s: float) -> tuple[ScheduleSlot, ...] | None:
         """Wait up to ``timeout_s`` for what the edge pushes unasked (its ledger, while
@@ -314,3 +318,16 @@ def ping(address: str, sec: Security, count: int = 5, timeout_s: float = 1.0) ->
         "health": health,
         "secure": not sec.insecure,
     }
+
+
+def reply_limits(policy, emulator=None) -> Limits:
+    """What an edge may answer this robot: no packet larger than twice the largest a stage of
+    its graph emits (at the longest prompt; an emulated run's stages padded to the real
+    model's), with a MiB for the header. A larger "answer" is a lying or broken edge, refused
+    by the socket before it is buffered (256 MB replies made a robot miss 45% of deadlines)."""
+    graph = policy.graph(policy.model.cfg.max_text_tokens)
+    largest = max(st.out_bytes for st in graph.stages)
+    if emulator is not None:
+        largest = max(largest, *(int(w.out_bytes) for w in emulator.works))
+    bound = 2 * int(largest) + (1 << 20)
+    return Limits(max_tensor_bytes=bound, max_total_bytes=bound)

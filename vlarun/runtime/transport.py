@@ -178,12 +178,18 @@ def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int)
 HEARTBEAT_TIMEOUT_MS = 30_000
 
 
-def dealer_socket(ctx: zmq.Context, address: str, sec: Security) -> zmq.Socket:
+def dealer_socket(
+    ctx: zmq.Context, address: str, sec: Security, max_bytes: int | None = None
+) -> zmq.Socket:
     """A robot's socket. IMMEDIATE: a send with no live connection fails at once instead of
     queueing, which is how the agent notices a dropped link; heartbeats make a silent dead
-    peer (cable pulled, no TCP reset) drop the connection in the end (HEARTBEAT_TIMEOUT_MS)."""
+    peer (cable pulled, no TCP reset) drop the connection in the end (HEARTBEAT_TIMEOUT_MS).
+    ``max_bytes``: ZeroMQ drops a peer that sends a larger message part (MAXMSGSIZE) before
+    buffering it, so a lying edge cannot push hundreds of MB into the robot."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
+    if max_bytes is not None:
+        s.setsockopt(zmq.MAXMSGSIZE, int(max_bytes))
     s.setsockopt(zmq.IMMEDIATE, 1)
     s.setsockopt(zmq.HEARTBEAT_IVL, 200)
     s.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
