@@ -256,7 +256,9 @@ def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_la
                     server.address, INSECURE)  # fmt: skip
     try:
         loose.warmup(image, INSTRUCTION, runs=1)
-        usual = float(np.median([loose.infer(image, INSTRUCTION).latency_s for _ in range(5)]))
+        # The fastest edge answer, not the median: on a busy machine the median can be far
+        # above what the run below sees, and a deadline set from it is met without the case.
+        usual = float(np.min([loose.infer(image, INSTRUCTION).latency_s for _ in range(5)]))
         decode = loose.local_s["decode"]  # tiny-ar: vision, prefill, decode
     finally:
         loose.close()
