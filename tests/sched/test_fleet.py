@@ -197,7 +197,7 @@ def test_fleet_cli_json(capsys):
 
 def test_run_policy_rejects_an_unknown_strategy():
     cfg = FleetConfig(model="smolvla", duration_s=2)
-    with pytest.raises(ValueError, match="choose from"):
+    with pytest.raises(ValueError, match="unknown strategy .edge-first.; strategies: device-only"):
         run_policy(cfg, make_setup(cfg), "edge-first", "light", 0)
 
 

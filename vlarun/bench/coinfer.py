@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, invoked_command, opt, to_dict
+from vlarun.sched.strategy import FIXED
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class BenchCoinferOptions:
     json: bool = opt(False, "print one JSON object")
 
 
-STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun")
+STRATEGIES = (*FIXED, "vlarun")  # the strategies run without --matrix (the agent's names)
 
 
 def run(o: BenchCoinferOptions) -> dict:

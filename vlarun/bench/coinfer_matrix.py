@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 # One list of strategies for the real-process matrix and the fleet simulator's.
-from vlarun.sched.fleet import FIXED
-from vlarun.sched.fleet import STRATEGIES as MATRIX_STRATEGIES
+from vlarun.sched.strategy import FIXED
+from vlarun.sched.strategy import STRATEGIES as MATRIX_STRATEGIES
 
 SLO_BAR = 0.999  # the SLO share a strategy must reach to count as meeting the deadline
 AGENT_STRATEGY = {"vlarun-placement": "vlarun"}  # the agent's name for the matrix's label

@@ -57,11 +57,13 @@ from vlarun.runtime.segments import segments, wanted
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.link import Link
+from vlarun.sched.strategy import FIXED, fixed_roles
 from vlarun.stages.families import RTC_FAMILIES, RTC_INPUTS, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.packet import Packet
 from vlarun.stages.wire import Codec
 
-STRATEGIES = ("vlarun", "vlarun-joint", "device-only", "edge-only", "fixed-split")
+# The agent's names: vlarun-placement is "vlarun" here (sched.strategy names both).
+STRATEGIES = ("vlarun", "vlarun-joint", *FIXED)
 
 
 @dataclass(frozen=True)
@@ -351,12 +353,11 @@ class RobotAgent:
         plan; the fixed strategies run the configured setting, the scheduler its plan's."""
         names = [s.name for s in self.graph(text_tokens).stages]
         setting = self.cfg.setting
-        if not self.edge_up or self.cfg.strategy == "device-only":
+        if not self.edge_up:
             return dict.fromkeys(names, "robot"), None, setting
-        if self.cfg.strategy == "edge-only":
-            return dict.fromkeys(names, "edge"), None, setting
-        if self.cfg.strategy == "fixed-split":
-            return {n: ("robot" if i == 0 else "edge") for i, n in enumerate(names)}, None, setting
+        if self.cfg.strategy in FIXED:
+            roles = fixed_roles(self.cfg.strategy, len(names))
+            return dict(zip(names, roles, strict=True)), None, setting
         from vlarun.runtime.planning import decide
 
         sched = self.scheduler(text_tokens)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vlarun.config import items, opt
+from vlarun.sched import strategy
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
@@ -61,11 +62,10 @@ from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.strategy import STRATEGIES
 from vlarun.sched.truth import Truth, load_samples, make_truth
 
 # The strategies of the co-inference matrix, real processes and simulator alike.
-STRATEGIES = ("device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint")
-FIXED = STRATEGIES[:3]
 # Background edge utilisation by other tenants: our definition (the paper names the levels
 # but gives no numbers).
 LOADS = {"none": 0.0, "light": 0.2, "medium": 0.5, "heavy": 0.8}
@@ -397,13 +397,7 @@ def execute(
 
 
 def fixed_roles(policy: str, stages: tuple[str, ...]) -> tuple[str, ...]:
-    if policy == "device-only":
-        return ("robot",) * len(stages)
-    if policy == "edge-only":
-        return ("edge",) * len(stages)
-    if policy == "fixed-split":  # the classic cut after the vision encoder
-        return ("robot",) + ("edge",) * (len(stages) - 1)
-    raise ValueError(f"unknown policy {policy!r}; choose from {list(STRATEGIES)}")
+    return strategy.fixed_roles(policy, len(stages))
 
 
 def _identity_index(space: PlanSpace) -> int:

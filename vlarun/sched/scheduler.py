@@ -49,6 +49,7 @@ from vlarun.sched.predictor import (
     Reservation,
     on_time_probability,
 )
+from vlarun.sched.strategy import FIXED, fixed_roles
 
 MAX_EDGE_BATCH = 8
 
@@ -165,7 +166,7 @@ class Scheduler:
         requests too: joining is when, not where)."""
         pl = self.space.placements
         s_n = pl.shape[1]
-        patterns = (np.zeros(s_n, bool), np.ones(s_n, bool), np.r_[False, np.ones(s_n - 1, bool)])
+        patterns = [np.array([r == "edge" for r in fixed_roles(f, s_n)]) for f in FIXED]
         fixed_p = np.array([any((row == pat).all() for pat in patterns) for row in pl])
         ids = [k for k, s in enumerate(self.space.settings)
                if all(v == IDENTITY[n] for n, v in s.knobs)]  # fmt: skip
