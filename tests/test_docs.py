@@ -59,3 +59,30 @@ def test_every_raw_result_file_is_named_in_the_index():
     unnamed = [p.name for p in sorted(results.iterdir())
                if p.name != "INDEX.md" and f"`{p.name}`" not in index]  # fmt: skip
     assert not unnamed, f"benchmarks/results/INDEX.md does not name: {unnamed}"
+
+
+# A policy or preset name as the docs write it: tiny-*, mt10*-*, or a preset of a real shape.
+NAME = re.compile(r"`((?:tiny|mt10[a-z]?)-[a-z0-9-]+)`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_and_policy_name_the_docs_mention_exists(page):
+    """`vlarun X` / `vlarun bench X` in any code block names a command, and every
+    `tiny-*` / `mt10*-*` name in backticks is a preset or a shipped policy (issue 45, 8: the
+    docs called shipped policies "not shipped" and omitted presets)."""
+    from vlarun.cli import BENCH, COMMANDS
+    from vlarun.models.presets import PRESETS
+    from vlarun.paths import shipped_policies
+
+    text = page.read_text()
+    known = set(PRESETS) | set(shipped_policies())
+    unknown = sorted({n for n in NAME.findall(text) if n not in known and not n.endswith("-")})
+    assert not unknown, f"{page.relative_to(ROOT)} names unknown policies/presets: {unknown}"
+    commands = set()
+    blocks = re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+    for block in (body for lang, body in blocks if lang in ("", "bash", "sh", "console")):
+        for m in re.finditer(r"(?:^|[\s;&|(])vlarun ((?:bench )?[a-z][a-z-]*)", block):
+            commands.add(m.group(1))
+    bad = sorted(c for c in commands
+                 if not (c in COMMANDS or (c.startswith("bench ") and c[6:] in BENCH)))  # fmt: skip
+    assert not bad, f"{page.relative_to(ROOT)} runs unknown commands: {bad}"
