@@ -50,6 +50,9 @@ def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
     shipped = checkpoints_dir() / str(name_or_dir)
     if (shipped / "config.json").exists():
         return shipped
+    if path.is_dir():  # a directory, but not a checkpoint: say what it lacks
+        raise ValueError(f"{path} is a directory without config.json: not a checkpoint (a "
+                         "vlarun, OpenVLA or LeRobot checkpoint directory has one)")  # fmt: skip
     raise ValueError(
         f"no policy {str(name_or_dir)!r}: neither a checkpoint directory nor a shipped policy "
         f"(shipped, under {checkpoints_dir()}: {', '.join(shipped_policies()) or 'none'})"

@@ -302,3 +302,20 @@ def test_a_policy_that_lost_its_tokenizer_is_refused_in_one_line(tmp_path, capsy
     bytes_level = save_vla(model, tmp_path / "bytes")
     assert json.loads((bytes_level / "config.json").read_text())["tokenizer"] == "byte"
     assert Policy.load(str(bytes_level)).predict(np.zeros((64, 64, 3), np.uint8), "x").shape
+
+
+def test_a_directory_without_weights_or_config_says_which_is_missing(tmp_path, capsys):
+    """A LeRobot directory without model.safetensors said "88 missing keys" (its processor
+    statistics were read as weights); a directory without config.json said "neither a
+    checkpoint directory nor a shipped policy" (issue 45, 7)."""
+    from vlarun import parity
+    from vlarun.cli import main
+
+    parity.make_lerobot_dir(tmp_path / "lr", "pi0")
+    (tmp_path / "lr" / "model.safetensors").unlink()
+    (tmp_path / "empty").mkdir()
+    for d, needle in (("lr", "no model.safetensors"), ("empty", "without config.json")):
+        argv = ["act", "--policy", str(tmp_path / d), "--image", "x.png", "--instruction", "x"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, err

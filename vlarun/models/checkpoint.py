@@ -72,7 +72,9 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
         for shard in shards:
             state.update(load_file(d / shard))
         return state
-    files = sorted(d.glob("*.safetensors"))
+    # A LeRobot directory keeps its processors' statistics in safetensors files beside the
+    # weights: those are not weights (read them as such and "88 missing keys" hid the cause).
+    files = [f for f in sorted(d.glob("*.safetensors")) if "processor" not in f.name]
     if not files:
         pickles = [p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
@@ -80,7 +82,8 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
                 f"{d} holds only pickle weights ({', '.join(pickles)}); vlarun refuses pickle "
                 "because loading it can run arbitrary code - convert to safetensors first"
             )
-        raise CheckpointError(f"{d}: no .safetensors weights found")
+        raise CheckpointError(f"{d}: no {WEIGHTS} (nor {WEIGHTS}.index.json): the weights are "
+                              "missing")  # fmt: skip
     state = {}
     for f in files:
         state.update(load_file(f))
@@ -437,7 +440,7 @@ def stream_weights(directory: Path):
         if (directory / HEADS_FILE).exists():
             files.append(directory / HEADS_FILE)
     else:
-        files = sorted(directory.glob("*.safetensors"))
+        files = [f for f in sorted(directory.glob("*.safetensors")) if "processor" not in f.name]
     if not files:
         read_weights(directory)  # raises the error that names what is there instead
     for path in files:

@@ -67,10 +67,15 @@ def _write_cert(path: Path, public: bytes, secret: bytes | None) -> None:
 
 
 def load_keys(path: str | Path) -> KeyPair:
-    """A key file: a public certificate, or a secret one (not readable by group or others)."""
+    """A key file: a public certificate, or a secret one (not readable by group or others).
+    A bare name (``edge.key``) that is not a file here is looked up where `vlarun keys`
+    writes by default (``default_key_dir()``)."""
     path = Path(path)
+    if not path.is_file() and path.parent == Path(".") and (default_key_dir() / path).is_file():
+        path = default_key_dir() / path
     if not path.is_file():
-        raise FileNotFoundError(f"key file {path} does not exist (make one with `vlarun keys`)")
+        raise FileNotFoundError(f"key file {path} does not exist, here or in {default_key_dir()}"
+                                " (make one with `vlarun keys`)")  # fmt: skip
     public, secret = zmq.auth.load_certificate(path)
     if secret is not None and stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise ValueError(f"secret key {path} is readable by others; chmod 600 {path}")
