@@ -155,11 +155,20 @@ class _Allowed:
         return key in self.keys
 
 
+# Complete messages ZeroMQ holds per robot before it stops reading that robot's connection
+# (TCP then pushes back on the sender). The default, 1000, let 16 pipelining robots make an edge
+# hold 2.4 GB before ``--max-queued-per-robot`` saw a single request; a robot has a request,
+# a health probe and a booking in flight at most.
+ROUTER_RCVHWM = 16
+
+
 def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int) -> zmq.Socket:
-    """The edge's socket: many robots, replies routed by the robot's identity frame."""
+    """The edge's socket: many robots, replies routed by the robot's identity frame. What it
+    buffers is bounded per robot: ``ROUTER_RCVHWM`` messages of frames up to ``max_bytes``."""
     s = ctx.socket(zmq.ROUTER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    s.setsockopt(zmq.RCVHWM, ROUTER_RCVHWM)
     s.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a robot that left is dropped, not raised
     s.setsockopt(zmq.SNDHWM, 1000)
     if not sec.insecure:
