@@ -316,8 +316,8 @@ class StageQueues(StageTimes):
         """Whether every stage's estimate was measured in the last ``within_s`` seconds."""
         return self.fresh_at(stages, within_s, time.monotonic())
 
-    def observe(self, stage: str, seconds: float, batch: int) -> None:
-        self.measured(stage, seconds, batch, time.monotonic())
+    def observe(self, stage: str, seconds: float, batch: int, prior: bool = False) -> None:
+        self.measured(stage, seconds, batch, time.monotonic(), prior)
 
     def take(self, stop: threading.Event, window: Callable[[], float]) -> list[Job] | None:
         """Block until work exists (or ``stop``); return one batch, ready to run. ``window()``

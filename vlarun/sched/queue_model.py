@@ -33,12 +33,22 @@ class StageTimes:
 
     est_s: dict[str, float] = field(default_factory=dict)
     est_at: dict[str, float] = field(default_factory=dict)
+    # Stages whose estimate is a warm-up's (taken on dummy inputs, perhaps while the machine
+    # was busy starting): the first real execution replaces it instead of moving it 20%, so a
+    # warm-up on a busy CPU does not hold the edge back for a dozen refusals.
+    prior: set[str] = field(default_factory=set)
 
-    def measured(self, stage: str, seconds: float, batch: int, now: float) -> None:
+    def measured(
+        self, stage: str, seconds: float, batch: int, now: float, prior: bool = False
+    ) -> None:
         per = seconds / max(batch, 1)
-        old = self.est_s.get(stage)
+        old = None if stage in self.prior else self.est_s.get(stage)
         self.est_s[stage] = per if old is None else 0.8 * old + 0.2 * per
         self.est_at[stage] = now
+        if prior:
+            self.prior.add(stage)
+        else:
+            self.prior.discard(stage)
 
     def seconds(self, stages) -> tuple[float, ...]:
         """Each stage's per-request time (0 for a stage never measured)."""
