@@ -68,6 +68,11 @@ class BenchCoinferOptions:
         "at batch 1 is that share of the edge; rows: prediction error of the robot's executed "
         "plans and the utilisation measured",
     )  # fmt: skip
+    trace: str | None = opt(
+        None, "a changing link instead (a shipped trace: wifi-drive, steps; or a JSON file): "
+        "every strategy, then the fixed placements at joint's setting, run through it; "
+        "reports joint against the best static strategy in hindsight",
+    )  # fmt: skip
     restore: bool = opt(
         False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
         "back up; prints when the plans left the edge and came back (vlarun-placement: the "
@@ -128,7 +133,7 @@ def run(o: BenchCoinferOptions) -> dict:
     edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1",
                                              *_edge_emulation(o)],
                                       cpus=pins.get("edge"))  # fmt: skip
-    rows, fleet, matrix, restore = [], None, None, None
+    rows, fleet, matrix, restore, trace = [], None, None, None, None
     try:
         from vlarun.runtime.overhead import measure
 
@@ -143,6 +148,16 @@ def run(o: BenchCoinferOptions) -> dict:
             matrix = run_matrix(o, policy, endpoint, steps, cell,
                                 lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
             rows, matrix = matrix["rows"], matrix["summary"]
+        elif o.trace:
+            from vlarun.bench.coinfer_trace import run_trace
+
+            def traced(strategy, n, start, changes, setting=None):
+                return _strategy_run(o, policy, endpoint, strategy, n, start, None,
+                                     edge_pid=edge.pid, changes=changes,
+                                     setting=setting)  # fmt: skip
+
+            trace = run_trace(o, traced, _scale(o))
+            rows = trace.pop("rows")
         elif o.utilisations:
             fleet = {"utilisation": [_utilisation_run(o, policy, endpoint, robots, requests, u)
                                      for u in o.utilisations]}  # fmt: skip
@@ -200,12 +215,15 @@ def run(o: BenchCoinferOptions) -> dict:
             "shaping": "user-space relay process",
         },
         "energy_source": "modelled (measured times at the catalog powers of the devices the "
-        "roles name; this-cpu unless --robot-device / --edge-device convert them)",
+        "roles name; this-cpu unless --robot-device / --edge-device convert them)"
+        if o.emulate is None or o.world == "catalog"
+        else f"modelled: the {o.world} world's powers x the emulated times (no meter)",
         "rows": rows,
         "fleet": fleet,
         "batching": batching,
         "matrix": matrix,
         "restore": restore,
+        "trace": trace,
         "runtime_overhead": overhead,
         "wall_s": round(time.monotonic() - t_start, 1),
     }
@@ -507,6 +525,7 @@ def _strategy_run(
         "latency_p50_ms": s["latency_p50_ms"],
         "latency_p99_ms": s["latency_p99_ms"],
         "slo_met_fraction": s["slo_met_fraction"],
+        "slo_met_ci95": s["slo_met_ci95"],
         "actions_per_joule": s["actions_per_joule"],
         "slo_met_before_drop": summarise(before, horizon).get("slo_met_fraction"),
         "slo_met_after_drop": summarise(after, horizon).get("slo_met_fraction"),
@@ -719,6 +738,9 @@ def show(r: dict) -> None:
     if r.get("matrix") is not None:
         _show_matrix(r)
         return
+    if r.get("trace") is not None:
+        _show_trace(r)
+        return
     print(
         f"co-inference, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
         f"{r['robot_slowdown']:g}x, link {r['link']['before_mbps']:g} -> "
@@ -782,6 +804,25 @@ def show(r: dict) -> None:
             print(f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"
                   f" latency MAPE {f['latency_mape_pct']:.1f}%, energy MAPE "
                   f"{f['energy_mape_pct']:.1f}% (modelled energy)")  # fmt: skip
+
+
+def _show_trace(r: dict) -> None:
+    t, s = r["trace"]["trace"], r["trace"]["summary"]
+    world = (r.get("emulated") or {}).get("world", "not emulated")
+    print(f"co-inference through trace {t['name']} ({t['seconds']} s: "
+          f"{' -> '.join(f'{m:g}' for _, m in t['bandwidth_mbps'])} Mbit/s), deadline "
+          f"{r['slo_ms']:.0f} ms; world: {world}; energy {r['energy_source']}")  # fmt: skip
+    for x in r["rows"]:
+        lo, hi = x.get("slo_met_ci95") or (0.0, 1.0)
+        print(f"  {x['strategy']:<28} on time {_pct(x['slo_met_fraction']):>6} "
+              f"[{100 * lo:.1f}, {100 * hi:.1f}]  {x['actions_per_joule']:.4f} act/J  "
+              f"{x['inferences']} requests")  # fmt: skip
+    if "joint_over_best_static" in s:
+        ci = s["joint_over_best_static_ci95"]
+        ci_txt = "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        print(f"  joint / best static in hindsight ({s['best_static']}): "
+              f"{s['joint_over_best_static']:.2f}x{ci_txt}; goal {s['goal']}x at >= 99% on "
+              f"time: {'met' if s['goal_met'] else 'not met'}; oracle: {s['oracle']}")  # fmt: skip
 
 
 def _show_matrix(r: dict) -> None:
