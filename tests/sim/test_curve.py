@@ -1,7 +1,6 @@
 """The training curve: a stretch's saved state is exported, evaluated per family on the curve's
 held-out seeds and appended as points that survive the machine (committed with the state)."""
 
-
 import pytest
 
 pytest.importorskip("metaworld")

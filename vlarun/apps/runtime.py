@@ -170,7 +170,20 @@ class ServeEdgeOptions:
         )  # fmt: skip
 
 
+def log_refusals() -> None:
+    """The servers' refusal lines (``runtime.refusal_log``) to stderr, timestamped."""
+    import logging
+
+    log = logging.getLogger("vlarun.refusals")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
+    log_refusals()
     import torch
 
     from vlarun.models.device import resolve_device
@@ -608,6 +621,7 @@ class ServePolicyOptions:
 
 
 def cmd_serve_policy(o: ServePolicyOptions) -> dict:
+    log_refusals()
     import asyncio
 
     import torch

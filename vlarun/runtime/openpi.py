@@ -42,6 +42,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from vlarun.runtime.refusal_log import RefusalLog
+
 MAX_FRAME = 16 * 2**20  # a 224 px two-camera observation is ~0.3 MB; 16 MiB leaves room
 MAX_ARRAY_DIMS = 8
 REFUSED_KINDS = "VOc"  # void (structured), object (pickle), complex: as openpi's own decoder
@@ -199,6 +201,12 @@ class ObservationLayout:
         return images, state, prompt
 
 
+def _peer(connection) -> str:
+    """host:port of a WebSocket connection's peer, for the refusal log."""
+    addr = getattr(connection, "remote_address", None)
+    return f"{addr[0]}:{addr[1]}" if addr else "?"
+
+
 def expected_inputs(policy, layout: ObservationLayout) -> dict:
     """What a client must send, for the metadata frame and the start line: each image key with
     the (H, W, 3) uint8 frame it takes (and whether other sizes are resized), the state's
@@ -334,6 +342,7 @@ class OpenpiPolicyServer:
         self.inflight_bytes = 0  # request frames being decoded, queued or run
         self._clients = itertools.count()
         self._server = None
+        self.refusal_log = RefusalLog()
 
     # handshake: health, then authentication and the connection cap, before any WebSocket
     def _process_request(self, connection, request):
@@ -349,6 +358,7 @@ class OpenpiPolicyServer:
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "bad or missing API key\n")
         if self.connections >= self.limits.max_connections:
             self.refusals["busy"] += 1
+            self.refusal_log.refused("busy", _peer(connection), "the connection limit")
             return connection.respond(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
                 f"busy: {self.connections} connections, the limit (--max-connections)\n",
@@ -426,6 +436,7 @@ class OpenpiPolicyServer:
             await self._serve(ws, client)
         except Busy as e:
             self.refusals["busy"] += 1
+            self.refusal_log.refused("busy", client.decode(), str(e))
             await _refuse(ws, f"vlarun: busy: {e}", 1013, "busy")
         except ConnectionClosed:  # the client left mid-reply: nothing to answer, nothing to log
             self.refusals["gone"] += 1
@@ -459,6 +470,7 @@ class OpenpiPolicyServer:
                 raise
             except Exception as e:  # noqa: BLE001 - every failure becomes openpi's error reply
                 self.refusals["error"] += 1
+                self.refusal_log.refused("error", client.decode(), f"{type(e).__name__}: {e}")
                 await _refuse(ws, f"vlarun: {type(e).__name__}: {e}"[:400], 1011, "inference error")
                 return
             if served is None:  # the client went while its request waited: already dropped

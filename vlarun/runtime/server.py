@@ -47,6 +47,7 @@ from vlarun.runtime.records import (
     pack_schedule,
     pack_timings,
 )
+from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -77,6 +78,11 @@ MAX_LISTENERS = 256
 
 # Warm-up passes of every stage; the fastest is the admission's first estimate.
 WARMUP_RUNS = 3
+
+
+def robot_name(to: list) -> str:
+    """A robot's ZeroMQ identity, short and printable, for the refusal log."""
+    return to[0].hex()[:12] if to and isinstance(to[0], bytes) else "?"
 
 
 class Refused(PacketError):
@@ -182,6 +188,7 @@ class EdgeServer:
             self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
         )
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.refusal_log = RefusalLog()
         self.secure = not sec.insecure
         self._pipe = f"inproc://vlarun-edge-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
@@ -309,9 +316,11 @@ class EdgeServer:
             try:
                 self._handle(to, route, body)
             except Refused as e:  # not an error: the robot runs it itself, in time
+                self.refusal_log.refused("busy", robot_name(to), str(e))
                 self._send([*to, *wire.error(rid_of(body), str(e))])
             except PacketError as e:
                 self.stats["errors"] += 1
+                self.refusal_log.refused("bad request", robot_name(to), str(e))
                 self._send([*to, *wire.error(rid_of(body), str(e))])
             except Exception as e:  # never let one message take the server down
                 self.stats["errors"] += 1
