@@ -14,25 +14,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
 from vlarun.sim.evaluate import EvalConfig, evaluate, wilson
+from vlarun.sim.train import TrainConfig, cpu_name, train
 
 CURVE_SEED = 500  # first curve seed (+ EVAL_SEED_OFFSET); the headline table uses 0..24
 CURVE_FILE = "curve.jsonl"
-
-
-def cpu_name() -> str:
-    """The CPU, as lscpu's model name says it (every timing names its machine)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def record_stretch(
@@ -40,8 +29,6 @@ def record_stretch(
 ) -> list[dict]:
     """Export ``run``'s state, evaluate each family on ``tasks``, append the points; returns
     them."""
-    from vlarun.sim.train import TrainConfig, train
-
     state = json.loads((run / "state.json").read_text())
     cfg = TrainConfig(**{**state["config"], "out": str(run), "export_only": True})
     exported = train(cfg)["exported"]

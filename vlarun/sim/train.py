@@ -764,6 +764,24 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": written}
 
 
+def cpu_name() -> str:
+    """The CPU, as lscpu's model name says it (every timing names its machine)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def _data_names(demos: str) -> str:
+    """The demo directories by name, not by one machine's path (a card outlives the cache)."""
+    return ",".join(Path(d).name for d in demos.split(",") if d)
+
+
 def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
     precision = meta.get("precision", cfg.precision)
     start = (
@@ -774,10 +792,12 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
     )
     return (
         f"# {name}\n\nA {family} VLA trained by behaviour cloning on scripted Meta-World v3 "
-        f"demonstrations (`vlarun train`).\n\n- data: `{cfg.demos}` "
+        f"demonstrations (`vlarun train`).\n\n- data: `{_data_names(cfg.demos)}` "
         f"({meta.get('demos_manifest', 'see manifest')})\n{start}- steps: {meta['step']} x batch "
         f"{cfg.batch}, lr {cfg.lr}, random shift {cfg.shift} px, {precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
-        f"- wall time: {meta['seconds'] / 60:.1f} min on this repository's development CPU\n"
-        "- success: see BENCHMARKS.md (`vlarun eval`)\n"
+        f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen) "
+        f"on {meta.get('cpu', cpu_name())}\n"
+        f"- success: `vlarun eval --policy {name} --tasks mt10 --episodes 25 --json` measures it;"
+        " the run's training curve (`curve.jsonl` beside its state) has each stretch's\n"
     )
