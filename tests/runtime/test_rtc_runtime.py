@@ -126,7 +126,17 @@ def test_the_next_request_leads_by_the_plans_p95():
     assert q.refill_at == 4
     q.predicted_s = 5.0  # longer than the chunk: the most lead there is
     assert q.refill_at == 7
-    inf = Inference(np.zeros((8, 4)), {}, {}, 0.1, 0.4, None, 0.100, 1.0, predicted_sigma_s=0.02)
+    inf = Inference(
+        actions=np.zeros((8, 4)),
+        planned={},
+        ran={},
+        latency_s=0.1,
+        slo_s=0.4,
+        fallback=None,
+        predicted_s=0.100,
+        energy_j=1.0,
+        predicted_sigma_s=0.02,
+    )
     assert inf.predicted_p95_s == pytest.approx(0.100 + P95_Z * 0.02)
     assert inf.row()["predicted_p95_ms"] == pytest.approx(1e3 * (0.100 + P95_Z * 0.02))
     q.request({})

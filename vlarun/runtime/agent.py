@@ -135,7 +135,7 @@ class AgentConfig:
             )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Inference:
     """One request as it happened. ``late_s`` > 0 means the deadline was missed;
     ``fallback`` says why stages planned for the edge ran here (None: as planned)."""
@@ -501,25 +501,25 @@ class RobotAgent:
         latency = time.perf_counter() - t0
         measured = self.meter.stop(reading) if reading is not None else None
         inf = Inference(
-            self.policy.unnormalize(pool["actions"][0]),
-            placement,
-            tr.ran,
-            latency,
-            self.cfg.slo_s,
-            tr.fallback,
-            None if decision is None else decision.latency_s,
-            self._energy(len(ids), tr.ran, tr.stage_s, tr.edge_s, latency, tr.wasted_s),
-            {k: v * 1e3 for k, v in tr.stage_s.items()},
-            tr.overheads_ms,
-            tr.sent,
-            link_mbps,
-            str(setting),
-            dict(tr.batch),
-            measured,
-            None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
-            decision is not None and decision.explored,
-            None if decision is None else decision.energy_j,
-            tr.late_edge,
+            actions=self.policy.unnormalize(pool["actions"][0]),
+            planned=placement,
+            ran=tr.ran,
+            latency_s=latency,
+            slo_s=self.cfg.slo_s,
+            fallback=tr.fallback,
+            predicted_s=None if decision is None else decision.latency_s,
+            energy_j=self._energy(len(ids), tr.ran, tr.stage_s, tr.edge_s, latency, tr.wasted_s),
+            stage_ms={k: v * 1e3 for k, v in tr.stage_s.items()},
+            remote_overhead_ms=tr.overheads_ms,
+            bytes_sent=tr.sent,
+            link_mbps=link_mbps,
+            setting=str(setting),
+            edge_batch=dict(tr.batch),
+            measured_robot_j=measured,
+            meter=None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
+            explored=decision is not None and decision.explored,
+            predicted_j=None if decision is None else decision.energy_j,
+            late_edge=tr.late_edge,
             started_s=t0_wall,
             predicted_sigma_s=None if decision is None else decision.sigma_s,
             model_actions=pool["actions"][0].float().cpu().numpy(),
