@@ -49,6 +49,7 @@ from vlarun.accel.rtc import P95_Z, RTCRequest, frozen_steps
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
+from vlarun.runtime import planning
 from vlarun.runtime.chunks import Prior
 from vlarun.runtime.client import EdgeClient, LinkDown, check_packet, reply_limits
 from vlarun.runtime.emulate import Emulation, StageEmulator, world_meter
@@ -332,19 +333,21 @@ class RobotAgent:
     def factors(self, text_tokens: int) -> dict:
         """Measured-here to named-device time factors (``planning.stand_in_factors``)."""
         if text_tokens not in self._factors:
-            from vlarun.runtime.planning import stand_in_factors
-
             cfg = self.policy.model.cfg
-            self._factors[text_tokens] = stand_in_factors(cfg, self.cfg, text_tokens, self.dtype)
+            self._factors[text_tokens] = planning.stand_in_factors(
+                cfg, self.cfg, text_tokens, self.dtype
+            )
         return self._factors[text_tokens]
 
     def scheduler(self, text_tokens: int):
         if text_tokens not in self._scheds:
-            from vlarun.runtime.planning import make_scheduler, prime
-
-            sched = make_scheduler(self.policy.model.cfg, self.cfg, text_tokens, self.dtype)
+            sched = planning.make_scheduler(
+                self.policy.model.cfg, self.cfg, text_tokens, self.dtype
+            )
             health = self.monitor.health if self.monitor is not None else {}
-            prime(sched, self.local_s, health.get("stage_ms") or {}, self.factors(text_tokens))
+            planning.prime(
+                sched, self.local_s, health.get("stage_ms") or {}, self.factors(text_tokens)
+            )
             self._scheds[text_tokens] = sched
         return self._scheds[text_tokens]
 
@@ -358,12 +361,11 @@ class RobotAgent:
         if self.cfg.strategy in FIXED:
             roles = fixed_roles(self.cfg.strategy, len(names))
             return dict(zip(names, roles, strict=True)), None, setting
-        from vlarun.runtime.planning import decide
 
         sched = self.scheduler(text_tokens)
         health = self.monitor.health if self.monitor else {}
         schedule, age = self._edge_schedule(health)
-        d = decide(sched, self.link, health, schedule, age)
+        d = planning.decide(sched, self.link, health, schedule, age)
         setting = AccelSetting.from_knobs(d.settings, self.cfg.setting.token_method)
         self._book(d, text_tokens, setting)
         return dict(d.placement), d, setting
@@ -421,7 +423,6 @@ class RobotAgent:
         token policy's first step has nothing to reuse), so the scheduler plans each with what
         it really costs here rather than with what the model says it saves. Settings on the
         edge are planned with slack until their first run there (``Scheduler.decide``)."""
-        from vlarun.runtime.planning import convert
 
         sched = self.scheduler(text_tokens)
         state, kept = self._zero_state(), dict(self.local_s)  # the identity's estimates stay
@@ -435,7 +436,7 @@ class RobotAgent:
                 for st in graph.stages:
                     times[st.name] = self._local(st, pool, {}, setting)
             self.reset()
-            robot = convert(times, self.factors(text_tokens)["robot"])
+            robot = planning.convert(times, self.factors(text_tokens)["robot"])
             sched.prime_setting(plan_setting.as_dict(), robot)
         self.local_s = kept
 
@@ -529,12 +530,10 @@ class RobotAgent:
             world=None if self._world_meter is None else self._world_meter[0],
         )
         if decision is not None:
-            from vlarun.runtime.planning import outcome
-
             sched, factors = self.scheduler(len(ids)), self.factors(len(ids))
             # A handed-off request did not run its plan: its stages and transfers teach, its
             # latency and energy are not the plan's (as after a fallback).
-            out = outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers)
+            out = planning.outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers)
             if tr.handoff is not None and out.fallback is None:
                 out = dataclasses.replace(out, fallback=f"handoff: {tr.handoff}")
             sched.observe(decision, out)
@@ -635,13 +634,13 @@ class RobotAgent:
         steady = link_mbps is not None and self.link.bandwidth_mbps < 2.0 * link_mbps
         if decision is not None and steady:
             return None
-        from vlarun.runtime.planning import edge_state
 
         sched = self.scheduler(text_tokens)
         schedule, age = self._edge_schedule(self.monitor.health)
+        state = planning.edge_state(self.monitor.health, schedule, age)
         return sched.handoff(
             None if decision is None else decision.settings, done,
-            time.perf_counter() - t0, self.link, edge_state(self.monitor.health, schedule, age),
+            time.perf_counter() - t0, self.link, state,
         )  # fmt: skip
 
     def _hand_off(self, graph, h, pool, text_tokens: int, deadline: float, tr: _Trace) -> bool:
@@ -801,19 +800,18 @@ class RobotAgent:
         Emulated under a world other than the catalog, the world is the meter: the same
         account with the world's powers (busy while a stage runs) on the emulated times, so
         a power the scheduler has wrong is not priced its way."""
-        from vlarun.runtime.planning import modelled_energy, roofline_utilisation
 
         if self._world_meter is not None:
             _, devices, radio = self._world_meter
             ones = {"robot": {}, "edge": {}}
-            return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, ones,
+            return planning.modelled_energy(self.cfg, ran, stage_s, edge_times, latency, ones,
                                    radio=radio, wasted=wasted, devices=devices)  # fmt: skip
 
         factors = self.factors(text_tokens)
         if text_tokens not in self._utilisation:
-            self._utilisation[text_tokens] = roofline_utilisation(
+            self._utilisation[text_tokens] = planning.roofline_utilisation(
                 self.policy.model.cfg, self.cfg, text_tokens, self.dtype
             )
-        return modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors,
+        return planning.modelled_energy(self.cfg, ran, stage_s, edge_times, latency, factors,
                                utilisation=self._utilisation[text_tokens],
                                wasted=wasted)  # fmt: skip
