@@ -111,6 +111,18 @@ class Booking:
     deadline: float
 
 
+@dataclass(frozen=True)
+class Running:
+    """The batch the edge's worker is running now, as the queue model needs it: its stage, its
+    members' robot names, the earliest deadline among them, and each member's (robot name,
+    deadline, stages still to run after this one)."""
+
+    stage: str
+    robots: tuple[str, ...]
+    due: float
+    after: tuple[tuple[str, float, tuple[str, ...]], ...]
+
+
 class StageQueues(StageTimes):
     """Thread-safe per-stage FIFO queues with EDF selection across stages; the stage times
     measured here (``StageTimes``) are what its forecasts use."""
@@ -239,14 +251,13 @@ class StageQueues(StageTimes):
         self,
         now: float,
         busy_until: float = 0.0,
-        running: tuple = (),
+        running: Running | None = None,
         name: Callable[[bytes], str] = bytes.hex,
         extra: Booking | None = None,
         limit: int = 64,
     ) -> list[Slot]:
         """The worker's rule played forward (``sched.queue_model``): after the batch running
-        now (``running``: stage, robot names, earliest deadline, each member's (name,
-        deadline, stages after); until ``busy_until``), batch after batch from the requests
+        now (``running``, until ``busy_until``), batch after batch from the requests
         queued now, booked and arrived by then, or re-queued for their next stage, each stage
         at its measured per-request time. ``extra``: a request not yet queued, placed like a
         booking (admission asks where it would finish). Returns up to ``limit`` slots in the
@@ -259,7 +270,7 @@ class StageQueues(StageTimes):
 
     def finish(
         self, now: float, stages: tuple[str, ...], deadline: float, busy_until: float = 0.0,
-        running: tuple = (),
+        running: Running | None = None,
     ) -> float:  # fmt: skip
         """When a request for ``stages`` due at ``deadline``, queued now, would finish: the
         forecast with it in (admission's test is the robots' schedule, not a second model)."""
@@ -269,8 +280,8 @@ class StageQueues(StageTimes):
         return now if end is None else end
 
     def _model(
-        self, now: float, busy_until: float, running: tuple, name: Callable[[bytes], str],
-        ask: Pending | None = None,
+        self, now: float, busy_until: float, running: Running | None,
+        name: Callable[[bytes], str], ask: Pending | None = None,
     ) -> tuple[list[Slot], EdgeQueue]:  # fmt: skip
         """The queue model's state now: the running batch's slot (if any) and the queues,
         holding every queued request, every booking, ``ask`` and the running batch's
@@ -287,11 +298,11 @@ class StageQueues(StageTimes):
             items.append(ask)
         out: list[Slot] = []
         queue = EdgeQueue(self.max_batch, now)
-        if running and busy_until > now:
-            stage, robots, due, after = running
-            out.append(Slot(",".join(robots), stage, now, busy_until, due))
+        if running is not None and busy_until > now:
+            out.append(Slot(",".join(running.robots), running.stage, now, busy_until,
+                            running.due))  # fmt: skip
             queue.free_at = busy_until
-            items += [self._pending(busy_until, d, who, rest) for who, d, rest in after]
+            items += [self._pending(busy_until, d, who, rest) for who, d, rest in running.after]
         for p in items:
             queue.add(p)
         return out, queue

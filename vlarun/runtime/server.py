@@ -38,7 +38,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Booking, Job, StageQueues
+from vlarun.runtime.queues import Booking, Job, Running, StageQueues
 from vlarun.runtime.records import (
     PlanBooking,
     RecordError,
@@ -200,7 +200,7 @@ class EdgeServer:
                       "compute_s": 0.0}  # fmt: skip
         self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
         # That batch: (stage, [robot ids], earliest deadline, [(robot, deadline, stages after)]).
-        self._running: tuple = ()
+        self._running: Running | None = None  # the batch the worker runs now
         self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
@@ -576,9 +576,10 @@ class EdgeServer:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
         self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
-        after = [(robot_id(j.origin), j.deadline, j.stages[j.pos + 1 :]) for j in live]
-        self._running = (stage.name, [robot_id(j.origin) for j in live],
-                         min(j.deadline for j in live), after)  # fmt: skip
+        after = tuple((robot_id(j.origin), j.deadline, tuple(j.stages[j.pos + 1 :]))
+                      for j in live)  # fmt: skip
+        self._running = Running(stage.name, tuple(robot_id(j.origin) for j in live),
+                                min(j.deadline for j in live), after)  # fmt: skip
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
                 for part in job.fresh:
