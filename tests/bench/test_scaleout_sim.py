@@ -22,3 +22,19 @@ def test_spread_service_times_can_be_late_and_more_workers_serve_more():
     two = simulate(2, 10, 1.0, 0.35, spread, 60.0, seed=1)
     assert one["late"] > 0  # the forecast uses the mean; a 0.3 s draw overruns it
     assert two["served_per_s"] > 1.3 * one["served_per_s"]
+
+
+def test_the_projection_and_the_front_share_one_dispatch_rule():
+    """Issue 46: the projection replayed the front's dispatch with a rule of its own (fewest
+    flights), without stream affinity; both now call ``dispatch_order``."""
+    import inspect
+
+    from vlarun.bench import scaleout as projection
+    from vlarun.runtime import scaleout as front
+    from vlarun.runtime.scaleout import dispatch_order
+
+    assert dispatch_order({0: 1.0, 1: 0.5}, None, 2.0) == [1, 0]
+    assert dispatch_order({0: 1.0, 1: 0.5}, 0, 2.0) == [0, 1]  # its stream's worker, in time
+    assert dispatch_order({0: 3.0, 1: 0.5}, 0, 2.0) == [1, 0]  # not when that one is late
+    for module in (projection.simulate, front.EdgeFront._dispatch):
+        assert "dispatch_order(" in inspect.getsource(module)

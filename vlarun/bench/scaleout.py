@@ -305,14 +305,16 @@ def simulate(
     workers: int, robots: int, period_s: float, slo_s: float, samples: list[float],
     seconds: float, seed: int = 0, max_batch: int = 1,
 ) -> dict:  # fmt: skip
-    """The front's dispatch rule on ``workers`` simulated workers, on the edge's one queue
-    model (``sched.queue_model``): each request goes to the worker predicted to finish it
-    first, as the front predicts it (``runtime.scaleout``: that worker's requests in flight,
-    each whole at the mean service time, and this one, played forward by the worker's rule),
-    and is refused when that finish is past the deadline. Each worker then serves by the same
-    rule, at service times drawn from ``samples`` (per request; ``max_batch`` as the workers
-    take them: a batch costs its members' sum). Robots send one request every ``period_s``,
-    each at its own random phase, for ``seconds``."""
+    """The front's dispatch rule (``runtime.scaleout.dispatch_order``, the front's own
+    function) on ``workers`` simulated workers, on the edge's one queue model
+    (``sched.queue_model``): each request goes to the worker predicted to finish it first, as
+    the front predicts it (that worker's requests in flight, each whole at the mean service
+    time, and this one, played forward by the worker's rule), its robot's stream kept on one
+    worker while that one is in time, and is refused when that finish is past the deadline.
+    Each worker then serves by the same rule, at service times drawn from ``samples`` (per
+    request; ``max_batch`` as the workers take them: a batch costs its members' sum). Robots
+    send one request every ``period_s``, each at its own random phase, for ``seconds``."""
+    from vlarun.runtime.scaleout import dispatch_order
     from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, finish
 
     rng = random.Random(seed)
@@ -327,6 +329,7 @@ def simulate(
     # per worker: request -> (deadline, when its answer leaves; None until its batch starts)
     flights: list[dict[int, tuple[float, float | None]]] = [{} for _ in range(workers)]
     count = {"ok": 0, "late": 0, "refused": 0}
+    home: dict[int, int] = {}  # robot -> the worker its stream went to (the front's affinity)
 
     def run_until(w: int, t: float) -> None:  # worker w's batches that start by t
         q = served[w]
@@ -349,13 +352,14 @@ def simulate(
             break
         for w in range(workers):
             run_until(w, t)
-        # Every flight is due no later than this request (one deadline for all), so by the
-        # worker's rule it runs after all of them: the worker with the fewest flights finishes
-        # it first, and only that worker's forecast is played.
-        best = min(range(workers), key=lambda w: len(flights[w]))
-        if predicted(best, t) > t + slo_s:
+        # The front's own rule (runtime.scaleout.dispatch_order): each worker's forecast, the
+        # robot's stream kept on its worker while that one is in time.
+        ends = {w: predicted(w, t) for w in range(workers)}
+        best = dispatch_order(ends, home.get(r), t + slo_s)[0]
+        if ends[best] > t + slo_s:
             count["refused"] += 1
             continue
+        home[r] = best
         served[best].add(Pending(t, t + slo_s, f"robot{r}", stage, (rng.choice(samples),), key=i))
         flights[best][i] = (t + slo_s, None)
     for w in range(workers):

@@ -86,6 +86,17 @@ from vlarun.stages.packet import PacketError
 # The front
 
 
+def dispatch_order(finish: dict[int, float], sticky: int | None, deadline: float) -> list[int]:
+    """The front's rule, as one function its projection (``bench.scaleout.simulate``) calls
+    too: workers in the order of their predicted finish (each worker's forecast plus its lag),
+    except that the worker holding the request's stream (its KV cache) goes first whenever it
+    can still finish by the deadline."""
+    order = sorted(finish, key=finish.__getitem__)
+    if sticky is not None and sticky in finish and finish[sticky] <= deadline:
+        order.sort(key=lambda i: i != sticky)
+    return order
+
+
 @dataclass
 class _Flight:
     """A robot request the front has sent to a worker and not yet answered."""
@@ -358,11 +369,9 @@ class EdgeFront:
         dispatch, answer at once on a re-dispatch) when none can finish before its deadline."""
         live = [w for w in self._w if w.up and w.index != exclude]
         finish = {w.index: self._finish(w, live, f, now) + w.lag_s for w in live}
-        order = sorted(live, key=lambda w: finish[w.index])
         sticky = self._affinity.get(f.stream) if f.stream is not None else None
-        if sticky is not None and sticky in finish and finish[sticky] <= f.deadline:
-            order.sort(key=lambda w: w.index != sticky)  # its KV cache is there
-        for w in order:
+        by_index = {w.index: w for w in live}
+        for w in (by_index[i] for i in dispatch_order(finish, sticky, f.deadline)):
             if finish[w.index] > f.deadline and w.fresh(f.stages, self.cfg.admission_fresh_s):
                 break  # the rest are later still
             f.predicted = finish[w.index]
