@@ -848,11 +848,24 @@ def _show_matrix(r: dict) -> None:
         print(f"  {c['load']:<8}{c['bandwidth']:>8}  joint / best fixed ({c['best_fixed']}) "
               f"{c['joint_over_best_fixed']:.2f}{band}; oracle {c.get('oracle') or 'none'}"
               f"{'' if c.get('feasible', True) else ' (none meets the SLO bar)'}")  # fmt: skip
+        same = c.get("joint_over_best_fixed_same_setting")
+        if same is not None:  # what per-request placement adds over joint's own setting
+            ci = c.get("joint_over_best_fixed_same_setting_ci95")
+            band = "" if ci is None else f" (95% {ci[0]:.2f}-{ci[1]:.2f})"
+            print(f"  {'':<16}  joint / best fixed placement at joint's setting "
+                  f"({c['best_fixed_same_setting']}) {same:.2f}{band}")  # fmt: skip
+        if c.get("joint_over_placement") is not None:
+            print(f"  {'':<16}  joint / vlarun-placement {c['joint_over_placement']:.2f} "
+                  "(what the settings add)")  # fmt: skip
     split, place = m["joint_over_fixed_split_mean"], m["joint_over_placement_mean"]
     print(f"  vlarun-joint meets the goal (>= 0.97 x best fixed, SLO >= 99.9%) in "
           f"{m['cells_meeting_goal']} of {len(m['cells'])} cells; mean joint / Fixed Split "
-          f"{'-' if split is None else f'{split:.2f}'}, joint / placement "
-          f"{'-' if place is None else f'{place:.2f}'}")  # fmt: skip
+          f"{'-' if split is None else f'{split:.2f}'} (over the "
+          f"{m.get('joint_over_fixed_split_cells', '?')} cells where Fixed Split met its "
+          f"deadline), joint / placement {'-' if place is None else f'{place:.2f}'}")  # fmt: skip
+    world = (r.get("emulated") or {}).get("world")
+    if world:
+        print(f"  world: {world}")
 
 
 def _show_batching(b: dict | None) -> None:
