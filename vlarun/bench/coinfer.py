@@ -487,6 +487,10 @@ def _strategy_run(
                            Security(insecure=True))  # fmt: skip
         agent.local_s.update(local)
         agent.prepare(env.instruction)  # its one-time setup is not the first request's latency
+        if strategy == "vlarun-joint":  # every setting timed here once, as warmup() does
+            agent.warm_settings(policy.observation(obs)[0], env.instruction)
+            if agent.emulator is not None:  # the warm-up's executions are not the run's
+                agent.emulator.clear_counts()
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = clock0 = time.monotonic()
         ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0),

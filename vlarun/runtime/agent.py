@@ -416,13 +416,14 @@ class RobotAgent:
         self.reset()  # the warm-up's hook state is not the episode's
         self.prepare(instruction)
         if self.cfg.strategy == "vlarun-joint":
-            self._warm_settings(image, instruction, len(ids))
+            self.warm_settings(image, instruction)
 
-    def _warm_settings(self, image: np.ndarray, instruction: str, text_tokens: int) -> None:
+    def warm_settings(self, image: np.ndarray, instruction: str) -> None:
         """Time every setting the scheduler may choose on the robot, once (its second step: a
         token policy's first step has nothing to reuse), so the scheduler plans each with what
         it really costs here rather than with what the model says it saves. Settings on the
         edge are planned with slack until their first run there (``Scheduler.decide``)."""
+        text_tokens = len(self.policy.text_ids(instruction, self._zero_state()))
 
         sched = self.scheduler(text_tokens)
         state, kept = self._zero_state(), dict(self.local_s)  # the identity's estimates stay

@@ -168,7 +168,7 @@ class StageEmulator:
         """Forget the executions and violations counted so far (a warm-up's, run while other
         processes start beside it, are not the run's)."""
         with self._lock:
-            self.by_stage = {}
+            self.by_stage, self.undescribed = {}, {}
 
     @property
     def executions(self) -> int:
