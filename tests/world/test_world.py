@@ -95,7 +95,7 @@ def test_the_world_is_the_meter_of_an_emulated_run():
     assert world_meter(cfg("catalog")) is None  # today's account: the scheduler's own powers
     name, devices, radio = world_meter(cfg("adversarial"))
     assert name == "adversarial" and devices["edge"].busy_w == pytest.approx(38.67)
-    assert devices["robot"].busy_w == 10.0
+    assert devices["robot"].busy_w == 10.0 and radio.listen_w == 0.5  # the world charges listening
     with pytest.raises(ValueError, match="one world"):
         AgentConfig(emulate=Emulation("openvla-7b", "orin-agx-32gb", world="published"),
                     edge_emulate=Emulation("openvla-7b", "rtx4090"))  # fmt: skip

@@ -255,4 +255,4 @@ def world_meter(cfg) -> tuple[str, dict, object] | None:
         devices[role] = dataclasses.replace(get_device(emu.device), busy_w=power.busy_w,
                                             idle_w=power.idle_w)  # fmt: skip
     radio = world.device(robot.device).power
-    return world.name, devices, RadioPower(radio.tx_w, radio.rx_w)
+    return world.name, devices, RadioPower(radio.tx_w, radio.rx_w, radio.listen_w)

@@ -238,6 +238,7 @@ def modelled_energy(
                for name, t in wasted.items()]  # fmt: skip
     remote = [n for n, r in ran.items() if r == "edge"]
     on_air = 0.0
+    listen = sum(stage_s[n] for n in remote)  # the robot waits for the edge's stages
     if remote:  # the link's time is the link's: measured, never converted
         robot_busy = sum(stage_s[n] for n in ran if ran[n] == "robot") + sum(wasted.values())
         on_air = max(latency_s - robot_busy - sum(stage_s[n] for n in remote), 0.0)
@@ -245,5 +246,5 @@ def modelled_energy(
     latency += sum(t * (f_rob.get(n, 1.0) - 1.0) for n, t in wasted.items())
     return request_energy(
         rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
-        tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(),
+        tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(), listen_s=listen,
     )  # fmt: skip

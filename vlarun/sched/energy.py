@@ -29,9 +29,12 @@ class RadioPower:
 
     tx_w: float = 1.5
     rx_w: float = 1.0
+    # Listening for an answer while the edge computes: 0 in the catalog (the account has
+    # priced no listening state); a world's meter charges its own figure.
+    listen_w: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.tx_w < 0 or self.rx_w < 0:
+        if self.tx_w < 0 or self.rx_w < 0 or self.listen_w < 0:
             raise ValueError("radio power must be non-negative")
 
 
@@ -80,6 +83,7 @@ def request_energy(
     tx_s: float = 0.0,
     rx_s: float = 0.0,
     radio: RadioPower | None = None,
+    listen_s: float = 0.0,
 ) -> float:
     """The energy of one request, in joules: the one account every part of vlarun uses
     (scheduler, predictor, fleet simulator, runtime), for plans and outcomes alike:
@@ -87,7 +91,7 @@ def request_energy(
         E = idle_robot * max(latency, period)                       robot idles the whole cycle
           + sum over robot stages of (P_robot(u) - idle_robot) * t  what computing adds
           + sum over edge stages of P_edge(u) * t / batch            this request's batch share
-          + tx_w * tx_s + rx_w * rx_s                                the robot's radio
+          + tx_w * tx_s + rx_w * rx_s + listen_w * listen_s          the robot's radio
 
     with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
     stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
@@ -95,7 +99,7 @@ def request_energy(
     radio = radio or RadioPower()
     joules = robot.idle_w * max(latency_s, period_s)
     joules += sum(stage_joules(robot, edge, st) for st in stages)
-    return joules + radio.tx_w * tx_s + radio.rx_w * rx_s
+    return joules + radio.tx_w * tx_s + radio.rx_w * rx_s + radio.listen_w * listen_s
 
 
 def stage_joules(robot: Device, edge: Device, st: StageSpend) -> float:

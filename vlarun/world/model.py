@@ -23,7 +23,7 @@ not list keeps 1.0); a knob the device lists no table for is *undescribed*: it r
 time and the emulator counts it. Each execution is multiplied by ``exp(N(0, sigma))`` and, with
 probability ``stall_p``, by ``stall_factor``. Power: ``busy_w`` while a stage runs, ``idle_w``
 otherwise, the robot's radio ``tx_w`` / ``rx_w`` while moving bytes and ``listen_w`` while it
-waits for an answer.
+waits for the edge's stages.
 """
 
 from __future__ import annotations
