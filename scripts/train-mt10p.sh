@@ -2,7 +2,9 @@
 # Continue training the mt10p policies (issue 48) from the repository, on any machine:
 # renders the committed demonstration manifests (assets/demos/) where their frames are missing,
 # then resumes `vlarun train` from training/mt10p/ (the committed state) for MINUTES minutes.
-# Commit training/mt10p/state.* and train.log when it stops (they replace the last ones).
+# Commit training/mt10p/state.* and train.log when it stops (they replace the last ones), and
+# only then: the state is rewritten every 20 minutes, and each commit of it is 23 MB of history
+# (while it runs, commit with `git add -A -- ':!training'`).
 #   scripts/train-mt10p.sh [MINUTES] [THREADS]     (default 90 minutes, every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
