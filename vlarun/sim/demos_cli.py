@@ -73,7 +73,8 @@ def run_demos(o: DemosOptions) -> dict[str, Any]:
             raise ValueError("give --tasks and --episodes (or --from-manifest DIR)")
         manifest = _collect(o)
         if o.save_manifest:
-            demo_replay.save_manifest(o.out, o.save_manifest)
+            saved = demo_replay.save_manifest(o.out, o.save_manifest)
+            manifest = manifest | {"saved_manifest": {"to": o.save_manifest, **saved["replay"]}}
         return manifest
     except FileExistsError as e:
         raise ValueError(str(e)) from None
@@ -100,6 +101,10 @@ def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
         return
     where = f" to {out}" if out else ""
     print(f"wrote {len(manifest['shards'])} shards + {MANIFEST}{where}")
+    if "saved_manifest" in manifest:
+        r = manifest["saved_manifest"]
+        print(f"wrote {MANIFEST} + {r['file']} to {r['to']} ({r['frames']} frames' simulator "
+              f"states, {r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
     if "fingerprint" in manifest:
         f = manifest["fingerprint"]
         print(f"rendered from {manifest['rendered_from']}: {f['probes']} probe frames match the "
