@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "vlarun": 0,  # the package's own __init__ (version only)
     "vlarun.config": 0,
     "vlarun.paths": 0,
+    "vlarun.machine": 0,
     "vlarun.extras": 0,
     "vlarun.models": 1,
     "vlarun.accel": 2,

@@ -498,15 +498,10 @@ def _ratios(rows: list[dict]) -> dict:
 
 
 def _machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):  # noqa: SIM115
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    from vlarun.machine import cpu_name
+
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"{cpu_name()}, {os.cpu_count()} cores, {when}"
 
 
 def plot(r: dict, path: str) -> None:

@@ -17,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+from vlarun.machine import cpu_name
 from vlarun.sim.evaluate import EvalConfig, evaluate, wilson
-from vlarun.sim.train import TrainConfig, cpu_name, train
+from vlarun.sim.train import TrainConfig, train
 
 CURVE_SEED = 500  # first curve seed (+ EVAL_SEED_OFFSET); the headline table uses 0..24
 CURVE_FILE = "curve.jsonl"

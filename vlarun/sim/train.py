@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from vlarun import config as cfgio
 from vlarun.config import opt
+from vlarun.machine import cpu_name
 from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
 from vlarun.models.tokenizer import openvla_prompt
@@ -762,19 +763,6 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
         )
         written[name] = str(path)
     return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": written}
-
-
-def cpu_name() -> str:
-    """The CPU, as lscpu's model name says it (every timing names its machine)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown CPU"
 
 
 def _data_names(demos: str) -> str:
