@@ -94,22 +94,24 @@ def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
     for name, t in manifest["tasks"].items():
         n, frames, failed = t["episodes"], t["frames"], t["failed"]
         print(f"{name:26s} {n:4d} episodes {frames:6d} frames {failed} failed")
-    if "replay" in manifest:  # --save-manifest: what to commit
-        r = manifest["replay"]
-        print(f"wrote {MANIFEST} + {r['file']} ({r['frames']} frames' simulator states, "
-              f"{r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
+    if "replay" in manifest:  # --save-manifest alone: what to commit
+        _show_saved(manifest["replay"])
         return
     where = f" to {out}" if out else ""
     print(f"wrote {len(manifest['shards'])} shards + {MANIFEST}{where}")
     if "saved_manifest" in manifest:
-        r = manifest["saved_manifest"]
-        print(f"wrote {MANIFEST} + {r['file']} to {r['to']} ({r['frames']} frames' simulator "
-              f"states, {r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
+        _show_saved(manifest["saved_manifest"])
     if "fingerprint" in manifest:
         f = manifest["fingerprint"]
         print(f"rendered from {manifest['rendered_from']}: {f['probes']} probe frames match the "
               f"committed fingerprints (mean block difference {f['mean_diff']:.2f} levels, "
               f"worst {f['worst_diff']:.2f})")  # fmt: skip
+
+
+def _show_saved(r: dict) -> None:
+    where = f" to {r['to']}" if "to" in r else ""
+    print(f"wrote {MANIFEST} + {r['file']}{where} ({r['frames']} frames' simulator states, "
+          f"{r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
