@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-from vlarun.bench.coinfer_matrix import modal_setting, ratio_interval
+from vlarun.bench.coinfer_matrix import AGENT_STRATEGY, modal_setting, ratio_interval
 from vlarun.sched.records import clopper_pearson
 from vlarun.sched.strategy import FIXED
 
@@ -54,8 +54,6 @@ def run_trace(o, strategy_run, scale: float) -> dict:
     """Every strategy through ``o.trace``; ``strategy_run(strategy, steps, start_mbps,
     changes, setting)`` runs one closed loop through a fresh relay following ``changes``
     ((wall seconds, Mbit/s))."""
-    from vlarun.bench.coinfer_matrix import AGENT_STRATEGY
-
     trace = load_trace(o.trace)
     start = float(trace["bandwidth_mbps"][0][1])
     changes = [(float(t) / scale, float(m)) for t, m in trace["bandwidth_mbps"][1:]]

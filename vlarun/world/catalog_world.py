@@ -17,7 +17,7 @@ from vlarun.sched.cost import at_batch, roofline, stage_works
 from vlarun.sched.energy import RadioPower
 from vlarun.sched.plans import Setting, apply_setting
 from vlarun.stages.families import Workload
-from vlarun.world.model import DeviceWorld, Jitter, Power, World
+from vlarun.world.model import DeviceWorld, Jitter, Power, StageCurve, World
 
 CATALOG_JITTER = Jitter(0.03, 0.0, 1.0, "the emulator's jitter before worlds: 3% lognormal")
 
@@ -52,8 +52,6 @@ class CatalogDevice(DeviceWorld):
 
 def catalog_world(model: str, devices: tuple[str, ...], dtype: str = "bfloat16") -> World:
     """The catalog world of ``model`` on ``devices`` (catalog ids)."""
-    from vlarun.world.model import StageCurve
-
     works = stage_works(get_preset(model))
     radio = RadioPower()
     out = {}
