@@ -14,6 +14,7 @@ from vlarun.runtime import procs
 from vlarun.runtime.agent import AgentConfig, RobotAgent
 from vlarun.runtime.chunks import ChunkQueue
 from vlarun.runtime.episode import run_episode
+from vlarun.runtime.planner import Plan
 from vlarun.runtime.transport import Security
 from vlarun.stages.wire import Codec
 
@@ -77,7 +78,7 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
     first request: built there they cost it ~60 ms (more under load), which the scheduler
     learned as its placement's residual and spread and so shunned that placement."""
     from vlarun.policy import base as policy_module
-    from vlarun.runtime import planning
+    from vlarun.runtime import costview
 
     image = StubEnv(1).image
     cfg = AgentConfig(slo_s=2.0, strategy="vlarun")
@@ -88,7 +89,7 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
         def built_in_a_request(*args, **kwargs):
             raise AssertionError("one-time setup inside a timed request")
 
-        for module, name in ((planning, "make_scheduler"), (planning, "stand_in_factors"),
+        for module, name in ((costview, "make_scheduler"), (costview, "stand_in_factors"),
                              (policy_module, "build_graph")):  # fmt: skip
             monkeypatch.setattr(module, name, built_in_a_request)
         inf = agent.infer(image, INSTRUCTION)
@@ -174,11 +175,11 @@ def test_a_timed_out_request_caps_the_bandwidth_estimate(policy):
     agent = RobotAgent(policy, AgentConfig(bandwidth_mbps=500.0, rtt_ms=0.0))
     e = LinkDown("no reply")
     e.sent_bytes, e.waited_s = 200_000, 0.2  # 1.6 Mbit not through in 0.2 s: < 8 Mbit/s
-    agent._bound_bandwidth(e)
+    agent.learner.bound_bandwidth(e)
     assert agent.link.bandwidth_mbps <= 8.0 + 1e-9
     small = LinkDown("no reply")
     small.sent_bytes, small.waited_s = 1000, 0.2  # too small to say anything about bandwidth
-    agent._bound_bandwidth(small)
+    agent.learner.bound_bandwidth(small)
     assert agent.link.bandwidth_mbps == pytest.approx(8.0)
     assert not agent.edge_up and agent.infer(StubEnv(1).image, INSTRUCTION).ran == {
         "vision": "robot",
@@ -239,7 +240,8 @@ class _Pinned(RobotAgent):
         names = [s.name for s in self.graph(text_tokens).stages]
         where = {n: "edge" for n in names}
         where[names[0]] = where[names[-1]] = "robot"
-        return where, None, self.cfg.setting
+        return Plan(text_tokens=text_tokens, placement=where, setting=self.cfg.setting,
+                    planner="pinned", link_mbps=self.link.bandwidth_mbps)  # fmt: skip
 
 
 def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_late(

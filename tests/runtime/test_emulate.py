@@ -142,7 +142,7 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
             # link came back, could outlast the last stage boundary (the handoff then flaked)
             mon.up_every_s = 0.02
             time.sleep(0.7)
-            agent._refresh_link()
+            agent.learner.refresh_link(agent.monitor)
             agent.link.cap(0.5)  # as a request that timed out leaves it: the link is down
             local_s = sum(agent.emulator.target_s(s) for s in ("vision", "prefill", "decode"))
 

@@ -12,7 +12,7 @@ import torch
 
 from vlarun.runtime.agent import AgentConfig, RobotAgent
 from vlarun.runtime.client import EdgeClient, LinkDown, ping
-from vlarun.runtime.planning import decide, edge_state, make_scheduler
+from vlarun.runtime.costview import decide, edge_state, make_scheduler
 from vlarun.runtime.records import ScheduleSlot
 from vlarun.runtime.segments import segments
 from vlarun.runtime.server import EdgeServer, ServerConfig, robot_id

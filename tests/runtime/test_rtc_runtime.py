@@ -2,6 +2,7 @@
 a stall is counted when the delay outlasts the queue, an aligned chunk resumes at the current
 tick, and the freeze travels with the request to whichever side runs the head."""
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -11,13 +12,14 @@ import torch
 
 from vlarun.accel.rtc import P95_Z
 from vlarun.policy.base import Policy
+from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.agent import AgentConfig, Inference, RobotAgent
 from vlarun.runtime.chunks import ChunkQueue, Prior
 from vlarun.runtime.episode import run_loop
+from vlarun.runtime.planner import Plan
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
-from vlarun.sched.contract import ExecutionPlan
 from vlarun.stages.packet import PacketError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,20 +167,17 @@ def _prior(agent, queued: int, period_s: float = 0.05) -> Prior:
     return Prior(4, first.actions[h - queued :], model, period_s, None)
 
 
-def _plan(where: str, latency_s: float, sigma_s: float = 0.0) -> ExecutionPlan:
+def _plan(where: str, latency_s: float, sigma_s: float = 0.0) -> Plan:
     placement = {"vision": where, "prefill": where, "denoise": where}
-    full = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1, "weights": "native"}
-    return ExecutionPlan(placement=placement, settings=full, relative_success=None,
-                         joined_batch=False, latency_s=latency_s, residual_s=0.0, energy_j=1.0,
-                         actions_per_joule=1.0, feasible=True, slo_s=1.0, stage_start={},
-                         stage_end={}, sigma_s=sigma_s)  # fmt: skip
+    return Plan(text_tokens=0, placement=placement, setting=AccelSetting(), planner="test",
+                link_mbps=1.0, predicted_s=latency_s, sigma_s=sigma_s)  # fmt: skip
 
 
 def test_d_comes_from_the_plans_p95_and_the_queued_actions_are_frozen(dit, monkeypatch):
     agent = RobotAgent(dit, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True))
     prior = _prior(agent, queued=3)
     plan = _plan("robot", 0.040, sigma_s=0.010)  # 40 ms + 1.645 x 10 ms: 1.13 periods -> 2
-    monkeypatch.setattr(agent, "plan", lambda n: (plan.placement, plan, agent.cfg.setting))
+    monkeypatch.setattr(agent, "plan", lambda n: dataclasses.replace(plan, text_tokens=n))
     inf = agent.infer(_frame(dit), INSTRUCTION, prior=prior)
     assert inf.rtc_delay == 2 and inf.fallback is None
     np.testing.assert_array_equal(inf.model_actions[:2], prior.model[:2])
@@ -196,7 +195,7 @@ def test_d_follows_a_plan_change_within_one_request(dit, monkeypatch):
     agent.warmup(_frame(dit), INSTRUCTION)
     prior = _prior(agent, queued=3, period_s=0.001)
     plan = _plan("edge", 0.0005)
-    monkeypatch.setattr(agent, "plan", lambda n: (plan.placement, plan, agent.cfg.setting))
+    monkeypatch.setattr(agent, "plan", lambda n: dataclasses.replace(plan, text_tokens=n))
     inf = agent.infer(_frame(dit), INSTRUCTION, prior=prior)
     assert inf.fallback == "link: edge down" and set(inf.ran.values()) == {"robot"}
     assert inf.rtc_delay == 3  # > the plan's 1: the local latency, clipped to the overlap
@@ -233,8 +232,6 @@ def test_the_edge_refuses_a_freeze_outside_the_horizon(dit):
 def test_a_jacobi_setting_freezes_the_queued_actions(policy, setting):
     """Under a token decoder (Jacobi with early exit; sigma 1 all but never exits) the agent
     freezes as under greedy decoding: the decoder takes the forced prefix (it refused it once)."""
-    from vlarun.policy.setting import AccelSetting
-
     st = AccelSetting.parse(setting)
     agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True,
                                            setting=st))  # fmt: skip
@@ -242,7 +239,7 @@ def test_a_jacobi_setting_freezes_the_queued_actions(policy, setting):
     inf = agent.infer(_frame(policy), INSTRUCTION, prior=prior)
     assert inf.setting == str(st) and inf.rtc_delay == 3
     np.testing.assert_array_equal(inf.model_actions[:3], prior.model)
-    decoder = agent._under(st).hooks.decoder
+    decoder = agent.executor.under(st).hooks.decoder
     assert decoder.last is not None and len(decoder.steps) == 2  # the Jacobi decoder ran
 
 
@@ -259,7 +256,6 @@ def test_run_robot_rtc_parses_and_reaches_the_agent_config(capsys):
     from vlarun.apps.runtime import RunRobotOptions, agent_config
     from vlarun.cli import build_parser, main
     from vlarun.config import parse_into
-    from vlarun.policy.setting import AccelSetting
 
     parser = build_parser("run-robot", RunRobotOptions)
     o = parse_into(RunRobotOptions, parser.parse_args(["--rtc", "--policy", "mt10w-flow"]))

@@ -14,7 +14,8 @@ from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime import procs
 from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.planning import decide, make_scheduler
+from vlarun.runtime.costview import decide, make_scheduler
+from vlarun.runtime.planner import Plan
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
 from vlarun.sched.link import Link
@@ -107,8 +108,10 @@ def test_a_stage_that_moves_starts_its_state_afresh_on_the_new_side(policies):
     with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
         agent = RobotAgent(policy, AgentConfig(slo_s=10.0, setting=st), srv.address, INSECURE)
         placements = [{"vision": "robot", "prefill": p, "decode": "edge"} for p in prefill_at]
-        plans = iter((placement, None, st) for placement in placements)
-        agent.plan = lambda _text_tokens: next(plans)  # the placement sequence under test
+        plans = iter(placements)
+        agent.plan = lambda n: Plan(
+            text_tokens=n, placement=next(plans), setting=st, planner="test", link_mbps=1.0
+        )  # the placements under test
         try:
             got = _run(agent, steps)
         finally:

@@ -5,7 +5,7 @@ import pytest
 
 from vlarun.models.presets import get_preset
 from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.planning import modelled_energy, stand_in_factors
+from vlarun.runtime.costview import modelled_energy, stand_in_factors
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
@@ -85,7 +85,7 @@ def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
     (``roofline_utilisation``), not at full utilisation: an outcome that took exactly the
     roofline times costs exactly the plan's energy (it cost 5-15% more: an energy MAPE that
     was the account's, not the prediction's)."""
-    from vlarun.runtime.planning import roofline_utilisation
+    from vlarun.runtime.costview import roofline_utilisation
     from vlarun.sched.cost import roofline
 
     cfg = get_preset("openvla-7b")

@@ -3,8 +3,8 @@ labelled proxy (``plans.carried_to``), and only when asked (``AgentConfig.settin
 
 from vlarun.models.presets import get_preset
 from vlarun.runtime.agent import AgentConfig
+from vlarun.runtime.costview import make_scheduler
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.planning import make_scheduler
 from vlarun.sched.plans import MEASURED_SETTINGS_FILE, carried_to, load_settings
 
 

@@ -33,7 +33,7 @@ for m in pkgutil.iter_modules(vlarun.sched.__path__):
     importlib.import_module("vlarun.sched." + m.name)
 from vlarun.runtime.agent import AgentConfig
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.planning import make_scheduler
+from vlarun.runtime.costview import make_scheduler
 from vlarun.models.presets import get_preset
 cfg = AgentConfig(slo_s=1.0, robot_device="orin-agx-32gb", edge_device="rtx4090",
                   emulate=Emulation("openvla-7b", "orin-agx-32gb", world="adversarial"),

@@ -19,7 +19,7 @@ checkpoint's own weights in one pass, so ``Policy.with_setting`` applies it in p
 stage hooks cannot express it, so ``hooks`` (what the runtime's robot and edge call) refuses it
 until the runtime holds the quantised model. The plan space names it (knob ``weights`` in
 ``sched.plans``, priced as int8 bytes streamed and held; its accuracy cost is unmeasured), and
-the runtime's scheduler leaves it out (``runtime.planning.RUNTIME_REFUSES``).
+the runtime's scheduler leaves it out (``runtime.costview.RUNTIME_REFUSES``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
 transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
 segments.py   a plan as alternating robot / edge segments; the edge's request schema
 queues.py     the edge's per-stage queues, EDF, batching within deadline slack
-server.py     `vlarun serve-edge`: I/O thread (health at once, validation) + stage worker;
-              the committed schedule (reservations) in every reply; in-process requests
+edge_core.py  the edge's core, no socket: admission, bookings, streams, the stage worker,
+              the committed schedule (reservations); in-process requests
+server.py     `vlarun serve-edge`: EdgeServer(EdgeCore) + its ROUTER socket and I/O thread
+              (health at once, validation; the schedule in every reply and ledger push)
 scaleout.py   `serve-edge --workers N | --ray-address`: the robot-facing front before Ray edge
               workers (earliest-finish dispatch, refusal, re-dispatch on a worker's loss)
 ray_workers.py  the workers: an EdgeServer per Ray actor, keys and endpoints over Ray; a local
@@ -16,10 +18,15 @@ reaper.py     stops a dead front's Ray processes and removes its folder (SIGKILL
 proctree.py   a process's descendants and their listening TCP sockets (/proc)
 client.py     a robot's requests with timeouts, bandwidth probes; `vlarun ping`
 monitor.py    background health probes: link RTT and bandwidth, edge queue, reconnect
-planning.py   the scheduler contract: decide per request, calibrate, modelled energy
-              (this host's times converted to the catalog devices the roles name)
-agent.py      `vlarun run-robot`'s RobotAgent: plan, local + remote segments, fallback,
-              the plan's accelerator setting on both sides (policy/setting.py)
+costview.py   the scheduler contract's robot side: build, prime, the edge's state, the
+              Outcome, the one energy account (this host's times converted to the catalog
+              devices the roles name)
+planner.py    plan: a Plan for every request (the scheduler's, a fixed strategy's, robot-only)
+executor.py   execute: local + remote segments, fallback, hand-off, the plan's accelerator
+              setting on both sides (policy/setting.py)
+learner.py    learn: link, local stage times, answers, the edge's schedule, energy, outcomes
+request.py    one request's typed records: context, trace, RTC freeze, Inference
+agent.py      `vlarun run-robot`'s RobotAgent: plan -> execute -> learn
 chunks.py     asynchronous action-chunk queue (inference overlaps execution)
 robot.py      your own robot loop: Robot.act(image, instruction, state) -> one action per
               control tick (agent + chunk queue; examples/own_robot.py)

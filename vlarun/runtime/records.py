@@ -8,7 +8,7 @@ front's frame):
   time the request queued for it, the batch size). A result carries one per edge stage.
 - ``ScheduleSlot``: one stage of one request in the edge's committed schedule (its ledger),
   times from the moment the schedule was sent. Replies, health answers and the ledger the
-  edge pushes carry a list of them; robots plan against it (``planning.edge_state``).
+  edge pushes carry a list of them; robots plan against it (``costview.edge_state``).
 - ``PlanBooking``: a robot announcing the edge stages of the plan it just chose, before its
   bytes arrive (op "book").
 

@@ -1,67 +1,44 @@
-"""The edge server: many robots, one model, per-stage queues, batching, measured timings.
+"""The edge server: the edge's core (``runtime/edge_core.py``: queues, admission, bookings,
+streams, the worker) served over one ROUTER socket. This file is the socket side only.
 
 Two threads. The I/O thread owns the ROUTER socket: it answers control messages (health)
 at once, never behind model work, validates every data message (header against limits and
-the stage schema first, tensors only after) and answers a bad one with an error, then puts
-good requests into the stage queues. The worker thread takes batches (queues.py), runs one
-stage, moves each request on to its next stage or hands the finished reply back to the I/O
-thread over an inproc socket (ZeroMQ sockets are not thread-safe, so only one thread touches
-the ROUTER). Every reply carries the measured time of each stage, its queueing time and batch
-size, so the robot's predictor can calibrate on them.
+the stage schema first, tensors only after) and answers a bad one with an error, then hands
+good requests to the core's stage queues. The worker thread (``EdgeCore.work``) takes batches,
+runs one stage, moves each request on to its next stage or hands the finished reply back to the
+I/O thread over an inproc socket (ZeroMQ sockets are not thread-safe, so only one thread
+touches the ROUTER). Every reply carries the measured time of each stage, its queueing time and
+batch size, so the robot's predictor can calibrate on them.
 
 A message that cannot be parsed at all is answered with an error (rid 0) and counted; the
 server keeps serving everyone else.
-
-Admission: a request the edge cannot finish before its deadline is refused on arrival, not
-queued to expire: predicted finish = now + the rest of the batch running now + the queued work
-due no later than it (EDF order) + its own stages, each at its measured per-request time. The
-robot hears the refusal at once and runs the segment itself, with all of its slack left.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
-import torch
 import zmq
 
-from vlarun.accel.rtc import INPAINTER
-from vlarun.models.device import settle
 from vlarun.policy.base import Policy
-from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Booking, Job, Running, StageQueues
-from vlarun.runtime.records import (
-    PlanBooking,
-    RecordError,
-    ScheduleSlot,
-    StageTiming,
-    pack_schedule,
-    pack_timings,
+from vlarun.runtime.edge_core import (  # noqa: F401 (importable from here, as they always were)
+    MAX_SEEN,
+    EdgeCore,
+    Refused,
+    ServerConfig,
+    robot_id,
 )
-from vlarun.runtime.refusal_log import RefusalLog
-from vlarun.runtime.segments import Schema, batch_dim
-from vlarun.runtime.transport import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    EdgeAuth,
-    Security,
-    router_socket,
-)
+from vlarun.runtime.records import StageTiming, pack_schedule, pack_timings
+from vlarun.runtime.transport import EdgeAuth, Security, router_socket
 from vlarun.stages import wire
-from vlarun.stages.families import Workload, build_graph
-from vlarun.stages.packet import Limits, Packet, PacketError
+from vlarun.stages.packet import Limits, PacketError
 
-# Robots remembered as recently active (batch window, dashboard) before the silent ones are
-# forgotten; a bound, so a stream of short-lived connections cannot grow the table.
-MAX_SEEN = 1024
 # The ledger (the committed schedule) is pushed to every robot that asked to listen in its
 # health request in the last LISTENER_TTL_S seconds, while one robot or more sent data or a
 # booking in the last LEDGER_ACTIVE_S: within LEDGER_EVERY_S of every change (a request queued
@@ -76,17 +53,9 @@ LISTENER_TTL_S = 10.0
 MAX_LISTENERS = 256
 
 
-# Warm-up passes of every stage; the fastest is the admission's first estimate.
-WARMUP_RUNS = 3
-
-
 def robot_name(to: list) -> str:
     """A robot's ZeroMQ identity, short and printable, for the refusal log."""
     return to[0].hex()[:12] if to and isinstance(to[0], bytes) else "?"
-
-
-class Refused(PacketError):
-    """A valid request the edge cannot finish before its deadline."""
 
 
 @dataclass(frozen=True)
@@ -125,115 +94,30 @@ class Route:
         return msgpack.packb({"rid": self.rid, "timings": pack_timings(timings or ())})
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """Edge server settings. ``batch_window_s``: the longest a batch waits for more robots
-    (also bounded by half the slack of its most urgent member); ``limits``: what a request
-    may claim before it is refused (defaults fit the tiny and 7B-class packets alike)."""
-
-    address: str = "tcp://127.0.0.1:0"
-    max_batch: int = 8
-    batch_window_s: float = 0.002
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    max_queued: int = 256  # requests waiting in all stage queues; more are refused at once
-    # One robot's share: its requests queued (and its bookings held) at once; beyond it its
-    # next one is refused at once ("busy"), so a flood from some identities cannot fill the
-    # queue or the schedule every other robot is admitted against.
-    max_queued_per_robot: int = 16
-    # Accelerated streams (one robot's episode under one setting) whose hook state (KV cache,
-    # token-policy and decoder state) the edge keeps; the least recently used is forgotten
-    # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
-    max_streams: int = 64
-    admission: bool = True  # refuse on arrival what cannot finish before its deadline
-    # An estimate older than this is not enough to refuse on: the request is admitted and its
-    # execution measures the stages again (a busy spell must not close the edge for good).
-    admission_fresh_s: float = 2.0
-    limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
-    # A worker behind a scale-out front (runtime/scaleout.py): its only peer is the front,
-    # whose route frame before each request names the robot (streams and batching are per
-    # robot, not per peer), the time left and the front's request id.
-    relayed: bool = False
-    # The edge device this server stands for, by padding each stage execution to the emulated
-    # device's time for the real model's stage at the batch it ran (runtime.emulate).
-    emulate: Emulation | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.batch_window_s < 0 or self.max_streams < 1:
-            raise ValueError("max_batch, max_streams must be >= 1 and batch_window_s >= 0")
-        if self.max_queued_per_robot < 1:
-            raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
-
-
-class EdgeServer:
+class EdgeServer(EdgeCore):
     """Serve ``policy``'s stages on ``cfg.address`` (``tcp://host:0`` picks a free port;
-    ``.address`` tells which)."""
+    ``.address`` tells which): the core plus the socket it is reached by."""
 
     def __init__(
         self, policy: Policy, sec: Security, cfg: ServerConfig | None = None, ctx=None
     ) -> None:
-        self.cfg = cfg or ServerConfig()
-        emulate = self.cfg.emulate
-        self.emulator = StageEmulator.build(emulate) if emulate is not None else None
-        self.policy = policy
-        model = policy.model
-        self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
-        self.graph = build_graph(model.cfg, model, Workload(1, 1, self.dtype))
-        self._rtc_graph = None  # the plain graph whose head reads a real-time chunk's freeze
-        self.schema = Schema(model.cfg, self.dtype, self.cfg.max_batch)
-        inputs = {s.name: tuple(x.name for x in s.inputs) for s in self.graph.stages}
-        self.queues = StageQueues(inputs, self.cfg.max_batch)
+        super().__init__(policy, cfg)
         self.ctx = ctx or zmq.Context()
         self.auth = EdgeAuth(self.ctx, sec)
         self.sock = router_socket(
             self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
         )
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.refusal_log = RefusalLog()
         self.secure = not sec.insecure
         self._pipe = f"inproc://vlarun-edge-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)
-        self.stop_event = threading.Event()
-        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0, "refused": 0, "cancelled": 0, "booked": 0,
-                      "booking_refused": 0,
-                      "compute_s": 0.0}  # fmt: skip
-        self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
-        # That batch: (stage, [robot ids], earliest deadline, [(robot, deadline, stages after)]).
-        self._running: Running | None = None  # the batch the worker runs now
-        self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
-        self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
-        self._active_at = -math.inf  # the last data request or booking (ledger pushes)
         self._listeners: dict[bytes, float] = {}  # identity -> last health request (monotonic)
         self._pushed_at = -math.inf
         self._pushed_version = -1
-        self._lock = threading.Lock()  # _seen and the request count: socket and submit()
-        # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
-        self._streams: OrderedDict[tuple, tuple] = OrderedDict()
-        # The last replies and refusals, for the dashboard (appends are thread-safe; bounded).
-        self.recent: deque[dict] = deque(maxlen=2048)
-        self.events: deque[dict] = deque(maxlen=512)
 
     # -- lifecycle --------------------------------------------------------------------------------
-
-    def warmup(self, text_tokens: int = 12) -> None:
-        """One pass of every stage on dummy inputs: the first robot must not pay for one-time
-        allocations (it would miss its deadline and fall back for nothing)."""
-        from vlarun.stages.families import example_inputs
-
-        cfg = self.policy.model.cfg
-        size = cfg.image_size
-        images = torch.zeros(1, cfg.num_images, 3, size, size)
-        inputs = example_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
-        with torch.no_grad():  # the fastest of three: a busy CPU only ever adds time
-            runs = [self.graph.run(inputs, serialize=False) for _ in range(WARMUP_RUNS)]
-        for i, t in enumerate(runs[0].timings):
-            own = min(r.timings[i].seconds for r in runs)
-            # an emulated stage takes at least its target (not padded here)
-            floor = 0.0 if self.emulator is None else self.emulator.target_s(t.name)
-            # A prior: the first real execution of the stage replaces it (queues.StageTimes).
-            self.queues.observe(t.name, max(own, floor), 1, prior=True)
 
     def start(self) -> EdgeServer:
         for target, name in ((self._io_loop, "edge-io"), (self._work_loop, "edge-worker")):
@@ -257,6 +141,16 @@ class EdgeServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def _work_loop(self) -> None:
+        """The worker thread: the core's loop, answering over an inproc PUSH socket."""
+        push = self.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(self._pipe)
+        try:
+            self.work(push)
+        finally:
+            push.close(0)
 
     # -- I/O thread --------------------------------------------------------------------------------
 
@@ -339,8 +233,7 @@ class EdgeServer:
             self.stats["control"] += 1
             if header.meta.get("op") == "book":
                 origin = to[0] if route is None else route.robot
-                self._active_at = now
-                self._send([*to, *self._book(origin, header, now)])
+                self._send([*to, *self.book(origin, header, now)])
                 return
             # A robot's link monitor asks for health with ``listen``: it hears the ledger for
             # LISTENER_TTL_S from now (a relayed worker's peer is the front, which does not).
@@ -351,322 +244,11 @@ class EdgeServer:
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
-        queued = sum(self.queues.depth().values())
-        if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
-            raise PacketError(f"edge overloaded: {queued} requests queued")
         origin = to[0] if route is None else route.robot
-        self._touch(origin, now)  # a robot whose request is refused is still connected
-        self._active_at = now
-        mine = self.queues.depth_of(origin)
-        if mine >= self.cfg.max_queued_per_robot:  # its share, before reading its tensors
-            with self._lock:
-                self.stats["refused"] += 1
-            raise Refused(f"busy: this robot has {mine} requests queued, its share is "
-                          f"{self.cfg.max_queued_per_robot}")  # fmt: skip
-        job = self._job(to, origin, header, body[1:], now, route)
-        with self._lock:
-            self.stats["requests"] += 1
-        self.queues.put(job)
-
-    def _job(
-        self, to: list[bytes], origin: bytes, header: wire.Header, frames: list, now: float,
-        route: Route | None = None,
-    ) -> Job:  # fmt: skip
-        """Check the request against the stage schema, then (only then) read its tensors.
-        ``to``: where replies go; ``origin``: the robot the request is from (the connection,
-        unless a scale-out front relays it and names the robot in its route)."""
-        req = self.schema.check(header)
-        budget = req.budget_s if route is None else min(route.budget_s, 3600.0)
-        deadline = now + budget
-        self.queues.claim(origin, req.stages, now)  # booked at decision time: now it is here
-        if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
-            self._admit(req.stages, deadline, now)
-        msg = wire.materialize(header, frames, self.cfg.limits)
-        tensors = dict(msg.packet.tensors)
-        self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
-        job = Job(to[0], header.rid, req.stages, req.want, tensors, now, deadline,
-                  req.reply_codec, origin=origin, route=route)  # fmt: skip
-        if not req.setting.identity:
-            stream = header.meta.get("stream")
-            job.hooks, job.graph = self._stream(origin, stream, req.setting, req.rtc)
-            job.fresh = req.fresh
-            job.setting = str(req.setting)
-        elif req.rtc:
-            job.graph = self.rtc_graph
-        return job
-
-    @property
-    def rtc_graph(self):
-        """The plain graph with the head reading RTC_INPUTS (built on the first RTC request)."""
-        if self._rtc_graph is None:
-            model = self.policy.model
-            w = Workload(1, 1, self.dtype)
-            self._rtc_graph = build_graph(model.cfg, model, w, None, INPAINTER)
-        return self._rtc_graph
-
-    def submit(
-        self,
-        tensors: dict[str, torch.Tensor],
-        want: tuple[str, ...],
-        budget_s: float,
-        origin: bytes,
-        done: Callable[[dict | None, str | None, list[StageTiming]], None],
-        admit: bool = False,
-    ) -> Job:
-        """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
-        same queues, batching and worker as robots' requests over the socket.
-        ``done(outputs, error, timings)`` is called on the worker thread, unless the request
-        is cancelled first (``cancel``). ``admit``: raise ``Refused`` at once when the request
-        is predicted to miss ``budget_s`` (a whole-policy client has no local fallback, but a
-        "busy" now beats an expiry later). Returns the job, the handle ``cancel`` takes."""
-        names = self.schema.names
-        missing = {s.name for s in self.graph.graph_inputs} - set(tensors)
-        if missing:
-            raise ValueError(f"submit needs the graph inputs {sorted(missing)}")
-        now = time.monotonic()
-        if admit:
-            self._admit(names, now + budget_s, now)
-        job = Job(b"", 0, names, want, dict(tensors), now, now + budget_s, origin=origin)
-        job.done = done
-        self._touch(origin, now)
-        with self._lock:
-            self.stats["requests"] += 1
-        self.queues.put(job)
-        return job
-
-    def cancel(self, job: Job) -> None:
-        """Drop an in-process request whose client has gone: out of its queue at once (its
-        tensors freed), and if a stage of it is running now, its result is thrown away."""
-        job.cancelled = True
-        if self.queues.discard(job):
-            self.stats["cancelled"] += 1
-
-    def _touch(self, origin: bytes, now: float) -> None:
-        """Note that ``origin`` sent data now; the table forgets robots silent for a second
-        once it holds more than ``MAX_SEEN`` (every serve-policy connection is a new origin,
-        so it would otherwise grow for as long as the server runs)."""
-        with self._lock:  # the I/O thread and in-process submissions both write it
-            if len(self._seen) >= MAX_SEEN:
-                self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-            self._seen[origin] = now
-
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
-        """The committed schedule, as admission sees it (``StageQueues.forecast``): the batch
-        running now, then every queued and booked request's remaining stages in the order the
-        worker's EDF rule would run them, at their measured per-request times. Times in s
-        from now; each entry names the robot, the stage, the deadline it must meet and whether
-        it is only booked so far. Robots plan against it (``planning.edge_state``)."""
-        now = time.monotonic()
-        slots = self.queues.forecast(now, self._busy_until, self._running, robot_id, limit=limit)
-        return [ScheduleSlot.of(s, now) for s in slots]
-
-    def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
-        """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
-        finish in time."""
-        finish = self.queues.finish(now, stages, deadline, self._busy_until, self._running)
-        if finish > deadline and self.queues.fresh(stages, self.cfg.admission_fresh_s):
-            self.stats["refused"] += 1
-            self.events.append({"t": now, "kind": "refused", "stages": "+".join(stages)})
-            raise Refused(
-                f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
-                f"the deadline is in {1e3 * (deadline - now):.1f} ms"
-            )
-
-    def _book(self, origin: bytes, header: wire.Header, now: float) -> list[bytes]:
-        """A robot announces the edge stages it just planned (op "book", a ``PlanBooking``):
-        they enter the queue model at once, so every robot quoted before the request itself
-        lands sees them."""
-        try:
-            b = PlanBooking.parse(header.meta, self.schema.names)
-        except RecordError as e:
-            raise PacketError(f"bad booking: {e}") from None
-        booking = Booking(origin, b.stages, now + b.arrive_s, now + b.deadline_s)
-        booked = self.queues.book(booking, now, self.cfg.max_queued_per_robot)
-        with self._lock:
-            self.stats["booked" if booked else "booking_refused"] += 1
-        return wire.control("book", header.rid, ok=booked)
-
-    def _stream(
-        self, identity: bytes, stream: object, setting: AccelSetting, rtc: bool = False
-    ) -> tuple:
-        """The hooks and graph of one robot's accelerated stream, made on its first request
-        (``rtc``: the graph whose head reads a real-time chunk's freeze; the hooks are the
-        stream's either way). Only the I/O thread calls this; a job keeps its own reference,
-        so forgetting a stream here never pulls state from under a running stage."""
-        if not isinstance(stream, int) or not 0 <= stream < 2**63:
-            raise PacketError("an accelerated request needs meta.stream, an integer in 0..2^63")
-        key = (identity, stream, setting.key)
-        if key in self._streams:
-            self._streams.move_to_end(key)
-            hooks, graphs = self._streams[key]
-        else:
-            hooks = setting.hooks(self.policy.model.cfg.family, self.policy.calibration)
-            graphs = {}
-            self._streams[key] = (hooks, graphs)
-            while len(self._streams) > self.cfg.max_streams:
-                self._streams.popitem(last=False)
-            self.stats["streams"] += 1
-        if rtc not in graphs:
-            model = self.policy.model
-            w = Workload(1, 1, self.dtype)
-            graphs[rtc] = build_graph(model.cfg, model, w, hooks, INPAINTER if rtc else None)
-        return hooks, graphs[rtc]
+        self.accept(to, origin, header, body[1:], now, route)
 
     def _control(self, header: wire.Header) -> list[bytes]:
         return control_reply(header, self.health)
-
-    def health(self) -> dict:
-        """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates
-        (and how old each is)."""
-        now = time.monotonic()
-        return {
-            "ok": True,
-            "model": self.policy.model.cfg.name,
-            "family": self.policy.model.cfg.family,
-            "dtype": self.dtype,
-            "stages": list(self.schema.names),
-            "queue": self.queues.depth(),
-            "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
-            "stage_age_s": {k: now - t for k, t in self.queues.est_at.items()},
-            "max_batch": self.cfg.max_batch,
-            "streams_kept": len(self._streams),
-            "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
-            "schedule": pack_schedule(self.schedule()),
-            "secure": self.secure,
-            "uptime_s": time.monotonic() - self.started,
-            # stage executions that overran their emulated device's time (None: not emulated)
-            "emulation": None if self.emulator is None else self.emulator.report(),
-            **self.stats,
-        }
-
-    # -- worker thread -----------------------------------------------------------------------------
-
-    def _work_loop(self) -> None:
-        push = self.ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(self._pipe)
-        try:
-            while not self.stop_event.is_set():
-                batch = self.queues.take(self.stop_event, self._window_s)
-                if batch:
-                    self._run_batch(batch, push)
-        finally:
-            push.close(0)
-
-    def _window_s(self) -> float:
-        """Wait for batch mates only while more than one robot is active (a lone robot would
-        only lose the window); active = sent data in the last second."""
-        now = time.monotonic()
-        recent = sum(now - t < 1.0 for t in list(self._seen.values()))
-        return self.cfg.batch_window_s if recent > 1 else 0.0
-
-    def _run_batch(self, batch: list[Job], push: zmq.Socket) -> None:
-        now = time.monotonic()
-        live = []
-        for job in batch:
-            if job.cancelled:  # its client has gone: nobody to answer
-                continue
-            if now > job.deadline:  # the robot has already run this locally; save the edge
-                self.stats["expired"] += 1
-                self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
-                self._answer(push, job, "deadline passed on the edge")
-            else:
-                live.append(job)
-        if not live:
-            return
-        stage = (live[0].graph or self.graph).stage(live[0].stage)
-        self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
-        after = tuple((robot_id(j.origin), j.deadline, tuple(j.stages[j.pos + 1 :]))
-                      for j in live)  # fmt: skip
-        self._running = Running(stage.name, tuple(robot_id(j.origin) for j in live),
-                                min(j.deadline for j in live), after)  # fmt: skip
-        for job in live:
-            if job.pos == 0:  # in the worker thread, so no stage of the stream is running
-                for part in job.fresh:
-                    job.hooks.reset(part)
-        try:
-            seconds = self._execute(stage, live)
-        except Exception as e:  # one bad request must not fail its batch mates
-            if len(live) > 1:
-                for job in live:
-                    self._run_batch([job], push)
-                return
-            self.stats["errors"] += 1
-            self._answer(push, live[0], f"stage failed: {e}")
-            return
-        self._busy_until = 0.0
-        self.queues.observe(stage.name, seconds, len(live))
-        for job in live:
-            job.timings.append(StageTiming(stage.name, seconds, now - job.enqueued, len(live)))
-            job.pos += 1
-            if job.cancelled:
-                continue
-            if job.pos < len(job.stages):
-                self.queues.put(job)
-            else:
-                self._answer(push, job)
-
-    def _execute(self, stage, jobs: list[Job]) -> float:
-        """Run one stage on the jobs' inputs concatenated along each tensor's batch axis."""
-        names = [s.name for s in stage.inputs]
-        if len(jobs) == 1:
-            packet = Packet({n: jobs[0].pool[n] for n in names})
-        else:
-            packet = Packet({n: torch.cat([j.pool[n] for j in jobs], batch_dim(n)) for n in names})
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = stage(packet)
-        settle(out.tensors)
-        if self.emulator is not None:  # a batch shares one setting (its jobs' graph)
-            setting = jobs[0].setting
-            knobs = None if setting in (None, "", "full") else AccelSetting.parse(setting).knobs()
-            self.emulator.pad(stage.name, start, batch=len(jobs), knobs=knobs)
-        seconds = time.perf_counter() - start
-        sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
-        for name, t in out.tensors.items():
-            for job, part in zip(jobs, torch.split(t, sizes, batch_dim(name)), strict=True):
-                job.pool[name] = part
-        return seconds
-
-    def _answer(self, push: zmq.Socket, job: Job, error: str | None = None) -> None:
-        """Hand a finished (or failed) request back: over the socket, or to the callback of
-        an in-process request (``submit``)."""
-        if error is None:
-            self._record(job)
-        if job.done is not None:
-            out = None if error else {n: job.pool[n] for n in job.want}
-            job.done(out, error, job.timings)
-        elif error is not None:
-            push.send_multipart([*job.address(), *wire.error(job.rid, error)])
-        else:
-            push.send_multipart([*job.address(with_timings=True), *self._reply(job)])
-
-    def _record(self, job: Job) -> None:
-        self.stats["replies"] += 1
-        now = time.monotonic()
-        compute_s = sum(t.share_s for t in job.timings)  # this request's share
-        self.stats["compute_s"] += compute_s
-        self.recent.append({
-            "t": now,
-            "robot": robot_id(job.origin),
-            "stages": "+".join(job.stages),
-            "setting": job.setting,
-            "server_s": now - job.arrival,
-            "budget_s": job.deadline - job.arrival,
-            "compute_s": compute_s,
-            "batch": {t.stage: t.batch for t in job.timings},
-        })  # fmt: skip
-
-    def _reply(self, job: Job) -> list[bytes]:
-        packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": pack_timings(job.timings),
-                "server_s": time.monotonic() - job.arrival,
-                "schedule": pack_schedule(self.schedule())}  # fmt: skip
-        emu = self.emulator  # an emulated edge answers with the real model's packet size
-        pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
-        msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet,
-                           pad=pad)  # fmt: skip
-        return wire.encode(msg, wire.Codec(**job.reply_codec))
 
 
 def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
@@ -677,11 +259,6 @@ def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes
     if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
         return wire.control("probe", header.rid, ok=True)
     return wire.error(header.rid, f"unknown control op {op!r:.40}")
-
-
-def robot_id(identity: bytes) -> str:
-    """A short stable name for a robot's connection (its ZeroMQ identity, hashed)."""
-    return hashlib.blake2s(identity, digest_size=3).hexdigest()
 
 
 def wildcard(address: str) -> str:

@@ -1,6 +1,8 @@
-"""The agent's side of the scheduler contract (``sched.contract``): build the scheduler, ask
-it for an ExecutionPlan, turn what ran into an Outcome for ``Scheduler.observe``, price a
-request with the one energy account.
+"""What a request costs on the robot's two devices (the cost view): the agent's side of the
+scheduler contract (``sched.contract``). Builds the scheduler, turns the edge's health and
+schedule into the state a plan is made against, turns what ran into an ``Outcome`` for
+``Scheduler.observe``, and prices a request with the one energy account. ``CostView`` holds
+what these need per prompt length (stand-in factors, roofline utilisation), built once.
 
 The plan space holds one setting: the agent's configured one (identity by default), which the
 agent then executes on both sides (``AccelSetting.hooks``), so a plan never promises a setting
@@ -17,7 +19,7 @@ stage time is the queued work.
 
 from __future__ import annotations
 
-from vlarun.runtime.emulate import emulated_device
+from vlarun.runtime.emulate import emulated_device, world_meter
 from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
@@ -248,3 +250,48 @@ def modelled_energy(
         rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
         tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(), listen_s=listen,
     )  # fmt: skip
+
+
+class CostView:
+    """The costs of one robot's requests, per prompt length (``text_tokens``): the stand-in
+    factors from this host to the named devices, the roofline utilisation each stage is priced
+    at, and the energy of what ran. Emulated under a world other than the catalog, the world
+    is the meter (``runtime.emulate.world_meter``): the same account with the world's powers
+    on the emulated times, so a power the scheduler has wrong is not priced its way."""
+
+    def __init__(self, model_cfg, cfg, dtype: str) -> None:
+        self.model_cfg, self.cfg, self.dtype = model_cfg, cfg, dtype
+        self.world = world_meter(cfg)  # (name, devices, radio), or None: the catalog prices
+        self._factors: dict[int, dict] = {}
+        self._utilisation: dict[int, dict] = {}
+
+    def factors(self, text_tokens: int) -> dict[str, dict[str, float]]:
+        """Measured-here to named-device time factors (``stand_in_factors``), built once."""
+        if text_tokens not in self._factors:
+            self._factors[text_tokens] = stand_in_factors(
+                self.model_cfg, self.cfg, text_tokens, self.dtype
+            )
+        return self._factors[text_tokens]
+
+    def scheduler(self, text_tokens: int) -> Scheduler:
+        """A new scheduler for prompts of ``text_tokens`` (``make_scheduler``), unprimed."""
+        return make_scheduler(self.model_cfg, self.cfg, text_tokens, self.dtype)
+
+    def energy(self, text_tokens: int, ran: dict, stage_s: dict, edge_s: dict,
+               latency_s: float, wasted: dict | None = None) -> float:  # fmt: skip
+        """The modelled energy of what ran, each stage at the roofline utilisation the
+        scheduler prices it at on the device it ran on (the one account, every strategy), or
+        at the world's powers where a world is the meter."""
+        if self.world is not None:
+            _, devices, radio = self.world
+            ones = {"robot": {}, "edge": {}}
+            return modelled_energy(self.cfg, ran, stage_s, edge_s, latency_s, ones,
+                                   radio=radio, wasted=wasted, devices=devices)  # fmt: skip
+        if text_tokens not in self._utilisation:
+            self._utilisation[text_tokens] = roofline_utilisation(
+                self.model_cfg, self.cfg, text_tokens, self.dtype
+            )
+        return modelled_energy(self.cfg, ran, stage_s, edge_s, latency_s,
+                               self.factors(text_tokens),
+                               utilisation=self._utilisation[text_tokens],
+                               wasted=wasted)  # fmt: skip

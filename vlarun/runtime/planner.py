@@ -1,0 +1,187 @@
+"""The robot's planners: where each stage of a request runs, and under which accelerator
+setting. This is the file to change how a plan is chosen.
+
+Every planner returns a ``Plan`` for every request (never None), so the executor runs one kind
+of thing and the learner learns from one kind of thing:
+
+  FixedPlanner      device-only, edge-only, fixed-split (``sched.strategy.fixed_roles``, the
+                    one rule) at the configured setting; a fixed placement with a fixed setting
+                    is one more FixedPlanner, not a branch;
+  ScheduledPlanner  vlarun (placement under the configured setting) and vlarun-joint
+                    (placement and setting together): the scheduler for the request's prompt
+                    length decides against the link and the edge's committed schedule, and
+                    its plan's edge segments are booked on the edge the moment it is chosen.
+
+With the edge down every planner's plan is the robot-only one at the configured setting
+("edge down"). A plan carries what its planner predicted (``predicted_s`` ...; None where
+nothing was predicted) and, from the scheduler, the contract plan its outcome teaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlarun.policy.setting import AccelSetting
+from vlarun.runtime import costview
+from vlarun.runtime.segments import segments
+from vlarun.sched.contract import ExecutionPlan, Outcome
+from vlarun.sched.link import Link
+from vlarun.sched.scheduler import Handoff, Scheduler
+from vlarun.sched.strategy import SCHEDULED, canonical, fixed_roles
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    """The edge as the robot knows it when it plans: up or not, its last health reply, and
+    its committed schedule (``records.ScheduleSlot``s, ``age_s`` old; None: never heard)."""
+
+    up: bool
+    health: dict
+    schedule: tuple | None = None
+    age_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One edge segment of a plan, announced to the edge when the plan is chosen: it arrives
+    ``arrive_s`` after the request starts and is due ``due_s`` after it."""
+
+    stages: tuple[str, ...]
+    arrive_s: float
+    due_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What one request will run where, under which setting, and what was predicted for it."""
+
+    text_tokens: int  # the prompt's length (which scheduler planned it)
+    placement: dict[str, str]
+    setting: AccelSetting
+    planner: str  # the strategy that chose it; "edge down" when the edge was
+    link_mbps: float  # the link's bandwidth estimate when it was chosen
+    predicted_s: float | None = None  # end-to-end latency, None: not predicted
+    sigma_s: float | None = None  # its learned spread (0: never measured)
+    predicted_j: float | None = None
+    explored: bool = False  # a never-run plan tried by bounded exploration
+    bookings: tuple[Booking, ...] = ()
+    contract: ExecutionPlan | None = None  # the scheduler's plan, which the outcome teaches
+
+
+class Planner:
+    """The fixed strategies' planner, and the base of the scheduled one."""
+
+    hands_off = False  # whether ``handoff`` may ever move a request (asked at stage bounds)
+
+    def __init__(self, strategy: str, setting: AccelSetting) -> None:
+        self.strategy, self.setting = strategy, setting
+
+    def plan(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
+        names = [s.name for s in graph.stages]
+        if not edge.up:
+            return Plan(text_tokens=text_tokens, placement=dict.fromkeys(names, "robot"),
+                        setting=self.setting, planner="edge down",
+                        link_mbps=link.bandwidth_mbps)  # fmt: skip
+        return self._choose(text_tokens, graph, edge, link)
+
+    def _choose(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
+        roles = fixed_roles(self.strategy, len(graph.stages))
+        placement = dict(zip((s.name for s in graph.stages), roles, strict=True))
+        return Plan(text_tokens=text_tokens, placement=placement, setting=self.setting,
+                    planner=self.strategy, link_mbps=link.bandwidth_mbps)  # fmt: skip
+
+    def prepare(self, text_tokens: int, local_s: dict, health: dict) -> None:
+        """Build before any request what planning a prompt of ``text_tokens`` needs."""
+
+    def handoff(
+        self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView
+    ) -> Handoff | None:
+        """Whether the rest of a request running here goes to the edge after all: a fixed
+        strategy never moves a request."""
+        return None
+
+    def learn(self, plan: Plan, outcome: Outcome) -> None:
+        """What a fixed strategy learns from an outcome: nothing."""
+
+
+FixedPlanner = Planner
+
+
+class ScheduledPlanner(Planner):
+    """The scheduler's plans, one scheduler per prompt length (primed, when built, with the
+    stage times measured so far here and on the edge)."""
+
+    hands_off = True
+
+    def __init__(self, strategy: str, setting: AccelSetting, costs: costview.CostView,
+                 slo_s: float) -> None:  # fmt: skip
+        super().__init__(strategy, setting)
+        self.costs, self.slo_s = costs, slo_s
+        self._scheds: dict[int, Scheduler] = {}
+
+    def scheduler(self, text_tokens: int, local_s: dict | None = None,
+                  health: dict | None = None) -> Scheduler:  # fmt: skip
+        if text_tokens not in self._scheds:
+            sched = self.costs.scheduler(text_tokens)
+            costview.prime(sched, local_s or {}, (health or {}).get("stage_ms") or {},
+                           self.costs.factors(text_tokens))  # fmt: skip
+            self._scheds[text_tokens] = sched
+        return self._scheds[text_tokens]
+
+    def prepare(self, text_tokens: int, local_s: dict, health: dict) -> None:
+        self.scheduler(text_tokens, local_s, health)
+
+    def _choose(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
+        sched = self.scheduler(text_tokens)  # built by ``prepare``
+        d = costview.decide(sched, link, edge.health, edge.schedule, edge.age_s)
+        setting = AccelSetting.from_knobs(d.settings, self.setting.token_method)
+        return Plan(
+            text_tokens=text_tokens, placement=dict(d.placement), setting=setting,
+            planner=self.strategy, link_mbps=link.bandwidth_mbps, predicted_s=d.latency_s,
+            sigma_s=d.sigma_s, predicted_j=d.energy_j, explored=d.explored,
+            bookings=self._bookings(graph, d), contract=d,
+        )  # fmt: skip
+
+    def _bookings(self, graph, d: ExecutionPlan) -> tuple[Booking, ...]:
+        """The plan's edge segments as the edge should expect them: each arrives when the
+        robot stage before it is predicted to end and is due when the rest of the plan needs
+        it (a booking ``StageQueues.forecast`` places like queued work), so another robot
+        deciding before this request's bytes land already sees the work."""
+        out, ends = [], [0.0]
+        for seg in segments(graph, d.placement):
+            if seg.role == "edge":
+                after = max(d.latency_s - d.stage_end[seg.stages[-1]], 0.0)  # residual < 0
+                out.append(Booking(seg.stages, ends[-1], self.slo_s - after))
+            ends.append(d.stage_end[seg.stages[-1]])
+        return tuple(out)
+
+    def handoff(
+        self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView
+    ) -> Handoff | None:
+        """The scheduler's handoff for a request running here with ``done`` stages run.
+        Asked only once the link looks back since the request was planned (the edge was down
+        then, the request fell back, or the bandwidth estimate has since doubled): a request
+        the plan keeps here on a steady link is not re-planned at every stage."""
+        if not edge.up:
+            return None
+        steady = link.bandwidth_mbps < 2.0 * plan.link_mbps
+        if plan.contract is not None and steady:
+            return None
+        sched = self.scheduler(plan.text_tokens)
+        state = costview.edge_state(edge.health, edge.schedule, edge.age_s)
+        settings = None if plan.contract is None else plan.contract.settings
+        return sched.handoff(settings, done, elapsed_s, link, state)
+
+    def learn(self, plan: Plan, outcome: Outcome) -> None:
+        """The scheduler learns from the outcome of a plan it made (a robot-only plan made
+        because the edge was down is nobody's plan: nothing to learn)."""
+        if plan.contract is not None:
+            self.scheduler(plan.text_tokens).observe(plan.contract, outcome)
+
+
+def make_planner(strategy: str, setting: AccelSetting, costs: costview.CostView,
+                 slo_s: float) -> Planner:  # fmt: skip
+    """The planner for ``strategy`` (``sched.strategy``'s names; "vlarun" is the placement)."""
+    if canonical(strategy) in SCHEDULED:
+        return ScheduledPlanner(strategy, setting, costs, slo_s)
+    return FixedPlanner(strategy, setting)
