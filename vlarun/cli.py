@@ -43,13 +43,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demos": ("vlarun.apps.train", "scripted-expert Meta-World demonstrations"),
 }
 BENCH: dict[str, tuple[str, str]] = {
-    "engine": ("vlarun.apps.model", "prefill and decode against transformers"),
-    "accel": ("vlarun.apps.bench", "accelerators: success, fidelity, FLOPs and time"),
-    "decode": ("vlarun.apps.bench", "Jacobi decoding with early exit vs autoregressive"),
-    "sched": ("vlarun.apps.sched", "scheduler vs fixed strategies"),
-    "validate": ("vlarun.apps.sched", "cost model vs the papers' published times"),
-    "published": ("vlarun.apps.sched", "cost model vs published pi0 / pi0.5 / SmolVLA latencies"),
-    "predictor": ("vlarun.apps.sched", "every plan of a tiny preset run here"),
+    "engine": ("vlarun.bench.engine", "prefill and decode against transformers"),
+    "accel": ("vlarun.bench.accel", "accelerators: success, fidelity, FLOPs and time"),
+    "decode": ("vlarun.bench.decode", "Jacobi decoding with early exit vs autoregressive"),
+    "sched": ("vlarun.bench.sched", "scheduler vs fixed strategies"),
+    "validate": ("vlarun.world.validate", "cost model vs the papers' published times"),
+    "published": (
+        "vlarun.world.published",
+        "cost model vs published pi0 / pi0.5 / SmolVLA latencies",
+    ),
+    "predictor": ("vlarun.world.predictor_check", "every plan of a tiny preset run here"),
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
     "hostile": ("vlarun.bench.hostile", "the servers under attack: RSS, a legitimate client"),

@@ -11,8 +11,8 @@ import pytest
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.scaleout import _Flight, _Worker
 from vlarun.runtime.server import robot_id
-from vlarun.sched.fleet import Arrival, SimEdge
 from vlarun.sched.queue_model import StageTimes, play
+from vlarun.world.fleet import Arrival, SimEdge
 
 STAGES = ("vision", "prefill", "decode")
 EST = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}

@@ -11,11 +11,11 @@ from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
 from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import predict_placement
-from vlarun.sched.predictor_check import check_host
 from vlarun.sched.profile import Profile
 from vlarun.sched.scheduler import Scheduler
-from vlarun.sched.truth import load_samples
 from vlarun.stages.families import Workload
+from vlarun.world.predictor_check import check_host
+from vlarun.world.truth import load_samples
 
 
 @pytest.fixture(autouse=True)

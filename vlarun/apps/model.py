@@ -64,20 +64,6 @@ class ParityOptions:
     json: bool = opt(False, "print one JSON object")
 
 
-@dataclass(frozen=True)
-class BenchEngineOptions:
-    """Engine benchmark: prefill and decode against transformers on identical weights."""
-
-    quick: bool = opt(False, "reduced run (a couple of minutes)")
-    profile: bool = opt(
-        False,
-        "instead: where the 1.1B prefill and decode spend their time, "
-        "vlarun against transformers (torch.profiler, self time per op)",
-    )
-    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
-    json: bool = opt(False, "print one JSON object")
-
-
 def cmd_info(o: InfoOptions) -> dict:
     from vlarun.models.checkpoint import model_config
     from vlarun.stages.families import Workload, build_graph, param_split, prefix_len
@@ -304,46 +290,21 @@ def _print_convert(r: dict) -> None:
         print(f"  from {name} (sha256 {sha[:16]}...)")
 
 
-def cmd_bench_engine(o: BenchEngineOptions) -> dict:
-    import torch
-
-    from vlarun.bench import engine
-    from vlarun.models.device import cpu_only
-
-    cpu_only(o.device, "vlarun bench engine")
-    if o.profile:
-        torch.set_num_threads(engine._cores())
-        return {"profile": engine.profile_case(), "machine": engine.machine_info()}
-    return engine.run(quick=o.quick)
-
-
-def _print_bench_engine(r: dict) -> None:
-    from vlarun.bench import engine
-
-    if "profile" in r:
-        print(engine.format_profile(r["profile"]))
-        return
-    print(engine.format_table(r))
-
-
 OPTIONS = {
     "info": InfoOptions,
     "act": ActOptions,
     "check-parity": ParityOptions,
     "convert": ConvertOptions,
-    "bench-engine": BenchEngineOptions,
 }
 RUN = {
     "info": cmd_info,
     "act": cmd_act,
     "check-parity": cmd_parity,
     "convert": cmd_convert,
-    "bench-engine": cmd_bench_engine,
 }
 SHOW = {
     "info": _print_info,
     "act": _print_act,
     "check-parity": _print_parity,
     "convert": _print_convert,
-    "bench-engine": _print_bench_engine,
 }

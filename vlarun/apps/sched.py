@@ -1,4 +1,4 @@
-"""`vlarun predict | plan | profile | fleet | bench sched`: options, commands and printers.
+"""`vlarun predict | plan | profile | fleet`: options, commands and printers.
 
 cli.py registers these by name and imports this module only when the parser is built; heavy
 imports (torch, the model code) happen inside the commands.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlarun.config import items, opt
+from vlarun.sched.plan_options import PlanOptions, make_scheduler
 
 # ---------------------------------------------------------------------------------------------
 # predict
@@ -170,69 +171,6 @@ SHOW = {"predict": show_predict, "profile": show_profile}
 # plan
 
 
-@dataclass(frozen=True)
-class PlanOptions:
-    """Choose where each stage runs and which accelerator settings to use: the most actions
-    per joule (modelled) whose predicted latency meets the control-rate deadline."""
-
-    model: str = opt(help="model preset (see `vlarun info`)")
-    robot: str = opt(help="robot device id (see `vlarun predict --list-devices`)")
-    edge: str = opt(help="edge device id")
-    bandwidth: float = opt(200.0, "link bandwidth estimate, Mbit/s")
-    rtt: float = opt(5.0, "link round-trip time, ms")
-    slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
-    chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
-    accuracy_floor: float | None = opt(
-        None,
-        "minimum relative success (e.g. 0.97) the 95% lower bound of a setting's measured "
-        "success must clear; default: no measurable loss (its interval reaches full compute)",
-    )
-    unmeasured_settings: bool = opt(
-        False, "also admit settings whose accuracy cost nobody measured (the output says so)"
-    )
-    edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
-    text_tokens: int = opt(24, "instruction tokens in the prompt")
-    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
-    no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
-    settings: str | None = opt(
-        None, "accuracy-cost table (settings.json format) or a `vlarun bench accel` result JSON"
-    )
-    profile: str | None = opt(None, "measured profile file(s), comma-separated, to use")
-    top: int = opt(5, "alternatives to list")
-    json: bool = opt(False, "print one JSON object")
-
-
-def make_scheduler(o: PlanOptions):
-    """The scheduler for a plan request (space built once; decisions are then cheap)."""
-    from vlarun.models.presets import get_preset
-    from vlarun.sched.catalog import get_device
-    from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import NO_LOSS, build_space, load_settings
-    from vlarun.sched.profile import Profile
-    from vlarun.sched.scheduler import Scheduler
-    from vlarun.stages.families import Workload
-
-    if o.slo_hz <= 0:
-        raise ValueError("--slo-hz must be positive")
-    cfg = get_preset(o.model)
-    devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
-    w = Workload(1, o.text_tokens, o.dtype)
-    rows = load_settings(o.settings) if o.settings else None
-    floor = o.accuracy_floor if o.accuracy_floor is not None else NO_LOSS
-    if o.unmeasured_settings:
-        floor = None
-    space = build_space(cfg, stage_works(cfg, w), devices, w, floor, rows, not o.no_accelerators)
-    chunk = o.chunk or cfg.horizon
-    if chunk < 1:
-        raise ValueError("--chunk must be at least 1")
-    measured = None
-    if o.profile:
-        prof = Profile.load(*o.profile.split(","))
-        measured = prof.stage_table(cfg.name, 1, o.text_tokens, o.dtype)
-    slo = chunk / o.slo_hz
-    return Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured), chunk
-
-
 def cmd_plan(o: PlanOptions) -> dict:
     import time
 
@@ -323,138 +261,9 @@ def show_plan(r: dict) -> None:
         print(f"  note: {n}")
 
 
-# ---------------------------------------------------------------------------------------------
-# bench sched
-
-
-@dataclass(frozen=True)
-class BenchSchedOptions:
-    """Scheduler decision time over >= 1000 candidate plans, under changing link and load."""
-
-    model: str = opt("cogact", "model preset (cogact: 2048 candidates)")
-    robot: str = opt("orin-agx-32gb", "robot device id")
-    edge: str = opt("rtx4090", "edge device id")
-    chunk: int = opt(2, "actions per inference (2 at 20 Hz: 100 ms, so plans use the edge)")
-    decisions: int = opt(1000, "decisions to time")
-    json: bool = opt(False, "print one JSON object")
-
-
-def cmd_bench_sched(o: BenchSchedOptions) -> dict:
-    import random
-    import statistics
-    import time
-
-    from vlarun.sched.link import Link
-    from vlarun.sched.predictor import DeviceState
-
-    sched, _ = make_scheduler(PlanOptions(model=o.model, robot=o.robot, edge=o.edge, chunk=o.chunk))
-    rng = random.Random(0)
-    state, times, held = DeviceState(), [], 0
-    for i in range(o.decisions + 20):
-        link = Link(rng.uniform(20, 300), rng.uniform(1, 30))
-        now = i * 0.05
-        state.expire(now)
-        t0 = time.perf_counter()
-        d = sched.decide(link, now, state)
-        sched.commit(d, state)  # reservations accumulate as in a fleet
-        held = max(held, len(state.reservations))
-        if i >= 20:  # the first decisions warm caches up
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return {
-        "model": o.model,
-        "candidates": sched.space.size,
-        "decisions": len(times),
-        "p50_ms": statistics.median(times),
-        "p99_ms": times[min(len(times) - 1, round(0.99 * (len(times) - 1)))],
-        "max_ms": times[-1],
-        "max_reservations": held,
-        "scope": "decide() + commit(): scoring every candidate and registering reservations",
-    }
-
-
-def show_bench_sched(r: dict) -> None:
-    print(
-        f"{r['model']}: {r['candidates']} candidates, {r['decisions']} decisions: "
-        f"p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms, max {r['max_ms']:.3f} ms "
-        f"(up to {r['max_reservations']} edge reservations held)"
-    )
-
-
-OPTIONS |= {"plan": PlanOptions, "bench-sched": BenchSchedOptions}
-RUN |= {"plan": cmd_plan, "bench-sched": cmd_bench_sched}
-SHOW |= {"plan": show_plan, "bench-sched": show_bench_sched}
-
-
-# ---------------------------------------------------------------------------------------------
-# bench validate
-
-
-@dataclass(frozen=True)
-class BenchValidateOptions:
-    """Cost-model predictions vs the papers' published stage and end-to-end times (TRIAGE
-    Table I on Jetson AGX Orin, EfficientVLA's module times on A40), with errors."""
-
-    json: bool = opt(False, "print one JSON object")
-
-
-def cmd_bench_validate(o: BenchValidateOptions) -> dict:
-    from vlarun.sched.validate import validation_table
-
-    return validation_table()
-
-
-def show_bench_validate(r: dict) -> None:
-    from vlarun.sched.validate import format_table
-
-    print(format_table(r))
-
-
-# ---------------------------------------------------------------------------------------------
-# bench published
-
-
-@dataclass(frozen=True)
-class BenchPublishedOptions:
-    """Cost-model predictions vs published pi0 / pi0.5 / SmolVLA latencies (RTX 4090 with 1-3
-    camera views, Jetson Orin): one runtime-efficiency factor per device and runtime, sources
-    and the error of every row not fitted to. Pure arithmetic: no device is run."""
-
-    data: str | None = opt(None, "published-latency JSON (default: the package's published.json)")
-    out: str | None = opt(None, "also write the result JSON here")
-    json: bool = opt(False, "print one JSON object")
-
-
-def cmd_bench_published(o: BenchPublishedOptions) -> dict:
-    import json
-    import time
-    from pathlib import Path
-
-    from vlarun.sched.published import PUBLISHED_FILE, published_table
-
-    r = {
-        "command": "vlarun bench published" + (f" --data {o.data}" if o.data else ""),
-        "data": str(o.data or PUBLISHED_FILE.name),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    } | published_table(o.data)
-    if o.out:
-        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(o.out).write_text(json.dumps(r, indent=1))
-    return r
-
-
-def show_bench_published(r: dict) -> None:
-    from vlarun.sched.published import format_published
-
-    print(format_published(r))
-
-
-OPTIONS["bench-published"] = BenchPublishedOptions
-RUN["bench-published"] = cmd_bench_published
-SHOW["bench-published"] = show_bench_published
-OPTIONS["bench-validate"] = BenchValidateOptions
-RUN["bench-validate"] = cmd_bench_validate
-SHOW["bench-validate"] = show_bench_validate
+OPTIONS |= {"plan": PlanOptions}
+RUN |= {"plan": cmd_plan}
+SHOW |= {"plan": show_plan}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +271,7 @@ SHOW["bench-validate"] = show_bench_validate
 
 
 def _fleet_options() -> type:
-    from vlarun.sched.fleet import FleetConfig
+    from vlarun.world.fleet import FleetConfig
 
     return FleetConfig
 
@@ -482,7 +291,7 @@ def cmd_fleet(o) -> dict:
 
         r = run_fleet_matrix(o)
     else:
-        from vlarun.sched.fleet import run_fleet
+        from vlarun.world.fleet import run_fleet
 
         r = run_fleet(o)
     if o.out:
@@ -501,7 +310,7 @@ def show_fleet(r: dict) -> None:
 
         print(format_matrix(r))
     else:
-        from vlarun.sched.fleet import format_fleet
+        from vlarun.world.fleet import format_fleet
 
         print(format_fleet(r))
 
@@ -515,37 +324,3 @@ def options_class(name: str) -> type:
     """The options dataclass of a command (fleet's is imported only when asked for)."""
     cls = OPTIONS[name]
     return cls if isinstance(cls, type) else cls()
-
-
-# ---------------------------------------------------------------------------------------------
-# bench predictor
-
-
-@dataclass(frozen=True)
-class BenchPredictorOptions:
-    """Predicted vs measured latency of every plan of a tiny preset on this machine (robot and
-    edge both this CPU, emulated link): MAPE and the share within 10% and 20%."""
-
-    model: str = opt("tiny-openvla", "tiny model preset", replaces=("--preset",))
-    repeats: int = opt(6, "runs per plan")
-    warmup: int = opt(2, "runs per plan that only feed the calibration")
-    bandwidth: float = opt(100.0, "emulated link bandwidth, Mbit/s")
-    rtt: float = opt(2.0, "emulated link round-trip time, ms")
-    json: bool = opt(False, "print one JSON object")
-
-
-def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
-    from vlarun.sched.predictor_check import check_host
-
-    return check_host(o.model, o.repeats, o.warmup, o.bandwidth, o.rtt)
-
-
-def show_bench_predictor(r: dict) -> None:
-    from vlarun.sched.predictor_check import format_host
-
-    print(format_host(r))
-
-
-OPTIONS["bench-predictor"] = BenchPredictorOptions
-RUN["bench-predictor"] = cmd_bench_predictor
-SHOW["bench-predictor"] = show_bench_predictor

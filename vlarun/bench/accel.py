@@ -493,3 +493,9 @@ def format_result(r: dict) -> str:
     for kind, path in r.get("files", {}).items():
         lines.append(f"{kind}: {path}")
     return "\n".join(lines)
+
+
+# `vlarun bench accel` (vlarun.cli's registry points here)
+OPTIONS = {"bench-accel": BenchAccelOptions}
+RUN = {"bench-accel": run}
+SHOW = {"bench-accel": lambda r: print(format_result(r))}

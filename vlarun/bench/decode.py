@@ -480,3 +480,9 @@ def format_result(r: dict) -> str:
     for kind, path in r.get("files", {}).items():
         lines.append(f"{kind}: {path}")
     return "\n".join(lines)
+
+
+# `vlarun bench decode` (vlarun.cli's registry points here)
+OPTIONS = {"bench-decode": BenchDecodeOptions}
+RUN = {"bench-decode": run}
+SHOW = {"bench-decode": lambda r: print(format_result(r))}

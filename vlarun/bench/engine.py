@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlarun.config import opt
 from vlarun.models.device import bf16_is_fast
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.static_step import DecodeSteps, mark_static
@@ -807,3 +808,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- `vlarun bench engine` (vlarun.cli's registry points here) ----------------------------------
+
+
+@dataclass(frozen=True)
+class BenchEngineOptions:
+    """Engine benchmark: prefill and decode against transformers on identical weights."""
+
+    quick: bool = opt(False, "reduced run (a couple of minutes)")
+    profile: bool = opt(
+        False,
+        "instead: where the 1.1B prefill and decode spend their time, "
+        "vlarun against transformers (torch.profiler, self time per op)",
+    )
+    device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_engine(o: BenchEngineOptions) -> dict:
+    from vlarun.models.device import cpu_only
+
+    cpu_only(o.device, "vlarun bench engine")
+    if o.profile:
+        torch.set_num_threads(_cores())
+        return {"profile": profile_case(), "machine": machine_info()}
+    return run(quick=o.quick)
+
+
+def _print_bench_engine(r: dict) -> None:
+    if "profile" in r:
+        print(format_profile(r["profile"]))
+        return
+    print(format_table(r))
+
+
+OPTIONS = {"bench-engine": BenchEngineOptions}
+RUN = {"bench-engine": cmd_bench_engine}
+SHOW = {"bench-engine": _print_bench_engine}

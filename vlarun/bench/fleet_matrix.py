@@ -9,7 +9,7 @@ per joule (modelled), SLO share, p50/p99, fallbacks (edge segments refused at ad
 on the robot). Rows are summarised by the real-process matrix's summariser (``sched.records.
 summarise`` per row, ``coinfer_matrix.summarise_matrix`` per cell) and plotted by its plotter,
 so both matrices read alike. Stage times are recorded samples carried to the real shapes
-(sched/truth.py): the ``truth`` field of the result says so.
+(world/truth.py): the ``truth`` field of the result says so.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from vlarun.bench.coinfer_matrix import parse_bandwidth, plot_matrix, summarise_matrix
 from vlarun.config import items
-from vlarun.sched.fleet import STRATEGIES, FleetConfig, make_setup, run_policy
 from vlarun.sched.records import summarise
+from vlarun.world.fleet import STRATEGIES, FleetConfig, make_setup, run_policy
 
 CELL = ("model", "bandwidth", "robots")  # the fields one matrix cell shares
 

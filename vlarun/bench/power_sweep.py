@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from vlarun.bench.coinfer_matrix import SLO_BAR
 from vlarun.bench.fleet_matrix import CELL, run_fleet_matrix
-from vlarun.sched.fleet import POWER_TERMS, FleetConfig
+from vlarun.world.fleet import POWER_TERMS, FleetConfig
 
 FACTORS = (0.5, 2.0)
 

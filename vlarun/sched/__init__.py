@@ -14,15 +14,11 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
                 Scheduler.observe(plan, outcome), the only feedback path
   profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
-  validate.py   predictions vs the papers' published times (`vlarun bench validate`)
-  predictor_check.py  every plan of a tiny preset run here with emulated links
-                (`vlarun bench predictor`)
   queue_model.py  the edge's one queue model (the worker's rule played forward): the edge's
                 forecast and admission, the scale-out front's dispatch, the fleet's edge
   records.py    run records (one dict per request) and their one summariser
-  fleet.py      N robots + one edge simulation (`vlarun fleet`; `--matrix`: bench/fleet_matrix.py)
-  truth.py      the fleet's ground truth: recorded per-stage samples (fleet_samples.json)
-                carried to a model shape and device
+(the fleet simulator and the checks of this cost model against what it cannot see live in
+vlarun/world/: fleet.py, truth.py, validate.py, published.py, predictor_check.py)
 
 Energy is modelled everywhere (labelled "modelled") unless a meter was read.
 """

@@ -10,7 +10,7 @@ while the slack allows).
 
 Everything that says when an edge request starts or finishes plays this rule forward: the
 edge's own forecast and admission (``runtime.queues.StageQueues``), the scale-out front's
-per-worker estimate (``runtime.scaleout``) and the fleet simulator's edge (``sched.fleet``),
+per-worker estimate (``runtime.scaleout``) and the fleet simulator's edge (``world.fleet``),
 so the three cannot disagree on how long a request waits.
 """
 

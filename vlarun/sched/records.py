@@ -2,7 +2,7 @@
 
 A run record is one dict per request, whoever ran it: the robot agent (``Inference.row()``,
 real processes: ``vlarun run-robot``, ``vlarun bench coinfer``) or the fleet simulator
-(``sched.fleet``). Every record carries ``latency_ms``, ``energy_j``, ``slo_met``,
+(``world.fleet``). Every record carries ``latency_ms``, ``energy_j``, ``slo_met``,
 ``fallback`` (None: ran as planned) and ``ran`` ("stage@role ..."); the rest is optional
 (``energy_source``, ``edge_batch``, ``predicted_ms`` / ``predicted_j``, ``rtc_delay``, ...).
 ``summarise`` is the one place that turns records into p50 / p99, SLO share, fallbacks and

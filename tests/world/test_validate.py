@@ -3,7 +3,7 @@
 import json
 
 from vlarun.cli import main
-from vlarun.sched.validate import TARGETS, validation_table
+from vlarun.world.validate import TARGETS, validation_table
 
 
 def test_table_covers_triage_and_efficientvla(capsys):

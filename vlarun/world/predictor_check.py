@@ -12,7 +12,9 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from dataclasses import dataclass
 
+from vlarun.config import opt
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import works_from_graph
 from vlarun.sched.link import Link
@@ -148,3 +150,30 @@ def format_host(r: dict) -> str:
             f"  within 20%: {100 * e['within_20pct']:5.1f}%  (n={e['n']})"
         )
     return "\n".join(lines)
+
+
+# -- `vlarun bench predictor` ------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchPredictorOptions:
+    """Predicted vs measured latency of every plan of a tiny preset on this machine (robot and
+    edge both this CPU, emulated link): MAPE and the share within 10% and 20%."""
+
+    model: str = opt("tiny-openvla", "tiny model preset", replaces=("--preset",))
+    repeats: int = opt(6, "runs per plan")
+    warmup: int = opt(2, "runs per plan that only feed the calibration")
+    bandwidth: float = opt(100.0, "emulated link bandwidth, Mbit/s")
+    rtt: float = opt(2.0, "emulated link round-trip time, ms")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
+    return check_host(o.model, o.repeats, o.warmup, o.bandwidth, o.rtt)
+
+
+def show_bench_predictor(r: dict) -> None:
+    print(format_host(r))
+
+
+OPTIONS = {"bench-predictor": BenchPredictorOptions}
+RUN = {"bench-predictor": cmd_bench_predictor}
+SHOW = {"bench-predictor": show_bench_predictor}

@@ -63,7 +63,7 @@ from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.strategy import STRATEGIES
-from vlarun.sched.truth import Truth, load_samples, make_truth
+from vlarun.world.truth import Truth, load_samples, make_truth
 
 # The strategies of the co-inference matrix, real processes and simulator alike.
 # Background edge utilisation by other tenants: our definition (the paper names the levels

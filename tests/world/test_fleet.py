@@ -10,7 +10,7 @@ from vlarun.cli import main
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import roofline
 from vlarun.sched.energy import RadioPower
-from vlarun.sched.fleet import (
+from vlarun.world.fleet import (
     Arrival,
     FleetConfig,
     SimEdge,
@@ -20,7 +20,7 @@ from vlarun.sched.fleet import (
     run_fleet,
     run_policy,
 )
-from vlarun.sched.truth import SAMPLES_FILE, load_samples
+from vlarun.world.truth import SAMPLES_FILE, load_samples
 
 # The fields every matrix row must carry, written out here rather than imported.
 MATRIX_FIELDS = {
@@ -204,7 +204,7 @@ def test_run_policy_rejects_an_unknown_strategy():
 def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
     """The power sweep's variants: a named power is scaled on the device or radio the
     simulator and its schedulers price with; bad terms and an idle above busy are refused."""
-    from vlarun.sched.fleet import scale_powers
+    from vlarun.world.fleet import scale_powers
 
     cfg = FleetConfig(model="smolvla", duration_s=4, loads="light")
     base = make_setup(cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlarun.config import opt
 from vlarun.models.presets import get_preset
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import StageWork, roofline, works_from_graph
@@ -252,3 +253,25 @@ def format_table(r: dict) -> str:
     notes = sorted({x["note"] for x in r["rows"] if x["note"]}) + r["assumptions"]
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+# -- `vlarun bench validate` ------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchValidateOptions:
+    """Cost-model predictions vs the papers' published stage and end-to-end times (TRIAGE
+    Table I on Jetson AGX Orin, EfficientVLA's module times on A40), with errors."""
+
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_validate(o: BenchValidateOptions) -> dict:
+    return validation_table()
+
+
+def show_bench_validate(r: dict) -> None:
+    print(format_table(r))
+
+
+OPTIONS = {"bench-validate": BenchValidateOptions}
+RUN = {"bench-validate": cmd_bench_validate}
+SHOW = {"bench-validate": show_bench_validate}

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlarun.config import opt
 from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLAConfig
 from vlarun.sched.catalog import get_device
@@ -194,3 +195,40 @@ def format_published(r: dict) -> str:
     lines += [f"missing: {m}" for m in r["missing"]]
     lines.append(f"machine: {r['machine']}")
     return "\n".join(lines)
+
+
+# -- `vlarun bench published` ------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchPublishedOptions:
+    """Cost-model predictions vs published pi0 / pi0.5 / SmolVLA latencies (RTX 4090 with 1-3
+    camera views, Jetson Orin): one runtime-efficiency factor per device and runtime, sources
+    and the error of every row not fitted to. Pure arithmetic: no device is run."""
+
+    data: str | None = opt(None, "published-latency JSON (default: the package's published.json)")
+    out: str | None = opt(None, "also write the result JSON here")
+    json: bool = opt(False, "print one JSON object")
+
+
+def cmd_bench_published(o: BenchPublishedOptions) -> dict:
+    import json
+    import time
+    from pathlib import Path
+
+    r = {
+        "command": "vlarun bench published" + (f" --data {o.data}" if o.data else ""),
+        "data": str(o.data or PUBLISHED_FILE.name),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    } | published_table(o.data)
+    if o.out:
+        Path(o.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(o.out).write_text(json.dumps(r, indent=1))
+    return r
+
+
+def show_bench_published(r: dict) -> None:
+    print(format_published(r))
+
+
+OPTIONS = {"bench-published": BenchPublishedOptions}
+RUN = {"bench-published": cmd_bench_published}
+SHOW = {"bench-published": show_bench_published}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vlarun.cli import main
-from vlarun.sched.published import PUBLISHED_FILE, load_published, prior_ms, published_table
+from vlarun.world.published import PUBLISHED_FILE, load_published, prior_ms, published_table
 
 
 def test_rows_load_and_each_names_its_source():

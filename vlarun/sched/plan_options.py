@@ -1,0 +1,71 @@
+"""`vlarun plan`'s options and the scheduler they describe (also what `vlarun bench sched`
+times): one preset between two catalog devices under a control-rate deadline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlarun.config import opt
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Choose where each stage runs and which accelerator settings to use: the most actions
+    per joule (modelled) whose predicted latency meets the control-rate deadline."""
+
+    model: str = opt(help="model preset (see `vlarun info`)")
+    robot: str = opt(help="robot device id (see `vlarun predict --list-devices`)")
+    edge: str = opt(help="edge device id")
+    bandwidth: float = opt(200.0, "link bandwidth estimate, Mbit/s")
+    rtt: float = opt(5.0, "link round-trip time, ms")
+    slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
+    chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
+    accuracy_floor: float | None = opt(
+        None,
+        "minimum relative success (e.g. 0.97) the 95% lower bound of a setting's measured "
+        "success must clear; default: no measurable loss (its interval reaches full compute)",
+    )
+    unmeasured_settings: bool = opt(
+        False, "also admit settings whose accuracy cost nobody measured (the output says so)"
+    )
+    edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
+    text_tokens: int = opt(24, "instruction tokens in the prompt")
+    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
+    no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
+    settings: str | None = opt(
+        None, "accuracy-cost table (settings.json format) or a `vlarun bench accel` result JSON"
+    )
+    profile: str | None = opt(None, "measured profile file(s), comma-separated, to use")
+    top: int = opt(5, "alternatives to list")
+    json: bool = opt(False, "print one JSON object")
+
+
+def make_scheduler(o: PlanOptions):
+    """The scheduler for a plan request (space built once; decisions are then cheap)."""
+    from vlarun.models.presets import get_preset
+    from vlarun.sched.catalog import get_device
+    from vlarun.sched.cost import stage_works
+    from vlarun.sched.plans import NO_LOSS, build_space, load_settings
+    from vlarun.sched.profile import Profile
+    from vlarun.sched.scheduler import Scheduler
+    from vlarun.stages.families import Workload
+
+    if o.slo_hz <= 0:
+        raise ValueError("--slo-hz must be positive")
+    cfg = get_preset(o.model)
+    devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
+    w = Workload(1, o.text_tokens, o.dtype)
+    rows = load_settings(o.settings) if o.settings else None
+    floor = o.accuracy_floor if o.accuracy_floor is not None else NO_LOSS
+    if o.unmeasured_settings:
+        floor = None
+    space = build_space(cfg, stage_works(cfg, w), devices, w, floor, rows, not o.no_accelerators)
+    chunk = o.chunk or cfg.horizon
+    if chunk < 1:
+        raise ValueError("--chunk must be at least 1")
+    measured = None
+    if o.profile:
+        prof = Profile.load(*o.profile.split(","))
+        measured = prof.stage_table(cfg.name, 1, o.text_tokens, o.dtype)
+    slo = chunk / o.slo_hz
+    return Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured), chunk
