@@ -82,3 +82,36 @@ def test_robots_send_first_at_the_time_they_are_given(server, policy):
                          start_at=t0 + 0.6)  # fmt: skip
     assert time.monotonic() - t0 >= 0.9
     assert 3 <= counts["sent"] + counts["unsent"] <= 4 and counts["unsent"] == 0
+
+
+def test_rows_say_how_each_request_ended_and_what_the_edge_spent_on_it(server, policy):
+    """One row per request sent: answered ones carry the edge's compute share (from the
+    reply's timings) and their wall time; the counts agree with the rows."""
+    rows: list[dict] = []
+    frames = loadgen.encode_request(policy, INSTRUCTION, 1.0)
+    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=0.8,
+                         rows=rows)  # fmt: skip
+    assert len(rows) == counts["sent"] >= 3
+    assert {r["kind"] for r in rows} <= {"ok", "late"}
+    assert all(r["compute_s"] > 0 and r["wall_s"] >= r["compute_s"] for r in rows)
+    assert sorted(r["t"] for r in rows) == [r["t"] for r in sorted(rows, key=lambda r: r["t"])]
+
+
+def test_a_request_never_answered_is_lost(policy):
+    """An edge that reads and never answers: every request sent ends as lost once the drain
+    is over, counted and in the rows."""
+    import zmq
+
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    rows: list[dict] = []
+    try:
+        frames = loadgen.encode_request(policy, INSTRUCTION, 0.1)
+        counts = loadgen.run(f"tcp://127.0.0.1:{port}", frames, 1, 0.1, threading.Event(),
+                             seconds=0.5, rows=rows, drain_s=0.1)  # fmt: skip
+    finally:
+        silent.close(0)
+        ctx.term()
+    assert counts["sent"] >= 2 and counts["lost"] == counts["sent"] == len(rows)
+    assert {r["kind"] for r in rows} == {"lost"}

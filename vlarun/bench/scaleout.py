@@ -2,12 +2,14 @@
 the Ray hop's overhead, and a projection to more workers from the measured per-worker profile.
 
 Everything runs as real processes on this machine: `vlarun serve-edge --workers N` (the front
-and its Ray cluster) in a child process, robot threads in this one, each with its own
-EdgeClient. A robot sends one request for the whole graph (Edge-Only) every ``period_ms``, with
-``slo_ms`` as its deadline, and waits up to a second longer than the deadline, so that late
-answers are told apart from lost ones. Per request: ``ok`` (answered within the deadline),
-``late`` (answered after it), ``refused`` (the edge said at once it could not make it: the robot
-runs it locally, in time), ``lost`` (no answer at all). Fallbacks = refused + late + lost.
+and its Ray cluster) in a child process, the robots through the one load generator
+(``runtime.loadgen``) on a thread of this one: a robot sends one
+request for the whole graph (Edge-Only) every ``period_ms``, robot i at i / robots of the
+period, with ``slo_ms`` as its deadline, and waits up to a second longer than the deadline, so
+that late answers are told apart from lost ones. Per request: ``ok`` (answered within the
+deadline), ``late`` (answered after it), ``refused`` (the edge said at once it could not make
+it: the robot runs it locally, in time), ``lost`` (no answer at all). Fallbacks = refused + late
++ lost.
 
 The hop: one robot, one stage at a time, against a single-process edge and against the front with
 one worker, asked in turn: the hop = median over pairs of (round trip - the edge's own time from
@@ -109,48 +111,23 @@ def _connect(endpoint: str):
             time.sleep(0.02)
 
 
-def _robot(endpoint, policy, k, o, start, end, out, lock) -> None:
-    from vlarun.runtime.client import LinkDown
-
-    inputs, meta = _request(policy, k)
-    c = _connect(endpoint)
-    period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
-    t = start + random.Random(k).uniform(0, period)  # robots out of phase, as in a fleet
-    try:
-        while t < end:
-            time.sleep(max(t - time.monotonic(), 0.0))
-            sent = time.monotonic()
-            compute = 0.0
-            try:
-                r = c.run(STAGES, inputs, ("actions",), slo, slo + 1.0, meta)
-                wall = time.monotonic() - sent
-                kind = "ok" if wall <= slo else "late"
-                compute = sum(x.share_s for x in r.timings)
-            except RuntimeError:  # refused at once: the robot runs it itself, in time
-                wall, kind = time.monotonic() - sent, "refused"
-            except LinkDown:
-                wall, kind = time.monotonic() - sent, "lost"
-                c.reset()
-            with lock:
-                out.append({"t": sent - start, "kind": kind, "wall_s": wall, "compute_s": compute})
-            t += period
-    finally:
-        c.close()
-
-
 def _load(endpoint, policy, robots: int, o, seconds: float) -> tuple[list[dict], float, list]:
-    """Start ``robots`` robot threads for ``seconds``: (their rows, start time, threads)."""
+    """``robots`` robots for ``seconds`` through the one load generator
+    (``runtime.loadgen.run``, on a thread of this process): (its rows, when the first robot
+    sends, the thread). Open loop: robot i sends at i / robots of the period, every period,
+    whether or not its last answer came, and waits up to a second past the deadline, so late
+    answers are told apart from lost ones."""
+    from vlarun.runtime.loadgen import encode_request, run
+
+    frames = encode_request(policy, "open the drawer", o.slo_ms * 1e-3)
     out: list[dict] = []
-    lock = threading.Lock()
-    start = time.monotonic() + 0.5
-    end = start + seconds
-    threads = [
-        threading.Thread(target=_robot, args=(endpoint, policy, k, o, start, end, out, lock))
-        for k in range(robots)
-    ]
-    for th in threads:
-        th.start()
-    return out, start, threads
+    start = time.monotonic() + 0.5  # connections first
+    stop = threading.Event()
+    th = threading.Thread(target=run, args=(endpoint, frames, robots, o.period_ms * 1e-3, stop),
+                          kwargs={"seconds": seconds, "start_at": start, "rows": out,
+                                  "drain_s": o.slo_ms * 1e-3 + 1.0})  # fmt: skip
+    th.start()
+    return out, start, [th]
 
 
 def _summary(rows: list[dict], seconds: float) -> dict:

@@ -8,7 +8,10 @@ policy's input packet for one camera frame, the whole graph on the edge, padded 
 emulated model's packet), every ``period_s``, robot ``i`` at phase ``i / robots`` of the
 period, whether or not its last answer came: open loop, so the arrival process is the
 fleet's, not a function of the edge's speed. Answers are read and counted (answered in
-time, answered late, refused), never used.
+time, answered late, refused, lost), never used; ``run(rows=...)`` also keeps one row per
+request (when it was sent, how it ended, its wall time, the edge's compute share for it), as
+`vlarun bench scaleout` reads them. This is the one load generator: a benchmark that needs
+robots sending requests runs it, in a process of its own or a thread.
 
 The parent encodes the request (``encode_request``) and hands it over in a file of
 length-prefixed frames (``write_frames`` / ``read_frames``, no pickle); each send renumbers
@@ -22,7 +25,9 @@ bench says) and collects its counts when it stops.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import signal
 import struct
 import subprocess
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlarun.runtime.records import RecordError, parse_timings
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits
 
@@ -103,12 +109,18 @@ def run(
     sec=None,
     seconds: float | None = None,
     start_at: float | None = None,
+    rows: list | None = None,
+    drain_s: float = 2.0,
 ) -> dict:
     """Send ``frames`` as ``robots`` robots (one socket each) every ``period_s`` until
     ``stop`` (or ``seconds`` after the first send); the counts of what was sent and how it was
     answered. Robot i sends first at ``start_at`` + i x period / robots (``time.monotonic``,
     which every process on the machine shares; default: 0.2 s from now), so a run that
-    starts its measured robot at a time of its own fixes the phase between them."""
+    starts its measured robot at a time of its own fixes the phase between them.
+
+    ``rows``: a list that gets one dict per request sent (``t``: seconds after the start,
+    ``kind``: ok | late | refused | lost, ``wall_s``, ``compute_s``: the edge's share for
+    it); the answers still in flight are waited for up to ``drain_s`` (and their budget)."""
     import zmq
 
     from vlarun.runtime.transport import Security, dealer_socket
@@ -122,10 +134,11 @@ def run(
     poller = zmq.Poller()
     for s in socks:
         poller.register(s, zmq.POLLIN)
-    counts = {"sent": 0, "unsent": 0, "answered": 0, "late": 0, "refused": 0}
+    counts = {"sent": 0, "unsent": 0, "answered": 0, "late": 0, "refused": 0, "lost": 0}
     start = time.monotonic() + 0.2 if start_at is None else start_at  # connections first
     due = [start + i * period_s / robots for i in range(robots)]
     sent_at: dict[int, float] = {}
+    book = _Book(counts, budget, start, rows)
     rid = 0
     end = None if seconds is None else start + seconds
     try:
@@ -133,7 +146,7 @@ def run(
             i = int(np.argmin(due))
             wait = min(due[i] - time.monotonic(), 0.1)  # and look at ``stop`` meanwhile
             for sock, _ in poller.poll(max(int(wait * 1e3), 0)) if wait > 0 else ():
-                _read(sock, sent_at, budget, counts)
+                _read(sock, sent_at, book)
             if time.monotonic() < due[i]:
                 continue
             rid += 1
@@ -144,12 +157,14 @@ def run(
             except zmq.Again:  # no connection yet (IMMEDIATE): a robot that could not send
                 counts["unsent"] += 1
             due[i] += period_s
-        # The answers still in flight: wait for each until its budget (at most 2 s) is out;
-        # one poll would return with the first and miss the ones behind it.
-        drain_end = time.monotonic() + min(budget, 2.0)
+        # The answers still in flight: wait for each until its budget (at most drain_s) is
+        # out; one poll would return with the first and miss the ones behind it.
+        drain_end = time.monotonic() + min(budget, drain_s)
         while sent_at and (left := drain_end - time.monotonic()) > 0:
             for sock, _ in poller.poll(max(int(left * 1e3), 1)):
-                _read(sock, sent_at, budget, counts)
+                _read(sock, sent_at, book)
+        for t in sent_at.values():  # never answered
+            book.end(t, "lost")
     finally:
         for s in socks:
             s.close(0)
@@ -157,7 +172,23 @@ def run(
     return counts | {"robots": robots, "period_s": period_s}
 
 
-def _read(sock, sent_at: dict[int, float], budget_s: float, counts: dict) -> None:
+class _Book:
+    """How the requests ended: the counts and, when asked for, one row per request."""
+
+    KINDS = {"ok": "answered", "late": "late", "refused": "refused", "lost": "lost"}
+
+    def __init__(self, counts: dict, budget_s: float, start: float, rows: list | None) -> None:
+        self.counts, self.budget_s, self.start, self.rows = counts, budget_s, start, rows
+
+    def end(self, sent: float, kind: str, compute_s: float = 0.0) -> None:
+        self.counts[self.KINDS[kind]] += 1
+        if self.rows is not None:
+            wall = time.monotonic() - sent if kind != "lost" else math.nan
+            self.rows.append({"t": sent - self.start, "kind": kind, "wall_s": wall,
+                              "compute_s": compute_s})  # fmt: skip
+
+
+def _read(sock, sent_at: dict[int, float], book: _Book) -> None:
     import zmq
 
     while True:
@@ -173,10 +204,15 @@ def _read(sock, sent_at: dict[int, float], budget_s: float, counts: dict) -> Non
         if t is None:
             continue
         if header.kind == "error":
-            counts["refused"] += 1
-        else:
-            late = time.monotonic() - t > budget_s
-            counts["late" if late else "answered"] += 1
+            book.end(t, "refused")
+            continue
+        compute = 0.0
+        if book.rows is not None:  # the edge's share of each stage it ran for this request
+            with contextlib.suppress(RecordError):
+                stages = tuple(header.stage.split("+"))
+                compute = sum(x.share_s for x in parse_timings(header.meta.get("timings"),
+                                                                stages))  # fmt: skip
+        book.end(t, "late" if time.monotonic() - t > book.budget_s else "ok", compute)
 
 
 class OpenLoopLoad:
