@@ -5,7 +5,7 @@ from vlarun.models.presets import get_preset
 from vlarun.runtime.agent import AgentConfig
 from vlarun.runtime.costview import make_scheduler
 from vlarun.runtime.emulate import Emulation
-from vlarun.sched.plans import MEASURED_SETTINGS_FILE, carried_to, load_settings
+from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS, carried_to, load_settings
 
 
 def test_measured_costs_are_carried_to_the_emulated_model_with_their_source():
@@ -17,12 +17,20 @@ def test_measured_costs_are_carried_to_the_emulated_model_with_their_source():
     assert [r.relative_success for r in carried] == [r.relative_success for r in rows]
 
 
-def _joint_settings(proxy: bool) -> set[str]:
+def _joint_settings(proxy: bool, floor=NO_LOSS) -> set[str]:
     emu = {"emulate": Emulation("openvla-7b", "orin-agx-32gb"),
            "edge_emulate": Emulation("openvla-7b", "rtx4090")}  # fmt: skip
-    cfg = AgentConfig(slo_s=1.0, strategy="vlarun-joint", robot_device="orin-agx-32gb",
-                      edge_device="rtx4090", settings_file=str(MEASURED_SETTINGS_FILE),
-                      settings_proxy=proxy, meter="none", **emu)  # fmt: skip
+    cfg = AgentConfig(
+        slo_s=1.0,
+        strategy="vlarun-joint",
+        robot_device="orin-agx-32gb",
+        edge_device="rtx4090",
+        settings_file=str(MEASURED_SETTINGS_FILE),
+        settings_proxy=proxy,
+        meter="none",
+        accuracy_floor=floor,
+        **emu,
+    )  # by default a floor the MT10 rows clear: the proxy is what is tested
     sched = make_scheduler(get_preset("tiny-ar"), cfg, 8, "float32")
     space = sched.space
     return {str(dict(space.settings[k].knobs)) for k in range(len(space.settings))
@@ -33,3 +41,30 @@ def test_vlarun_joint_plans_with_the_proxy_only_when_asked():
     alone, proxied = _joint_settings(False), _joint_settings(True)
     assert len(alone) == 1  # the costs belong to mt10 policies: only full compute is eligible
     assert len(proxied) > 1 and any("'token_budget': 0.07" in s for s in proxied)
+
+
+def test_the_default_floor_reads_the_lower_bound_of_the_measured_interval(tmp_path):
+    """Admitted by default (0.95) only where the 95% interval's lower end clears 0.95: the
+    MT10 TRIAGE rows (lower 0.87-0.93, upper above 1.0) were admitted by "no measurable loss"
+    and are not now; a row with a lower bound of 0.96 is, one of 0.94 is not."""
+    import json
+
+    from vlarun.sched.plans import DEFAULT_FLOOR
+
+    assert AgentConfig().accuracy_floor == DEFAULT_FLOOR == 0.95
+    assert len(_joint_settings(proxy=True, floor=DEFAULT_FLOOR)) == 1  # the identity only
+    model = get_preset("tiny-ar").name
+    table = {"settings": [
+        {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
+        {"knob": "token_budget", "value": 0.34, "relative_success": 0.99, "source": "test",
+         "models": [model], "lower": 0.96, "upper": 1.01},
+        {"knob": "token_budget", "value": 0.18, "relative_success": 0.99, "source": "test",
+         "models": [model], "lower": 0.94, "upper": 1.03},
+    ]}  # fmt: skip
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(table))
+    cfg = AgentConfig(slo_s=1.0, strategy="vlarun-joint", settings_file=str(path), meter="none")
+    space = make_scheduler(get_preset("tiny-ar"), cfg, 8, "float32").space
+    admitted = {s.value("token_budget") for s, e in zip(space.settings, space.eligible,
+                                                        strict=True) if e}  # fmt: skip
+    assert admitted == {1.0, 0.34}

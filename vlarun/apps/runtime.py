@@ -364,8 +364,8 @@ class RunRobotOptions:
     )
     accuracy_floor: float | None = opt(
         None,
-        "vlarun-joint: 95% lower bound a setting's success must clear (default: no "
-        "measurable loss)",
+        "vlarun-joint: the floor the 95% lower bound of a setting's measured success must "
+        "clear (default 0.95)",
     )
     setting: str = opt(
         "full",
@@ -483,6 +483,7 @@ def agent_config(o: RunRobotOptions, setting, slo_s: float):
     """The robot agent's config from the command's options (``setting`` parsed, ``slo_s`` the
     deadline in seconds)."""
     from vlarun.runtime.agent import AgentConfig
+    from vlarun.sched.plans import DEFAULT_FLOOR
     from vlarun.stages.wire import Codec
 
     return AgentConfig(
@@ -495,7 +496,7 @@ def agent_config(o: RunRobotOptions, setting, slo_s: float):
         setting=setting,
         settings_file=o.settings,
         meter=o.meter,
-        accuracy_floor="no-loss" if o.accuracy_floor is None else o.accuracy_floor,
+        accuracy_floor=DEFAULT_FLOOR if o.accuracy_floor is None else o.accuracy_floor,
         rtc=o.rtc,
         # The first plan's link estimate: the shaped bandwidth where the run sets one (measured
         # transfers refine it), not a default 1 Gbit/s that sends the first plans to a slow edge.

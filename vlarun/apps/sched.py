@@ -175,6 +175,7 @@ def cmd_plan(o: PlanOptions) -> dict:
     import time
 
     from vlarun.sched.link import Link
+    from vlarun.sched.plans import DEFAULT_FLOOR
     from vlarun.sched.predictor import DeviceState
     from vlarun.sched.scheduler import plan_row
 
@@ -199,7 +200,9 @@ def cmd_plan(o: PlanOptions) -> dict:
         "accuracy_floor": o.accuracy_floor
         if o.accuracy_floor is not None
         else (
-            "none (unmeasured settings admitted)" if o.unmeasured_settings else "no measurable loss"
+            "none (unmeasured settings admitted)"
+            if o.unmeasured_settings
+            else f"{DEFAULT_FLOOR} (the 95% lower bound of measured success)"
         ),
         **plan_row(d),
         "fallback": not d.feasible,

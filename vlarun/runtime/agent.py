@@ -39,6 +39,7 @@ from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.planner import make_planner
 from vlarun.runtime.request import Inference, RequestContext, freeze_for
 from vlarun.runtime.transport import Security
+from vlarun.sched.plans import DEFAULT_FLOOR
 from vlarun.sched.strategy import FIXED
 from vlarun.stages.families import RTC_FAMILIES, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.wire import Codec
@@ -66,9 +67,10 @@ class AgentConfig:
     rtt_ms: float = 1.0
     setting: AccelSetting = AccelSetting()
     # vlarun-joint: the settings table the plan space reads (None: the shipped one) and the
-    # accuracy floor its settings must clear (plans.NO_LOSS, a number, or "none").
+    # accuracy floor the 95% lower bound of its settings' measured success must clear (a
+    # number, plans.NO_LOSS, or "none").
     settings_file: str | None = None
-    accuracy_floor: float | str = "no-loss"
+    accuracy_floor: float | str = DEFAULT_FLOOR
     # With ``emulate``: the table's accuracy costs, measured on the shipped deep policies, are
     # carried to the emulated model as a proxy (its plan space's notes say so; no real-size
     # model was run for them). False: only rows that name the emulated model count.

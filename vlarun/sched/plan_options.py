@@ -22,8 +22,8 @@ class PlanOptions:
     chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
     accuracy_floor: float | None = opt(
         None,
-        "minimum relative success (e.g. 0.97) the 95% lower bound of a setting's measured "
-        "success must clear; default: no measurable loss (its interval reaches full compute)",
+        "minimum relative success the 95% lower bound of a setting's measured success must "
+        "clear (default 0.95)",
     )
     unmeasured_settings: bool = opt(
         False, "also admit settings whose accuracy cost nobody measured (the output says so)"
@@ -45,7 +45,7 @@ def make_scheduler(o: PlanOptions):
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import NO_LOSS, build_space, load_settings
+    from vlarun.sched.plans import DEFAULT_FLOOR, build_space, load_settings
     from vlarun.sched.profile import Profile
     from vlarun.sched.scheduler import Scheduler
     from vlarun.stages.families import Workload
@@ -56,7 +56,7 @@ def make_scheduler(o: PlanOptions):
     devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
     w = Workload(1, o.text_tokens, o.dtype)
     rows = load_settings(o.settings) if o.settings else None
-    floor = o.accuracy_floor if o.accuracy_floor is not None else NO_LOSS
+    floor = o.accuracy_floor if o.accuracy_floor is not None else DEFAULT_FLOOR
     if o.unmeasured_settings:
         floor = None
     space = build_space(cfg, stage_works(cfg, w), devices, w, floor, rows, not o.no_accelerators)

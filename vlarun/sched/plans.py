@@ -55,9 +55,13 @@ IDENTITY = {
     "early_exit_sigma": None,
     "weights": "native",
 }
-# The accuracy floor `plan` uses by default: admit a setting only if it was measured and its
-# interval reaches full compute (no loss the measurement can tell from zero).
+# An accuracy floor that admits a setting only if it was measured and its interval reaches
+# full compute (no loss the measurement can tell from zero). Not the default: an interval from
+# few episodes reaches 1.0 for point estimates of -3 to -5%.
 NO_LOSS = "no-loss"
+# The default floor everywhere (plan, the robot agent, the fleet): a setting is admitted when
+# the lower end of its measured relative-success 95% interval is >= 0.95.
+DEFAULT_FLOOR = 0.95
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.strategy import STRATEGIES
-from vlarun.world.truth import Truth, load_samples, make_truth
+from vlarun.world.truth import Truth, WorldTruth, load_samples, make_truth, world_truth
 
 # The strategies of the co-inference matrix, real processes and simulator alike.
 # Background edge utilisation by other tenants: our definition (the paper names the levels
@@ -96,10 +96,24 @@ class FleetConfig:
     samples: str | None = opt(
         None, "recorded per-stage samples (a `vlarun profile` file; default: fleet_samples.json)"
     )
+    world: str | None = opt(
+        None, "instead of the samples: a world (catalog | published | adversarial | FILE) as "
+        "the truth: its stage curves, settings' own ratios, jitter, stalls and powers (the "
+        "scheduler still plans from its catalog)",
+    )  # fmt: skip
+    settings: str | None = opt(
+        None, "accuracy-cost table of the joint plan space (settings.json format; default: the "
+        "shipped one)",
+    )  # fmt: skip
+    settings_proxy: bool = opt(
+        False, "carry the table's accuracy costs, measured on the shipped MT10 policies, to "
+        "the simulated model as a proxy (as `bench coinfer --emulate` does; notes say so)",
+    )  # fmt: skip
     guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
     accuracy_floor: float = opt(
-        1.0, "minimum measured relative success (1.0: no accelerator with an unmeasured cost)"
-    )
+        0.95, "the floor the 95% lower bound of a setting's measured relative success must "
+        "clear (settings with an unmeasured cost are never admitted)",
+    )  # fmt: skip
     unmeasured_accelerators: bool = opt(
         False, "drop the accuracy floor: allow settings whose accuracy cost is unmeasured"
     )
@@ -213,16 +227,36 @@ class World:
 
     cfg: FleetConfig
     devices: dict[str, Device]
-    truth: Truth
+    truth: Truth | WorldTruth
     rng: np.random.Generator  # the other tenants' background load
     stage_rng: np.random.Generator
     link_rng: np.random.Generator
     _scale: dict = field(default_factory=dict)  # (work, role) -> (scale, utilisation)
 
-    def draw(self, works) -> list[float]:
-        """One recorded sample (host seconds) per stage, drawn before anything is placed, so
-        the stream is consumed alike whatever runs where."""
+    def draw(self, works) -> list:
+        """One draw per stage, before anything is placed, so the stream is consumed alike
+        whatever runs where: a recorded sample (host seconds), or a world's jitter draw."""
+        if isinstance(self.truth, WorldTruth):
+            return self.truth.draw(self.stage_rng, works)
         return [float(self.stage_rng.choice(self.truth.samples.seconds[w.name])) for w in works]
+
+    def seconds(self, work: StageWork, role: str, draw, knobs: dict) -> float:
+        """The true compute seconds of ``work`` (under the setting ``knobs``) on ``role``."""
+        if isinstance(self.truth, WorldTruth):
+            return self.truth.seconds(work.name, role, draw, knobs)
+        return draw * self.scale(work, role)[0]
+
+    def utilisation(self, work: StageWork, role: str) -> float:
+        """What the meter prices a stage at: the roofline's utilisation under the catalog's
+        powers, or 1 (the world's busy power is what the device draws running it)."""
+        return 1.0 if isinstance(self.truth, WorldTruth) else self.scale(work, role)[1]
+
+    @property
+    def meter(self) -> tuple[dict[str, Device], RadioPower | None]:
+        """The devices and radio energy is metered with (None: the run's own radio)."""
+        if isinstance(self.truth, WorldTruth):
+            return self.truth.meter, self.truth.radio
+        return self.devices, None
 
     def scale(self, work: StageWork, role: str) -> tuple[float, float]:
         """Host seconds -> true seconds of ``work`` on ``role``, and the roofline utilisation
@@ -263,7 +297,7 @@ class Setup:
     placement: PlanSpace
     joint: PlanSpace
     devices: dict[str, Device]
-    truth: Truth
+    truth: Truth | WorldTruth
     radio: RadioPower = field(default_factory=RadioPower)
 
 
@@ -332,11 +366,18 @@ def _segment(roles: list[str], i: int) -> list[int]:
 
 
 def execute(
-    world: World, works, roles, release: float, radio: RadioPower, load: float
+    world: World,
+    works,
+    roles,
+    release: float,
+    radio: RadioPower,
+    load: float,
+    knobs: dict | None = None,
 ) -> Generator[Arrival, dict[str, float] | None, Executed]:
-    """Run one request through the world: true latency and modelled energy. A generator, as
-    the edge is shared: it yields each edge segment as it reaches the edge and is sent back
-    when each of the segment's stages ends there (None: refused on arrival)."""
+    """Run one request (under the setting ``knobs``) through the world: true latency and
+    modelled energy. A generator, as the edge is shared: it yields each edge segment as it
+    reaches the edge and is sent back when each of the segment's stages ends there (None:
+    refused on arrival)."""
     names = [w.name for w in works]
     draws = world.draw(works)
     deadline = release + world.cfg.slo_s
@@ -362,7 +403,7 @@ def execute(
         if roles[i] == "edge" and work.name not in end:  # an edge segment arrives
             seg = _segment(roles, i)
             walls = tuple(
-                world.stretch(draws[k] * world.scale(works[k], "edge")[0], load) for k in seg
+                world.stretch(world.seconds(works[k], "edge", draws[k], knobs), load) for k in seg
             )
             ends = yield Arrival(ready, deadline, tuple(names[k] for k in seg), walls)
             if ends is None:
@@ -372,8 +413,8 @@ def execute(
                 ready += world.cfg.rtt_ms * 1e-3 / 2
             else:
                 end.update(ends)
-        k, util = world.scale(work, roles[i])
-        seconds = draws[i] * k
+        seconds = world.seconds(work, roles[i], draws[i], knobs)
+        util = world.utilisation(work, roles[i])
         if roles[i] == "robot":
             end[work.name] = ready + seconds
         stage_s[work.name] = seconds
@@ -385,9 +426,12 @@ def execute(
         rx_s += tau
         finish += tau
     latency = finish - release
+    devices, meter_radio = world.meter
+    listen = sum(s for n, s in stage_s.items() if roles[names.index(n)] == "edge")
     energy = request_energy(
-        world.devices["robot"], world.devices["edge"], spends, latency_s=latency,
-        period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s, radio=radio,
+        devices["robot"], devices["edge"], spends, latency_s=latency,
+        period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s, radio=meter_radio or radio,
+        listen_s=listen,
     )  # fmt: skip
     return Executed(latency, energy, stage_s, transfers, tuple(roles), fallback)
 
@@ -472,7 +516,7 @@ def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int
                 sched.commit(d, state)
                 k, roles = sched.setting_index(d), tuple(d.placement.values())
             works = space.works[k]
-            run = execute(world, works, roles, t, radio, rho)
+            run = execute(world, works, roles, t, radio, rho, space.settings[k].as_dict())
             advance(_Request(what, t, k, works, d, run), None)
         elif kind == "arrive":
             req, arrival = what
@@ -607,7 +651,7 @@ def make_setup(cfg: FleetConfig) -> Setup:
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import build_space
+    from vlarun.sched.plans import build_space, carried_to, load_settings
     from vlarun.stages.families import Workload
 
     model = get_preset(cfg.model)
@@ -616,9 +660,17 @@ def make_setup(cfg: FleetConfig) -> Setup:
     w = Workload()
     base = stage_works(model, w)
     floor = None if cfg.unmeasured_accelerators else cfg.accuracy_floor
+    rows = None
+    if cfg.settings or cfg.settings_proxy:
+        rows = load_settings(cfg.settings)
+        if cfg.settings_proxy:
+            rows = carried_to(rows, model.name)
     placement = build_space(model, base, devices, w, floor, accelerators=False)
-    joint = build_space(model, base, devices, w, floor)
-    truth = make_truth(load_samples(cfg.model, cfg.samples), base, devices)
+    joint = build_space(model, base, devices, w, floor, rows)
+    if cfg.world:
+        truth = world_truth(cfg.world, cfg.model, devices)
+    else:
+        truth = make_truth(load_samples(cfg.model, cfg.samples), base, devices)
     return Setup(placement, joint, devices, truth, radio)
 
 

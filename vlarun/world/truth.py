@@ -9,6 +9,12 @@ with ``sample_s`` resampled from the recording (the jitter keeps its measured sh
 one factor per device, calibrated so that the median total equals the catalog's roofline total
 (fleet.py's docstring says why). The recording is a `vlarun profile` file that carries the
 host's measured peaks; ``fleet_samples.json`` holds the tiny preset of each family.
+
+``WorldTruth`` is the other truth: a world file (``vlarun.world``), the same one an emulated
+run of real processes pads its stages to (``vlarun fleet --world``). Stage times are the
+world's curves under each setting's own ratios, with its jitter and stalls; energy is metered
+with the world's powers (stages at busy power), never the catalog's, so a power the scheduler
+has wrong is not priced its way.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 
 from vlarun.sched.catalog import Device, this_cpu_device
 from vlarun.sched.cost import StageWork, roofline
+from vlarun.sched.energy import RadioPower
 
 SAMPLES_FILE = Path(__file__).with_name("fleet_samples.json")
 # The recorded preset that stands in for each real shape: same family, same stage names.
@@ -119,3 +126,52 @@ def make_truth(samples: StageSamples, base: tuple[StageWork, ...], devices: dict
         scaled = sum(np.median(samples.seconds[s]) * t / host_s[s] for s, t in roof.items())
         calib[role] = float(sum(roof.values()) / scaled)
     return Truth(samples, host_s, calib)
+
+
+@dataclass(frozen=True)
+class WorldTruth:
+    """A world file as the fleet's truth: ``devices`` (role -> the world's device), and what
+    the meter prices with: ``meter`` (role -> the catalog device with the world's busy / idle
+    power) and ``radio`` (the robot's radio powers in the world, listening included)."""
+
+    world: object  # vlarun.world.model.World
+    devices: dict
+    meter: dict[str, Device]
+    radio: RadioPower
+
+    @property
+    def label(self) -> str:
+        return (
+            f"world {self.world.label()}: its stage curves, each setting's own ratios, "
+            "its jitter and stalls; energy metered with its powers (modelled, no meter)"
+        )
+
+    @staticmethod
+    def draw(rng: np.random.Generator, works) -> list[tuple[float, float]]:
+        """Per stage a standard normal and a uniform, drawn before anything is placed (the
+        jitter and the stall of whichever device runs it), so the stream is consumed alike
+        whatever runs where."""
+        return [(float(rng.standard_normal()), float(rng.random())) for _ in works]
+
+    def seconds(self, name: str, role: str, draw: tuple[float, float], knobs: dict) -> float:
+        dev = self.devices[role]
+        z, u = draw
+        j = dev.jitter
+        factor = float(np.exp(j.sigma * z)) * (j.stall_factor if u < j.stall_p else 1.0)
+        return dev.stage_s(name, 1, knobs) * factor
+
+
+def world_truth(spec: str, model: str, devices: dict[str, Device]) -> WorldTruth:
+    """The world ``spec`` (``catalog``, a shipped name or a file) for ``model`` on the roles'
+    catalog ``devices``; WorldError names what is missing."""
+    import dataclasses
+
+    from vlarun.world.load import load_world
+
+    world = load_world(spec, model, tuple(d.id for d in devices.values()))
+    found = {role: world.device(d.id) for role, d in devices.items()}
+    meter = {role: dataclasses.replace(d, busy_w=found[role].power.busy_w,
+                                       idle_w=found[role].power.idle_w)
+             for role, d in devices.items()}  # fmt: skip
+    p = found["robot"].power
+    return WorldTruth(world, found, meter, RadioPower(p.tx_w, p.rx_w, p.listen_w))
