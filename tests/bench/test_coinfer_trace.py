@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from vlarun.bench.coinfer_trace import load_trace, summarise_trace
+from vlarun.bench.coinfer_trace import summarise_trace
+from vlarun.world.traces import load_trace
 
 
 def test_shipped_traces_load_and_bad_ones_are_refused(tmp_path):

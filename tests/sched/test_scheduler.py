@@ -567,11 +567,15 @@ def test_residual_and_spread_relax_toward_the_prior_with_time():
         cal.observe_total(roles, 0.1, 0.2 + 0.05 * (-1) ** i)
     mean, sigma = cal.residual(roles), cal.sigma(roles)
     assert mean == pytest.approx(0.1, abs=0.01) and sigma > 0.03
+    prior = cal.prior_rel * 0.1  # the cost model's own error for this placement
     now[0] = 10.0  # one half-life later, whatever happened to other placements meanwhile
     assert cal.residual(roles) == pytest.approx(mean / 2)
-    assert cal.sigma(roles) == pytest.approx(sigma / 2**0.5)
-    now[0] = 1000.0
-    assert abs(cal.residual(roles)) < 1e-6 and cal.sigma(roles) < 1e-6
+    assert cal.sigma(roles) == pytest.approx(sigma)  # in use until a half-life: as measured
+    now[0] = 20.0  # idle for one half-life past that: halfway to the prior's spread
+    assert cal.sigma(roles) == pytest.approx(((sigma**2 + prior**2) / 2) ** 0.5)
+    now[0] = 1000.0  # long unmeasured: no bias left, and as uncertain as the prior, not certain
+    assert abs(cal.residual(roles)) < 1e-6
+    assert cal.sigma(roles) == pytest.approx(prior, rel=1e-6)
 
 
 def test_a_slot_that_starts_about_when_the_request_arrives_costs_its_expected_wait():

@@ -285,7 +285,11 @@ def cmd_fleet(o) -> dict:
     import json
     from pathlib import Path
 
-    if o.power_sweep:
+    if o.hindsight:
+        from vlarun.bench.fleet_study import run_fleet_study
+
+        r = run_fleet_study(o)
+    elif o.power_sweep:
         from vlarun.bench.power_sweep import run_power_sweep
 
         r = run_power_sweep(o)
@@ -304,7 +308,11 @@ def cmd_fleet(o) -> dict:
 
 
 def show_fleet(r: dict) -> None:
-    if "variants" in r:
+    if "cells" in r and r.get("command") == "vlarun fleet --hindsight":
+        from vlarun.bench.fleet_study import format_study
+
+        print(format_study(r))
+    elif "variants" in r:
         from vlarun.bench.power_sweep import format_sweep
 
         print(format_sweep(r))

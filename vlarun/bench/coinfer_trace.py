@@ -16,38 +16,16 @@ request, which real processes cannot give; the summary says so rather than estim
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-from pathlib import Path
 
 from vlarun.bench.coinfer_matrix import AGENT_STRATEGY, modal_setting, ratio_interval
 from vlarun.sched.records import clopper_pearson
 from vlarun.sched.strategy import FIXED
+from vlarun.world.traces import load_trace
 
-TRACES_DIR = Path(__file__).with_name("traces")
 STATIC_BAR = 0.99  # on-time share a static strategy needs to count as the one to beat
 GOAL = 1.2  # joint over the best static strategy in hindsight (issue 47)
-
-
-def load_trace(spec: str) -> dict:
-    """A trace by shipped name or file; ValueError names what is wrong."""
-    path = Path(spec)
-    if not path.suffix and (TRACES_DIR / f"{spec}.json").exists():
-        path = TRACES_DIR / f"{spec}.json"
-    if not path.is_file():
-        shipped = ", ".join(sorted(p.stem for p in TRACES_DIR.glob("*.json")))
-        raise ValueError(f"no trace {spec!r}: not a file, nor one of {shipped}")
-    t = json.loads(path.read_text())
-    steps = t.get("bandwidth_mbps")
-    if not isinstance(steps, list) or not steps or steps[0][0] != 0:
-        raise ValueError(f"{path}: bandwidth_mbps must be [[0, Mbit/s], [t, Mbit/s], ...]")
-    times = [float(s[0]) for s in steps]
-    if times != sorted(times) or any(float(s[1]) <= 0 for s in steps):
-        raise ValueError(f"{path}: times must ascend and rates be positive")
-    if float(t.get("seconds", 0)) <= times[-1]:
-        raise ValueError(f"{path}: seconds must outlast the last change ({times[-1]} s)")
-    return t | {"path": str(path)}
 
 
 def run_trace(o, strategy_run, scale: float) -> dict:

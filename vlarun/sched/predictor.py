@@ -190,10 +190,18 @@ class Calibration:
         r = self.residuals.get(placement)
         if r is None:
             return None
-        keep = 0.5 ** (max(self.clock() - r.at, 0.0) / self.half_life_s)
+        age = max(self.clock() - r.at, 0.0)
+        keep = 0.5 ** (age / self.half_life_s)
+        # The bias is forgotten toward 0. The spread of a placement in use stays what was
+        # measured; one not run for over a half-life relaxes toward the cost model's own error
+        # (the prior's), never toward 0: a placement unmeasured for a while is as uncertain as
+        # one never measured, not certain (relaxing to 0 made a robot-only plan whose time
+        # sits at the deadline look sure to meet it, in a world whose robot is slower than the
+        # catalog's, and it missed ~half its deadlines each time it came back to it).
+        idle = 0.5 ** (max(age - self.half_life_s, 0.0) / self.half_life_s)
         return ResidualStats(
             r.mean * keep,
-            r.var * keep,
+            r.var * idle + (1.0 - idle) * r.scale**2,
             self.prior_count + (r.count - self.prior_count) * keep,
             r.scale,
             r.at,

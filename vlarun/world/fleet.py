@@ -23,8 +23,15 @@ The simulator is the "world" and keeps its truth from the scheduler:
   rho. A robot stage of t seconds is stretched by the background work that arrives while it
   runs (Poisson arrivals, exponential sizes, sampled as a busy period: t / (1 - rho) on
   average). The edge reports rho (edge workload sensing); the individual jobs stay hidden.
-- the link: bandwidth trace (``bw_before`` -> ``bw_after`` at ``drop_at``), per-transfer
-  lognormal jitter (NOT measured); each robot has its own link.
+- the link: bandwidth trace (``bw_before`` -> ``bw_after`` at ``drop_at``, or a trace file
+  repeated, ``--trace``), per-transfer lognormal jitter (NOT measured); each robot has its own
+  link, and its link monitor's probes of an idle link (one before each decision whose robot's
+  link carried nothing for 0.25 s, at that moment's bandwidth) as the runtime's monitor does.
+- ``--world``: a world file is the truth instead of the samples (its stage curves under each
+  setting's own ratios, its jitter and stalls, its powers for the meter), the same file an
+  emulated run of real processes pads its stages to; the scheduler plans from its catalog.
+- the clock: the scheduler's calibration and the links forget by simulated time (a run is
+  reproducible: the same config gives the same records).
 - admission: the edge refuses an edge segment it cannot finish before the request's deadline,
   as the runtime's edge server does (the same model over what runs and waits when it arrives;
   here it knows the true service times, not what will arrive later); the robot then
@@ -34,7 +41,7 @@ The simulator is the "world" and keeps its truth from the scheduler:
   preempted, never idle while a request waits. The run is discrete-event: robots release
   requests every period, a request runs until its next edge segment reaches the edge, and the
   scheduler plans from what it has learnt of the requests finished by then.
-Energy is modelled from the true times with the catalog's power figures.
+Energy is modelled from the true times with the catalog's power figures (or the world's).
 Simplifications: the recorded samples are of batch 1, so the simulated edge runs one request
 per batch and vlarun plans with batching off here; a robot's own requests never wait for each
 other on the robot.
@@ -42,8 +49,10 @@ other on the robot.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Generator, Hashable
 from dataclasses import dataclass, field
@@ -58,11 +67,12 @@ from vlarun.sched.cost import StageWork, roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
-from vlarun.sched.predictor import DeviceState
+from vlarun.sched.predictor import Calibration, DeviceState
 from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.strategy import STRATEGIES
+from vlarun.world.traces import bandwidth_at, load_trace
 from vlarun.world.truth import Truth, WorldTruth, load_samples, make_truth, world_truth
 
 # The strategies of the co-inference matrix, real processes and simulator alike.
@@ -89,6 +99,10 @@ class FleetConfig:
     duration_s: float = opt(120.0, "simulated seconds")
     bw_before: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
     bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
+    trace: str | None = opt(
+        None, "instead of the drop: a bandwidth trace (wifi-drive | steps | FILE, world/traces.py)"
+        ", repeated for --duration-s",
+    )  # fmt: skip
     drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
     rtt_ms: float = opt(5.0, "link round-trip time, ms")
     loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "background edge load levels")
@@ -123,6 +137,16 @@ class FleetConfig:
         "tx|rx for radio (e.g. edge.busy=2): one variant of the power sweep",
     )  # fmt: skip
     matrix: bool = opt(False, "run the condition matrix (models x bandwidths x robots)")
+    hindsight: bool = opt(
+        False, "instead: every strategy and every static plan on the same requests, per "
+        "deadline and seed; joint over the best static plan in hindsight and its share of the "
+        "per-request oracle (bench/fleet_study.py)",
+    )  # fmt: skip
+    deadlines: tuple[float, ...] = opt(
+        (0.6, 0.8, 1.0, 1.2, 1.4), "--hindsight: deadlines as multiples of Device-Only's "
+        "median time in the world",
+    )  # fmt: skip
+    seeds: int = opt(3, "--hindsight: seeds (repeats) per deadline, from --seed")
     power_sweep: bool = opt(
         False, "run the matrix at every power x0.5 and x2 (bench/power_sweep.py): which "
         "rankings of the strategies survive",
@@ -161,10 +185,26 @@ class FleetConfig:
     def slo_s(self) -> float:
         return self.chunk / self.slo_hz
 
+    @property
+    def first_mbps(self) -> float:
+        """The link's bandwidth at the start (what each robot's estimate starts from)."""
+        return float(_trace(self.trace)["bandwidth_mbps"][0][1]) if self.trace else self.bw_before
+
+
+@functools.lru_cache(maxsize=16)
+def _trace(spec: str) -> dict:
+    return load_trace(spec)
+
 
 # ---------------------------------------------------------------------------------------------
 # The world
 
+
+# The robot's link monitor probes an idle link (runtime/monitor.py: 96 KiB when no request
+# used the link for 0.25 s): the simulated robots get one such probe, at the bandwidth of that
+# moment, before each decision their last transfer is older than that.
+PROBE_BYTES = 96 * 1024
+PROBE_EVERY_S = 0.25
 
 # The recorded samples are of batch 1 and nothing measured says what a batch of k costs, so
 # the simulated edge serves one request per batch: batching here would only be the model's
@@ -281,7 +321,15 @@ class World:
 
     def bandwidth(self, t: float) -> float:
         c = self.cfg
+        if c.trace:  # repeated for as long as the run lasts
+            trace = _trace(c.trace)
+            return bandwidth_at(trace, t % float(trace["seconds"]))
         return c.bw_before if t < c.drop_at * c.duration_s else c.bw_after
+
+    def probe_s(self, t: float) -> float:
+        """A monitor probe's one-way time at ``t`` (no jitter: it draws nothing, so every
+        strategy's requests see the same link jitter draws)."""
+        return self.cfg.rtt_ms * 1e-3 / 2 + PROBE_BYTES * 8 / (self.bandwidth(t) * 1e6)
 
     def transfer_s(self, nbytes: float, t: float) -> float:
         wire = self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
@@ -464,24 +512,35 @@ class _Request:
     ends: dict[str, float] = field(default_factory=dict)  # its edge segment's stage ends
 
 
-def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int) -> list[dict]:
+def run_policy(
+    cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int,
+    static: tuple[tuple[str, ...], int] | None = None,
+) -> list[dict]:  # fmt: skip
     """All requests of all robots under one policy and load level, as one discrete-event run:
     robots release requests every period, each request runs until its next edge segment
     reaches the edge, the edge serves batches under the worker's rule, and a request goes on
     when its segment ends there. A plan is made from what the scheduler has learnt from the
-    requests finished by its release."""
+    requests finished by its release. ``static``: (roles, setting index of the joint space)
+    run for every request instead (``policy`` is then only its label)."""
     world = make_world(cfg, setup, seed)
-    space = setup.joint if policy == "vlarun-joint" else setup.placement
+    space = setup.joint if policy == "vlarun-joint" or static else setup.placement
     edge, rho = SimEdge(), LOADS[load]
     radio, period = setup.radio, cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
     sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
-    if policy in ("vlarun-placement", "vlarun-joint"):
+    now = [0.0]  # the simulated time: what the scheduler's and the links' memories age by
+
+    def clock() -> float:
+        return now[0]
+
+    if static is None and policy in ("vlarun-placement", "vlarun-joint"):
         # The simulator does not execute edge batches: no plan may count on joining one.
         sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                          join_batches=False, radio=radio)  # fmt: skip
+                          join_batches=False, radio=radio,
+                          cal=Calibration(clock=clock))  # fmt: skip
         sched.period_s = period
-        links = [Link(cfg.bw_before, cfg.rtt_ms) for _ in range(cfg.robots)]
+        links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
+    used = [-math.inf] * cfg.robots  # when each robot's link last carried a request
     k_id = _identity_index(space)
     events: list[tuple] = []  # (time, is an edge batch, order, kind, what)
     order = itertools.count()
@@ -502,15 +561,22 @@ def run_policy(cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int
             out: Executed = stop.value
             if req.plan is not None:
                 _learn(sched, links[req.robot], req.plan, req.works, out)
+                if out.transfers:
+                    used[req.robot] = now[0]
             records.append(_record(cfg, req, out))
 
     while events:
         t, _, _, kind, what = heapq.heappop(events)
+        now[0] = t
         if kind == "release":
             d = None
-            if sched is None:
+            if static is not None:
+                roles, k = static
+            elif sched is None:
                 k, roles = k_id, fixed_roles(policy, space.stages)
             else:
+                if t - used[what] > PROBE_EVERY_S:  # the monitor probed the idle link
+                    links[what].observe_transfer(PROBE_BYTES, world.probe_s(t))
                 state.expire(t)
                 d = sched.decide(links[what], t, state, top=0)
                 sched.commit(d, state)
@@ -550,7 +616,11 @@ def _record(cfg: FleetConfig, req: _Request, out: Executed) -> dict:
         "ran": " ".join(f"{w.name}@{r}" for w, r in zip(req.works, out.placement, strict=True)),
         "fallback": out.fallback,
         "setting": req.setting,
-        "phase": "before" if req.release < cfg.drop_at * cfg.duration_s else "after",
+        "phase": "trace"
+        if cfg.trace
+        else "before"
+        if req.release < cfg.drop_at * cfg.duration_s
+        else "after",
     }
 
 

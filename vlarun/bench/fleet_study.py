@@ -1,0 +1,270 @@
+"""`vlarun fleet --hindsight`: what per-request placement adds, in the fleet simulator under a
+world the scheduler does not know (``--world``), with enough requests to bound it.
+
+Per deadline (``--deadlines``: multiples of Device-Only's median time in that world) and seed
+(``--seeds``), every strategy runs the same requests (same world, same releases): the fixed
+strategies, vlarun-placement, vlarun-joint, and every *static plan* (each executable placement
+at each setting the accuracy floor admits, the same for every request). From those:
+
+  best static   the static plan chosen in hindsight: the most actions per joule among those on
+                time for >= 99% of their requests (the most punctual where none is);
+  oracle        per request, the best of the static plans' outcomes for that very request (on
+                time first, then the least energy): an upper bound no online rule reaches;
+  ratios        joint over the best static plan, over the best fixed strategy with the same
+                setting, and the share of the oracle's actions per joule, each with a 95%
+                interval from a paired bootstrap over requests (the same requests on both
+                sides), per seed and pooled.
+
+On-time shares carry Clopper-Pearson 95% bounds. Energy is modelled: the world's powers times
+its times (no meter). The stage draws are shared by every plan; the link's jitter stream is
+consumed per transfer, so plans with different transfers see different jitter draws (5%
+lognormal by default): the oracle is the best over outcomes that differ by that too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import Counter
+
+import numpy as np
+
+from vlarun.config import items
+from vlarun.sched.records import clopper_pearson
+from vlarun.sched.strategy import FIXED
+from vlarun.world.fleet import STRATEGIES, FleetConfig, Setup, make_setup, run_policy
+
+STATIC_BAR = 0.99  # on-time share a static plan needs to count as the one to beat
+BOOT = 1000
+
+
+def _label(space, roles: tuple[str, ...], k: int) -> str:
+    knobs = {n: v for n, v in space.settings[k].knobs if v != dict(space.settings[0].knobs).get(n)}
+    setting = "+".join(f"{n}={v}" for n, v in knobs.items()) or "full"
+    return "static " + "/".join(r[0].upper() for r in roles) + f"@{setting}"
+
+
+def static_plans(setup: Setup) -> list[tuple[str, tuple[str, ...], int]]:
+    """(label, roles, setting index) of every executable placement at every admitted setting."""
+    sp = setup.joint
+    out = []
+    for k, p in itertools.product(range(len(sp.settings)), range(len(sp.placements))):
+        if sp.eligible[k] and sp.executable[k, p]:
+            roles = sp.roles(p)
+            out.append((_label(sp, roles, k), roles, k))
+    return out
+
+
+def _keyed(records: list[dict]) -> dict[tuple, dict]:
+    return {(r["robot"], round(r["release"], 9)): r for r in records}
+
+
+def _best_static(runs: dict[str, list[dict]], labels: list[str]) -> str:
+    def score(label: str) -> tuple:
+        rs = runs[label]
+        on = sum(r["slo_met"] for r in rs) / len(rs)
+        apj = len(rs) / sum(r["energy_j"] for r in rs)
+        return (on >= STATIC_BAR, apj if on >= STATIC_BAR else on, apj)
+
+    return max(labels, key=score)
+
+
+def _oracle(runs: dict[str, list[dict]], labels: list[str]) -> list[dict]:
+    """Per request, the best static outcome for it: on time with the least energy, else the
+    least latency."""
+    keyed = [_keyed(runs[label]) for label in labels]
+    out = []
+    for key in keyed[0]:
+        options = [k[key] for k in keyed if key in k]
+        on = [r for r in options if r["slo_met"]]
+        out.append(min(on, key=lambda r: r["energy_j"]) if on
+                   else min(options, key=lambda r: r["latency_s"]))  # fmt: skip
+    return out
+
+
+def paired_ratio(a: list[dict], b: list[dict], rng: np.random.Generator) -> dict:
+    """Actions per joule of ``a`` over ``b`` on the requests both ran, with a 95% interval
+    from resampling those requests (the same ones on both sides)."""
+    ka, kb = _keyed(a), _keyed(b)
+    keys = [k for k in ka if k in kb]
+    ea = np.array([ka[k]["energy_j"] for k in keys])
+    eb = np.array([kb[k]["energy_j"] for k in keys])
+    ratio = float(eb.sum() / ea.sum())  # same actions on both sides: (n/Ea) / (n/Eb)
+    idx = rng.integers(0, len(keys), (BOOT, len(keys)))
+    boot = eb[idx].sum(1) / ea[idx].sum(1)
+    ci = [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+    return {"ratio": ratio, "ci95": ci, "requests": len(keys)}
+
+
+def _row(label: str, records: list[dict], chunk: int) -> dict:
+    n = len(records)
+    on = sum(r["slo_met"] for r in records)
+    lat = sorted(r["latency_ms"] for r in records)
+    return {
+        "strategy": label,
+        "requests": n,
+        "slo_met_fraction": on / n,
+        "slo_met_ci95": clopper_pearson(on, n),
+        "late": n - on,
+        "actions_per_joule": chunk * n / sum(r["energy_j"] for r in records),
+        "latency_p50_ms": lat[n // 2],
+        "latency_p99_ms": lat[min(int(0.99 * n), n - 1)],
+        "placements": dict(sorted(Counter(r["placement"] for r in records).items())),
+    }
+
+
+def device_only_s(cfg: FleetConfig, setup: Setup) -> float:
+    """Device-Only's median latency in this world (its deadline barely matters: it never
+    leaves the robot)."""
+    recs = run_policy(dataclasses.replace(cfg, duration_s=60.0), setup, "device-only",
+                      cfg.load_levels[0], 0)  # fmt: skip
+    return float(np.median([r["latency_s"] for r in recs]))
+
+
+def one_cell(cfg: FleetConfig, setup: Setup, seed: int) -> dict:
+    """Every strategy and static plan on one deadline and seed: their rows and the ratios."""
+    load = cfg.load_levels[0]
+    runs = {s: run_policy(cfg, setup, s, load, seed) for s in STRATEGIES}
+    statics = static_plans(setup)
+    for label, roles, k in statics:
+        runs[label] = run_policy(cfg, setup, label, load, seed, static=(roles, k))
+    labels = [s[0] for s in statics]
+    best = _best_static(runs, labels)
+    # the fixed strategies at the identity setting that meet the bar; the most efficient
+    fixed_ok = [s for s in FIXED
+                if sum(r["slo_met"] for r in runs[s]) / len(runs[s]) >= STATIC_BAR]  # fmt: skip
+    best_fixed = _best_static(runs, fixed_ok or list(FIXED))
+    oracle = _oracle(runs, labels)
+    rng = np.random.default_rng(seed)
+    joint = runs["vlarun-joint"]
+    return {
+        "seed": seed,
+        "rows": [_row(s, rs, cfg.chunk) for s, rs in runs.items()]
+        + [_row("oracle", oracle, cfg.chunk)],  # fmt: skip
+        "best_static": best,
+        "best_fixed": best_fixed,
+        "joint_over_best_static": paired_ratio(joint, runs[best], rng),
+        "joint_over_best_fixed": paired_ratio(joint, runs[best_fixed], rng),
+        "placement_over_best_static": paired_ratio(runs["vlarun-placement"], runs[best], rng),
+        "joint_share_of_oracle": paired_ratio(joint, oracle, rng),
+    }
+
+
+def run_fleet_study(cfg: FleetConfig) -> dict:
+    """The study over ``cfg.deadlines`` x ``cfg.seeds`` (module docstring)."""
+    t0 = time.monotonic()
+    setup = make_setup(cfg)
+    t_do = device_only_s(cfg, setup)
+    cells = []
+    for m in items(cfg.deadlines, float):
+        slo_s = m * t_do
+        mcfg = dataclasses.replace(cfg, slo_hz=cfg.chunk / slo_s)
+        per_seed = [one_cell(mcfg, setup, cfg.seed + i) for i in range(cfg.seeds)]
+        pooled = {}
+        for key in ("joint_over_best_static", "joint_over_best_fixed",
+                    "placement_over_best_static", "joint_share_of_oracle"):  # fmt: skip
+            pooled[key] = [c[key]["ratio"] for c in per_seed]
+        joint_rows = [next(r for r in c["rows"] if r["strategy"] == "vlarun-joint")
+                      for c in per_seed]  # fmt: skip
+        on = sum(r["requests"] - r["late"] for r in joint_rows)
+        n = sum(r["requests"] for r in joint_rows)
+        cells.append({
+            "deadline_x_device_only": m, "slo_ms": slo_s * 1e3,
+            "joint_requests": n, "joint_on_time": on / n,
+            "joint_on_time_ci95": clopper_pearson(on, n),
+            "pooled": pooled,
+            "seeds": per_seed,
+        })  # fmt: skip
+    out = {
+        "command": "vlarun fleet --hindsight",
+        "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f != "json"},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "world": setup.truth.label,
+        "device_only_ms": t_do * 1e3,
+        "static_plans": [s[0] for s in static_plans(setup)],
+        "notes": list(setup.joint.notes),
+        "energy_source": "modelled (no meter): the truth's powers x its times",
+        "cells": cells,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "plot": cfg.plot,
+    }
+    if cfg.plot:
+        plot_study(out, cfg.plot)
+    return out
+
+
+def plot_study(r: dict, path: str) -> None:
+    """Per deadline: joint over the best static plan, over the best fixed strategy, and its
+    share of the oracle (each seed a point, the line through their means), and joint's and
+    the most punctual fixed strategy's on-time share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [c["deadline_x_device_only"] for c in r["cells"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for key, label in (("joint_over_best_static", "joint / best static in hindsight"),
+                       ("joint_over_best_fixed", "joint / best fixed strategy"),
+                       ("joint_share_of_oracle", "joint / per-request oracle")):  # fmt: skip
+        per = [c["pooled"][key] for c in r["cells"]]
+        line = ax1.plot(xs, [float(np.mean(v)) for v in per], marker="o", label=label)[0]
+        for x, v in zip(xs, per, strict=True):
+            ax1.scatter([x] * len(v), v, color=line.get_color(), s=10, alpha=0.6)
+    ax1.axhline(1.0, color="k", lw=0.7)
+    ax1.set(xlabel="deadline / Device-Only's median time", ylabel="actions per joule ratio",
+            title="what per-request planning adds (modelled energy)")  # fmt: skip
+    ax1.legend(fontsize=8)
+    joint, punctual = [], []
+    for c in r["cells"]:
+        seeds = c["seeds"]
+        rows = [{x["strategy"]: x for x in s["rows"]} for s in seeds]
+        joint.append(np.mean([x["vlarun-joint"]["slo_met_fraction"] for x in rows]))
+        punctual.append(np.mean([max(x[f]["slo_met_fraction"] for f in FIXED) for x in rows]))
+    ax2.plot(xs, np.array(joint) * 100, marker="o", label="vlarun-joint")
+    ax2.plot(xs, np.array(punctual) * 100, marker="s", ls="--",
+             label="most punctual fixed strategy")  # fmt: skip
+    ax2.set(xlabel="deadline / Device-Only's median time", ylabel="on time (%)",
+            title="on time")  # fmt: skip
+    ax2.legend(fontsize=8)
+    c = r["config"]
+    link = f"trace {c['trace']}" if c["trace"] else f"{c['bw_before']:g} Mbit/s"
+    fig.suptitle(f"{c['model']}, {c['robot']} + {c['edge']}, {link}; truth: world "
+                 f"{c['world']} (fleet simulator, {c['seeds']} seeds)", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_study(r: dict) -> str:
+    c = r["config"]
+    link = (
+        f"trace {c['trace']}" if c["trace"] else f"{c['bw_before']:g} -> {c['bw_after']:g} Mbit/s"
+    )
+    lines = [f"{c['model']} on {c['robot']} + {c['edge']}, {c['robots']} robot(s), {link}, "
+             f"load {c['loads']}; truth: {r['world']}",
+             f"Device-Only's median time here: {r['device_only_ms']:.0f} ms; energy "
+             f"{r['energy_source']}"]  # fmt: skip
+    for cell in r["cells"]:
+        lo, hi = cell["joint_on_time_ci95"]
+        lines.append(f"deadline {cell['deadline_x_device_only']:.2f}x = {cell['slo_ms']:.0f} ms:"
+                     f" joint on time {100 * cell['joint_on_time']:.1f}% [{100 * lo:.1f}, "
+                     f"{100 * hi:.1f}] of {cell['joint_requests']}")  # fmt: skip
+        for s in cell["seeds"]:
+
+            def ratio(k: str, s: dict = s) -> str:
+                return f"{s[k]['ratio']:.3f} [{s[k]['ci95'][0]:.3f}, {s[k]['ci95'][1]:.3f}]"
+
+            lines.append(f"  seed {s['seed']}: joint / best static ({s['best_static']}) "
+                         f"{ratio('joint_over_best_static')}; / best fixed ({s['best_fixed']}) "
+                         f"{ratio('joint_over_best_fixed')}; share of oracle "
+                         f"{ratio('joint_share_of_oracle')}")  # fmt: skip
+            for row in s["rows"]:
+                if row["strategy"] in (*STRATEGIES, "oracle", s["best_static"]):
+                    lo, hi = row["slo_met_ci95"]
+                    on = 100 * row["slo_met_fraction"]
+                    lines.append(f"    {row['strategy']:<28} on time {on:5.1f}% "
+                                 f"[{100 * lo:.1f}, {100 * hi:.1f}]  "
+                                 f"{row['actions_per_joule']:.4f} act/J")  # fmt: skip
+    return "\n".join(lines)
