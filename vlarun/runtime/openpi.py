@@ -42,6 +42,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from vlarun.runtime.memory import Trimmer
 from vlarun.runtime.refusal_log import RefusalLog
 
 MAX_FRAME = 16 * 2**20  # a 224 px two-camera observation is ~0.3 MB; 16 MiB leaves room
@@ -343,6 +344,7 @@ class OpenpiPolicyServer:
         self._clients = itertools.count()
         self._server = None
         self.refusal_log = RefusalLog()
+        self.trimmer = Trimmer()  # gives a burst's freed request memory back to the OS
 
     # handshake: health, then authentication and the connection cap, before any WebSocket
     def _process_request(self, connection, request):
@@ -415,6 +417,7 @@ class OpenpiPolicyServer:
             out, err, timings = result.result()
         finally:
             self.inflight_bytes -= size
+            self.trimmer.handled(size)
         if err is not None:
             if "deadline passed" in err:
                 raise Busy(f"not served within the time budget of {budget:g} s (--budget-s)")
@@ -442,6 +445,9 @@ class OpenpiPolicyServer:
             self.refusals["gone"] += 1
         finally:
             self.connections -= 1
+            idle = self.connections == 0
+            if self.trimmer.due(idle):  # off the loop: a trim of a large heap takes a while
+                asyncio.get_running_loop().run_in_executor(None, self.trimmer.maybe_trim, idle)
 
     async def _serve(self, ws, client: bytes) -> None:
         """Request after request on one connection until the client leaves or errs."""

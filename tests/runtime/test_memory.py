@@ -1,0 +1,71 @@
+"""Memory given back after a burst (issue 45, item 14): glibc keeps freed heap memory; the
+servers trim it once a burst of requests is over."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from vlarun.runtime import memory
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(memory._TRIM is None, reason="no glibc malloc_trim here")
+def test_a_trim_returns_freed_heap_memory_that_glibc_would_keep():
+    """256 MB in 64 KiB buffers (below the mmap threshold: the heap), all freed but the last
+    (which pins the heap's top): RSS stays up until the trim gives the free pages back."""
+    memory.trim()
+    keep = []
+    chunks = [b"x" * 65536 for _ in range(4096)]
+    keep.append(b"y" * 65536)  # allocated last: the top of the heap stays in use
+    high = _rss_mb()
+    del chunks
+    kept = _rss_mb()
+    assert kept > high - 64  # glibc kept (most of) it
+    assert memory.trim()
+    assert _rss_mb() < kept - 150
+    assert keep
+
+
+def test_a_trim_is_due_after_a_burst_ends_or_a_large_one_goes_on_and_not_twice_a_second():
+    t = memory.Trimmer(after_bytes=100, every_s=60.0, min_bytes=10)
+    assert not t.due(idle=True)
+    t.handled(20)
+    assert t.due(idle=True) and not t.due(idle=False)  # a burst over, not a large one going on
+    t.handled(100)
+    assert t.due(idle=False)
+    t.maybe_trim(idle=False)
+    assert t.trims == 1
+    t.handled(1000)
+    assert not t.due(idle=True)  # one a minute here (every_s)
+
+
+def test_the_openpi_server_trims_when_its_last_client_leaves():
+    pytest.importorskip("openpi_client")
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlarun.policy import Policy
+    from vlarun.runtime import openpi
+
+    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
+                                    port=0)  # fmt: skip
+    srv.trimmer = memory.Trimmer(min_bytes=1)
+    stop = srv.start_in_thread(30)
+    try:
+        c = WebsocketClientPolicy("127.0.0.1", srv.port)
+        frame = {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"}
+        c.infer(frame)
+        c._ws.close()
+        deadline = time.monotonic() + 30
+        while srv.trimmer.trims < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.trimmer.trims == 1 and srv.connections == 0
+    finally:
+        stop()

@@ -1,0 +1,74 @@
+"""Giving memory back to the operating system after a burst of large requests.
+
+glibc keeps freed heap memory for reuse: after clients pipelined 1.5 GB of requests and left,
+the openpi server's RSS stayed at 692 MB (349 MB idle) 10 s later. Buffers below the mmap
+threshold (which glibc raises to as much as 32 MiB after freeing a large mapped one) come from
+the heap, and a heap shrinks only at its top. ``malloc_trim(0)`` returns every free page of
+every arena (madvise), so the server calls it once a burst is over: when its last connection
+closes, or after ``TRIM_AFTER_BYTES`` of requests since the last trim, at most once a second,
+off the event loop. Elsewhere than glibc there is nothing to call, and nothing is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+
+TRIM_AFTER_BYTES = 256 * 2**20  # requests freed since the last trim that warrant one mid-burst
+MIN_BURST_BYTES = 16 * 2**20  # less than this since the last trim: nothing worth trimming
+TRIM_EVERY_S = 1.0
+
+
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        fn = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): no such call
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_TRIM = _malloc_trim()
+
+
+def trim() -> bool:
+    """Return the allocator's free memory to the OS now; False where there is no way to."""
+    return _TRIM is not None and bool(_TRIM(0))
+
+
+class Trimmer:
+    """Counts request bytes handled and trims when a burst of them is over (module docstring).
+    Thread-safe; ``maybe_trim`` is cheap when nothing is due."""
+
+    def __init__(self, after_bytes: int = TRIM_AFTER_BYTES, every_s: float = TRIM_EVERY_S,
+                 min_bytes: int = MIN_BURST_BYTES) -> None:  # fmt: skip
+        self.after_bytes, self.every_s, self.min_bytes = after_bytes, every_s, min_bytes
+        self._bytes = 0
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+        self.trims = 0
+
+    def handled(self, nbytes: int) -> None:
+        with self._lock:
+            self._bytes += nbytes
+
+    def due(self, idle: bool) -> bool:
+        """Whether a trim is due: a burst of at least ``min_bytes`` ended (``idle``: no
+        connection left) or ``after_bytes`` went by mid-burst, and none in ``every_s``."""
+        with self._lock:
+            if time.monotonic() - self._last < self.every_s:
+                return False
+            return self._bytes >= (self.min_bytes if idle else self.after_bytes)
+
+    def maybe_trim(self, idle: bool) -> bool:
+        if not self.due(idle):
+            return False
+        with self._lock:
+            self._bytes, self._last = 0, time.monotonic()
+        self.trims += 1
+        return trim()
