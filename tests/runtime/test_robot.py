@@ -50,7 +50,10 @@ def test_actions_come_from_the_edge_then_locally_once_it_is_gone(policy):
         assert len(actions) == 4 * horizon
         later = robot.inferences[before:]
         assert later and set(later[-1].ran.values()) == {"robot"}
-        assert any(i.fallback for i in later)
+        # Told by a request that failed (a fallback) or by the link monitor first (the plan
+        # made with the edge down is robot-only, though the strategy is edge-only): which one
+        # comes first is a race a busy machine can decide either way.
+        assert any(i.fallback or set(i.planned.values()) == {"robot"} for i in later)
         assert robot.summary()["inferences"] == len(robot.inferences)
     finally:
         robot.close()
