@@ -285,3 +285,49 @@ def test_the_metadata_says_what_to_send(serve):
     meta = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY).get_server_metadata()
     assert meta["image_shapes"] == {"image": [128, 128, 3]}
     assert meta["state_size"] == 0 and meta["image_resize"] is False
+
+
+def test_one_api_key_cannot_hold_every_connection_slot(tmp_path):
+    """Two clients' keys, a share of one connection each: a second connection with key A is
+    answered 503 naming the per-key limit while key B still gets in; once A's first connection
+    closes, A gets in again (issue 45, 12: one key held 30 of 30 slots)."""
+    import websockets.sync.client as ws_client
+    from websockets.exceptions import InvalidStatus
+
+    from vlarun.policy import Policy
+    from vlarun.runtime import openpi
+    from vlarun.runtime.transport import read_keys
+
+    keys = tmp_path / "keys"
+    keys.write_text("# one per client\nkey-a\nkey-b\n")
+    keys.chmod(0o600)
+    assert read_keys(keys) == ("key-a", "key-b")
+    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
+                                    port=0, api_key=read_keys(keys),
+                                    limits=openpi.ServeLimits(max_connections=2))  # fmt: skip
+    stop = srv.start_in_thread(30)
+    url = f"ws://127.0.0.1:{srv.port}"
+
+    def connect(key: str):
+        return ws_client.connect(url, additional_headers={"Authorization": f"Api-Key {key}"},
+                                 max_size=None, open_timeout=10)  # fmt: skip
+
+    try:
+        a = connect("key-a")
+        a.recv(timeout=10)  # the metadata frame: the handler holds the slot
+        with pytest.raises(InvalidStatus) as refused:
+            connect("key-a")
+        assert refused.value.response.status_code == 503
+        assert b"per-key" in refused.value.response.body or b"share" in refused.value.response.body
+        b = connect("key-b")
+        b.recv(timeout=10)
+        a.close()
+        deadline = time.monotonic() + 10
+        while srv.by_key.get(0, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        again = connect("key-a")
+        again.recv(timeout=10)
+        again.close()
+        b.close()
+    finally:
+        stop()

@@ -573,11 +573,17 @@ class ServePolicyOptions:
     prompt_key: str | None = opt(None, "the instruction's observation key (default: prompt)")
     host: str = opt("127.0.0.1", "interface to listen on (0.0.0.0: every interface)")
     port: int = opt(8000, "TCP port (0: any free one, printed at start)")
-    api_key_file: str | None = opt(None, "file holding the API key clients must send")
+    api_key_file: str | None = opt(
+        None, "file holding the API key clients must send (or one key per line, one per client)"
+    )
     insecure: bool = opt(False, "accept clients without an API key (warns at start)")
     max_frame_mb: float = opt(16.0, "largest request frame accepted, MiB")
     max_prompt_bytes: int = opt(4096, "longest prompt accepted, UTF-8 bytes (before tokenizing)")
     max_connections: int = opt(32, "open WebSocket connections; more are answered 503 busy")
+    max_connections_per_key: int | None = opt(
+        None, "connections one API key may hold (default: an equal share of --max-connections "
+        "among the keys in --api-key-file)",
+    )  # fmt: skip
     max_inflight_mb: float = opt(
         256.0, "request bytes being decoded, queued or run, all clients; beyond: busy"
     )
@@ -615,6 +621,7 @@ class ServePolicyOptions:
         return ServeLimits(
             max_frame=int(self.max_frame_mb * 2**20), max_prompt_bytes=self.max_prompt_bytes,
             max_connections=self.max_connections,
+            max_connections_per_key=self.max_connections_per_key,
             max_inflight_bytes=int(self.max_inflight_mb * 2**20), budget_s=self.budget_s,
             handshake_timeout_s=self.handshake_timeout_s, idle_timeout_s=self.idle_timeout_s,
             first_frame_timeout_s=self.first_frame_timeout_s,
@@ -633,9 +640,9 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
 
     key = None
     if o.api_key_file is not None:
-        from vlarun.runtime.transport import read_secret
+        from vlarun.runtime.transport import read_keys
 
-        key = read_secret(o.api_key_file)
+        key = read_keys(o.api_key_file)
     if o.threads:
         torch.set_num_threads(o.threads)
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)

@@ -259,6 +259,9 @@ class ServeLimits:
     # An instruction is a sentence; 4 KiB is pages of it. Checked before tokenizing.
     max_prompt_bytes: int = 4096
     max_connections: int = 32
+    # Connections one API key may hold at once (None: an equal share of max_connections among
+    # the server's keys, all of them with one key): one client's key cannot hold every slot.
+    max_connections_per_key: int | None = None
     max_inflight_bytes: int = 256 * 2**20
     # Server-side time budget of a request (queueing + model): openpi requests carry no
     # deadline, so the server gives each one; beyond it the client hears "busy".
@@ -278,6 +281,8 @@ class ServeLimits:
             raise ValueError("max_inflight_bytes must be >= max_frame (one request must fit)")
         if self.max_prompt_bytes < 1 or self.max_connections < 1:
             raise ValueError("max_prompt_bytes and max_connections must be >= 1")
+        if self.max_connections_per_key is not None and self.max_connections_per_key < 1:
+            raise ValueError("max_connections_per_key must be >= 1")
         if min(self.budget_s, self.handshake_timeout_s, self.idle_timeout_s,
                self.first_frame_timeout_s) <= 0:  # fmt: skip
             raise ValueError("budget_s and the timeouts must be > 0")
@@ -308,7 +313,7 @@ class OpenpiPolicyServer:
         *,
         host: str = "127.0.0.1",
         port: int = 8000,
-        api_key: str | None = None,
+        api_key: str | tuple[str, ...] | None = None,
         limits: ServeLimits | None = None,
         metadata: dict | None = None,
         max_batch: int = 8,
@@ -319,8 +324,12 @@ class OpenpiPolicyServer:
 
         self.policy, self.layout = policy, layout
         self.host, self.port = host, port
-        self._expected = None if api_key is None else f"Api-Key {api_key}".encode()
+        keys = (api_key,) if isinstance(api_key, str) else api_key
+        self._expected = None if keys is None else [f"Api-Key {k}".encode() for k in keys]
         self.limits = limits or ServeLimits()
+        share = self.limits.max_connections // len(keys) if keys else 0
+        self.per_key = self.limits.max_connections_per_key or max(share, 1)
+        self.by_key: dict[int, int] = {}  # key index -> open connections authenticated by it
         cfg = policy.model.cfg
         self.metadata = metadata if metadata is not None else {
             "server": "vlarun", "policy": cfg.name, "family": cfg.family,
@@ -356,8 +365,20 @@ class OpenpiPolicyServer:
                 return connection.respond(http.HTTPStatus.BAD_REQUEST,
                                           "more than one Authorization header\n")  # fmt: skip
             given = sent[0].encode() if sent else b""
-            if not hmac.compare_digest(given, self._expected):
+            # every key compared, in constant time each: which one matched takes no less time
+            matched = [i for i, k in enumerate(self._expected) if hmac.compare_digest(given, k)]
+            if not matched:
                 return connection.respond(http.HTTPStatus.UNAUTHORIZED, "bad or missing API key\n")
+            key = matched[0]
+            if self.by_key.get(key, 0) >= self.per_key:
+                self.refusals["busy"] += 1
+                self.refusal_log.refused("busy", _peer(connection), "the per-key connection limit")
+                return connection.respond(
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"busy: this API key holds {self.per_key} connections, its share "
+                    "(--max-connections-per-key)\n",
+                )
+            connection.vlarun_key = key
         if self.connections >= self.limits.max_connections:
             self.refusals["busy"] += 1
             self.refusal_log.refused("busy", _peer(connection), "the connection limit")
@@ -432,6 +453,9 @@ class OpenpiPolicyServer:
         # One "robot" per connection (batching, dashboard); a counter, as ids can be reused.
         client = f"openpi-{next(self._clients)}".encode()
         self.connections += 1
+        key = getattr(ws, "vlarun_key", None)
+        if key is not None:
+            self.by_key[key] = self.by_key.get(key, 0) + 1
         try:
             if self.connections > self.limits.max_connections:  # handshakes that raced
                 raise Busy(f"{self.connections - 1} connections, the limit (--max-connections)")
@@ -445,6 +469,8 @@ class OpenpiPolicyServer:
             self.refusals["gone"] += 1
         finally:
             self.connections -= 1
+            if key is not None:
+                self.by_key[key] -= 1
             idle = self.connections == 0
             if self.trimmer.due(idle):  # off the loop: a trim of a large heap takes a while
                 asyncio.get_running_loop().run_in_executor(None, self.trimmer.maybe_trim, idle)

@@ -96,6 +96,19 @@ def read_secret(path: str | Path) -> str:
     return key
 
 
+def read_keys(path: str | Path) -> tuple[str, ...]:
+    """One API key per line (blank lines and ``#`` comments skipped) from a file only its
+    owner can read (``read_secret``'s checks): one key per client, so a per-key share of the
+    connections stops one client's key from holding every slot."""
+    text = read_secret(path)
+    keys = tuple(k for k in (ln.strip() for ln in text.splitlines()) if k and not k.startswith("#"))
+    if not keys:
+        raise ValueError(f"{path} holds no key (only comments)")
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{path} lists a key twice")
+    return keys
+
+
 @dataclass(frozen=True)
 class Security:
     """How a socket authenticates. ``insecure`` = plain TCP; otherwise ``own`` is this side's
