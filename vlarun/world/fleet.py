@@ -25,8 +25,9 @@ The simulator is the "world" and keeps its truth from the scheduler:
   average). The edge reports rho (edge workload sensing); the individual jobs stay hidden.
 - the link: bandwidth trace (``bw_before`` -> ``bw_after`` at ``drop_at``, or a trace file
   repeated, ``--trace``), per-transfer lognormal jitter (NOT measured); each robot has its own
-  link, and its link monitor's probes of an idle link (one before each decision whose robot's
-  link carried nothing for 0.25 s, at that moment's bandwidth) as the runtime's monitor does.
+  link, and its link monitor's probes of an idle link (every 0.25 s the link carried nothing,
+  each at its moment's bandwidth, folded in before the next decision) as the runtime's
+  monitor does.
 - ``--world``: a world file is the truth instead of the samples (its stage curves under each
   setting's own ratios, its jitter and stalls, its powers for the meter), the same file an
   emulated run of real processes pads its stages to; the scheduler plans from its catalog.
@@ -201,10 +202,11 @@ def _trace(spec: str) -> dict:
 
 
 # The robot's link monitor probes an idle link (runtime/monitor.py: 96 KiB when no request
-# used the link for 0.25 s): the simulated robots get one such probe, at the bandwidth of that
-# moment, before each decision their last transfer is older than that.
+# used the link for 0.25 s): before each decision, the simulated robot's link takes the probes
+# made since its link last carried a request, each at the bandwidth of its moment.
 PROBE_BYTES = 96 * 1024
 PROBE_EVERY_S = 0.25
+PROBES_KEPT = 8  # the link's 2 s window holds no more of them
 
 # The recorded samples are of batch 1 and nothing measured says what a batch of k costs, so
 # the simulated edge serves one request per batch: batching here would only be the model's
@@ -575,8 +577,14 @@ def run_policy(
             elif sched is None:
                 k, roles = k_id, fixed_roles(policy, space.stages)
             else:
-                if t - used[what] > PROBE_EVERY_S:  # the monitor probed the idle link
-                    links[what].observe_transfer(PROBE_BYTES, world.probe_s(t))
+                # The monitor probed the idle link every PROBE_EVERY_S since it last carried a
+                # request (the last 2 s of them: the link's window), each at that moment's rate.
+                idle = t - used[what]
+                n = int(min(idle / PROBE_EVERY_S, PROBES_KEPT))
+                for j in range(n, 0, -1):
+                    links[what].observe_transfer(
+                        PROBE_BYTES, world.probe_s(t - (j - 1) * PROBE_EVERY_S)
+                    )
                 state.expire(t)
                 d = sched.decide(links[what], t, state, top=0)
                 sched.commit(d, state)
@@ -629,6 +637,12 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
     transfers, then ``Scheduler.observe`` (stage factors, placement residual)."""
     for nbytes, seconds in out.transfers:
         link.observe_transfer(nbytes, seconds)
+    if out.fallback is not None and out.transfers:
+        # The edge refused a segment its transfer made late: the runtime's robot would have
+        # given up waiting and bounded the link at what moved (``Link.bound``); the slowest
+        # transfer's rate caps the estimate now, as that bound does.
+        nbytes, seconds = max(out.transfers, key=lambda x: x[1])
+        link.bound(nbytes, seconds)
     stages = tuple(
         StageOutcome(w.name, role, out.stage_s[w.name])
         for w, role in zip(works, out.placement, strict=True)
