@@ -19,6 +19,9 @@ On-time shares carry Clopper-Pearson 95% bounds. Energy is modelled: the world's
 its times (no meter). The stage draws are shared by every plan; the link's jitter stream is
 consumed per transfer, so plans with different transfers see different jitter draws (5%
 lognormal by default): the oracle is the best over outcomes that differ by that too.
+With several robots the oracle is looser still: each request's outcome comes from a run where
+every robot ran that one static plan, so the edge's queue differed from run to run (empty in
+the all-robot run): the mix it picks need not be reachable by any one schedule.
 """
 
 from __future__ import annotations
