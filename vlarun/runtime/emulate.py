@@ -244,15 +244,11 @@ def world_meter(cfg) -> tuple[str, dict, object] | None:
     them) by the one energy account, ``sched.energy.request_energy``."""
     if cfg.emulate is None or cfg.emulate.world == "catalog":
         return None
-    from vlarun.sched.energy import RadioPower
     from vlarun.world import load_world
+    from vlarun.world.truth import world_meter as meter_of
 
     robot, edge = cfg.emulate, cfg.edge_emulate
     world = load_world(robot.world, robot.model, (robot.device, edge.device))
-    devices = {}
-    for role, emu in (("robot", robot), ("edge", edge)):
-        power = world.device(emu.device).power
-        devices[role] = dataclasses.replace(get_device(emu.device), busy_w=power.busy_w,
-                                            idle_w=power.idle_w)  # fmt: skip
-    radio = world.device(robot.device).power
-    return world.name, devices, RadioPower(radio.tx_w, radio.rx_w, radio.listen_w)
+    devices, radio = meter_of(world, {"robot": get_device(robot.device),
+                                      "edge": get_device(edge.device)})  # fmt: skip
+    return world.name, devices, radio

@@ -161,17 +161,28 @@ class WorldTruth:
         return dev.stage_s(name, 1, knobs) * factor
 
 
+def world_meter(world, devices: dict[str, Device]) -> tuple[dict[str, Device], RadioPower]:
+    """What a world's meter prices with, for the roles' catalog ``devices``: each device its
+    catalog entry with the world's ``busy_w`` / ``idle_w`` (stages priced at utilisation 1:
+    the world's busy power is what the device draws running them), and the robot's radio
+    powers in the world, listening included. The emulated runtime's meter
+    (``runtime.emulate.world_meter``) and the fleet's (``world_truth``) are this one."""
+    import dataclasses
+
+    meter = {}
+    for role, d in devices.items():
+        power = world.device(d.id).power
+        meter[role] = dataclasses.replace(d, busy_w=power.busy_w, idle_w=power.idle_w)
+    p = world.device(devices["robot"].id).power
+    return meter, RadioPower(p.tx_w, p.rx_w, p.listen_w)
+
+
 def world_truth(spec: str, model: str, devices: dict[str, Device]) -> WorldTruth:
     """The world ``spec`` (``catalog``, a shipped name or a file) for ``model`` on the roles'
     catalog ``devices``; WorldError names what is missing."""
-    import dataclasses
-
     from vlarun.world.load import load_world
 
     world = load_world(spec, model, tuple(d.id for d in devices.values()))
     found = {role: world.device(d.id) for role, d in devices.items()}
-    meter = {role: dataclasses.replace(d, busy_w=found[role].power.busy_w,
-                                       idle_w=found[role].power.idle_w)
-             for role, d in devices.items()}  # fmt: skip
-    p = found["robot"].power
-    return WorldTruth(world, found, meter, RadioPower(p.tx_w, p.rx_w, p.listen_w))
+    meter, radio = world_meter(world, devices)
+    return WorldTruth(world, found, meter, radio)
