@@ -238,7 +238,7 @@ def test_the_agent_books_each_edge_segment_it_plans(policy):
         )  # fmt: skip
         assert planned > 0, [inf.planned for inf in infs]  # the slow robot sends work out
         assert srv.stats["booked"] == planned
-        assert srv.queues.bookings == []
+        assert len(srv.queues.ledger) == 0
 
 
 def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not():
@@ -247,7 +247,8 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
     batch its stage will join. The edge expects a steady client again one period after its
     last request, with the stages and time it gave then; not a client that books its plans
     (it announces itself), an irregular one, or one overdue."""
-    from vlarun.runtime.queues import Booking, Job, StageQueues
+    from vlarun.runtime.queues import Job, StageQueues
+    from vlarun.sched.queue_model import Booking
 
     q = StageQueues({s: () for s in STAGES}, max_batch=2)
     q.est_s = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}
@@ -263,7 +264,7 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
         arrive(b"booking", t0 + 0.5 * k + 0.01)
         arrive(b"erratic", t0 + (0.5, 0.9, 1.1, 2.0, 2.3)[k])
         if k == 1:
-            assert q.book(Booking(b"booking", STAGES, t0 + 1.0, t0 + 2.0), t0 + 0.6)
+            assert q.book(Booking(STAGES, t0 + 1.0, t0 + 2.0, b"booking"), t0 + 0.6)
     (b,) = q.periodic(t0 + 2.1)
     assert b.origin == b"steady" and b.stages == STAGES
     assert abs(b.arrive - (t0 + 2.5)) < 1e-9 and abs(b.deadline - (t0 + 3.5)) < 1e-9

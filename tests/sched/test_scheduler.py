@@ -21,6 +21,14 @@ from vlarun.sched.predictor import (
     Reservation,
     predict_placement,
 )
+from vlarun.sched.queue_model import (
+    Booking,
+    EdgeQueue,
+    Ledger,
+    plan_bookings,
+    play,
+    reservations,
+)
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -155,18 +163,48 @@ def _edge_heavy_scheduler():
     return Scheduler(space, devs, slo_s=0.25, actions=16), devs
 
 
-def test_reservations_make_later_requests_see_committed_load():
+def _booked_load(plans, slo_s: float, now: float = 0.0) -> DeviceState:
+    """The edge's forecast with ``plans`` booked (one robot each), each stage at the plan's
+    own predicted edge time: the load the next plan sees (``queue_model``)."""
+    ledger = Ledger()
+    for i, d in enumerate(plans):
+        for b in plan_bookings(d, slo_s, now):
+            assert ledger.book(dataclasses.replace(b, origin=f"robot{i}"), now)
+    times = {n: d.stage_end[n] - d.stage_start[n] for d in plans for n in d.placement}
+    queue = EdgeQueue(8, now)
+    for p in ledger.pending(now, lambda stages: tuple(times[n] for n in stages)):
+        queue.add(p)
+    return DeviceState(reservations=reservations(play(queue), now))
+
+
+def test_plan_bookings_are_the_plans_edge_segments():
+    """Each maximal run of edge stages is one booking: it arrives when the stage before it
+    ends (the request's start for the first stage) and is due when the rest of the plan
+    needs it, never after the deadline."""
+    sched, _ = _edge_heavy_scheduler()
+    for d in (sched.decide(Link(1000.0, 1.0)), sched.decide(Link(1000.0, 1.0), 2.0)):
+        now = 0.0 if d.stage_start[next(iter(d.placement))] < 1.0 else 2.0
+        books = plan_bookings(d, sched.slo_s, now)
+        names = list(d.placement)
+        edge = [n for n in names if d.placement[n] == "edge"]
+        assert edge and [n for b in books for n in b.stages] == edge
+        for b in books:
+            i = names.index(b.stages[0])
+            assert b.arrive == (now if i == 0 else d.stage_end[names[i - 1]])
+            assert d.stage_end[b.stages[-1]] <= b.deadline + 1e-9 <= now + sched.slo_s + 1e-9
+            assert all(d.placement[n] == "edge" for n in b.stages)
+
+
+def test_a_booked_plan_is_the_load_the_next_plan_sees():
     sched, _ = _edge_heavy_scheduler()
     link = Link(1000.0, 1.0)
-    state = DeviceState()
-    first = sched.decide(link, 0.0, state)
+    first = sched.decide(link, 0.0, DeviceState())
     assert "edge" in first.placement.values()
-    sched.commit(first, state)
+    state = _booked_load([first], sched.slo_s)
     assert state.reservations
-    sched.join[:] = False  # no batching: the second request must queue behind the first
     second = sched.decide(link, 0.0, state)
-    # The first plan itself, scored again: the committed reservation delays it by at least the
-    # edge time it holds (no `if`: the same candidate is compared with and without the load).
+    # The first plan itself, scored again: the booked work delays it by at least the edge
+    # time it holds (no `if`: the same candidate is compared with and without the load).
     c = sched.candidate_index(first)
     alone = sched.score(link, 0.0, DeviceState()).latency[c]
     loaded = sched.score(link, 0.0, state).latency[c]
@@ -179,22 +217,16 @@ def test_reservations_make_later_requests_see_committed_load():
             assert not overlap or r.stage == s
 
 
-def test_joining_an_edge_batch_is_cheaper_than_queueing():
-    sched, _ = _edge_heavy_scheduler()
-    link = Link(1000.0, 1.0)
-    state = DeviceState()
-    first = sched.decide(link, 0.0, state)
-    sched.commit(first, state)
-    second = sched.decide(link, 0.0, state)
-    assert second.feasible and second.joined_batch
-    sched.join[:] = False
-    alone = sched.decide(link, 0.0, state)
-    assert second.energy_j < alone.energy_j
-    sched.commit(second, state)
-    assert max(r.batch for r in state.reservations) == 2
-    # Batches never grow into another committed interval on the edge.
-    rs = sorted(state.reservations, key=lambda r: r.start)
-    assert all(a.end <= b.start + 1e-12 for a, b in zip(rs, rs[1:], strict=False))
+def test_the_ledger_holds_a_booking_until_its_request_arrives_or_its_deadline():
+    ledger = Ledger(limit=2)
+    b = Booking(("vision", "prefill"), 0.1, 0.9, "r1")
+    assert ledger.book(b, 0.0) and ledger.book(dataclasses.replace(b, origin="r2"), 0.0)
+    assert not ledger.book(dataclasses.replace(b, origin="r3"), 0.0)  # full: nothing held
+    assert [p.ready for p in ledger.pending(0.5, lambda st: (0.1,) * len(st))] == [0.5, 0.5]
+    assert not ledger.claim("r1", ("prefill",), 0.2)  # not a booked first stage
+    assert ledger.claim("r1", ("vision", "prefill"), 0.2) and len(ledger) == 1
+    ledger.expire(0.95)  # r2's deadline passed
+    assert len(ledger) == 0
 
 
 def test_plan_cli_json(capsys):
@@ -331,7 +363,7 @@ def test_observe_calibrates_a_batched_execution_against_the_batched_prediction()
 def _best_unmeasured(sched, link):
     """The candidate with the most actions per joule overall, and its predicted latency."""
     sc = sched.score(link)
-    apj = np.where(sched.allowed & ~sched.join, sched.actions / sc.energy, -np.inf)
+    apj = np.where(sched.allowed, sched.actions / sc.energy, -np.inf)
     c = int(np.argmax(apj))
     return c, float(sc.latency[c])
 
@@ -370,7 +402,7 @@ def test_exploration_never_tries_a_robot_only_plan_whose_stages_were_timed():
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
     robot_only = next(p for p in range(len(probe.space.placements))
                       if set(probe.space.roles(p)) == {"robot"})  # fmt: skip
-    c = int(np.flatnonzero((probe.p == robot_only) & ~probe.join)[0])
+    c = int(np.flatnonzero(probe.p == robot_only)[0])
     latency = float(probe.score(link).latency[c])
     slo = latency / 1.05  # 5% over: within the 15% prior error, so a guess might make it
 
@@ -398,7 +430,7 @@ def test_exploration_counts_timed_robot_stages_at_their_measured_time():
     p = next(p for p in range(len(probe.space.placements))
              if dict(zip(names, probe.space.roles(p), strict=True))["vision"] == "edge"
              and set(probe.space.roles(p)[1:]) == {"robot"})  # fmt: skip
-    c = int(np.flatnonzero((probe.p == p) & ~probe.join)[0])
+    c = int(np.flatnonzero(probe.p == p)[0])
     latency = float(probe.score(link).latency[c])
     robot_part = float(sum(probe.t_rob[0, i] for i, n in enumerate(names) if n != "vision"))
     assert robot_part > 0.85 * latency  # the robot stages are most of this plan's time
@@ -440,13 +472,11 @@ def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut(
     sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=10.0, actions=20)
     names = list(sched.space.stages)
     edge_only = next(
-        c
-        for c in range(len(sched.k))
-        if set(sched.space.roles(sched.p[c])) == {"edge"} and not sched.join[c]
+        c for c in range(len(sched.k)) if set(sched.space.roles(sched.p[c])) == {"edge"}
     )
     split = next(c for c in range(len(sched.k))  # vision on the robot, the rest on the edge
                  if tuple(sched.space.roles(sched.p[c])) == ("robot", "edge", "edge")
-                 and not sched.join[c] and sched.k[c] == sched.k[edge_only])  # fmt: skip
+                 and sched.k[c] == sched.k[edge_only])  # fmt: skip
     before = sched.score(link).latency
     plan = sched._decision(edge_only, sched.score(link), np.ones(len(sched.k)))
     sent, recv = 600_000, 2_000
@@ -493,7 +523,7 @@ def test_calibration_keeps_robot_and_edge_apart_when_the_catalog_names_one_devic
 def _only(sched, role: str) -> int:
     """The candidate running every stage on ``role`` (no batch join)."""
     for c in range(len(sched.k)):
-        if set(sched.space.roles(sched.p[c])) == {role} and not sched.join[c]:
+        if set(sched.space.roles(sched.p[c])) == {role}:
             return c
     raise AssertionError(f"no {role}-only candidate")
 
@@ -535,7 +565,7 @@ def test_fallback_picks_the_highest_on_time_probability():
     sc = sched.score(link)
     robot = _only(sched, "robot")
     now = sched.cal.clock()
-    for c in np.flatnonzero(~sched.join):
+    for c in range(len(sched.k)):
         steady = c == robot
         target, sigma = (1.1 * slo, 0.001 * slo) if steady else (0.8 * slo, 0.4 * slo)
         roles = tuple(sched.space.roles(sched.p[c]))
@@ -627,7 +657,7 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     assert again.energy_j == pytest.approx(2 / 3 * d.energy_j, rel=1e-6)
     # the same reading again: learnt against the model's own figure, the factor stays 2/3
     sched.observe(again, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
-    assert sched.cal.energy_factor(roles, d.joined_batch) == pytest.approx(2 / 3)
+    assert sched.cal.energy_factor(roles) == pytest.approx(2 / 3)
     now[0] += 0.9 * sched.cal.half_life_s  # in use: kept
     assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
     now[0] += 10 * sched.cal.half_life_s  # not run for ten half-lives: back to the model

@@ -26,7 +26,8 @@ from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
-from vlarun.sched.predictor import Calibration, DeviceState, Reservation
+from vlarun.sched.predictor import Calibration, DeviceState
+from vlarun.sched.queue_model import reservations
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
@@ -90,7 +91,7 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     stretch = 1.0 if cfg.emulate is None else 1.0 / cfg.emulate.time_scale
     cal = Calibration(half_life_s=Calibration.half_life_s * stretch)
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
-                     cal=cal, join_batches=False, explore_every=EXPLORE_EVERY)  # fmt: skip
+                     cal=cal, explore_every=EXPLORE_EVERY)  # fmt: skip
 
 
 EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most
@@ -154,15 +155,8 @@ def edge_state(health: dict, schedule=None, age_s: float = 0.0) -> DeviceState:
     ``records.ScheduleSlot``, ``age_s`` old) as reservations with their deadlines, or else
     its queue depth x measured stage times."""
     if schedule:
-        res = []
-        for slot in (s.aged(age_s) for s in schedule):
-            if slot.end_s <= 0:
-                continue  # done by now
-            # Which work is served after this request (EDF) depends on when each plan's stage
-            # reaches the edge: the scheduler decides that per plan from ``due``.
-            res.append(Reservation("edge", slot.stage, max(slot.start_s, 0.0), slot.end_s,
-                                   due=slot.deadline_s))  # fmt: skip
-        return DeviceState(reservations=res)
+        # Times relative to the request's start (now = 0): a slot ended by then is done.
+        return DeviceState(reservations=reservations(s.aged(age_s).slot() for s in schedule))
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
     return DeviceState(queued_s={s: n * stage_ms.get(s, 0.0) * 1e-3 for s, n in queue.items()})

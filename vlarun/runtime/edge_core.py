@@ -27,7 +27,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Booking, Job, Running, StageQueues
+from vlarun.runtime.queues import Job, Running, StageQueues
 from vlarun.runtime.records import (
     PlanBooking,
     RecordError,
@@ -39,6 +39,7 @@ from vlarun.runtime.records import (
 from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema, batch_dim
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES
+from vlarun.sched.queue_model import Booking
 from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Limits, Packet, PacketError
@@ -283,7 +284,7 @@ class EdgeCore:
             b = PlanBooking.parse(header.meta, self.schema.names)
         except RecordError as e:
             raise PacketError(f"bad booking: {e}") from None
-        booking = Booking(origin, b.stages, now + b.arrive_s, now + b.deadline_s)
+        booking = Booking(b.stages, now + b.arrive_s, now + b.deadline_s, origin)
         booked = self.queues.book(booking, now, self.cfg.max_queued_per_robot)
         with self._lock:
             self.stats["booked" if booked else "booking_refused"] += 1

@@ -91,7 +91,7 @@ class Executor:
             return
         for b in plan.bookings:
             try:
-                self.client.book(b.stages, b.arrive_s, b.due_s)
+                self.client.book(b.stages, b.arrive, b.deadline)
             except LinkDown:
                 return  # the request will find the link down too, and run here
 

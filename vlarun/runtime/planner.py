@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime import costview
-from vlarun.runtime.segments import segments
 from vlarun.sched.contract import ExecutionPlan, Outcome
 from vlarun.sched.link import Link
+from vlarun.sched.queue_model import Booking, plan_bookings
 from vlarun.sched.scheduler import Handoff, Scheduler
 from vlarun.sched.strategy import SCHEDULED, canonical, fixed_roles
 
@@ -39,16 +39,6 @@ class EdgeView:
     health: dict
     schedule: tuple | None = None
     age_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Booking:
-    """One edge segment of a plan, announced to the edge when the plan is chosen: it arrives
-    ``arrive_s`` after the request starts and is due ``due_s`` after it."""
-
-    stages: tuple[str, ...]
-    arrive_s: float
-    due_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,21 +129,8 @@ class ScheduledPlanner(Planner):
             text_tokens=text_tokens, placement=dict(d.placement), setting=setting,
             planner=self.strategy, link_mbps=link.bandwidth_mbps, predicted_s=d.latency_s,
             sigma_s=d.sigma_s, predicted_j=d.energy_j, explored=d.explored,
-            bookings=self._bookings(graph, d), contract=d,
+            bookings=plan_bookings(d, self.slo_s), contract=d,
         )  # fmt: skip
-
-    def _bookings(self, graph, d: ExecutionPlan) -> tuple[Booking, ...]:
-        """The plan's edge segments as the edge should expect them: each arrives when the
-        robot stage before it is predicted to end and is due when the rest of the plan needs
-        it (a booking ``StageQueues.forecast`` places like queued work), so another robot
-        deciding before this request's bytes land already sees the work."""
-        out, ends = [], [0.0]
-        for seg in segments(graph, d.placement):
-            if seg.role == "edge":
-                after = max(d.latency_s - d.stage_end[seg.stages[-1]], 0.0)  # residual < 0
-                out.append(Booking(seg.stages, ends[-1], self.slo_s - after))
-            ends.append(d.stage_end[seg.stages[-1]])
-        return tuple(out)
 
     def handoff(
         self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView

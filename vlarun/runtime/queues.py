@@ -28,7 +28,18 @@ import torch
 
 from vlarun.runtime.records import StageTiming
 from vlarun.runtime.segments import batch_dim
-from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, StageTimes, finish, play
+from vlarun.sched.queue_model import (
+    MAX_BOOKINGS,
+    THIS,
+    Booking,
+    EdgeQueue,
+    Ledger,
+    Pending,
+    Slot,
+    StageTimes,
+    finish,
+    play,
+)
 
 
 @dataclass
@@ -88,7 +99,6 @@ class Job:
         return tuple(sig)
 
 
-MAX_BOOKINGS = 256  # bookings held at once; more are refused (each is a few hundred bytes)
 # Periodic arrivals: a client whose last ARRIVALS_KEPT requests came at a steady period (every
 # gap within PERIODIC_JITTER of their median, at least PERIODIC_MIN of them) is expected again
 # one period after its last. Clients that book their plans announce themselves and are not
@@ -97,18 +107,6 @@ ARRIVALS_KEPT = 8
 PERIODIC_MIN = 4
 PERIODIC_JITTER = 0.1
 MAX_TRACKED = 1024  # clients whose arrivals are remembered (the oldest forgotten first)
-
-
-@dataclass(frozen=True)
-class Booking:
-    """A robot's chosen plan, announced when it decided: ``stages`` will arrive at ``arrive``
-    and are due at ``deadline`` (the edge's monotonic clock). It stands in the queue model
-    until the request itself arrives (``StageQueues.claim``) or its deadline passes."""
-
-    origin: bytes
-    stages: tuple[str, ...]
-    arrive: float
-    deadline: float
 
 
 @dataclass(frozen=True)
@@ -132,7 +130,7 @@ class StageQueues(StageTimes):
         self.inputs, self.max_batch = stage_inputs, max_batch
         self.queues: dict[str, deque[Job]] = {s: deque() for s in stage_inputs}
         self.cond = threading.Condition()
-        self.bookings: list[Booking] = []
+        self.ledger = Ledger(MAX_BOOKINGS)  # the plans robots announced (sched.queue_model)
         # origin -> its last arrivals (time, time it gave, stages); when it last booked
         self.arrivals: dict[bytes, deque] = {}
         self.booked_at: dict[bytes, float] = {}
@@ -178,7 +176,7 @@ class StageQueues(StageTimes):
                 if now > nxt + PERIODIC_JITTER * period:
                     continue
                 given = sorted(h[1] for h in hist)[len(hist) // 2]
-                out.append(Booking(origin, hist[-1][2], nxt, nxt + given))
+                out.append(Booking(hist[-1][2], nxt, nxt + given, origin))
         return out
 
     def discard(self, job: Job) -> bool:
@@ -207,7 +205,7 @@ class StageQueues(StageTimes):
         per-request time; stages never measured count 0 (no evidence to refuse on)."""
         with self.cond:
             queued = [(j.deadline, j.stages[j.pos :]) for q in self.queues.values() for j in q]
-            booked = [(b.deadline, b.stages) for b in self.bookings]
+            booked = [(b.deadline, b.stages) for b in self.ledger]
         return sum(self.est_s.get(n, 0.0) for due, names in queued + booked
                    if due <= deadline for n in names)  # fmt: skip
 
@@ -220,11 +218,8 @@ class StageQueues(StageTimes):
         if not booking.stages or any(n not in self.queues for n in booking.stages):
             return False
         with self.cond:
-            self._expire(now)
-            mine = sum(b.origin == booking.origin for b in self.bookings)
-            if len(self.bookings) >= MAX_BOOKINGS or mine >= per_robot:
+            if not self.ledger.book(booking, now, per_robot):
                 return False
-            self.bookings.append(booking)
             self.version += 1
             if booking.origin in self.arrivals:  # it announces its plans: not forecast
                 self.booked_at[booking.origin] = now
@@ -234,16 +229,10 @@ class StageQueues(StageTimes):
         """The request ``origin`` booked has arrived: its booking leaves the ledger (its work
         is now queued), the earliest of that robot's bookings for the same first stage."""
         with self.cond:
-            self._expire(now)
-            mine = [b for b in self.bookings if b.origin == origin and b.stages[0] == stages[0]]
-            if not mine:
+            if not self.ledger.claim(origin, stages, now):
                 return False
-            self.bookings.remove(min(mine, key=lambda b: b.arrive))
             self.version += 1
             return True
-
-    def _expire(self, now: float) -> None:
-        self.bookings = [b for b in self.bookings if b.deadline > now]
 
     # -- the queue model --------------------------------------------------------------------------
 
@@ -287,11 +276,10 @@ class StageQueues(StageTimes):
         holding every queued request, every booking, ``ask`` and the running batch's
         followers."""
         with self.cond:
-            self._expire(now)
+            self.ledger.expire(now)
             items = [self._pending(now, j.deadline, name(j.origin), j.stages[j.pos :])
                      for q in self.queues.values() for j in q]  # fmt: skip
-            items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
-                                    booked=True) for b in self.bookings]  # fmt: skip
+            items += self.ledger.pending(now, self.seconds, name)
         items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
                                 booked=True) for b in self.periodic(now)]  # fmt: skip
         if ask is not None:

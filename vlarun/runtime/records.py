@@ -117,6 +117,11 @@ class ScheduleSlot:
         return cls(str(slot.origin), slot.stage, slot.start - now, slot.end - now,
                    slot.deadline - now, slot.booked)  # fmt: skip
 
+    def slot(self) -> Slot:
+        """As the queue model's slot, on the clock of the moment it was sent (0 = then)."""
+        return Slot(self.robot, self.stage, self.start_s, self.end_s, self.deadline_s,
+                    self.booked)  # fmt: skip
+
     def aged(self, age_s: float) -> ScheduleSlot:
         """The same slot seen ``age_s`` later (every time that much nearer)."""
         return ScheduleSlot(self.robot, self.stage, self.start_s - age_s, self.end_s - age_s,

@@ -31,7 +31,6 @@ class ExecutionPlan:
     placement: dict[str, str]
     settings: dict
     relative_success: float | None
-    joined_batch: bool
     latency_s: float
     residual_s: float
     energy_j: float

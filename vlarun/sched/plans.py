@@ -418,7 +418,7 @@ def feasibility(
 
 @dataclass(frozen=True)
 class PlanSpace:
-    """Candidate plans = settings x placements x (join an edge batch or not).
+    """Candidate plans = settings x placements.
 
     Invariant: ``works[k]`` are the stage works under ``settings[k]``; ``placements[p, s]`` is
     True where stage s runs on the edge; ``executable[k, p]`` is the memory/dtype filter;
@@ -439,8 +439,8 @@ class PlanSpace:
 
     @property
     def size(self) -> int:
-        """All candidates the scheduler scores (2 = own edge slot or join an edge batch)."""
-        return len(self.settings) * len(self.placements) * 2
+        """All candidates the scheduler scores."""
+        return len(self.settings) * len(self.placements)
 
     def roles(self, p: int) -> tuple[str, ...]:
         return tuple(ROLES[int(e)] for e in self.placements[p])

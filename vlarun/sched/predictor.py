@@ -164,9 +164,9 @@ class Calibration:
     setting_factor: dict[tuple[str, str, int], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
-    # (placement, joined a batch) -> (realised / predicted energy, evidence, when): what the
-    # energy model misses for a plan of that kind, e.g. an edge stage that keeps joining other
-    # robots' batches the schedule did not show (realised 106 J against 156 J predicted).
+    # placement -> (realised / predicted energy, evidence, when): what the energy model misses
+    # for a plan of that kind, e.g. an edge stage that keeps joining other robots' batches the
+    # schedule did not show (realised 106 J against 156 J predicted).
     energy_factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
@@ -280,19 +280,19 @@ class Calibration:
         var = 0.0 if first else (1.0 - w) * (r.var + w * dev * dev)
         self.residuals[placement] = ResidualStats(mean, var, count, scale, self.clock())
 
-    def energy_factor(self, placement: tuple[str, ...], joined: bool) -> float:
+    def energy_factor(self, placement: tuple[str, ...]) -> float:
         """Realised / predicted energy of this kind of plan (1: never measured). A plan in
         use keeps it; one not run for over a half-life relaxes toward the model's figure
         with the residuals' half-life from then (a plan's energy does not drift between two
         of its requests the way a queue does, and decaying it between them kept it off)."""
-        f = self.energy_factors.get((placement, joined))
+        f = self.energy_factors.get(placement)
         if f is None:
             return 1.0
         idle = max(self.clock() - f[2] - self.half_life_s, 0.0)
         return 1.0 + (f[0] - 1.0) * 0.5 ** (idle / self.half_life_s)
 
     def observe_energy(
-        self, placement: tuple[str, ...], joined: bool, predicted_j: float, measured_j: float
+        self, placement: tuple[str, ...], predicted_j: float, measured_j: float
     ) -> None:
         """A request that ran as planned: its energy against the model's (without the
         factor). Taken at once the first time, then averaged over at most ``max_count``
@@ -300,10 +300,10 @@ class Calibration:
         if predicted_j <= 0 or measured_j <= 0:
             return
         ratio = min(max(measured_j / predicted_j, 0.25), 4.0)
-        key = (placement, joined)
+        key = placement
         old = self.energy_factors.get(key)
         count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
-        now_f = ratio if old is None else self.energy_factor(placement, joined)
+        now_f = ratio if old is None else self.energy_factor(placement)
         f = now_f + (ratio - now_f) / count  # the mean of the readings while in use
         self.energy_factors[key] = (f, count, self.clock())
 
@@ -327,20 +327,15 @@ _ERF = np.vectorize(math.erf, otypes=[float])
 
 @dataclass(frozen=True)
 class Reservation:
-    """A committed interval on a device: [start, end) seconds on the shared clock, for a stage.
-    ``batch`` counts the requests sharing it; only requests with the same input ``signature``
-    (setting) may join, and only while the batch still ends by ``latest_end``, the earliest
-    deadline among its members. ``due``: the deadline of the work it holds (the edge serves
-    earliest deadline first: work not yet started when a request's stage is ready, and due
-    after that request, runs after it)."""
+    """A committed interval on a device: [start, end) seconds on the shared clock, for a stage
+    (one slot of the edge's forecast, ``queue_model.reservations``). ``due``: the deadline of
+    the work it holds (the edge serves earliest deadline first: work not yet started when a
+    request's stage is ready, and due after that request, runs after it)."""
 
     device: str
     stage: str
     start: float
     end: float
-    batch: int = 1
-    signature: int = -1
-    latest_end: float = math.inf
     due: float = math.inf
 
 

@@ -12,14 +12,24 @@ Everything that says when an edge request starts or finishes plays this rule for
 edge's own forecast and admission (``runtime.queues.StageQueues``), the scale-out front's
 per-worker estimate (``runtime.scaleout``) and the fleet simulator's edge (``world.fleet``),
 so the three cannot disagree on how long a request waits.
+
+The one reservation mechanism lives here too. A robot that chose a plan announces its edge
+segments (``plan_bookings``); the edge holds them in its ``Ledger`` until their requests
+arrive (``Ledger.claim``) and plays them forward with what is queued; the forecast's slots,
+as ``reservations``, are the edge load the next plan is scored against. The runtime's edge
+(``runtime.queues``) and the fleet simulator's (``world.fleet.SimEdge``) both do exactly this,
+so the load a plan sees is never the scheduler's own bookkeeping of its earlier plans.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
+
+from vlarun.sched.contract import ExecutionPlan
+from vlarun.sched.predictor import Reservation
 
 THIS = "(this request)"  # the name and key of the request admission asks about
 
@@ -111,11 +121,17 @@ class EdgeQueue:
             heapq.heappush(self._later, (p.ready, self._order, p))
             self._order += 1
 
-    def copy(self) -> EdgeQueue:
-        """The same queues, to play forward without touching these (admission's question)."""
+    def copy(self, priced: Callable[[tuple], tuple[float, ...]] | None = None) -> EdgeQueue:
+        """The same queues, to play forward without touching these (admission's question);
+        ``priced``: each request's remaining stages re-priced by it (what a forecast made with
+        measured per-request times sees, rather than the times the requests will take)."""
         c = EdgeQueue(self.max_batch, self.free_at)
         c._later, c._order = list(self._later), self._order
         c._queued = {s: list(q) for s, q in self._queued.items()}
+        if priced is not None:
+            c._later = [(t, k, replace(p, seconds=priced(p.stages))) for t, k, p in c._later]
+            c._queued = {s: [(k, replace(p, seconds=priced(p.stages))) for k, p in q]
+                         for s, q in c._queued.items()}  # fmt: skip
         return c
 
     def __bool__(self) -> bool:
@@ -176,3 +192,100 @@ def finish(queue: EdgeQueue, key: Hashable) -> float | None:
             if p.key == key and len(p.stages) == 1:
                 return slot.end
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Bookings: the one reservation mechanism
+
+MAX_BOOKINGS = 256  # bookings an edge holds at once; more are refused (a few hundred bytes each)
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One edge segment of a chosen plan, announced before its request arrives: ``stages``
+    reach the edge at ``arrive`` and are due at ``deadline``. In a robot's plan the times are
+    seconds from the request's start and ``origin`` is None; in an edge's ledger they are the
+    edge's clock and ``origin`` names the robot."""
+
+    stages: tuple[str, ...]
+    arrive: float
+    deadline: float
+    origin: Hashable | None = None
+
+
+def plan_bookings(plan: ExecutionPlan, slo_s: float, now: float = 0.0) -> tuple[Booking, ...]:
+    """The plan's edge segments (maximal runs of edge stages, in the plan's stage order) as the
+    edge should expect them: each arrives when the stage before it is predicted to end (the
+    request's start for a first stage) and is due when the rest of the plan needs it, so a
+    robot deciding before this request's bytes land already sees its work. ``now``: the time
+    the plan was made at (its stage times are on that clock)."""
+    out: list[Booking] = []
+    seg: list[str] = []
+    arrive = before = now  # when the segment arrives; when the stage before it ends
+    names = list(plan.placement)
+    for i, name in enumerate(names):
+        if plan.placement[name] == "edge":
+            if not seg:
+                arrive = before
+            seg.append(name)
+            if i + 1 == len(names) or plan.placement[names[i + 1]] != "edge":
+                after = max(now + plan.latency_s - plan.stage_end[name], 0.0)  # residual < 0
+                out.append(Booking(tuple(seg), arrive, now + slo_s - after))
+                seg = []
+        before = plan.stage_end[name]
+    return tuple(out)
+
+
+class Ledger:
+    """The bookings one edge holds, by arrival: at most ``limit``, each dropped when its request
+    arrives (``claim``) or its deadline passes. No lock: its owner holds one if it needs it."""
+
+    def __init__(self, limit: int = MAX_BOOKINGS) -> None:
+        self.limit = limit
+        self.bookings: list[Booking] = []
+
+    def __iter__(self):
+        return iter(self.bookings)
+
+    def __len__(self) -> int:
+        return len(self.bookings)
+
+    def expire(self, now: float) -> None:
+        self.bookings = [b for b in self.bookings if b.deadline > now]
+
+    def book(self, booking: Booking, now: float, per_robot: int | None = None) -> bool:
+        """Hold ``booking``; False (nothing held) when the ledger is full or its robot holds
+        ``per_robot`` already."""
+        self.expire(now)
+        mine = sum(b.origin == booking.origin for b in self.bookings)
+        if len(self.bookings) >= self.limit or (per_robot is not None and mine >= per_robot):
+            return False
+        self.bookings.append(booking)
+        return True
+
+    def pending(self, now: float, priced: Callable[[tuple], tuple[float, ...]],
+                name: Callable[[Hashable], str] = str) -> list[Pending]:  # fmt: skip
+        """Every booking held at ``now`` as the queue model's request: it joins the queue when
+        it arrives (not before ``now``), each stage at ``priced``'s per-request time."""
+        self.expire(now)
+        return [Pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
+                        priced(b.stages), booked=True) for b in self.bookings]  # fmt: skip
+
+    def claim(self, origin: Hashable, stages: tuple[str, ...], now: float) -> bool:
+        """The request ``origin`` booked has arrived: the earliest of that robot's bookings for
+        the same first stage leaves the ledger (its work is now queued); whether one did."""
+        self.expire(now)
+        mine = [b for b in self.bookings if b.origin == origin and b.stages[0] == stages[0]]
+        if not mine:
+            return False
+        self.bookings.remove(min(mine, key=lambda b: b.arrive))
+        return True
+
+
+def reservations(slots: Iterable[Slot], now: float = 0.0) -> list[Reservation]:
+    """The edge's forecast as the load a plan made at ``now`` is scored against: each slot not
+    ended by then, with its deadline (which work the new request's stage goes before, under
+    EDF, the scheduler decides from it). The one conversion: a robot's copy of the edge's
+    schedule and the fleet simulator's edge both pass through here."""
+    return [Reservation("edge", s.stage, max(s.start, now), s.end, due=s.deadline)
+            for s in slots if s.end > now]  # fmt: skip

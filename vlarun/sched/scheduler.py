@@ -17,12 +17,12 @@ And a placement never run is tried now and then (bounded exploration, ``_explora
 cost model's own error could make it feasible and it would save energy: otherwise a plan the
 model mis-predicts as too slow would never be run, and so never corrected.
 
-over every executable, accuracy-eligible candidate (placement x accelerator setting x "join an
-edge batch already reserved"). T_SLO = chunk / control rate: one inference must deliver its
-chunk of actions before the previous chunk runs out. After a decision, the chosen plan's edge
-stages are registered as reservations, so the next robot's request sees the committed load;
-a later request with the same stage and setting may join a reservation (batching at the edge)
-when that finishes within its own deadline and keeps the earlier members inside their slack.
+over every executable, accuracy-eligible candidate (placement x accelerator setting). T_SLO =
+chunk / control rate: one inference must deliver its chunk of actions before the previous
+chunk runs out. The edge's load comes in as reservations (``DeviceState``): the edge's own
+forecast over what is queued and the plans other robots booked (``queue_model``: the one
+reservation mechanism, the runtime's edge and the fleet simulator's alike); the scheduler
+keeps no ledger of its own.
 
 Scoring is the recursion of ``predictor.py`` vectorised over all candidates with numpy, so a
 decision over thousands of plans takes well under a millisecond of Python.
@@ -46,7 +46,6 @@ from vlarun.sched.predictor import (
     OUTPUT,
     Calibration,
     DeviceState,
-    Reservation,
     on_time_probability,
 )
 from vlarun.sched.strategy import FIXED, fixed_roles
@@ -112,7 +111,6 @@ class Scores:
     energy: np.ndarray
     start: np.ndarray
     end: np.ndarray
-    joined: np.ndarray  # (C, S) index of the reservation joined, -1 for none
     sigma: np.ndarray | float = 0.0  # learned latency spread per candidate (0: unmeasured)
 
 
@@ -130,7 +128,6 @@ class Scheduler:
         cal: Calibration | None = None,
         actions: int | None = None,
         measured: dict[tuple[str, str], float] | None = None,
-        join_batches: bool = True,
         explore_every: int = 0,
     ) -> None:
         self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
@@ -145,10 +142,8 @@ class Scheduler:
         self._since_explore = 0
         self.net = SafetyNet(self.cal.prior_rel)
         k_n, p_n = len(space.settings), len(space.placements)
-        k, p, j = np.meshgrid(np.arange(k_n), np.arange(p_n), (0, 1), indexing="ij")
-        self.k, self.p, self.join = k.ravel(), p.ravel(), j.ravel().astype(bool)
-        if not join_batches:  # plans never count on joining a committed edge batch
-            self.join[:] = False
+        k, p = np.meshgrid(np.arange(k_n), np.arange(p_n), indexing="ij")
+        self.k, self.p = k.ravel(), p.ravel()
         self.edge = space.placements[self.p]  # (C, S)
         self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
         self._by_settings: dict[tuple, int] | None = None
@@ -161,9 +156,7 @@ class Scheduler:
 
     def _fixed_mask(self) -> np.ndarray:
         """Candidates that are a fixed strategy: device-only, edge-only or the split after the
-        first stage, at the identity setting (the space's only setting when it has one), on
-        its own edge slot or joining a committed batch (the edge batches a fixed strategy's
-        requests too: joining is when, not where)."""
+        first stage, at the identity setting (the space's only setting when it has one)."""
         pl = self.space.placements
         s_n = pl.shape[1]
         patterns = [np.array([r == "edge" for r in fixed_roles(f, s_n)]) for f in FIXED]
@@ -221,7 +214,6 @@ class Scheduler:
         sp, cal, k = self.space, self.cal, self.k
         c_n, s_n = len(k), len(sp.stages)
         start, end = np.zeros((c_n, s_n)), np.zeros((c_n, s_n))
-        joined = np.full((c_n, s_n), -1)
         energy = np.zeros(c_n)
         bps, half_rtt = link.bytes_per_s, link.rtt_ms * 1e-3 / 2
         res = sorted(st.reservations, key=lambda r: r.start)
@@ -271,9 +263,6 @@ class Scheduler:
                 weighed[i] |= overlap & on_edge
             # request_energy's edge term: power x calibrated busy time (not the slowed wall).
             e_edge = np.where(on_edge, self.e_edge[k, s, 1] * f_edge, 0.0)
-            s_edge, t_e, e_edge, joined[:, s] = self._join(
-                s, name, ready, res, s_edge, t_e, e_edge, st.slowdown
-            )
             start[:, s] = np.where(on_edge, s_edge, ready)
             end[:, s] = start[:, s] + np.where(on_edge, t_e, t_r)
             energy += np.where(on_edge, e_edge, self.p_rob_dyn * self.u_rob[k, s] * t_r)
@@ -283,8 +272,8 @@ class Scheduler:
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
         energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
-        energy = energy * self._energy_factors(joined)
-        return Scores(latency, energy, start, end, joined, self._sigmas())
+        energy = energy * self._energy_factors()
+        return Scores(latency, energy, start, end, self._sigmas())
 
     def _key_k(self, k: int) -> int | None:
         """A setting index as calibration keys it: None for the identity (the stage factor)."""
@@ -331,43 +320,15 @@ class Scheduler:
     def _residuals(self) -> np.ndarray | float:
         return self._per_placement(self.cal.residual) if self.cal.residuals else 0.0
 
-    def _energy_factors(self, joined: np.ndarray) -> np.ndarray | float:
-        """Each candidate's learned realised / predicted energy, by its placement and whether
-        it joins a batch (1.0 while nothing was measured)."""
+    def _energy_factors(self) -> np.ndarray | float:
+        """Each candidate's learned realised / predicted energy, by its placement (1.0 while
+        nothing was measured)."""
         if not self.cal.energy_factors:
             return 1.0
-        f = [self._per_placement(lambda r, j=j: self.cal.energy_factor(r, j)) for j in (0, 1)]
-        return np.where((joined >= 0).any(axis=1), f[1], f[0])
+        return self._per_placement(self.cal.energy_factor)
 
     def _sigmas(self) -> np.ndarray | float:
         return self._per_placement(self.cal.sigma) if self.cal.residuals else 0.0
-
-    def _join(self, s, name, ready, res, s_edge, t_e, e_edge, slowdown=1.0):
-        """Candidates flagged ``join`` take the earliest reservation of the same stage and
-        setting that starts after they are ready, if the grown batch still ends within the
-        members' slack. Their time is the batch's; their energy their share of the batch's
-        (``request_energy``: batch energy / batch size, at calibrated time)."""
-        joined = np.full(len(ready), -1)
-        mask = self.join & self.edge[:, s]
-        if not mask.any():
-            return s_edge, t_e, e_edge, joined
-        k = self.k
-        for i in range(len(res) - 1, -1, -1):  # reverse: the earliest start wins last
-            r = res[i]
-            if r.stage != name or r.batch >= MAX_EDGE_BATCH:
-                continue
-            # The grown batch must not run into the next committed interval either.
-            room = min([r.latest_end] + [q.start for q in res[i + 1 :] if q.start >= r.end])
-            f_edge = self._factors(name, "edge")
-            t_new = self.t_edge[k, s, r.batch + 1] * f_edge
-            t_new = t_new * slowdown
-            ok = mask & (k == r.signature) & (r.start >= ready) & (r.start + t_new <= room)
-            s_edge = np.where(ok, r.start, s_edge)
-            t_e = np.where(ok, t_new, t_e)
-            share = self.e_edge[k, s, r.batch + 1] * f_edge / (r.batch + 1)
-            e_edge = np.where(ok, share, e_edge)
-            joined = np.where(ok, i, joined)
-        return s_edge, t_e, e_edge, joined
 
     # -- the rule --------------------------------------------------------------------------------
 
@@ -430,7 +391,7 @@ class Scheduler:
         # is not worth a try, however fast its edge part).
         known = np.minimum(self._timed_robot_s(), sc.latency)
         plausible = known + (sc.latency - known) * (1.0 - self.cal.prior_rel) <= self.slo_s
-        cand = self.allowed & ~self.join & unmeasured & plausible & (apj > apj[best])
+        cand = self.allowed & unmeasured & plausible & (apj > apj[best])
         if not cand.any():
             return None
         self._since_explore = 0
@@ -488,11 +449,10 @@ class Scheduler:
             placement=dict(zip(sp.stages, roles, strict=True)),
             settings=setting.as_dict(),
             relative_success=setting.relative_success,
-            joined_batch=bool((sc.joined[c] >= 0).any()),
             latency_s=float(sc.latency[c]),
             residual_s=float(self.cal.residual(tuple(roles))),
             energy_j=float(sc.energy[c]),
-            energy_factor=self.cal.energy_factor(tuple(roles), bool((sc.joined[c] >= 0).any())),
+            energy_factor=self.cal.energy_factor(tuple(roles)),
             actions_per_joule=float(apj[c]),
             feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
             slo_s=self.slo_s,
@@ -541,10 +501,10 @@ class Scheduler:
             raise ValueError(f"plan settings {settings} are not in this plan space") from None
 
     def candidate_index(self, plan: ExecutionPlan) -> int:
-        """The candidate (setting, placement, no batch join) ``plan`` is, for re-scoring it."""
+        """The candidate (setting, placement) ``plan`` is, for re-scoring it."""
         k = self.setting_index(plan)
         pi = self._by_roles.get(tuple(plan.placement[n] for n in self.space.stages))
-        cs = np.flatnonzero((self.k == k) & (self.p == pi) & ~self.join)
+        cs = np.flatnonzero((self.k == k) & (self.p == pi))
         if pi is None or not len(cs):
             raise ValueError(f"placement {plan.placement} is not in this plan space")
         return int(cs[0])
@@ -585,7 +545,7 @@ class Scheduler:
             if outcome.energy_j is not None:
                 self.net.learn_error(plan.energy_j, outcome.energy_j)
                 raw = plan.energy_j / plan.energy_factor
-                self.cal.observe_energy(roles, plan.joined_batch, raw, outcome.energy_j)
+                self.cal.observe_energy(roles, raw, outcome.energy_j)
         self._watch(plan, outcome)
 
     def _watch(self, plan: ExecutionPlan, outcome: Outcome) -> None:
@@ -687,33 +647,6 @@ class Scheduler:
                                    finish, local_finish)  # fmt: skip
         return best
 
-    # -- reservations -----------------------------------------------------------------------------
-
-    def commit(self, d: ExecutionPlan, edge_state: DeviceState, edge_id: str = "edge") -> None:
-        """Register the chosen plan's edge stages so later requests see the committed load."""
-        slack = max(self.slo_s - d.latency_s, 0.0)
-        k = self.setting_index(d)
-        for name, role in d.placement.items():
-            if role != "edge":
-                continue
-            start, end = d.stage_start[name], d.stage_end[name]
-            same = [
-                i
-                for i, r in enumerate(edge_state.reservations)
-                if r.stage == name and r.signature == k and r.start == start
-            ]
-            if d.joined_batch and same:
-                i = same[0]
-                r = edge_state.reservations[i]
-                latest = min(r.latest_end, end + slack)
-                edge_state.reservations[i] = Reservation(
-                    r.device, name, start, end, r.batch + 1, k, latest, min(r.due, latest)
-                )
-            else:  # due: as late as the request's deadline lets this stage end
-                edge_state.reserve(
-                    Reservation(edge_id, name, start, end, 1, k, end + slack, end + slack)
-                )
-
 
 def plan_row(d: ExecutionPlan) -> dict:
     """A plan as JSON: placement, settings, predicted latency/energy, actions per joule."""
@@ -722,7 +655,6 @@ def plan_row(d: ExecutionPlan) -> dict:
         "settings": d.settings,
         "accuracy_cost_measured": d.relative_success is not None,
         "relative_success": d.relative_success,
-        "joined_edge_batch": d.joined_batch,
         "latency_ms": d.latency_s * 1e3,
         "energy_j": d.energy_j,
         "energy_source": ENERGY_SOURCE,

@@ -56,7 +56,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Generator, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -69,7 +69,19 @@ from vlarun.sched.energy import RadioPower, StageSpend, request_energy
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import Calibration, DeviceState
-from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, Slot, finish
+from vlarun.sched.queue_model import (
+    THIS,
+    Booking,
+    EdgeQueue,
+    Ledger,
+    Pending,
+    Slot,
+    StageTimes,
+    finish,
+    plan_bookings,
+    play,
+    reservations,
+)
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
 from vlarun.sched.strategy import STRATEGIES
@@ -227,24 +239,49 @@ class Arrival:
 
 class SimEdge:
     """The simulated edge: the one queue model (``queue_model.EdgeQueue``, the worker's rule)
-    stepped batch by batch as simulated time reaches each, with the runtime edge's admission:
-    a segment is refused on arrival when the model, over what is running and queued then,
-    has it finish after its deadline. Unlike the runtime's, it knows the true service times;
-    like it, it does not know what will arrive later."""
+    stepped batch by batch as simulated time reaches each, with the runtime edge's ledger and
+    admission. What a robot plans against is what the runtime's edge sends: the forecast
+    (``forecast``) over the batch running, the queued requests and the plans robots booked
+    (``queue_model.Ledger``), each stage at the per-request time measured on the batches it
+    ran (``StageTimes``; 0 before a stage first ran, as on an edge without warm-up). A segment
+    is refused on arrival when, with the bookings, it would finish after its deadline. Unlike
+    the runtime's, it knows the true service times of what has arrived; like it, it does not
+    know what will arrive later."""
 
     def __init__(self, max_batch: int = SIM_MAX_BATCH) -> None:
         self.queue = EdgeQueue(max_batch)
+        self.ledger = Ledger()
+        self.times = StageTimes()
+        self.running: list[Slot] = []  # the batch started last (until it ends)
+
+    def book(self, bookings: tuple[Booking, ...], origin: str, now: float) -> None:
+        """Hold a plan's edge segments (``queue_model.plan_bookings``) for robot ``origin``."""
+        for b in bookings:
+            self.ledger.book(replace(b, origin=origin), now)
+
+    def _booked(self, queue: EdgeQueue, now: float) -> EdgeQueue:
+        """``queue`` with every booking held at ``now`` added, at the measured stage times."""
+        for p in self.ledger.pending(now, self.times.seconds):
+            queue.add(p)
+        return queue
+
+    def forecast(self, now: float, limit: int = 64) -> list[Slot]:
+        """The edge's schedule at ``now``, as the runtime's edge forecasts it."""
+        running = [s for s in self.running if s.end > now]
+        return running + play(self._booked(self.queue.copy(self.times.seconds), now), limit)
 
     def finish(self, a: Arrival) -> float:
-        """When ``a``, arriving now, would finish (nothing is queued)."""
-        q = self.queue.copy()
+        """When ``a``, arriving now, would finish."""
+        q = self._booked(self.queue.copy(), a.at)
         q.add(Pending(a.at, a.deadline, THIS, a.stages, a.seconds, key=THIS))
         end = finish(q, THIS)
         return a.at if end is None else end
 
     def admit(self, a: Arrival, origin: str, key: Hashable) -> bool:
         """Queue ``a`` (``key``: the caller's handle, on each of its slots) unless it would
-        finish after its deadline; whether it was."""
+        finish after its deadline; whether it was. Its booking, if it made one, is claimed
+        first either way (it has arrived)."""
+        self.ledger.claim(origin, a.stages, a.at)
         if self.finish(a) > a.deadline:
             return False
         self.queue.add(Pending(a.at, a.deadline, origin, a.stages, a.seconds, key=key))
@@ -256,9 +293,14 @@ class SimEdge:
 
     def run(self, now: float) -> list[tuple[Pending, Slot]]:
         """Start the batch due at ``now`` (every arrival up to ``now`` admitted first); empty
-        when none is due yet."""
+        when none is due yet. The batch's time is measured, as the runtime's worker does."""
         due = self.queue.next_at()
-        return self.queue.step() if due is not None and due <= now else []
+        batch = self.queue.step() if due is not None and due <= now else []
+        if batch:
+            slot = batch[0][1]
+            self.times.measured(slot.stage, slot.end - slot.start, len(batch), now)
+            self.running = [s for _, s in batch]
+        return batch
 
 
 @dataclass
@@ -529,17 +571,15 @@ def run_policy(
     edge, rho = SimEdge(), LOADS[load]
     radio, period = setup.radio, cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
-    sched, state, links = None, DeviceState(slowdown=1 / (1 - rho)), []
+    sched, slowdown, links = None, 1 / (1 - rho), []
     now = [0.0]  # the simulated time: what the scheduler's and the links' memories age by
 
     def clock() -> float:
         return now[0]
 
     if static is None and policy in ("vlarun-placement", "vlarun-joint"):
-        # The simulator does not execute edge batches: no plan may count on joining one.
         sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                          join_batches=False, radio=radio,
-                          cal=Calibration(clock=clock))  # fmt: skip
+                          radio=radio, cal=Calibration(clock=clock))  # fmt: skip
         sched.period_s = period
         links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
     used = [-math.inf] * cfg.robots  # when each robot's link last carried a request
@@ -585,9 +625,12 @@ def run_policy(
                     links[what].observe_transfer(
                         PROBE_BYTES, world.probe_s(t - (j - 1) * PROBE_EVERY_S)
                     )
-                state.expire(t)
+                # The edge's schedule now, with every plan booked so far: the load it plans
+                # against, as a runtime robot reads it from the edge (``costview.edge_state``).
+                booked = reservations(edge.forecast(t), t)
+                state = DeviceState(slowdown=slowdown, reservations=booked)
                 d = sched.decide(links[what], t, state, top=0)
-                sched.commit(d, state)
+                edge.book(plan_bookings(d, cfg.slo_s, t), str(what), t)
                 k, roles = sched.setting_index(d), tuple(d.placement.values())
             works = space.works[k]
             run = execute(world, works, roles, t, radio, rho, space.settings[k].as_dict())
