@@ -86,3 +86,66 @@ def test_every_command_and_policy_name_the_docs_mention_exists(page):
     bad = sorted(c for c in commands
                  if not (c in COMMANDS or (c.startswith("bench ") and c[6:] in BENCH)))  # fmt: skip
     assert not bad, f"{page.relative_to(ROOT)} runs unknown commands: {bad}"
+
+
+def _tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Every markdown table: the text before it (since the previous table or heading), its
+    header cells (lower case) and its rows' cells."""
+    out, lines = [], text.splitlines()
+    i, since = 0, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            since = i
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            cells = lambda row: [c.strip() for c in row.strip().strip("|").split("|")]  # noqa: E731
+            header = [c.lower() for c in cells(line)]
+            j = i + 2
+            rows = []
+            while j < len(lines) and lines[j].startswith("|"):
+                rows.append(cells(lines[j]))
+                j += 1
+            out.append(("\n".join(lines[since:i]), header, rows))
+            since, i = j, j
+            continue
+        i += 1
+    return out
+
+
+def _row_problems(text: str) -> list[str]:
+    """What the tables of a BENCHMARKS-like page leave out: per table, a command, machine or
+    date neither in a column (filled in every row) nor named once in the text above it (since
+    the last heading). The one table that only lists what the old diary said is exempt."""
+    problems = []
+    for above, header, rows in _tables(text):
+        if header[0] == "the old diary said":
+            continue
+        for what, found in (
+            ("command", re.search(r"`vlarun |`python |command", above, re.I)),
+            ("machine", re.search(r"machine|intel|amd|epyc|xeon", above, re.I)),
+            ("date", re.search(r"\d{4}-\d{2}-\d{2}", above)),
+        ):
+            cols = [k for k, h in enumerate(header) if what in h]
+            if cols:
+                empty = [r[0][:40] for r in rows if len(r) <= cols[0] or not r[cols[0]]]
+                if empty:
+                    problems.append(f"table '{header[0]}': rows without a {what}: {empty}")
+            elif not found:
+                problems.append(f"table '{header[0]}': no {what} column and none named above")
+    return problems
+
+
+def test_every_benchmarks_row_names_a_command_a_machine_and_a_date():
+    """Each result in BENCHMARKS.md says how to reproduce it, where and when (issue 45, 8)."""
+    problems = _row_problems((ROOT / "BENCHMARKS.md").read_text())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_benchmarks_row_check_sees_what_is_missing():
+    page = "## x\n\n| a | command | machine |\n|---|---|---|\n| 1 | `vlarun x` | |\n"
+    assert _row_problems(page) == [
+        "table 'a': rows without a machine: ['1']",
+        "table 'a': no date column and none named above",
+    ]
+    dated = "## x\nDate: 2026-12-05.\n\n| a | command | machine |\n|---|---|---|\n| 1 | c | m |\n"
+    assert _row_problems(dated) == []
