@@ -332,3 +332,36 @@ def test_the_hindsight_study_bounds_joint_by_static_plans_and_the_oracle():
         lo, hi = cell[key]["ci95"]
         assert lo <= cell[key]["ratio"] <= hi, key
     assert cell["best_static"] in r["static_plans"]
+
+
+def test_the_robot_gives_up_on_a_late_edge_answer_as_the_runtime_does():
+    """An edge segment is waited for until the deadline less the local time of the robot
+    stages after it: the edge is given that (less the answer's way back) as its deadline, and
+    an answer that would come later is given up on; the robot runs the segment itself from
+    then, so the request ends by the deadline plus one local run of the segment."""
+    cfg = FleetConfig(model="pi0", slo_hz=5.0, link_jitter_sigma=0.0)  # a 4 s deadline
+    setup = make_setup(cfg)
+    works = setup.placement.works[0]
+    roles = ("robot", "edge", "robot")  # one edge segment with a robot stage after it
+
+    def first_arrival(seed):
+        run = execute(make_world(cfg, setup, seed), works, roles, 0.0, RadioPower(), 0.0)
+        return run, next(run)
+
+    run, a = first_arrival(0)
+    assert a.at < a.deadline < cfg.slo_s  # the edge's deadline is tighter than the request's
+    name = works[1].name
+    with pytest.raises(StopIteration) as stop:
+        run.send({name: a.deadline - 1e-6})  # in time: the answer is used
+    on_time = stop.value.value
+    assert on_time.fallback is None and on_time.latency_s <= cfg.slo_s
+
+    run, a = first_arrival(0)  # the same world: the same draws
+    with pytest.raises(StopIteration) as stop:
+        run.send({name: a.deadline + 5.0})  # far too late: the robot gave up on it
+    late = stop.value.value
+    assert late.fallback == "edge: no answer in time"
+    world = make_world(cfg, setup, 0)
+    local = world.seconds(works[1], "robot", world.draw(works)[1], None)  # the same first draw
+    assert cfg.slo_s < late.latency_s <= cfg.slo_s + local + 1e-9
+    assert late.energy_j > on_time.energy_j  # the robot ran the segment and still listened

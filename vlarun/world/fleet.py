@@ -457,6 +457,10 @@ def _segment(roles: list[str], i: int) -> list[int]:
     return seg
 
 
+# What the robot keeps in hand when it decides to give up on the edge (``AgentConfig.margin_s``).
+GIVE_UP_MARGIN_S = 0.003
+
+
 def execute(
     world: World,
     works,
@@ -469,7 +473,15 @@ def execute(
     """Run one request (under the setting ``knobs``) through the world: true latency and
     modelled energy. A generator, as the edge is shared: it yields each edge segment as it
     reaches the edge and is sent back when each of the segment's stages ends there (None:
-    refused on arrival)."""
+    refused on arrival).
+
+    The robot waits for an edge segment as the runtime's executor does
+    (``runtime.executor``): until the deadline less the local time of the robot stages after
+    it and a small margin. The edge is given that, less the answer's way back, as its own
+    deadline (so it refuses work it could only finish too late), and an answer that would
+    come back later is given up on: the robot runs the segment itself from then, so a silent
+    or slow edge costs at most the deadline plus one local run (the edge's work is spent
+    all the same)."""
     names = [w.name for w in works]
     draws = world.draw(works)
     deadline = release + world.cfg.slo_s
@@ -478,13 +490,37 @@ def execute(
     stage_s, transfers, spends = {}, [], []
     tx_s = rx_s = 0.0
     fallback = None
-    for i, work in enumerate(works):
+    give_up: dict[int, float] = {}  # an edge segment's first stage -> when the robot gives up
+
+    def local(k: int) -> float:
+        return world.seconds(works[k], "robot", draws[k], knobs)
+
+    def run_here(seg: list[int], start: float) -> float:
+        """The segment run on the robot from ``start``; when it ends."""
+        t = start
+        for k in seg:
+            t += (sec := local(k))
+            end[names[k]] = t
+            spends.append(StageSpend("robot", sec, world.utilisation(works[k], "robot")))
+        return t
+
+    i = 0
+    while i < len(works):
+        work = works[i]
         ready = release
         for p in work.parents or ("",):  # the first stage's input comes from the robot
             prole = roles[names.index(p)] if p else "robot"
             t = end.get(p, release)
             if prole != roles[i]:
                 tau = world.transfer_s(work.in_bytes, t)
+                # the edge segment this input comes back from (its first stage's index)
+                first = max((k for k in give_up if k <= names.index(p)), default=None)
+                if prole == "edge" and first is not None and t + tau > give_up[first]:
+                    # The answer would come after the robot gave up: it ran the segment here.
+                    fallback = "edge: no answer in time"
+                    t = run_here(_segment(roles, first), give_up[first])
+                    ready = max(ready, t)
+                    continue
                 transfers.append((work.in_bytes, tau))
                 if prole == "robot":
                     tx_s += tau
@@ -494,29 +530,42 @@ def execute(
             ready = max(ready, t)
         if roles[i] == "edge" and work.name not in end:  # an edge segment arrives
             seg = _segment(roles, i)
+            later = sum(local(k) for k in range(seg[-1] + 1, len(works)) if roles[k] == "robot")
+            give_up[i] = deadline - later - GIVE_UP_MARGIN_S
+            nxt = seg[-1] + 1  # what comes back: the next stage's input, or the actions
+            nbytes = works[nxt].in_bytes if nxt < len(works) else works[seg[-1]].out_bytes
+            back = world.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (world.bandwidth(ready) * 1e6)
             walls = tuple(
                 world.stretch(world.seconds(works[k], "edge", draws[k], knobs), load) for k in seg
             )
-            ends = yield Arrival(ready, deadline, tuple(names[k] for k in seg), walls)
+            due = min(give_up[i] - back, deadline)
+            ends = yield Arrival(ready, due, tuple(names[k] for k in seg), walls)
             if ends is None:
                 # Refused at once; this stage and every later one run on the robot.
                 fallback = "edge: cannot finish before the deadline"
+                del give_up[i]
                 roles[i:] = ["robot"] * (len(works) - i)
                 ready += world.cfg.rtt_ms * 1e-3 / 2
             else:
                 end.update(ends)
         seconds = world.seconds(work, roles[i], draws[i], knobs)
         util = world.utilisation(work, roles[i])
-        if roles[i] == "robot":
+        if roles[i] == "robot" and work.name not in end:
             end[work.name] = ready + seconds
         stage_s[work.name] = seconds
         spends.append(StageSpend(roles[i], seconds, util))
+        i += 1
     finish = end[works[-1].name]
     if roles[-1] == "edge":
         tau = world.transfer_s(works[-1].out_bytes, finish)
-        transfers.append((works[-1].out_bytes, tau))
-        rx_s += tau
-        finish += tau
+        seg_first = max(give_up)
+        if finish + tau > give_up[seg_first]:
+            fallback = "edge: no answer in time"
+            finish = run_here(_segment(roles, seg_first), give_up[seg_first])
+        else:
+            transfers.append((works[-1].out_bytes, tau))
+            rx_s += tau
+            finish += tau
     latency = finish - release
     devices, meter_radio = world.meter
     listen = sum(s for n, s in stage_s.items() if roles[names.index(n)] == "edge")
@@ -690,7 +739,9 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
         StageOutcome(w.name, role, out.stage_s[w.name])
         for w, role in zip(works, out.placement, strict=True)
     )
-    sched.observe(d, Outcome(stages, out.latency_s, energy_j=out.energy_j))
+    # As the runtime's learner does: an outcome that fell back says so (it teaches the stage
+    # times it measured, not the plan's residual).
+    sched.observe(d, Outcome(stages, out.latency_s, out.fallback, energy_j=out.energy_j))
 
 
 # ---------------------------------------------------------------------------------------------
