@@ -365,3 +365,19 @@ def test_the_robot_gives_up_on_a_late_edge_answer_as_the_runtime_does():
     local = world.seconds(works[1], "robot", world.draw(works)[1], None)  # the same first draw
     assert cfg.slo_s < late.latency_s <= cfg.slo_s + local + 1e-9
     assert late.energy_j > on_time.energy_j  # the robot ran the segment and still listened
+
+
+def test_a_link_too_slow_for_the_deadline_is_not_used():
+    """The runtime's executor does not send a segment whose way there and back leaves the
+    edge no time before the robot would give up: it runs it here at once (nothing is sent,
+    nothing refused)."""
+    cfg = FleetConfig(model="pi0", bw_before=0.05, bw_after=0.05, link_jitter_sigma=0.0)
+    setup = make_setup(cfg)
+    works = setup.placement.works[0]
+    out = _alone(execute(make_world(cfg, setup, 0), works, ("edge",) * 3, 0.0, RadioPower(), 0.0))
+    assert out.fallback == "link: leaves the edge no time"
+    assert out.transfers == [] and out.placement == ("robot",) * 3
+    world = make_world(cfg, setup, 0)
+    draws = world.draw(works)
+    local = sum(world.seconds(w, "robot", d, None) for w, d in zip(works, draws, strict=True))
+    assert out.latency_s == pytest.approx(local)

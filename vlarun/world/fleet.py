@@ -504,18 +504,40 @@ def execute(
             spends.append(StageSpend("robot", sec, world.utilisation(works[k], "robot")))
         return t
 
+    def wire_s(nbytes: float, t: float) -> float:
+        """A transfer's time as the robot's link monitor expects it at ``t`` (no jitter)."""
+        return world.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (world.bandwidth(t) * 1e6)
+
     i = 0
     while i < len(works):
         work = works[i]
         ready = release
+        back = 0.0
+        if roles[i] == "edge" and work.name not in end:  # an edge segment starts here
+            seg = _segment(roles, i)
+            later = sum(local(k) for k in range(seg[-1] + 1, len(works)) if roles[k] == "robot")
+            give_up[i] = deadline - later - GIVE_UP_MARGIN_S
+            nxt = seg[-1] + 1  # what comes back: the next stage's input, or the actions
+            back_bytes = works[nxt].in_bytes if nxt < len(works) else works[seg[-1]].out_bytes
         for p in work.parents or ("",):  # the first stage's input comes from the robot
             prole = roles[names.index(p)] if p else "robot"
             t = end.get(p, release)
+            if prole == "robot" and roles[i] == "edge" and i in give_up:
+                back = wire_s(back_bytes, t)
+                if give_up[i] - t - wire_s(work.in_bytes, t) - back <= 0:
+                    # The link leaves the edge no time: the robot does not send, it runs the
+                    # segment here (the runtime's executor refuses to send it too).
+                    fallback = "link: leaves the edge no time"
+                    del give_up[i]
+                    for k in _segment(roles, i):
+                        roles[k] = "robot"
             if prole != roles[i]:
                 tau = world.transfer_s(work.in_bytes, t)
                 # the edge segment this input comes back from (its first stage's index)
-                first = max((k for k in give_up if k <= names.index(p)), default=None)
-                if prole == "edge" and first is not None and t + tau > give_up[first]:
+                first = None
+                if prole == "edge":
+                    first = max((k for k in give_up if k <= names.index(p)), default=None)
+                if first is not None and t + tau > give_up[first]:
                     # The answer would come after the robot gave up: it ran the segment here.
                     fallback = "edge: no answer in time"
                     t = run_here(_segment(roles, first), give_up[first])
@@ -528,17 +550,12 @@ def execute(
                     rx_s += tau
                 t += tau
             ready = max(ready, t)
-        if roles[i] == "edge" and work.name not in end:  # an edge segment arrives
+        if roles[i] == "edge" and work.name not in end:  # the segment reaches the edge
             seg = _segment(roles, i)
-            later = sum(local(k) for k in range(seg[-1] + 1, len(works)) if roles[k] == "robot")
-            give_up[i] = deadline - later - GIVE_UP_MARGIN_S
-            nxt = seg[-1] + 1  # what comes back: the next stage's input, or the actions
-            nbytes = works[nxt].in_bytes if nxt < len(works) else works[seg[-1]].out_bytes
-            back = world.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (world.bandwidth(ready) * 1e6)
             walls = tuple(
                 world.stretch(world.seconds(works[k], "edge", draws[k], knobs), load) for k in seg
             )
-            due = min(give_up[i] - back, deadline)
+            due = min(give_up[i] - (back or wire_s(back_bytes, ready)), deadline)
             ends = yield Arrival(ready, due, tuple(names[k] for k in seg), walls)
             if ends is None:
                 # Refused at once; this stage and every later one run on the robot.
