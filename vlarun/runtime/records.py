@@ -119,8 +119,8 @@ class ScheduleSlot:
 
     def slot(self) -> Slot:
         """As the queue model's slot, on the clock of the moment it was sent (0 = then)."""
-        return Slot(self.robot, self.stage, self.start_s, self.end_s, self.deadline_s,
-                    self.booked)  # fmt: skip
+        return Slot(origin=self.robot, stage=self.stage, start=self.start_s, end=self.end_s,
+                    deadline=self.deadline_s, booked=self.booked)  # fmt: skip
 
     def aged(self, age_s: float) -> ScheduleSlot:
         """The same slot seen ``age_s`` later (every time that much nearer)."""

@@ -268,8 +268,9 @@ class Ledger:
         """Every booking held at ``now`` as the queue model's request: it joins the queue when
         it arrives (not before ``now``), each stage at ``priced``'s per-request time."""
         self.expire(now)
-        return [Pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
-                        priced(b.stages), booked=True) for b in self.bookings]  # fmt: skip
+        return [Pending(ready=max(b.arrive, now), deadline=b.deadline, origin=name(b.origin),
+                        stages=b.stages, seconds=priced(b.stages), booked=True)
+                for b in self.bookings]  # fmt: skip
 
     def claim(self, origin: Hashable, stages: tuple[str, ...], now: float) -> bool:
         """The request ``origin`` booked has arrived: the earliest of that robot's bookings for
