@@ -24,7 +24,8 @@ MARGIN_MB = 96  # the model's activations, thread stacks, allocator slack
 # connections each attack holds at once (+1: the legitimate client)
 CONNECTIONS = {"pipeline": 6, "churn": 1, "flood16": 16,
                "flood50": openpi.ServeLimits().max_connections, "largest": 1, "half-open": 0,
-               "fuzz": 1}  # fmt: skip
+               "fuzz": 1, "npscalar": 6,
+               "key-hold": openpi.ServeLimits().max_connections // 2}  # fmt: skip
 
 
 @pytest.mark.parametrize("attack", list(CONNECTIONS))
@@ -39,6 +40,12 @@ def test_serve_policy_holds_under(attack):
     assert row["legit_requests"] > 0 and row["legit_p99_ms"] < 1e3 * (O.budget_s + 1.0), row
     if attack == "fuzz":
         assert "0 leaked internals" in row["result"], row["result"]
+    if attack == "key-hold":  # one key holds its share, never the other key's
+        assert "16 held, 24 refused busy" in row["result"], row["result"]
+        assert row["legit_answered"] == row["legit_requests"], row
+    if attack == "npscalar":  # refused in one line or busy, never built and answered
+        assert row["result"].endswith(" 0 answered"), row["result"]
+        assert " 0 refused in one line" not in row["result"], row["result"]
 
 
 def test_a_robot_keeps_its_share_of_the_edge_beside_16_flooding_identities():

@@ -22,9 +22,12 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -35,7 +38,17 @@ import numpy as np
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.runtime import procs
 
-POLICY_ATTACKS = ("pipeline", "churn", "flood16", "flood50", "largest", "half-open", "fuzz")
+POLICY_ATTACKS = (
+    "pipeline",
+    "churn",
+    "flood16",
+    "flood50",
+    "largest",
+    "half-open",
+    "fuzz",
+    "npscalar",
+    "key-hold",
+)
 EDGE_ATTACKS = ("edge-flood16",)
 ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS
 
@@ -47,7 +60,9 @@ class BenchHostileOptions:
     policy: str = opt("tiny-ar", "policy the servers run: " + POLICY_HELP,
                       replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
     attacks: tuple[str, ...] = opt(ATTACKS, "attacks to run: " + ", ".join(ATTACKS))
-    frame_mb: float = opt(2.0, "serve-policy's --max-frame-mb (the pipelining frames fill it)")
+    frame_mb: float = opt(
+        16.0, "serve-policy's --max-frame-mb (its default; the pipelining frames fill it)"
+    )
     budget_s: float = opt(5.0, "serve-policy's --budget-s (the 50-client goal is within it)")
     rest_requests: int = opt(40, "the legitimate client's requests at rest")
     seconds: float = opt(8.0, "length of each flood")
@@ -152,8 +167,10 @@ def _obs(image_size: int, second: bool) -> dict:
     return obs
 
 
-def _legit_openpi(port: int, obs: dict, n: int, seconds: float, cpus: set[int], out) -> None:
-    """Requests one after another, ``n`` of them or for ``seconds``; (ms, answered) each."""
+def _legit_openpi(port: int, key: str, obs: dict, n: int, seconds: float, cpus: set[int],
+                  out) -> None:  # fmt: skip
+    """Requests one after another, ``n`` of them or for ``seconds``, with its own API key;
+    (ms, answered) each."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     _pin(cpus)
@@ -164,7 +181,7 @@ def _legit_openpi(port: int, obs: dict, n: int, seconds: float, cpus: set[int], 
         t0 = time.perf_counter()
         try:
             if client is None:
-                client = WebsocketClientPolicy("127.0.0.1", port)
+                client = WebsocketClientPolicy("127.0.0.1", port, api_key=key)
             client.infer(obs)
             rows.append((1e3 * (time.perf_counter() - t0), True))
         except Exception:  # noqa: BLE001 - busy or cut: counted as not answered, reconnect
@@ -199,7 +216,7 @@ class Legit:
 # --- attacks on serve-policy ----------------------------------------------------------------
 
 
-def _pipeline(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+def _pipeline(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
     """6 connections each pipeline 17 frames just under the frame cap and never read."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
@@ -214,7 +231,12 @@ def _pipeline(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
     def one() -> None:
         n = 0
         try:
-            with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=10) as ws:
+            with connect(
+                f"ws://127.0.0.1:{port}",
+                max_size=None,
+                open_timeout=10,
+                additional_headers=_auth(key),
+            ) as ws:
                 ws.recv(timeout=10)
                 ws.socket.settimeout(5)
                 for _ in range(17):  # blocks once the server stops reading: the point
@@ -229,7 +251,7 @@ def _pipeline(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
     return f"6 connections x 17 frames of {len(frame) / 2**20:.1f} MiB: {sum(sent)} sent"
 
 
-def _churn(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+def _churn(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
     """3 rounds of 60 clients that send one request and leave at once."""
     from websockets.sync.client import connect
 
@@ -240,7 +262,9 @@ def _churn(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
     for _ in range(3):
         for _ in range(60):
             try:
-                with connect(f"ws://127.0.0.1:{port}", open_timeout=10) as ws:
+                with connect(
+                    f"ws://127.0.0.1:{port}", open_timeout=10, additional_headers=_auth(key)
+                ) as ws:
                     ws.recv(timeout=10)
                     ws.send(frame)
                     done += 1
@@ -251,7 +275,7 @@ def _churn(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
 
 
 def _flood(n: int):
-    def attack(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+    def attack(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
         """``n`` clients send requests as fast as they are answered."""
         from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -261,7 +285,7 @@ def _flood(n: int):
         def one() -> None:
             while not stop.is_set():
                 try:
-                    c = WebsocketClientPolicy("127.0.0.1", port)
+                    c = WebsocketClientPolicy("127.0.0.1", port, api_key=key)
                     while not stop.is_set():
                         c.infer(obs)
                         served[0] += 1
@@ -276,7 +300,7 @@ def _flood(n: int):
     return attack
 
 
-def _largest(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+def _largest(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
     """One client sends the largest allowed frame (padded with a key the layout ignores),
     then a 4 MB prompt (refused while parsing), alternately, for the flood time."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -291,7 +315,7 @@ def _largest(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
     while time.monotonic() < end and not stop.is_set():
         for obs in (big, prompt):
             try:
-                c = c or WebsocketClientPolicy("127.0.0.1", port)
+                c = c or WebsocketClientPolicy("127.0.0.1", port, api_key=key)
                 c.infer(obs)
                 counts["served"] += 1
             except Exception:  # noqa: BLE001 - refused in one line, or closed
@@ -301,7 +325,7 @@ def _largest(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
            f"{counts['refused']} refused"  # fmt: skip
 
 
-def _half_open(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+def _half_open(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
     """200 TCP connections that send half a request line and nothing more."""
     socks, cut = [], 0
     for _ in range(200):
@@ -325,7 +349,7 @@ def _half_open(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
     return f"200 half-open connections held {o.seconds:g} s: {cut} cut by the server"
 
 
-def _fuzz(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
+def _fuzz(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
     """300 frames of random bytes (half behind a msgpack map header) over reconnecting
     connections; each answered in one line, cut, or (counted) not answered within 2 s."""
     from websockets.sync.client import connect
@@ -342,7 +366,9 @@ def _fuzz(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
             frame = b"\x82\xa5image" + frame  # a map header: reaches the parser's depths
         try:
             if ws is None:
-                ws = connect(f"ws://127.0.0.1:{port}", open_timeout=10)
+                ws = connect(
+                    f"ws://127.0.0.1:{port}", open_timeout=10, additional_headers=_auth(key)
+                )
                 ws.recv(timeout=10)
             ws.send(frame)
             reply = ws.recv(timeout=2)
@@ -364,6 +390,66 @@ def _fuzz(port: int, o: BenchHostileOptions, stop: threading.Event) -> str:
            f"{leaked} leaked internals"  # fmt: skip
 
 
+def _auth(key: str) -> dict:
+    return {"Authorization": f"Api-Key {key}"}
+
+
+def _npscalar(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
+    """6 clients x 12 frames whose prompt is a numpy scalar of kind U holding most of a frame,
+    tagged as openpi's msgpack_numpy tags it (issue 45, 10: it used to be built into a string
+    4x its size before the prompt check)."""
+    import msgpack
+    from websockets.sync.client import connect
+
+    data = b"x" * int(min(15 * 2**20, o.frame_mb * 2**20 * 0.9))
+    image = {b"__ndarray__": True, b"data": bytes(128 * 128 * 3), b"dtype": "|u1",
+             b"shape": [128, 128, 3]}  # fmt: skip
+    prompt = {b"__npgeneric__": True, b"data": data, b"dtype": "<U1"}
+    frame = msgpack.packb({"image": image, "prompt": prompt}, use_bin_type=True)
+    counts = {"refused": 0, "answered": 0, "busy": 0}
+    lock = threading.Lock()
+
+    def one() -> None:
+        for _ in range(12):
+            if stop.is_set():
+                return
+            try:
+                with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=10,
+                             additional_headers=_auth(key)) as ws:  # fmt: skip
+                    ws.recv(timeout=10)
+                    ws.send(frame)
+                    what = "refused" if isinstance(ws.recv(timeout=10), str) else "answered"
+            except Exception:  # noqa: BLE001 - 503 busy (its key's share, bytes in flight) or cut
+                what = "busy"
+            with lock:
+                counts[what] += 1
+
+    _threads(one, 6)
+    return f"6 clients x 12 numpy-scalar prompts of {len(data) / 2**20:.1f} MiB: " \
+           f"{counts['refused']} refused in one line, {counts['busy']} busy or cut, " \
+           f"{counts['answered']} answered"  # fmt: skip
+
+
+def _key_hold(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
+    """One API key opens 40 authenticated connections and sends nothing (issue 45, 12: one
+    key could hold every slot); the legitimate client, with the other key, runs beside it."""
+    from websockets.sync.client import connect
+
+    held, busy = [], 0
+    for _ in range(40):
+        try:
+            ws = connect(f"ws://127.0.0.1:{port}", open_timeout=10, additional_headers=_auth(key))
+            ws.recv(timeout=10)
+            held.append(ws)
+        except Exception:  # noqa: BLE001 - 503 busy: the per-key cap
+            busy += 1
+    stop.wait(o.seconds)
+    for ws in held:
+        ws.close()
+    return f"one key opens 40 idle connections for {o.seconds:g} s: {len(held)} held, " \
+           f"{busy} refused busy"  # fmt: skip
+
+
 def _threads(fn, n: int, stop: threading.Event | None = None, seconds: float = 0.0) -> None:
     threads = [threading.Thread(target=fn, daemon=True) for _ in range(n)]
     for t in threads:
@@ -377,7 +463,7 @@ def _threads(fn, n: int, stop: threading.Event | None = None, seconds: float = 0
 
 POLICY_RUN = {"pipeline": _pipeline, "churn": _churn, "flood16": _flood(16),
               "flood50": _flood(50), "largest": _largest, "half-open": _half_open,
-              "fuzz": _fuzz}  # fmt: skip
+              "fuzz": _fuzz, "npscalar": _npscalar, "key-hold": _key_hold}  # fmt: skip
 
 
 def _health_ms(port: int) -> float:
@@ -396,16 +482,24 @@ def policy_attack(name: str, o: BenchHostileOptions) -> dict:
     _pin(client_cpus)
     cfg = Policy.load(o.policy).model.cfg
     obs = _obs(cfg.image_size, cfg.num_images > 1)
+    # Two clients' keys, as a deployment has them: the attacker's and the legitimate client's
+    # (the server gives each key an equal share of its connections).
+    attacker, legit_key = secrets.token_hex(16), secrets.token_hex(16)
+    keys = Path(tempfile.mkdtemp(prefix="vlarun-hostile-")) / "keys"
+    keys.write_text(f"{attacker}\n{legit_key}\n")
+    keys.chmod(0o600)
     proc, endpoint = start_server(
-        ["serve-policy", "--policy", o.policy, "--port", "0", "--insecure", "--threads", "1",
-         "--max-frame-mb", str(o.frame_mb), "--budget-s", str(o.budget_s)],
+        ["serve-policy", "--policy", o.policy, "--port", "0", "--api-key-file", str(keys),
+         "--threads", "1", "--max-frame-mb", str(o.frame_mb), "--budget-s", str(o.budget_s)],
         server_cpus)  # fmt: skip
     port = int(endpoint.rsplit(":", 1)[1])
     try:
-        rest = Legit(_legit_openpi, (port, obs, o.rest_requests, 120.0, client_cpus)).result()
+        rest = Legit(
+            _legit_openpi, (port, legit_key, obs, o.rest_requests, 120.0, client_cpus)
+        ).result()
         mem = Memory(proc.pid)
         stop = threading.Event()
-        legit = Legit(_legit_openpi, (port, obs, 10_000, o.seconds + 2.0, client_cpus))
+        legit = Legit(_legit_openpi, (port, legit_key, obs, 10_000, o.seconds + 2.0, client_cpus))
         health: list[float] = []
 
         def watch() -> None:
@@ -418,7 +512,7 @@ def policy_attack(name: str, o: BenchHostileOptions) -> dict:
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        what = POLICY_RUN[name](port, o, stop)
+        what = POLICY_RUN[name](port, o, stop, attacker)
         during = legit.result()
         stop.set()
         watcher.join(15)
@@ -427,6 +521,7 @@ def policy_attack(name: str, o: BenchHostileOptions) -> dict:
                "healthz_max_ms": max(health) if health else None}  # fmt: skip
     finally:
         err = stop_server(proc)
+        shutil.rmtree(keys.parent, ignore_errors=True)
     rest_l = _latency(rest)
     row.update(_latency(during))
     row.update({"rest_p50_ms": rest_l["legit_p50_ms"], "rest_p99_ms": rest_l["legit_p99_ms"],
