@@ -11,7 +11,7 @@ import pytest
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.scaleout import _Flight, _Worker
 from vlarun.runtime.server import robot_id
-from vlarun.sched.queue_model import StageTimes, play
+from vlarun.sched.queue_model import Booking, StageTimes, play
 from vlarun.world.fleet import Arrival, SimEdge
 
 STAGES = ("vision", "prefill", "decode")
@@ -87,3 +87,35 @@ def test_the_edge_the_front_and_the_fleet_simulator_forecast_one_queue_alike():
     ]
     # The new request (due 0.4) takes r1's place in each batch of two: it ends with r4.
     assert ask == pytest.approx(0.2)
+
+
+# (robot, stages, seconds from now it arrives, seconds from now it is due): plans booked now,
+# their requests not arrived yet (the one reservation mechanism, ``queue_model.Ledger``).
+BOOKED = (
+    (b"b1", STAGES, 0.05, 0.9),
+    (b"b2", ("prefill", "decode"), 0.0, 0.3),
+    (b"b3", STAGES, 0.05, 0.4),
+)
+
+
+def test_the_edge_and_the_fleet_simulator_forecast_booked_plans_alike():
+    """Bookings reach the next plan the same way on a real edge and a simulated one: held in
+    one ledger each, played forward by the one queue model at the measured stage times, and
+    claimed when their request arrives."""
+    now = time.monotonic()
+    q = StageQueues({s: () for s in STAGES}, max_batch=MAX_BATCH)
+    q.est_s = dict(EST)
+    sim = SimEdge(max_batch=MAX_BATCH)
+    sim.times = StageTimes(dict(EST))
+    for who, stages, arrive, due in BOOKED:
+        assert q.book(Booking(stages, now + arrive, now + due, who), now)
+        sim.book((Booking(stages, now + arrive, now + due),), robot_id(who), now)
+    edge_rows = _rows(q.forecast(now, name=robot_id), now)
+    assert edge_rows == _rows(sim.forecast(now), now)
+    assert {row[0] for row in edge_rows} == {robot_id(w) for w, *_ in BOOKED}
+    # b2 arrives: both ledgers let its booking go, and the forecasts still agree.
+    assert q.claim(b"b2", ("prefill", "decode"), now)
+    assert sim.ledger.claim(robot_id(b"b2"), ("prefill", "decode"), now)
+    left = _rows(q.forecast(now, name=robot_id), now)
+    assert left == _rows(sim.forecast(now), now)
+    assert robot_id(b"b2") not in {row[0] for row in left}
