@@ -645,8 +645,7 @@ def run_policy(
 
     if static is None and policy in ("vlarun-placement", "vlarun-joint"):
         sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                          radio=radio, cal=Calibration(clock=clock),
-                          deadline_s=cfg.slo_s)  # fmt: skip
+                          radio=radio, cal=Calibration(clock=clock))  # fmt: skip
         sched.period_s = period
         links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
     used = [-math.inf] * cfg.robots  # when each robot's link last carried a request
