@@ -7,6 +7,7 @@ fallback naming its cause, with finite actions of the right shape computed here.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import zmq
 
 from vlarun.policy import Policy
 from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.runtime.client import LinkDown
 from vlarun.runtime.transport import Security
 from vlarun.stages import wire
 from vlarun.stages.packet import Packet
@@ -144,8 +146,17 @@ def test_a_reply_larger_than_the_graph_allows_is_never_buffered():
     client = EdgeClient(f"tcp://127.0.0.1:{port}", INSECURE, ctx, limits)
     assert client.sock.getsockopt(zmq.MAXMSGSIZE) == limits.max_total_bytes
     try:
-        client._send(wire.control("health", 7))
-        assert router.poll(5000)
+        # Wait for the connection itself (the event), not a fixed time: on a busy machine the
+        # DEALER's non-blocking send is refused until its TCP connection is up.
+        end = time.monotonic() + 30.0
+        while True:
+            try:
+                client._send(wire.control("health", 7))
+                break
+            except LinkDown:
+                assert time.monotonic() < end, "the client never connected"
+                time.sleep(0.01)
+        assert router.poll(30_000)
         who, *_ = router.recv_multipart()
         huge = wire.encode(wire.Message("result", 99, "vision",
                                         packet=Packet({"x": torch.zeros(16 << 20)})))  # fmt: skip
