@@ -98,7 +98,7 @@ def _robots(front, sec, policy, n: int, requests: int, budget_s: float, out: lis
     return threads
 
 
-def test_two_workers_serve_two_robots(fleet, policy):
+def test_two_workers_serve_two_robots(fleet, policy, monkeypatch):
     front, sec, _ = fleet
     out: list = []
     for t in _robots(front, sec, policy, 2, 8, 5.0, out):
@@ -114,9 +114,13 @@ def test_two_workers_serve_two_robots(fleet, policy):
     assert sum(w["replies"] for w in h["workers"]) >= 16 and all(w["up"] for w in h["workers"])
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
     assert h["schedule"] == ()  # the same reservations contract as one edge (nothing in flight)
-    from vlarun.runtime.dashboard import Dashboard
+    from vlarun.runtime import dashboard
 
-    state = Dashboard(front).state()  # the live page reads the front as it reads one edge
+    # The page lists robots that sent data in its last ACTIVE_S (2 s); on a busy machine the
+    # checks above can take longer than that after the robots' last request. What is tested
+    # here is that the page reads the front as it reads one edge, not the window.
+    monkeypatch.setattr(dashboard, "ACTIVE_S", 3600.0)
+    state = dashboard.Dashboard(front).state()
     assert state["counts"]["replies"] >= 16 and len(state["workers"]) == 2
     assert len(state["robots"]) == 2
 
@@ -155,7 +159,9 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
     moved = front.stats["redispatched"] - before["redispatched"]
     moved += front.stats["lost_refused"] - before["lost_refused"]
     assert front.stats["worker_down"] > before["worker_down"] and moved >= 1
-    end = time.monotonic() + 60
+    # Ray restarts the killed worker (a new process that imports torch and loads the policy:
+    # over a minute beside two busy processes); waited for as the event, with a generous bound.
+    end = time.monotonic() + 240
     while time.monotonic() < end and front.health()["capacity"] < 2:
         time.sleep(0.1)
     assert front.health()["capacity"] == 2  # Ray restarted it; the front found it again
