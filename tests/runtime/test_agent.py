@@ -159,8 +159,19 @@ def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
         assert not agent.edge_up
         restarted, _ = procs.start_edge(port=port)
         assert _wait(lambda: agent.edge_up, 15), "no reconnect after the edge came back"
-        again = [agent.infer(env.image, INSTRUCTION) for _ in range(3)]
-        assert any("edge" in r.ran.values() and r.fallback is None for r in again)
+        # The monitor's socket hears the edge first; the agent's own DEALER may still be
+        # reconnecting (its first send then fails "no connection" and the edge is marked down
+        # until the monitor hears it again). Wait for the event itself: a request served by
+        # the edge, within a generous bound.
+        again: list = []
+        end = time.monotonic() + 30.0
+        while time.monotonic() < end and not any(
+            "edge" in r.ran.values() and r.fallback is None for r in again
+        ):
+            again.append(agent.infer(env.image, INSTRUCTION))
+        assert any("edge" in r.ran.values() and r.fallback is None for r in again), [
+            (r.ran, r.fallback) for r in again[-3:]
+        ]
         assert agent.monitor.reconnects >= 1
     finally:
         agent.close()
