@@ -276,7 +276,6 @@ class StageQueues(StageTimes):
         holding every queued request, every booking, ``ask`` and the running batch's
         followers."""
         with self.cond:
-            self.ledger.expire(now)
             items = [self._pending(now, j.deadline, name(j.origin), j.stages[j.pos :])
                      for q in self.queues.values() for j in q]  # fmt: skip
             items += self.ledger.pending(now, self.seconds, name)

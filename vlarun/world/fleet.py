@@ -370,13 +370,18 @@ class World:
             return bandwidth_at(trace, t % float(trace["seconds"]))
         return c.bw_before if t < c.drop_at * c.duration_s else c.bw_after
 
+    def wire_s(self, nbytes: float, t: float) -> float:
+        """``nbytes``' one-way time at ``t`` without jitter (it draws nothing, so every
+        strategy's requests see the same link jitter draws): what a monitor probe takes, and
+        what the robot's link monitor expects a transfer to take."""
+        return self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
+
     def probe_s(self, t: float) -> float:
-        """A monitor probe's one-way time at ``t`` (no jitter: it draws nothing, so every
-        strategy's requests see the same link jitter draws)."""
-        return self.cfg.rtt_ms * 1e-3 / 2 + PROBE_BYTES * 8 / (self.bandwidth(t) * 1e6)
+        """A monitor probe's one-way time at ``t``."""
+        return self.wire_s(PROBE_BYTES, t)
 
     def transfer_s(self, nbytes: float, t: float) -> float:
-        wire = self.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (self.bandwidth(t) * 1e6)
+        wire = self.wire_s(nbytes, t)
         return wire * float(self.link_rng.lognormal(0.0, self.cfg.link_jitter_sigma))
 
 
@@ -504,10 +509,6 @@ def execute(
             spends.append(StageSpend("robot", sec, world.utilisation(works[k], "robot")))
         return t
 
-    def wire_s(nbytes: float, t: float) -> float:
-        """A transfer's time as the robot's link monitor expects it at ``t`` (no jitter)."""
-        return world.cfg.rtt_ms * 1e-3 / 2 + nbytes * 8 / (world.bandwidth(t) * 1e6)
-
     i = 0
     while i < len(works):
         work = works[i]
@@ -522,9 +523,9 @@ def execute(
         for p in work.parents or ("",):  # the first stage's input comes from the robot
             prole = roles[names.index(p)] if p else "robot"
             t = end.get(p, release)
-            if prole == "robot" and roles[i] == "edge" and i in give_up:
-                back = wire_s(back_bytes, t)
-                if give_up[i] - t - wire_s(work.in_bytes, t) - back <= 0:
+            if prole == "robot" and i in give_up:  # this edge segment's input leaves now
+                back = world.wire_s(back_bytes, t)
+                if give_up[i] - t - world.wire_s(work.in_bytes, t) - back <= 0:
                     # The link leaves the edge no time: the robot does not send, it runs the
                     # segment here (the runtime's executor refuses to send it too).
                     fallback = "link: leaves the edge no time"
@@ -555,7 +556,7 @@ def execute(
             walls = tuple(
                 world.stretch(world.seconds(works[k], "edge", draws[k], knobs), load) for k in seg
             )
-            due = min(give_up[i] - (back or wire_s(back_bytes, ready)), deadline)
+            due = min(give_up[i] - (back or world.wire_s(back_bytes, ready)), deadline)
             ends = yield Arrival(ready, due, tuple(names[k] for k in seg), walls)
             if ends is None:
                 # Refused at once; this stage and every later one run on the robot.
