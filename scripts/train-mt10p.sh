@@ -6,6 +6,9 @@
 # only then: the state is rewritten every 20 minutes, and each commit of it is 23 MB of history
 # (while it runs, commit with `git add -A -- ':!training'`).
 #   scripts/train-mt10p.sh [MINUTES] [THREADS]     (default 90 minutes, every core)
+# SUITE=mt10g trains the labelled goal-in-state variant (issue 48, step 6: the goal xyz in the
+# state, Meta-World's own MT observation) on the same demonstrations, into training/mt10g/,
+# starting from the mt10p run's weights (the proprio input widened with zero columns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-90}
@@ -21,5 +24,12 @@ for m in assets/demos/mt10p-*/; do
   SETS+=("data/$name")
 done
 DEMOS=$(IFS=,; echo "${SETS[*]}")
-exec "$VLARUN" train --suite mt10p --demos "$DEMOS" --steps 12000 --batch 32 --lr 3e-4 \
-  --warmup 300 --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20
+SUITE=${SUITE:-mt10p}
+case "$SUITE" in
+  mt10p) SCHEDULE=(--steps 12000 --lr 3e-4 --warmup 300) ;;
+  # A fine-tune of a trained trunk: a quarter of the schedule at a third of the peak LR.
+  mt10g) SCHEDULE=(--steps 4000 --lr 1e-4 --warmup 100 --init-from training/mt10p) ;;
+  *) echo "SUITE must be mt10p or mt10g, got $SUITE" >&2; exit 2 ;;
+esac
+exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
+  --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

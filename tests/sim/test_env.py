@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("metaworld")
 
-from vlarun.sim.env import CAMERAS, GL_BACKEND, CameraSpec, MetaWorldEnv  # noqa: E402
+from vlarun.sim.env import CAMERAS, GL_BACKEND, CameraSpec, MetaWorldEnv, env_views  # noqa: E402
 from vlarun.sim.tasks import METAWORLD_HORIZON, TASKS, get_task, task_names  # noqa: E402
 
 
@@ -208,3 +208,31 @@ def test_wrist_camera_rides_with_the_hand():
     env.close()
     with pytest.raises(ValueError, match="free cameras only"):
         CameraSpec("corner", follow="hand")
+
+
+def test_goal_in_state_appends_the_goal_the_targets_carry():
+    # The labelled goal-in-state variant (mt10g): hand state, then the goal xyz, from the same
+    # simulator call as the training targets, so training and evaluation see one goal.
+    env = MetaWorldEnv("reach-v3", goal_in_state=True, render=False)
+    plain = MetaWorldEnv("reach-v3", render=False)
+    try:
+        goals = []
+        for seed in (0, 1):
+            obs, info = env.reset(seed=seed)
+            ref, _ = plain.reset(seed=seed)
+            assert obs["state"].shape == (7,) and env.observation_space["state"].shape == (7,)
+            np.testing.assert_array_equal(obs["state"][:4], ref["state"])
+            np.testing.assert_array_equal(obs["state"][4:], env.targets[3:])
+            assert env.observation_space["state"].contains(obs["state"])
+            goals.append(obs["state"][4:])
+        assert np.abs(goals[0] - goals[1]).max() > 1e-3
+    finally:
+        env.close()
+        plain.close()
+
+
+def test_env_views_build_the_state_a_policy_was_trained_on():
+    from vlarun.models.presets import get_preset
+
+    assert env_views(get_preset("mt10g-ar"))["goal_in_state"] is True
+    assert "goal_in_state" not in env_views(get_preset("mt10p-ar"))

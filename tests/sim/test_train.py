@@ -1,5 +1,6 @@
 """Behaviour cloning: a few steps run, resume from the saved state, and export loadable VLAs."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -238,3 +239,41 @@ def test_state_without_moments_rewarms_and_says_so(tmp_path, demos, capsys):
     scheduled = lr_at(TrainConfig(**{**cfg, "steps": 4}), 2)
     assert lrs[2] == pytest.approx(scheduled / 4)  # the first step after the resume: 1/4
     assert lrs[3] == pytest.approx(lr_at(TrainConfig(**{**cfg, "steps": 4}), 3) / 2)
+
+
+def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
+    """mt10g (the goal in the state) starts from an mt10p run: the proprio input widened with
+    zero columns, so on the same frames its losses are mt10p's; it trains and its exported
+    policies take the 7-value state."""
+    from vlarun.sim.bc_model import MultiHeadBC
+    from vlarun.sim.text import build_tokenizer
+    from vlarun.sim.train import DemoSampler, init_weights
+
+    d = tmp_path / "demos"
+    collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
+    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
+                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    train(base)
+    torch.manual_seed(0)
+    grown, source = MultiHeadBC("mt10g"), MultiHeadBC("mt10p")
+    assert "widened with zero inputs: trunk.proprio_projector" in init_weights(
+        grown, tmp_path / "p", "mt10g"
+    )
+    init_weights(source, tmp_path / "p", "mt10p")
+    tok = build_tokenizer([], tmp_path / "p" / "tokenizer.json")
+    batch = DemoSampler(str(d), grown.chunk, tok, 0, 2, goal_in_state=True).sample(2, 0, step=0)
+    assert batch.state.shape == (2, 7)
+    plain = dataclasses.replace(batch, state=batch.state[:, :4])
+    grown.eval(), source.eval()
+    with torch.no_grad():
+        a, b = grown(batch), source(plain)
+    for k in ("ar", "oft", "aux"):  # the deterministic losses (DiT and flow draw noise)
+        torch.testing.assert_close(getattr(a, k), getattr(b, k))
+    goal = TrainConfig(suite="mt10g", demos=str(d), out=str(tmp_path / "g"), steps=1, batch=2,
+                       warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+    train(goal)
+    policy = Policy.from_checkpoint(tmp_path / "g" / "export" / "mt10g-oft")
+    image = np.zeros((128, 128, 3), np.uint8)
+    actions = policy.predict([image, image], "reach the goal", state=np.zeros(7, np.float32))
+    assert actions.shape == (8, 4) and np.isfinite(actions).all()
+    assert policy.model.cfg.goal_in_state

@@ -665,6 +665,33 @@ def mt10p_flow() -> VLAConfig:
     return dataclasses.replace(mt10w_flow(), name="mt10p-flow", vision=mt10p_ar().vision)
 
 
+# -- MT10 with the goal in the state: Meta-World's own MT observation, a labelled variant ------
+# mt10p's shape and views with the task's goal xyz appended to the hand state (7 values), the
+# setting Meta-World's MT benchmarks use (``partially_observable=False``). Issue 48's step 6: the
+# headline policies see the goal only through the cameras; this variant shows how much of the
+# precise tasks' failure is finding a 5 px goal marker. Never reported in the same table.
+
+
+def _goal(cfg: VLAConfig, name: str) -> VLAConfig:
+    return dataclasses.replace(cfg, name=name, proprio_dim=cfg.proprio_dim + 3, goal_in_state=True)
+
+
+def mt10g_ar() -> VLAConfig:
+    return _goal(mt10p_ar(), "mt10g-ar")
+
+
+def mt10g_oft() -> VLAConfig:
+    return _goal(mt10p_oft(), "mt10g-oft")
+
+
+def mt10g_dit() -> VLAConfig:
+    return _goal(mt10p_dit(), "mt10g-dit")
+
+
+def mt10g_flow() -> VLAConfig:
+    return _goal(mt10p_flow(), "mt10g-flow")
+
+
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
@@ -694,6 +721,10 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10p-oft": mt10p_oft,
     "mt10p-dit": mt10p_dit,
     "mt10p-flow": mt10p_flow,
+    "mt10g-ar": mt10g_ar,
+    "mt10g-oft": mt10g_oft,
+    "mt10g-dit": mt10g_dit,
+    "mt10g-flow": mt10g_flow,
 }
 DEFAULT_PRESET = "tiny-openvla"
 # A shipped policy and the preset of its shape share one name (tiny-ar, mt10-oft, ...): a name

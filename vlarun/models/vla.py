@@ -78,6 +78,10 @@ class VLAConfig:
     # Names of the cameras the views come from, in order (e.g. ("workspace", "left")), so an
     # environment can render what the policy was trained on; empty = unnamed.
     views: tuple[str, ...] = ()
+    # The state ends with the task's goal xyz (Meta-World's own MT setting,
+    # ``partially_observable=False``): a labelled variant, never a VLA's headline input, which
+    # sees the goal only through the cameras. The environment builds the state to match.
+    goal_in_state: bool = False
     action_vocab_size: int | None = None  # OpenVLA: vocab without the padding to 64 (32000)
     prefix_causal: bool = True  # pi0 attends bidirectionally within the prefix
     # PaliGemma's layout (pi0): the visual tokens come first, then BOS and the text, so
@@ -138,6 +142,8 @@ class VLAConfig:
             raise ValueError(f"views {self.views} name {len(self.views)} of {self.num_images}")
         if self.proprio_dim < 0:
             raise ValueError(f"proprio_dim must be >= 0, got {self.proprio_dim}")
+        if self.goal_in_state and self.state_dim < 3:
+            raise ValueError("goal_in_state needs a state of at least 3 values (the goal xyz)")
         if self.decode_tokens < 0:
             raise ValueError(f"decode_tokens must be >= 0, got {self.decode_tokens}")
         if self.decode_tokens and self.family != "autoregressive":

@@ -84,9 +84,15 @@ SUITES: dict[str, dict[str, str]] = {
         "diffusion": "mt10p-dit",
         "flow": "mt10p-flow",
     },
+    "mt10g": {
+        "autoregressive": "mt10g-ar",
+        "parallel": "mt10g-oft",
+        "diffusion": "mt10g-dit",
+        "flow": "mt10g-flow",
+    },
 }
 # Suites whose demonstrations carry object and goal positions for the auxiliary head.
-AUX_SUITES = frozenset({"mt10w", "mt10p"})
+AUX_SUITES = frozenset({"mt10w", "mt10p", "mt10g"})
 NUM_TARGETS = 6  # object xyz + goal xyz
 
 

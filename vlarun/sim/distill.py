@@ -147,7 +147,12 @@ def load_frames(cfg: DistillConfig, teacher: Policy) -> Frames:
 
     model = teacher.model
     sampler = DemoSampler(
-        cfg.demos, model.cfg.chunk, teacher.tokenizer, cfg.seed, model.cfg.num_images
+        cfg.demos,
+        model.cfg.chunk,
+        teacher.tokenizer,
+        cfg.seed,
+        model.cfg.num_images,
+        goal_in_state=model.cfg.goal_in_state,
     )
     n = model.cfg.num_action_tokens
     chunks = sampler.chunks.reshape(-1, n)

@@ -11,7 +11,9 @@ State: the first 4 entries of Meta-World's observation (hand xyz + gripper openi
 of the first 18 entries are privileged object poses, and the last 3 are the goal; a VLA sees
 those only through the camera, as on a real robot, so neither is in ``state``. The goal is also
 zeroed in Meta-World's own observation (``_partially_observable``); the scripted expert gets the
-true goal explicitly through :meth:`MetaWorldEnv.expert_action`.
+true goal explicitly through :meth:`MetaWorldEnv.expert_action`. ``goal_in_state=True`` appends
+the goal xyz (7 values): Meta-World's own MT observation, for the labelled goal-in-state
+policies (``mt10g-*``) only.
 
 Randomisation: every reset draws the object and goal positions from Meta-World's task space with
 Meta-World's own seeded sampler (``seeded_rand_vec``: ``np_random.uniform`` over
@@ -217,6 +219,8 @@ class EnvConfig:
         antialias: Multisample anti-aliasing (Meta-World's 4x); costs ~2x render time on CPU.
         extra_cameras: Further views (keys of ``CAMERAS``), rendered at the same size; with any,
             observations carry ``"views"`` (V, S, S, 3): ``camera`` first, then these.
+        goal_in_state: The state ends with the goal xyz (7 values): Meta-World's own MT setting
+            (``partially_observable=False``), for the labelled goal-in-state policies only.
     """
 
     task: str
@@ -227,6 +231,7 @@ class EnvConfig:
     render: bool = True
     antialias: bool = False
     extra_cameras: tuple[str, ...] = ()
+    goal_in_state: bool = False
 
     def __post_init__(self) -> None:
         get_task(self.task)  # raises ValueError listing valid names
@@ -243,11 +248,13 @@ class EnvConfig:
 
 def env_views(cfg: Any) -> dict[str, Any]:
     """:class:`MetaWorldEnv` keyword arguments that render the views a policy config
-    (``VLAConfig.views``) names: its first view as ``camera``, the rest as ``extra_cameras``."""
+    (``VLAConfig.views``) names: its first view as ``camera``, the rest as ``extra_cameras``; and
+    the goal in the state where the config was trained with it (``VLAConfig.goal_in_state``)."""
     views = getattr(cfg, "views", ())
-    if not views:
-        return {}
-    return {"camera": views[0], "extra_cameras": tuple(views[1:])}
+    kwargs: dict[str, Any] = {"goal_in_state": True} if getattr(cfg, "goal_in_state", False) else {}
+    if views:
+        kwargs.update(camera=views[0], extra_cameras=tuple(views[1:]))
+    return kwargs
 
 
 def _camera(spec: CameraSpec) -> tuple[str | Any, bool]:
@@ -288,6 +295,7 @@ class MetaWorldEnv(gym.Env):
         render: False to skip rendering (observations without "image").
         antialias: Enable 4x multisampling (slower).
         extra_cameras: Further views; observations then carry ``"views"`` (V, S, S, 3).
+        goal_in_state: Append the goal xyz to the state (see :class:`EnvConfig`).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
@@ -302,9 +310,18 @@ class MetaWorldEnv(gym.Env):
         render: bool = True,
         antialias: bool = False,
         extra_cameras: tuple[str, ...] = (),
+        goal_in_state: bool = False,
     ) -> None:
         self.config = EnvConfig(
-            task, image_size, seed, camera, max_steps, render, antialias, tuple(extra_cameras)
+            task,
+            image_size,
+            seed,
+            camera,
+            max_steps,
+            render,
+            antialias,
+            tuple(extra_cameras),
+            goal_in_state,
         )
         self.task: TaskSpec = get_task(task)
         self.instruction: str = self.task.instruction
@@ -329,6 +346,9 @@ class MetaWorldEnv(gym.Env):
 
         low = self._mw.sawyer_observation_space.low[:4].astype(np.float32)
         high = self._mw.sawyer_observation_space.high[:4].astype(np.float32)
+        if goal_in_state:  # a goal is a point the hand reaches: the hand's bounds (the observed
+            # goal can leave a task's own ``goal_space``, e.g. door-open's, which is offset)
+            low, high = np.concatenate((low, low[:3])), np.concatenate((high, high[:3]))
         obs_spaces: dict[str, spaces.Space] = {"state": spaces.Box(low, high, dtype=np.float32)}
         if render:
             shape = (image_size, image_size, 3)
@@ -400,6 +420,8 @@ class MetaWorldEnv(gym.Env):
     def _obs(self) -> dict[str, np.ndarray]:
         assert self._raw_obs is not None
         obs = {"state": self._raw_obs[:4].astype(np.float32)}
+        if self.config.goal_in_state:  # the same goal the auxiliary targets carry
+            obs["state"] = np.concatenate((obs["state"], self.targets[3:]))
         if self.config.render:
             obs["image"] = self.render()  # raises once closed, rather than dropping the image
             if len(self._cameras) > 1:

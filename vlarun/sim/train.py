@@ -22,6 +22,7 @@ the two rates are printed and written to the log and the model card.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import queue
@@ -45,6 +46,7 @@ from vlarun.config import opt
 from vlarun.machine import cpu_name
 from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
+from vlarun.models.presets import get_preset
 from vlarun.models.tokenizer import openvla_prompt
 from vlarun.paths import checkpoints_dir, training_dir
 from vlarun.sim.bc_model import AUX_SUITES, SUITES, Batch, MultiHeadBC
@@ -196,8 +198,9 @@ class DemoSampler:
 
     ``directory`` may list several demo directories joined by commas (same image size; their
     tasks are merged by name); normalisation statistics are computed over all of them and
-    carried by the exported policies. ``balance`` draws a task uniformly, then a frame of it,
-    so short-episode tasks (reach) get as many samples as long ones.
+    carried by the exported policies. ``goal_in_state`` appends each frame's goal xyz to its
+    state (the ``mt10g`` policies: :func:`with_goal_state`). ``balance`` draws a task uniformly,
+    then a frame of it, so short-episode tasks (reach) get as many samples as long ones.
     """
 
     def __init__(
@@ -208,9 +211,12 @@ class DemoSampler:
         seed: int,
         num_images: int = 1,
         balance: bool = False,
+        goal_in_state: bool = False,
     ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
+        if goal_in_state:
+            demos = with_goal_state(demos)
         views = 1 if demos.images.ndim == 4 else demos.images.shape[1]
         if views < num_images:
             raise ValueError(
@@ -274,6 +280,19 @@ class DemoSampler:
         text = [self.text[t] for t in self.task[idx].tolist()]
         targets = None if self.targets is None else self.targets[idx]
         return Batch(images, text, self.chunks[idx], self.states[idx], targets)
+
+
+def with_goal_state(demos: Demos) -> Demos:
+    """``demos`` with each frame's goal xyz after its hand state (7 values): what
+    ``MetaWorldEnv(goal_in_state=True)`` observes, taken from the same simulator call (the
+    recorded auxiliary targets), so training and evaluation see one goal."""
+    if demos.targets is None:
+        raise ValueError(
+            "goal-in-state training needs demonstrations that record goal positions "
+            "(format 2 or later: 'targets')"
+        )
+    states = np.concatenate((demos.states, demos.targets[:, 3:6]), axis=1).astype(np.float32)
+    return dataclasses.replace(demos, states=states)
 
 
 def merged_statistics(demos: Demos) -> dict:
@@ -445,7 +464,12 @@ EXPORT_NAMES = SUITES
 FAMILY_NAMES = EXPORT_NAMES["mw"]
 # A suite whose trunk has the shape of another's starts from that one's policies when it has
 # none of its own (mt10w: mt10's trunk, a wrist camera instead of the mirrored view).
-GROWS_FROM: dict[str, tuple[str, ...]] = {"mt10w": ("mt10",), "mt10p": ("mt10w", "mt10")}
+# mt10g (the goal in the state) grows mt10p: its proprio input is 3 values wider (_load_matching).
+GROWS_FROM: dict[str, tuple[str, ...]] = {
+    "mt10w": ("mt10",),
+    "mt10p": ("mt10w", "mt10"),
+    "mt10g": ("mt10p",),
+}
 
 
 def _source_tokenizer(source: Path, suite: str = "mw") -> Path | None:
@@ -495,12 +519,31 @@ def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
 
 
 def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> str:
-    """Copy the tensors whose name and shape match; say what was taken and what was not."""
+    """Copy the tensors whose name and shape match; say what was taken and what was not.
+
+    A weight matrix that only gained inputs (same rows, more columns: the proprio projector
+    of a policy whose state gained the goal) is widened with zero columns, so the new inputs
+    start ignored and the model starts as exactly the one it grows from."""
     own = model.state_dict()
     match = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    widened = []
+    for k, v in weights.items():
+        mine = own.get(k)
+        if (
+            mine is not None
+            and k not in match
+            and mine.ndim == v.ndim == 2
+            and mine.shape[0] == v.shape[0]
+            and mine.shape[1] > v.shape[1]
+        ):
+            wide = torch.zeros_like(mine)
+            wide[:, : v.shape[1]] = v
+            match[k] = wide
+            widened.append(k)
     model.load_state_dict(match, strict=False)
     fresh = sorted({k.split(".")[0] for k in own if k not in match})
-    return f"{len(match)} of {len(own)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
+    line = f"{len(match)} of {len(own)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
+    return line + (f"; widened with zero inputs: {', '.join(widened)}" if widened else "")
 
 
 def default_init(cfg: TrainConfig) -> Path | None:
@@ -572,7 +615,13 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     if not export_only and meta["step"] < cfg.steps and not spent:
         # Batch k is drawn from (seed, k) whatever ran before: a resumed run continues the stream.
         sampler = DemoSampler(
-            cfg.demos, model.chunk, tokenizer, cfg.seed, model.cfg.num_images, balance=cfg.balance
+            cfg.demos,
+            model.chunk,
+            tokenizer,
+            cfg.seed,
+            model.cfg.num_images,
+            balance=cfg.balance,
+            goal_in_state=model.cfg.goal_in_state,
         )
         probe = sampler.sample(cfg.batch, cfg.shift, step=-1)  # not a batch of the run
 
@@ -748,7 +797,8 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
     """Write one checkpoint per family (bf16 weights, config, statistics, tokenizer, card)."""
     stats = meta.get("statistics")
     if stats is None:  # exporting a run saved before statistics were kept in its state
-        stats = merged_statistics(concat_demos([load_demos(d) for d in demo_dirs(cfg.demos)]))
+        demos = concat_demos([load_demos(d) for d in demo_dirs(cfg.demos)])
+        stats = merged_statistics(with_goal_state(demos) if model.cfg.goal_in_state else demos)
     written = {}
     for family, vla in model.export().items():
         name = EXPORT_NAMES[cfg.suite][family]
@@ -778,11 +828,19 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         if meta.get("init_from")
         else ""
     )
+    inputs = (
+        "- inputs: **the goal xyz in the state** (Meta-World's own MT observation, "
+        "`partially_observable=False`): a labelled variant, never in a table with the "
+        "image-only policies\n"
+        if get_preset(name).goal_in_state
+        else ""
+    )
     return (
         f"# {name}\n\nA {family} VLA trained by behaviour cloning on scripted Meta-World v3 "
         f"demonstrations (`vlarun train`).\n\n- data: `{_data_names(cfg.demos)}` "
-        f"({meta.get('demos_manifest', 'see manifest')})\n{start}- steps: {meta['step']} x batch "
-        f"{cfg.batch}, lr {cfg.lr}, random shift {cfg.shift} px, {precision}, "
+        f"({meta.get('demos_manifest', 'see manifest')})\n{inputs}{start}"
+        f"- steps: {meta['step']} x batch {cfg.batch}, lr {cfg.lr}, "
+        f"random shift {cfg.shift} px, {precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
         f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen) "
         f"on {meta.get('cpu', cpu_name())}\n"
