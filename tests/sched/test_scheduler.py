@@ -704,3 +704,33 @@ def test_a_handoff_waits_out_the_edge_queue():
     busy = DeviceState(reservations=[Reservation("edge", s, 0.0, 5.0, due=0.5)
                                      for s in ("vision", "prefill", "decode")])  # fmt: skip
     assert sched.handoff(None, 1, ends[0], good, busy) is None
+
+
+def test_with_nothing_feasible_a_placement_that_keeps_missing_loses_to_the_next_likeliest():
+    """In an overload no plan is feasible and the rule takes the one most likely to meet the
+    deadline. A placement whose requests keep missing it (refused by the edge: fallbacks,
+    which teach no residual) must lose that rank to the measured evidence, and the evidence is
+    judged at the deadline requests are held to, not the planning headroom below it."""
+    from vlarun.sched.contract import Outcome
+
+    slow_robot = dataclasses.replace(get_device("orin-nx-16gb"), mem_gb=64)
+    devs = {"robot": slow_robot, "edge": RTX}
+    space = space_for("cogact", devs, accelerators=False)
+    # Planned at 60 ms, judged at 130: nothing fits 60 ms (edge-only, the fastest, takes ~73),
+    # and edge-only is the likeliest to meet 130 until its requests keep missing it.
+    sched = Scheduler(space, devs, slo_s=0.06, actions=16, deadline_s=0.13)
+    link = Link(1000.0, 1.0)
+    first = sched.decide(link)
+    assert not first.feasible and set(first.placement.values()) == {"edge"}
+    for _ in range(20):  # every request of that placement refused, run here, late
+        sched.observe(first, Outcome(stages=(), latency_s=1.0, fallback="edge: refused"))
+    assert not sched.cal.residuals  # fallbacks teach no residual
+    roles = tuple(first.placement[n] for n in space.stages)
+    share, evidence = sched.cal.on_time_share(roles)
+    assert share == 0.0 and evidence == pytest.approx(sched.cal.max_count)
+    second = sched.decide(link)
+    assert second.placement != first.placement
+    # A request on time at the deadline but over the planning SLO counts as on time.
+    sched.observe(second, Outcome(stages=(), latency_s=0.1))
+    roles2 = tuple(second.placement[n] for n in space.stages)
+    assert sched.cal.on_time_share(roles2)[0] == 1.0

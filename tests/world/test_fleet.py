@@ -381,3 +381,29 @@ def test_a_link_too_slow_for_the_deadline_is_not_used():
     draws = world.draw(works)
     local = sum(world.seconds(w, "robot", d, None) for w, d in zip(works, draws, strict=True))
     assert out.latency_s == pytest.approx(local)
+
+
+def test_each_simulated_robot_plans_with_its_own_scheduler(monkeypatch):
+    """As on real robots (each RobotAgent owns its planner), every simulated robot decides
+    with a scheduler of its own over its own link, and learns only from its own requests: a
+    shared one learned N times as fast and herded the robots (8 robots, 1.0x deadline)."""
+    import vlarun.world.fleet as fleet
+
+    seen: dict[int, set[int]] = {}
+    learnt: dict[int, int] = {}
+
+    class Recording(fleet.Scheduler):
+        def decide(self, link, *a, **kw):
+            seen.setdefault(id(self), set()).add(id(link))
+            return super().decide(link, *a, **kw)
+
+        def observe(self, *a, **kw):
+            learnt[id(self)] = learnt.get(id(self), 0) + 1
+            return super().observe(*a, **kw)
+
+    monkeypatch.setattr(fleet, "Scheduler", Recording)
+    cfg = FleetConfig(model="openvla-7b", robots=3, duration_s=6, loads="medium")
+    run_policy(cfg, make_setup(cfg), "vlarun-placement", "medium", 0)
+    assert len(seen) == 3 and all(len(links) == 1 for links in seen.values())
+    assert len({link for links in seen.values() for link in links}) == 3
+    assert set(learnt) == set(seen) and all(n >= 1 for n in learnt.values())

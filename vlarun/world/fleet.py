@@ -638,16 +638,22 @@ def run_policy(
     edge, rho = SimEdge(), LOADS[load]
     radio, period = setup.radio, cfg.slo_s
     # The edge reports its background utilisation; the predictor stretches edge stages by it.
-    sched, slowdown, links = None, 1 / (1 - rho), []
+    scheds: list[Scheduler] = []
+    slowdown, links = 1 / (1 - rho), []
     now = [0.0]  # the simulated time: what the scheduler's and the links' memories age by
 
     def clock() -> float:
         return now[0]
 
     if static is None and policy in ("vlarun-placement", "vlarun-joint"):
-        sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                          radio=radio, cal=Calibration(clock=clock))  # fmt: skip
-        sched.period_s = period
+        # One planner per robot, as on real robots (each ``RobotAgent`` owns its planner and
+        # learns from its own requests only); they meet only in the edge's booked schedule.
+        for _ in range(cfg.robots):
+            sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
+                              radio=radio, cal=Calibration(clock=clock),
+                              deadline_s=cfg.slo_s)  # fmt: skip
+            sched.period_s = period
+            scheds.append(sched)
         links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
     used = [-math.inf] * cfg.robots  # when each robot's link last carried a request
     k_id = _identity_index(space)
@@ -669,7 +675,7 @@ def run_policy(
         except StopIteration as stop:
             out: Executed = stop.value
             if req.plan is not None:
-                _learn(sched, links[req.robot], req.plan, req.works, out)
+                _learn(scheds[req.robot], links[req.robot], req.plan, req.works, out)
                 if out.transfers:
                     used[req.robot] = now[0]
             records.append(_record(cfg, req, out))
@@ -681,7 +687,7 @@ def run_policy(
             d = None
             if static is not None:
                 roles, k = static
-            elif sched is None:
+            elif not scheds:
                 k, roles = k_id, fixed_roles(policy, space.stages)
             else:
                 # The monitor probed the idle link every PROBE_EVERY_S since it last carried a
@@ -696,9 +702,9 @@ def run_policy(
                 # against, as a runtime robot reads it from the edge (``costview.edge_state``).
                 booked = reservations(edge.forecast(t), t)
                 state = DeviceState(slowdown=slowdown, reservations=booked)
-                d = sched.decide(links[what], t, state, top=0)
+                d = scheds[what].decide(links[what], t, state, top=0)
                 edge.book(plan_bookings(d, cfg.slo_s, t), str(what), t)
-                k, roles = sched.setting_index(d), tuple(d.placement.values())
+                k, roles = scheds[what].setting_index(d), tuple(d.placement.values())
             works = space.works[k]
             run = execute(world, works, roles, t, radio, rho, space.settings[k].as_dict())
             advance(_Request(what, t, k, works, d, run), None)
