@@ -45,6 +45,9 @@ def test_a_trim_is_due_after_a_burst_ends_or_a_large_one_goes_on_and_not_twice_a
     assert t.trims == 1
     t.handled(1000)
     assert not t.due(idle=True)  # one a minute here (every_s)
+    wait = t.wait_s(idle=True)  # ... but put off, not dropped: the burst's end still gets one
+    assert wait is not None and 59.0 < wait <= 60.0
+    assert memory.Trimmer(min_bytes=10).wait_s(idle=True) is None  # nothing to give back
 
 
 def test_the_openpi_server_trims_when_its_last_client_leaves():
@@ -67,5 +70,34 @@ def test_the_openpi_server_trims_when_its_last_client_leaves():
         while srv.trimmer.trims < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert srv.trimmer.trims == 1 and srv.connections == 0
+    finally:
+        stop()
+
+
+def test_a_burst_ending_just_after_a_trim_is_trimmed_once_it_may_be():
+    """The last client leaves within ``every_s`` of a mid-burst trim: the server trims once
+    ``every_s`` has passed, instead of keeping the burst's memory until the next client."""
+    pytest.importorskip("openpi_client")
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from vlarun.policy import Policy
+    from vlarun.runtime import openpi
+
+    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
+                                    port=0)  # fmt: skip
+    srv.trimmer = memory.Trimmer(min_bytes=1, every_s=1.0)
+    srv.trimmer.handled(10)
+    srv.trimmer.maybe_trim(idle=True)  # a trim just now
+    srv.trimmer.handled(10)  # ... and a burst's memory since
+    assert srv.trimmer.trims == 1
+    stop = srv.start_in_thread(30)
+    try:
+        c = WebsocketClientPolicy("127.0.0.1", srv.port)
+        c.infer({"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"})
+        c._ws.close()
+        deadline = time.monotonic() + 30
+        while srv.trimmer.trims < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.trimmer.trims == 2 and srv.connections == 0
     finally:
         stop()

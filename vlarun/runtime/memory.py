@@ -60,10 +60,17 @@ class Trimmer:
     def due(self, idle: bool) -> bool:
         """Whether a trim is due: a burst of at least ``min_bytes`` ended (``idle``: no
         connection left) or ``after_bytes`` went by mid-burst, and none in ``every_s``."""
+        return self.wait_s(idle) == 0.0
+
+    def wait_s(self, idle: bool) -> float | None:
+        """Seconds until the trim a burst calls for may run (0: now), or None when none is
+        called for. A burst that ends within ``every_s`` of a mid-burst trim still gets its
+        trim, that much later: skipped, the last of its memory stayed (512 MB against 354 idle
+        10 s after 16 MiB frames were pipelined, 2026-12-05)."""
         with self._lock:
-            if time.monotonic() - self._last < self.every_s:
-                return False
-            return self._bytes >= (self.min_bytes if idle else self.after_bytes)
+            if self._bytes < (self.min_bytes if idle else self.after_bytes):
+                return None
+            return max(0.0, self._last + self.every_s - time.monotonic())
 
     def maybe_trim(self, idle: bool) -> bool:
         if not self.due(idle):

@@ -354,6 +354,7 @@ class OpenpiPolicyServer:
         self._server = None
         self.refusal_log = RefusalLog()
         self.trimmer = Trimmer()  # gives a burst's freed request memory back to the OS
+        self._trim_later: asyncio.TimerHandle | None = None  # a trim put off (``Trimmer.wait_s``)
 
     # handshake: health, then authentication and the connection cap, before any WebSocket
     def _process_request(self, connection, request):
@@ -471,9 +472,23 @@ class OpenpiPolicyServer:
             self.connections -= 1
             if key is not None:
                 self.by_key[key] -= 1
-            idle = self.connections == 0
-            if self.trimmer.due(idle):  # off the loop: a trim of a large heap takes a while
-                asyncio.get_running_loop().run_in_executor(None, self.trimmer.maybe_trim, idle)
+            self._trim_when_due(self.connections == 0)
+
+    def _trim_when_due(self, idle: bool) -> None:
+        """Trim after a burst (``memory.Trimmer``), off the loop (a trim of a large heap takes
+        a while); when the last trim was too recent, once it is not."""
+        wait = self.trimmer.wait_s(idle)
+        if wait is None or self._trim_later is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if wait > 0:  # asked again then, with the connections open then
+            self._trim_later = loop.call_later(wait, self._trim_again)
+        else:
+            loop.run_in_executor(None, self.trimmer.maybe_trim, idle)
+
+    def _trim_again(self) -> None:
+        self._trim_later = None
+        self._trim_when_due(self.connections == 0)
 
     async def _serve(self, ws, client: bytes) -> None:
         """Request after request on one connection until the client leaves or errs."""
