@@ -122,6 +122,10 @@ def test_two_workers_serve_two_robots(fleet, policy, monkeypatch):
     # warm-up measured slow can be passed over for both streams, which is the rule, not a
     # fault (1 run in 5 beside training). The killed-worker test below needs the second one.
     assert sum(w["replies"] for w in h["workers"]) >= 16 and all(w["up"] for w in h["workers"])
+    # The workers run at the front's priority, not Ray's default nice 15 (starved by any
+    # other process on the machine).
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert all(os.getpriority(os.PRIO_PROCESS, w["pid"]) == mine for w in h["workers"])
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
     assert h["schedule"] == ()  # the same reservations contract as one edge (nothing in flight)
     from vlarun.runtime import dashboard

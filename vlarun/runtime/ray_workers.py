@@ -193,8 +193,13 @@ class RayWorkers:
                  "logging_level": logging.ERROR}  # fmt: skip
         if self.local:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            # Ray starts its workers at nice 15 (``worker_niceness``): an edge worker is the
+            # edge's inference, and at nice 15 any other process on the machine starves it (two
+            # busy loops beside the tests: tiny-ar requests past a 5 s budget). A cluster
+            # started elsewhere needs ``RAY_worker_niceness=0`` in its environment (docs).
             local = {"num_cpus": os.cpu_count(), "resources": {EDGE_RESOURCE: count},
-                     "object_store_memory": 100 << 20, **quiet}  # fmt: skip
+                     "object_store_memory": 100 << 20, "_system_config": {"worker_niceness": 0},
+                     **quiet}  # fmt: skip
             if self.loopback:
                 with _loopback_node(ray):
                     ray.init(_node_ip_address="127.0.0.1", **local)
