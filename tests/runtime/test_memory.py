@@ -50,54 +50,44 @@ def test_a_trim_is_due_after_a_burst_ends_or_a_large_one_goes_on_and_not_twice_a
     assert memory.Trimmer(min_bytes=10).wait_s(idle=True) is None  # nothing to give back
 
 
-def test_the_openpi_server_trims_when_its_last_client_leaves():
+def _server(trimmer: memory.Trimmer):
     pytest.importorskip("openpi_client")
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
-
     from vlarun.policy import Policy
     from vlarun.runtime import openpi
 
     srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
                                     port=0)  # fmt: skip
-    srv.trimmer = memory.Trimmer(min_bytes=1)
-    stop = srv.start_in_thread(30)
-    try:
-        c = WebsocketClientPolicy("127.0.0.1", srv.port)
-        frame = {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"}
-        c.infer(frame)
-        c._ws.close()
-        deadline = time.monotonic() + 30
-        while srv.trimmer.trims < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert srv.trimmer.trims == 1 and srv.connections == 0
-    finally:
-        stop()
+    srv.trimmer = trimmer
+    return srv
 
 
-def test_a_burst_ending_just_after_a_trim_is_trimmed_once_it_may_be():
-    """The last client leaves within ``every_s`` of a mid-burst trim: the server trims once
-    ``every_s`` has passed, instead of keeping the burst's memory until the next client."""
-    pytest.importorskip("openpi_client")
+def _one_client_then_trims(srv, trims: int) -> None:
+    """One client asks once and leaves; wait (the event, 30 s at most) for ``trims``."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    from vlarun.policy import Policy
-    from vlarun.runtime import openpi
-
-    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
-                                    port=0)  # fmt: skip
-    srv.trimmer = memory.Trimmer(min_bytes=1, every_s=1.0)
-    srv.trimmer.handled(10)
-    srv.trimmer.maybe_trim(idle=True)  # a trim just now
-    srv.trimmer.handled(10)  # ... and a burst's memory since
-    assert srv.trimmer.trims == 1
     stop = srv.start_in_thread(30)
     try:
         c = WebsocketClientPolicy("127.0.0.1", srv.port)
         c.infer({"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"})
         c._ws.close()
         deadline = time.monotonic() + 30
-        while srv.trimmer.trims < 2 and time.monotonic() < deadline:
+        while srv.trimmer.trims < trims and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert srv.trimmer.trims == 2 and srv.connections == 0
+        assert srv.trimmer.trims == trims and srv.connections == 0
     finally:
         stop()
+
+
+def test_the_openpi_server_trims_when_its_last_client_leaves():
+    _one_client_then_trims(_server(memory.Trimmer(min_bytes=1)), 1)
+
+
+def test_a_burst_ending_just_after_a_trim_is_trimmed_once_it_may_be():
+    """The last client leaves within ``every_s`` of a mid-burst trim: the server trims once
+    ``every_s`` has passed, instead of keeping the burst's memory until the next client."""
+    srv = _server(memory.Trimmer(min_bytes=1, every_s=1.0))
+    srv.trimmer.handled(10)
+    srv.trimmer.maybe_trim(idle=True)  # a trim just now
+    srv.trimmer.handled(10)  # ... and a burst's memory since
+    assert srv.trimmer.trims == 1
+    _one_client_then_trims(srv, 2)
