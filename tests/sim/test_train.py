@@ -277,3 +277,10 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     actions = policy.predict([image, image], "reach the goal", state=np.zeros(7, np.float32))
     assert actions.shape == (8, 4) and np.isfinite(actions).all()
     assert policy.model.cfg.goal_in_state
+    # The evaluation loop builds the environment the policy was trained on (its state has the
+    # goal) and runs an episode through it.
+    from vlarun.sim.evaluate import EvalConfig, evaluate
+
+    out = evaluate(EvalConfig(policy=str(tmp_path / "g" / "export" / "mt10g-oft"),
+                              tasks=("reach-v3",), episodes=1, workers=1))  # fmt: skip
+    assert out["episodes"] == 1
