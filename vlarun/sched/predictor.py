@@ -168,13 +168,13 @@ class Calibration:
     # for a plan of that kind, e.g. an edge stage that keeps joining other robots' batches the
     # schedule did not show (realised 106 J against 156 J predicted).
     energy_factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
-    # placement -> (share of its requests that met the deadline, evidence, when), over every
+    # placement -> (share of its requests that met the deadline, evidence), over every
     # request planned with it, fallbacks included: a placement whose requests the edge keeps
     # refusing is late however well its model reads. What a plan is chosen by when none is
     # feasible (``Scheduler._fallback``), never the residual (a lost packet is not the model's).
     # The share has the residuals' memory (``max_count``): the last ~8 requests, so a placement
     # that stopped working (a bandwidth drop) loses its rank within a few of them.
-    on_time: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
+    on_time: dict[tuple, tuple[float, float]] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
         """measured / model for ``stage`` on ``role``, under ``setting`` (a plan space's setting
@@ -292,7 +292,7 @@ class Calibration:
         old = self.on_time.get(placement)
         count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
         share = float(met) if old is None else old[0] + (float(met) - old[0]) / count
-        self.on_time[placement] = (share, count, self.clock())
+        self.on_time[placement] = (share, count)
 
     def on_time_share(self, placement: tuple[str, ...]) -> tuple[float, float]:
         """(share on time, evidence) ((0.0, 0.0): never planned). Unlike the residuals, the
@@ -300,10 +300,7 @@ class Calibration:
         is what the share corrects (after a bandwidth drop the model held an edge plan sure to
         miss that met the deadline 4 times in 10), and a stale share is corrected the next
         time the placement runs, which its stale rank is what brings about."""
-        r = self.on_time.get(placement)
-        if r is None:
-            return 0.0, 0.0
-        return r[0], r[1]
+        return self.on_time.get(placement, (0.0, 0.0))
 
     def energy_factor(self, placement: tuple[str, ...]) -> float:
         """Realised / predicted energy of this kind of plan (1: never measured). A plan in

@@ -452,8 +452,8 @@ class Scheduler:
         model = self.on_time(sc, self.deadline_s)
         if not self.cal.on_time:
             return model
-        share = self._per_placement(lambda r: self.cal.on_time_share(tuple(r))[0])
-        n = self._per_placement(lambda r: self.cal.on_time_share(tuple(r))[1])
+        both = self._per_placement(lambda r: self.cal.on_time_share(tuple(r)))  # (C, 2)
+        share, n = both[:, 0], both[:, 1]
         return (n * share + self.ON_TIME_PRIOR * model) / (n + self.ON_TIME_PRIOR)
 
     def _decision(
