@@ -9,6 +9,9 @@
 # SUITE=mt10g trains the labelled goal-in-state variant (issue 48, step 6: the goal xyz in the
 # state, Meta-World's own MT observation) on the same demonstrations, into training/mt10g/,
 # starting from the mt10p run's weights (the proprio input widened with zero columns).
+# SUITE=mt10p2 fine-tunes the image-only mt10p run (same shape, same inputs) on every committed
+# set, DAgger rounds 1 and 2 included (the mt10p run saw clean + DART only), into
+# training/mt10p2/: a cosine timed to end within one 85-minute stretch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-90}
@@ -29,7 +32,9 @@ case "$SUITE" in
   mt10p) SCHEDULE=(--steps 12000 --lr 3e-4 --warmup 300) ;;
   # A fine-tune of a trained trunk: a quarter of the schedule at a third of the peak LR.
   mt10g) SCHEDULE=(--steps 4000 --lr 1e-4 --warmup 100 --init-from training/mt10p) ;;
-  *) echo "SUITE must be mt10p or mt10g, got $SUITE" >&2; exit 2 ;;
+  mt10p2) SUITE=mt10p SCHEDULE=(--out training/mt10p2 --steps 8000 --lr 1.5e-4 --warmup 100
+                   --budget-minutes 85 --init-from training/mt10p) ;;
+  *) echo "SUITE must be mt10p, mt10g or mt10p2, got $SUITE" >&2; exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

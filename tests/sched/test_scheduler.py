@@ -734,3 +734,38 @@ def test_with_nothing_feasible_a_placement_that_keeps_missing_loses_to_the_next_
     sched.observe(second, Outcome(stages=(), latency_s=0.1))
     roles2 = tuple(second.placement[n] for n in space.stages)
     assert sched.cal.on_time_share(roles2)[0] == 1.0
+
+
+def test_a_wrong_edge_power_is_learnt_from_a_plan_that_ran_and_reprices_plans_that_did_not():
+    """The edge's meter reads 1/7 of what the scheduler's account gives the same execution
+    (a 4090 at EcoVLA's 6.9 J per inference where the catalog's 281 W says ~43 J). After one
+    such request, every plan that uses the edge, Edge-Only never run included, is priced with
+    it and the robot's part is not; until then a plan says which devices' powers no meter has
+    read. The placement's own factor is learnt against the power-corrected prediction, so a
+    power error is not counted twice."""
+    from vlarun.sched.contract import Outcome
+
+    sched, link, d = _edge_plan_and_slo()
+    edge_only, robot_only = _only(sched, "edge"), _only(sched, "robot")
+    before = sched.score(link)
+    assert before.by_device[edge_only].sum() == pytest.approx(before.energy[edge_only])
+    assert set(d.power_unmetered) == {"robot", "edge"}
+    assert d.energy_by_device["edge"] > 0 and sum(d.energy_by_device.values()) == pytest.approx(
+        d.energy_j
+    )
+    robot_j, edge_j = d.energy_by_device["robot"], d.energy_by_device["edge"]
+    # The same execution priced twice: the robot's meter agrees with the model, the edge's not.
+    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=robot_j + edge_j / 7,
+                             energy_by_device={"robot": 3.0, "edge": 1.0},
+                             modelled_by_device={"robot": 3.0, "edge": 7.0}))  # fmt: skip
+    assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)
+    assert sched.cal.power_factor("robot") == pytest.approx(1.0)
+    after = sched.score(link)
+    r, e = before.by_device[edge_only]
+    assert after.energy[edge_only] == pytest.approx(r + e / 7, rel=1e-9)  # never run, repriced
+    assert after.energy[robot_only] == pytest.approx(before.energy[robot_only], rel=1e-9)
+    assert sched.cal.energy_factor(tuple(d.placement.values())) == pytest.approx(1.0)
+    assert sched.decide(link).power_unmetered == ()
+    # A meter that reads nothing (no per-device figures) teaches no power.
+    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=d.energy_j))
+    assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)

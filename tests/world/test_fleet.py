@@ -407,3 +407,20 @@ def test_each_simulated_robot_plans_with_its_own_scheduler(monkeypatch):
     assert len(seen) == 3 and all(len(links) == 1 for links in seen.values())
     assert len({link for links in seen.values() for link in links}) == 3
     assert set(learnt) == set(seen) and all(n >= 1 for n in learnt.values())
+
+
+def test_the_fleets_scheduler_learns_the_worlds_powers_from_its_meter():
+    """In the adversarial world the 4090 draws 38.7 W busy where the scheduler's catalog says
+    281 W: each executed request is metered with the world's powers and priced with the
+    catalog's on the same times, so the robot's scheduler learns the edge's power error from
+    the requests that used the edge and its predictions come to match the meter."""
+    cfg = FleetConfig(model="openvla-7b", robots=1, duration_s=30, loads="none",
+                      world="adversarial", bw_after=200.0)  # fmt: skip
+    setup = make_setup(cfg)
+    recs = [
+        r for r in run_policy(cfg, setup, "vlarun-placement", "none", 0) if r["predicted_energy_j"]
+    ]
+    assert any("E" in r["placement"] for r in recs)
+    err = [abs(r["predicted_energy_j"] / r["energy_j"] - 1) for r in recs]
+    assert err[0] > 0.3  # the first plan is priced with the catalog's 4090
+    assert float(np.median(err[len(err) // 2 :])) < 0.1

@@ -23,7 +23,7 @@ from vlarun.runtime.emulate import emulated_device, world_meter
 from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
-from vlarun.sched.energy import RadioPower, StageSpend, request_energy
+from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
 from vlarun.sched.predictor import Calibration, DeviceState
@@ -193,7 +193,12 @@ def _converted_latency(latency_s: float, ran: dict, stage_s: dict, factors: dict
     return max(latency_s + delta, 0.0)
 
 
-def modelled_energy(
+def modelled_energy(cfg, *args, **kwargs) -> float:
+    """:func:`modelled_energy_by_device`, summed: the energy of one executed request."""
+    return sum(modelled_energy_by_device(cfg, *args, **kwargs).values())
+
+
+def modelled_energy_by_device(
     cfg,
     ran: dict,
     stage_s: dict,
@@ -204,8 +209,9 @@ def modelled_energy(
     utilisation: dict[str, dict[str, float]] | None = None,
     wasted: dict[str, float] | None = None,
     devices: dict[str, Device] | None = None,
-) -> float:
-    """Energy of one executed request: ``request_energy`` (the scheduler's own account) on its
+) -> dict[str, float]:
+    """Energy of one executed request per device: ``request_energy_by_device`` (the
+    scheduler's own account) on its
     measured times. A stage is priced at ``utilisation[role][name]`` (the roofline's estimate
     for the device it ran on, ``roofline_utilisation``: what the scheduler priced it at, so an
     outcome that ran its plan in the predicted times costs what the plan predicted), else at
@@ -240,7 +246,7 @@ def modelled_energy(
         on_air = max(latency_s - robot_busy - sum(stage_s[n] for n in remote), 0.0)
     latency = _converted_latency(latency_s, ran, stage_s, factors)
     latency += sum(t * (f_rob.get(n, 1.0) - 1.0) for n, t in wasted.items())
-    return request_energy(
+    return request_energy_by_device(
         rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
         tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(), listen_s=listen,
     )  # fmt: skip
@@ -272,20 +278,26 @@ class CostView:
         return make_scheduler(self.model_cfg, self.cfg, text_tokens, self.dtype)
 
     def energy(self, text_tokens: int, ran: dict, stage_s: dict, edge_s: dict,
-               latency_s: float, wasted: dict | None = None) -> float:  # fmt: skip
-        """The modelled energy of what ran, each stage at the roofline utilisation the
-        scheduler prices it at on the device it ran on (the one account, every strategy), or
-        at the world's powers where a world is the meter."""
-        if self.world is not None:
-            _, devices, radio = self.world
-            ones = {"robot": {}, "edge": {}}
-            return modelled_energy(self.cfg, ran, stage_s, edge_s, latency_s, ones,
-                                   radio=radio, wasted=wasted, devices=devices)  # fmt: skip
+               latency_s: float, wasted: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+        """(metered, modelled): what ran, per device (``modelled_energy_by_device``). Modelled
+        is the scheduler's own account, each stage at the roofline utilisation it prices it
+        at on the device it ran on (every strategy alike); metered is the world's powers where
+        a world is the meter, else empty (no meter read it: the model is all there is). Their
+        ratio per device is the device's power error on this execution."""
         if text_tokens not in self._utilisation:
             self._utilisation[text_tokens] = roofline_utilisation(
                 self.model_cfg, self.cfg, text_tokens, self.dtype
             )
-        return modelled_energy(self.cfg, ran, stage_s, edge_s, latency_s,
-                               self.factors(text_tokens),
-                               utilisation=self._utilisation[text_tokens],
-                               wasted=wasted)  # fmt: skip
+        modelled = modelled_energy_by_device(
+            self.cfg, ran, stage_s, edge_s, latency_s, self.factors(text_tokens),
+            utilisation=self._utilisation[text_tokens], wasted=wasted,
+        )  # fmt: skip
+        if self.world is None:
+            return {}, modelled
+        _, devices, radio = self.world
+        ones = {"robot": {}, "edge": {}}
+        metered = modelled_energy_by_device(
+            self.cfg, ran, stage_s, edge_s, latency_s, ones, radio=radio, wasted=wasted,
+            devices=devices,
+        )  # fmt: skip
+        return metered, modelled

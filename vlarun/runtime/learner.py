@@ -99,9 +99,13 @@ class Learner:
     # -- one request's outcome ----------------------------------------------------------------
 
     def energy(self, ctx: RequestContext, latency_s: float) -> float:
+        """The request's energy as metered (the world's meter when emulated, else the model);
+        both accounts per device stay on the trace for ``learn``."""
         tr = ctx.trace
-        return self.costs.energy(ctx.text_tokens, tr.ran, tr.stage_s, tr.edge_s, latency_s,
-                                 tr.wasted_s)  # fmt: skip
+        tr.energy_metered, tr.energy_modelled = self.costs.energy(
+            ctx.text_tokens, tr.ran, tr.stage_s, tr.edge_s, latency_s, tr.wasted_s
+        )
+        return sum((tr.energy_metered or tr.energy_modelled).values())
 
     def learn(self, planner: Planner, ctx: RequestContext, inf: Inference) -> None:
         """Teach the planner the request's outcome. A handed-off request did not run its
@@ -112,4 +116,6 @@ class Learner:
         out = costview.outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers)
         if tr.handoff is not None and out.fallback is None:
             out = dataclasses.replace(out, fallback=f"handoff: {tr.handoff}")
+        out = dataclasses.replace(out, energy_by_device=tr.energy_metered,
+                                  modelled_by_device=tr.energy_modelled)  # fmt: skip
         planner.learn(ctx.plan, out)

@@ -36,6 +36,10 @@ class Trace:
     # robot stages whose work that threw away (their time still costs energy).
     handoff: str | None = None
     wasted_s: dict[str, float] = field(default_factory=dict)
+    # The request's energy per device, metered and as the scheduler's account prices the same
+    # execution (``CostView.energy``): what teaches each device's power factor.
+    energy_metered: dict[str, float] = field(default_factory=dict)
+    energy_modelled: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

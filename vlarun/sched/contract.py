@@ -57,6 +57,12 @@ class ExecutionPlan:
     # The learned realised / predicted energy of this kind of plan, already in ``energy_j``
     # (``Calibration.energy_factor``; 1: never measured).
     energy_factor: float = 1.0
+    # The model's energy of this plan per device before any learnt factor (``robot``, ``edge``;
+    # ``energy_j`` is their sum with each device's power factor, times ``energy_factor``), and
+    # the devices this plan uses whose power no meter has read yet: their figure is the
+    # catalog's alone (flagged, as a never-timed setting is).
+    energy_by_device: dict[str, float] = field(default_factory=dict)
+    power_unmetered: tuple[str, ...] = ()
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0
     eligible: int = 0
@@ -110,6 +116,12 @@ class Outcome:
     energy_j: float | None = None
     energy_source: str = "modelled"
     transfers: tuple[TransferOutcome, ...] = ()
+    # ``energy_j`` per device as its meter read it (a world's meter when emulated), and the
+    # same execution (the same stage times, batches and latency) priced by the scheduler's
+    # own account: their ratio is each device's power error alone, apart from any time error.
+    # Empty: no per-device reading (only ``energy_j`` teaches, per placement).
+    energy_by_device: dict[str, float] = field(default_factory=dict)
+    modelled_by_device: dict[str, float] = field(default_factory=dict)
 
     @property
     def ran(self) -> dict[str, str]:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from vlarun.sched.catalog import Device
 
 ENERGY_SOURCE = "modelled"  # every output carries this label unless a meter was read
+# The devices one request's energy is split over (``request_energy_by_device``), each read by its
+# own meter: the robot (idle cycle, its stages, its radio) and the edge (its stages' share).
+ENERGY_DEVICES = ("robot", "edge")
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,37 @@ def request_energy(
     with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
     stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
     with a GPU's."""
+    return sum(
+        request_energy_by_device(
+            robot, edge, stages, latency_s=latency_s, period_s=period_s, tx_s=tx_s, rx_s=rx_s,
+            radio=radio, listen_s=listen_s,
+        ).values()
+    )  # fmt: skip
+
+
+def request_energy_by_device(
+    robot: Device,
+    edge: Device,
+    stages: Iterable[StageSpend],
+    *,
+    latency_s: float,
+    period_s: float,
+    tx_s: float = 0.0,
+    rx_s: float = 0.0,
+    radio: RadioPower | None = None,
+    listen_s: float = 0.0,
+) -> dict[str, float]:
+    """:func:`request_energy` split by the device that spends it: ``robot`` (its idle cycle,
+    its stages' dynamic part, its radio) and ``edge`` (this request's share of the edge's
+    stages). Each device's own meter reads its part, so a wrong power figure of one device
+    is learnt for that device (``Calibration.observe_power``), not for one kind of plan."""
     radio = radio or RadioPower()
-    joules = robot.idle_w * max(latency_s, period_s)
-    joules += sum(stage_joules(robot, edge, st) for st in stages)
-    return joules + radio.tx_w * tx_s + radio.rx_w * rx_s + radio.listen_w * listen_s
+    stages = list(stages)
+    robot_j = robot.idle_w * max(latency_s, period_s)
+    robot_j += sum(stage_joules(robot, edge, st) for st in stages if st.role == "robot")
+    robot_j += radio.tx_w * tx_s + radio.rx_w * rx_s + radio.listen_w * listen_s
+    edge_j = sum(stage_joules(robot, edge, st) for st in stages if st.role == "edge")
+    return {"robot": robot_j, "edge": edge_j}
 
 
 def stage_joules(robot: Device, edge: Device, st: StageSpend) -> float:

@@ -175,6 +175,12 @@ class Calibration:
     # The share has the residuals' memory (``max_count``): the last ~8 requests, so a placement
     # that stopped working (a bandwidth drop) loses its rank within a few of them.
     on_time: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    # device ("robot", "edge") -> (metered / modelled energy of the same executions, evidence):
+    # the device's power error, e.g. a 4090 that draws 6.9 J per inference where the catalog's
+    # 281 W says 43 J. Learnt from every plan that ran on the device and applied to every plan
+    # that uses it, run or not; it does not fade (a device's power does not drift back to
+    # the catalog's between requests).
+    power: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
         """measured / model for ``stage`` on ``role``, under ``setting`` (a plan space's setting
@@ -328,6 +334,27 @@ class Calibration:
         now_f = ratio if old is None else self.energy_factor(placement)
         f = now_f + (ratio - now_f) / count  # the mean of the readings while in use
         self.energy_factors[key] = (f, count, self.clock())
+
+    def power_factor(self, device: str) -> float:
+        """Metered / modelled energy of ``device`` (1: no meter has read it yet)."""
+        f = self.power.get(device)
+        return 1.0 if f is None else f[0]
+
+    def power_metered(self, device: str) -> bool:
+        return device in self.power
+
+    def observe_power(self, device: str, modelled_j: float, metered_j: float) -> None:
+        """One execution's energy on ``device`` as its meter read it, against the scheduler's
+        own account of the same execution (same times, batches, latency): the mean of the
+        last ``max_count`` ratios, each clipped to 1/10..10 (a device's power can be off by
+        7x, the 4090 above; a reading beyond 10x is a broken meter)."""
+        if modelled_j <= 0 or metered_j <= 0:
+            return
+        ratio = min(max(metered_j / modelled_j, 0.1), 10.0)
+        old = self.power.get(device)
+        count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
+        f = ratio if old is None else old[0] + (ratio - old[0]) / count
+        self.power[device] = (f, count)
 
 
 def on_time_probability(latency_s, sigma_s, slo_s: float) -> np.ndarray:

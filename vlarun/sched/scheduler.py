@@ -38,7 +38,7 @@ import numpy as np
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, TransferOutcome
 from vlarun.sched.cost import at_batch, roofline
-from vlarun.sched.energy import ENERGY_SOURCE, RadioPower, stage_power
+from vlarun.sched.energy import ENERGY_DEVICES, ENERGY_SOURCE, RadioPower, stage_power
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import (
@@ -112,6 +112,8 @@ class Scores:
     start: np.ndarray
     end: np.ndarray
     sigma: np.ndarray | float = 0.0  # learned latency spread per candidate (0: unmeasured)
+    # The model's energy per device before any learnt factor, (C, 2): robot, edge.
+    by_device: np.ndarray | None = None
 
 
 class Scheduler:
@@ -218,7 +220,7 @@ class Scheduler:
         sp, cal, k = self.space, self.cal, self.k
         c_n, s_n = len(k), len(sp.stages)
         start, end = np.zeros((c_n, s_n)), np.zeros((c_n, s_n))
-        energy = np.zeros(c_n)
+        energy, edge_j = np.zeros(c_n), np.zeros(c_n)
         bps, half_rtt = link.bytes_per_s, link.rtt_ms * 1e-3 / 2
         res = sorted(st.reservations, key=lambda r: r.start)
         arrive = np.full(c_n, np.inf)  # when each candidate's first edge stage is ready
@@ -270,14 +272,18 @@ class Scheduler:
             start[:, s] = np.where(on_edge, s_edge, ready)
             end[:, s] = start[:, s] + np.where(on_edge, t_e, t_r)
             energy += np.where(on_edge, e_edge, self.p_rob_dyn * self.u_rob[k, s] * t_r)
+            edge_j += e_edge
         last = s_n - 1
         back_s = half_rtt + self.out_bytes[k, last] / bps + cal.boundary(sp.stages[last], OUTPUT)
         back = np.where(self.edge[:, last], back_s, 0.0)
         energy += back * self.radio.rx_w
         latency = end[:, last] + back - now + self._residuals()
         energy += self.devices["robot"].idle_w * np.maximum(latency, self.period_s)
-        energy = energy * self._energy_factors()
-        return Scores(latency, energy, start, end, self._sigmas())
+        by_device = np.stack([energy - edge_j, edge_j], axis=1)
+        # Each device's metered power error, then what the model still misses for this kind
+        # of plan (the placement's factor, learnt against the power-corrected prediction).
+        energy = by_device @ self._power_factors() * self._energy_factors()
+        return Scores(latency, energy, start, end, self._sigmas(), by_device)
 
     def _key_k(self, k: int) -> int | None:
         """A setting index as calibration keys it: None for the identity (the stage factor)."""
@@ -323,6 +329,10 @@ class Scheduler:
 
     def _residuals(self) -> np.ndarray | float:
         return self._per_placement(self.cal.residual) if self.cal.residuals else 0.0
+
+    def _power_factors(self) -> np.ndarray:
+        """(robot, edge) metered / modelled power (``Calibration.power_factor``)."""
+        return np.array([self.cal.power_factor(d) for d in ENERGY_DEVICES])
 
     def _energy_factors(self) -> np.ndarray | float:
         """Each candidate's learned realised / predicted energy, by its placement (1.0 while
@@ -477,6 +487,8 @@ class Scheduler:
             residual_s=float(self.cal.residual(tuple(roles))),
             energy_j=float(sc.energy[c]),
             energy_factor=self.cal.energy_factor(tuple(roles)),
+            energy_by_device=dict(zip(ENERGY_DEVICES, sc.by_device[c].tolist(), strict=True)),
+            power_unmetered=tuple(d for d in dict.fromkeys(roles) if not self.cal.power_metered(d)),
             actions_per_joule=float(apj[c]),
             feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
             slo_s=self.slo_s,
@@ -563,15 +575,26 @@ class Scheduler:
             self.cal.observe_stage(st.name, st.role, base, st.seconds, self._key_k(k))
         for tr in outcome.transfers:
             self._observe_transfer(plan, tr)
+        # What ran, ran (a fallback too): each device's metered energy against this
+        # scheduler's account of the same execution is that device's power error.
+        for device, metered in outcome.energy_by_device.items():
+            modelled = outcome.modelled_by_device.get(device, 0.0)
+            self.cal.observe_power(device, modelled, metered)
         roles = tuple(plan.placement[n] for n in self.space.stages)
         self.cal.observe_on_time(roles, outcome.latency_s <= self.deadline_s)
         if outcome.fallback is None:
             self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
             if outcome.energy_j is not None:
                 self.net.learn_error(plan.energy_j, outcome.energy_j)
-                raw = plan.energy_j / plan.energy_factor
-                self.cal.observe_energy(roles, raw, outcome.energy_j)
+                self.cal.observe_energy(roles, self._power_corrected(plan), outcome.energy_j)
         self._watch(plan, outcome)
+
+    def _power_corrected(self, plan: ExecutionPlan) -> float:
+        """The plan's predicted energy with each device's power factor as learnt now, without
+        its placement's factor (what that factor is learnt against)."""
+        if not plan.energy_by_device:
+            return plan.energy_j / plan.energy_factor
+        return sum(j * self.cal.power_factor(d) for d, j in plan.energy_by_device.items())
 
     def _watch(self, plan: ExecutionPlan, outcome: Outcome) -> None:
         """A request that left the best fixed strategy: its realised actions/J (a fallback's
@@ -683,6 +706,8 @@ def plan_row(d: ExecutionPlan) -> dict:
         "latency_ms": d.latency_s * 1e3,
         "energy_j": d.energy_j,
         "energy_source": ENERGY_SOURCE,
+        # Devices whose power no meter has read: their share of energy_j is the catalog's.
+        "power_unmetered": list(d.power_unmetered),
         "actions_per_joule": d.actions_per_joule,
         "feasible": d.feasible,
         "explored": d.explored,

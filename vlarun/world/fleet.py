@@ -65,7 +65,7 @@ from vlarun.sched import strategy
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
-from vlarun.sched.energy import RadioPower, StageSpend, request_energy
+from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import Calibration, DeviceState
@@ -342,6 +342,14 @@ class World:
             return self.truth.meter, self.truth.radio
         return self.devices, None
 
+    def model_utilisation(self, work: StageWork, role: str) -> float:
+        """The utilisation the catalog's account (the scheduler's) prices ``work`` at on
+        ``role``: the roofline's, on the catalog device."""
+        key = (work, role, "model")
+        if key not in self._scale:
+            self._scale[key] = roofline(work, self.devices[role]).utilisation
+        return self._scale[key]
+
     def scale(self, work: StageWork, role: str) -> tuple[float, float]:
         """Host seconds -> true seconds of ``work`` on ``role``, and the roofline utilisation
         the energy account prices it at."""
@@ -452,6 +460,10 @@ class Executed:
     transfers: list[tuple[int, float]]  # (bytes, seconds) of every transfer
     placement: tuple[str, ...]  # where each stage ran (after any fallback)
     fallback: str | None  # why stages planned for the edge ran on the robot (None: as planned)
+    # energy_j per device as a world's meter read it, and the same execution in the catalog's
+    # account (the scheduler's): empty when the world is the catalog (no meter to learn from).
+    metered_by_device: dict[str, float] = field(default_factory=dict)
+    modelled_by_device: dict[str, float] = field(default_factory=dict)
 
 
 def _segment(roles: list[str], i: int) -> list[int]:
@@ -492,7 +504,7 @@ def execute(
     deadline = release + world.cfg.slo_s
     roles = list(roles)
     end: dict[str, float] = {}
-    stage_s, transfers, spends = {}, [], []
+    stage_s, transfers, spent = {}, [], []  # spent: (work, StageSpend) per execution
     tx_s = rx_s = 0.0
     fallback = None
     give_up: dict[int, float] = {}  # an edge segment's first stage -> when the robot gives up
@@ -506,7 +518,7 @@ def execute(
         for k in seg:
             t += (sec := local(k))
             end[names[k]] = t
-            spends.append(StageSpend("robot", sec, world.utilisation(works[k], "robot")))
+            spent.append((works[k], StageSpend("robot", sec, world.utilisation(works[k], "robot"))))
         return t
 
     i = 0
@@ -571,7 +583,7 @@ def execute(
         if roles[i] == "robot" and work.name not in end:
             end[work.name] = ready + seconds
         stage_s[work.name] = seconds
-        spends.append(StageSpend(roles[i], seconds, util))
+        spent.append((work, StageSpend(roles[i], seconds, util)))
         i += 1
     finish = end[works[-1].name]
     if roles[-1] == "edge":
@@ -587,12 +599,19 @@ def execute(
     latency = finish - release
     devices, meter_radio = world.meter
     listen = sum(s for n, s in stage_s.items() if roles[names.index(n)] == "edge")
-    energy = request_energy(
-        devices["robot"], devices["edge"], spends, latency_s=latency,
-        period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s, radio=meter_radio or radio,
-        listen_s=listen,
-    )  # fmt: skip
-    return Executed(latency, energy, stage_s, transfers, tuple(roles), fallback)
+    account = dict(latency_s=latency, period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s,
+                   listen_s=listen)  # fmt: skip
+    metered = request_energy_by_device(devices["robot"], devices["edge"],
+                                       [sp for _, sp in spent], radio=meter_radio or radio,
+                                       **account)  # fmt: skip
+    modelled = {}
+    if isinstance(world.truth, WorldTruth):  # a meter apart from the model: price it both ways
+        priced = [replace(sp, utilisation=world.model_utilisation(w, sp.role))
+                  for w, sp in spent]  # fmt: skip
+        modelled = request_energy_by_device(world.devices["robot"], world.devices["edge"],
+                                            priced, radio=radio, **account)  # fmt: skip
+    return Executed(latency, sum(metered.values()), stage_s, transfers, tuple(roles), fallback,
+                    metered if modelled else {}, modelled)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -735,6 +754,8 @@ def _record(cfg: FleetConfig, req: _Request, out: Executed) -> dict:
         "latency_s": out.latency_s,
         "latency_ms": out.latency_s * 1e3,
         "energy_j": out.energy_j,
+        # what the plan predicted (None: a fixed strategy's request, planned by no scheduler)
+        "predicted_energy_j": None if req.plan is None else req.plan.energy_j,
         "slo_met": out.latency_s <= cfg.slo_s,
         "placement": "/".join(r[0].upper() for r in out.placement),
         "ran": " ".join(f"{w.name}@{r}" for w, r in zip(req.works, out.placement, strict=True)),
@@ -765,7 +786,9 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
     )
     # As the runtime's learner does: an outcome that fell back says so (it teaches the stage
     # times it measured, not the plan's residual).
-    sched.observe(d, Outcome(stages, out.latency_s, out.fallback, energy_j=out.energy_j))
+    sched.observe(d, Outcome(stages, out.latency_s, out.fallback, energy_j=out.energy_j,
+                             energy_by_device=out.metered_by_device,
+                             modelled_by_device=out.modelled_by_device))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
