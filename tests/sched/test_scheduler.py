@@ -769,3 +769,16 @@ def test_a_wrong_edge_power_is_learnt_from_a_plan_that_ran_and_reprices_plans_th
     # A meter that reads nothing (no per-device figures) teaches no power.
     sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=d.energy_j))
     assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)
+
+
+def test_a_plan_more_likely_late_than_on_time_books_nothing():
+    """An infeasible plan books its edge segments only while it is at least as likely on time
+    as late: a request likely refused or fallen back would hold edge time that feasible
+    arrivals are refused for."""
+    sched, _ = _edge_heavy_scheduler()
+    d = sched.decide(Link(1000.0, 1.0))
+    assert d.feasible and plan_bookings(d, sched.slo_s)
+    late = dataclasses.replace(d, feasible=False, latency_s=1.2 * d.slo_s, sigma_s=0.0)
+    assert plan_bookings(late, sched.slo_s) == ()
+    coin = dataclasses.replace(late, latency_s=d.slo_s * 0.999, sigma_s=0.1 * d.slo_s)
+    assert plan_bookings(coin, sched.slo_s) != ()  # infeasible by its tail, on time more often

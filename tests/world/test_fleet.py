@@ -250,7 +250,8 @@ def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
     from vlarun.bench.fleet_matrix import compare
 
     def row(strategy, apj, **cell):
-        return {"strategy": strategy, "actions_per_joule": apj, **cell}
+        return {"strategy": strategy, "actions_per_joule": apj, "slo_met_fraction": 0.5,
+                "inferences": 9, "requests": 300, **cell}  # fmt: skip
 
     real = {"rows": [row("fixed-split", 1.0, bandwidth="200", load="none"),
                      row("vlarun-joint", 1.5, bandwidth="200", load="none"),
@@ -266,6 +267,8 @@ def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
     assert c["real_load"] == "none" and c["sim_robots"] == 1
     assert joint["real_over_split"] == 1.5 and joint["sim_over_split"] == 1.2
     assert joint["difference"] == pytest.approx(-0.3)
+    assert (joint["real_requests"], joint["sim_requests"]) == (9, 300)
+    assert joint["real_on_time"] == joint["sim_on_time"] == 0.5
     with pytest.raises(ValueError, match="--compare-with"):
         compare(sim, {"rows": []})
 

@@ -106,14 +106,18 @@ def _over_split(rows: list[dict], cell: tuple[str, ...]) -> dict[tuple, dict[str
 def compare(rows: list[dict], real: dict) -> dict:
     """The simulator's cells against the real-process matrix's cells of the same bandwidth
     (its first load level; the simulator's first robot count): each strategy's actions/J over
-    Fixed Split in both, and the simulator's minus the real one."""
+    Fixed Split and its share of requests on time in both, and the simulator's minus the real
+    one (a real cell's few requests make its on-time share coarse: its row keeps the count)."""
     real_rows = real.get("rows") or []
     if not real_rows or "load" not in real_rows[0]:
         raise ValueError("--compare-with takes a `vlarun bench coinfer --matrix --json` result")
     load = real_rows[0]["load"]
     there = _over_split([r for r in real_rows if r["load"] == load], ("bandwidth",))
     robots = min(r["robots"] for r in rows)
-    here = _over_split([r for r in rows if r["robots"] == robots], ("bandwidth",))
+    mine = [r for r in rows if r["robots"] == robots]
+    here = _over_split(mine, ("bandwidth",))
+    on_time = {(r["bandwidth"], r["strategy"]): r for r in mine}
+    real_on_time = {(r["bandwidth"], r["strategy"]): r for r in real_rows if r["load"] == load}
     out = []
     for (bw,), strategies in there.items():
         sim = here.get((bw,))
@@ -121,11 +125,20 @@ def compare(rows: list[dict], real: dict) -> dict:
             continue
         for s, ratio in strategies.items():
             if s in sim:
+                real_r, sim_r = real_on_time[(bw, s)], on_time[(bw, s)]
                 out.append({"bandwidth": bw, "strategy": s, "real_over_split": ratio,
-                            "sim_over_split": sim[s], "difference": sim[s] - ratio})  # fmt: skip
+                            "sim_over_split": sim[s], "difference": sim[s] - ratio,
+                            "real_on_time": real_r.get("slo_met_fraction"),
+                            "real_requests": real_r.get("inferences"),
+                            "sim_on_time": sim_r.get("slo_met_fraction"),
+                            "sim_requests": sim_r.get("requests")})  # fmt: skip
     diffs = [abs(x["difference"]) for x in out]
     return {"real_load": load, "sim_robots": robots, "cells": out,
             "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None}  # fmt: skip
+
+
+def _pct(share: float | None) -> str:
+    return "?" if share is None else f"{100 * share:.1f}%"
 
 
 def format_matrix(r: dict) -> str:
@@ -164,7 +177,9 @@ def format_matrix(r: dict) -> str:
         for x in c["cells"]:
             lines.append(f"    {x['bandwidth']:<8}{x['strategy']:<18}real "
                          f"{x['real_over_split']:.2f}  simulated {x['sim_over_split']:.2f}  "
-                         f"({x['difference']:+.2f})")  # fmt: skip
+                         f"({x['difference']:+.2f}); on time real {_pct(x['real_on_time'])} "
+                         f"of {x['real_requests']}, simulated {_pct(x['sim_on_time'])} of "
+                         f"{x['sim_requests']}")  # fmt: skip
     for model, label in r["truth"].items():
         lines.append(f"  truth ({model}): {label}")
     if r["plot"]:
