@@ -48,6 +48,15 @@ def test_a_trim_is_due_after_a_burst_ends_or_a_large_one_goes_on_and_not_twice_a
     wait = t.wait_s(idle=True)  # ... but put off, not dropped: the burst's end still gets one
     assert wait is not None and 59.0 < wait <= 60.0
     assert memory.Trimmer(min_bytes=10).wait_s(idle=True) is None  # nothing to give back
+    # A burst whose every frame arrived before a mid-burst trim still gets one when it ends:
+    # its frames were queued or held then, and are freed only after.
+    t = memory.Trimmer(after_bytes=100, every_s=0.0, min_bytes=10)
+    t.handled(500)
+    t.maybe_trim(idle=False)
+    assert t.trims == 1
+    assert t.due(idle=True) and not t.due(idle=False)
+    t.maybe_trim(idle=True)
+    assert t.trims == 2 and not t.due(idle=True)
 
 
 def _server(trimmer: memory.Trimmer):
@@ -91,3 +100,34 @@ def test_a_burst_ending_just_after_a_trim_is_trimmed_once_it_may_be():
     srv.trimmer.handled(10)  # ... and a burst's memory since
     assert srv.trimmer.trims == 1
     _one_client_then_trims(srv, 2)
+
+
+def test_a_trim_frees_requests_that_only_a_reference_cycle_still_holds():
+    """A refused request's frame is often held by a cycle (an exception's traceback holds the
+    frame that raised it, whose locals hold the request); the cyclic collector runs on
+    allocations, which stop with the burst. A trim collects it first."""
+    import gc
+    import weakref
+
+    class Request:
+        def __init__(self) -> None:
+            self.frame = bytearray(16 * 2**20)
+
+    def refuse(request: Request) -> Exception:
+        try:
+            raise RuntimeError("busy")
+        except RuntimeError as e:
+            return e  # e.__traceback__ -> this frame -> request, and the caller keeps e below
+
+    gc.disable()  # as after a burst: nothing allocates, so nothing collects
+    try:
+        request = Request()
+        seen = weakref.ref(request)
+        err = refuse(request)
+        err.cycle = err  # the exception holds itself: garbage only the cyclic collector finds
+        del request, err
+        assert seen() is not None  # unreachable, yet alive
+        memory.trim()
+        assert seen() is None
+    finally:
+        gc.enable()

@@ -439,7 +439,6 @@ class OpenpiPolicyServer:
             out, err, timings = result.result()
         finally:
             self.inflight_bytes -= size
-            self.trimmer.handled(size)
         if err is not None:
             if "deadline passed" in err:
                 raise Busy(f"not served within the time budget of {budget:g} s (--budget-s)")
@@ -509,6 +508,8 @@ class OpenpiPolicyServer:
                 return
             first = False
             t0 = time.perf_counter()
+            # Every frame read is memory to give back once it is freed, served or refused.
+            self.trimmer.handled(len(frame))
             try:
                 if not isinstance(frame, bytes):
                     raise ValueError("requests must be binary msgpack frames")
