@@ -253,7 +253,7 @@ def test_a_numpy_scalar_prompt_is_refused_before_its_string_is_built(serve, capl
     "state,needle",
     [
         (np.array(["2026-01-01"] * 4, dtype="datetime64[D]"), "must be numbers, got dtype"),
-        (np.array([np.nan, 0, 0, 0], np.float32), "finite"),
+        (np.array([np.nan, 0, 0, 0], np.float32), "must be finite: entry 0 is nan"),
     ],
 )
 def test_a_state_that_is_not_finite_numbers_is_refused(state, needle):

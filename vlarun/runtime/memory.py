@@ -6,7 +6,8 @@ threshold (which glibc raises to as much as 32 MiB after freeing a large mapped 
 the heap, and a heap shrinks only at its top. ``malloc_trim(0)`` returns every free page of
 every arena (madvise), so the server calls it once a burst is over: when its last connection
 closes, or after ``TRIM_AFTER_BYTES`` of requests since the last trim, at most once a second,
-off the event loop, after collecting the cyclic garbage that holds refused requests (``trim``). Elsewhere than glibc there is nothing to call, and nothing is done.
+off the event loop, after collecting the cyclic garbage that holds refused requests (``trim``).
+Elsewhere than glibc there is nothing to call, and nothing is done.
 """
 
 from __future__ import annotations

@@ -196,9 +196,13 @@ class ObservationLayout:
             if raw.dtype.kind not in "fiu":
                 raise ValueError(f"{self.state_key!r} must be numbers, got dtype {raw.dtype}")
             state = raw.astype(np.float32)
-            if state.size > MAX_LIST_LEN or not np.isfinite(state).all():
-                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} finite "
-                                 f"numbers, got shape {state.shape}")  # fmt: skip
+            if state.size > MAX_LIST_LEN:
+                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
+                                 f"got shape {state.shape}")  # fmt: skip
+            bad = np.flatnonzero(~np.isfinite(state.ravel()))
+            if bad.size:  # named as act and Policy.predict name it
+                raise ValueError(f"{self.state_key!r} must be finite: entry {int(bad[0])} is "
+                                 f"{state.ravel()[bad[0]]}")  # fmt: skip
         return images, state, prompt
 
 
