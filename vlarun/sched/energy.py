@@ -76,35 +76,10 @@ class StageSpend:
             raise ValueError(f"bad stage spend: busy_s={self.busy_s}, batch={self.batch}")
 
 
-def request_energy(
-    robot: Device,
-    edge: Device,
-    stages: Iterable[StageSpend],
-    *,
-    latency_s: float,
-    period_s: float,
-    tx_s: float = 0.0,
-    rx_s: float = 0.0,
-    radio: RadioPower | None = None,
-    listen_s: float = 0.0,
-) -> float:
-    """The energy of one request, in joules: the one account every part of vlarun uses
-    (scheduler, predictor, fleet simulator, runtime), for plans and outcomes alike:
-
-        E = idle_robot * max(latency, period)                       robot idles the whole cycle
-          + sum over robot stages of (P_robot(u) - idle_robot) * t  what computing adds
-          + sum over edge stages of P_edge(u) * t / batch            this request's batch share
-          + tx_w * tx_s + rx_w * rx_s + listen_w * listen_s          the robot's radio
-
-    with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
-    stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
-    with a GPU's."""
-    return sum(
-        request_energy_by_device(
-            robot, edge, stages, latency_s=latency_s, period_s=period_s, tx_s=tx_s, rx_s=rx_s,
-            radio=radio, listen_s=listen_s,
-        ).values()
-    )  # fmt: skip
+def request_energy(robot: Device, edge: Device, stages: Iterable[StageSpend], **account) -> float:
+    """The energy of one request, in joules: :func:`request_energy_by_device` summed (its
+    docstring holds the formula; ``account`` its keyword arguments)."""
+    return sum(request_energy_by_device(robot, edge, stages, **account).values())
 
 
 def request_energy_by_device(
@@ -119,10 +94,20 @@ def request_energy_by_device(
     radio: RadioPower | None = None,
     listen_s: float = 0.0,
 ) -> dict[str, float]:
-    """:func:`request_energy` split by the device that spends it: ``robot`` (its idle cycle,
-    its stages' dynamic part, its radio) and ``edge`` (this request's share of the edge's
-    stages). Each device's own meter reads its part, so a wrong power figure of one device
-    is learnt for that device (``Calibration.observe_power``), not for one kind of plan."""
+    """The energy of one request, in joules, per device that spends it: the one account every
+    part of vlarun uses (scheduler, predictor, fleet simulator, runtime), for plans and
+    outcomes alike:
+
+        robot = idle_robot * max(latency, period)                   robot idles the whole cycle
+              + sum over robot stages of (P_robot(u) - idle_robot) * t  what computing adds
+              + tx_w * tx_s + rx_w * rx_s + listen_w * listen_s      the robot's radio
+        edge  = sum over edge stages of P_edge(u) * t / batch        this request's batch share
+
+    with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
+    stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
+    with a GPU's. Each device's own meter reads its part, so a wrong power figure of one
+    device is learnt for that device (``Calibration.observe_power``), not for one kind of
+    plan."""
     radio = radio or RadioPower()
     stages = list(stages)
     robot_j = robot.idle_w * max(latency_s, period_s)
