@@ -12,6 +12,9 @@
 # SUITE=mt10p2 fine-tunes the image-only mt10p run (same shape, same inputs) on every committed
 # set, DAgger rounds 1 and 2 included (the mt10p run saw clean + DART only), into
 # training/mt10p2/: a cosine timed to end within one 85-minute stretch.
+# SUITE=mt10p3 fine-tunes the mt10p2 run again with DAgger round 3 added, twice as many batches
+# from each precise task (reach, push, pick-place, peg-insert-side) as from any other task,
+# into training/mt10p3/ (85 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-90}
@@ -34,7 +37,10 @@ case "$SUITE" in
   mt10g) SCHEDULE=(--steps 4000 --lr 1e-4 --warmup 100 --init-from training/mt10p) ;;
   mt10p2) SUITE=mt10p SCHEDULE=(--out training/mt10p2 --steps 8000 --lr 1.5e-4 --warmup 100
                    --budget-minutes 85 --init-from training/mt10p) ;;
-  *) echo "SUITE must be mt10p, mt10g or mt10p2, got $SUITE" >&2; exit 2 ;;
+  mt10p3) SUITE=mt10p SCHEDULE=(--out training/mt10p3 --steps 8000 --lr 1.5e-4 --warmup 100
+                   --budget-minutes 85 --init-from training/mt10p2
+                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  *) echo "SUITE must be mt10p, mt10g, mt10p2 or mt10p3, got $SUITE" >&2; exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

@@ -121,6 +121,34 @@ def test_tasks_merge_by_name_across_directories(tmp_path, demos):
     assert merged.instructions[1] == load_demos(other).instructions[0]
 
 
+def test_task_weights_spend_batches_where_they_are_asked_and_bad_ones_fail_first(tmp_path, demos):
+    from vlarun.sim.text import build_tokenizer
+    from vlarun.sim.train import DemoSampler, parse_task_weights
+
+    other = tmp_path / "push"
+    collect(["push-v3"], 1, other, image_size=128, progress=False)
+    both = f"{demos},{other}"
+    tok = build_tokenizer([], tmp_path / "tokenizer.json")
+
+    def push_share(weights):
+        s = DemoSampler(both, 8, tok, 0, 1, balance=True, task_weights=weights)
+        return float((s.task[s.draw(4000)] == 1).float().mean())
+
+    assert push_share(None) == pytest.approx(0.5, abs=0.04)  # balanced: the tasks equally
+    assert push_share({"push-v3": 3.0}) == pytest.approx(0.75, abs=0.04)  # reach weighs 1
+    with pytest.raises(ValueError, match="pick-place-v3, not in .*its tasks: reach-v3, push-v3"):
+        DemoSampler(both, 8, tok, 0, 1, balance=True, task_weights={"pick-place-v3": 2.0})
+    for bad in ("push-v3", "push-v3=0", "push-v3=-1", "push-v3=inf", "push-v3=x", "=2"):
+        with pytest.raises(ValueError, match="not TASK=W"):
+            parse_task_weights(bad)
+    with pytest.raises(ValueError, match="weighted twice"):
+        parse_task_weights("push-v3=2,push-v3=3")
+    with pytest.raises(ValueError, match="only --balance"):
+        TrainConfig(task_weights="push-v3=2", balance=False)
+    with pytest.raises(ValueError, match="not TASK=W"):
+        TrainConfig(task_weights="push-v3=two")
+
+
 def test_precision_is_chosen_by_measurement():
     from vlarun.sim.train import choose_precision
 
@@ -256,9 +284,9 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     train(base)
     torch.manual_seed(0)
     grown, source = MultiHeadBC("mt10g"), MultiHeadBC("mt10p")
-    assert "widened with zero inputs: trunk.proprio_projector" in init_weights(
-        grown, tmp_path / "p", "mt10g"
-    )
+    said = init_weights(grown, tmp_path / "p", "mt10g")
+    assert "widened with zero inputs: trunk.proprio_projector" in said
+    assert "fresh: none" in said  # the flow expert's tied lm_head comes with its embedding
     init_weights(source, tmp_path / "p", "mt10p")
     tok = build_tokenizer([], tmp_path / "p" / "tokenizer.json")
     batch = DemoSampler(str(d), grown.chunk, tok, 0, 2, goal_in_state=True).sample(2, 0, step=0)

@@ -93,6 +93,11 @@ class TrainConfig:
         choices=("auto", "bf16", "fp32"),
     )
     balance: bool = opt(True, "sample every task equally often (else every frame)")
+    task_weights: str = opt(
+        "",
+        "with --balance, relative task sampling weights TASK=W,... (unnamed tasks weigh 1), "
+        "e.g. reach-v3=2,push-v3=2 to spend more of the batches where success is lost",
+    )
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     # The LR anneals by whichever of steps or time runs out first and training ends there, so a
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
@@ -110,10 +115,30 @@ class TrainConfig:
             raise ValueError(f"unknown suite {self.suite!r}; valid: {', '.join(SUITES)}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.task_weights and not self.balance:
+            raise ValueError("--task-weights weighs tasks, which only --balance samples by")
+        parse_task_weights(self.task_weights)  # a malformed list fails here, before any work
 
     @property
     def run_dir(self) -> Path:
         return Path(self.out).expanduser() if self.out else default_run_dir(self.suite)
+
+
+def parse_task_weights(text: str) -> dict[str, float]:
+    """``"reach-v3=2,push-v3=1.5"`` as ``{task: weight}``; each weight finite and > 0."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            w = float(value) if sep else float("nan")
+        except ValueError:
+            w = float("nan")
+        if not name or not (0 < w < float("inf")):
+            raise ValueError(f"task weight {item!r} is not TASK=W with W a number > 0")
+        if name in weights:
+            raise ValueError(f"task {name!r} is weighted twice in {text!r}")
+        weights[name] = w
+    return weights
 
 
 def default_run_dir(suite: str) -> Path:
@@ -212,6 +237,7 @@ class DemoSampler:
         num_images: int = 1,
         balance: bool = False,
         goal_in_state: bool = False,
+        task_weights: dict[str, float] | None = None,
     ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
@@ -241,6 +267,21 @@ class DemoSampler:
             self.targets = torch.from_numpy(t.astype(np.float32))
         self.balance = balance
         self.by_task = [torch.nonzero(self.task == k)[:, 0] for k in range(len(self.text))]
+        names = list(demos.manifest["task_names"])
+        unknown = sorted(set(task_weights or {}) - set(names))
+        if unknown:
+            raise ValueError(f"task weights name {', '.join(unknown)}, not in {directory} "
+                             f"(its tasks: {', '.join(names)})")  # fmt: skip
+        # None keeps the uniform draw (and its random stream) of runs that weigh nothing.
+        self.task_weights = None
+        if task_weights:
+            self.task_weights = torch.tensor(
+                [
+                    task_weights.get(n, 1.0) if len(t) else 0.0
+                    for n, t in zip(names, self.by_task, strict=True)
+                ],
+                dtype=torch.float64,
+            )
         self.seed = seed
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -255,8 +296,12 @@ class DemoSampler:
         """Frame indices of one batch (task-balanced or uniform over frames)."""
         if not self.balance:
             return torch.randint(0, len(self), (batch,), generator=self.gen)
-        tasks = [t for t in self.by_task if len(t)]
-        pick = torch.randint(0, len(tasks), (batch,), generator=self.gen)
+        if self.task_weights is not None:
+            tasks = self.by_task
+            pick = torch.multinomial(self.task_weights, batch, replacement=True, generator=self.gen)
+        else:
+            tasks = [t for t in self.by_task if len(t)]
+            pick = torch.randint(0, len(tasks), (batch,), generator=self.gen)
         return torch.stack([
             tasks[k][torch.randint(0, len(tasks[k]), (1,), generator=self.gen)][0]
             for k in pick.tolist()
@@ -541,8 +586,11 @@ def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
             match[k] = wide
             widened.append(k)
     model.load_state_dict(match, strict=False)
-    fresh = sorted({k.split(".")[0] for k in own if k not in match})
-    line = f"{len(match)} of {len(own)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
+    # Tied aliases (the flow expert's lm_head is its embedding) load with their first name.
+    unique = _unique_state(model)
+    loaded = [k for k in unique if k in match]
+    fresh = sorted({k.split(".")[0] for k in unique if k not in match})
+    line = f"{len(loaded)} of {len(unique)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
     return line + (f"; widened with zero inputs: {', '.join(widened)}" if widened else "")
 
 
@@ -622,6 +670,7 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             model.cfg.num_images,
             balance=cfg.balance,
             goal_in_state=model.cfg.goal_in_state,
+            task_weights=parse_task_weights(cfg.task_weights),
         )
         probe = sampler.sample(cfg.batch, cfg.shift, step=-1)  # not a batch of the run
 
