@@ -289,3 +289,25 @@ def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_la
                 f"an edge answer was used and the request was late by {inf.late_s:.3f} s"
             )
     assert any(inf.fallback is not None or inf.late_edge for inf in infs)  # the case was met
+
+
+def test_the_robots_stage_times_have_one_learner_the_planners_calibration(policy):
+    """The warm-up's times prime the planner's scheduler; every request's stages teach it
+    (a fixed strategy's and an edge-down one's too); what the executor reserves for the robot
+    stages after an edge segment and the real-time chunk's freeze read it back in this host's
+    seconds (``Planner.robot_s``). No second estimate of the same quantity."""
+    agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only"))
+    try:
+        image = StubEnv(1).image
+        warm = agent.warmup(image, INSTRUCTION, runs=1)
+        assert set(warm) == {"vision", "prefill", "decode"}  # tiny-ar
+        assert agent.local_s == pytest.approx(warm, rel=1e-9)  # this-cpu: no conversion
+        before = dict(agent.local_s)
+        inf = agent.infer(image, INSTRUCTION)
+        alpha = agent.planner.scheduler(agent.planner.text_tokens).cal.alpha
+        for name, ms in inf.stage_ms.items():
+            want = (1 - alpha) * before[name] + alpha * ms * 1e-3
+            assert agent.local_s[name] == pytest.approx(want, rel=1e-6, abs=1e-6), name
+        assert not hasattr(agent.learner, "local_s")  # the learner keeps no copy
+    finally:
+        agent.close()

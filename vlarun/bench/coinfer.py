@@ -469,8 +469,7 @@ def _strategy_run(
     env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
     obs, _ = env.reset(seed=10000)
     agent = RobotAgent(policy, _agent_cfg(o, "device-only", slo_s, bandwidth))
-    agent.warmup(policy.observation(obs)[0], env.instruction)  # every view it reads
-    local = dict(agent.local_s)
+    local = agent.warmup(policy.observation(obs)[0], env.instruction)  # every view it reads
     agent.close()
     drop_after = steps / o.control_hz / 2  # seconds into the episode
     if changes is None:
@@ -485,8 +484,9 @@ def _strategy_run(
     try:
         agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s, bandwidth, setting), via,
                            Security(insecure=True))  # fmt: skip
-        agent.local_s.update(local)
-        agent.prepare(env.instruction)  # its one-time setup is not the first request's latency
+        # Its one-time setup is not the first request's latency; it starts primed with the
+        # device-only agent's warm-up times.
+        agent.prepare(env.instruction, local)
         if strategy == "vlarun-joint":  # every setting timed here once, as warmup() does
             agent.warm_settings(policy.observation(obs)[0], env.instruction)
             if agent.emulator is not None:  # the warm-up's executions are not the run's

@@ -175,11 +175,11 @@ class RobotAgent:
 
     @property
     def local_s(self) -> dict[str, float]:
-        return self.learner.local_s
-
-    @local_s.setter
-    def local_s(self, value: dict[str, float]) -> None:
-        self.learner.local_s = value
+        """Each stage's time here (this host's seconds) under the configured setting, for the
+        last prompt length planned: what the planner's calibration has learnt (``{}`` before
+        any prompt was prepared)."""
+        n = self.planner.text_tokens
+        return {} if n is None else self.planner.robot_s(n)
 
     @property
     def stream(self) -> int:
@@ -204,33 +204,37 @@ class RobotAgent:
     def scheduler(self, text_tokens: int):
         """The scheduler planning prompts of ``text_tokens`` (the scheduled strategies)."""
         health = self.monitor.health if self.monitor is not None else {}
-        return self.planner.scheduler(text_tokens, self.local_s, health)
+        return self.planner.scheduler(text_tokens, {}, health)
 
     def plan(self, text_tokens: int):
         """This request's ``planner.Plan`` (its edge segments booked on the edge)."""
         edge = self.learner.edge_view(self.monitor)
         if edge.up:  # the planner's own, built once per prompt length (``prepare``)
-            self.planner.prepare(text_tokens, self.local_s, edge.health)
+            self.planner.prepare(text_tokens, {}, edge.health)
         plan = self.planner.plan(text_tokens, self.graph(text_tokens), edge, self.link)
         self.executor.book(plan)
         return plan
 
     # -- before the first request ---------------------------------------------------------------
 
-    def warmup(self, image: np.ndarray, instruction: str, runs: int = 2) -> None:
-        """Local runs that fill the per-stage local time estimates (and one-time allocations),
-        then ``prepare``: the scheduler starts primed with the times just measured."""
+    def warmup(self, image: np.ndarray, instruction: str, runs: int = 2) -> dict[str, float]:
+        """Local runs that time every stage here (and make one-time allocations), then
+        ``prepare``: the planner starts primed with the times just measured (the last run's,
+        EWMA-folded as requests fold them), which are returned (this host's seconds)."""
         state = self._zero_state()
         ids = self.policy.text_ids(instruction, state)
         graph = self.graph(len(ids))
+        times: dict[str, float] = {}
         for _ in range(runs):
             pool = dict(self.policy.inputs(image, instruction, state, 0)[0].tensors)
             for st in graph.stages:
-                self.executor.local(st, pool, {})
+                t = self.executor.local(st, pool, {})
+                times[st.name] = t if st.name not in times else 0.7 * times[st.name] + 0.3 * t
         self.reset()  # the warm-up's hook state is not the episode's
-        self.prepare(instruction)
+        self.prepare(instruction, times)
         if self.cfg.strategy == "vlarun-joint":
             self.warm_settings(image, instruction)
+        return times
 
     def warm_settings(self, image: np.ndarray, instruction: str) -> None:
         """Time every setting the scheduler may choose on the robot, once (its second step: a
@@ -239,7 +243,7 @@ class RobotAgent:
         edge are planned with slack until their first run there (``Scheduler.decide``)."""
         text_tokens = len(self.policy.text_ids(instruction, self._zero_state()))
         sched = self.scheduler(text_tokens)
-        state, kept = self._zero_state(), dict(self.local_s)  # the identity's estimates stay
+        state = self._zero_state()
         for plan_setting in sched.space.settings:
             setting = AccelSetting.from_knobs(plan_setting.as_dict(), self.cfg.setting.token_method)
             if setting.identity:
@@ -252,20 +256,19 @@ class RobotAgent:
             self.reset()
             robot = costview.convert(times, self.costs.factors(text_tokens)["robot"])
             sched.prime_setting(plan_setting.as_dict(), robot)
-        self.local_s = kept
 
-    def prepare(self, instruction: str) -> None:
+    def prepare(self, instruction: str, robot_s: dict[str, float] | None = None) -> None:
         """Build, before any request, what the first request for ``instruction`` would
         otherwise build inside its deadline: the stage graph, the stand-in factors and the
-        planner's own (the scheduler, primed with ``local_s`` and the edge's health as they
-        are now). Built lazily, this one-time cost (tens of ms) would land in the first
-        request's latency, which the scheduler would then learn as its placement's residual
-        and spread."""
+        planner's own (the scheduler, primed with ``robot_s``: stage times measured here, e.g.
+        by ``warmup``, and the edge's health as it is now). Built lazily, this one-time cost
+        (tens of ms) would land in the first request's latency, which the scheduler would
+        then learn as its placement's residual and spread."""
         n = len(self.policy.text_ids(instruction, self._zero_state()))
         self.graph(n)
         self.costs.factors(n)
         health = self.monitor.health if self.monitor is not None else {}
-        self.planner.prepare(n, self.local_s, health)
+        self.planner.prepare(n, robot_s or {}, health)
 
     def _zero_state(self) -> np.ndarray | None:
         """A zero robot state for a policy that reads one (in its prompt, prefix or expert)."""
@@ -293,8 +296,8 @@ class RobotAgent:
         # The policy's own input packet (its resize and state normalisation) and prompt ids.
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         plan = self.plan(len(ids))
-        freeze = freeze_for(self.cfg.rtc, prior, plan, self.local_s, self.cfg.slo_s,
-                            self.policy.model.cfg.horizon)  # fmt: skip
+        freeze = freeze_for(self.cfg.rtc, prior, plan, self.planner.plan_robot_s(plan),
+                            self.cfg.slo_s, self.policy.model.cfg.horizon)  # fmt: skip
         ctx = RequestContext(
             plan=plan, graph=self.graph(len(ids), plan.setting, freeze is not None),
             pool=dict(packet.tensors), t0=t0, deadline=t0 + self.cfg.slo_s, freeze=freeze,

@@ -118,7 +118,7 @@ class Executor:
                 if self._try_remote(ctx, ctx.plan.placement, segs, i, extra):
                     continue
             if ctx.freeze is not None and tr.fallback is not None:
-                left = self.learner.local_left_s(n for later in segs[i:] for n in later.stages)
+                left = self._local_left_s(ctx, (n for later in segs[i:] for n in later.stages))
                 ctx.freeze.refit(ctx.pool, ctx.t0, left)
             for name in seg.stages:
                 if ctx.may_hand_off and tr.ran and self._rest_here(segs, i, tr):
@@ -136,6 +136,12 @@ class Executor:
             if name in tr.ran:
                 where[name] = tr.ran[name]
         return tr
+
+    def _local_left_s(self, ctx: RequestContext, stages) -> float:
+        """How long ``stages`` take here under the request's setting, as the planner's
+        calibration has learnt (0 for a stage never timed here)."""
+        robot = self.planner.plan_robot_s(ctx.plan)
+        return sum(robot.get(n, 0.0) for n in stages)
 
     @staticmethod
     def _rest_here(segs: list[Segment], i: int, tr: Trace) -> bool:
@@ -192,7 +198,6 @@ class Executor:
             knobs = None if setting is None or setting.identity else setting.knobs()
             self.emulator.pad(stage.name, start, knobs=knobs)
         seconds = time.perf_counter() - start
-        self.learner.observe_local(stage.name, seconds)
         pool.update(out.tensors)
         ran[stage.name] = "robot"
         return seconds
@@ -253,7 +258,8 @@ class Executor:
         robot's own reading or later stages make late is the robot's lateness."""
         learner, graph, pool = self.learner, ctx.graph, ctx.pool
         left = ctx.deadline - time.perf_counter()
-        later = learner.local_left_s(n for s in rest[1:] if s.role == "robot" for n in s.stages)
+        later = self._local_left_s(ctx, (n for s in rest[1:] if s.role == "robot"
+                                         for n in s.stages))  # fmt: skip
         wait = left - later - max(self.cfg.margin_s, learner.answer_s)
         if wait <= 0:
             raise RuntimeError("no time left for the edge")

@@ -3,13 +3,14 @@ change what is learnt from a run.
 
   link            bandwidth and round trip (``sched.link.Link``): transfers, timeouts' bounds,
                   the monitor's probes;
-  local_s         each stage's time here (EWMA, slowdown / emulation included): what the
-                  executor reserves for the stages after an edge segment;
   answer_s        reading, decoding and checking an answer once on the socket (a slow peak);
   reply_bytes     the last answer's size per edge segment (its way back, priced before sending);
   edge schedule   the edge's committed schedule, the freshest of reply, health and ledger;
   energy          the one account (``costview.CostView.energy``);
-  the plan        the planner's (the scheduler's calibration, through ``Planner.learn``).
+  the plan        the planner's (the scheduler's calibration, through ``Planner.learn``),
+                  stage times here included: the one learner of how long a stage takes on
+                  the robot, which the executor reads back (``Planner.robot_s``) for what it
+                  reserves for the stages after an edge segment.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class Learner:
         self.link = Link(cfg.bandwidth_mbps, cfg.rtt_ms,
                          window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch,
                          rtt_window_s=Link.rtt_window_s * stretch)  # fmt: skip
-        self.local_s: dict[str, float] = {}  # EWMA of each stage run here (slowdown included)
         self.reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
         # Reading, decoding and checking an answer once it is on the socket: a slow peak,
         # decaying 10% per answer (16 agents sharing a core's GIL took up to 37 ms for it).
@@ -85,16 +85,6 @@ class Learner:
                 at, schedule = monitor.ledger_at, monitor.ledger
         up = monitor.up.is_set()
         return EdgeView(up, health, schedule, time.monotonic() - at) if at else EdgeView(up, health)
-
-    # -- stage times --------------------------------------------------------------------------
-
-    def observe_local(self, stage: str, seconds: float) -> None:
-        old = self.local_s.get(stage)
-        self.local_s[stage] = seconds if old is None else 0.7 * old + 0.3 * seconds
-
-    def local_left_s(self, stages) -> float:
-        """The local time of ``stages`` (0 for a stage never run here)."""
-        return sum(self.local_s.get(n, 0.0) for n in stages)
 
     # -- one request's outcome ----------------------------------------------------------------
 

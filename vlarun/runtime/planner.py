@@ -12,9 +12,13 @@ of thing and the learner learns from one kind of thing:
                     length decides against the link and the edge's committed schedule, and
                     its plan's edge segments are booked on the edge the moment it is chosen.
 
-With the edge down every planner's plan is the robot-only one at the configured setting
-("edge down"). A plan carries what its planner predicted (``predicted_s`` ...; None where
-nothing was predicted) and, from the scheduler, the contract plan its outcome teaches.
+Every planner owns one scheduler per prompt length, whose calibration is the one learner of
+each stage's time here: every executed request teaches it (``learn``), and ``robot_s`` reads
+it back in this host's seconds for the executor (how long the robot stages after an edge
+segment take) and the real-time chunk's freeze. With the edge down every planner's plan is
+the robot-only one at the configured setting ("edge down"). A plan carries what its planner
+predicted (``predicted_s`` ...; None where nothing was predicted) and, from the scheduler, the
+contract plan its outcome teaches.
 """
 
 from __future__ import annotations
@@ -63,10 +67,45 @@ class Planner:
 
     hands_off = False  # whether ``handoff`` may ever move a request (asked at stage bounds)
 
-    def __init__(self, strategy: str, setting: AccelSetting) -> None:
+    def __init__(self, strategy: str, setting: AccelSetting, costs: costview.CostView,
+                 slo_s: float) -> None:  # fmt: skip
         self.strategy, self.setting = strategy, setting
+        self.costs, self.slo_s = costs, slo_s
+        self._scheds: dict[int, Scheduler] = {}
+        self.text_tokens: int | None = None  # the last prompt length prepared or planned
+
+    def scheduler(self, text_tokens: int, robot_s: dict | None = None,
+                  health: dict | None = None) -> Scheduler:  # fmt: skip
+        """The scheduler of prompts of ``text_tokens``, built once: primed, when built, with
+        the stage times measured so far here (``robot_s``, this host's seconds: the warm-up's)
+        and on the edge (its health's per-stage estimates)."""
+        if text_tokens not in self._scheds:
+            sched = self.costs.scheduler(text_tokens)
+            costview.prime(sched, robot_s or {}, (health or {}).get("stage_ms") or {},
+                           self.costs.factors(text_tokens))  # fmt: skip
+            self._scheds[text_tokens] = sched
+        return self._scheds[text_tokens]
+
+    def prepare(self, text_tokens: int, robot_s: dict, health: dict) -> None:
+        """Build before any request what planning a prompt of ``text_tokens`` needs."""
+        self.text_tokens = text_tokens
+        self.scheduler(text_tokens, robot_s, health)
+
+    def robot_s(self, text_tokens: int, settings: dict | None = None) -> dict[str, float]:
+        """Each stage's time here in this host's seconds, under ``settings`` (a plan's knobs;
+        None: the configured setting), as every run here has taught the scheduler
+        (``Scheduler.robot_times``, converted back from the named device). Stages never timed
+        here are left out."""
+        named = self.scheduler(text_tokens).robot_times(settings)
+        factors = self.costs.factors(text_tokens)["robot"]
+        return {name: t / factors.get(name, 1.0) for name, t in named.items()}
+
+    def plan_robot_s(self, plan: Plan) -> dict[str, float]:
+        """``robot_s`` under the setting ``plan`` runs."""
+        return self.robot_s(plan.text_tokens, plan.contract.settings if plan.contract else None)
 
     def plan(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
+        self.text_tokens = text_tokens
         names = [s.name for s in graph.stages]
         if not edge.up:
             return Plan(text_tokens=text_tokens, placement=dict.fromkeys(names, "robot"),
@@ -80,9 +119,6 @@ class Planner:
         return Plan(text_tokens=text_tokens, placement=placement, setting=self.setting,
                     planner=self.strategy, link_mbps=link.bandwidth_mbps)  # fmt: skip
 
-    def prepare(self, text_tokens: int, local_s: dict, health: dict) -> None:
-        """Build before any request what planning a prompt of ``text_tokens`` needs."""
-
     def handoff(
         self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView
     ) -> Handoff | None:
@@ -91,7 +127,9 @@ class Planner:
         return None
 
     def learn(self, plan: Plan, outcome: Outcome) -> None:
-        """What a fixed strategy learns from an outcome: nothing."""
+        """What a fixed strategy learns from an outcome: its stages' times (where it runs
+        and under which setting are fixed; how long a stage takes here is not)."""
+        self.scheduler(plan.text_tokens).observe_stages(None, outcome.stages)
 
 
 FixedPlanner = Planner
@@ -102,24 +140,6 @@ class ScheduledPlanner(Planner):
     stage times measured so far here and on the edge)."""
 
     hands_off = True
-
-    def __init__(self, strategy: str, setting: AccelSetting, costs: costview.CostView,
-                 slo_s: float) -> None:  # fmt: skip
-        super().__init__(strategy, setting)
-        self.costs, self.slo_s = costs, slo_s
-        self._scheds: dict[int, Scheduler] = {}
-
-    def scheduler(self, text_tokens: int, local_s: dict | None = None,
-                  health: dict | None = None) -> Scheduler:  # fmt: skip
-        if text_tokens not in self._scheds:
-            sched = self.costs.scheduler(text_tokens)
-            costview.prime(sched, local_s or {}, (health or {}).get("stage_ms") or {},
-                           self.costs.factors(text_tokens))  # fmt: skip
-            self._scheds[text_tokens] = sched
-        return self._scheds[text_tokens]
-
-    def prepare(self, text_tokens: int, local_s: dict, health: dict) -> None:
-        self.scheduler(text_tokens, local_s, health)
 
     def _choose(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
         sched = self.scheduler(text_tokens)  # built by ``prepare``
@@ -150,9 +170,11 @@ class ScheduledPlanner(Planner):
         return sched.handoff(settings, done, elapsed_s, link, state)
 
     def learn(self, plan: Plan, outcome: Outcome) -> None:
-        """The scheduler learns from the outcome of a plan it made (a robot-only plan made
-        because the edge was down is nobody's plan: nothing to learn)."""
-        if plan.contract is not None:
+        """The scheduler learns from the outcome of a plan it made; a robot-only plan made
+        because the edge was down is nobody's plan: only its stages' times teach."""
+        if plan.contract is None:
+            super().learn(plan, outcome)
+        else:
             self.scheduler(plan.text_tokens).observe(plan.contract, outcome)
 
 
@@ -161,4 +183,4 @@ def make_planner(strategy: str, setting: AccelSetting, costs: costview.CostView,
     """The planner for ``strategy`` (``sched.strategy``'s names; "vlarun" is the placement)."""
     if canonical(strategy) in SCHEDULED:
         return ScheduledPlanner(strategy, setting, costs, slo_s)
-    return FixedPlanner(strategy, setting)
+    return FixedPlanner(strategy, setting, costs, slo_s)

@@ -548,11 +548,45 @@ class Scheduler:
     def prime(self, robot_s: dict[str, float], edge_s: dict[str, float]) -> None:
         """Start calibrated from stage times already measured at batch 1 on the identity
         setting (the robot's warm-up runs; the edge's per-stage estimates)."""
+        k = self._k_of(None)
         for si, name in enumerate(self.space.stages):
             if name in robot_s:
-                self.cal.observe_stage(name, "robot", self.t_rob[0, si], robot_s[name])
+                self.cal.observe_stage(name, "robot", self.t_rob[k, si], robot_s[name])
             if name in edge_s:
-                self.cal.observe_stage(name, "edge", self.t_edge[0, si, 1], edge_s[name])
+                self.cal.observe_stage(name, "edge", self.t_edge[k, si, 1], edge_s[name])
+
+    def _k_of(self, settings: dict | None) -> int:
+        """The index of ``settings`` (None: the identity's, or the one setting there is)."""
+        return self._setting_k(settings) if settings is not None else max(self.k0, 0)
+
+    def observe_stages(self, settings: dict | None, stages) -> None:
+        """Each stage's measured time (``contract.StageOutcome``s of one request run under
+        ``settings``; None: the identity) teaches the factor of the device it ran on, against
+        the model's time for that setting at the batch it ran in. What every executed
+        request teaches, whoever planned it (a fixed strategy's, an edge-down one's)."""
+        k = self._k_of(settings)
+        index = {name: si for si, name in enumerate(self.space.stages)}
+        for st in stages:
+            si = index.get(st.name)
+            if si is None:
+                continue
+            if st.role == "robot":
+                base = self.t_rob[k, si]
+            else:
+                base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
+            self.cal.observe_stage(st.name, st.role, base, st.seconds, self._key_k(k))
+
+    def robot_times(self, settings: dict | None = None) -> dict[str, float]:
+        """Each stage's calibrated time on the robot at batch 1 under ``settings`` (None: the
+        identity), on the named device: the model's time x what the robot's runs of it taught
+        (``Calibration.factor``). Only stages the robot has run (or the warm-up timed): a
+        stage never timed here has no measured time to stand on."""
+        k = self._k_of(settings)
+        return {
+            name: float(self.t_rob[k, si]) * self.cal.factor(name, "robot", self._key_k(k))
+            for si, name in enumerate(self.space.stages)
+            if (name, "robot") in self.cal.stage_factor
+        }
 
     def observe(self, plan: ExecutionPlan, outcome: Outcome) -> None:
         """The one feedback path: each stage's measured execution time teaches the factor of the
@@ -562,17 +596,7 @@ class Scheduler:
         ran as planned: a fallback's latency is the link's (the agent caps the link's estimate
         on a timeout) or the edge admission's, and charging it to the placement barred a
         healthy edge for dozens of decisions after one lost packet."""
-        k = self.setting_index(plan)
-        index = {name: si for si, name in enumerate(self.space.stages)}
-        for st in outcome.stages:
-            si = index.get(st.name)
-            if si is None:
-                continue
-            if st.role == "robot":
-                base = self.t_rob[k, si]
-            else:
-                base = self.t_edge[k, si, min(st.batch, MAX_EDGE_BATCH)]
-            self.cal.observe_stage(st.name, st.role, base, st.seconds, self._key_k(k))
+        self.observe_stages(plan.settings, outcome.stages)
         for tr in outcome.transfers:
             self._observe_transfer(plan, tr)
         # What ran, ran (a fallback too): each device's metered energy against this
@@ -658,7 +682,7 @@ class Scheduler:
         s_n = len(sp.stages)
         if not 0 < done < s_n:
             return None
-        k = self._setting_k(settings) if settings is not None else max(self.k0, 0)
+        k = self._k_of(settings)
 
         def candidates(roles: tuple[str, ...]) -> np.ndarray:
             pi = self._by_roles.get(roles)
