@@ -10,6 +10,12 @@ Python. Runs alternate (old, new, old, new, ...) so that a drift of the machine'
 both sides alike. Each run's JSON is written to OUT/<side>-<i>.json; the summary gives, per
 numeric key ending in ``speedup`` / ``ratio`` / ``success_rate`` found in the JSON, each side's
 runs. Run it on a quiet machine: it times things.
+
+``--identical`` asks whether a change left behaviour alone (a refactor): every leaf of the two
+sides' first JSON must be equal (floats to 1e-9 relative), but for keys that time the run
+(``--ignore``, default wall_s, decision_ms, plot); the differences are listed by path:
+
+  vlarun bench side-by-side HEAD~1 --runs 1 --identical -- vlarun fleet --matrix --json
 """
 
 from __future__ import annotations
@@ -38,6 +44,12 @@ class BenchSideBySideOptions:
     runs: int = opt(3, "runs on each side")
     out: str = opt("results/side-by-side", "directory for every run's JSON and the summary")
     json: bool = opt(False, "print one JSON object")
+    identical: bool = opt(
+        False, "also list every JSON leaf where the two sides' first runs differ (a refactor: none)"
+    )
+    ignore: tuple[str, ...] = opt(
+        ("wall_s", "decision_ms", "plot"), "keys --identical leaves out (they time the run)"
+    )
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -64,6 +76,30 @@ def numbers(obj, path: str = "") -> dict[str, float]:
     return out
 
 
+def differences(old, new, ignore=(), path: str = "") -> list[str]:
+    """Every leaf where ``old`` and ``new`` (parsed JSON) differ, as 'path: old -> new' (floats
+    equal to 1e-9 relative), leaving out keys in ``ignore`` wherever they are."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            if k in ignore:
+                continue
+            if k not in old or k not in new:
+                out.append(f"{path}/{k}: only {'new' if k in new else 'old'}")
+            else:
+                out += differences(old[k], new[k], ignore, f"{path}/{k}")
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        out = [f"{path}: {len(old)} -> {len(new)} items"] if len(old) != len(new) else []
+        for i, (a, b) in enumerate(zip(old, new, strict=False)):
+            out += differences(a, b, ignore, f"{path}[{i}]")
+        return out
+    floats = isinstance(old, float) and isinstance(new, float)
+    if old == new or (floats and abs(old - new) <= 1e-9 * max(1.0, abs(old))):
+        return []
+    return [f"{path or '/'}: {old!r} -> {new!r}"]
+
+
 def run(o: BenchSideBySideOptions) -> dict:
     top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if top.returncode != 0:
@@ -82,6 +118,7 @@ def run(o: BenchSideBySideOptions) -> dict:
     argv = [sys.executable, "-m", "vlarun.cli", *cmd[1:]] if cmd[0] == "vlarun" else cmd
     sides = {o.rev: tree, "head": root}
     results: dict[str, list[dict]] = {s: [] for s in sides}
+    first: dict[str, object] = {}  # each side's first run, whole
     try:
         for i in range(o.runs):
             for side, where in sides.items():
@@ -92,7 +129,9 @@ def run(o: BenchSideBySideOptions) -> dict:
                     raise RuntimeError(f"{side} run {i + 1} failed, rc {p.returncode}:\n"
                                        f"{p.stderr[-2000:]}")  # fmt: skip
                 (out / f"{side}-{i}.json").write_text(p.stdout)
-                results[side].append(numbers(json.loads(p.stdout)))
+                parsed = json.loads(p.stdout)
+                first.setdefault(side, parsed)
+                results[side].append(numbers(parsed))
     finally:
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
                        check=False)  # fmt: skip
@@ -100,6 +139,8 @@ def run(o: BenchSideBySideOptions) -> dict:
     keys = sorted(set().union(*(r.keys() for rs in results.values() for r in rs)))
     summary = {k: {s: [r.get(k) for r in rs] for s, rs in results.items()} for k in keys}
     result = {"command": cmd, "rev": o.rev, "summary": summary}
+    if o.identical:
+        result["differences"] = differences(first[o.rev], first["head"], o.ignore)
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -111,6 +152,14 @@ def show(r: dict) -> None:
             for s, vs in by.items()
         )
         print(f"{k:60s} {cells}")
+    if "differences" in r:
+        diffs = r["differences"]
+        print(f"{len(diffs)} differences between {r['rev']} and this tree"
+              + (" (identical)" if not diffs else ":"))  # fmt: skip
+        for d in diffs[:50]:
+            print(f"  {d}")
+        if len(diffs) > 50:
+            print(f"  ... and {len(diffs) - 50} more (the summary JSON lists them all)")
 
 
 OPTIONS = {"bench-side-by-side": BenchSideBySideOptions}
