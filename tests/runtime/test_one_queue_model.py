@@ -39,7 +39,8 @@ def _edge(now: float) -> tuple[list[tuple], float]:
     q = StageQueues({s: () for s in STAGES}, max_batch=MAX_BATCH)
     q.est_s = dict(EST)
     for k, (who, stages, due) in enumerate(SCRIPT):
-        q.put(Job(who, k, stages, ("actions",), {}, now, now + due, origin=who))
+        q.put(Job(identity=who, rid=k, stages=stages, want=("actions",), pool={}, arrival=now,
+                  deadline=now + due, origin=who))  # fmt: skip
     slots = q.forecast(now, name=robot_id)
     return _rows(slots, now), q.finish(now, ASK[0], now + ASK[1]) - now
 

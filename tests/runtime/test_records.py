@@ -31,7 +31,9 @@ def _wire(x: dict) -> dict:
 def test_every_record_round_trips_through_msgpack():
     t = StageTiming("prefill", 0.25, 0.01, 4)
     assert StageTiming.parse(_wire(t.pack()), STAGES) == t and t.share_s == 0.0625
-    s = ScheduleSlot("ab12", "decode", -0.01, 0.2, 0.5, booked=True)
+    s = ScheduleSlot(
+        robot="ab12", stage="decode", start_s=-0.01, end_s=0.2, deadline_s=0.5, booked=True
+    )
     assert ScheduleSlot.parse(_wire(s.pack())) == s
     b = PlanBooking(("prefill", "decode"), 0.15, 0.9)
     assert PlanBooking.parse(_wire(b.pack()), STAGES) == b
@@ -73,7 +75,7 @@ def test_timings_are_at_most_one_per_stage():
 
 
 def test_a_schedule_with_one_bad_slot_is_dropped_whole():
-    good = ScheduleSlot("ab12", "decode", 0.0, 0.2, 0.5).pack()
+    good = ScheduleSlot(robot="ab12", stage="decode", start_s=0.0, end_s=0.2, deadline_s=0.5).pack()
     assert len(parse_schedule([good, good])) == 2
     assert parse_schedule([good, {**good, "end_s": "x"}]) == ()
     assert parse_schedule([good, {**good, "stage": 3}]) == ()

@@ -97,10 +97,10 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     idle = sched.score(link, 0.0, edge_state({}, []))
     other = robot_id(b"another robot")
     busy = [  # another robot's decode running for 300 ms, then its vision queued, due first
-        ScheduleSlot(other, "decode", 0.0, 0.3, 0.32),
-        ScheduleSlot(other, "vision", 0.3, 0.35, 0.4),
+        ScheduleSlot(robot=other, stage="decode", start_s=0.0, end_s=0.3, deadline_s=0.32),
+        ScheduleSlot(robot=other, stage="vision", start_s=0.3, end_s=0.35, deadline_s=0.4),
         # due after this request's deadline and not started: EDF serves this request first
-        ScheduleSlot(other, "vision", 0.35, 5.0, 9.0),
+        ScheduleSlot(robot=other, stage="vision", start_s=0.35, end_s=5.0, deadline_s=9.0),
     ]
     state = edge_state({}, busy, age_s=0.0)
     got = [(r.start, r.end, r.due) for r in state.reservations]
@@ -111,14 +111,14 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     assert loaded.latency[robot_only] == idle.latency[robot_only]  # the robot's own work
     # Work due after this request but already running when it arrives holds the edge (EDF
     # only orders what waits): 200 ms of it delay every edge plan by 200 ms.
-    running = [ScheduleSlot(other, "vision", 0.0, 0.2, 9.0)]
+    running = [ScheduleSlot(robot=other, stage="vision", start_s=0.0, end_s=0.2, deadline_s=9.0)]
     held = sched.score(link, 0.0, edge_state({}, running, age_s=0.0))
     assert 0.19 <= held.latency[edge_only] - idle.latency[edge_only] <= 0.21
     # An older schedule: the running slot has 100 ms less left.
     aged = sched.score(link, 0.0, edge_state({}, busy, age_s=0.1))
     assert abs(loaded.latency[edge_only] - aged.latency[edge_only] - 0.1) < 1e-9
     # A schedule that fills the edge past the deadline: the plan keeps every stage home.
-    full = [ScheduleSlot(other, "decode", 0.0, 10.0, 0.1)]
+    full = [ScheduleSlot(robot=other, stage="decode", start_s=0.0, end_s=10.0, deadline_s=0.1)]
     plan = decide(sched, link, {}, full, 0.0)
     assert set(plan.placement.values()) == {"robot"}
 
@@ -255,7 +255,8 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
     t0 = 100.0
 
     def arrive(who: bytes, at: float) -> None:
-        job = Job(who, 0, STAGES, ("actions",), {}, at, at + 1.0, origin=who)
+        job = Job(identity=who, rid=0, stages=STAGES, want=("actions",), pool={}, arrival=at,
+                  deadline=at + 1.0, origin=who)  # fmt: skip
         q.put(job)
         assert q.discard(job)  # served: only its arrival is remembered
 

@@ -320,8 +320,10 @@ def simulate(
     def predicted(w: int, t: float) -> float:  # the front's view of worker w
         q = EdgeQueue(max_batch, t)
         for deadline, _ in flights[w].values():
-            q.add(Pending(t, deadline, "robot", stage, (mean,)))
-        q.add(Pending(t, t + slo_s, THIS, stage, (mean,), key=THIS))
+            q.add(Pending(ready=t, deadline=deadline, origin="robot", stages=stage,
+                          seconds=(mean,)))  # fmt: skip
+        q.add(Pending(ready=t, deadline=t + slo_s, origin=THIS, stages=stage, seconds=(mean,),
+                      key=THIS))  # fmt: skip
         return finish(q, THIS)
 
     for i, (t, r) in enumerate(arrivals):
@@ -337,7 +339,8 @@ def simulate(
             count["refused"] += 1
             continue
         home[r] = best
-        served[best].add(Pending(t, t + slo_s, f"robot{r}", stage, (rng.choice(samples),), key=i))
+        served[best].add(Pending(ready=t, deadline=t + slo_s, origin=f"robot{r}", stages=stage,
+                                 seconds=(rng.choice(samples),), key=i))  # fmt: skip
         flights[best][i] = (t + slo_s, None)
     for w in range(workers):
         run_until(w, math.inf)  # what was admitted is served to the end

@@ -40,7 +40,7 @@ class LinkDown(ConnectionError):
     waited_s: float = 0.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Reply:
     """A remote segment's result: tensors, the edge's per-stage timings, and what the robot
     measured (wall time from send to receive, bytes each way)."""
@@ -255,13 +255,13 @@ class EdgeClient:
             raise BadReply(f"bad reply: a {str(reply.kind)[:20]!r} message answered a request")
         # Checked here, before any of it is used: a lying edge costs a fallback, not a crash.
         return Reply(
-            reply.packet,
-            check_timings(reply.meta.get("timings"), stages),
-            _number(reply.meta.get("server_s"), "server_s"),
-            wall,
-            sent,
-            recv,
-            parse_schedule(reply.meta.get("schedule")),
+            packet=reply.packet,
+            timings=check_timings(reply.meta.get("timings"), stages),
+            server_s=_number(reply.meta.get("server_s"), "server_s"),
+            wall_s=wall,
+            sent_bytes=sent,
+            recv_bytes=recv,
+            schedule=parse_schedule(reply.meta.get("schedule")),
             arrived_s=arrived,
         )
 

@@ -187,8 +187,9 @@ class EdgeCore:
         msg = wire.materialize(header, frames, self.cfg.limits)
         tensors = dict(msg.packet.tensors)
         self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
-        job = Job(to[0], header.rid, req.stages, req.want, tensors, now, deadline,
-                  req.reply_codec, origin=origin, route=route)  # fmt: skip
+        job = Job(identity=to[0], rid=header.rid, stages=req.stages, want=req.want,
+                  pool=tensors, arrival=now, deadline=deadline, reply_codec=req.reply_codec,
+                  origin=origin, route=route)  # fmt: skip
         if not req.setting.identity:
             stream = header.meta.get("stream")
             job.hooks, job.graph = self._stream(origin, stream, req.setting, req.rtc)
@@ -229,7 +230,8 @@ class EdgeCore:
         now = time.monotonic()
         if admit:
             self._admit(names, now + budget_s, now)
-        job = Job(b"", 0, names, want, dict(tensors), now, now + budget_s, origin=origin)
+        job = Job(identity=b"", rid=0, stages=names, want=want, pool=dict(tensors), arrival=now,
+                  deadline=now + budget_s, origin=origin)  # fmt: skip
         job.done = done
         self._touch(origin, now)
         with self._lock:

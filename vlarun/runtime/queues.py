@@ -42,7 +42,7 @@ from vlarun.sched.queue_model import (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """One robot request in flight on the edge. ``pool`` holds its tensors by name (inputs,
     then every output of its stages so far); ``pos`` indexes the next stage to run."""
@@ -302,7 +302,8 @@ class StageQueues(StageTimes):
         never measured: no evidence to wait on)."""
         stages = tuple(stages)
         seconds = tuple(self.est_s.get(n, 0.0) for n in stages)
-        return Pending(ready, deadline, origin, stages, seconds, booked, key)
+        return Pending(ready=ready, deadline=deadline, origin=origin, stages=stages,
+                       seconds=seconds, booked=booked, key=key)  # fmt: skip
 
     def ordered(self) -> list[Job]:
         """Every queued request, in the order the worker will serve them (EDF)."""

@@ -20,7 +20,7 @@ their side's error (the robot's ``BadReply``, the edge's ``PacketError``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vlarun.sched.queue_model import Slot
 
@@ -96,7 +96,7 @@ def pack_timings(timings) -> list[dict]:
     return [t.pack() for t in timings]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduleSlot:
     """One stage of one request in the edge's committed schedule: the robot it is for (a short
     id), the stage, when it starts and ends and when it is due, in seconds from the moment
@@ -114,8 +114,9 @@ class ScheduleSlot:
     def of(cls, slot: Slot, now: float) -> ScheduleSlot:
         """The wire form of the queue model's slot (monotonic seconds on the edge's clock),
         made relative to ``now`` (robots do not share the edge's clock)."""
-        return cls(str(slot.origin), slot.stage, slot.start - now, slot.end - now,
-                   slot.deadline - now, slot.booked)  # fmt: skip
+        return cls(robot=str(slot.origin), stage=slot.stage, start_s=slot.start - now,
+                   end_s=slot.end - now, deadline_s=slot.deadline - now,
+                   booked=slot.booked)  # fmt: skip
 
     def slot(self) -> Slot:
         """As the queue model's slot, on the clock of the moment it was sent (0 = then)."""
@@ -124,8 +125,8 @@ class ScheduleSlot:
 
     def aged(self, age_s: float) -> ScheduleSlot:
         """The same slot seen ``age_s`` later (every time that much nearer)."""
-        return ScheduleSlot(self.robot, self.stage, self.start_s - age_s, self.end_s - age_s,
-                            self.deadline_s - age_s, self.booked)  # fmt: skip
+        return replace(self, start_s=self.start_s - age_s, end_s=self.end_s - age_s,
+                       deadline_s=self.deadline_s - age_s)  # fmt: skip
 
     def pack(self) -> dict:
         return {"robot": self.robot, "stage": self.stage, "start_s": self.start_s,
@@ -138,8 +139,8 @@ class ScheduleSlot:
         stage = m.get("stage")
         if not isinstance(stage, str) or not 0 < len(stage) <= 64:
             raise RecordError("a schedule slot needs a stage name")
-        times = [number(m.get(k), k, -math.inf) for k in ("start_s", "end_s", "deadline_s")]
-        return cls(str(m.get("robot", ""))[:MAX_ROBOT_CHARS], stage, *times,
+        times = {k: number(m.get(k), k, -math.inf) for k in ("start_s", "end_s", "deadline_s")}
+        return cls(robot=str(m.get("robot", ""))[:MAX_ROBOT_CHARS], stage=stage, **times,
                    booked=m.get("booked") is True)  # fmt: skip
 
 

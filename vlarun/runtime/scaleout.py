@@ -150,7 +150,8 @@ class _Worker:
         each counts whole: conservative), each stage at the estimated per-request time."""
         q = EdgeQueue(self.max_batch, now)
         for f in list(self.flights.values()):
-            q.add(Pending(now, f.deadline, robot_id(f.identity), f.stages, self.seconds(f.stages)))
+            q.add(Pending(ready=now, deadline=f.deadline, origin=robot_id(f.identity),
+                          stages=f.stages, seconds=self.seconds(f.stages)))  # fmt: skip
         return q
 
     def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
@@ -167,7 +168,8 @@ class _Worker:
         (``seconds``: its stages' times, when not this worker's estimates)."""
         q = self.queue(now)
         own = self.seconds(stages) if seconds is None else seconds
-        q.add(Pending(now, deadline, THIS, stages, own, key=THIS))
+        q.add(Pending(ready=now, deadline=deadline, origin=THIS, stages=stages, seconds=own,
+                      key=THIS))  # fmt: skip
         end = finish(q, THIS)
         return now if end is None else end
 

@@ -89,7 +89,7 @@ def wanted(graph: StageGraph, placement: dict[str, str], seg: Segment) -> tuple[
     return tuple(n for n in seg.makes if n in reads)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Request:
     """A data request checked against the schema (its tensors not read yet): the stages, what
     it wants back, the reply codec, hook parts to reset, its setting and time budget (s)."""
@@ -201,7 +201,8 @@ class Schema:
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
         budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
-        return Request(names, tuple(want), codec, tuple(fresh), setting, budget, rtc)
+        return Request(stages=names, want=tuple(want), reply_codec=codec, fresh=tuple(fresh),
+                       setting=setting, budget_s=budget, rtc=rtc)  # fmt: skip
 
     def check_values(self, tensors: dict) -> None:
         """What a header cannot promise: the values of a request's tensors, checked once they

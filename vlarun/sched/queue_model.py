@@ -72,7 +72,7 @@ class StageTimes:
         return all(now - self.est_at.get(s, -1e9) <= within_s for s in stages)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pending:
     """A request's stages still to run, as the queue model sees it: it joins the queue of
     ``stages[0]`` at ``ready``; ``seconds``: each stage's per-request time; ``key``: the

@@ -273,7 +273,8 @@ class SimEdge:
     def finish(self, a: Arrival) -> float:
         """When ``a``, arriving now, would finish."""
         q = self._booked(self.queue.copy(), a.at)
-        q.add(Pending(a.at, a.deadline, THIS, a.stages, a.seconds, key=THIS))
+        q.add(Pending(ready=a.at, deadline=a.deadline, origin=THIS, stages=a.stages,
+                      seconds=a.seconds, key=THIS))  # fmt: skip
         end = finish(q, THIS)
         return a.at if end is None else end
 
@@ -284,7 +285,8 @@ class SimEdge:
         self.ledger.claim(origin, a.stages, a.at)
         if self.finish(a) > a.deadline:
             return False
-        self.queue.add(Pending(a.at, a.deadline, origin, a.stages, a.seconds, key=key))
+        self.queue.add(Pending(ready=a.at, deadline=a.deadline, origin=origin, stages=a.stages,
+                               seconds=a.seconds, key=key))  # fmt: skip
         return True
 
     def next_at(self) -> float | None:
