@@ -115,7 +115,13 @@ def test_a_flooding_robot_gets_its_share_and_another_robot_is_still_served():
                 c.health(5.0)
             rids = list(range(100, 112))
             for rid in rids:  # all at once, not waiting for answers
-                flood._send(wire.encode(wire.Message("data", rid, stages, 8.0, meta, packet)))
+                flood._send(
+                    wire.encode(
+                        wire.Message(
+                            "data", rid=rid, stage=stages, deadline_s=8.0, meta=meta, packet=packet
+                        )
+                    )
+                )
             time.sleep(0.3)  # the flood has landed (its refusals are answered at once)
             t0 = time.monotonic()
             reply = robot.run(tuple(stages.split("+")), packet, ("actions",), 8.0, 8.0, meta)

@@ -91,8 +91,11 @@ class LyingEdge:
             elif meta == "garbage":
                 out = [b"\x93\x00\xff", b"junk"]
             else:
-                out = wire.encode(wire.Message("result", msg.rid, msg.stage, meta=meta,
-                                               packet=Packet(tensors)))  # fmt: skip
+                out = wire.encode(
+                    wire.Message(
+                        "result", rid=msg.rid, stage=msg.stage, meta=meta, packet=Packet(tensors)
+                    )
+                )
             self.sock.send_multipart([who, *out])
 
     def close(self) -> None:
@@ -158,11 +161,15 @@ def test_a_reply_larger_than_the_graph_allows_is_never_buffered():
                 time.sleep(0.01)
         assert router.poll(30_000)
         who, *_ = router.recv_multipart()
-        huge = wire.encode(wire.Message("result", 99, "vision",
-                                        packet=Packet({"x": torch.zeros(16 << 20)})))  # fmt: skip
+        huge = wire.encode(
+            wire.Message(
+                "result", rid=99, stage="vision", packet=Packet({"x": torch.zeros(16 << 20)})
+            )
+        )
         router.send_multipart([who, *huge])  # 64 MB: over the limit
-        other = wire.encode(wire.Message("result", 98, "vision",
-                                         packet=Packet({"x": torch.zeros(1000)})))  # fmt: skip
+        other = wire.encode(
+            wire.Message("result", rid=98, stage="vision", packet=Packet({"x": torch.zeros(1000)}))
+        )
         router.send_multipart([who, *other])
         with pytest.raises(Exception, match="no reply"):  # neither is the answer to 7
             client._await(7, 1.0)

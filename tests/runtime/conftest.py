@@ -59,7 +59,9 @@ def vision_request(policy):
     ids = policy.text_ids(INSTRUCTION)
     packet = Packet({"images": torch.rand(1, 1, 3, size, size)})
     meta = {"batch": 1, "text_tokens": len(ids), "want": ["visual"]}
-    return wire.encode(wire.Message("data", 1, "vision", 5.0, meta, packet))
+    return wire.encode(
+        wire.Message("data", rid=1, stage="vision", deadline_s=5.0, meta=meta, packet=packet)
+    )
 
 
 def mutate(frames: list[bytes], rng: random.Random) -> list[bytes]:

@@ -40,7 +40,7 @@ def test_every_record_round_trips_through_msgpack():
 
 
 def test_a_slot_is_sent_relative_to_the_edges_clock_and_ages_on_the_robots():
-    slot = Slot("ab12", "vision", start=100.2, end=100.5, deadline=101.0, booked=True)
+    slot = Slot(origin="ab12", stage="vision", start=100.2, end=100.5, deadline=101.0, booked=True)
     wire = ScheduleSlot.of(slot, now=100.0)
     assert (wire.start_s, wire.end_s, wire.deadline_s) == pytest.approx((0.2, 0.5, 1.0))
     older = wire.aged(0.3)

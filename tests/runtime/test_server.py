@@ -214,7 +214,11 @@ def test_admission_refuses_at_once_what_cannot_finish_before_its_deadline(policy
         socks = [dealer(srv.address) for _ in range(12)]
         for rid, sock in enumerate(socks, start=1):
             sock.send_multipart(
-                wire.encode(wire.Message("data", rid, "vision", budget, meta, packet))
+                wire.encode(
+                    wire.Message(
+                        "data", rid=rid, stage="vision", deadline_s=budget, meta=meta, packet=packet
+                    )
+                )
             )
         kinds = []
         for sock in socks:
@@ -230,7 +234,9 @@ def test_admission_refuses_at_once_what_cannot_finish_before_its_deadline(policy
         assert srv.stats["refused"] == kinds.count("refused")
         assert srv.stats["expired"] == kinds.count("expired")
         assert srv.stats["errors"] == 0  # a refusal is not an error
-        roomy = wire.Message("data", 99, "vision", 100 * est + 1.0, meta, packet)
+        roomy = wire.Message(
+            "data", rid=99, stage="vision", deadline_s=100 * est + 1.0, meta=meta, packet=packet
+        )
         socks[0].send_multipart(wire.encode(roomy))
         assert wire.decode(socks[0].recv_multipart()).kind == "result"
 
@@ -246,11 +252,19 @@ def test_a_stale_estimate_is_not_enough_to_refuse(policy, dealer):
         packet = Packet({"images": torch.rand(1, 1, 3, 128, 128)})
         meta = {"batch": 1, "text_tokens": len(ids), "want": ["visual"]}
         sock = dealer(srv.address)
-        tight = wire.Message("data", 1, "vision", 0.2 * est, meta, packet)
+        tight = wire.Message(
+            "data", rid=1, stage="vision", deadline_s=0.2 * est, meta=meta, packet=packet
+        )
         sock.send_multipart(wire.encode(tight))
         assert "refused" in wire.decode(sock.recv_multipart()).meta.get("error", "")
         time.sleep(0.4)  # the estimate is now stale
-        sock.send_multipart(wire.encode(wire.Message("data", 2, "vision", 0.2 * est, meta, packet)))
+        sock.send_multipart(
+            wire.encode(
+                wire.Message(
+                    "data", rid=2, stage="vision", deadline_s=0.2 * est, meta=meta, packet=packet
+                )
+            )
+        )
         reply = wire.decode(sock.recv_multipart())
         assert "refused" not in reply.meta.get("error", "")  # admitted: ran (or expired) instead
         assert srv.stats["refused"] == 1

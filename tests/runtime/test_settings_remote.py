@@ -127,7 +127,9 @@ def _request(policy: Policy, meta: dict, rid: int = 7) -> list:
     ids = policy.text_ids(INSTRUCTION)
     packet = Packet({"images": torch.rand(1, 1, 3, size, size)})
     meta = {"batch": 1, "text_tokens": len(ids), "want": ["visual"], **meta}
-    return wire.encode(wire.Message("data", rid, "vision", 5.0, meta, packet))
+    return wire.encode(
+        wire.Message("data", rid=rid, stage="vision", deadline_s=5.0, meta=meta, packet=packet)
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,7 +165,13 @@ def test_a_token_setting_request_must_carry_the_frames_for_its_prefill(policies,
     meta = {"batch": 1, "text_tokens": len(ids), "setting": {"token_budget": 0.3}, "stream": 1}
     with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
         sock = dealer(srv.address)
-        sock.send_multipart(wire.encode(wire.Message("data", 3, "prefill_head", 5.0, meta, packet)))
+        sock.send_multipart(
+            wire.encode(
+                wire.Message(
+                    "data", rid=3, stage="prefill_head", deadline_s=5.0, meta=meta, packet=packet
+                )
+            )
+        )
         reply = wire.decode(sock.recv_multipart())
         assert reply.kind == "error" and "'images'" in reply.meta["error"]
 

@@ -52,7 +52,14 @@ packets = st.dictionaries(
     st.sampled_from(["none", "zlib"]),
 )
 def test_exact_round_trip(packet, kind, rid, deadline, compress):
-    msg = Message(kind, rid, "prefill+decode", deadline, {"batch": 1, "x": [1, "a"]}, packet)
+    msg = Message(
+        kind,
+        rid=rid,
+        stage="prefill+decode",
+        deadline_s=deadline,
+        meta={"batch": 1, "x": [1, "a"]},
+        packet=packet,
+    )
     back = wire.decode(wire.encode(msg, Codec(compress=compress)))
     assert (back.kind, back.rid, back.stage, back.meta) == (kind, rid, msg.stage, msg.meta)
     assert back.deadline_s == deadline
@@ -119,7 +126,9 @@ def test_zlib_bomb_stops_at_claimed_size():
 
 def _good() -> list[bytes]:
     p = Packet({"images": torch.rand(1, 3, 8, 8), "ids": torch.arange(5)})
-    return wire.encode(Message("data", 7, "vision", 0.5, {"batch": 1}, p))
+    return wire.encode(
+        Message("data", rid=7, stage="vision", deadline_s=0.5, meta={"batch": 1}, packet=p)
+    )
 
 
 def _mutations(rng: random.Random) -> list[list[bytes]]:
@@ -214,7 +223,17 @@ def test_a_pad_travels_as_zero_bytes_and_is_dropped_on_receipt():
     """An emulated device's packet padded to the real model's size: the link carries the pad
     (one frame of its own), the receiver gets back exactly the tensors."""
     x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    frames = wire.encode(Message("data", 3, "vision", 1.0, {}, Packet({"x": x}), pad=1000))
+    frames = wire.encode(
+        Message(
+            "data",
+            rid=3,
+            stage="vision",
+            deadline_s=1.0,
+            meta={},
+            packet=Packet({"x": x}),
+            pad=1000,
+        )
+    )
     assert len(frames) == 3 and frames[-1] == bytes(1000)
     back = wire.decode(frames)
     assert list(back.packet.tensors) == ["x"] and torch.equal(back.packet["x"], x)

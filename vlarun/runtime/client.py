@@ -216,7 +216,7 @@ class EdgeClient:
         pad = Packet({"pad": torch.zeros(nbytes, dtype=torch.uint8)})
         t0 = time.perf_counter()
         sent = self._send(
-            wire.encode(wire.Message("control", rid, meta={"op": "probe"}, packet=pad))
+            wire.encode(wire.Message("control", rid=rid, meta={"op": "probe"}, packet=pad))
         )
         try:
             self._await(rid, timeout_s)
@@ -281,7 +281,15 @@ def request_frames(
     meta = {**(meta or {}), "want": list(want)}
     if codec is not None:
         meta["reply_codec"] = {"reduce": codec.reduce, "compress": codec.compress}
-    msg = wire.Message("data", rid, "+".join(stages), budget_s, meta, packet, pad)
+    msg = wire.Message(
+        "data",
+        rid=rid,
+        stage="+".join(stages),
+        deadline_s=budget_s,
+        meta=meta,
+        packet=packet,
+        pad=pad,
+    )
     return wire.encode(msg, codec)
 
 

@@ -463,8 +463,9 @@ class EdgeCore:
                 "schedule": pack_schedule(self.schedule())}  # fmt: skip
         emu = self.emulator  # an emulated edge answers with the real model's packet size
         pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
-        msg = wire.Message("result", job.rid, "+".join(job.stages), meta=meta, packet=packet,
-                           pad=pad)  # fmt: skip
+        msg = wire.Message(
+            "result", rid=job.rid, stage="+".join(job.stages), meta=meta, packet=packet, pad=pad
+        )
         return wire.encode(msg, wire.Codec(**job.reply_codec))
 
 

@@ -78,7 +78,12 @@ def measure(edge: str, policy, n: int = 30) -> dict:
                 runs.append((rep.wall_s - sum(t.compute_s for t in rep.timings), rep))
     finally:
         client.close()
-    sizes = [len(f) for f in wire.encode(wire.Message("data", 1, "vision", 5.0, meta, packet))]
+    sizes = [
+        len(f)
+        for f in wire.encode(
+            wire.Message("data", rid=1, stage="vision", deadline_s=5.0, meta=meta, packet=packet)
+        )
+    ]
     reply = runs[-1][1].recv_bytes
     proc, echo = procs.spawn_module("vlarun.runtime.overhead")
     try:

@@ -286,8 +286,15 @@ class StageQueues(StageTimes):
         out: list[Slot] = []
         queue = EdgeQueue(self.max_batch, now)
         if running is not None and busy_until > now:
-            out.append(Slot(",".join(running.robots), running.stage, now, busy_until,
-                            running.due))  # fmt: skip
+            out.append(
+                Slot(
+                    origin=",".join(running.robots),
+                    stage=running.stage,
+                    start=now,
+                    end=busy_until,
+                    deadline=running.due,
+                )
+            )
             queue.free_at = busy_until
             items += [self._pending(busy_until, d, who, rest) for who, d, rest in running.after]
         for p in items:

@@ -87,7 +87,7 @@ class Pending:
     key: Hashable | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Slot:
     """One stage of one request in the forecast: who, what, when it runs and when it is due
     (monotonic seconds); ``booked``: announced, not arrived yet."""
@@ -162,7 +162,19 @@ class EdgeQueue:
         end = cursor + sum(p.seconds[0] for _, p in batch)
         out = []
         for k, p in batch:
-            out.append((p, Slot(p.origin, stage, cursor, end, p.deadline, p.booked)))
+            out.append(
+                (
+                    p,
+                    Slot(
+                        origin=p.origin,
+                        stage=stage,
+                        start=cursor,
+                        end=end,
+                        deadline=p.deadline,
+                        booked=p.booked,
+                    ),
+                )
+            )
             if len(p.stages) > 1:  # its next stage is queued once this one is done
                 rest = replace(p, ready=end, stages=p.stages[1:], seconds=p.seconds[1:])
                 heapq.heappush(self._later, (end, k, rest))

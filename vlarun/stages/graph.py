@@ -142,7 +142,7 @@ class StageGraph:
         for st in self.stages:
             packet = Packet({s.name: pool[s.name] for s in st.inputs})
             if serialize:
-                frames = wire.encode(wire.Message("data", 0, st.name, packet=packet))
+                frames = wire.encode(wire.Message("data", rid=0, stage=st.name, packet=packet))
                 packet = wire.decode(frames).packet
             start = clock()
             out = st(packet)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import msgpack
 import numpy as np
@@ -75,9 +75,10 @@ class Codec:
 @dataclass
 class Message:
     """One runtime message. Invariant: ``kind`` is in KINDS; ``packet`` is empty for control
-    messages; ``rid`` pairs a reply with its request."""
+    messages; ``rid`` pairs a reply with its request. Built as ``Message(kind, rid=...)``."""
 
     kind: str
+    _: KW_ONLY
     rid: int = 0
     stage: str = ""
     deadline_s: float = math.inf
@@ -301,8 +302,15 @@ def materialize(header: Header, frames, limits: Limits | None = None) -> Message
                 f"tensor {e.name!r}: frame is {len(view)} bytes, header says {e.nbytes}"
             )
         tensors[e.name] = _decode_tensor(e, view)
-    return Message(header.kind, header.rid, header.stage, header.deadline_s, header.meta,
-                   Packet(tensors), header.pad)  # fmt: skip
+    return Message(
+        header.kind,
+        rid=header.rid,
+        stage=header.stage,
+        deadline_s=header.deadline_s,
+        meta=header.meta,
+        packet=Packet(tensors),
+        pad=header.pad,
+    )
 
 
 def _decode_tensor(e: Entry, view: memoryview) -> torch.Tensor:
@@ -355,9 +363,9 @@ def renumber(frames: list[bytes], rid: int) -> list[bytes]:
 
 def control(op: str, rid: int = 0, **meta) -> list[bytes]:
     """Frames of a control message (no tensors): ``meta`` carries ``op`` and its fields."""
-    return encode(Message("control", rid, meta={"op": op, **meta}))
+    return encode(Message("control", rid=rid, meta={"op": op, **meta}))
 
 
 def error(rid: int, text: str) -> list[bytes]:
     """Frames of an error reply; the text is bounded so an echo cannot amplify an attack."""
-    return encode(Message("error", rid, meta={"error": text[:300]}))
+    return encode(Message("error", rid=rid, meta={"error": text[:300]}))
