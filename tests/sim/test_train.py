@@ -85,6 +85,29 @@ def test_init_from_exported_policies_continues_their_weights(tmp_path, demos):
         train(bad)
 
 
+def test_a_fine_tune_counts_the_samples_of_the_runs_it_grew_from(tmp_path, demos):
+    """A run started from another run's state records what that lineage had seen; its model
+    cards say so, and the training curve continues across the fine-tune (its x is samples
+    seen with the runs before)."""
+    from vlarun.sim.curve import CURVE_FILE, lineage_rows
+    from vlarun.sim.train import lineage_before
+
+    a = TrainConfig(demos=str(demos), out=str(tmp_path / "a"), steps=2, batch=2, warmup=1)
+    train(a)
+    b = TrainConfig(**{**a.__dict__, "out": str(tmp_path / "b"), "init_from": a.out, "steps": 3})
+    train(b)
+    assert json.loads((tmp_path / "b" / "state.json").read_text())["lineage_before"] == 4
+    assert lineage_before(tmp_path / "b") == 4 and lineage_before(tmp_path / "a") == 0
+    card = (tmp_path / "b" / "export" / "tiny-ar" / "README.md").read_text()
+    assert "(6 samples seen; 10 with the runs it grew from)" in card
+    for run, samples in (("a", 4), ("b", 6)):
+        point = {"policy": "tiny-ar", "step": samples // 2, "samples": samples, "success": 0.5,
+                 "success_ci95": [0.2, 0.8]}  # fmt: skip
+        (tmp_path / run / CURVE_FILE).write_text(json.dumps(point) + "\n")
+    rows = lineage_rows(tmp_path / "b")
+    assert sorted((r["run"], r["lineage_samples"]) for r in rows) == [("a", 4), ("b", 10)]
+
+
 def test_two_demo_directories_train_as_one(tmp_path, demos):
     from vlarun.sim.demos import load_demos
     from vlarun.sim.train import concat_demos, demo_dirs

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vlarun.machine import cpu_name
 from vlarun.sim.evaluate import EvalConfig, evaluate, wilson
-from vlarun.sim.train import TrainConfig, train
+from vlarun.sim.train import TrainConfig, lineage_before, train
 
 CURVE_SEED = 500  # first curve seed (+ EVAL_SEED_OFFSET); the headline table uses 0..24
 CURVE_FILE = "curve.jsonl"
@@ -33,6 +33,7 @@ def record_stretch(
     state = json.loads((run / "state.json").read_text())
     cfg = TrainConfig(**{**state["config"], "out": str(run), "export_only": True})
     exported = train(cfg)["exported"]
+    before = lineage_before(run)
     points = []
     for name, directory in exported.items():
         r = evaluate(EvalConfig(policy=directory, tasks=tasks, episodes=episodes,
@@ -44,6 +45,8 @@ def record_stretch(
             "policy": name,
             "step": state["step"],
             "samples": state.get("samples", state["step"] * cfg.batch),
+            # with every run it grew from: the curve's x, continued across fine-tunes
+            "lineage_samples": before + state.get("samples", state["step"] * cfg.batch),
             "episodes_per_task": episodes,
             "success": wins / n,
             "success_ci95": wilson(wins, n),
@@ -56,8 +59,31 @@ def record_stretch(
     return points
 
 
+def lineage_rows(run: Path) -> list[dict]:
+    """The curve points of ``run`` and of every run it grew from (its init_from chain), each
+    with ``lineage_samples``: samples seen by it and by the runs before it (points written
+    before the field existed get it from their run's place in the chain)."""
+    rows, seen = [], set()
+    while (run / "state.json").exists() and run.resolve() not in seen:
+        seen.add(run.resolve())
+        before = lineage_before(run)
+        if (run / CURVE_FILE).exists():
+            for line in (run / CURVE_FILE).read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    r.setdefault("lineage_samples", before + r["samples"])
+                    r.setdefault("run", run.name)
+                    rows.append(r)
+        parent = json.loads((run / "state.json").read_text())["config"].get("init_from") or ""
+        if not parent:
+            break
+        run = Path(parent)
+    return rows
+
+
 def plot(run: Path) -> Path | None:
-    """``RUN/curve.png``: success (95% Wilson interval) against samples seen, per family."""
+    """``RUN/curve.png``: success (95% Wilson interval) against samples seen (the run and
+    every run it grew from), per family."""
     try:
         import matplotlib
 
@@ -65,17 +91,19 @@ def plot(run: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [json.loads(x) for x in (run / CURVE_FILE).read_text().splitlines() if x.strip()]
+    rows = lineage_rows(run)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in sorted({r["policy"] for r in rows}):
-        pts = sorted((r for r in rows if r["policy"] == name), key=lambda r: r["samples"])
-        x = [p["samples"] / 1e3 for p in pts]
+        pts = sorted((r for r in rows if r["policy"] == name), key=lambda r: r["lineage_samples"])
+        x = [p["lineage_samples"] / 1e3 for p in pts]
         y = [100 * p["success"] for p in pts]
         lo = [100 * (p["success"] - p["success_ci95"][0]) for p in pts]
         hi = [100 * (p["success_ci95"][1] - p["success"]) for p in pts]
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=name)
-    ax.set(xlabel="samples seen (thousands)", ylabel="MT10 success (%)", ylim=(0, 100),
-           title=f"{run.name}: success on held-out seeds (curve seeds, 95% Wilson)")  # fmt: skip
+    runs = " -> ".join(dict.fromkeys(r["run"] for r in reversed(rows)))  # oldest first
+    ax.set(xlabel="samples seen, with the runs it grew from (thousands)",
+           ylabel="MT10 success (%)", ylim=(0, 100),
+           title=f"{runs}: held-out curve seeds, 95% Wilson")  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = run / "curve.png"
@@ -95,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{run} holds no training state (state.json)")
     for p in record_stretch(run, a.episodes, a.workers):
         lo, hi = p["success_ci95"]
-        print(f"{p['policy']:12s} step {p['step']:6d}  {p['samples']:7d} samples  "
+        print(f"{p['policy']:12s} step {p['step']:6d}  {p['samples']:7d} samples "
+              f"({p['lineage_samples']:,} with the runs before)  "
               f"success {100 * p['success']:5.1f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
               file=sys.stdout)  # fmt: skip
 

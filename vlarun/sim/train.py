@@ -594,6 +594,25 @@ def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
     return line + (f"; widened with zero inputs: {', '.join(widened)}" if widened else "")
 
 
+def lineage_before(run: Path, _depth: int = 0) -> int:
+    """Samples every run ``run`` grew from had seen when it started from them (its init_from
+    chain of run directories; 0 for a run started fresh or from exported policies). Read from
+    the state where the run recorded it, else from its parents' states as they are now."""
+    state_file = Path(run) / "state.json"
+    if _depth > 16 or not state_file.exists():
+        return 0
+    state = json.loads(state_file.read_text())
+    if "lineage_before" in state:
+        return int(state["lineage_before"])
+    parent = Path(state.get("config", {}).get("init_from") or "")
+    if not str(parent) or str(parent) == "." or not (parent / "state.json").exists():
+        return 0
+    if parent.resolve() == Path(run).resolve():
+        return 0
+    seen = json.loads((parent / "state.json").read_text()).get("samples", 0)
+    return int(seen) + lineage_before(parent, _depth + 1)
+
+
 def default_init(cfg: TrainConfig) -> Path | None:
     """Where a run with no state starts: --init-from, else the committed checkpoints of the
     suite (so training continues the shipped policies), else nothing (random weights)."""
@@ -654,6 +673,9 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
         meta = {"step": 0, "seconds": 0.0, "config": cfgio.to_dict(cfg)}
         if init_from is not None:
             meta["init_from"] = init_weights(model, init_from, cfg.suite)
+            if (init_from / "state.json").exists():  # a run: what it had seen counts too
+                parent = json.loads((init_from / "state.json").read_text())
+                meta["lineage_before"] = parent.get("samples", 0) + lineage_before(init_from)
             print(f"vlarun train: initialised from {meta['init_from']}", file=sys.stderr)
     if meta.get("rewarm_from") is not None:
         print(f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
@@ -849,6 +871,8 @@ def export(cfg: TrainConfig, model: MultiHeadBC, meta: dict, out: Path) -> dict:
         demos = concat_demos([load_demos(d) for d in demo_dirs(cfg.demos)])
         stats = merged_statistics(with_goal_state(demos) if model.cfg.goal_in_state else demos)
     written = {}
+    if "lineage_before" not in meta:  # a run started before runs recorded it: its parents'
+        meta = {**meta, "lineage_before": lineage_before(out)}
     for family, vla in model.export().items():
         name = EXPORT_NAMES[cfg.suite][family]
         card = model_card(name, family, cfg, meta)
@@ -877,6 +901,10 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         if meta.get("init_from")
         else ""
     )
+    before = meta.get("lineage_before", 0)
+    lineage = (
+        f"; {before + meta['step'] * cfg.batch:,} with the runs it grew from" if before else ""
+    )
     inputs = (
         "- inputs: **the goal xyz in the state** (Meta-World's own MT observation, "
         "`partially_observable=False`): a labelled variant, never in a table with the "
@@ -891,8 +919,8 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         f"- steps: {meta['step']} x batch {cfg.batch}, lr {cfg.lr}, "
         f"random shift {cfg.shift} px, {precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
-        f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen) "
-        f"on {meta.get('cpu', cpu_name())}\n"
+        f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen"
+        f"{lineage}) on {meta.get('cpu', cpu_name())}\n"
         f"- success: `vlarun eval --policy {name} --tasks mt10 --episodes 25 --json` measures it;"
         " the run's training curve (`curve.jsonl` beside its state) has each stretch's\n"
     )
