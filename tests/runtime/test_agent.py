@@ -311,3 +311,24 @@ def test_the_robots_stage_times_have_one_learner_the_planners_calibration(policy
         assert not hasattr(agent.learner, "local_s")  # the learner keeps no copy
     finally:
         agent.close()
+
+
+def test_a_scheduler_built_while_the_edge_was_down_is_primed_once_the_edge_is_heard(policy):
+    """An edge-down request teaches the planner's scheduler its stage times (so it is built
+    before any health reply); the first health reply carrying the edge's per-stage estimates
+    primes the edge side of it all the same, once."""
+    agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="vlarun"))
+    try:
+        image = StubEnv(1).image
+        inf = agent.infer(image, INSTRUCTION)  # no edge: robot-only, nobody's plan
+        assert inf.predicted_s is None and set(inf.ran.values()) == {"robot"}  # edge down
+        n = agent.planner.text_tokens
+        sched = agent.planner.scheduler(n)
+        assert all(role == "robot" for _, role in sched.cal.stage_factor)  # taught, not primed
+        agent.planner.prepare(n, {}, {"stage_ms": {"vision": 3.0, "prefill": 5.0}})
+        edge = {s: f for (s, role), f in sched.cal.stage_factor.items() if role == "edge"}
+        assert set(edge) == {"vision", "prefill"}
+        agent.planner.prepare(n, {}, {"stage_ms": {"vision": 300.0}})  # once: not again
+        assert sched.cal.stage_factor[("vision", "edge")] == edge["vision"]
+    finally:
+        agent.close()

@@ -72,19 +72,27 @@ class Planner:
         self.strategy, self.setting = strategy, setting
         self.costs, self.slo_s = costs, slo_s
         self._scheds: dict[int, Scheduler] = {}
+        self._edge_primed: set[int] = set()  # prompt lengths primed with the edge's estimates
         self.text_tokens: int | None = None  # the last prompt length prepared or planned
 
     def scheduler(self, text_tokens: int, robot_s: dict | None = None,
                   health: dict | None = None) -> Scheduler:  # fmt: skip
-        """The scheduler of prompts of ``text_tokens``, built once: primed, when built, with
-        the stage times measured so far here (``robot_s``, this host's seconds: the warm-up's)
-        and on the edge (its health's per-stage estimates)."""
-        if text_tokens not in self._scheds:
-            sched = self.costs.scheduler(text_tokens)
-            costview.prime(sched, robot_s or {}, (health or {}).get("stage_ms") or {},
-                           self.costs.factors(text_tokens))  # fmt: skip
-            self._scheds[text_tokens] = sched
-        return self._scheds[text_tokens]
+        """The scheduler of prompts of ``text_tokens``, built once. Primed with stage times
+        measured here (``robot_s``, this host's seconds: the warm-up's) whenever given, and
+        with the edge's per-stage estimates the first time a health reply carries them: a
+        scheduler built while the edge was down (an edge-down request's stage times teach
+        it) is primed for the edge once the edge is heard."""
+        sched = self._scheds.get(text_tokens)
+        if sched is None:
+            sched = self._scheds[text_tokens] = self.costs.scheduler(text_tokens)
+        factors = self.costs.factors(text_tokens)
+        if robot_s:
+            costview.prime(sched, robot_s, {}, factors)
+        edge_ms = (health or {}).get("stage_ms") or {}
+        if edge_ms and text_tokens not in self._edge_primed:
+            costview.prime(sched, {}, edge_ms, factors)
+            self._edge_primed.add(text_tokens)
+        return sched
 
     def prepare(self, text_tokens: int, robot_s: dict, health: dict) -> None:
         """Build before any request what planning a prompt of ``text_tokens`` needs."""
