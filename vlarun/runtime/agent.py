@@ -204,13 +204,13 @@ class RobotAgent:
     def scheduler(self, text_tokens: int):
         """The scheduler planning prompts of ``text_tokens`` (the scheduled strategies)."""
         health = self.monitor.health if self.monitor is not None else {}
-        return self.planner.scheduler(text_tokens, {}, health)
+        return self.planner.scheduler(text_tokens, health=health)
 
     def plan(self, text_tokens: int):
         """This request's ``planner.Plan`` (its edge segments booked on the edge)."""
         edge = self.learner.edge_view(self.monitor)
         if edge.up:  # the planner's own, built once per prompt length (``prepare``)
-            self.planner.prepare(text_tokens, {}, edge.health)
+            self.planner.prepare(text_tokens, health=edge.health)
         plan = self.planner.plan(text_tokens, self.graph(text_tokens), edge, self.link)
         self.executor.book(plan)
         return plan
@@ -218,18 +218,17 @@ class RobotAgent:
     # -- before the first request ---------------------------------------------------------------
 
     def warmup(self, image: np.ndarray, instruction: str, runs: int = 2) -> dict[str, float]:
-        """Local runs that time every stage here (and make one-time allocations), then
-        ``prepare``: the planner starts primed with the times just measured (the last run's,
-        EWMA-folded as requests fold them), which are returned (this host's seconds)."""
+        """Local runs that time every stage here (the first also makes one-time allocations),
+        then ``prepare``: the planner starts primed with the last run's times, which are
+        returned (this host's seconds). From there the planner's calibration folds them in
+        with every request."""
         state = self._zero_state()
         ids = self.policy.text_ids(instruction, state)
         graph = self.graph(len(ids))
         times: dict[str, float] = {}
         for _ in range(runs):
             pool = dict(self.policy.inputs(image, instruction, state, 0)[0].tensors)
-            for st in graph.stages:
-                t = self.executor.local(st, pool, {})
-                times[st.name] = t if st.name not in times else 0.7 * times[st.name] + 0.3 * t
+            times = {st.name: self.executor.local(st, pool, {}) for st in graph.stages}
         self.reset()  # the warm-up's hook state is not the episode's
         self.prepare(instruction, times)
         if self.cfg.strategy == "vlarun-joint":
@@ -268,7 +267,7 @@ class RobotAgent:
         self.graph(n)
         self.costs.factors(n)
         health = self.monitor.health if self.monitor is not None else {}
-        self.planner.prepare(n, robot_s or {}, health)
+        self.planner.prepare(n, robot_s, health)
 
     def _zero_state(self) -> np.ndarray | None:
         """A zero robot state for a policy that reads one (in its prompt, prefix or expert)."""
@@ -296,8 +295,9 @@ class RobotAgent:
         # The policy's own input packet (its resize and state normalisation) and prompt ids.
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         plan = self.plan(len(ids))
-        freeze = freeze_for(self.cfg.rtc, prior, plan, self.planner.plan_robot_s(plan),
-                            self.cfg.slo_s, self.policy.model.cfg.horizon)  # fmt: skip
+        robot_s = self.planner.plan_robot_s(plan) if self.cfg.rtc else {}  # RTC's only
+        freeze = freeze_for(self.cfg.rtc, prior, plan, robot_s, self.cfg.slo_s,
+                            self.policy.model.cfg.horizon)  # fmt: skip
         ctx = RequestContext(
             plan=plan, graph=self.graph(len(ids), plan.setting, freeze is not None),
             pool=dict(packet.tensors), t0=t0, deadline=t0 + self.cfg.slo_s, freeze=freeze,

@@ -85,16 +85,16 @@ class Planner:
         sched = self._scheds.get(text_tokens)
         if sched is None:
             sched = self._scheds[text_tokens] = self.costs.scheduler(text_tokens)
-        factors = self.costs.factors(text_tokens)
         if robot_s:
-            costview.prime(sched, robot_s, {}, factors)
+            costview.prime(sched, robot_s, {}, self.costs.factors(text_tokens))
         edge_ms = (health or {}).get("stage_ms") or {}
         if edge_ms and text_tokens not in self._edge_primed:
-            costview.prime(sched, {}, edge_ms, factors)
+            costview.prime(sched, {}, edge_ms, self.costs.factors(text_tokens))
             self._edge_primed.add(text_tokens)
         return sched
 
-    def prepare(self, text_tokens: int, robot_s: dict, health: dict) -> None:
+    def prepare(self, text_tokens: int, robot_s: dict | None = None,
+                health: dict | None = None) -> None:  # fmt: skip
         """Build before any request what planning a prompt of ``text_tokens`` needs."""
         self.text_tokens = text_tokens
         self.scheduler(text_tokens, robot_s, health)

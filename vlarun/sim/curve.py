@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vlarun.machine import cpu_name
 from vlarun.sim.evaluate import EvalConfig, evaluate, wilson
-from vlarun.sim.train import TrainConfig, lineage_before, train
+from vlarun.sim.train import TrainConfig, lineage_before, parent_run, train
 
 CURVE_SEED = 500  # first curve seed (+ EVAL_SEED_OFFSET); the headline table uses 0..24
 CURVE_FILE = "curve.jsonl"
@@ -64,20 +64,18 @@ def lineage_rows(run: Path) -> list[dict]:
     with ``lineage_samples``: samples seen by it and by the runs before it (points written
     before the field existed get it from their run's place in the chain)."""
     rows, seen = [], set()
-    while (run / "state.json").exists() and run.resolve() not in seen:
-        seen.add(run.resolve())
-        before = lineage_before(run)
-        if (run / CURVE_FILE).exists():
-            for line in (run / CURVE_FILE).read_text().splitlines():
+    at: Path | None = run
+    while at is not None and at.resolve() not in seen:
+        seen.add(at.resolve())
+        before = lineage_before(at)
+        if (at / CURVE_FILE).exists():
+            for line in (at / CURVE_FILE).read_text().splitlines():
                 if line.strip():
                     r = json.loads(line)
                     r.setdefault("lineage_samples", before + r["samples"])
-                    r.setdefault("run", run.name)
+                    r.setdefault("run", at.name)
                     rows.append(r)
-        parent = json.loads((run / "state.json").read_text())["config"].get("init_from") or ""
-        if not parent:
-            break
-        run = Path(parent)
+        at = parent_run(at)
     return rows
 
 

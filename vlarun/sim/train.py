@@ -594,23 +594,35 @@ def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
     return line + (f"; widened with zero inputs: {', '.join(widened)}" if widened else "")
 
 
-def lineage_before(run: Path, _depth: int = 0) -> int:
-    """Samples every run ``run`` grew from had seen when it started from them (its init_from
-    chain of run directories; 0 for a run started fresh or from exported policies). Read from
-    the state where the run recorded it, else from its parents' states as they are now."""
-    state_file = Path(run) / "state.json"
-    if _depth > 16 or not state_file.exists():
+def parent_run(run: Path) -> Path | None:
+    """The run directory ``run`` started from (its ``--init-from``), or None: started fresh,
+    from exported policies, or from itself."""
+    state = json.loads((Path(run) / "state.json").read_text())
+    parent = state.get("config", {}).get("init_from") or ""
+    if not parent or not (Path(parent) / "state.json").exists():
+        return None
+    return None if Path(parent).resolve() == Path(run).resolve() else Path(parent)
+
+
+def lineage_samples(run: Path, _depth: int = 0) -> int:
+    """Samples seen by ``run`` and by every run it grew from."""
+    if _depth > 16 or not (Path(run) / "state.json").exists():
         return 0
-    state = json.loads(state_file.read_text())
+    state = json.loads((Path(run) / "state.json").read_text())
+    return int(state.get("samples", 0)) + lineage_before(run, _depth)
+
+
+def lineage_before(run: Path, _depth: int = 0) -> int:
+    """Samples every run ``run`` grew from had seen when it started from them (0 for a run
+    started fresh or from exported policies). Read from the state where the run recorded it,
+    else from its parents' states as they are now."""
+    if not (Path(run) / "state.json").exists():
+        return 0
+    state = json.loads((Path(run) / "state.json").read_text())
     if "lineage_before" in state:
         return int(state["lineage_before"])
-    parent = Path(state.get("config", {}).get("init_from") or "")
-    if not str(parent) or str(parent) == "." or not (parent / "state.json").exists():
-        return 0
-    if parent.resolve() == Path(run).resolve():
-        return 0
-    seen = json.loads((parent / "state.json").read_text()).get("samples", 0)
-    return int(seen) + lineage_before(parent, _depth + 1)
+    parent = parent_run(run)
+    return 0 if parent is None else lineage_samples(parent, _depth + 1)
 
 
 def default_init(cfg: TrainConfig) -> Path | None:
@@ -674,8 +686,7 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
         if init_from is not None:
             meta["init_from"] = init_weights(model, init_from, cfg.suite)
             if (init_from / "state.json").exists():  # a run: what it had seen counts too
-                parent = json.loads((init_from / "state.json").read_text())
-                meta["lineage_before"] = parent.get("samples", 0) + lineage_before(init_from)
+                meta["lineage_before"] = lineage_samples(init_from)
             print(f"vlarun train: initialised from {meta['init_from']}", file=sys.stderr)
     if meta.get("rewarm_from") is not None:
         print(f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
