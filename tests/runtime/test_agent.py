@@ -309,6 +309,9 @@ def test_the_robots_stage_times_have_one_learner_the_planners_calibration(policy
             want = (1 - alpha) * before[name] + alpha * ms * 1e-3
             assert agent.local_s[name] == pytest.approx(want, rel=1e-6, abs=1e-6), name
         assert not hasattr(agent.learner, "local_s")  # the learner keeps no copy
+        # Plain floats: a numpy scalar here made an edge reply's ``late`` a numpy bool, which
+        # the fleet robots' JSON rows could not hold.
+        assert all(type(v) is float for v in agent.local_s.values())
     finally:
         agent.close()
 

@@ -583,7 +583,8 @@ class Scheduler:
         stage never timed here has no measured time to stand on."""
         k = self._k_of(settings)
         return {
-            name: float(self.t_rob[k, si]) * self.cal.factor(name, "robot", self._key_k(k))
+            # plain floats: these feed JSON records (a numpy scalar made ``late`` a numpy bool)
+            name: float(self.t_rob[k, si] * self.cal.factor(name, "robot", self._key_k(k)))
             for si, name in enumerate(self.space.stages)
             if (name, "robot") in self.cal.stage_factor
         }
