@@ -15,6 +15,10 @@
 # SUITE=mt10p3 fine-tunes the mt10p2 run again with DAgger round 3 added, twice as many batches
 # from each precise task (reach, push, pick-place, peg-insert-side) as from any other task,
 # into training/mt10p3/ (85 minutes).
+# SUITE=mt10p4 fine-tunes mt10p3 with 2 cm of noise on the hand position of every training
+# state (--state-noise 0.02): the mt10p policies copy the hand's displacement from its fixed
+# start (causal confusion: +5 cm of hand x in the state, same image, moves reach's x action by
+# +0.8 where the expert's moves -0.25), so the goal in the image goes unused (80 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-90}
@@ -40,7 +44,10 @@ case "$SUITE" in
   mt10p3) SUITE=mt10p SCHEDULE=(--out training/mt10p3 --steps 8000 --lr 1.5e-4 --warmup 100
                    --budget-minutes 85 --init-from training/mt10p2
                    --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
-  *) echo "SUITE must be mt10p, mt10g, mt10p2 or mt10p3, got $SUITE" >&2; exit 2 ;;
+  mt10p4) SUITE=mt10p SCHEDULE=(--out training/mt10p4 --steps 8000 --lr 2e-4 --warmup 100
+                   --budget-minutes 80 --init-from training/mt10p3 --state-noise 0.02
+                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  *) echo "SUITE must be mt10p, mt10g, mt10p2, mt10p3 or mt10p4, got $SUITE" >&2; exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

@@ -119,6 +119,38 @@ def test_same_seed_same_episode_other_seed_other_layout(reach):
     assert not np.array_equal(obs_a["image"], obs_c["image"])
 
 
+def test_the_reset_frame_draws_this_episodes_goal_not_the_last_ones(monkeypatch):
+    """Meta-World moves the goal marker after its last forward pass at reset: the reset frame
+    drew the previous episode's goal (every first frame until 2026-12-05). It is the frame a
+    restore of the same state draws, whatever episode ran before, and the fix leaves the
+    physics bitwise as it was (the expert's trajectory without the fix is the same)."""
+    import mujoco
+
+    def expert_run(env) -> np.ndarray:
+        env.reset(seed=3)
+        env.reset(seed=4)
+        for _ in range(40):
+            env.step(env.expert_action())
+        return env.sim_state()
+
+    env = MetaWorldEnv("push-v3")
+    try:
+        env.reset(seed=3)
+        first, _ = env.reset(seed=4)
+        restored = env.restore(env.sim_state())
+        np.testing.assert_array_equal(first["image"], restored["image"])
+        np.testing.assert_allclose(env._mw.data.site("goal").xpos, env.targets[3:], atol=1e-9)
+        fixed = expert_run(env)
+    finally:
+        env.close()
+    monkeypatch.setattr(mujoco, "mj_kinematics", lambda model, data: None)  # as before the fix
+    old = MetaWorldEnv("push-v3", render=False)
+    try:
+        np.testing.assert_array_equal(expert_run(old), fixed)
+    finally:
+        old.close()
+
+
 def test_constructor_seed_and_unseeded_resets_are_reproducible():
     env_a = MetaWorldEnv("push-v3", seed=5, render=False)
     env_b = MetaWorldEnv("push-v3", seed=5, render=False)

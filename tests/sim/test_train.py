@@ -172,6 +172,26 @@ def test_task_weights_spend_batches_where_they_are_asked_and_bad_ones_fail_first
         TrainConfig(task_weights="push-v3=two")
 
 
+def test_state_noise_moves_only_the_hand_and_keeps_the_stream(tmp_path, demos):
+    """--state-noise: metres on the hand's xyz (normalised by the state's own spread), the
+    gripper clean, images / actions / the batch stream of a noiseless run unchanged."""
+    from vlarun.sim.text import build_tokenizer
+    from vlarun.sim.train import DemoSampler
+
+    tok = build_tokenizer([], tmp_path / "tokenizer.json")
+    clean = DemoSampler(str(demos), 8, tok, 0, 1, balance=True)
+    noisy = DemoSampler(str(demos), 8, tok, 0, 1, balance=True, state_noise=0.05)
+    a, b = clean.sample(256, 0, step=3), noisy.sample(256, 0, step=3)
+    assert torch.equal(a.images, b.images) and torch.equal(a.actions, b.actions)
+    assert torch.equal(a.state[:, 3:], b.state[:, 3:])  # the gripper
+    std = np.maximum(clean.stats_json["metaworld"]["proprio"]["std"][:3], 1e-2)
+    metres = ((b.state[:, :3] - a.state[:, :3]).numpy() * std).std(0)
+    assert metres == pytest.approx([0.05] * 3, rel=0.2)
+    assert torch.equal(noisy.sample(256, 0, step=3).state, b.state)  # reproducible per step
+    with pytest.raises(ValueError, match="state noise must be in"):
+        TrainConfig(state_noise=-0.01)
+
+
 def test_precision_is_chosen_by_measurement():
     from vlarun.sim.train import choose_precision
 

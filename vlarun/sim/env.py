@@ -445,6 +445,12 @@ class MetaWorldEnv(gym.Env):
         # Meta-World draws the episode's positions from its env's np_random in reset_model().
         self._mw.np_random = self.np_random
         raw, _ = self._mw.reset()
+        # Meta-World's reset moves the goal marker (model.site_pos) after its last forward pass,
+        # so the reset frame drew the marker where the previous episode had it: an image that
+        # lies about the goal (every reach / push / pick-place episode's first frame until
+        # 2026-12-05). Kinematics alone updates the drawn positions and leaves the physics
+        # (warm starts, contacts) bitwise as it was.
+        mujoco.mj_kinematics(self._mw.model, self._mw.data)
         self._raw_obs = raw
         self._steps = 0
         return self._obs(), {"success": False, "seed": seed, "task_vector": self.task_vector}

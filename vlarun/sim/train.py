@@ -98,6 +98,12 @@ class TrainConfig:
         "with --balance, relative task sampling weights TASK=W,... (unnamed tasks weigh 1), "
         "e.g. reach-v3=2,push-v3=2 to spend more of the batches where success is lost",
     )
+    state_noise: float = opt(
+        0.0,
+        "Gaussian noise (metres, standard deviation) on the hand position of every sampled "
+        "state: the hand's displacement from its fixed start then no longer tells which way the "
+        "expert went, so the policy must find the goal in the image (0 = off)",
+    )
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     # The LR anneals by whichever of steps or time runs out first and training ends there, so a
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
@@ -111,6 +117,8 @@ class TrainConfig:
             raise ValueError("steps, batch and lr must be positive")
         if self.shift < 0:
             raise ValueError(f"shift must be >= 0, got {self.shift}")
+        if not 0.0 <= self.state_noise <= 0.2:  # 20 cm is a third of the workspace
+            raise ValueError(f"state noise must be in [0, 0.2] m, got {self.state_noise}")
         if self.suite not in SUITES:
             raise ValueError(f"unknown suite {self.suite!r}; valid: {', '.join(SUITES)}")
         if self.precision not in ("auto", "bf16", "fp32"):
@@ -217,6 +225,9 @@ def choose_precision(
 # Data
 
 
+HAND_DIMS = 3  # the state's first entries: the hand's xyz in metres (then gripper, then goal)
+
+
 class DemoSampler:
     """Demonstration frames (memory-mapped) and their labels; each sample is (image(s),
     instruction ids, normalised action chunk, normalised proprio state, normalised targets).
@@ -238,6 +249,7 @@ class DemoSampler:
         balance: bool = False,
         goal_in_state: bool = False,
         task_weights: dict[str, float] | None = None,
+        state_noise: float = 0.0,
     ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
@@ -253,7 +265,12 @@ class DemoSampler:
         self.num_images = num_images
         self.stats_json = merged_statistics(demos)
         self.norm = NormStats.select(self.stats_json, None)
-        self.states = torch.from_numpy(ProprioNorm.select(self.stats_json).normalize(demos.states))
+        proprio = ProprioNorm.select(self.stats_json)
+        self.states = torch.from_numpy(proprio.normalize(demos.states))
+        # Noise in metres on the hand xyz (the first three entries), in normalised units: the
+        # same floored spread the normalisation divides by. Gripper (and goal) entries stay clean.
+        std = np.maximum(np.asarray(proprio.std[:HAND_DIMS]), 1e-2)
+        self.state_noise = torch.from_numpy((state_noise / std).astype(np.float32))
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
         self.chunks = torch.from_numpy(_chunks(actions, demos.episode_index, chunk))
         self.task = torch.from_numpy(demos.task_index.astype(np.int64))
@@ -324,7 +341,12 @@ class DemoSampler:
         images = images.view(b, v, *images.shape[1:]) if v > 1 else images
         text = [self.text[t] for t in self.task[idx].tolist()]
         targets = None if self.targets is None else self.targets[idx]
-        return Batch(images, text, self.chunks[idx], self.states[idx], targets)
+        states = self.states[idx]
+        if bool(self.state_noise.any()):  # drawn last: a run without noise keeps its stream
+            states = states.clone()
+            noise = torch.randn(b, HAND_DIMS, generator=self.gen) * self.state_noise
+            states[:, :HAND_DIMS] += noise
+        return Batch(images, text, self.chunks[idx], states, targets)
 
 
 def with_goal_state(demos: Demos) -> Demos:
@@ -704,6 +726,7 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             balance=cfg.balance,
             goal_in_state=model.cfg.goal_in_state,
             task_weights=parse_task_weights(cfg.task_weights),
+            state_noise=cfg.state_noise,
         )
         probe = sampler.sample(cfg.batch, cfg.shift, step=-1)  # not a batch of the run
 
