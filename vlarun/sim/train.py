@@ -951,7 +951,10 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         f"demonstrations (`vlarun train`).\n\n- data: `{_data_names(cfg.demos)}` "
         f"({meta.get('demos_manifest', 'see manifest')})\n{inputs}{start}"
         f"- steps: {meta['step']} x batch {cfg.batch}, lr {cfg.lr}, "
-        f"random shift {cfg.shift} px, {precision}, "
+        f"random shift {cfg.shift} px, "
+        + (f"{cfg.state_noise * 100:g} cm of noise on the hand state, " if cfg.state_noise else "")
+        + (f"task weights {cfg.task_weights}, " if cfg.task_weights else "")
+        + f"{precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
         f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen"
         f"{lineage}) on {meta.get('cpu', cpu_name())}\n"
