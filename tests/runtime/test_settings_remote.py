@@ -260,7 +260,13 @@ def test_joint_strategy_executes_the_setting_its_plan_chose(policies, tmp_path):
         finally:
             agent.close()
     assert {inf.setting for inf in held} == {"full"}  # gain within the error: fixed strategy
-    assert {inf.setting for inf in got} == {"triage:0.34"}  # the cheaper admitted setting
+    # The first decision once the error is shown small takes the cheaper admitted setting. Later
+    # ones rank by the stage times each setting was measured at: on a busy machine a slow triage
+    # request can make full compute look cheaper again (the gain is < 1%), which is the rule
+    # working, so only admitted settings are asked of them.
+    assert got[0].setting == "triage:0.34"
+    assert {inf.setting for inf in got} <= {"triage:0.34", "full"}
+    assert all(inf.ran == inf.planned for inf in held + got)  # each ran what its plan named
     plan_space = agent.scheduler(text).space
     admitted = {s.value("token_budget") for s, e in zip(plan_space.settings, plan_space.eligible,
                                                          strict=True) if e}  # fmt: skip
