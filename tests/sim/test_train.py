@@ -10,7 +10,7 @@ import torch
 from vlarun.models.checkpoint import load_vla
 from vlarun.policy.base import Policy
 from vlarun.sim.bc_model import joint_mask
-from vlarun.sim.demos import collect
+from vlarun.sim.demos import collect, load_demos
 from vlarun.sim.train import TrainConfig, _chunks, random_shift, train
 
 
@@ -190,6 +190,28 @@ def test_state_noise_moves_only_the_hand_and_keeps_the_stream(tmp_path, demos):
     assert torch.equal(noisy.sample(256, 0, step=3).state, b.state)  # reproducible per step
     with pytest.raises(ValueError, match="state noise must be in"):
         TrainConfig(state_noise=-0.01)
+
+
+def test_early_share_draws_episode_starts_within_each_task(tmp_path, demos):
+    """--early-share: that share of samples comes from the episodes' first frames (where only
+    the image says where the goal is); the task mix and a run without it are unchanged."""
+    from vlarun.sim.text import build_tokenizer
+    from vlarun.sim.train import DemoSampler
+
+    tok = build_tokenizer([], tmp_path / "tokenizer.json")
+    plain = DemoSampler(str(demos), 8, tok, 0, 1, balance=True)
+    early = DemoSampler(str(demos), 8, tok, 0, 1, balance=True, early_share=0.5, early_steps=4)
+    steps = torch.from_numpy(load_demos(demos).step_index)
+    natural = float((steps[plain.draw(4000)] < 4).float().mean())
+    drawn = float((steps[early.draw(4000)] < 4).float().mean())
+    assert natural < 0.15  # reach's episodes are ~45 frames
+    assert drawn == pytest.approx(0.5 + 0.5 * natural, abs=0.04)
+    again = DemoSampler(str(demos), 8, tok, 0, 1, balance=True)
+    assert torch.equal(plain.sample(16, 0, step=5).actions, again.sample(16, 0, step=5).actions)
+    with pytest.raises(ValueError, match="early share must be in"):
+        TrainConfig(early_share=1.0)
+    with pytest.raises(ValueError, match="only --balance"):
+        TrainConfig(early_share=0.2, balance=False)
 
 
 def test_precision_is_chosen_by_measurement():

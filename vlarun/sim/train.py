@@ -104,6 +104,13 @@ class TrainConfig:
         "state: the hand's displacement from its fixed start then no longer tells which way the "
         "expert went, so the policy must find the goal in the image (0 = off)",
     )
+    early_share: float = opt(
+        0.0,
+        "with --balance, the share of each task's samples drawn from its episodes' first "
+        "--early-steps frames, where the hand still sits at its fixed start and only the image "
+        "says where the goal is (0 = frames uniformly)",
+    )
+    early_steps: int = opt(8, "frames at an episode's start that --early-share draws from")
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     # The LR anneals by whichever of steps or time runs out first and training ends there, so a
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
@@ -117,6 +124,13 @@ class TrainConfig:
             raise ValueError("steps, batch and lr must be positive")
         if self.shift < 0:
             raise ValueError(f"shift must be >= 0, got {self.shift}")
+        if not 0.0 <= self.early_share < 1.0 or self.early_steps < 1:
+            raise ValueError(
+                f"early share must be in [0, 1) and early steps >= 1, got {self.early_share} "
+                f"and {self.early_steps}"
+            )
+        if self.early_share and not self.balance:
+            raise ValueError("--early-share draws within each task, which only --balance does")
         if not 0.0 <= self.state_noise <= 0.2:  # 20 cm is a third of the workspace
             raise ValueError(f"state noise must be in [0, 0.2] m, got {self.state_noise}")
         if self.suite not in SUITES:
@@ -250,6 +264,8 @@ class DemoSampler:
         goal_in_state: bool = False,
         task_weights: dict[str, float] | None = None,
         state_noise: float = 0.0,
+        early_share: float = 0.0,
+        early_steps: int = 8,
     ) -> None:
         dirs = demo_dirs(directory)
         demos = concat_demos([load_demos(d) for d in dirs])
@@ -284,6 +300,10 @@ class DemoSampler:
             self.targets = torch.from_numpy(t.astype(np.float32))
         self.balance = balance
         self.by_task = [torch.nonzero(self.task == k)[:, 0] for k in range(len(self.text))]
+        early = torch.from_numpy(demos.step_index < early_steps)
+        self.early_by_task = [torch.nonzero((self.task == k) & early)[:, 0]
+                              for k in range(len(self.text))]  # fmt: skip
+        self.early_share = early_share
         names = list(demos.manifest["task_names"])
         unknown = sorted(set(task_weights or {}) - set(names))
         if unknown:
@@ -319,10 +339,16 @@ class DemoSampler:
         else:
             tasks = [t for t in self.by_task if len(t)]
             pick = torch.randint(0, len(tasks), (batch,), generator=self.gen)
-        return torch.stack([
+        idx = torch.stack([
             tasks[k][torch.randint(0, len(tasks[k]), (1,), generator=self.gen)][0]
             for k in pick.tolist()
         ])  # fmt: skip
+        if self.early_share:  # drawn only when asked: a run without it keeps its stream
+            swap = torch.rand(batch, generator=self.gen) < self.early_share
+            for j in torch.nonzero(swap)[:, 0].tolist():
+                pool = self.early_by_task[int(self.task[idx[j]])]
+                idx[j] = pool[torch.randint(0, len(pool), (1,), generator=self.gen)][0]
+        return idx
 
     def sample(self, batch: int, shift: int, step: int | None = None) -> Batch:
         """One batch; with ``step``, the batch of that step of the run, whatever came before
@@ -727,6 +753,8 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             goal_in_state=model.cfg.goal_in_state,
             task_weights=parse_task_weights(cfg.task_weights),
             state_noise=cfg.state_noise,
+            early_share=cfg.early_share,
+            early_steps=cfg.early_steps,
         )
         probe = sampler.sample(cfg.batch, cfg.shift, step=-1)  # not a batch of the run
 
@@ -954,6 +982,11 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         f"random shift {cfg.shift} px, "
         + (f"{cfg.state_noise * 100:g} cm of noise on the hand state, " if cfg.state_noise else "")
         + (f"task weights {cfg.task_weights}, " if cfg.task_weights else "")
+        + (
+            f"{cfg.early_share:.0%} of samples from the first {cfg.early_steps} frames, "
+            if cfg.early_share
+            else ""
+        )
         + f"{precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
         f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen"
