@@ -295,9 +295,13 @@ class ProprioNorm:
     def dim(self) -> int:
         return len(self.mean)
 
+    @property
+    def scale(self) -> np.ndarray:
+        """What ``normalize`` divides each entry by: its spread, floored at 0.01."""
+        return np.maximum(np.asarray(self.std), 1e-2)
+
     def normalize(self, states: np.ndarray) -> np.ndarray:
         s = np.asarray(states, dtype=np.float64)
         if s.shape[-1] != len(self.mean):
             raise ValueError(f"state has {s.shape[-1]} entries; expected {len(self.mean)}")
-        std = np.maximum(np.asarray(self.std), 1e-2)
-        return np.clip((s - np.asarray(self.mean)) / std, -5.0, 5.0).astype(np.float32)
+        return np.clip((s - np.asarray(self.mean)) / self.scale, -5.0, 5.0).astype(np.float32)

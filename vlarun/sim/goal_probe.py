@@ -116,11 +116,8 @@ def probe_task(policy, task: str, seeds: int, shift: float) -> dict:
 
 
 def run_probe(cfg: ProbeConfig) -> dict:
-    import torch
-
     from vlarun.policy.base import Policy
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     policy = Policy.from_checkpoint(cfg.policy)
     if not policy.state_size:
         raise ValueError(f"{cfg.policy} reads no robot state: the state-response probe needs one")

@@ -283,10 +283,10 @@ class DemoSampler:
         self.norm = NormStats.select(self.stats_json, None)
         proprio = ProprioNorm.select(self.stats_json)
         self.states = torch.from_numpy(proprio.normalize(demos.states))
-        # Noise in metres on the hand xyz (the first three entries), in normalised units: the
-        # same floored spread the normalisation divides by. Gripper (and goal) entries stay clean.
-        std = np.maximum(np.asarray(proprio.std[:HAND_DIMS]), 1e-2)
-        self.state_noise = torch.from_numpy((state_noise / std).astype(np.float32))
+        # Noise in metres on the hand xyz (the first three entries), in normalised units: divided
+        # by what the normalisation divides by. Gripper (and goal) entries stay clean.
+        scale = proprio.scale[:HAND_DIMS]
+        self.state_noise = torch.from_numpy((state_noise / scale).astype(np.float32))
         actions = np.asarray(self.norm.normalize(demos.actions), dtype=np.float32)
         self.chunks = torch.from_numpy(_chunks(actions, demos.episode_index, chunk))
         self.task = torch.from_numpy(demos.task_index.astype(np.int64))
