@@ -38,7 +38,16 @@ from vlarun.policy.methods import DEPTH_PARTS, METHODS, EfficientVLAConfig, toke
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = (0.34, 0.25, 0.18, 0.11, 0.07)
-SWEEP_METHODS = ("triage", "drop-all", "keep-all", "fastv", "vla-cache", "vla-pruner")
+SWEEP_METHODS = (
+    "triage",
+    "drop-all",
+    "keep-all",
+    "fastv",
+    "vla-cache",
+    "vla-pruner",
+    "safe-pruner",
+    "specprune",
+)
 LATENCY_METHODS = METHODS  # every method, full recompute first
 
 

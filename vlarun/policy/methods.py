@@ -1,7 +1,8 @@
 """Method ids -> token policies, the one place benchmarks and the CLI build them from, and
 EfficientVLA's recipe.
 
-full, triage, drop-all, keep-all, fastv, vla-cache, vla-pruner   token policies at a budget;
+full, triage, drop-all, keep-all, fastv, vla-cache,  token policies at a budget
+vla-pruner, safe-pruner, specprune                  (specprune's is the least recomputed);
 vla-cache-uncapped                                  VLA-Cache without the cap (TRIAGE's Table I
                                                     form): takes no budget;
 efficientvla                                        task-aware token selection; with
@@ -31,6 +32,8 @@ from vlarun.accel.baselines import (
     VLACacheConfig,
 )
 from vlarun.accel.feature_cache import every_n_steps
+from vlarun.accel.safe_pruner import SAFEPruner, SAFEPrunerConfig
+from vlarun.accel.specprune import SpecPrune, SpecPruneConfig
 from vlarun.accel.triage import Triage, TriageConfig
 from vlarun.accel.vla_pruner import VLAPruner, VLAPrunerConfig
 from vlarun.transforms.layer_prune import layer_importance, least_important, prune_layers
@@ -47,6 +50,8 @@ METHODS = (
     "fastv",
     "vla-cache",
     "vla-pruner",
+    "safe-pruner",
+    "specprune",
     "efficientvla",
     "vla-cache-uncapped",
 )
@@ -70,6 +75,9 @@ def token_policy(
         "fastv": lambda: FastV(FastVConfig(budget_fraction=f)),
         "vla-cache": lambda: VLACache(VLACacheConfig(budget_fraction=f)),
         "vla-pruner": lambda: VLAPruner(VLAPrunerConfig(budget_fraction=f)),
+        "safe-pruner": lambda: SAFEPruner(SAFEPrunerConfig(budget_fraction=f)),
+        # The budget is SpecPrune-VLA's floor: changed patches are kept beyond it.
+        "specprune": lambda: SpecPrune(SpecPruneConfig(budget_fraction=f)),
         "efficientvla": lambda: EfficientVLATokens(EfficientVLATokensConfig(budget_fraction=f)),
         # Every changed or task-relevant token is recomputed and every static one reused from
         # layer 1 on: the only shared layer is the one whose attention gives the relevance.
