@@ -50,6 +50,28 @@ def top_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
     return mask
 
 
+def check_budget(budget: int | None, fraction: float, layer: int) -> None:
+    """Validate a token method's budget knobs (a config's ``__post_init__`` calls this)."""
+    if budget is not None and budget < 1:
+        raise ValueError(f"budget must be >= 1 token, got {budget}")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"budget_fraction must be in (0, 1], got {fraction}")
+    if layer < 0:
+        raise ValueError(f"layer must be >= 0, got {layer}")
+
+
+def equal_counts(keep: Tensor, priority: Tensor) -> Tensor:
+    """(B, Nv) kept masks topped up, row by row, with each row's highest ``priority`` tokens
+    until every row keeps as many as the fullest: a dense batch runs one plan shape."""
+    most = int(keep.sum(dim=1).max())
+    keep = keep.clone()
+    for r in range(keep.shape[0]):
+        left = most - int(keep[r].sum())
+        if left:
+            keep[r] |= top_mask(priority[r], left, ~keep[r])
+    return keep
+
+
 def resolve_budget(budget: int | None, fraction: float, num_visual: int) -> int:
     """Tokens recomputed per step: ``budget`` if given, else ``round(fraction * Nv)``, >= 1."""
     b = budget if budget is not None else int(fraction * num_visual + 0.5)

@@ -29,6 +29,8 @@ from vlarun.accel.base import (
     PlanLike,
     StepInputs,
     attention_scores,
+    check_budget,
+    equal_counts,
     plan_from_masks,
     resolve_budget,
     top_mask,
@@ -50,7 +52,7 @@ class FastVConfig:
     layer: int = 2  # FastV's K: tokens are ranked at, and pruned after, this layer
 
     def __post_init__(self) -> None:
-        _check_budget(self.budget, self.budget_fraction, self.layer)
+        check_budget(self.budget, self.budget_fraction, self.layer)
 
 
 class FastV:
@@ -103,7 +105,7 @@ class VLACacheConfig:
     layer: int = 2
 
     def __post_init__(self) -> None:
-        _check_budget(self.budget, self.budget_fraction, self.layer)
+        check_budget(self.budget, self.budget_fraction, self.layer)
         if not -1.0 <= self.similarity <= 1.0:
             raise ValueError(f"similarity must be in [-1, 1], got {self.similarity}")
         if not 0.0 <= self.relevant_fraction <= 1.0:
@@ -185,13 +187,8 @@ class VLACache:
         budget = resolve_budget(self.cfg.budget, self.cfg.budget_fraction, step.num_visual)
         rows = zip(sim, relevance, strict=True)
         masks = [vla_cache_masks(s, r, self.cfg, budget) for s, r in rows]
-        recompute = torch.stack([m[0] for m in masks])
-        # A dense batch needs equal recompute counts: top up rows with their most-changed tokens.
-        most = int(recompute.sum(dim=1).max())
-        for r in range(step.batch):
-            left = most - int(recompute[r].sum())
-            if left:
-                recompute[r] |= top_mask(1.0 - sim[r], left, ~recompute[r])
+        # A dense batch needs equal recompute counts: rows topped up with their most changed.
+        recompute = equal_counts(torch.stack([m[0] for m in masks]), 1.0 - sim)
         return plan_from_masks(step.vis_start, recompute, ~recompute, self.cfg.layer)
 
     def end(self, step: StepInputs, pre: PrefillResult) -> None:
@@ -213,7 +210,7 @@ class EfficientVLATokensConfig:
     layer: int = 2  # attention of the instruction at this layer; pruned after it
 
     def __post_init__(self) -> None:
-        _check_budget(self.budget, self.budget_fraction, self.layer)
+        check_budget(self.budget, self.budget_fraction, self.layer)
         if self.k_key < 0 or not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"need k_key >= 0 and alpha in [0, 1], got {self.k_key}, {self.alpha}")
 
@@ -272,12 +269,3 @@ class EfficientVLATokens:
 
     def end(self, step: StepInputs, pre: PrefillResult) -> None:
         pass
-
-
-def _check_budget(budget: int | None, fraction: float, layer: int) -> None:
-    if budget is not None and budget < 1:
-        raise ValueError(f"budget must be >= 1 token, got {budget}")
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"budget_fraction must be in (0, 1], got {fraction}")
-    if layer < 0:
-        raise ValueError(f"layer must be >= 0, got {layer}")

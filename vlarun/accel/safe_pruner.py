@@ -42,6 +42,7 @@ from vlarun.accel.base import (
     PlanLike,
     StepInputs,
     attention_scores,
+    check_budget,
     plan_from_masks,
     resolve_budget,
     top_mask,
@@ -67,16 +68,13 @@ class SAFEPrunerConfig:
     forecast_layer: int | None = None
 
     def __post_init__(self) -> None:
-        if self.budget is not None and self.budget < 1:
-            raise ValueError(f"SAFE-Pruner budget must be >= 1 token, got {self.budget}")
-        if not 0.0 < self.budget_fraction <= 1.0:
-            raise ValueError(f"budget_fraction must be in (0, 1], got {self.budget_fraction}")
+        check_budget(self.budget, self.budget_fraction, self.layer)
         if self.memory_weight < 0:
             raise ValueError(f"memory_weight must be >= 0, got {self.memory_weight}")
         if not -1.0 <= self.shift_threshold <= 1.0:
             raise ValueError(f"shift_threshold must be in [-1, 1], got {self.shift_threshold}")
-        if self.layer < 0 or (self.forecast_layer is not None and self.forecast_layer < 0):
-            raise ValueError(f"layer and forecast_layer must be >= 0, got {self}")
+        if self.forecast_layer is not None and self.forecast_layer < 0:
+            raise ValueError(f"forecast_layer must be >= 0, got {self.forecast_layer}")
 
 
 def _unit(x: Tensor) -> Tensor:

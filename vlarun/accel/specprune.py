@@ -38,6 +38,8 @@ from vlarun.accel.base import (
     PlanLike,
     StepInputs,
     attention_scores,
+    check_budget,
+    equal_counts,
     plan_from_masks,
     resolve_budget,
     top_mask,
@@ -62,16 +64,11 @@ class SpecPruneConfig:
     layer: int = 2
 
     def __post_init__(self) -> None:
-        if self.budget is not None and self.budget < 1:
-            raise ValueError(f"SpecPrune-VLA budget must be >= 1 token, got {self.budget}")
-        if not 0.0 < self.budget_fraction <= 1.0:
-            raise ValueError(f"budget_fraction must be in (0, 1], got {self.budget_fraction}")
+        check_budget(self.budget, self.budget_fraction, self.layer)
         if not -1.0 <= self.similarity <= 1.0:
             raise ValueError(f"similarity must be in [-1, 1], got {self.similarity}")
         if not 0.0 <= self.local_share <= 1.0:
             raise ValueError(f"local_share must be in [0, 1], got {self.local_share}")
-        if self.layer < 0:
-            raise ValueError(f"layer must be >= 0, got {self.layer}")
 
 
 def static_prune_mask(
@@ -138,12 +135,7 @@ class SpecPrune:
             static_prune_mask(s, r, views, c.local_share, c.similarity, budget)
             for s, r in zip(sim, relevance, strict=True)
         ])  # fmt: skip
-        # A dense batch needs equal kept counts: top rows up with their most-changed tokens.
-        most = int(keep.sum(dim=1).max())
-        for r in range(step.batch):
-            left = most - int(keep[r].sum())
-            if left:
-                keep[r] |= top_mask(1.0 - sim[r], left, ~keep[r])
+        keep = equal_counts(keep, 1.0 - sim)  # rows topped up with their most changed tokens
         self.last_signals = {"similarity": sim, "relevance": relevance}
         self.last_plan = plan_from_masks(step.vis_start, keep, torch.zeros_like(keep), c.layer)
         return self.last_plan
