@@ -141,6 +141,10 @@ def test_eval_paired_with_a_token_method_runs_the_same_seeds(capsys):
     lo, hi = p["difference"]["ci95"]
     assert lo <= p["difference"]["difference"] <= hi
     assert set(p["tasks"]) == {"drawer-open-v3"}
+    # Each seed's outcome, in seed order, so a later run on these seeds can pair with this one.
+    outcomes = r["tasks"]["drawer-open-v3"]["outcomes"]
+    assert len(outcomes) == 2 and set(outcomes) <= {"0", "1"}
+    assert outcomes.count("1") / 2 == r["success_rate"]
 
 
 def test_eval_paired_with_rejects_a_bad_configuration(capsys):

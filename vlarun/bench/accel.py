@@ -59,13 +59,13 @@ class BenchAccelOptions:
     policy: str | None = opt(
         None,
         "policy of the sweep, latency table and the table's token rows "
-        "(default: tiny-oft; with --table mt10-oft)",
+        "(default: tiny-oft; with --table mt10p-oft)",
         replaces=POLICY_FLAGS_RETIRED,
     )
     diffusion_policy: str | None = opt(
         None,
         "diffusion policy of the ablation and the table's "
-        "EfficientVLA rows (default: tiny-dit; --table mt10-dit)",
+        "EfficientVLA rows (default: tiny-dit; --table mt10p-dit)",
     )
     tasks: tuple[str, ...] | None = opt(
         None,
@@ -97,7 +97,7 @@ class BenchAccelOptions:
         "groups' defaults",
     )
     evla_parts: tuple[str, ...] = opt(tuple(DEPTH_PARTS), "EfficientVLA parts of the table")
-    ar_policy: str = opt("mt10-ar", "autoregressive policy of the table's decode rows")
+    ar_policy: str = opt("mt10p-ar", "autoregressive policy of the table's decode rows")
     student: str = opt(
         "",
         "distilled (CEED) student the decode rows run on (default: none, the "
@@ -105,7 +105,7 @@ class BenchAccelOptions:
     )
     sigmas: tuple[float, ...] = opt((0.4, 0.5, 0.6), "early-exit sigmas of the decode rows")
     workers: int = opt(2, "table: episode worker processes (one thread each)")
-    demos: str = opt("data/mt10-2view", "table: demo frames calibrating EfficientVLA's parts")
+    demos: str = opt("data/mt10p-clean", "table: demo frames calibrating EfficientVLA's parts")
     fidelity_episodes: int = opt(1, "table: full-compute episodes per task replayed for fidelity")
     bootstrap: int = opt(2000, "table: bootstrap resamples of each paired interval")
     timing: bool = opt(True, "table: time every row by replay on the quiet machine")
@@ -137,8 +137,8 @@ class BenchAccelOptions:
             methods = [*methods, "vla-cache-uncapped"]
         return dataclasses.replace(
             self,
-            policy=self.policy or ("mt10-oft" if deep else "tiny-oft"),
-            diffusion_policy=self.diffusion_policy or ("mt10-dit" if deep else "tiny-dit"),
+            policy=self.policy or ("mt10p-oft" if deep else "tiny-oft"),
+            diffusion_policy=self.diffusion_policy or ("mt10p-dit" if deep else "tiny-dit"),
             tasks=self.tasks or (("mt10",) if deep else tuple(TRAIN_TASKS)),
             methods=tuple(methods),
         )

@@ -515,6 +515,8 @@ def summarise(
             "episodes": len(eps),
             "ci95": list(wilson(wins, len(eps))),
             "mean_steps": statistics.mean(e["steps"] for e in eps),
+            # Per seed, in order ("1" solved): another run on these seeds pairs with this one.
+            "outcomes": "".join(str(int(e["success"])) for e in sorted(eps, key=_seed)),
         }
     wins = sum(e["success"] for e in episodes)
     lat = [x for e in episodes for x in e["latency_ms"]]
@@ -546,6 +548,10 @@ def summarise(
         "wall_s": round(seconds, 1),
         "workers": workers,
     }
+
+
+def _seed(episode: dict) -> int:
+    return episode["seed"]
 
 
 def _pcts(xs: list[float]) -> dict:
