@@ -377,3 +377,41 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     out = evaluate(EvalConfig(policy=str(tmp_path / "g" / "export" / "mt10g-oft"),
                               tasks=("reach-v3",), episodes=1, workers=1))  # fmt: skip
     assert out["episodes"] == 1
+
+
+def test_loss_weights_scale_each_head_in_the_total_and_bad_ones_fail_first():
+    import torch
+
+    from vlarun.sim.bc_model import Losses
+    from vlarun.sim.train import parse_loss_weights
+
+    parts = dict(ar=torch.tensor(0.9), oft=torch.tensor(0.07), dit=torch.tensor(0.03))
+    assert float(Losses(**parts).total) == pytest.approx(1.0)
+    weighted = Losses(**parts, weights=parse_loss_weights("dit=10,oft=2"))
+    assert float(weighted.total) == pytest.approx(0.9 + 0.14 + 0.3)
+    # What is logged stays raw.
+    assert weighted.as_floats() == pytest.approx({"ar": 0.9, "oft": 0.07, "dit": 0.03})
+    with pytest.raises(ValueError, match="loss weights name diffusion; heads: ar, oft, dit"):
+        TrainConfig(loss_weights="diffusion=10")
+    for bad in ("dit", "dit=0", "dit=-2", "dit=x"):
+        with pytest.raises(ValueError, match="not HEAD=W"):
+            TrainConfig(loss_weights=bad)
+
+
+def test_a_run_with_loss_weights_weighs_the_update_not_the_log(tmp_path, demos):
+    """The same batches, dit weighed 100: step 1's logged losses (before any update) agree; the
+    shared trunk's weights after two steps do not (AdamW makes a head's own update nearly
+    free of its loss's scale: a weight acts through the parameters heads share), nor then the
+    DiT head's."""
+    base = dict(demos=str(demos), steps=2, batch=2, warmup=1, log_every=1, precision="fp32",
+                moments_mb=0, threads=1)  # fmt: skip
+    plain = train(TrainConfig(out=str(tmp_path / "plain"), **base))
+    heavy = train(TrainConfig(out=str(tmp_path / "heavy"), loss_weights="dit=100", **base))
+    assert plain["step"] == heavy["step"] == 2
+    logs = [json.loads((tmp_path / d / "train.log").read_text().splitlines()[0])
+            for d in ("plain", "heavy")]  # fmt: skip
+    assert logs[0]["dit"] == pytest.approx(logs[1]["dit"], rel=1e-5)
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "heavy")
+    for prefix in ("model.trunk.", "model.dit."):
+        keys = [k for k in a if k.startswith(prefix)]
+        assert keys and any(not torch.allclose(a[k], b[k]) for k in keys), prefix

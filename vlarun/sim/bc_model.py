@@ -21,7 +21,7 @@ The AR head may predict a shorter chunk than the continuous heads (its first ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -55,13 +55,15 @@ class Losses:
     dit: Tensor
     flow: Tensor | None = None
     aux: Tensor | None = None
+    # What each part weighs in ``total`` (training's --loss-weights; unnamed parts weigh 1).
+    weights: dict[str, float] = field(default_factory=dict)
 
     def parts(self) -> dict[str, Tensor]:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        return {k: v for k, v in vars(self).items() if k != "weights" and v is not None}
 
     @property
     def total(self) -> Tensor:
-        return sum(self.parts().values())
+        return sum(self.weights.get(k, 1.0) * v for k, v in self.parts().items())
 
     def as_floats(self) -> dict[str, float]:
         return {k: float(v.detach()) for k, v in self.parts().items()}

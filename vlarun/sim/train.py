@@ -111,6 +111,14 @@ class TrainConfig:
         "says where the goal is (0 = frames uniformly)",
     )
     early_steps: int = opt(8, "frames at an episode's start that --early-share draws from")
+    loss_weights: str = opt(
+        "",
+        "weights of the heads' losses in the sum the optimiser sees, HEAD=W,... over ar, oft, "
+        "dit, flow, aux (unnamed heads weigh 1), e.g. dit=10,flow=4: the diffusion and flow "
+        "losses are 10-30x smaller than the autoregressive cross-entropy, so the shared trunk "
+        "serves the token heads first (AdamW scales each parameter's step by its own gradients, "
+        "so a weight acts through the trunk the heads share, not the head's own step)",
+    )
     max_minutes: float = opt(0.0, "stop (resumably) after this many minutes of this call; 0 = none")
     # The LR anneals by whichever of steps or time runs out first and training ends there, so a
     # slower (shared) machine still finishes its schedule instead of stopping at a high LR.
@@ -140,6 +148,7 @@ class TrainConfig:
         if self.task_weights and not self.balance:
             raise ValueError("--task-weights weighs tasks, which only --balance samples by")
         parse_task_weights(self.task_weights)  # a malformed list fails here, before any work
+        parse_loss_weights(self.loss_weights)
 
     @property
     def run_dir(self) -> Path:
@@ -148,6 +157,22 @@ class TrainConfig:
 
 def parse_task_weights(text: str) -> dict[str, float]:
     """``"reach-v3=2,push-v3=1.5"`` as ``{task: weight}``; each weight finite and > 0."""
+    return _parse_weights(text, "task")
+
+
+LOSS_HEADS = ("ar", "oft", "dit", "flow", "aux")
+
+
+def parse_loss_weights(text: str) -> dict[str, float]:
+    """``"dit=10,flow=4"`` as ``{head: weight}`` over ``LOSS_HEADS``; each finite and > 0."""
+    weights = _parse_weights(text, "head")
+    unknown = sorted(set(weights) - set(LOSS_HEADS))
+    if unknown:
+        raise ValueError(f"loss weights name {', '.join(unknown)}; heads: {', '.join(LOSS_HEADS)}")
+    return weights
+
+
+def _parse_weights(text: str, kind: str) -> dict[str, float]:
     weights: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
@@ -156,9 +181,9 @@ def parse_task_weights(text: str) -> dict[str, float]:
         except ValueError:
             w = float("nan")
         if not name or not (0 < w < float("inf")):
-            raise ValueError(f"task weight {item!r} is not TASK=W with W a number > 0")
+            raise ValueError(f"{kind} weight {item!r} is not {kind.upper()}=W with W a number > 0")
         if name in weights:
-            raise ValueError(f"task {name!r} is weighted twice in {text!r}")
+            raise ValueError(f"{kind} {name!r} is weighted twice in {text!r}")
         weights[name] = w
     return weights
 
@@ -906,6 +931,7 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bo
     }
     meta["statistics"] = sampler.stats_json  # saved with every state: export needs no demos
     batches = Prefetcher(sampler, cfg.batch, cfg.shift, meta["step"])
+    weights = parse_loss_weights(cfg.loss_weights)
 
     def losses_at(step: int):
         batch = batches.get(step)
@@ -913,7 +939,9 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bo
         # seeded by step, so a resumed run draws what a run done at once would.
         torch.manual_seed(cfg.seed * 1_000_003 + step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            return model(batch)
+            losses = model(batch)
+        losses.weights = weights
+        return losses
 
     try:
         with (out / "train.log").open("a") as log:
