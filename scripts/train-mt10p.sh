@@ -15,8 +15,11 @@
 # SUITE=mt10p3 fine-tunes the mt10p2 run again with DAgger round 3 added, twice as many batches
 # from each precise task (reach, push, pick-place, peg-insert-side) as from any other task,
 # into training/mt10p3/ (85 minutes).
-# SUITE=mt10p5 (the next stretch, not run yet) fine-tunes mt10p4 the same way with DAgger round 4
-# (assets/demos/mt10p-dagger4) added, for 85 minutes.
+# SUITE=mt10p5 fine-tunes mt10p4 the same way with DAgger round 4 (assets/demos/mt10p-dagger4)
+# added, for 85 minutes.
+# SUITE=mt10p6 (the next stretch, not run yet) fine-tunes mt10p5 with the DiT and flow losses
+# weighed 10 and 5 (--loss-weights): they are 10-30x smaller than the AR cross-entropy, so the
+# shared trunk serves the token heads; AR and OFT may ship from the run before it.
 # SUITE=mt10p4 fine-tunes mt10p3 with 2 cm of noise on the hand position of every training
 # state (--state-noise 0.02): the mt10p policies copy the hand's displacement from its fixed
 # start (causal confusion: +5 cm of hand x in the state, same image, moves reach's x action by
@@ -57,7 +60,11 @@ case "$SUITE" in
                    --budget-minutes 85 --init-from training/mt10p4 --state-noise 0.02
                    --early-share 0.3
                    --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
-  *) echo "SUITE must be mt10p, mt10g, mt10p2, mt10p3, mt10p4 or mt10p5, got $SUITE" >&2; exit 2 ;;
+  mt10p6) SUITE=mt10p SCHEDULE=(--out training/mt10p6 --steps 8000 --lr 2e-4 --warmup 100
+                   --budget-minutes 85 --init-from training/mt10p5 --state-noise 0.02
+                   --early-share 0.3 --loss-weights dit=10,flow=5
+                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  *) echo "SUITE must be mt10p, mt10g or mt10p2..mt10p6, got $SUITE" >&2; exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20
