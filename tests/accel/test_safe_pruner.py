@@ -94,3 +94,13 @@ def test_runs_through_the_graph_with_keyframes_at_full_compute(oft_policy, frame
     full = [s.recomputed == nv for s in always.stats.steps]
     # keyframe, reference step (sets the reference, cannot shift), pruned + shift, keyframe, ...
     assert full == [True, False, False, True, False]
+
+
+def test_a_new_episode_starts_with_a_keyframe(oft_policy, frames, instruction):
+    nv = oft_policy.model.cfg.num_visual
+    fast = oft_policy.with_setting("safe-pruner:0.25")
+    for f in frames[:2]:
+        fast.run_stages(f, instruction, serialize=True)
+    fast.reset()
+    fast.run_stages(frames[2], instruction, serialize=True)
+    assert [s.recomputed == nv for s in fast.stats.steps] == [True, False, True]

@@ -415,3 +415,21 @@ def test_a_run_with_loss_weights_weighs_the_update_not_the_log(tmp_path, demos):
     for prefix in ("model.trunk.", "model.dit."):
         keys = [k for k in a if k.startswith(prefix)]
         assert keys and any(not torch.allclose(a[k], b[k]) for k in keys), prefix
+
+
+def test_resuming_with_other_steering_options_is_said_and_recorded(tmp_path, demos, capsys):
+    """A run steered between stretches (here: loss weights added at step 1) says so when it
+    resumes, keeps each change in its state, and its model cards name it."""
+    base = dict(demos=str(demos), steps=2, batch=2, warmup=1, log_every=1, precision="fp32",
+                moments_mb=0, threads=1, out=str(tmp_path / "run"))  # fmt: skip
+    train(TrainConfig(stop_after=1, **base))
+    capsys.readouterr()
+    train(TrainConfig(loss_weights="dit=10", **base))
+    assert "resuming at step 1 with loss_weights = 'dit=10' (it ran with '' until now)" in (
+        capsys.readouterr().err
+    )
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["changes"] == [{"step": 1, "option": "loss_weights", "old": "", "new": "dit=10"}]
+    card = (tmp_path / "run" / "export" / "tiny-dit" / "README.md").read_text()
+    assert "from step 1: loss_weights 'dit=10' (until then '')" in card
+    assert "loss weights dit=10" in card

@@ -12,8 +12,8 @@ forecasts it for the following steps:
              takes the forecast of its most cosine-similar keyframe projector output; the same
              carry TRIAGE adopted from SAFE-Pruner, ``triage.carry_memory``);
   score      shallow attention of the action query at ``layer`` + ``memory_weight`` x the
-             carried forecast (each scaled to sum 1); the top B are kept after ``layer``, the
-             rest pruned (nothing is reused);
+             carried forecast (both raw head-mean probabilities, as the authors add them); the
+             top B are kept after ``layer``, the rest pruned (nothing is reused);
   shift      "adaptive subtask division": the shallow attention of the first step after a
              keyframe is the reference; when the current step's shallow attention has a cosine
              below ``shift_threshold`` with the (carried) reference, the next step is a keyframe.
@@ -24,8 +24,9 @@ shift test compares layer 0 with the keyframe's layer-0 row in the same step, ma
 the keyframe. The engine gives a token policy one attention probe per step, so here the keyframe
 records the deepest layer only, the shift reference is the shallow row of the step after the
 keyframe, and a shift found at step t makes step t + 1 the keyframe (one step late). Their
-defaults: prune after layer 3, lambda 1, tau 0.92; the action-token queries there are the
-last prompt token here (``StepInputs.action_query_index``, as for TRIAGE). A keyframe costs a
+defaults: tokens dropped before layer 3, ranked by layer 2's attention (``layer=2`` here),
+lambda 1, tau 0.92; their queries are the action tokens, here the last prompt token
+(``StepInputs.action_query_index``, as for TRIAGE). A keyframe costs a
 full step: the FLOPs ratio of a run counts it, which is where SAFE-Pruner's tail latency comes
 from (TRIAGE's paper: p99 1.6x its mean on OFT).
 """
@@ -77,16 +78,12 @@ class SAFEPrunerConfig:
             raise ValueError(f"forecast_layer must be >= 0, got {self.forecast_layer}")
 
 
-def _unit(x: Tensor) -> Tensor:
-    return x / x.sum(dim=-1, keepdim=True).clamp_min(1e-12)
-
-
 @dataclass
 class _Memory:
     """What the last keyframe left: the deep forecast and the frame it belongs to, and the
     shallow reference of the step after it (None until that step ran)."""
 
-    forecast: Tensor  # (B, Nv) deep attention of the keyframe, sums to 1
+    forecast: Tensor  # (B, Nv) deep attention of the keyframe (head mean)
     forecast_feats: Tensor  # (B, Nv, d) unit-norm projector outputs of the keyframe
     reference: Tensor | None = None  # (B, Nv) shallow attention of the step after it
     reference_feats: Tensor | None = None
@@ -126,17 +123,17 @@ class SAFEPruner:
 
     def _decide(self, step: StepInputs, probe: ProbeResult, carried: Tensor) -> TokenPlan:
         cfg, mem = self.cfg, self.memory
-        shallow = _unit(attention_scores(probe.probs))
+        shallow = attention_scores(probe.probs)
         if mem.reference is None:
             mem.reference = shallow.clone()
             mem.reference_feats = F.normalize(step.visual.float(), dim=-1)
-            similarity = torch.ones(step.batch)
+            similarity = torch.ones(step.batch, device=shallow.device)
         else:
             ref = carry_memory(mem.reference, mem.reference_feats, step.visual)
             similarity = F.cosine_similarity(shallow, ref, dim=-1, eps=1e-12)
         # Any row's shift makes the next step a keyframe: a batch runs one plan shape.
         self.keyframe_due = bool((similarity < cfg.shift_threshold).any())
-        score = shallow + cfg.memory_weight * _unit(carried)
+        score = shallow + cfg.memory_weight * carried
         budget = resolve_budget(cfg.budget, cfg.budget_fraction, step.num_visual)
         keep = torch.stack([top_mask(row, budget) for row in score])
         self.last_signals = {"score": score, "shift_similarity": similarity}
@@ -147,6 +144,6 @@ class SAFEPruner:
         if self.last_plan is not None:  # a pruned step: nothing to record
             return
         deep = attention_scores(pre.lm.probe.probs)
-        self.memory = _Memory(_unit(deep), F.normalize(step.visual.float(), dim=-1))
+        self.memory = _Memory(deep, F.normalize(step.visual.float(), dim=-1))
         self.keyframe_due = False
         self.keyframes += 1

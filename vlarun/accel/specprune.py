@@ -9,11 +9,13 @@ and the objects moved, and what the instruction looks at is what the task needs:
             always kept;
   local     in each camera view, the ``local_share`` of its tokens the instruction attends to
             most at ``layer`` are always kept;
-  static    every other token is a pruning candidate; at most Nv - B of them are pruned, most
-            similar first, and the rest kept.
+  static    the other patches are pruning candidates: in each view, at most its share of
+            Nv - B, the most similar first (the authors' cap of 200 static patches per 256-token
+            view); a local token among them is kept after all.
 
-So at least B tokens are recomputed after ``layer`` and more when the scene moves: the budget
-is a floor, not a cap (the FLOPs ratio of a run says what was spent). Nothing is reused.
+So at least B tokens are recomputed after ``layer`` (each view keeps at least its share of B)
+and more when the scene moves: the budget is a floor, not a cap (the FLOPs ratio of a run says
+what was spent). Nothing is reused.
 
 What differs from the authors' code (github.com/alexwhz-sjtu/SpecPrune-VLA, read 2026-12-05),
 and why: their local set is chosen in two rounds (layers 0 and 1: top 3K, then top K per view,
@@ -81,21 +83,23 @@ def static_prune_mask(
 ) -> Tensor:
     """(Nv,) patch similarity and instruction attention -> (Nv,) bool: the tokens kept.
 
-    Kept: each view's top ``local_share`` by attention, every patch that changed (similarity
-    below ``threshold``), and of the static rest whatever is left once Nv - ``budget`` of them,
-    the most similar first, are pruned."""
+    Per view of n tokens (of Nv): the static patches (similarity >= ``threshold``), at most
+    n - round(``budget`` * n / Nv) of them, the most similar first, are the pruning candidates;
+    the view's top ``local_share`` by attention are kept even among them; all else is kept."""
     nv = similarity.numel()
     if sum(view_tokens) != nv:
         raise ValueError(f"views hold {sum(view_tokens)} tokens, the step has {nv}")
-    local = torch.zeros(nv, dtype=torch.bool, device=similarity.device)
+    keep = torch.ones(nv, dtype=torch.bool, device=similarity.device)
     start = 0
     for count in view_tokens:
+        view = slice(start, start + count)
         k = max(1, int(local_share * count + 0.5)) if local_share > 0 else 0
-        local[start : start + count] = top_mask(relevance[start : start + count], k)
+        local = top_mask(relevance[view], k)
+        floor = max(1, int(budget * count / nv + 0.5))
+        static = top_mask(similarity[view], count - floor, similarity[view] >= threshold)
+        keep[view] = ~(static & ~local)
         start += count
-    static = (similarity >= threshold) & ~local
-    pruned = top_mask(similarity, nv - min(budget, nv), static)
-    return ~pruned
+    return keep
 
 
 class SpecPrune:

@@ -515,8 +515,8 @@ def summarise(
             "episodes": len(eps),
             "ci95": list(wilson(wins, len(eps))),
             "mean_steps": statistics.mean(e["steps"] for e in eps),
-            # Per seed, in order ("1" solved): another run on these seeds pairs with this one.
-            "outcomes": "".join(str(int(e["success"])) for e in sorted(eps, key=_seed)),
+            # Per seed, in order (1 solved): another run on these seeds pairs with this one.
+            "outcomes": [int(e["success"]) for e in sorted(eps, key=_seed)],
         }
     wins = sum(e["success"] for e in episodes)
     lat = [x for e in episodes for x in e["latency_ms"]]

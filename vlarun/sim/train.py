@@ -761,6 +761,8 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             if (init_from / "state.json").exists():  # a run: what it had seen counts too
                 meta["lineage_before"] = lineage_samples(init_from)
             print(f"vlarun train: initialised from {meta['init_from']}", file=sys.stderr)
+    elif not export_only:
+        _note_changes(cfg, meta)
     if meta.get("rewarm_from") is not None:
         print(f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
               f"keeps them only under {cfg.moments_mb:g} MB): the LR re-warms over {cfg.rewarm} "
@@ -795,6 +797,28 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
                              "(collect again: format 2 stores them)")  # fmt: skip
         meta = _loop(cfg, model, opt, sampler, meta, out, precision.bf16)
     return export(cfg, model, meta, out)
+
+
+# Options that change what a run learns from; resuming with another value is allowed (a run is
+# steered between stretches) but said, and kept in the state beside the config it started with.
+STEERING = ("loss_weights", "task_weights", "state_noise", "early_share", "early_steps")
+
+
+def _note_changes(cfg, meta: dict) -> None:
+    """Say which steering options a resumed run continues with other values than it last ran
+    with, and record each change (step, option, old, new) in ``meta["changes"]``."""
+    now = cfgio.to_dict(cfg)
+    last = dict(meta.get("config", {}))
+    for change in meta.get("changes", []):
+        last[change["option"]] = change["new"]
+    for name in STEERING:
+        old = last.get(name, TrainConfig.__dataclass_fields__[name].default)
+        if now.get(name) != old:
+            meta.setdefault("changes", []).append(
+                {"step": meta["step"], "option": name, "old": old, "new": now.get(name)}
+            )
+            said = f"{name} = {now.get(name)!r} (it ran with {old!r} until now)"
+            print(f"vlarun train: resuming at step {meta['step']} with {said}", file=sys.stderr)
 
 
 def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc: str) -> dict:
@@ -1010,6 +1034,7 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         f"random shift {cfg.shift} px, "
         + (f"{cfg.state_noise * 100:g} cm of noise on the hand state, " if cfg.state_noise else "")
         + (f"task weights {cfg.task_weights}, " if cfg.task_weights else "")
+        + (f"loss weights {cfg.loss_weights}, " if cfg.loss_weights else "")
         + (
             f"{cfg.early_share:.0%} of samples from the first {cfg.early_steps} frames, "
             if cfg.early_share
@@ -1017,7 +1042,11 @@ def model_card(name: str, family: str, cfg: TrainConfig, meta: dict) -> str:
         )
         + f"{precision}, "
         f"{cfg.threads or 'default'} torch thread(s)\n"
-        f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen"
+        + "".join(
+            f"- from step {c['step']}: {c['option']} {c['new']!r} (until then {c['old']!r})\n"
+            for c in meta.get("changes", [])
+        )
+        + f"- wall time: {meta['seconds'] / 60:.1f} min ({meta['step'] * cfg.batch} samples seen"
         f"{lineage}) on {meta.get('cpu', cpu_name())}\n"
         f"- success: `vlarun eval --policy {name} --tasks mt10 --episodes 25 --json` measures it;"
         " the run's training curve (`curve.jsonl` beside its state) has each stretch's\n"
