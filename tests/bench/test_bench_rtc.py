@@ -22,7 +22,7 @@ def test_quick_rows_carry_the_keys(capsys, tmp_path):
     assert [(x["method"], x["delay_steps"]) for x in rows] == [
         (m, d)
         for d in (0, 4)
-        for m in METHODS  # mt10w-flow: chunks of 8, so 0 and H / 2
+        for m in METHODS  # mt10p-flow: chunks of 8, so 0 and H / 2
     ]
     assert all(set(x) >= KEYS for x in rows) and r["quick"] and r["horizon"] == 8
     by = {(x["method"], x["delay_steps"]): x for x in rows}

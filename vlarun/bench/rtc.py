@@ -1,7 +1,7 @@
 """`vlarun bench rtc`: real-time chunking against the other ways of executing action chunks
 while the next chunk is inferred, on Meta-World in closed loop.
 
-A shipped chunked policy (flow or DiT with chunks of 8: ``mt10w-flow`` by default) runs
+A shipped chunked policy (flow or DiT with chunks of 8: ``mt10p-flow`` by default) runs
 held-out episodes in simulated time at a nominal control rate. Every inference's result is
 withheld ``delay`` control ticks: an emulated latency, deterministic and the same on every
 machine (the simulator never advances faster than the robot executes; a tick without an
@@ -51,7 +51,7 @@ class BenchRtcOptions:
     chunking; success, seam jerk, stalls and control rate per emulated delay."""
 
     quick: bool = opt(False, "tiny run (1 task, 1 short episode, 2 delays): checks the code path")
-    policy: str = opt("mt10w-flow", POLICY_HELP + " (diffusion or flow, chunks >= 2)",
+    policy: str = opt("mt10p-flow", POLICY_HELP + " (diffusion or flow, chunks >= 2)",
                       replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
     tasks: tuple[str, ...] = opt(
         ("reach-v3", "push-v3", "drawer-open-v3", "button-press-topdown-v3", "window-open-v3",
