@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from vlarun.machine import cpu_name
@@ -100,8 +101,9 @@ def plot(run: Path) -> Path | None:
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=name)
     runs = " -> ".join(dict.fromkeys(r["run"] for r in reversed(rows)))  # oldest first
     ax.set(xlabel="samples seen, with the runs it grew from (thousands)",
-           ylabel="MT10 success (%)", ylim=(0, 100),
-           title=f"{runs}: held-out curve seeds, 95% Wilson")  # fmt: skip
+           ylabel="MT10 success (%)", ylim=(0, 100))  # fmt: skip
+    # The lineage grows a run per stretch: wrapped, so a long one is not cut at the figure edge.
+    ax.set_title(textwrap.fill(f"{runs}: held-out curve seeds, 95% Wilson", 60), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = run / "curve.png"
