@@ -19,7 +19,9 @@
 # added, for 85 minutes.
 # SUITE=mt10p6 (the next stretch, not run yet) fine-tunes mt10p5 with the DiT and flow losses
 # weighed 10 and 5 (--loss-weights): they are 10-30x smaller than the AR cross-entropy, so the
-# shared trunk serves the token heads; AR and OFT may ship from the run before it.
+# shared trunk serves the token heads; AR and OFT may ship from the run before it. Its data adds
+# DAgger round 5 (assets/demos/mt10p-dagger5: 200 episodes, 22,790 frames, seeds 9200+, driven
+# by the shipped mt10p-dit, where DiT fails: peg-insert 0%, pick-place 28%).
 # SUITE=mt10p4 fine-tunes mt10p3 with 2 cm of noise on the hand position of every training
 # state (--state-noise 0.02): the mt10p policies copy the hand's displacement from its fixed
 # start (causal confusion: +5 cm of hand x in the state, same image, moves reach's x action by
