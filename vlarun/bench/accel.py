@@ -34,20 +34,19 @@ from vlarun.bench.replay import time_streams
 from vlarun.bench.shapes import large_label, large_policy, synthetic_stream
 from vlarun.config import POLICY_FLAGS_RETIRED, invoked_command, items, opt, to_dict
 from vlarun.policy.base import Policy
-from vlarun.policy.methods import DEPTH_PARTS, METHODS, EfficientVLAConfig, token_policy
+from vlarun.policy.methods import (
+    BUDGETLESS,
+    DEPTH_PARTS,
+    METHODS,
+    EfficientVLAConfig,
+    token_policy,
+)
 from vlarun.sim.evaluate import POLICY_DIR, TRAIN_TASKS, run_episode, wilson
 
 SWEEP_BUDGETS = (0.34, 0.25, 0.18, 0.11, 0.07)
-SWEEP_METHODS = (
-    "triage",
-    "drop-all",
-    "keep-all",
-    "fastv",
-    "vla-cache",
-    "vla-pruner",
-    "safe-pruner",
-    "specprune",
-)
+# Every budgeted token method but EfficientVLA's (its own ablation): derived, so a method added
+# to policy.methods joins the sweep.
+SWEEP_METHODS = tuple(m for m in METHODS if m not in (*BUDGETLESS, "efficientvla"))
 LATENCY_METHODS = METHODS  # every method, full recompute first
 
 
