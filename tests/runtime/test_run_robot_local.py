@@ -1,11 +1,14 @@
 """`vlarun run-robot --edge local`: the command starts its own edge process on loopback, the
-robot's plans use it, and the process is gone when the command returns."""
+robot's plans use it, and the process is gone when the command returns. The edge speaks
+CurveZMQ with keys made for the run: another local process (plain TCP, or a key of its own)
+gets no answer."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+import zmq
 
 from vlarun.apps.runtime import RunRobotOptions, cmd_run_robot
 from vlarun.cli import build_parser, parse_into
@@ -18,12 +21,23 @@ def _headless(monkeypatch):
 
 def test_a_local_edge_serves_the_run_and_stops_with_it(monkeypatch):
     from vlarun.runtime import procs
+    from vlarun.runtime.client import LinkDown, ping
+    from vlarun.runtime.transport import KeyPair, Security, load_keys
 
-    started = []
+    started, strangers = [], []
     spawn = procs.start_edge
 
     def record(*args, **kwargs):
         started.append(spawn(*args, **kwargs))
+        endpoint, keys = started[-1][1], kwargs["keys"]
+        edge_public = load_keys(f"{keys}/edge.key").public
+        stranger = KeyPair(*zmq.curve_keypair())  # a key the edge was not given
+        for sec in (Security(insecure=True), Security(own=stranger, server_public=edge_public)):
+            try:  # the edge answers neither: the ping times out
+                ping(endpoint, sec, count=1, timeout_s=1.0)
+                strangers.append("answered")
+            except LinkDown:
+                strangers.append("refused")
         return started[-1]
 
     monkeypatch.setattr(procs, "start_edge", record)
@@ -34,5 +48,6 @@ def test_a_local_edge_serves_the_run_and_stops_with_it(monkeypatch):
     infs = [r for e in out["episodes"] for r in e["inferences"]]
     assert infs and any("@edge" in r["ran"] for r in infs)  # the local edge answered
     ((proc, endpoint),) = started
-    assert endpoint.startswith("tcp://127.0.0.1:")  # loopback only (it is plain TCP)
+    assert endpoint.startswith("tcp://127.0.0.1:")  # loopback only
+    assert strangers == ["refused", "refused"]  # keyed: only the run's own robot is served
     assert proc.poll() is not None  # stopped when the command returned

@@ -10,6 +10,7 @@ import contextlib
 import json
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -339,7 +340,8 @@ class RunRobotOptions:
 
     edge: str | None = opt(
         None, "edge endpoint (none: everything on the robot); 'local': start an edge server "
-        "for this run on loopback (plain TCP, the same policy, one thread), stopped after it",
+        "for this run on loopback (CurveZMQ, keys made for the run, unless --insecure; the "
+        "same policy, one thread), stopped after it",
     )  # fmt: skip
     insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
     server_key: str | None = opt(None, "the edge's public key file")
@@ -429,12 +431,19 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     cfg = agent_config(o, setting, slo_s)
     from vlarun.runtime import procs
 
-    server, relay, edge = None, None, o.edge
-    if o.edge == "local":  # loopback only, so plain TCP reaches no one else
+    server, relay, edge, sec = None, None, o.edge, None
+    keydir = None
+    if o.edge == "local":  # keys of its own: another local user can reach a loopback port
         extra = ["--policy", o.policy, "--dtype", o.dtype, "--threads", "1"]
-        server, edge = procs.start_edge(extra=extra)
-    insecure = o.insecure or server is not None
-    sec = robot_security(insecure, o.server_key, o.keys) if edge else None
+        if o.insecure:
+            server, edge = procs.start_edge(extra=extra)
+            sec = robot_security(True, None, None)
+        else:
+            keydir = tempfile.TemporaryDirectory(prefix="vlarun-keys-")
+            sec = procs.local_keys(keydir.name)
+            server, edge = procs.start_edge(extra=extra, keys=keydir.name)
+    elif edge:
+        sec = robot_security(o.insecure, o.server_key, o.keys)
     agent = env = None
     try:  # whatever fails, the processes started here stop with it
         if edge and o.link_mbps:
@@ -458,6 +467,8 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         for p in (relay, server):
             if p is not None:
                 procs.stop(p)
+        if keydir is not None:
+            keydir.cleanup()
     infs = [r for e in episodes for r in e["inferences"]]
     return {
         "edge": o.edge,

@@ -49,11 +49,34 @@ def _spawn(
 
 def start_edge(
     port: int = 0, extra: list[str] | None = None, timeout_s: float = 60.0,
-    cpus: set[int] | None = None,
+    cpus: set[int] | None = None, keys: str | Path | None = None,
 ):  # fmt: skip
-    """`vlarun serve-edge --insecure` on loopback; (process, endpoint). ``cpus``: pinned there."""
-    args = ["-m", "vlarun.cli", "serve-edge", "--port", str(port), "--insecure", "--json"]
+    """`vlarun serve-edge` on loopback; (process, endpoint). ``cpus``: pinned there.
+    ``keys``: a folder from `local_keys`, and the edge speaks CurveZMQ and admits only the
+    robot key written there; without it, plain TCP (`--insecure`: tests and benchmarks)."""
+    args = ["-m", "vlarun.cli", "serve-edge", "--port", str(port), "--json"]
+    if keys is None:
+        args.append("--insecure")
+    else:
+        keys = Path(keys)
+        args += ["--keys", str(keys / "edge.key_secret"), "--authorized-keys", str(keys / "robots")]
     return _spawn(args + (extra or []), timeout_s, cpus)
+
+
+def local_keys(directory: str | Path):
+    """Fresh key pairs for an edge started here and the one robot it serves, in ``directory``
+    (0700; the caller removes it): even on loopback another local user could otherwise reach
+    the port. Returns the robot's `Security` for that edge."""
+    from vlarun.runtime.transport import Security, generate_keys, load_keys
+
+    directory = Path(directory)
+    generate_keys(directory, "edge")
+    robot = generate_keys(directory, "robot")
+    (directory / "robots").mkdir(mode=0o700)
+    (directory / "robots" / "robot.key").write_text(Path(robot["public"]).read_text())
+    return Security(
+        own=load_keys(robot["secret"]), server_public=load_keys(directory / "edge.key").public
+    )
 
 
 def start_relay(

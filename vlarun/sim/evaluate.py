@@ -68,7 +68,7 @@ class EvalConfig:
         "another policy (name or directory)",
     )
     bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
-    demos: str = opt("data/mt10-2view", "demo frames calibrating --paired-with evla:PART")
+    demos: str = opt("data/mt10p-clean", "demo frames calibrating --paired-with evla:PART")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
     def __post_init__(self) -> None:

@@ -22,8 +22,8 @@ from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 class LayerTableConfig:
     """Per-layer importance (EfficientVLA) of a policy's LM on its demonstration frames."""
 
-    policy: str = opt("mt10-dit", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
-    demos: str = opt("data/mt10-2view", "demo directory whose frames calibrate")
+    policy: str = opt("mt10p-dit", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
+    demos: str = opt("data/mt10p-clean", "demo directory whose frames calibrate")
     samples: int = opt(64, "calibration frames (equal share per task)")
     seed: int = opt(0, "which frames")
     remove: int = opt(4, "list the layers removed for 1..REMOVE")
