@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("vlarun.apps.train", "behaviour cloning on Meta-World demonstrations"),
     "distill": ("vlarun.apps.train", "CEED-VLA consistency distillation of a student"),
     "eval": ("vlarun.apps.evaluate", "closed-loop success on held-out Meta-World seeds"),
+    "pair": ("vlarun.apps.evaluate", "paired difference of two recorded `eval --json` runs"),
     "fidelity": ("vlarun.apps.evaluate", "action fidelity of accelerated policies"),
     "calibrate-drift": ("vlarun.apps.evaluate", "TRIAGE's drift diagnostic"),
     "layer-importance": ("vlarun.apps.evaluate", "EfficientVLA's per-layer LM importance table"),
