@@ -122,6 +122,38 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
     return tuple(out)
 
 
+def merge_settings(files: list[str | Path], about: str) -> dict:
+    """One settings table from the ``*_settings.json`` files `vlarun bench accel --table`
+    writes, oldest first: a later file's measurement of a knob value replaces every earlier
+    row of that knob and value (whatever model it named: the newest policies' costs are the
+    ones to plan with), rows of other values are kept, each naming its model and its source.
+    How `vlarun/sched/settings_mt10.json` is regenerated (``scripts/merge-settings.py``)."""
+    measured: dict[tuple[str, object], dict] = {}
+    for f in files:
+        data = json.loads(Path(f).read_text())
+        if "settings" not in data:
+            raise ValueError(
+                f"{f} holds no settings table (a `bench accel --table` *_settings.json)"
+            )
+        for r in data["settings"]:
+            if r["knob"] not in KNOB_FAMILIES:
+                raise ValueError(f"{f}: unknown knob {r['knob']!r}")
+            if r.get("source") == "identity":
+                continue
+            if not r.get("models"):
+                raise ValueError(f"{f}: {r['knob']}={r['value']} names no model")
+            measured[(r["knob"], r["value"])] = r
+    identity = [{"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}
+                for k, v in IDENTITY.items()]  # fmt: skip
+    order = list(KNOB_FAMILIES)
+    rows = sorted(measured.values(), key=lambda r: (order.index(r["knob"]), -_num(r["value"])))
+    return {"_about": about, "_merged_from": [str(f) for f in files], "settings": identity + rows}
+
+
+def _num(value) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
 def carried_to(rows: tuple[SettingRow, ...], model: str) -> tuple[SettingRow, ...]:
     """``rows`` with every measured accuracy cost also claimed for ``model``, its source saying
     it is a proxy: an emulated real-size model (runtime.emulate) has no measured costs of its
