@@ -108,13 +108,13 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
     from vlarun.sched.plans import load_settings, setting_grid
 
     o = BenchAccelOptions(table=True, policy="tiny-oft", ar_policy="tiny-ar", tasks="reach-v3",
-                          episodes=2, max_steps=8, configs="triage:0.34,exit:0.5", workers=1,
+                          episodes=2, max_steps=8, configs="triage:0.34,int8,exit:0.5", workers=1,
                           latency_queries=3, large=False, bootstrap=200,
                           out=str(tmp_path))  # fmt: skip
     r = run(o, progress=False)
     rows = {(x["group"], x["config"]): x for x in r["table"]}
-    assert set(rows) == {("tokens", "full"), ("tokens", "triage:0.34"), ("decode", "full"),
-                         ("decode", "exit:0.5")}  # fmt: skip
+    assert set(rows) == {("tokens", "full"), ("tokens", "triage:0.34"), ("tokens", "int8"),
+                         ("decode", "full"), ("decode", "exit:0.5")}  # fmt: skip
     for x in rows.values():
         d = x["difference"]
         assert x["episodes"] == d["episodes"] == 2
@@ -127,12 +127,13 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
     assert triage["action_error"] > 0 and triage["flops_ratio"] < 1.0
     assert 0.0 <= triage["reused_share"] <= 1.0
     assert rows[("tokens", "full")]["action_error"] == 0.0
-    assert {t["config"] for t in r["timing"]} == {"full", "triage:0.34", "exit:0.5"}
+    assert rows[("tokens", "int8")]["action_error"] > 0  # the int8 weights ran, not full's
+    assert {t["config"] for t in r["timing"]} == {"full", "triage:0.34", "int8", "exit:0.5"}
     text = format_result(r)
     assert "| tokens | triage:0.34 |" in text and "paired diff" in text
     settings = load_settings(r["files"]["settings"])
     measured = [s for s in settings if s.source != "identity"]
-    assert {(s.knob, s.value) for s in measured} <= {("token_budget", 0.34),
+    assert {(s.knob, s.value) for s in measured} <= {("token_budget", 0.34), ("weights", "int8"),
                                                     ("early_exit_sigma", 0.5)}  # fmt: skip
     for s in measured:
         assert s.lower <= s.relative_success <= s.upper

@@ -25,9 +25,10 @@ group taking turns query by query (``bench.replay.time_streams``) on the quiet m
 group's own policy, and for the token rows also on the ~1B random-weight OpenVLA-like shape.
 
 The settings file (``*_settings.json``, the format of ``sched/settings.json``) carries what the
-runtime executes exactly as measured: TRIAGE token budgets, the DiT cache interval and the
-early-exit sigma, each with its relative success (rate / full's rate) and paired 95% bounds
-((full + difference bound) / full), for ``vlarun plan --settings FILE --accuracy-floor F``.
+runtime executes exactly as measured: TRIAGE token budgets, the DiT cache interval, the
+early-exit sigma and int8 weights (a row of the tokens group, on its policy), each with its
+relative success (rate / full's rate) and paired 95% bounds ((full + difference bound) /
+full), for ``vlarun plan --settings FILE --accuracy-floor F``.
 """
 
 from __future__ import annotations
@@ -347,12 +348,14 @@ def settings_rows(rows: list[dict]) -> list[dict]:
 
 def _knob(spec: str) -> tuple[str | None, float | None]:
     """The plan-space knob a table configuration sets, where the runtime runs it the same way
-    (TRIAGE's budget, the DiT cache, the exit sigma); (None, None) for the rest."""
+    (TRIAGE's budget, the DiT cache, the exit sigma, int8 weights); (None, None) for the rest."""
     head, _, value = spec.partition(":")
     if head == "triage":
         return "token_budget", float(value)
     if head == "exit":
         return "early_exit_sigma", float(value)
+    if spec == "int8":
+        return "weights", "int8"
     if spec == "evla:cache":
         from vlarun.policy.methods import DEPTH_PARTS
 

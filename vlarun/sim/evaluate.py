@@ -64,7 +64,7 @@ class EvalConfig:
         None,
         "a second configuration run on the very same seeds, reported as a paired difference: "
         "a token method on this policy (METHOD[:BUDGET], e.g. drop-all:0.07, triage:0.34), an "
-        "accelerator setting (exit:0.5, cache:5), an EfficientVLA part (evla:layers4) or "
+        "accelerator setting (exit:0.5, cache:5, int8), an EfficientVLA part (evla:layers4) or "
         "another policy (name or directory)",
     )
     bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
@@ -102,6 +102,11 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+# Configurations that are accelerator settings of the policy itself (``AccelSetting.parse``):
+# Jacobi early exit, the diffusion cache, weight-only int8 (``transforms.int8``).
+SETTING_HEADS = ("exit", "cache", "int8")
+
+
 def candidate_spec(spec: str) -> tuple[str, float] | None:
     """``METHOD[:BUDGET]`` -> (method, budget fraction); None when ``spec`` is not a token
     method (an accelerator setting, an EfficientVLA part, or a policy)."""
@@ -133,12 +138,12 @@ def check_candidate(spec: str) -> None:
     if head == "evla":
         if rest not in DEPTH_PARTS:
             raise ValueError(f"unknown EfficientVLA part {rest!r}; valid: {', '.join(DEPTH_PARTS)}")
-    elif head in ("exit", "cache") or "+" in spec:
+    elif head in SETTING_HEADS or "+" in spec:
         AccelSetting.parse(spec)
     elif rest:  # METHOD:VALUE with no such method (a policy name has no colon)
         from vlarun.policy.methods import METHODS
 
-        valid = ", ".join((*METHODS, "exit", "cache", "evla"))
+        valid = ", ".join((*METHODS, *SETTING_HEADS, "evla"))
         raise ValueError(f"unknown method {head!r} in {spec!r}; valid: {valid}")
 
 
@@ -146,7 +151,8 @@ def build_candidate(policy, spec: str, demos: str | None = None):
     """The configuration ``spec`` names, built from (or beside) ``policy``:
 
     METHOD[:BUDGET]   a token method at a budget (``triage:0.34``, ``vla-cache-uncapped``);
-    exit:S, cache:N   an accelerator setting (``AccelSetting.parse``; parts joined by +);
+    exit:S, cache:N, int8   an accelerator setting (``AccelSetting.parse``; parts joined
+                      by +; int8: weight-only int8 LM and action head);
     evla:PART         an EfficientVLA part on depth (``policy.methods.DEPTH_PARTS``), whose
                       layer and activation scores are calibrated on 32 frames of ``demos``;
     anything else     another policy (shipped name or directory)."""
@@ -169,7 +175,7 @@ def build_candidate(policy, spec: str, demos: str | None = None):
                 raise ValueError(f"{spec} needs demonstration frames to calibrate on (--demos)")
             frames = calibration_frames(policy, Path(demos), 32, 0)
         return part.apply(policy, frames)
-    if head in ("exit", "cache") or "+" in spec:
+    if head in SETTING_HEADS or "+" in spec:
         return policy.with_setting(spec)
     return Policy.load(spec)
 
