@@ -72,3 +72,19 @@ def test_the_command_line_renders_with_a_progress_bar(committed, tmp_path, capsy
         main(["--from-manifest", str(committed / "manifest"), "--out", str(tmp_path / "o2"),
               "--tasks", "reach-v3"])  # fmt: skip
     assert "drop --tasks" in capsys.readouterr().err
+
+
+def test_a_renderer_that_does_not_match_is_refused_before_the_set_is_rendered(committed, tmp_path):
+    """The probes are rendered alone first: fingerprints 10 levels off (another renderer) stop
+    the command before a single shard is written, naming the task and the difference."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / MANIFEST).write_text((committed / "manifest" / MANIFEST).read_text())
+    with np.load(committed / "manifest" / REPLAY, allow_pickle=False) as replay:
+        arrays = dict(replay)
+    thumbs = arrays["reach-v3.probe_thumbs"].astype(np.int16) + 10
+    arrays["reach-v3.probe_thumbs"] = np.clip(thumbs, 0, 255).astype(np.uint8)
+    np.savez_compressed(bad / REPLAY, **arrays)
+    with pytest.raises(ValueError, match=r"reach-v3: rendered frames differ .* by \d+\.\d+ levels"):
+        render_manifest(bad, tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()  # nothing was rendered, not even the folder
