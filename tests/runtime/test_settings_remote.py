@@ -201,6 +201,7 @@ def test_setting_text_meta_and_knobs_round_trip():
         ("triage", "needs a value"),
         ("triage:x", "bad value"),
         ("warp:2", "unknown setting part 'warp'"),
+        ("int8:2", "int8 takes no value"),
         ("exit:1.5", "early_exit_sigma"),
     ]:
         with pytest.raises(ValueError, match=msg):

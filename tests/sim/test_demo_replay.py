@@ -88,3 +88,5 @@ def test_a_renderer_that_does_not_match_is_refused_before_the_set_is_rendered(co
     with pytest.raises(ValueError, match=r"reach-v3: rendered frames differ .* by \d+\.\d+ levels"):
         render_manifest(bad, tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists()  # nothing was rendered, not even the folder
+    with pytest.raises(FileNotFoundError, match="no manifest.json in .*none"):
+        render_manifest(tmp_path / "none", tmp_path / "out")

@@ -200,7 +200,9 @@ class AccelSetting:
             name, _, value = part.partition(":")
             if name == "full" and not value:
                 continue
-            if name == "int8" and not value:
+            if name == "int8":
+                if value:
+                    raise ValueError(f"int8 takes no value (got {part!r}): write int8")
                 kw["weights"] = "int8"
                 continue
             if not value:

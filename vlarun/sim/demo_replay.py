@@ -200,6 +200,11 @@ def render_manifest(
             renderer: the message names the task and the difference).
     """
     src, out = Path(manifest_dir), Path(out_dir)
+    if not (src / MANIFEST).is_file():
+        raise FileNotFoundError(
+            f"no {MANIFEST} in {src} (want a committed manifest folder, e.g. "
+            "assets/demos/mt10p-clean)"
+        )
     manifest = json.loads((src / MANIFEST).read_text())
     if "replay" not in manifest or not (src / REPLAY).exists():
         raise ValueError(f"{src}: no {REPLAY} beside {MANIFEST} (not a committed manifest)")
