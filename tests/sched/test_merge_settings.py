@@ -64,3 +64,19 @@ def test_the_script_regenerates_the_shipped_table_from_the_committed_runs(tmp_pa
                     "--about", shipped["_about"], *[str(ROOT / f) for f in files]],
                    check=True, capture_output=True, cwd=ROOT)  # fmt: skip
     assert json.loads(out.read_text())["settings"] == shipped["settings"]
+
+
+def test_a_bad_settings_table_is_refused_by_name(tmp_path):
+    """`plan --settings FILE`: a missing file, non-JSON, a row without its fields: one line
+    naming the file (and the row), never a KeyError."""
+    with pytest.raises(FileNotFoundError, match="none.json does not exist"):
+        load_settings(tmp_path / "none.json")
+    (tmp_path / "x.md").write_text("# not json")
+    with pytest.raises(ValueError, match=r"x.md is not JSON"):
+        load_settings(tmp_path / "x.md")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError, match="want a JSON object"):
+        load_settings(tmp_path / "list.json")
+    (tmp_path / "row.json").write_text(json.dumps({"settings": [{"knob": "token_budget"}]}))
+    with pytest.raises(ValueError, match="row 0 lacks value, relative_success, source"):
+        load_settings(tmp_path / "row.json")

@@ -91,15 +91,33 @@ class SettingRow:
         )
 
 
+# What every row of a settings table carries (``models``, ``lower``, ``upper`` are optional).
+SETTING_FIELDS = ("knob", "value", "relative_success", "source")
+
+
 def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
     """A settings table (settings.json format), or the result file of `vlarun bench accel`,
     whose measured success rates become accuracy costs."""
-    data = json.loads(Path(path or SETTINGS_FILE).read_text())
+    path = Path(path or SETTINGS_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(f"settings table {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"settings table {path} is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"settings table {path}: want a JSON object with a 'settings' list")
     if "settings" not in data and ("sweep" in data or "ablation" in data):
         return settings_from_accel_bench(data)
-    rows = data["settings"]
+    rows = data.get("settings")
+    if not isinstance(rows, list):
+        raise ValueError(f"settings table {path} has no 'settings' list (nor is it a bench "
+                         "accel result)")  # fmt: skip
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
+        missing = [k for k in SETTING_FIELDS if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise ValueError(f"settings table {path}: row {i} lacks {', '.join(missing)}")
         if r["knob"] not in KNOB_FAMILIES:
             raise ValueError(f"unknown knob {r['knob']!r} in settings table")
         models = tuple(r["models"]) if r.get("models") else None
