@@ -67,7 +67,7 @@ def test_refuses_results_without_outcomes_or_not_an_eval(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="not a `vlarun eval --json` result"):
         pair(PairConfig(base=str(tmp_path / "other.json"), other=a))
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(FileNotFoundError, match="none.json is not a file"):
         pair(PairConfig(base=str(tmp_path / "none.json"), other=a))
     with pytest.raises(ValueError, match="--bootstrap"):
         PairConfig(base=a, other=a, bootstrap=10)

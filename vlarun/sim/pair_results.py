@@ -37,7 +37,7 @@ def load_result(path: str | Path) -> dict:
     """An `eval --json` result with per-task outcomes; a clear error for anything else."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (want a `vlarun eval --json` result)")
+        raise FileNotFoundError(f"{path} is not a file (want a `vlarun eval --json` result)")
     try:
         result = json.loads(path.read_text())
     except json.JSONDecodeError as e:
