@@ -212,12 +212,10 @@ def render_manifest(
         raise FileExistsError(f"{out / MANIFEST} exists; pass --overwrite to replace it")
     check_fingerprints(src, None, manifest)  # the probes alone, before minutes of rendering
     out.mkdir(parents=True, exist_ok=True)
-    per_shard: dict[str, list[dict]] = {}
-    for ep in manifest["episodes"]:
-        per_shard.setdefault(ep["shard"], []).append(ep)
+    per_shard = _shard_episodes(manifest)
     jobs, first = [], dict.fromkeys(manifest["task_names"], 0)
     for shard in manifest["shards"]:
-        eps = sorted(per_shard[shard["file"]], key=lambda e: e["index_in_shard"])
+        eps = per_shard[shard["file"]]
         task = shard["task"]
         jobs.append(_RenderJob(
             task, tuple(e["seed"] for e in eps), tuple(e["frames"] for e in eps), first[task],
@@ -284,14 +282,21 @@ def check_fingerprints(manifest_dir: Path, out: Path | None, manifest: dict) -> 
     return {"probes": int(len(every)), "mean_diff": float(every.mean()), "worst_diff": worst}
 
 
+def _shard_episodes(manifest: dict) -> dict[str, list[dict]]:
+    """Each shard's episodes in their order within it (the order its frames are stored in)."""
+    per_shard: dict[str, list[dict]] = {}
+    for ep in manifest["episodes"]:
+        per_shard.setdefault(ep["shard"], []).append(ep)
+    return {f: sorted(eps, key=lambda e: e["index_in_shard"]) for f, eps in per_shard.items()}
+
+
 def _render_probes(manifest: dict, task: str, states: np.ndarray, probes: np.ndarray) -> list:
     """The views of ``task``'s frames ``probes`` (indices in manifest order), each rendered as
     ``_render_shard`` renders it: its episode reset to its seed, then its state restored."""
     from vlarun.sim.env import MetaWorldEnv
 
-    episodes = [e for s in manifest["shards"] if s["task"] == task
-                for e in sorted((e for e in manifest["episodes"] if e["shard"] == s["file"]),
-                                key=lambda e: e["index_in_shard"])]  # fmt: skip
+    per_shard = _shard_episodes(manifest)
+    episodes = [e for s in manifest["shards"] if s["task"] == task for e in per_shard[s["file"]]]
     starts = np.cumsum([0] + [e["frames"] for e in episodes])
     cams = manifest["cameras"]
     env = MetaWorldEnv(task, image_size=manifest["image_size"], camera=cams[0],
