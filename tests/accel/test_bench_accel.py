@@ -58,9 +58,11 @@ def test_large_dit_shape_times_efficientvla_parts_with_a_small_lm():
     assert big.model.cfg.family == "diffusion" and "-dit (random, " in large_label(big)
     stream = synthetic_stream(224, 2, "pick up the cube")
     calib = [(big.image_tensor(f), big.text_ids(ins)) for ins, f, _ in stream]
-    specs = ["full", "evla:all", "evla:mlp-activation"]
+    specs = ["full", "evla:all", "evla:mlp-activation", "evla:all-but-mlp"]
     rows = time_streams([_large_candidate(big, s, calib) for s in specs], stream)
     assert rows[0]["flops_ratio"] == 1.0 and rows[1]["flops_ratio"] < 0.6
+    # Without the MLP part (and with 2 layers, not 4) it keeps more of the work than all-on.
+    assert rows[1]["flops_ratio"] < rows[3]["flops_ratio"] < 1.0
     assert all(r["e2e_ms"] > 0 for r in rows)
 
 
