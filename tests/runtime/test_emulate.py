@@ -143,7 +143,9 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
             mon.up_every_s = 0.02
             time.sleep(0.7)
             agent.learner.refresh_link(agent.monitor)
-            agent.link.cap(0.5)  # as a request that timed out leaves it: the link is down
+            # As a request that timed out leaves it: the link is down. Far below what a probe
+            # measures even on a loaded machine (CI), so the link looks back (>= 2x) at once.
+            agent.link.cap(0.05)
             local_s = sum(agent.emulator.target_s(s) for s in ("vision", "prefill", "decode"))
 
             def link_back() -> None:  # the monitor probes again, every 20 ms
@@ -154,7 +156,11 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
         finally:
             agent.close()
     assert set(inf.planned.values()) == {"robot"}  # planned for the link held down
-    assert inf.handoff is not None and inf.fallback is None
+    # Seen once in CI beside two evaluation workers (2026-12-06): no handoff. Say what the
+    # handoff rule saw, so that a next failure names its cause.
+    why = (f"link {agent.link.bandwidth_mbps:.3g} Mbps (planned at {inf.link_mbps:.3g}), "
+           f"monitor up {mon.up.is_set()}, ran {inf.ran}")  # fmt: skip
+    assert inf.handoff is not None and inf.fallback is None, why
     assert inf.ran["decode"] == "edge" and inf.edge_at_s is not None
     assert inf.latency_s < 0.8 * local_s
     assert inf.energy_j > 0
