@@ -158,7 +158,7 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
     assert set(inf.planned.values()) == {"robot"}  # planned for the link held down
     # Seen once in CI beside two evaluation workers (2026-12-06): no handoff. Say what the
     # handoff rule saw, so that a next failure names its cause.
-    why = (f"link {agent.link.bandwidth_mbps:.3g} Mbps (planned at {inf.link_mbps:.3g}), "
+    why = (f"link {agent.link.bandwidth_mbps:.3g} Mbps (planned at {inf.link_mbps}), "
            f"monitor up {mon.up.is_set()}, ran {inf.ran}")  # fmt: skip
     assert inf.handoff is not None and inf.fallback is None, why
     assert inf.ran["decode"] == "edge" and inf.edge_at_s is not None
