@@ -151,11 +151,33 @@ def test_a_probe_is_measured_over_the_paths_least_rtt_not_the_edges_slow_answers
     assert link.rtt_ms > 4.0 and link.base_rtt_ms == pytest.approx(2.0)
     nbytes = 96 * 1024
     round_trip = 0.002 + nbytes * 8 / 60e6
-    link.observe_transfer(nbytes, round_trip - link.base_rtt_ms * 1e-3 / 2)  # monitor.feed
+    link.observe_probe(nbytes, round_trip)  # monitor.feed
     assert link.bandwidth_mbps == pytest.approx(60.0, rel=1e-6)
     now[0] += 11.0  # the 2 ms samples are old now: the least of the window is 7 ms
     link.observe_rtt(0.007)
     assert link.base_rtt_ms == pytest.approx(7.0)
+
+
+def test_a_probe_as_fast_as_the_paths_round_trip_still_beats_a_bound():
+    """On a loopback edge a 96 KiB probe comes back in 0.3 ms, no slower than the least health
+    answer: its payload time, the round trip less the path's, is <= 0. It still says the link
+    carries >= 96 KiB per 0.3 ms, so it lifts a timeout's bound (such samples used to be
+    dropped; with every probe dropped a restored link stayed held at the bound, no handoff)."""
+    now, clock = _fake_clock()
+    link = Link(100.0, 0.3, clock=clock)
+    link.observe_rtt(0.0004)  # the least health answer: slower than the probe below
+    link.cap(0.05)  # a request timed out: the link looks down
+    assert link.bandwidth_mbps == 0.05
+    nbytes = 96 * 1024
+    link.observe_probe(nbytes, 0.0003)
+    assert link.bandwidth_mbps == pytest.approx(nbytes * 8 / 0.0003 / 1e6)  # the lower bound
+    link.cap(0.05)
+    link.observe_transfer(nbytes, 0.0001)  # one way, under half the least round trip
+    assert link.bandwidth_mbps == pytest.approx(nbytes * 8 / 0.0001 / 1e6)
+    link.cap(0.05)
+    link.observe_probe(nbytes, 0.0)  # no time at all says nothing
+    link.observe_probe(1000, 0.0001)  # nor does a small packet
+    assert link.bandwidth_mbps == 0.05
 
 
 def test_link_estimate_recovers_with_the_first_fast_sample():

@@ -12,7 +12,8 @@ follow changes the other way:
     bytes / wait. The bound holds for ``cap_s`` seconds or until a sample beats it, then the
     estimate returns to the samples' word, so one lost packet does not bar the edge for good.
 With no recent sample the newest sample's word holds. Transfers too small to say anything about
-bandwidth (mostly latency) update only the RTT.
+bandwidth (mostly latency) update only the RTT; one no slower than the path's own delay counts
+at its whole time (a lower bound on the rate, still a sample).
 
 A sample takes off the path's own delay: the least RTT of the last ``rtt_window_s`` seconds
 (``base_rtt_ms``, BBR's min_rtt), not the EWMA ``rtt_ms``. RTT samples come from health
@@ -80,9 +81,23 @@ class Link:
 
     def observe_transfer(self, nbytes: int, seconds: float) -> None:
         """Fold one measured one-way transfer into the bandwidth estimate."""
-        payload_s = seconds - self.base_rtt_ms * 1e-3 / 2
-        if nbytes < MIN_BANDWIDTH_SAMPLE_BYTES or payload_s <= 0:
+        self._sample(nbytes, seconds, seconds - self.base_rtt_ms * 1e-3 / 2)
+
+    def observe_probe(self, nbytes: int, round_trip_s: float) -> None:
+        """Fold a probe's round trip (``nbytes`` out, a small answer back) into the estimate."""
+        self._sample(nbytes, round_trip_s, round_trip_s - self.base_rtt_ms * 1e-3)
+
+    def _sample(self, nbytes: int, seconds: float, payload_s: float) -> None:
+        """One bandwidth sample: ``nbytes`` moved in ``payload_s`` of the ``seconds`` taken."""
+        if nbytes < MIN_BANDWIDTH_SAMPLE_BYTES or seconds <= 0:
             return
+        if payload_s <= 0:
+            # As fast as the path's least round trip: too fast to time against it, but the
+            # bytes did arrive within ``seconds``, so the link carries at least that rate.
+            # Dropping such a sample (as before) let a fast link's probes all vanish on a
+            # loopback edge (0.3 ms probes, 0.3 ms health answers): a timeout's bound then
+            # held a restored link down, and no handoff came (tests/runtime/test_emulate).
+            payload_s = seconds
         sample = nbytes * 8 / payload_s / 1e6
         now = self.clock()
         self._samples.append((now, sample))
