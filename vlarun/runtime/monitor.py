@@ -124,8 +124,9 @@ class LinkMonitor:
     def feed(self, link: Link) -> None:
         """Fold what the monitor measured since the last call into ``link``: round-trip times,
         then the probes' evidence in the order it came: transfers (round trips) and the upper
-        bounds of probes that timed out (a light one's: the slow rate it tested). In order, because a sample clears an older bound: a
-        bound fed after the sample that beat it held a restored link down until the next."""
+        bounds of probes that timed out (a light one's: the slow rate it tested). In order,
+        because a sample clears an older bound: a bound fed after the sample that beat it held
+        a restored link down until the next."""
         for rtt in self.take_rtts():
             link.observe_rtt(rtt)
         for kind, a, b in self.take_evidence():
