@@ -154,3 +154,32 @@ def test_uncapped_vla_cache_recomputes_every_changed_token_and_reuses_from_layer
         from vlarun.sim.evaluate import check_candidate
 
         check_candidate("vla-cache-uncapped:0.34")
+
+
+def test_a_shared_layer_is_named_for_triages_family_only_and_reaches_its_config(
+    oft_policy, frames, actions
+):
+    """``drop-all:0.07@0``: TRIAGE's ranking and drop taken after layer 0 instead of 2 (the
+    sensitivity check at the paper's share of the depth); the runtime's plans never use it."""
+    from vlarun.bench.accel_table import _knob
+    from vlarun.sim.evaluate import build_candidate, check_candidate, shared_layer
+
+    assert shared_layer("drop-all:0.07@0") == ("drop-all:0.07", 0)
+    assert shared_layer("triage:0.34") == ("triage:0.34", None)
+    check_candidate("keep-all:0.18@1")
+    for bad, match in (("fastv:0.07@0", "take a shared layer"),
+                       ("drop-all:0.07@x", "whole number"),
+                       ("drop-all:0.07@-1", "whole number")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            check_candidate(bad)
+    built = build_candidate(oft_policy, "drop-all:0.07@0")
+    assert built.hooks.tokens.cfg.layer == 0 and built.hooks.tokens.cfg.rest == "prune"
+    actions(built, [frames[0], 255 - frames[0]])  # the second query prunes, after layer 0
+    assert built.hooks.tokens.last_plan.last_shared_layer == 0
+    assert built.stats.steps[-1].pruned > 0
+    assert build_candidate(oft_policy, "drop-all:0.07").hooks.tokens.cfg.layer == 2
+    depth = oft_policy.model.cfg.llm.num_layers
+    with pytest.raises(ValueError, match="shared layer must be"):
+        build_candidate(oft_policy, f"triage:0.07@{depth - 1}")
+    assert _knob("triage:0.07@0") == (None, None)  # not the runtime's TRIAGE: no setting row
+    assert _knob("triage:0.07") == ("token_budget", 0.07)

@@ -92,8 +92,8 @@ class BenchAccelOptions:
     configs: tuple[str, ...] = opt(
         (),
         "table: exactly these configurations (e.g. triage:0.34,"
-        "evla:all,exit:0.5), each in its group, instead of the "
-        "groups' defaults",
+        "evla:all,exit:0.5; drop-all:0.07@0: TRIAGE's family with its shared layer "
+        "0 instead of 2), each in its group, instead of the groups' defaults",
     )
     evla_parts: tuple[str, ...] = opt(tuple(DEPTH_PARTS), "EfficientVLA parts of the table")
     ar_policy: str = opt("mt10p-ar", "autoregressive policy of the table's decode rows")

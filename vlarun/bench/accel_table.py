@@ -350,6 +350,8 @@ def _knob(spec: str) -> tuple[str | None, float | None]:
     """The plan-space knob a table configuration sets, where the runtime runs it the same way
     (TRIAGE's budget, the DiT cache, the exit sigma, int8 weights); (None, None) for the rest."""
     head, _, value = spec.partition(":")
+    if "@" in spec:  # another shared layer than the runtime's (2): not a plan-space setting
+        return None, None
     if head == "triage":
         return "token_budget", float(value)
     if head == "exit":

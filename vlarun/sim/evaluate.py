@@ -107,11 +107,33 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
 SETTING_HEADS = ("exit", "cache", "int8")
 
 
+# TRIAGE and the two baselines sharing its ranking take a shallow layer: ``METHOD:B@L``.
+SHARED_LAYER_METHODS = ("triage", "drop-all", "keep-all")
+
+
+def shared_layer(spec: str) -> tuple[str, int | None]:
+    """``METHOD:BUDGET@L`` -> (``METHOD:BUDGET``, L): TRIAGE's signals taken at layer L, and
+    every token kept through it (the default, L = 2, is the paper's depth; L = 0 on a 12-layer
+    LM is its share of the depth, 3 of 32 layers). (spec, None) without ``@``."""
+    head, at, layer = spec.partition("@")
+    if not at:
+        return spec, None
+    method = head.partition(":")[0]
+    if method not in SHARED_LAYER_METHODS:
+        raise ValueError(
+            f"only {', '.join(SHARED_LAYER_METHODS)} take a shared layer (@L), got {spec!r}"
+        )
+    if not layer.isdigit():
+        raise ValueError(f"the layer in {spec!r} must be a whole number >= 0, e.g. @0")
+    return head, int(layer)
+
+
 def candidate_spec(spec: str) -> tuple[str, float] | None:
-    """``METHOD[:BUDGET]`` -> (method, budget fraction); None when ``spec`` is not a token
+    """``METHOD[:BUDGET][@L]`` -> (method, budget fraction); None when ``spec`` is not a token
     method (an accelerator setting, an EfficientVLA part, or a policy)."""
     from vlarun.policy.methods import BUDGETLESS, METHODS
 
+    spec, _ = shared_layer(spec) if "@" in spec else (spec, None)
     method, _, budget = spec.partition(":")
     if method not in METHODS:
         return None
@@ -151,6 +173,8 @@ def build_candidate(policy, spec: str, demos: str | None = None):
     """The configuration ``spec`` names, built from (or beside) ``policy``:
 
     METHOD[:BUDGET]   a token method at a budget (``triage:0.34``, ``vla-cache-uncapped``);
+                      TRIAGE, drop-all and keep-all also ``@L``: their shared layer
+                      (``drop-all:0.07@0``; ``shared_layer``);
     exit:S, cache:N, int8   an accelerator setting (``AccelSetting.parse``; parts joined
                       by +; int8: weight-only int8 LM and action head);
     evla:PART         an EfficientVLA part on depth (``policy.methods.DEPTH_PARTS``), whose
@@ -163,7 +187,16 @@ def build_candidate(policy, spec: str, demos: str | None = None):
     parsed = candidate_spec(spec)
     if parsed is not None:
         method, budget = parsed
-        return policy.with_hooks(token_policy(method, budget, policy.calibration))
+        calibration = policy.calibration
+        _, layer = shared_layer(spec)
+        if layer is not None:
+            depth = policy.model.cfg.llm.num_layers
+            if layer >= depth - 1:
+                raise ValueError(f"{spec}: the shared layer must be < {depth - 1} (the LM has "
+                                 f"{depth} layers and the rest must follow it)")  # fmt: skip
+            tri = {**(calibration or {}).get("triage", {}), "layer": layer}
+            calibration = {**(calibration or {}), "triage": tri}
+        return policy.with_hooks(token_policy(method, budget, calibration))
     head, _, rest = spec.partition(":")
     if head == "evla":
         from vlarun.sim.layer_table import calibration_frames
