@@ -48,13 +48,8 @@ def main() -> int:
             r = ev.run_episode(policy, env, EVAL_SEED_OFFSET + s, execution=method,
                                delay_steps=a.delay)  # fmt: skip
             solved += int(r["success"])
-            x = seen["executed"]
-            for t in seen["seams"]:  # the windows seam_jerks takes, per part of the action
-                ks = [k for k in range(t, t + 3) if 3 <= k < len(x)]
-                if ks:
-                    j = np.stack([x[k] - 3 * x[k - 1] + 3 * x[k - 2] - x[k - 3] for k in ks])
-                    xyz.append(float(np.linalg.norm(j[:, :3], axis=1).max()))
-                    grip.append(float(np.abs(j[:, 3]).max()))
+            xyz += jerks(seen["executed"], seen["seams"], dims=slice(0, 3))
+            grip += jerks(seen["executed"], seen["seams"], dims=slice(3, 4))
         out[method] = {"solved": solved, "seams": len(xyz),
                        "xyz_p99": float(np.quantile(xyz, 0.99)), "xyz_mean": float(np.mean(xyz)),
                        "gripper_p99": float(np.quantile(grip, 0.99))}  # fmt: skip

@@ -55,18 +55,29 @@ METHODS = (
     "efficientvla",
     "vla-cache-uncapped",
 )
+# TRIAGE and the two baselines sharing its ranking take a last shared layer (``@L`` in a spec).
+SHARED_LAYER_METHODS = ("triage", "drop-all", "keep-all")
 # Methods whose recomputed share follows from the scene, not from a budget.
 BUDGETLESS = ("full", "vla-cache-uncapped")
 
 
 def token_policy(
-    method: str, budget_fraction: float = 0.34, calibration: dict | None = None
+    method: str,
+    budget_fraction: float = 0.34,
+    calibration: dict | None = None,
+    layer: int | None = None,
 ) -> TokenPolicy:
     """A fresh token policy for ``method`` recomputing ``budget_fraction`` of the tokens, with
     a checkpoint's calibrated knobs (``Policy.calibration``, e.g. TRIAGE's delta) where it has
-    them. Drop-all and keep-all share TRIAGE's ranking and so its calibration."""
+    them. Drop-all and keep-all share TRIAGE's ranking and so its calibration. ``layer``:
+    TRIAGE's family only, its last shared layer (None: ``TriageConfig``'s, the paper's 2)."""
     f = budget_fraction
-    tri = (calibration or {}).get("triage", {})
+    tri = dict((calibration or {}).get("triage", {}))
+    if layer is not None:
+        if method not in SHARED_LAYER_METHODS:
+            raise ValueError(f"only {', '.join(SHARED_LAYER_METHODS)} take a shared layer, "
+                             f"not {method}")  # fmt: skip
+        tri["layer"] = layer
     makers = {
         "full": FullRecompute,
         "triage": lambda: Triage(TriageConfig(budget_fraction=f, **tri)),

@@ -107,18 +107,17 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
 SETTING_HEADS = ("exit", "cache", "int8")
 
 
-# TRIAGE and the two baselines sharing its ranking take a shallow layer: ``METHOD:B@L``.
-SHARED_LAYER_METHODS = ("triage", "drop-all", "keep-all")
-
-
 def shared_layer(spec: str) -> tuple[str, int | None]:
     """``METHOD:BUDGET@L`` -> (``METHOD:BUDGET``, L): TRIAGE's signals taken at layer L, and
     every token kept through it (the default, L = 2, is the paper's depth; L = 0 on a 12-layer
-    LM is its share of the depth, 3 of 32 layers). (spec, None) without ``@``."""
+    LM is its share of the depth, 3 of 32 layers). (spec, None) without ``@``, or when the
+    spec names no token method (a policy directory may hold an ``@``)."""
+    from vlarun.policy.methods import METHODS, SHARED_LAYER_METHODS
+
     head, at, layer = spec.partition("@")
-    if not at:
-        return spec, None
     method = head.partition(":")[0]
+    if not at or method not in METHODS:
+        return spec, None
     if method not in SHARED_LAYER_METHODS:
         raise ValueError(
             f"only {', '.join(SHARED_LAYER_METHODS)} take a shared layer (@L), got {spec!r}"
@@ -128,12 +127,12 @@ def shared_layer(spec: str) -> tuple[str, int | None]:
     return head, int(layer)
 
 
-def candidate_spec(spec: str) -> tuple[str, float] | None:
-    """``METHOD[:BUDGET][@L]`` -> (method, budget fraction); None when ``spec`` is not a token
-    method (an accelerator setting, an EfficientVLA part, or a policy)."""
+def candidate_spec(spec: str) -> tuple[str, float, int | None] | None:
+    """``METHOD[:BUDGET][@L]`` -> (method, budget fraction, shared layer or None); None when
+    ``spec`` is not a token method (an accelerator setting, an EfficientVLA part, or a policy)."""
     from vlarun.policy.methods import BUDGETLESS, METHODS
 
-    spec, _ = shared_layer(spec) if "@" in spec else (spec, None)
+    spec, layer = shared_layer(spec)
     method, _, budget = spec.partition(":")
     if method not in METHODS:
         return None
@@ -145,7 +144,7 @@ def candidate_spec(spec: str) -> tuple[str, float] | None:
         raise ValueError(f"budget in {spec!r} must be a fraction, e.g. 0.34") from None
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"budget in {spec!r} must be in (0, 1], got {fraction}")
-    return method, fraction
+    return method, fraction, layer
 
 
 def check_candidate(spec: str) -> None:
@@ -186,17 +185,12 @@ def build_candidate(policy, spec: str, demos: str | None = None):
     check_candidate(spec)
     parsed = candidate_spec(spec)
     if parsed is not None:
-        method, budget = parsed
-        calibration = policy.calibration
-        _, layer = shared_layer(spec)
-        if layer is not None:
-            depth = policy.model.cfg.llm.num_layers
-            if layer >= depth - 1:
-                raise ValueError(f"{spec}: the shared layer must be < {depth - 1} (the LM has "
-                                 f"{depth} layers and the rest must follow it)")  # fmt: skip
-            tri = {**(calibration or {}).get("triage", {}), "layer": layer}
-            calibration = {**(calibration or {}), "triage": tri}
-        return policy.with_hooks(token_policy(method, budget, calibration))
+        method, budget, layer = parsed
+        depth = policy.model.cfg.llm.num_layers
+        if layer is not None and layer >= depth - 1:
+            raise ValueError(f"{spec}: the shared layer must be < {depth - 1} (the LM has "
+                             f"{depth} layers and the rest must follow it)")  # fmt: skip
+        return policy.with_hooks(token_policy(method, budget, policy.calibration, layer=layer))
     head, _, rest = spec.partition(":")
     if head == "evla":
         from vlarun.sim.layer_table import calibration_frames
@@ -304,18 +298,20 @@ def run_episode(
     return out
 
 
-def seam_jerks(executed: np.ndarray, seams: list[int]) -> list[float]:
+def seam_jerks(executed: np.ndarray, seams: list[int], dims: slice = slice(None)) -> list[float]:
     """The jerk at each chunk seam: the largest norm of the executed actions' third difference
     a[k] - 3 a[k-1] + 3 a[k-2] - a[k-3] over the windows k = t .. t + 2 that straddle the switch
     between ticks t - 1 and t (a seam at tick t), in action units per tick^3. ``executed``
     (T, A) holds every action the robot was commanded (before the environment bounds it),
-    the hold actions of stall ticks included."""
+    the hold actions of stall ticks included. ``dims``: the action parts measured (all; the
+    hand's xyz is ``slice(0, 3)``)."""
     out = []
     for t in seams:
         ks = [k for k in range(t, t + 3) if 3 <= k < len(executed)]
         if not ks:
             continue
-        j = [executed[k] - 3 * executed[k - 1] + 3 * executed[k - 2] - executed[k - 3] for k in ks]
+        a = executed[:, dims]
+        j = [a[k] - 3 * a[k - 1] + 3 * a[k - 2] - a[k - 3] for k in ks]
         out.append(float(max(np.linalg.norm(x) for x in j)))
     return out
 
