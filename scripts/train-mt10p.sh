@@ -22,6 +22,7 @@
 # shared trunk serves the token heads; AR and OFT may ship from the run before it. Its data adds
 # DAgger round 5 (assets/demos/mt10p-dagger5: 200 episodes, 22,790 frames, seeds 9200+, driven
 # by the shipped mt10p-dit, where DiT fails: peg-insert 0%, pick-place 28%).
+# SUITE=mt10pf trains mt10p-fast (issue 65: the pi0-FAST-shaped teacher for CEED), from mt10p5.
 # SUITE=mt10p4 fine-tunes mt10p3 with 2 cm of noise on the hand position of every training
 # state (--state-noise 0.02): the mt10p policies copy the hand's displacement from its fixed
 # start (causal confusion: +5 cm of hand x in the state, same image, moves reach's x action by
@@ -66,7 +67,15 @@ case "$SUITE" in
                    --budget-minutes 85 --init-from training/mt10p5 --state-noise 0.02
                    --early-share 0.3 --loss-weights dit=10,flow=5
                    --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
-  *) echo "SUITE must be mt10p, mt10g or mt10p2..mt10p6, got $SUITE" >&2; exit 2 ;;
+  # Issue 65: pi0-FAST's output on the mt10p trunk (the mt10p-fast preset: FAST codes of
+  # 8-step chunks, END-terminated), fine-tuned from mt10p5 (the run the shipped mt10p-ar came
+  # from) on every committed set as mt10p6 was; its FAST vocabulary is fitted on the run's own
+  # chunks at the start (training/mt10pf/fast_tokenizer/, committed with the state).
+  mt10pf) SCHEDULE=(--out training/mt10pf --steps 8000 --lr 2e-4 --warmup 200
+                   --budget-minutes 85 --init-from training/mt10p5 --state-noise 0.02
+                   --early-share 0.3
+                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  *) echo "SUITE must be mt10p, mt10g, mt10pf or mt10p2..mt10p6, got $SUITE" >&2; exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

@@ -112,8 +112,9 @@ def test_calibration_learns_stage_factor_boundary_and_residual():
     assert cal.boundary("a", "b") == pytest.approx(0.1)
     roles = place(CHAIN, ["robot", "edge", "edge"])
     p = predict_placement(CHAIN, roles, DEVICES, LINK, cal=cal)
-    # b: 0.5 s x 1.5; transfer + 0.1 s; residual + 0.2 s (less the prior's fading share)
-    assert p.latency_s == pytest.approx(1 + 2.1 + 0.75 + 0.125 + 1 + 0.2, abs=0.005)
+    # b: 0.5 s x 1.5; transfer + 0.1 s; c, never timed on the edge, takes the edge's own
+    # factor (b's): 0.125 s x 1.5; residual + 0.2 s (less the prior's fading share)
+    assert p.latency_s == pytest.approx(1 + 2.1 + 0.75 + 0.125 * 1.5 + 1 + 0.2, abs=0.005)
 
 
 def test_link_ewma_follows_a_bandwidth_drop():

@@ -105,13 +105,17 @@ def test_a_setting_factor_does_not_reprice_full_compute():
 
 def test_the_old_calibration_misses_the_deadline_repeatedly_in_this_world():
     """The control: one factor per stage and side (each setting's time teaching the stage's
-    only factor) and no slack for untimed settings, warmed at full compute as before. It runs
-    the robot under a token budget predicted at 0.87-1.0 s and learns only from the misses:
-    the audit's three late requests, reproduced, so the tests above can fail."""
+    only factor), no slack for untimed settings and the paper's feasibility (the mean meets
+    the deadline: no tail, no miss budget), warmed at full compute as before. It runs the
+    robot under a token budget predicted at 0.87-1.0 s and learns only from the misses (the
+    audit's three late requests with the EWMA stage factor; one since factors are a windowed
+    median, which the first 1.2x ratio moves halfway), so the tests above can fail."""
     sched = _scheduler(1.0)
     sched._key_k = lambda k: None  # every setting shares the identity's factor
     sched._untimed_setting = lambda: np.zeros(len(sched.k), dtype=bool)
+    sched.on_time_probabilities = lambda sc, deadline_s=None: (
+        sc.latency <= (deadline_s or sched.slo_s)).astype(float)  # fmt: skip
     names = sched.space.stages
     sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
                 {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
-    assert len(_run(sched)) >= 2
+    assert len(_run(sched)) >= 1

@@ -190,7 +190,9 @@ def cmd_plan(o: PlanOptions) -> dict:
     decision_ms = (time.perf_counter() - t0) * 1e3
     notes = list(sched.space.notes)
     if not d.feasible:
-        notes.append("no plan meets the SLO: the fastest executable plan is returned")
+        notes.append(f"no plan reaches the on-time target {sched.target:.1%} on its own (the "
+                     f"cost model's prior spread, {sched.cal.prior_rel:.0%}, while nothing was "
+                     "measured): the plan the miss budget allows, or the most punctual")
     if d.relative_success is None:
         notes.append("the chosen setting's accuracy cost has not been measured")
     return head | {

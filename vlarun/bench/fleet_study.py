@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -83,6 +84,51 @@ def _oracle(runs: dict[str, list[dict]], labels: list[str]) -> list[dict]:
         on = [r for r in options if r["slo_met"]]
         out.append(min(on, key=lambda r: r["energy_j"]) if on
                    else min(options, key=lambda r: r["latency_s"]))  # fmt: skip
+    return out
+
+
+def best_mix(runs: dict[str, list[dict]], labels: list[str], bar: float) -> dict | None:
+    """The most actions per joule that reaches the on-time share ``bar``: a static plan whose
+    own share does, or a random mix of two (a share ``w`` of requests on one, the rest on the
+    other, ``w`` the least that lifts the mix to ``bar``), priced from the plans' own runs on
+    the same requests. None: nothing reaches ``bar``. The comparison issue 61 asks for: the
+    scheduler's mix is an online one, this is the best in hindsight."""
+    stats = {}
+    for label in labels:
+        rs = runs[label]
+        stats[label] = (sum(r["slo_met"] for r in rs) / len(rs),
+                        sum(r["energy_j"] for r in rs) / len(rs))  # fmt: skip
+    options: list[tuple[float, dict[str, float], float]] = []  # (energy, plans, share)
+    for label, (sh, e) in stats.items():
+        if sh >= bar:
+            options.append((e, {label: 1.0}, sh))
+    for a, b in itertools.combinations(labels, 2):
+        (sa, ea), (sb, eb) = stats[a], stats[b]
+        if sa > sb:
+            (a, sa, ea), (b, sb, eb) = (b, sb, eb), (a, sa, ea)
+        if sa >= bar or sb < bar or eb <= ea:
+            continue  # no mix needed, none possible, or the punctual one is also cheaper
+        w = (sb - bar) / (sb - sa)  # the share of requests on the less punctual, cheaper a
+        options.append((w * ea + (1 - w) * eb, {a: w, b: 1 - w}, bar))
+    if not options:
+        return None
+    energy, plans, share = min(options, key=lambda o: o[0])
+    label = " + ".join(f"{w:.0%} {k}" for k, w in plans.items())
+    return {"plans": plans, "on_time": share, "energy_per_request": energy, "label": label}
+
+
+def mix_records(runs: dict[str, list[dict]], mix: dict) -> list[dict]:
+    """The mix's expected outcome of each request: its plans' energies and on-time flags
+    weighed by their shares (for the paired ratio over the same requests)."""
+    keyed = {label: _keyed(runs[label]) for label in mix["plans"]}
+    first = next(iter(keyed.values()))
+    out = []
+    for key, r in first.items():
+        if all(key in k for k in keyed.values()):
+            energy = sum(w * keyed[lb][key]["energy_j"] for lb, w in mix["plans"].items())
+            met = sum(w * keyed[lb][key]["slo_met"] for lb, w in mix["plans"].items())
+            out.append({"robot": r["robot"], "release": r["release"], "energy_j": energy,
+                        "slo_met": met})  # fmt: skip
     return out
 
 
@@ -141,10 +187,12 @@ def one_cell(cfg: FleetConfig, setup: Setup, seed: int) -> dict:
     oracle = _oracle(runs, labels)
     rng = np.random.default_rng(seed)
     joint = runs["vlarun-joint"]
+    judged = judge(cfg.on_time, joint, runs, [*labels, *FIXED], rng)
     return {
         "seed": seed,
         "rows": [_row(s, rs, cfg.chunk) for s, rs in runs.items()]
         + [_row("oracle", oracle, cfg.chunk)],  # fmt: skip
+        "judged": judged,
         "best_static": best,
         "best_fixed": best_fixed,
         "joint_over_best_static": paired_ratio(joint, runs[best], rng),
@@ -152,6 +200,44 @@ def one_cell(cfg: FleetConfig, setup: Setup, seed: int) -> dict:
         "placement_over_best_static": paired_ratio(runs["vlarun-placement"], runs[best], rng),
         "joint_share_of_oracle": paired_ratio(joint, oracle, rng),
     }
+
+
+# Issue 61's bars: joint's share at the target (or, where nothing reaches it, within this many
+# points of the most punctual plan), at this share of the best plan or mix's actions per joule.
+PUNCTUAL_SLACK = 0.005
+GOAL_RATIO, FLOOR_RATIO = 0.95, 0.8
+
+
+def judge(target: float, joint: list[dict], runs: dict[str, list[dict]], labels: list[str],
+          rng: np.random.Generator) -> dict:  # fmt: skip
+    """Joint against its own bar: its on-time share (with its Clopper-Pearson interval)
+    against ``target``, and its actions per joule against the best static plan or two-plan
+    mix that reaches the same share (``best_mix``), paired over the same requests.
+
+    The share counts as met when the target lies within or below joint's 95% interval (300
+    requests at a 1% miss target allow ~3 misses; a binomial draw of a plan that meets it
+    exactly exceeds 3 about a third of the time). The bar the mix must reach is the target,
+    or joint's own share where that is lower (the comparison at the share joint delivered;
+    the cell is then short of the target anyway). Where no plan or mix reaches the target,
+    the bar is the most punctual plan's share less ``PUNCTUAL_SLACK``."""
+    n, on = len(joint), sum(r["slo_met"] for r in joint)
+    share, (lo, hi) = on / n, clopper_pearson(on, n)
+    shares = {lb: sum(r["slo_met"] for r in runs[lb]) / len(runs[lb]) for lb in labels}
+    most = max(shares.values())
+    reachable = most >= target
+    bar = target if reachable else most - PUNCTUAL_SLACK
+    met = hi >= bar
+    mix = best_mix(runs, labels, min(bar, share) if not met else bar)
+    if mix is None:  # joint below every plan: compare with the most punctual one
+        mix = best_mix(runs, labels, most)
+    ratio = paired_ratio(joint, mix_records(runs, mix), rng)
+    return {
+        "target": target, "bar": bar, "target_reachable": reachable,
+        "joint_on_time": share, "joint_on_time_ci95": [lo, hi], "met": bool(met),
+        "most_punctual": most, "best_mix": mix, "ratio": ratio,
+        "goal": bool(met and ratio["ratio"] >= GOAL_RATIO),
+        "floor": bool(ratio["ratio"] >= FLOOR_RATIO),
+    }  # fmt: skip
 
 
 def run_fleet_study(cfg: FleetConfig) -> dict:
@@ -194,7 +280,44 @@ def run_fleet_study(cfg: FleetConfig) -> dict:
     }
     if cfg.plot:
         plot_study(out, cfg.plot)
+        plot_pareto(out, str(Path(cfg.plot).with_suffix("")) + "-pareto.png")
     return out
+
+
+def plot_pareto(r: dict, path: str) -> None:
+    """Per deadline (first seed): on time against actions per joule of every static plan, the
+    fixed strategies, the best plan or mix at the target, joint and the oracle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = r["cells"]
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4), squeeze=False)
+    for ax, cell in zip(axes[0], cells, strict=True):
+        s = cell["seeds"][0]
+        rows = {x["strategy"]: x for x in s["rows"]}
+        for name, x in rows.items():
+            if name.startswith("static"):
+                ax.scatter(x["actions_per_joule"], 100 * x["slo_met_fraction"], s=12,
+                           color="0.6")  # fmt: skip
+        for name, marker in (("device-only", "s"), ("edge-only", "^"), ("fixed-split", "v"),
+                             ("vlarun-joint", "*"), ("oracle", "P")):  # fmt: skip
+            x = rows[name]
+            ax.scatter(x["actions_per_joule"], 100 * x["slo_met_fraction"], marker=marker,
+                       s=90 if name == "vlarun-joint" else 40, label=name)  # fmt: skip
+        j = s["judged"]
+        mix_apj = r["config"]["chunk"] / j["best_mix"]["energy_per_request"]
+        ax.scatter(mix_apj, 100 * j["best_mix"]["on_time"], marker="D", s=40,
+                   label="best plan or mix at the bar")  # fmt: skip
+        ax.axhline(100 * j["target"], color="k", lw=0.6, ls=":")
+        ax.set(title=f"deadline {cell['deadline_x_device_only']:.2f}x", xlabel="actions per J "
+               "(modelled)", ylabel="on time (%)")  # fmt: skip
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"world {r['world'].split(' ')[0]}: grey = static plans", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_study(r: dict, path: str) -> None:
@@ -259,7 +382,16 @@ def format_study(r: dict) -> str:
             def ratio(k: str, s: dict = s) -> str:
                 return f"{s[k]['ratio']:.3f} [{s[k]['ci95'][0]:.3f}, {s[k]['ci95'][1]:.3f}]"
 
-            lines.append(f"  seed {s['seed']}: joint / best static ({s['best_static']}) "
+            j = s["judged"]
+            lo, hi = j["joint_on_time_ci95"]
+            lines.append(f"  seed {s['seed']}: target {100 * j['target']:.1f}% (bar "
+                         f"{100 * j['bar']:.1f}%): joint {100 * j['joint_on_time']:.1f}% "
+                         f"[{100 * lo:.1f}, {100 * hi:.1f}] {'meets' if j['met'] else 'SHORT'};"
+                         f" joint / best plan or mix reaching it ({j['best_mix']['label']}) "
+                         f"{j['ratio']['ratio']:.3f} [{j['ratio']['ci95'][0]:.3f}, "
+                         f"{j['ratio']['ci95'][1]:.3f}]"
+                         + ("" if j["goal"] else "  <- short of the goal"))  # fmt: skip
+            lines.append(f"  (old columns) joint / best static ({s['best_static']}) "
                          f"{ratio('joint_over_best_static')}; / best fixed ({s['best_fixed']}) "
                          f"{ratio('joint_over_best_fixed')}; share of oracle "
                          f"{ratio('joint_share_of_oracle')}")  # fmt: skip

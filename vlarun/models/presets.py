@@ -665,6 +665,20 @@ def mt10p_flow() -> VLAConfig:
     return dataclasses.replace(mt10w_flow(), name="mt10p-flow", vision=mt10p_ar().vision)
 
 
+# pi0-FAST's output at mt10p's shape (issue 65): the same trunk and inputs, an 8-step chunk
+# written as a FAST code (DCT + BPE, fast_tokens.py) that the LM decodes up to END. FAST's 512 ids
+# (the 256 byte symbols and 256 merges, fitted on the training chunks) take the top half of a
+# 1024-id vocabulary, so the 512 ids below (the words, and mt10p's old bins) keep their rows when
+# it starts from an mt10p run. A code of a demonstration chunk is ~13-20 ids; the cap is 3x that.
+MT10P_FAST_CODE = FastConfig(vocab_size=512, max_tokens=64, end_id=EOS_ID)
+
+
+def mt10p_fast() -> VLAConfig:
+    base = _mt10p_trunk("mt10p-fast", "autoregressive", decode_tokens=16)
+    llm = dataclasses.replace(base.llm, vocab_size=2 * MW_VOCAB)
+    return dataclasses.replace(base, llm=llm, fast=MT10P_FAST_CODE)
+
+
 # -- MT10 with the goal in the state: Meta-World's own MT observation, a labelled variant ------
 # mt10p's shape and views with the task's goal xyz appended to the hand state (7 values), the
 # setting Meta-World's MT benchmarks use (``partially_observable=False``). Issue 48's step 6: the
@@ -721,6 +735,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10p-oft": mt10p_oft,
     "mt10p-dit": mt10p_dit,
     "mt10p-flow": mt10p_flow,
+    "mt10p-fast": mt10p_fast,
     "mt10g-ar": mt10g_ar,
     "mt10g-oft": mt10g_oft,
     "mt10g-dit": mt10g_dit,

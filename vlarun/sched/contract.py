@@ -22,8 +22,9 @@ ROLES = ("robot", "edge")
 class ExecutionPlan:
     """The scheduler's output for one request.
 
-    Invariant: ``feasible`` is True iff ``latency_s`` plus the learned tail margin is within
-    ``slo_s``; when False the plan is the fallback's choice or an ``explored`` one.
+    Invariant: ``feasible`` is True iff the plan's predicted probability of meeting ``slo_s``
+    (``on_time_p``) reaches the on-time target; a plan below it may still be chosen, as the
+    cheap half of a mix the miss budget pays for, the fallback's choice or an ``explored`` one.
     ``latency_s`` includes ``residual_s`` (the learned end-to-end correction of this
     placement). Times are on the scheduler's clock; ``stage_predicted_s`` is each stage's
     calibrated time on its device."""
@@ -63,6 +64,16 @@ class ExecutionPlan:
     # catalog's alone (flagged, as a never-timed setting is).
     energy_by_device: dict[str, float] = field(default_factory=dict)
     power_unmetered: tuple[str, ...] = ()
+    # The predicted probability that this request meets ``slo_s`` (its placement's recorded
+    # tail, the cost model's prior where it has none; None: not planned by a scheduler), the
+    # on-time target it was planned for, and the miss probability the target's budget allowed
+    # this request when it was planned (``scheduler.MissBudget``).
+    on_time_p: float | None = None
+    on_time_target: float | None = None
+    miss_allowance: float | None = None
+    # ``on_time_p`` was mostly the cost model's guess (a placement never run, a setting never
+    # timed): the outcome then settles the miss budget in full, not by a share.
+    guessed: bool = False
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0
     eligible: int = 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -145,7 +146,7 @@ class Calibration:
     latency is the link's or the edge's admission's, not the placement's.
     """
 
-    alpha: float = 0.2  # EWMA weight of stage factors and boundary overheads
+    alpha: float = 0.2  # EWMA weight of boundary overheads
     tail_z: float = 2.33  # one-sided 99% under a normal approximation
     # The cost model's 1-sigma relative error before any measurement (BENCHMARKS: split plans
     # ran 30-40% over): the residual's prior spread, and what exploration allows for
@@ -181,14 +182,46 @@ class Calibration:
     # that uses it, run or not; it does not fade (a device's power does not drift back to
     # the catalog's between requests).
     power: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Stage and setting factors are the median of their last ``factor_window`` ratios, not an
+    # EWMA: a stall (one execution 2-4x its usual time, 1-3% of them) moved an EWMA's factor by
+    # +20-60% for the next several requests and pushed a punctual plan over the deadline; a
+    # median ignores it, and a catalog off by 0.7x or 1.5x is corrected by the first ratios
+    # alike (half the window is enough to move a median all the way).
+    factor_window: int = 9
+    factor_samples: dict[tuple, deque] = field(default_factory=dict)
+    # The tail each placement really shows: its last ``tail_window`` end-to-end times over their
+    # predictions (without the residual), the empirical distribution a plan's on-time
+    # probability is read from (``on_time_prob``). Rare stalls are in it as they happen; the
+    # normal approximation mean + z sigma is not (a 2% x2 stall mixture is not normal).
+    tail_window: int = 256
+    # The cost model's prior (a normal of spread ``prior_rel``) weighs this many requests
+    # against a placement's measured ratios: it decides alone for a plan never run, and fades
+    # as the placement's own record grows.
+    tail_prior_count: float = 3.0
+    tails: dict[tuple[str, ...], deque] = field(default_factory=dict)
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
         """measured / model for ``stage`` on ``role``, under ``setting`` (a plan space's setting
-        index; None: the identity setting, whose factor every setting starts from)."""
-        f = self.stage_factor.get((stage, role), 1.0)
+        index; None: the identity setting, whose factor every setting starts from). A stage
+        never timed on ``role`` takes the geometric mean of the stages that were (the device's
+        own error: a robot faster than the catalog is faster at every stage), else 1."""
+        f = self.stage_factor.get((stage, role))
+        if f is None:
+            f = self.role_factor(role)
         if setting is None:
             return f
         return f * self.setting_factor.get((stage, role, setting), 1.0)
+
+    def role_factor(self, role: str) -> float:
+        """The geometric mean of the stage factors timed on ``role`` (1: none was)."""
+        logs = [math.log(v) for (_, r), v in self.stage_factor.items() if r == role and v > 0]
+        return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+    def _windowed(self, key: tuple, ratio: float) -> float:
+        """Add ``ratio`` to ``key``'s window; its median now."""
+        window = self.factor_samples.setdefault(key, deque(maxlen=self.factor_window))
+        window.append(ratio)
+        return float(np.median(window))
 
     def setting_timed(self, stage: str, role: str, setting: int | None) -> bool:
         """Whether ``stage`` was timed on ``role`` under ``setting`` (the identity counts as
@@ -262,12 +295,11 @@ class Calibration:
             return
         if setting is None:
             key = (stage, role)
-            ratio = measured_s / predicted_s
-            self.stage_factor[key] = ewma(self.stage_factor.get(key), ratio, self.alpha)
+            self.stage_factor[key] = self._windowed(key, measured_s / predicted_s)
             return
         key3 = (stage, role, setting)
         ratio = measured_s / (predicted_s * self.factor(stage, role))
-        self.setting_factor[key3] = ewma(self.setting_factor.get(key3), ratio, self.alpha)
+        self.setting_factor[key3] = self._windowed(key3, ratio)
 
     def observe_boundary(self, parent: str, child: str, predicted_s: float, measured_s: float):
         """Measured transfer of a cut edge: what the link model misses (encode, dispatch)."""
@@ -292,6 +324,36 @@ class Calibration:
         # One error says nothing about the spread (its distance from the prior's 0 is bias).
         var = 0.0 if first else (1.0 - w) * (r.var + w * dev * dev)
         self.residuals[placement] = ResidualStats(mean, var, count, scale, self.clock())
+
+    def observe_tail(self, placement: tuple[str, ...], predicted_s: float, measured_s: float):
+        """One request planned with ``placement`` took ``measured_s`` against ``predicted_s``
+        (without the residual). Fallbacks count too: a refused edge segment is part of what
+        planning that placement costs, and one of them weighs 1 / ``tail_window`` once the
+        record is full (the residual, which one lost packet used to bar the edge with, still
+        learns only from requests that ran as planned)."""
+        if predicted_s > 0:
+            tail = self.tails.setdefault(placement, deque(maxlen=self.tail_window))
+            tail.append(measured_s / predicted_s)
+
+    def on_time_prob(
+        self, placement: tuple[str, ...], predicted_s: np.ndarray, deadline_s: float
+    ) -> np.ndarray:
+        """P(a request of ``placement`` predicted at ``predicted_s`` (without the residual;
+        one value per candidate) ends by ``deadline_s``): the share of the placement's recorded
+        ratios (``tails``) that would, blended with the cost model's prior (a normal of spread
+        ``prior_rel``) weighing ``tail_prior_count`` requests."""
+        pred = np.asarray(predicted_s, dtype=float)
+        prior = on_time_probability(pred, self.prior_rel * pred, deadline_s)
+        tail = self.tails.get(placement)
+        if not tail:
+            return prior
+        ratios = np.sort(np.fromiter(tail, dtype=float))
+        # ratio <= deadline / pred, counted by binary search over the sorted window
+        with np.errstate(divide="ignore"):
+            limit = np.where(pred > 0, deadline_s / pred, np.inf)
+        met = np.searchsorted(ratios, limit, side="right") / len(ratios)
+        n = float(len(ratios))
+        return (n * met + self.tail_prior_count * prior) / (n + self.tail_prior_count)
 
     def observe_on_time(self, placement: tuple[str, ...], met: bool) -> None:
         """One request planned with ``placement`` met its deadline or not (fallbacks too)."""

@@ -236,7 +236,10 @@ def plan_bookings(plan: ExecutionPlan, slo_s: float, now: float = 0.0) -> tuple[
     fall back, and the edge time held for it is time a feasible arrival is refused for (two
     robots on an overloaded edge, 200 -> 10 Mbit/s: on time 46.7 / 49.2 / 55.8% with such
     bookings, 50.0 / 55.0 / 58.3% without, Edge-Only 55.0 / 53.3 / 60.0%)."""
-    if not plan.feasible and on_time_probability(plan.latency_s, plan.sigma_s, plan.slo_s) < 0.5:
+    p_on = plan.on_time_p
+    if p_on is None:
+        p_on = float(on_time_probability(plan.latency_s, plan.sigma_s, plan.slo_s))
+    if not plan.feasible and p_on < 0.5:
         return ()
     out: list[Booking] = []
     seg: list[str] = []

@@ -51,6 +51,44 @@ from vlarun.sched.predictor import (
 from vlarun.sched.strategy import FIXED, fixed_roles
 
 MAX_EDGE_BATCH = 8
+DEFAULT_ON_TIME = 0.99  # the share of requests that must meet the deadline (``--on-time``)
+
+
+@dataclass
+class MissBudget:
+    """The on-time target as a budget of misses, tracked over requests (a virtual queue, as in
+    drift-plus-penalty control): ``debt`` is the expected misses spent beyond the target rate
+    ``rate`` so far (negative: saved). Each decision may risk ``allowance()`` = rate - debt, so a
+    plan late 2% of the time is chosen while the savings of punctual requests pay for it, and
+    a mix of a cheap risky plan and a punctual one settles at the target on average (the
+    two-plan mix a linear program would pick, without drawing lots). What is spent is the
+    chosen plan's predicted miss probability; when its outcome is known, ``realised`` weighs
+    the surprise (a miss the model gave 0.5% to) into the debt, so a model that learns its
+    tail late (no stall seen yet) does not leave the misses it allowed unpaid.
+
+    The debt is clipped: ``max_debt`` (a run of plans none of which could meet the target
+    does not bar risk for ever after) and ``max_saving`` (savings banked through a long
+    outage are not spent as a burst of late requests)."""
+
+    rate: float
+    realised: float = 0.25
+    max_debt: float = 1.0
+    max_saving: float = 0.5
+    debt: float = 0.0
+
+    def allowance(self) -> float:
+        return self.rate - self.debt
+
+    def spend(self, p_miss: float) -> None:
+        self._add(p_miss - self.rate)
+
+    def settle(self, p_miss: float, missed: bool, whole: bool = False) -> None:
+        """``whole``: the outcome replaces the prediction entirely (an explored plan, whose
+        probability was the cost model's guess and is charged, then corrected, at once)."""
+        self._add((1.0 if whole else self.realised) * (float(missed) - p_miss))
+
+    def _add(self, x: float) -> None:
+        self.debt = min(max(self.debt + x, -self.max_saving), self.max_debt)
 
 
 @dataclass(frozen=True)
@@ -132,8 +170,15 @@ class Scheduler:
         measured: dict[tuple[str, str], float] | None = None,
         explore_every: int = 0,
         deadline_s: float | None = None,
+        on_time: float = DEFAULT_ON_TIME,
     ) -> None:
+        if not 0.0 < on_time <= 1.0:
+            raise ValueError(f"the on-time target must lie in (0, 1], got {on_time}")
         self.space, self.devices, self.slo_s, self.dtype = space, devices, slo_s, dtype
+        # The share of requests that must meet the deadline, and the miss budget that tracks
+        # it (``MissBudget``): what a risky but cheap plan may spend.
+        self.target = on_time
+        self.budget = MissBudget(1.0 - on_time)
         # The deadline requests are judged by; ``slo_s`` may plan with headroom below it (the
         # fleet's guard). When no plan is feasible, the plan most likely to meet this one wins.
         self.deadline_s = deadline_s or slo_s
@@ -349,7 +394,14 @@ class Scheduler:
     def decide(
         self, link: Link, now: float = 0.0, edge_state: DeviceState | None = None, top: int = 5
     ) -> ExecutionPlan:
-        """Apply the core rule; raises if no candidate is executable and eligible."""
+        """Apply the core rule; raises if no candidate is executable and eligible.
+
+        Feasible: a plan whose predicted probability of missing the deadline
+        (``on_time_probabilities``: its own recorded tail, the cost model's prior spread while it
+        has none) fits this request's share of the miss budget (``MissBudget``); the most
+        actions per joule among them wins, ties to the more punctual. A plan another beats on
+        both counts is never chosen: not by the rule, not by the safety net's hold, not by
+        exploration."""
         sc = self.score(link, now, edge_state)
         if not self.allowed.any():
             raise ValueError(
@@ -357,35 +409,107 @@ class Scheduler:
                 "or no setting meets the accuracy floor"
             )
         apj = self.actions / sc.energy
-        # A setting never timed on a side it uses is planned only with slack: its prediction's
-        # upper bound (the cost model's prior error, tail_z sigmas of it) must meet the deadline.
-        sigma = np.where(self._untimed_setting(), np.maximum(sc.sigma, self.cal.prior_rel *
-                                                              sc.latency), sc.sigma)  # fmt: skip
-        feasible = self.allowed & (sc.latency + self.cal.tail_z * sigma <= self.slo_s)
+        p_on = self.on_time_probabilities(sc)
+        # What a request is judged by (the deadline, when planning keeps headroom below it):
+        # the fallback's rank and what the miss budget is charged.
+        judged = p_on if self.deadline_s == self.slo_s else self.on_time_probabilities(
+            sc, self.deadline_s)  # fmt: skip
+        allowance = self.budget.allowance()
+        feasible = self.allowed & (1.0 - p_on <= allowance + 1e-12)
         fixed = feasible & self.fixed
-        anchor = int(np.argmax(np.where(fixed, apj, -np.inf))) if fixed.any() else None
+        anchor = self._best(fixed, apj, p_on) if fixed.any() else None
         held = False
         if feasible.any():
-            best = int(np.argmax(np.where(feasible, apj, -np.inf)))
-            if anchor is not None and best != anchor:
+            best = self._best(feasible, apj, p_on)
+            # The safety net may hold to the best fixed strategy only where that one is as
+            # punctual: holding to a plan the rule's choice beats on both counts is no safety.
+            if anchor is not None and best != anchor and p_on[anchor] >= p_on[best]:
                 small_gain = apj[best] <= apj[anchor] * (1.0 + self.net.error)
                 held = small_gain or self.net.holding()
                 best = anchor if held else best
         else:
-            best = self._fallback(sc)
-        tried = None if held else self._exploration(sc, apj, best)
-        d = self._decision(best if tried is None else tried, sc, apj, explored=tried is not None)
+            best = self._fallback(sc, judged, apj)
+        # A try is a guess that may miss: only while the miss budget is not in debt.
+        tried = None if held or allowance <= 0 else self._exploration(sc, apj, best, p_on)
+        chosen = best if tried is None else tried
+        self.budget.spend(1.0 - float(judged[chosen]))
+        d = self._decision(chosen, sc, apj, explored=tried is not None, p_on=p_on)
+        guessed = d.explored or self._guessed(chosen)
+        d = dataclasses.replace(d, on_time_p=float(judged[chosen]), guessed=guessed)
         d = dataclasses.replace(
             d,
             fixed_actions_per_joule=None if anchor is None else float(apj[anchor]),
             held_to_fixed=held,
+            miss_allowance=float(allowance),
         )
-        alts = self._alternatives(best, sc, apj, feasible, top)
+        alts = self._alternatives(best, sc, apj, feasible, top, p_on)
         return dataclasses.replace(
             d, alternatives=alts, candidates=len(self.k), eligible=int(self.allowed.sum())
         )
 
-    def _exploration(self, sc: Scores, apj: np.ndarray, best: int) -> int | None:
+    @staticmethod
+    def _best(mask: np.ndarray, apj: np.ndarray, p_on: np.ndarray) -> int:
+        """The most actions per joule within ``mask``, ties to the most punctual."""
+        top = np.where(mask, apj, -np.inf)
+        ties = np.flatnonzero(mask & (top >= top.max() * (1.0 - 1e-12)))
+        return int(ties[np.argmax(p_on[ties])])
+
+    def on_time_probabilities(self, sc: Scores, deadline_s: float | None = None) -> np.ndarray:
+        """Each candidate's probability of ending by ``deadline_s`` (default ``slo_s``, the
+        deadline it plans to): its placement's recorded
+        ratios of measured to predicted time applied to its prediction now (without the
+        residual: the ratios were taken against predictions without it), blended with the
+        cost model's prior spread (``Calibration.on_time_prob``). A setting never timed on a
+        side it uses is held to the prior's spread at least: its time is the model's guess."""
+        deadline = self.slo_s if deadline_s is None else deadline_s
+        base = sc.latency - self._residuals()
+        out = np.empty(len(self.k))
+        for pi in range(len(self.space.placements)):
+            cs = self.p == pi
+            out[cs] = self.cal.on_time_prob(tuple(self.space.roles(pi)), base[cs], deadline)
+        untimed = self._untimed_setting()
+        if untimed.any():
+            prior = on_time_probability(base, self.cal.prior_rel * base, deadline)
+            out = np.where(untimed, np.minimum(out, prior), out)
+        return out
+
+    def _guessed(self, c: int) -> bool:
+        """Whether candidate ``c``'s on-time probability is mostly the cost model's guess: its
+        placement never ran, or a stage runs under a setting never timed on its side."""
+        roles = tuple(self.space.roles(self.p[c]))
+        return roles not in self.cal.tails or bool(self._untimed_setting()[c])
+
+    @staticmethod
+    def dominated(mask: np.ndarray, apj: np.ndarray, p_on: np.ndarray) -> np.ndarray:
+        """Candidates within ``mask`` that another one within it beats on both counts (at
+        least as many actions per joule and at least as punctual, one of them strictly)."""
+        idx = np.flatnonzero(mask)
+        out = np.zeros(len(apj), dtype=bool)
+        if not len(idx):
+            return out
+        order = idx[np.lexsort((-p_on[idx], -apj[idx]))]  # apj descending, then p_on
+        best_p, best_apj = -np.inf, np.inf
+        for c in order:
+            # every earlier one has apj >= this one's; the best punctuality among them
+            if best_p > p_on[c] or (best_p == p_on[c] and best_apj > apj[c]):
+                out[c] = True
+            if p_on[c] > best_p or (p_on[c] == best_p and apj[c] > best_apj):
+                best_p, best_apj = p_on[c], apj[c]
+        return out
+
+    def settle(self, plan: ExecutionPlan, outcome: Outcome) -> None:
+        """The miss budget learns whether the request met the deadline it was judged by."""
+        if plan.on_time_p is not None:
+            missed = outcome.latency_s > self.deadline_s
+            self.budget.settle(1.0 - plan.on_time_p, missed, whole=plan.guessed)
+
+    # How optimistic exploration may be about a guessed time: this many of the cost model's
+    # prior spreads below its prediction (a catalog 1.4x too pessimistic is still tried).
+    EXPLORE_Z = 2.0
+
+    def _exploration(
+        self, sc: Scores, apj: np.ndarray, best: int, p_on: np.ndarray
+    ) -> int | None:
         """A plan the rule rejected only for want of evidence, or None. A placement never run has
         no learned residual or spread: its latency is the cost model's alone, which is off by
         tens of percent (``Calibration.prior_rel``, one sigma). If it could meet the deadline
@@ -404,8 +528,10 @@ class Scheduler:
         # take their measured time (a plan whose timed robot stages alone outlast the deadline
         # is not worth a try, however fast its edge part).
         known = np.minimum(self._timed_robot_s(), sc.latency)
-        plausible = known + (sc.latency - known) * (1.0 - self.cal.prior_rel) <= self.slo_s
+        optimism = max(1.0 - self.EXPLORE_Z * self.cal.prior_rel, 0.0)
+        plausible = known + (sc.latency - known) * optimism <= self.slo_s
         cand = self.allowed & unmeasured & plausible & (apj > apj[best])
+        cand &= ~self.dominated(self.allowed, apj, p_on)
         if not cand.any():
             return None
         self._since_explore = 0
@@ -424,51 +550,31 @@ class Scheduler:
         ).T  # (K, S)
         return ((~self.edge) * timed[self.k]).sum(axis=1)
 
-    def on_time(self, sc: Scores, deadline_s: float | None = None) -> np.ndarray:
-        """Each candidate's predicted probability of meeting the deadline (``slo_s`` unless
-        given): its learned spread where measured, the cost model's prior error
-        (``Calibration.prior_rel``) where not."""
-        measured = self._per_placement(lambda roles: self.cal.measured(tuple(roles)))
-        sigma = np.where(measured, sc.sigma, self.cal.prior_rel * sc.latency)
-        return on_time_probability(sc.latency, sigma, deadline_s or self.slo_s)
-
     # Below this on-time probability a plan counts as sure to miss: the normal tail would
     # otherwise rank a hopeless erratic plan above a hopeless fast one.
     HOPELESS = 0.05
 
-    def _fallback(self, sc: Scores) -> int:
-        """No plan is feasible: the one most likely to meet the deadline anyway, ties and plans
-        sure to miss it (``HOPELESS``) going to the lowest latency. A fast but erratic edge on
-        time 70% of the time beats a steady robot that never is, where the lowest mean (EcoVLA's
-        argmin T) or mean + spread would pick the robot; when every plan misses, the fastest
-        (EcoVLA's rule) is late by the least.
-
-        The probability is the model's blended with each placement's measured share of
-        requests on time, fallbacks included, by its evidence (n / (n + ``ON_TIME_PRIOR``)):
-        in an overload the model's spread says little of a placement whose requests the edge
-        keeps refusing (2 robots on an edge 80% busy: the rule kept a split the edge refused
-        ~2 in 3 times, 36% on time, beside Edge-Only's 55%)."""
-        p = np.where(self.allowed, self._punctuality(sc), -1.0)
-        p = np.where(p < self.HOPELESS, np.where(self.allowed, 0.0, -1.0), p)
-        best = np.flatnonzero(p >= p.max() - 1e-9)
-        return int(best[np.argmin(sc.latency[best])])
-
-    ON_TIME_PRIOR = 3.0  # the model's probability weighs as this many measured requests
-
-    def _punctuality(self, sc: Scores) -> np.ndarray:
-        """Each candidate's on-time probability: the model's, blended with its placement's
-        measured share of requests on time by that share's evidence, both against the
-        deadline requests are judged by (``deadline_s``)."""
-        model = self.on_time(sc, self.deadline_s)
-        if not self.cal.on_time:
-            return model
-        both = self._per_placement(lambda r: self.cal.on_time_share(tuple(r)))  # (C, 2)
-        share, n = both[:, 0], both[:, 1]
-        return (n * share + self.ON_TIME_PRIOR * model) / (n + self.ON_TIME_PRIOR)
+    def _fallback(self, sc: Scores, p_on: np.ndarray, apj: np.ndarray) -> int:
+        """No plan fits the miss budget: the one most likely to meet the deadline, ties going
+        to the most actions per joule; plans sure to miss it (``HOPELESS``) rank as equal, and
+        among them the lowest latency wins (when every plan misses, the fastest is late by the
+        least: EcoVLA's argmin T). The probability is each placement's recorded tail
+        (fallbacks included: in an overload the model's spread says little of a placement
+        whose requests the edge keeps refusing) blended with the model's prior."""
+        p = np.where(self.allowed, p_on, -1.0)
+        if p.max() < self.HOPELESS:
+            pool = np.flatnonzero(self.allowed)
+            return int(pool[np.argmin(sc.latency[pool])])
+        # Within a fifth of the target's miss rate counts as equally punctual: two plans both
+        # ~100% on time differ in their priors' last decimals, not in what they deliver.
+        tol = max(0.2 * self.budget.rate, 1e-9)
+        best = np.flatnonzero(p >= p.max() - tol)
+        return int(best[np.argmax(apj[best])])
 
     def _decision(
-        self, c: int, sc: Scores, apj: np.ndarray, explored: bool = False
-    ) -> ExecutionPlan:
+        self, c: int, sc: Scores, apj: np.ndarray, explored: bool = False,
+        p_on: np.ndarray | None = None,
+    ) -> ExecutionPlan:  # fmt: skip
         sp = self.space
         k = int(self.k[c])
         setting = sp.settings[k]
@@ -490,7 +596,9 @@ class Scheduler:
             energy_by_device=dict(zip(ENERGY_DEVICES, sc.by_device[c].tolist(), strict=True)),
             power_unmetered=tuple(d for d in dict.fromkeys(roles) if not self.cal.power_metered(d)),
             actions_per_joule=float(apj[c]),
-            feasible=bool(sc.latency[c] + self.cal.tail_z * self._at(sc.sigma, c) <= self.slo_s),
+            feasible=bool(p_on[c] >= self.target) if p_on is not None else False,
+            on_time_p=None if p_on is None else float(p_on[c]),
+            on_time_target=self.target,
             slo_s=self.slo_s,
             stage_start=dict(zip(sp.stages, sc.start[c].tolist(), strict=True)),
             stage_end=dict(zip(sp.stages, sc.end[c].tolist(), strict=True)),
@@ -499,7 +607,7 @@ class Scheduler:
             explored=explored,
         )
 
-    def _alternatives(self, best, sc, apj, feasible, top) -> list[dict]:
+    def _alternatives(self, best, sc, apj, feasible, top, p_on) -> list[dict]:
         """The next best feasible plans by actions/J, then the fastest plan if not among them."""
         ranked = np.flatnonzero(feasible)[np.argsort(-apj[feasible], kind="stable")]
         fastest = int(np.argmin(np.where(self.allowed, sc.latency, np.inf)))
@@ -510,7 +618,7 @@ class Scheduler:
             if len(out) >= top and c != fastest:
                 continue
             seen.add(self._key(c))
-            out.append(plan_row(self._decision(c, sc, apj)))
+            out.append(plan_row(self._decision(c, sc, apj, p_on=p_on)))
         return out
 
     @staticmethod
@@ -607,6 +715,8 @@ class Scheduler:
             self.cal.observe_power(device, modelled, metered)
         roles = tuple(plan.placement[n] for n in self.space.stages)
         self.cal.observe_on_time(roles, outcome.latency_s <= self.deadline_s)
+        self.cal.observe_tail(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
+        self.settle(plan, outcome)
         if outcome.fallback is None:
             self.cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
             if outcome.energy_j is not None:
@@ -735,5 +845,6 @@ def plan_row(d: ExecutionPlan) -> dict:
         "power_unmetered": list(d.power_unmetered),
         "actions_per_joule": d.actions_per_joule,
         "feasible": d.feasible,
+        "on_time_p": d.on_time_p,
         "explored": d.explored,
     }

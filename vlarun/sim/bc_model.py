@@ -51,8 +51,8 @@ class Batch:
 @dataclass
 class Losses:
     ar: Tensor
-    oft: Tensor
-    dit: Tensor
+    oft: Tensor | None = None  # None: the suite has no such head (mt10pf)
+    dit: Tensor | None = None
     flow: Tensor | None = None
     aux: Tensor | None = None
     # What each part weighs in ``total`` (training's --loss-weights; unnamed parts weigh 1).
@@ -86,6 +86,9 @@ SUITES: dict[str, dict[str, str]] = {
         "diffusion": "mt10p-dit",
         "flow": "mt10p-flow",
     },
+    # pi0-FAST's output on mt10p's trunk (issue 65): the trunk alone, its action tokens a FAST
+    # code (variable length, END-terminated) instead of 256-bin tokens.
+    "mt10pf": {"autoregressive": "mt10p-fast"},
     "mt10g": {
         "autoregressive": "mt10g-ar",
         "parallel": "mt10g-oft",
@@ -94,8 +97,9 @@ SUITES: dict[str, dict[str, str]] = {
     },
 }
 # Suites whose demonstrations carry object and goal positions for the auxiliary head.
-AUX_SUITES = frozenset({"mt10w", "mt10p", "mt10g"})
+AUX_SUITES = frozenset({"mt10w", "mt10p", "mt10pf", "mt10g"})
 NUM_TARGETS = 6  # object xyz + goal xyz
+IGNORE = -100  # a target the AR loss skips (a FAST row's padding after its END)
 
 
 class MultiHeadBC(nn.Module):
@@ -108,8 +112,9 @@ class MultiHeadBC(nn.Module):
             raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
         self.presets = {fam: get_preset(n) for fam, n in SUITES[suite].items()}
         self.trunk = VLA(self.presets["autoregressive"])
-        self.oft = L1RegressionHead(self.presets["parallel"].oft)
-        self.dit = DiTHead(self.presets["diffusion"].dit)
+        parallel, diffusion = self.presets.get("parallel"), self.presets.get("diffusion")
+        self.oft = L1RegressionHead(parallel.oft) if parallel is not None else None
+        self.dit = DiTHead(diffusion.dit) if diffusion is not None else None
         flow = self.presets.get("flow")
         self.flow = FlowMatchingExpert(flow.flow) if flow is not None else None
         width = self.trunk.cfg.llm.hidden_size
@@ -133,10 +138,9 @@ class MultiHeadBC(nn.Module):
         lm = vla.language_model
         prefix = vla.build_prefix(vla.encode_images(batch.images), batch.text, batch.state)
         b, p = prefix.pad.shape
-        n_ar = cfg.num_action_tokens
-        n_oft = self.oft.config.num_action_tokens
-        ar_actions = batch.actions[:, : cfg.chunk].reshape(b, n_ar).float()
-        ids = vla.action_tokenizer.encode(ar_actions).long()  # (B, n_ar)
+        n_oft = self.oft.config.num_action_tokens if self.oft is not None else 0
+        ids, targets = self._ar_targets(batch.actions[:, : cfg.chunk])  # (B, n_ar) each
+        n_ar = ids.shape[1]
         ar_in = lm.embed(ids[:, :-1])  # teacher forcing: token i predicts token i + 1
         oft_in = empty_action_embeddings(b, n_oft, cfg.llm.hidden_size, ar_in.dtype, ar_in.device)
         embeds = torch.cat((prefix.embeds, ar_in, oft_in), dim=1)
@@ -156,16 +160,41 @@ class MultiHeadBC(nn.Module):
         rows = torch.arange(b)
         last = hidden[rows, prefix.last]  # (B, d): the prompt's final state
         ar_hidden = torch.cat((last[:, None], hidden[:, p : p + n_ar - 1]), dim=1)  # (B, n, d)
-        ar_loss = F.cross_entropy(lm.logits(ar_hidden).flatten(0, 1).float(), ids.flatten())
-        oft_chunk = self.oft.config.chunk
-        oft_loss = self.oft.loss(hidden[:, p + n_ar - 1 :], batch.actions[:, :oft_chunk])
-        dit_loss = self.dit.loss(batch.actions[:, : self.dit.config.horizon], last.float())
-        losses = Losses(ar_loss, oft_loss.float(), dit_loss.float())
+        logits = lm.logits(ar_hidden).flatten(0, 1).float()
+        losses = Losses(F.cross_entropy(logits, targets.flatten(), ignore_index=IGNORE))
+        if self.oft is not None:
+            oft_chunk = self.oft.config.chunk
+            oft_loss = self.oft.loss(hidden[:, p + n_ar - 1 :], batch.actions[:, :oft_chunk])
+            losses.oft = oft_loss.float()
+        if self.dit is not None:
+            horizon = self.dit.config.horizon
+            losses.dit = self.dit.loss(batch.actions[:, :horizon], last.float()).float()
         if self.flow is not None:
             losses.flow = self._flow_loss(kv, prefix.pad, prefix.last + 1, batch.actions).float()
         if self.aux is not None and batch.targets is not None:
             losses.aux = F.mse_loss(self.aux(last).float(), batch.targets.float())
         return losses
+
+    def _ar_targets(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """The action tokens a row's chunk (B, chunk, D) should decode, as inputs and targets.
+
+        256-bin tokens: a fixed count, inputs = targets. A FAST code (``trunk.fast_head``):
+        each row's code and END, rows padded with END to the longest, the padding ignored by
+        the loss (``IGNORE``), so a row learns to stop exactly where its code does."""
+        vla = self.trunk
+        if vla.fast_head is None:
+            flat = actions.reshape(actions.shape[0], -1).float()
+            ids = vla.action_tokenizer.encode(flat).long()
+            return ids, ids
+        codes = [vla.fast_head.encode(row) for row in actions.float().numpy()]
+        n = max(len(c) for c in codes)
+        end = vla.cfg.fast.end_id
+        ids = torch.full((len(codes), n), end, dtype=torch.long)
+        targets = torch.full((len(codes), n), IGNORE, dtype=torch.long)
+        for r, code in enumerate(codes):
+            ids[r, : len(code)] = torch.tensor(code)
+            targets[r, : len(code)] = ids[r, : len(code)]
+        return ids, targets
 
     def _flow_loss(
         self, kv: list[tuple[Tensor, Tensor]], valid: Tensor, start: Tensor, actions: Tensor
@@ -195,6 +224,8 @@ class MultiHeadBC(nn.Module):
         for family, cfg in self.presets.items():
             vla = VLA(cfg)
             vla.load_state_dict(state, strict=False)
+            if self.trunk.fast_head is not None and cfg.fast is not None:
+                vla.set_fast_tokenizer(self.trunk.fast_head.tokenizer)
             if family in heads:
                 attr, head = heads[family]
                 getattr(vla, attr).load_state_dict(head.state_dict())

@@ -46,6 +46,7 @@ from vlarun.config import opt
 from vlarun.machine import cpu_name
 from vlarun.models.action_tokens import NormStats, ProprioNorm
 from vlarun.models.checkpoint import load_vla, save_vla
+from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.presets import get_preset
 from vlarun.models.tokenizer import openvla_prompt
 from vlarun.paths import checkpoints_dir, training_dir
@@ -587,6 +588,7 @@ GROWS_FROM: dict[str, tuple[str, ...]] = {
     "mt10w": ("mt10",),
     "mt10p": ("mt10w", "mt10"),
     "mt10g": ("mt10p",),
+    "mt10pf": ("mt10p",),
 }
 
 
@@ -644,27 +646,31 @@ def _load_matching(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
     start ignored and the model starts as exactly the one it grows from."""
     own = model.state_dict()
     match = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
-    widened = []
+    widened, grown = [], []
     for k, v in weights.items():
         mine = own.get(k)
-        if (
-            mine is not None
-            and k not in match
-            and mine.ndim == v.ndim == 2
-            and mine.shape[0] == v.shape[0]
-            and mine.shape[1] > v.shape[1]
-        ):
+        if mine is None or k in match or not mine.ndim == v.ndim == 2:
+            continue
+        if mine.shape[0] == v.shape[0] and mine.shape[1] > v.shape[1]:
             wide = torch.zeros_like(mine)
             wide[:, : v.shape[1]] = v
             match[k] = wide
             widened.append(k)
+        elif mine.shape[1] == v.shape[1] and mine.shape[0] > v.shape[0]:
+            # A vocabulary that grew (mt10p-fast's FAST ids above mt10p's 512): the old ids keep
+            # their rows, the new ones keep their fresh initialisation.
+            rows = mine.detach().clone()
+            rows[: v.shape[0]] = v
+            match[k] = rows
+            grown.append(k)
     model.load_state_dict(match, strict=False)
     # Tied aliases (the flow expert's lm_head is its embedding) load with their first name.
     unique = _unique_state(model)
     loaded = [k for k in unique if k in match]
     fresh = sorted({k.split(".")[0] for k in unique if k not in match})
     line = f"{len(loaded)} of {len(unique)} tensors loaded; fresh: {', '.join(fresh) or 'none'}"
-    return line + (f"; widened with zero inputs: {', '.join(widened)}" if widened else "")
+    line += f"; widened with zero inputs: {', '.join(widened)}" if widened else ""
+    return line + (f"; grown with fresh rows: {', '.join(grown)}" if grown else "")
 
 
 def parent_run(run: Path) -> Path | None:
@@ -752,6 +758,11 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             shutil.copyfile(source_tok, tokenizer_path)
     tokenizer = build_tokenizer(instructions, tokenizer_path)
     model = MultiHeadBC(cfg.suite)
+    fast_dir = out / FAST_TOKENIZER_DIR
+    if model.cfg.fast is not None and fast_dir.is_dir():  # a resumed run keeps its vocabulary
+        model.trunk.set_fast_tokenizer(
+            FastTokenizer.load(fast_dir, action_horizon=model.cfg.horizon,
+                               action_dim=model.cfg.action_dim))  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     meta = load_state(out, model, opt)
     if meta is None:
@@ -783,6 +794,8 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             early_share=cfg.early_share,
             early_steps=cfg.early_steps,
         )
+        if model.cfg.fast is not None and model.trunk.fast_head is None:
+            model.trunk.set_fast_tokenizer(fit_fast_tokenizer(sampler, model.cfg, fast_dir))
         probe = sampler.sample(cfg.batch, cfg.shift, step=-1)  # not a batch of the run
 
         def one_step() -> None:
@@ -796,7 +809,33 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             raise ValueError(f"suite {cfg.suite} trains on targets; {cfg.demos} has none "
                              "(collect again: format 2 stores them)")  # fmt: skip
         meta = _loop(cfg, model, opt, sampler, meta, out, precision.bf16)
+    if model.cfg.fast is not None and model.trunk.fast_head is None:
+        raise ValueError(f"{out} has no {FAST_TOKENIZER_DIR}/: a FAST policy exports only "
+                         "after its run fitted one (train it first)")  # fmt: skip
     return export(cfg, model, meta, out)
+
+
+# The FAST vocabulary is fitted on this many training chunks (spread evenly over the frames): a
+# BPE over ~20k codes of 32 coefficients takes seconds and sees every task.
+FAST_FIT_CHUNKS = 20_000
+
+
+def fit_fast_tokenizer(sampler: DemoSampler, cfg, directory: Path) -> FastTokenizer:
+    """Fit a FAST tokenizer on the run's own normalised chunks, save it in ``directory`` (the
+    run's, so a resumed run and its export use the same ids) and say how long its codes are."""
+    chunks = sampler.chunks[:, : cfg.chunk].numpy()
+    pick = np.linspace(0, len(chunks) - 1, min(FAST_FIT_CHUNKS, len(chunks))).astype(int)
+    tok = FastTokenizer.fit(list(chunks[pick].astype(np.float64)), vocab_size=cfg.fast.vocab_size)
+    lengths = [len(tok.encode(c)) for c in chunks[pick[::10]]]
+    tok.save(directory)
+    print(f"vlarun train: FAST tokenizer fitted on {len(pick)} chunks of {cfg.chunk} x "
+          f"{cfg.action_dim}: codes of {np.mean(lengths):.1f} ids on average (max "
+          f"{max(lengths)}, cap {cfg.fast.max_tokens - 1}); {tok.clamped} coefficients clamped",
+          file=sys.stderr)  # fmt: skip
+    if max(lengths) >= cfg.fast.max_tokens:
+        raise ValueError(f"a FAST code of {max(lengths)} ids exceeds the preset's cap "
+                         f"({cfg.fast.max_tokens - 1} before END)")  # fmt: skip
+    return tok
 
 
 # Options that change what a run learns from; resuming with another value is allowed (a run is

@@ -97,6 +97,11 @@ BACKGROUND_JOB_S = 0.02  # mean service time of one background job
 MATRIX_MODELS = ("openvla-7b", "pi0", "pi05", "smolvla", "rdt-1b")
 
 
+# Decisions between two tried never-run plans (the runtime's ``costview.EXPLORE_EVERY``): a
+# catalog that prices the robot 1.4x too slow is corrected by the first robot plan tried.
+EXPLORE_EVERY = 10
+
+
 @dataclass(frozen=True)
 class FleetConfig:
     """N robots, one edge, a bandwidth drop and background edge load; the matrix strategies
@@ -137,6 +142,9 @@ class FleetConfig:
         "the simulated model as a proxy (as `bench coinfer --emulate` does; notes say so)",
     )  # fmt: skip
     guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
+    on_time: float = opt(
+        0.99, "the share of requests vlarun's planners hold to the deadline (their miss budget)"
+    )
     accuracy_floor: float = opt(
         0.95, "the floor the 95% lower bound of a setting's measured relative success must "
         "clear (settings with an unmeasured cost are never admitted)",
@@ -180,6 +188,8 @@ class FleetConfig:
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
+        if not 0 < self.on_time <= 1:
+            raise ValueError(f"--on-time must lie in (0, 1], got {self.on_time}")
         if self.robots < 1 or self.duration_s <= 0 or self.chunk < 1 or self.slo_hz <= 0:
             raise ValueError("robots, duration, chunk and slo_hz must be positive")
         bad = [x for x in [*self.load_levels, self.matrix_load] if x not in LOADS]
@@ -671,8 +681,8 @@ def run_policy(
         # learns from its own requests only); they meet only in the edge's booked schedule.
         for _ in range(cfg.robots):
             sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                              radio=radio, cal=Calibration(clock=clock),
-                              deadline_s=cfg.slo_s)  # fmt: skip
+                              radio=radio, cal=Calibration(clock=clock), deadline_s=cfg.slo_s,
+                              on_time=cfg.on_time, explore_every=EXPLORE_EVERY)  # fmt: skip
             sched.period_s = period
             scheds.append(sched)
         links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
