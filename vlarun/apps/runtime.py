@@ -376,6 +376,7 @@ class RunRobotOptions:
     )
     control_hz: float = opt(20.0, "actions executed per second")
     slo_ms: float | None = opt(None, "deadline per inference (default: chunk / control rate)")
+    on_time: float = opt(0.99, "the share of requests the planner holds to the deadline")
     robot_slowdown: float = opt(1.0, "stand in for a slower robot: local stages take this x longer")
     robot_device: str = opt(
         "this-cpu",
@@ -509,6 +510,7 @@ def agent_config(o: RunRobotOptions, setting, slo_s: float):
         meter=o.meter,
         accuracy_floor=DEFAULT_FLOOR if o.accuracy_floor is None else o.accuracy_floor,
         rtc=o.rtc,
+        on_time=o.on_time,
         # The first plan's link estimate: the shaped bandwidth where the run sets one (measured
         # transfers refine it), not a default 1 Gbit/s that sends the first plans to a slow edge.
         **({"bandwidth_mbps": o.link_mbps} if o.link_mbps else {}),

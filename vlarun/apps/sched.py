@@ -190,9 +190,11 @@ def cmd_plan(o: PlanOptions) -> dict:
     decision_ms = (time.perf_counter() - t0) * 1e3
     notes = list(sched.space.notes)
     if not d.feasible:
-        notes.append(f"no plan reaches the on-time target {sched.target:.1%} on its own (the "
-                     f"cost model's prior spread, {sched.cal.prior_rel:.0%}, while nothing was "
-                     "measured): the plan the miss budget allows, or the most punctual")
+        notes.append(
+            f"no plan reaches the on-time target {sched.target:.1%} on its own (the "
+            f"cost model's prior spread, {sched.cal.prior_rel:.0%}, while nothing was "
+            "measured): the plan the miss budget allows, or the most punctual"
+        )
     if d.relative_success is None:
         notes.append("the chosen setting's accuracy cost has not been measured")
     return head | {
@@ -287,7 +289,11 @@ def cmd_fleet(o) -> dict:
     import json
     from pathlib import Path
 
-    if o.hindsight:
+    if o.world_sweep:
+        from vlarun.bench.fleet_grid import run_world_sweep
+
+        r = run_world_sweep(o)
+    elif o.hindsight:
         from vlarun.bench.fleet_study import run_fleet_study
 
         r = run_fleet_study(o)
@@ -310,7 +316,11 @@ def cmd_fleet(o) -> dict:
 
 
 def show_fleet(r: dict) -> None:
-    if "cells" in r and r.get("command") == "vlarun fleet --hindsight":
+    if r.get("command") == "vlarun fleet --world-sweep":
+        from vlarun.bench.fleet_grid import format_sweep
+
+        print(format_sweep(r))
+    elif "cells" in r and r.get("command") == "vlarun fleet --hindsight":
         from vlarun.bench.fleet_study import format_study
 
         print(format_study(r))

@@ -58,6 +58,7 @@ class BenchCoinferOptions:
         "reads: catalog (its own model: tests queueing and the link only), published, "
         "adversarial, or a world file",
     )  # fmt: skip
+    on_time: float = opt(0.99, "the share of requests vlarun's planner holds to the deadline")
     pin: bool = opt(
         True, "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
         "relays on CPU 1; each row records the run-queue wait of each",
@@ -115,9 +116,21 @@ def run(o: BenchCoinferOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.runtime import procs
 
-    if o.utilisations and o.emulate is None:  # before anything starts
-        raise ValueError("--utilisations sets the robots' period from the emulated edge's "
-                         "stage times: give --emulate")  # fmt: skip
+    if o.emulate is None:  # before anything starts: options that only an emulation reads
+        given = [
+            name
+            for name, off in (
+                ("--world", o.world != "catalog"),
+                ("--time-scale", o.time_scale != 1.0),
+                ("--utilisations", bool(o.utilisations)),
+            )
+            if off
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} only "
+                "to emulated devices: give --emulate MODEL (e.g. openvla-7b)"
+            )
     if o.utilisations and (o.robots < 1 or not all(0 < u < 1.5 for u in o.utilisations)):
         raise ValueError(f"--utilisations needs --robots >= 1 and shares in (0, 1.5), got "
                          f"{o.robots} robots and {list(o.utilisations)}")  # fmt: skip
@@ -432,6 +445,7 @@ def _agent_cfg(
         bandwidth_mbps=bandwidth * _scale(o),
         emulate=robot,
         edge_emulate=edge,
+        on_time=o.on_time,
         **(proxy if robot is not None else {}),
         **({} if setting is None else {"setting": AccelSetting.parse(setting)}),
     )

@@ -669,12 +669,13 @@ def mt10p_flow() -> VLAConfig:
 # written as a FAST code (DCT + BPE, fast_tokens.py) that the LM decodes up to END. FAST's 512 ids
 # (the 256 byte symbols and 256 merges, fitted on the training chunks) take the top half of a
 # 1024-id vocabulary, so the 512 ids below (the words, and mt10p's old bins) keep their rows when
-# it starts from an mt10p run. A code of a demonstration chunk is ~13-20 ids; the cap is 3x that.
+# it starts from an mt10p run. A code of a demonstration chunk is ~11 ids (at most ~30: the
+# training run's FAST_SCALE); the cap leaves twice that.
 MT10P_FAST_CODE = FastConfig(vocab_size=512, max_tokens=64, end_id=EOS_ID)
 
 
 def mt10p_fast() -> VLAConfig:
-    base = _mt10p_trunk("mt10p-fast", "autoregressive", decode_tokens=16)
+    base = _mt10p_trunk("mt10p-fast", "autoregressive", decode_tokens=12)
     llm = dataclasses.replace(base.llm, vocab_size=2 * MW_VOCAB)
     return dataclasses.replace(base, llm=llm, fast=MT10P_FAST_CODE)
 

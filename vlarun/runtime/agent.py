@@ -40,6 +40,7 @@ from vlarun.runtime.planner import make_planner
 from vlarun.runtime.request import Inference, RequestContext, freeze_for
 from vlarun.runtime.transport import Security
 from vlarun.sched.plans import DEFAULT_FLOOR
+from vlarun.sched.scheduler import DEFAULT_ON_TIME
 from vlarun.sched.strategy import FIXED
 from vlarun.stages.families import RTC_FAMILIES, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.wire import Codec
@@ -87,8 +88,12 @@ class AgentConfig:
     # Real-time chunking: each request freezes its chunk's first d actions to the ones still
     # queued, d from the executed plan's p95 latency and the control period (module docstring).
     rtc: bool = False
+    # The share of requests the planner holds to the deadline (``scheduler.MissBudget``).
+    on_time: float = DEFAULT_ON_TIME
 
     def __post_init__(self) -> None:
+        if not 0 < self.on_time <= 1:
+            raise ValueError(f"on_time must lie in (0, 1], got {self.on_time}")
         if self.emulate is not None and self.robot_slowdown > 1:
             raise ValueError("emulate and robot_slowdown both stand in for the robot: use one")
         if (self.emulate is None) != (self.edge_emulate is None):

@@ -91,7 +91,7 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     stretch = 1.0 if cfg.emulate is None else 1.0 / cfg.emulate.time_scale
     cal = Calibration(half_life_s=Calibration.half_life_s * stretch)
     return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
-                     cal=cal, explore_every=EXPLORE_EVERY)  # fmt: skip
+                     cal=cal, explore_every=EXPLORE_EVERY, on_time=cfg.on_time)  # fmt: skip
 
 
 EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most

@@ -19,6 +19,10 @@ class PlanOptions:
     bandwidth: float = opt(200.0, "link bandwidth estimate, Mbit/s")
     rtt: float = opt(5.0, "link round-trip time, ms")
     slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
+    on_time: float = opt(
+        0.99, "the share of requests that must meet the deadline: a plan is feasible when its "
+        "predicted on-time probability reaches it (never measured: the cost model's prior spread)",
+    )  # fmt: skip
     chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
     accuracy_floor: float | None = opt(
         None,
@@ -68,4 +72,6 @@ def make_scheduler(o: PlanOptions):
         prof = Profile.load(*o.profile.split(","))
         measured = prof.stage_table(cfg.name, 1, o.text_tokens, o.dtype)
     slo = chunk / o.slo_hz
-    return Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured), chunk
+    sched = Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured,
+                      on_time=o.on_time)  # fmt: skip
+    return sched, chunk

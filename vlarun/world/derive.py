@@ -181,8 +181,10 @@ def adversarial(model: str = "openvla-7b", robot: str = "orin-agx-32gb",
                          stall_p=STALL_P, stall_factor=STALL_FACTOR)  # fmt: skip
     about = __doc__.split("\n\n", 1)[1].split("\n\nNumbers")[0]
     world = derive(params, "adversarial", about, model, robot, edge, EDGE_J_PER_INFERENCE)
-    world["devices"][robot]["jitter"]["source"] = "3% lognormal, 1% of executions stall 3x (assumed)"
-    world["devices"][edge]["jitter"]["source"] = "3% lognormal, 1% of executions stall 3x (assumed)"
+    for dev in (robot, edge):
+        world["devices"][dev]["jitter"]["source"] = (
+            "3% lognormal, 1% of executions stall 3x (assumed)"
+        )
     return world
 
 
@@ -190,8 +192,14 @@ def grid_worlds(n: int, seed: int, model: str = "openvla-7b", robot: str = "orin
                 edge: str = "rtx4090") -> list[dict]:  # fmt: skip
     """The grid's worlds as world files (``grid-SEED-I``), each with its parameters."""
     return [
-        derive(p, f"grid-{seed}-{i}", f"drawn from vlarun.world.derive.GRID (seed {seed}, "
-               f"world {i}): {p.describe()}", model, robot, edge)  # fmt: skip
+        derive(
+            p,
+            f"grid-{seed}-{i}",
+            f"drawn from vlarun.world.derive.GRID (seed {seed}, world {i}): {p.describe()}",
+            model,
+            robot,
+            edge,
+        )  # fmt: skip
         for i, p in enumerate(draw_grid(n, seed))
     ]
 

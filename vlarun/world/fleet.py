@@ -168,6 +168,13 @@ class FleetConfig:
         "median time in the world",
     )  # fmt: skip
     seeds: int = opt(3, "--hindsight: seeds (repeats) per deadline, from --seed")
+    world_sweep: int = opt(
+        0, "instead: draw this many worlds from the grid around the catalog (world.derive.GRID, "
+        "seed --seed) and run the hindsight cells in each, steady link and wifi-drive "
+        "(bench/fleet_grid.py)",
+    )  # fmt: skip
+    sweep_robots: tuple[int, ...] = opt((1, 4), "--world-sweep: robot counts")
+    sweep_workers: int = opt(1, "--world-sweep: worker processes")
     power_sweep: bool = opt(
         False, "run the matrix at every power x0.5 and x2 (bench/power_sweep.py): which "
         "rankings of the strategies survive",
