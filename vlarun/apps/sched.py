@@ -199,6 +199,7 @@ def cmd_plan(o: PlanOptions) -> dict:
         notes.append("the chosen setting's accuracy cost has not been measured")
     return head | {
         "slo_ms": sched.slo_s * 1e3,
+        "on_time_target": sched.target,
         "bandwidth_mbps": o.bandwidth,
         "rtt_ms": o.rtt,
         "accuracy_floor": o.accuracy_floor
@@ -240,9 +241,10 @@ def _plan_line(p: dict) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in p["settings"].items() if v is not None) or "-"
     flag = "ok  " if p["feasible"] else "SLO!"
     acc = "measured" if p["accuracy_cost_measured"] else "unmeasured"
+    on = "" if p.get("on_time_p") is None else f" {100 * p['on_time_p']:5.1f}% on time"
     return (
-        f"{flag} {p['latency_ms']:9.1f} ms {p['energy_j']:8.3f} J {p['actions_per_joule']:8.3f} "
-        f"act/J  {where}  [{knobs}; accuracy {acc}]"
+        f"{flag} {p['latency_ms']:9.1f} ms{on} {p['energy_j']:8.3f} J "
+        f"{p['actions_per_joule']:8.3f} act/J  {where}  [{knobs}; accuracy {acc}]"
     )
 
 
@@ -255,8 +257,9 @@ def show_plan(r: dict) -> None:
         return
     print(
         f"{r['model']}: robot {r['robot']} + edge {r['edge']}, {r['bandwidth_mbps']:g} Mbps / "
-        f"{r['rtt_ms']:g} ms, {r['chunk']} actions per inference, SLO {r['slo_ms']:.0f} ms "
-        f"({r['candidates']} candidates, {r['eligible']} eligible, {r['decision_ms']:.2f} ms)"
+        f"{r['rtt_ms']:g} ms, {r['chunk']} actions per inference, SLO {r['slo_ms']:.0f} ms on "
+        f"time for {100 * r['on_time_target']:g}% of requests ({r['candidates']} candidates, "
+        f"{r['eligible']} eligible, {r['decision_ms']:.2f} ms)"
     )
     print("  chosen: " + _plan_line(r))
     for a in r["alternatives"]:

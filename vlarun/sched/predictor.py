@@ -158,10 +158,13 @@ class Calibration:
     half_life_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
     stage_factor: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, role)
-    # (stage, role, setting index): what a setting really does on that side, measured over what
-    # the model says it does (on top of the stage's own factor). A setting's time ratio is its
-    # own: the FLOPs a setting saves on a GPU at batch 1 are not the time it saves, and a
-    # factor learned under one setting must not re-price every other.
+    # (stage, role, setting index): the stage's time under that setting on that side, measured
+    # over what the model says, whole (it replaces the stage's own factor once timed). A
+    # setting's time ratio is its own: the FLOPs a setting saves on a GPU at batch 1 are not
+    # the time it saves, and a factor learned under one setting must not re-price every other.
+    # Whole, not on top of the stage's factor: a setting timed before full compute was had
+    # absorbed the device's own error, and counted it twice once the stage's factor arrived
+    # (a robot 1.2x slow priced 1.32x under TRIAGE 34%, and the cheapest plan went unused).
     setting_factor: dict[tuple[str, str, int], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
@@ -205,12 +208,10 @@ class Calibration:
         index; None: the identity setting, whose factor every setting starts from). A stage
         never timed on ``role`` takes the geometric mean of the stages that were (the device's
         own error: a robot faster than the catalog is faster at every stage), else 1."""
+        if setting is not None and (stage, role, setting) in self.setting_factor:
+            return self.setting_factor[(stage, role, setting)]
         f = self.stage_factor.get((stage, role))
-        if f is None:
-            f = self.role_factor(role)
-        if setting is None:
-            return f
-        return f * self.setting_factor.get((stage, role, setting), 1.0)
+        return self.role_factor(role) if f is None else f
 
     def role_factor(self, role: str) -> float:
         """The geometric mean of the stage factors timed on ``role`` (1: none was)."""
@@ -290,7 +291,7 @@ class Calibration:
         (``bench coinfer`` prices both as this-cpu, the robot 4x slowed); one shared factor
         would average the two and mis-price every stage on both sides. Under a setting
         (``setting``: its index; None: the identity) the time teaches that setting's own
-        correction on top of the stage's factor."""
+        factor, measured over the model's time under it."""
         if predicted_s <= 0:
             return
         if setting is None:
@@ -298,8 +299,7 @@ class Calibration:
             self.stage_factor[key] = self._windowed(key, measured_s / predicted_s)
             return
         key3 = (stage, role, setting)
-        ratio = measured_s / (predicted_s * self.factor(stage, role))
-        self.setting_factor[key3] = self._windowed(key3, ratio)
+        self.setting_factor[key3] = self._windowed(key3, measured_s / predicted_s)
 
     def observe_boundary(self, parent: str, child: str, predicted_s: float, measured_s: float):
         """Measured transfer of a cut edge: what the link model misses (encode, dispatch)."""
