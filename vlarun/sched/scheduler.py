@@ -201,6 +201,8 @@ class Scheduler:
         self.fixed = self._fixed_mask()  # sets k0, the identity setting's index (-1: none)
         # placement roles -> its index in the space (a plan's placement, a handoff's)
         self._by_roles = {tuple(space.roles(pi)): pi for pi in range(len(space.placements))}
+        self._cache: dict[tuple, np.ndarray] = {}
+        self._cache_version = -1
         self._tables()
         if measured:
             self._override(measured)
@@ -334,15 +336,29 @@ class Scheduler:
         """A setting index as calibration keys it: None for the identity (the stage factor)."""
         return None if int(k) == self.k0 else int(k)
 
+    def _cached(self, key: tuple, make):
+        """``make()`` once per calibration state (``Calibration.factor_version``)."""
+        if self._cache_version != self.cal.factor_version:
+            self._cache.clear()
+            self._cache_version = self.cal.factor_version
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
     def _factors(self, name: str, role: str) -> np.ndarray:
         """Each candidate's calibrated factor for stage ``name`` on ``role``, under its own
         setting (``Calibration.factor``)."""
-        per_k = np.array(
-            [self.cal.factor(name, role, self._key_k(k)) for k in range(len(self.space.settings))]
-        )
-        return per_k[self.k]
+
+        def make() -> np.ndarray:
+            ks = range(len(self.space.settings))
+            return np.array([self.cal.factor(name, role, self._key_k(k)) for k in ks])[self.k]
+
+        return self._cached(("factors", name, role), make)
 
     def _untimed_setting(self) -> np.ndarray:
+        return self._cached(("untimed",), self._untimed_setting_now)
+
+    def _untimed_setting_now(self) -> np.ndarray:
         """Candidates with a stage whose setting was never timed on the side it runs on: that
         stage's time is the cost model's alone, which can be off by more than a setting saves
         (a GPU at batch 1 saves less time than FLOPs)."""
