@@ -124,15 +124,25 @@ def test_core_rule_max_actions_per_joule_among_feasible():
     sched = Scheduler(space, DEVICES, slo_s=0.3, actions=20)
     link = Link(200.0, 5.0)
     d = sched.decide(link)
-    # The optimum by brute force over the scalar predictor, not from the scores the rule used.
-    spread = np.broadcast_to(sched.cal.tail_z * sched.score(link).sigma, sched.k.shape)
+    # The optimum by brute force over the scalar predictor, not from the scores the rule used:
+    # nothing was measured, so a plan's chance is the cost model's prior (a normal of 15%
+    # spread) at its own time and, its setting never timed, at its placement's full compute.
+    from statistics import NormalDist
+
+    def chance(latency: float) -> float:
+        return NormalDist(latency, sched.cal.prior_rel * latency).cdf(0.3)
+
+    def ref(k: int, p: int):
+        placement = dict(zip(space.stages, space.roles(p), strict=True))
+        return predict_placement(space.works[k], placement, DEVICES, link, period_s=0.3,
+                                 actions=20)  # fmt: skip
+
     best = 0.0
     for c in np.flatnonzero(sched.allowed):
-        k, p = sched.k[c], sched.p[c]
-        placement = dict(zip(space.stages, space.roles(p), strict=True))
-        ref = predict_placement(space.works[k], placement, DEVICES, link, period_s=0.3, actions=20)
-        if ref.latency_s + spread[c] <= 0.3:
-            best = max(best, ref.actions_per_joule)
+        k, p = int(sched.k[c]), int(sched.p[c])
+        own, full = ref(k, p), ref(sched.k0, p)
+        if min(chance(own.latency_s), chance(full.latency_s)) >= 1 - sched.budget.rate:
+            best = max(best, own.actions_per_joule)
     assert d.feasible and d.latency_s <= 0.3
     assert d.actions_per_joule == pytest.approx(best, rel=1e-9)
     assert all(a["feasible"] for a in d.alternatives[:-1])
@@ -282,6 +292,9 @@ def test_the_recorded_tail_tightens_feasibility_and_guides_the_fallback():
     # A stopped clock: what is learned here must not decay while a loaded machine runs it.
     cal = Calibration(clock=lambda: 0.0)
     sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, 1.0, actions=20, cal=cal)
+    names = sched.space.stages  # every stage timed as modelled (the warm-up's part)
+    sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
+                {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
     link = Link(200.0, 5.0)
     first = sched.decide(link)
     roles = tuple(first.placement.values())
@@ -397,13 +410,16 @@ def test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it():
     ran = tuple(StageOutcome(n, r, 0.8 * third.stage_predicted_s[n])
                 for n, r in third.placement.items())  # fmt: skip
     sched.observe(third, Outcome(stages=ran, latency_s=0.8 * latency))
-    for _ in range(20):
+    ruled = []  # decisions at which the rule itself chose it
+    for i in range(20):
         d = sched.decide(link)
         if tuple(d.placement.values()) == roles:
             sched.observe(d, Outcome(stages=ran, latency_s=0.8 * latency))
+            if not d.explored:
+                ruled.append(i)
     last = sched.decide(link)
     assert tuple(last.placement.values()) == roles and not last.explored
-    assert last.on_time_p > 0.95 and len(sched.cal.tails[roles]) < 15
+    assert last.on_time_p > 0.95 and ruled and ruled[0] < 15
     # Off by default (a one-shot `vlarun plan` has no outcome to learn from).
     plain = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20)
     assert not any(plain.decide(link).explored for _ in range(30))
@@ -555,10 +571,12 @@ def _edge_plan_and_slo():
     return sched, link, d
 
 
-@pytest.mark.parametrize("normal_runs", [0, 5])
+@pytest.mark.parametrize("normal_runs", [5, 20])
 def test_one_outlier_does_not_lock_out_the_edge(normal_runs):
     """One request 80 ms late on a 200 ms deadline (an edge hiccup: 40% of the deadline) used
-    to bar the plan for ~36 decisions; now the next decision still takes it."""
+    to bar the plan for ~36 decisions; now the next decision still takes it. (An outlier that
+    is a plan's whole record is not a hiccup but all it knows: the miss budget retries it when
+    its savings allow, test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it.)"""
     sched, link, d = _edge_plan_and_slo()
     roles = tuple(d.placement.values())
     t = d.latency_s

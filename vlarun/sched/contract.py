@@ -71,9 +71,6 @@ class ExecutionPlan:
     on_time_p: float | None = None
     on_time_target: float | None = None
     miss_allowance: float | None = None
-    # ``on_time_p`` was mostly the cost model's guess (a placement never run, a setting never
-    # timed): the outcome then settles the miss budget in full, not by a share.
-    guessed: bool = False
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0
     eligible: int = 0

@@ -229,9 +229,12 @@ class Calibration:
         return float(np.median(window))
 
     def setting_timed(self, stage: str, role: str, setting: int | None) -> bool:
-        """Whether ``stage`` was timed on ``role`` under ``setting`` (the identity counts as
-        timed: its factor is the warm-up's, or the cost model's until one ran)."""
-        return setting is None or (stage, role, setting) in self.setting_factor
+        """Whether ``stage`` was timed on ``role`` under ``setting`` (None: the identity, timed
+        once the warm-up or any request ran it there at full compute; until then its time is
+        the catalog's, or another stage's factor carried over, a guess like any other)."""
+        if setting is None:
+            return (stage, role) in self.stage_factor
+        return (stage, role, setting) in self.setting_factor
 
     def boundary(self, parent: str, child: str) -> float:
         return self.boundary_s.get((parent, child), 0.0)
@@ -340,14 +343,20 @@ class Calibration:
             tail.append(measured_s / predicted_s)
 
     def on_time_prob(
-        self, placement: tuple[str, ...], predicted_s: np.ndarray, deadline_s: float
+        self,
+        placement: tuple[str, ...],
+        predicted_s: np.ndarray,
+        deadline_s: float,
+        prior: np.ndarray | None = None,
     ) -> np.ndarray:
         """P(a request of ``placement`` predicted at ``predicted_s`` (without the residual;
         one value per candidate) ends by ``deadline_s``): the share of the placement's recorded
-        ratios (``tails``) that would, blended with the cost model's prior (a normal of spread
-        ``prior_rel``) weighing ``tail_prior_count`` requests."""
+        ratios (``tails``) that would, blended with a prior probability weighing
+        ``tail_prior_count`` / (1 + n) requests (n: the record's length). ``prior`` defaults to
+        the cost model's (a normal of spread ``prior_rel`` around the prediction)."""
         pred = np.asarray(predicted_s, dtype=float)
-        prior = on_time_probability(pred, self.prior_rel * pred, deadline_s)
+        if prior is None:
+            prior = on_time_probability(pred, self.prior_rel * pred, deadline_s)
         tail = self.tails.get(placement)
         if not tail:
             return prior
@@ -357,7 +366,8 @@ class Calibration:
             limit = np.where(pred > 0, deadline_s / pred, np.inf)
         met = np.searchsorted(ratios, limit, side="right") / len(ratios)
         n = float(len(ratios))
-        return (n * met + self.tail_prior_count * prior) / (n + self.tail_prior_count)
+        w = self.tail_prior_count / (1.0 + n)
+        return (n * met + w * prior) / (n + w)
 
     def observe_on_time(self, placement: tuple[str, ...], met: bool) -> None:
         """One request planned with ``placement`` met its deadline or not (fallbacks too)."""

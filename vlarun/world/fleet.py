@@ -100,6 +100,7 @@ MATRIX_MODELS = ("openvla-7b", "pi0", "pi05", "smolvla", "rdt-1b")
 # Decisions between two tried never-run plans (the runtime's ``costview.EXPLORE_EVERY``): a
 # catalog that prices the robot 1.4x too slow is corrected by the first robot plan tried.
 EXPLORE_EVERY = 10
+WARM_RUNS = 3  # warm-up runs of every stage before the first request (``World.warm_up``)
 
 
 @dataclass(frozen=True)
@@ -348,6 +349,32 @@ class World:
         if isinstance(self.truth, WorldTruth):
             return self.truth.seconds(work.name, role, draw, knobs)
         return draw * self.scale(work, role)[0]
+
+    def warm_up(self, sched: Scheduler, space: PlanSpace, seed: int) -> None:
+        """What a runtime robot's warm-up gives its planner before the first request
+        (``RobotAgent.warmup``): every stage run once on the robot at full compute and under
+        each setting the planner may choose, and the edge's own estimate of each stage at full
+        compute. Drawn from a stream of their own, so the requests' draws, which every plan
+        shares, stay as they are."""
+        rng = np.random.default_rng((seed, 7919))
+        k0 = _identity_index(space)
+        works = space.works[k0]
+        knobs0 = space.settings[k0].as_dict()
+        # Three runs, each a sample of the factors' medians: one stalled run is outvoted.
+        for _ in range(WARM_RUNS):
+            draws = self.truth.draw(rng, works) if isinstance(self.truth, WorldTruth) else [
+                float(rng.choice(self.truth.samples.seconds[w.name])) for w in works]  # fmt: skip
+            sched.prime(
+                {w.name: self.seconds(w, "robot", d, knobs0) for w, d in zip(works, draws)},
+                {w.name: self.seconds(w, "edge", d, knobs0) for w, d in zip(works, draws)},
+            )
+            for k, setting in enumerate(space.settings):
+                if k == k0 or not space.eligible[k]:
+                    continue
+                knobs = setting.as_dict()
+                robot = {w.name: self.seconds(w, "robot", d, knobs)
+                         for w, d in zip(space.works[k], draws)}  # fmt: skip
+                sched.prime_setting(knobs, robot)
 
     def utilisation(self, work: StageWork, role: str) -> float:
         """What the meter prices a stage at: the roofline's utilisation under the catalog's
@@ -691,6 +718,7 @@ def run_policy(
                               radio=radio, cal=Calibration(clock=clock), deadline_s=cfg.slo_s,
                               on_time=cfg.on_time, explore_every=EXPLORE_EVERY)  # fmt: skip
             sched.period_s = period
+            world.warm_up(sched, space, seed)
             scheds.append(sched)
         links = [Link(cfg.first_mbps, cfg.rtt_ms, clock=clock) for _ in range(cfg.robots)]
     used = [-math.inf] * cfg.robots  # when each robot's link last carried a request
