@@ -373,7 +373,7 @@ class World:
                     continue
                 knobs = setting.as_dict()
                 robot = {w.name: self.seconds(w, "robot", d, knobs)
-                         for w, d in zip(space.works[k], draws)}  # fmt: skip
+                         for w, d in zip(space.works[k], draws, strict=True)}  # fmt: skip
                 sched.prime_setting(knobs, robot)
 
     def utilisation(self, work: StageWork, role: str) -> float:
