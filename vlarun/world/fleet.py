@@ -365,8 +365,14 @@ class World:
             draws = self.truth.draw(rng, works) if isinstance(self.truth, WorldTruth) else [
                 float(rng.choice(self.truth.samples.seconds[w.name])) for w in works]  # fmt: skip
             sched.prime(
-                {w.name: self.seconds(w, "robot", d, knobs0) for w, d in zip(works, draws)},
-                {w.name: self.seconds(w, "edge", d, knobs0) for w, d in zip(works, draws)},
+                {
+                    w.name: self.seconds(w, "robot", d, knobs0)
+                    for w, d in zip(works, draws, strict=True)
+                },
+                {
+                    w.name: self.seconds(w, "edge", d, knobs0)
+                    for w, d in zip(works, draws, strict=True)
+                },
             )
             for k, setting in enumerate(space.settings):
                 if k == k0 or not space.eligible[k]:
