@@ -433,3 +433,57 @@ def test_resuming_with_other_steering_options_is_said_and_recorded(tmp_path, dem
     card = (tmp_path / "run" / "export" / "tiny-dit" / "README.md").read_text()
     assert "from step 1: loss_weights 'dit=10' (until then '')" in card
     assert "loss weights dit=10" in card
+
+
+def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_policy(tmp_path):
+    """mt10pf (issue 65): an mt10p run's trunk with FAST action tokens. The vocabulary grows
+    (the old ids keep their rows), the run fits its FAST tokenizer on its own chunks and keeps
+    it for a resume, each row's target is its code then END with the padding ignored, and the
+    exported policy decodes a FAST code into an 8-step chunk."""
+    from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
+    from vlarun.sim.bc_model import IGNORE, MultiHeadBC
+    from vlarun.sim.train import init_weights
+
+    d = tmp_path / "demos"
+    collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
+    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
+                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    train(base)
+    fast = MultiHeadBC("mt10pf")
+    said = init_weights(fast, tmp_path / "p", "mt10pf")
+    assert "grown with fresh rows: trunk.language_model.lm_head.weight" in said
+    from safetensors.torch import load_file
+
+    old = load_file(tmp_path / "p" / "state.safetensors")[
+        "model.trunk.language_model.model.embed_tokens.weight"
+    ]
+    new = fast.trunk.language_model.model.embed_tokens.weight
+    assert new.shape[0] == 2 * old.shape[0]
+    torch.testing.assert_close(new[: old.shape[0]], old)
+    cfg = TrainConfig(suite="mt10pf", demos=str(d), out=str(tmp_path / "f"), steps=2, batch=2,
+                      warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+    train(cfg)
+    tok = FastTokenizer.load(tmp_path / "f" / FAST_TOKENIZER_DIR)
+    assert (tok.action_horizon, tok.action_dim) == (8, 4)
+    log = json.loads((tmp_path / "f" / "train.log").read_text().splitlines()[0])
+    assert set(log) >= {"ar", "aux"} and "oft" not in log and np.isfinite(log["ar"])
+    # Targets: a row's code, END, then nothing the loss reads.
+    fast.trunk.set_fast_tokenizer(tok)
+    chunks = torch.zeros(2, 8, 4)
+    chunks[1] = torch.linspace(-0.5, 0.5, 8)[:, None]
+    ids, targets = fast._ar_targets(chunks)
+    end = fast.cfg.fast.end_id
+    for r in range(2):
+        code = fast.trunk.fast_head.encode(chunks[r].numpy())
+        assert targets[r, : len(code)].tolist() == code and code[-1] == end
+        assert (targets[r, len(code) :] == IGNORE).all() and (ids[r, len(code) :] == end).all()
+        back = fast.trunk.fast_head.decode(code)
+        assert np.abs(back - chunks[r].numpy()).max() <= 0.5 * np.sqrt(8) / tok.scale + 1e-9
+    # A second call resumes with the same vocabulary (not refitted) and exports again.
+    before = (tmp_path / "f" / FAST_TOKENIZER_DIR / "tokenizer.json").read_text()
+    train(dataclasses.replace(cfg, steps=3))
+    assert (tmp_path / "f" / FAST_TOKENIZER_DIR / "tokenizer.json").read_text() == before
+    policy = Policy.from_checkpoint(tmp_path / "f" / "export" / "mt10p-fast")
+    image = np.zeros((128, 128, 3), np.uint8)
+    actions = policy.predict([image, image], "reach the goal", state=np.zeros(4, np.float32))
+    assert actions.shape == (8, 4) and np.isfinite(actions).all()
