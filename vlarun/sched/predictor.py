@@ -126,10 +126,11 @@ class Calibration:
     placement residual). Factors start at 1 and overheads at 0: an uncalibrated predictor is
     the plain cost model.
 
-    The residual of a placement (its end-to-end error) is a mean and a spread, so the scheduler
-    can demand T + tail_z * sigma <= T_SLO: a mean that meets the deadline says nothing about
-    the tail a shared, loaded edge produces. Three rules keep one bad request from locking a
-    placement out (one +80 ms outlier on a 200 ms deadline used to bar the edge for ~36
+    The residual of a placement (its end-to-end error) is a mean and a spread: the prior of
+    its on-time probability once measured; the probability itself comes from the placement's
+    recorded tail (``tails``, ``on_time_prob``): a mean that meets the deadline says nothing
+    about the tail a shared, loaded edge or a stalling device produces. Three rules keep one
+    bad request from locking a placement out (one +80 ms outlier on a 200 ms deadline used to bar the edge for ~36
     decisions):
       * a prior mean of 0 (the cost model) worth ``prior_count`` observations, so the first
         error is averaged with it, not taken whole; the spread is the data's (the paper's rule,

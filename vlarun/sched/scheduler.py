@@ -1,21 +1,26 @@
-"""SLO-constrained energy-priority scheduler (EcoVLA).
+"""SLO-constrained energy-priority scheduler (EcoVLA), held to an on-time target.
 
-    Core rule:  pi* = argmax_pi  actions_per_joule(pi)   subject to  T(pi) <= T_SLO
-                if no plan meets T_SLO:  pi* = argmax_pi P(T(pi) <= T_SLO)
+    Core rule:  pi* = argmax_pi  actions_per_joule(pi)   subject to  P(T(pi) > T_SLO) <= a_t
+                if no plan fits:  pi* = argmax_pi P(T(pi) <= T_SLO)  (ties: actions per joule)
 
-T includes the learned residual. Beyond the paper, once a placement has been measured its
-latency spread sigma counts too: feasible means T + z * sigma <= T_SLO; the fallback takes the
-plan most likely to meet the deadline (EcoVLA: argmin T, which prefers a steady plan that is
-never on time to an erratic one that mostly is), with the cost model's prior error as the spread
-of plans never measured (predictor.Calibration).
+EcoVLA's rule is "the energy-optimal plan within the SLO-feasible region", with T <= T_SLO.
+A deadline met 99% of the time is a share of requests, and devices stall, so here a plan's
+chance of meeting the deadline is read from the tail its placement really showed (each
+placement's recorded ratios of measured to predicted time, ``Calibration.on_time_prob``,
+blended with a prior that fades as the record grows), and ``a_t`` is what the on-time target's
+miss budget allows this request (``MissBudget``: 1 - target plus what punctual requests saved,
+less what risky ones overspent), so a cheap plan that is late 2% of the time and a punctual one
+mix at the target. No decision picks a plan another feasible one beats on both counts.
 A safety net keeps the rule from losing to a fixed split: every fixed strategy (device-only,
 edge-only, the split after vision, at the identity setting) is a candidate, and the rule
 deviates from the best feasible one only when the predicted gain in actions per joule exceeds
-the measured energy prediction error; when a window of deviations realised less than the fixed
-strategy was predicted to give, it holds to the fixed strategy for a window (``SafetyNet``).
-And a placement never run is tried now and then (bounded exploration, ``_exploration``) when the
-cost model's own error could make it feasible and it would save energy: otherwise a plan the
-model mis-predicts as too slow would never be run, and so never corrected.
+the measured energy prediction error (and that one is as punctual); when a window of
+deviations realised less than the fixed strategy was predicted to give, it holds to the fixed
+strategy for a window (``SafetyNet``). And a placement never run, or a setting never timed, is
+tried now and then (bounded exploration, ``_exploration``) when the cost model's own error
+could make it feasible and it would save energy, while the miss budget is not in debt:
+otherwise a plan the model mis-predicts as too slow would never be run, and so never
+corrected.
 
 over every executable, accuracy-eligible candidate (placement x accelerator setting). T_SLO =
 chunk / control rate: one inference must deliver its chunk of actions before the previous
