@@ -130,8 +130,8 @@ class Calibration:
     its on-time probability once measured; the probability itself comes from the placement's
     recorded tail (``tails``, ``on_time_prob``): a mean that meets the deadline says nothing
     about the tail a shared, loaded edge or a stalling device produces. Three rules keep one
-    bad request from locking a placement out (one +80 ms outlier on a 200 ms deadline used to bar the edge for ~36
-    decisions):
+    bad request from locking a placement out (one +80 ms outlier on a 200 ms deadline used to
+    bar the edge for ~36 decisions):
       * a prior mean of 0 (the cost model) worth ``prior_count`` observations, so the first
         error is averaged with it, not taken whole; the spread is the data's (the paper's rule,
         T <= T_SLO, for a plan never run: none of its spread is known);
