@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from vlarun.bench.fleet_study import (
     FLOOR_RATIO,
@@ -81,12 +82,21 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
             path.write_text(json.dumps(w))
             paths.append(str(path))
         jobs = _cell_jobs(cfg, paths)
+        bar = tqdm(total=len(jobs), desc="worlds x links x robots", unit="run",
+                   disable=cfg.json)  # fmt: skip
         if cfg.sweep_workers > 1:
             ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(cfg.sweep_workers) as pool:
-                parts = pool.map(_run_world_link, jobs, chunksize=1)
+                parts = []
+                for part in pool.imap(_run_world_link, jobs, chunksize=1):
+                    parts.append(part)
+                    bar.update()
         else:
-            parts = [_run_world_link(j) for j in jobs]
+            parts = []
+            for job in jobs:
+                parts.append(_run_world_link(job))
+                bar.update()
+        bar.close()
     cells = [c for part in parts for c in part]
     ratios = np.array([c["judged"]["ratio"]["ratio"] for c in cells])
     short = [c for c in cells if not c["judged"]["goal"]]
