@@ -76,3 +76,30 @@ def test_clients_without_the_right_keys_are_rejected(secure_edge):
     with pytest.raises(LinkDown):  # plain TCP against a Curve server
         ping(srv.address, Security(insecure=True), count=1, timeout_s=0.5)
     assert srv.stats["requests"] == 0 and srv.stats["control"] == 0
+
+
+def test_a_robot_the_edge_turns_down_says_so_once(secure_edge, capfd):
+    """Issue 66: a robot whose key is not in the edge's authorized folder used to run every
+    request locally and neither side said why. The robot's client hears the failed handshake
+    and says so once, naming the edge and its own public key."""
+    from vlarun.runtime.client import EdgeClient
+
+    srv, keys, _ = secure_edge
+    stranger = KeyPair(*zmq.curve_keypair())
+    client = EdgeClient(srv.address, _robot(load_keys(keys["public"]).public, stranger))
+    try:
+        with pytest.raises(LinkDown):
+            client.health(timeout_s=0.5)
+        for _ in range(50):  # the monitor's thread reports the event it waits for
+            if client.refusal is not None:
+                break
+            client.sock.poll(100)
+        assert client.refusal == "it refused this robot's key"
+        client.reset()  # a new socket, refused again: not said again
+        with pytest.raises(LinkDown):
+            client.health(timeout_s=0.5)
+    finally:
+        client.close()
+    err = capfd.readouterr().err
+    assert err.count("turned this robot down") == 1, err
+    assert srv.address in err and stranger.public.decode() in err

@@ -25,7 +25,7 @@ from vlarun.runtime.records import (
     parse_schedule,
     parse_timings,
 )
-from vlarun.runtime.transport import Security, dealer_socket
+from vlarun.runtime.transport import RefusalWatch, Security, dealer_socket
 from vlarun.stages import wire
 from vlarun.stages.graph import TensorSpec
 from vlarun.stages.packet import DTYPES, Limits, Packet
@@ -130,15 +130,28 @@ class EdgeClient:
         self.address, self.sec = address, sec
         self.ctx = ctx or zmq.Context.instance()
         self.limits = limits or Limits()
-        self.sock = dealer_socket(self.ctx, address, sec, self.limits.max_total_bytes)
+        self.refused: str | None = None  # why the edge turned the handshake down, once it did
+        self._connect()
+
+    def _connect(self) -> None:
+        self.sock = dealer_socket(self.ctx, self.address, self.sec, self.limits.max_total_bytes)
+        self._watch = RefusalWatch(self.sock, self.address, self.sec,
+                                   quiet=self.refused is not None)  # fmt: skip
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the edge refused this robot's handshake (said once on stderr), or None."""
+        return self.refused or self._watch.refused
 
     def close(self) -> None:
+        self.refused = self.refusal
+        self._watch.stop(self.sock)
         self.sock.close(0)
 
     def reset(self) -> None:
         """A fresh socket: drops anything queued for, or arriving from, the old connection."""
-        self.sock.close(0)
-        self.sock = dealer_socket(self.ctx, self.address, self.sec, self.limits.max_total_bytes)
+        self.close()
+        self._connect()
 
     def _send(self, frames: list[bytes]) -> int:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,6 +233,70 @@ def dealer_socket(
     return s
 
 
+# What a robot hears when the edge turns its handshake down: ZeroMQ's monitor events (the
+# CURVE handshake failing on the edge's authorization, or for want of detail / protocol).
+REFUSED = {
+    getattr(zmq, "EVENT_HANDSHAKE_FAILED_AUTH", 0): "it refused this robot's key",
+    getattr(zmq, "EVENT_HANDSHAKE_FAILED_NO_DETAIL", 0): "the handshake failed",
+    getattr(zmq, "EVENT_HANDSHAKE_FAILED_PROTOCOL", 0): "the handshake broke its protocol",
+}
+REFUSED.pop(0, None)
+
+
+class RefusalWatch:
+    """Says once, in one line on stderr, that an edge turned this socket's handshake down,
+    and why (issue 66: a robot whose key was not authorized ran every request locally and
+    neither side said so). ``refused``: the first reason, or None."""
+
+    def __init__(self, sock: zmq.Socket, address: str, sec: Security, quiet: bool = False) -> None:
+        self.refused: str | None = None
+        self._address, self._sec, self._quiet = address, sec, quiet
+        if sec.insecure or not REFUSED:
+            self._mon = None
+            return
+        events = 0
+        for e in REFUSED:
+            events |= e
+        self._mon = sock.get_monitor_socket(events)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="refusal-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._mon)
+            except zmq.ZMQError:  # the context went away
+                return
+            if event.get("event") == zmq.EVENT_MONITOR_STOPPED:
+                self._mon.close(0)  # closed here, by the thread that reads it
+                return
+            why = REFUSED.get(event.get("event"))
+            if why is not None and self.refused is None:
+                self.refused = why
+                if self._quiet:
+                    continue
+                key = z85_public(self._sec)
+                print(f"vlarun: the edge at {self._address} turned this robot down ({why}): "
+                      f"every request runs here until it accepts the robot's public key {key}; "
+                      "give the robot an authorized key pair (keys=ROBOT.key_secret / --keys) "
+                      "or copy ROBOT.key into the edge's --authorized-keys folder",
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+    def stop(self, sock: zmq.Socket) -> None:
+        """Before ``sock`` closes: its monitor stops, and the watching thread closes it."""
+        if self._mon is not None:
+            sock.disable_monitor()
+            self._thread.join(timeout=1.0)
+
+
+def z85_public(sec: Security) -> str:
+    """The socket's own public key as the .key files write it (Z85)."""
+    key = sec.own.public if sec.own is not None else b""
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
 def robot_security(insecure: bool, server_key: str | None, keys: str | None) -> Security:
     """Security of a robot from CLI-style options; an ephemeral key pair when none is given
     (fine unless the edge restricts robots to authorized keys)."""
@@ -267,5 +332,10 @@ def edge_security(insecure: bool, keys: str | None, authorized: str | None) -> S
     if own.secret is None:
         raise ValueError(f"{path} holds no secret key; pass the .key_secret file")
     if authorized is not None and not Path(authorized).is_dir():
-        raise ValueError(f"authorized-keys folder {authorized} does not exist")
+        raise ValueError(
+            f"authorized-keys folder {authorized} does not exist: make it and copy each "
+            f"robot's public key into it (`vlarun keys --name robot1 --out keys/` writes "
+            f"keys/robot1.key; `cp keys/robot1.key {authorized}/`; the robot then runs with "
+            "keys/robot1.key_secret)"
+        )
     return Security(own=own, authorized_dir=authorized)
