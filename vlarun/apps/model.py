@@ -145,6 +145,38 @@ def _parse_state(text: str | None):
         raise ValueError(f"--state {text!r}: expected comma-separated numbers") from None
 
 
+# The largest frame `act` reads: a 4096 x 4096 RGB image (48 MiB as uint8), far above any
+# camera a VLA takes; checked from the file's header before anything is decoded (issue 64: a
+# 228-byte .npy claiming 100000 x 100000 x 3 made numpy try 27.9 GiB).
+MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_IMAGE_BYTES = MAX_IMAGE_PIXELS * 3 * 4
+
+
+def _npy_header(p: Path) -> tuple[tuple[int, ...], "np.dtype"]:  # noqa: F821
+    """A .npy file's shape and dtype from its header, checked against the file's size."""
+    import numpy as np
+
+    with p.open("rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)  # fmt: skip
+            shape, _, dtype = read(f, max_header_size=10_000)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"image file {p}: not a readable .npy header ({e})") from None
+        body = p.stat().st_size - f.tell()
+    if dtype.hasobject:
+        raise ValueError(f"image file {p}: object arrays are refused (no pickle)")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if n * dtype.itemsize > MAX_IMAGE_BYTES or n > MAX_IMAGE_PIXELS * 4:
+        raise ValueError(f"image file {p}: shape {shape} of {dtype} is larger than any camera "
+                         f"frame (at most {MAX_IMAGE_PIXELS} pixels of 3 channels)")  # fmt: skip
+    if n * dtype.itemsize > body:
+        raise ValueError(f"image file {p}: its header claims {shape} of {dtype} "
+                         f"({n * dtype.itemsize} bytes) but the file holds {body}")  # fmt: skip
+    return shape, dtype
+
+
 def _load_image(path: str, size: int, resize: bool):
     import numpy as np
 
@@ -152,11 +184,20 @@ def _load_image(path: str, size: int, resize: bool):
     if not p.exists():
         raise ValueError(f"image file {path} does not exist")
     if p.suffix == ".npy":
+        _npy_header(p)  # refused before numpy allocates what the header claims
         arr = np.load(p, allow_pickle=False)
     else:
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
 
-        arr = np.asarray(Image.open(p).convert("RGB"))
+        try:
+            with Image.open(p) as im:  # lazy: the header only, nothing decoded yet
+                w, h = im.size
+                if w * h > MAX_IMAGE_PIXELS:
+                    raise ValueError(f"image file {p}: {w} x {h} pixels is larger than any "
+                                     f"camera frame (at most {MAX_IMAGE_PIXELS})")  # fmt: skip
+                arr = np.asarray(im.convert("RGB"))
+        except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as e:
+            raise ValueError(f"image file {p}: {e}") from None
     if resize and arr.shape[:2] != (size, size):
         from vlarun.policy.base import resize_frame
 

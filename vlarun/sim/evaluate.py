@@ -46,6 +46,11 @@ TRAIN_TASKS = (
 POLICY_DIR = checkpoints_dir()  # kept for callers; vlarun.paths is the source
 
 
+# Episodes per task: a seed list is built up front, so the count is bounded before it is (a
+# 20-digit --episodes grew to 6.1 GB in 45 s); 10,000 per task is ~2 days of MT10 on one core.
+MAX_EPISODES = 10_000
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Closed-loop evaluation on held-out Meta-World seeds."""
@@ -72,14 +77,15 @@ class EvalConfig:
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
 
     def __post_init__(self) -> None:
-        if self.episodes < 1:
-            raise ValueError(f"--episodes must be >= 1, got {self.episodes}")
+        if not 1 <= self.episodes <= MAX_EPISODES:
+            raise ValueError(f"--episodes must lie in 1..{MAX_EPISODES} per task, got "
+                             f"{self.episodes}")  # fmt: skip
         for t in self.task_list:
             get_task(t)  # unknown names raise, listing the valid ones
         if self.paired_with is not None:
             check_candidate(self.paired_with)  # a malformed spec fails here
-        if self.bootstrap < 100:
-            raise ValueError(f"--bootstrap must be >= 100, got {self.bootstrap}")
+        if not 100 <= self.bootstrap <= 1_000_000:
+            raise ValueError(f"--bootstrap must lie in 100..1000000, got {self.bootstrap}")
 
     @property
     def task_list(self) -> list[str]:

@@ -1,0 +1,82 @@
+"""Local inputs bounded before they are allocated (issue 64, 3): each bad input is one line and
+exit 2, checked from what the file's header claims, not after numpy or PIL built it. On
+d47acf9 the .npy made numpy try 27.9 GiB, the PNG was decoded before its size was checked and
+the episode count grew a seed list to 6.1 GB."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vlarun(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "vlarun", *args], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def _npy(path: Path, shape: tuple[int, ...], body: bytes) -> Path:
+    """A .npy file whose header claims ``shape`` of uint8, followed by ``body``."""
+    header = f"{{'descr': '|u1', 'fortran_order': False, 'shape': {shape}, }}"
+    pad = 64 - (10 + len(header) + 1) % 64
+    header = header + " " * pad + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+                     + body)  # fmt: skip
+    return path
+
+
+def _one_line_exit_2(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode == 2, done.stderr[-1500:]
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-1500:]
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "shape, body, words",
+    [
+        ((100000, 100000, 3), b"\x00" * 100, ("larger than any camera frame",)),
+        ((64, 64, 3), b"\x00" * 100, ("the file holds 100",)),  # a header that lies
+    ],
+)
+def test_act_checks_an_npy_header_before_loading(tmp_path, shape, body, words):
+    path = _npy(tmp_path / "liar.npy", shape, body)
+    done = _vlarun("act", "--policy", "tiny-ar", "--instruction", "open", "--image", str(path))
+    _one_line_exit_2(done, str(path), *words)
+
+
+def test_act_refuses_an_image_larger_than_a_frame_before_decoding(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "huge.png"
+    Image.new("L", (5000, 5000)).save(path)  # 25 Mpx: compresses to a few KB
+    done = _vlarun("act", "--policy", "tiny-ar", "--instruction", "open", "--image", str(path))
+    _one_line_exit_2(done, "5000 x 5000 pixels")
+    # A file that is no image at all: one line too.
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a png")
+    _one_line_exit_2(_vlarun("act", "--policy", "tiny-ar", "--instruction", "open",
+                             "--image", str(bad)), str(bad))  # fmt: skip
+
+
+def test_eval_bounds_its_episode_count_before_building_seeds():
+    done = _vlarun("eval", "--policy", "tiny-ar", "--workers", "1", "--tasks", "reach-v3",
+                   "--episodes", "99999999999999999999")  # fmt: skip
+    _one_line_exit_2(done, "--episodes must lie in 1..10000")
+
+
+def test_a_normal_npy_frame_still_loads(tmp_path):
+    from vlarun.apps.model import _load_image
+
+    path = tmp_path / "ok.npy"
+    np.save(path, np.zeros((64, 64, 3), np.uint8))
+    assert _load_image(str(path), 64, False).shape == (64, 64, 3)
