@@ -152,7 +152,7 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_IMAGE_BYTES = MAX_IMAGE_PIXELS * 3 * 4
 
 
-def _npy_header(p: Path) -> tuple[tuple[int, ...], "np.dtype"]:  # noqa: F821
+def _npy_header(p: Path) -> tuple[tuple[int, ...], np.dtype]:  # noqa: F821
     """A .npy file's shape and dtype from its header, checked against the file's size."""
     import numpy as np
 
