@@ -80,3 +80,27 @@ def test_a_normal_npy_frame_still_loads(tmp_path):
     path = tmp_path / "ok.npy"
     np.save(path, np.zeros((64, 64, 3), np.uint8))
     assert _load_image(str(path), 64, False).shape == (64, 64, 3)
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda b: b[: len(b) // 2], "claims bytes"),  # truncated: tensors run past the end
+        (lambda b: b[:8] + b"\xff\xfe" + b[10:], "not JSON"),  # flipped header bytes
+        (lambda b: (2**40).to_bytes(8, "little") + b[8:], "runs past the file"),
+    ],
+    ids=["truncated", "flipped-header", "huge-header-length"],
+)
+def test_a_damaged_safetensors_file_is_one_line(tmp_path, damage, words):
+    import shutil
+
+    from vlarun.paths import policy_dir
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(policy_dir("tiny-ar"), d)
+    weights = d / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    image = tmp_path / "frame.npy"
+    np.save(image, np.zeros((64, 64, 3), np.uint8))
+    done = _vlarun("act", "--policy", str(d), "--instruction", "open", "--image", str(image))
+    _one_line_exit_2(done, "model.safetensors", words)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -55,6 +56,69 @@ class CheckpointError(ValueError):
 # Reading tensors safely
 
 
+# safetensors' element sizes by dtype name, and the largest header its own reader accepts.
+_ST_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+_ST_MAX_HEADER = 100 * 2**20
+
+
+def check_safetensors(path: Path) -> None:
+    """A safetensors file checked before it is opened (issue 64: a truncated file, flipped
+    header bytes or a header length of 2^40 each ended in a 22-line traceback): the header's
+    length against the file, its JSON, every tensor's dtype, shape and byte range inside the
+    file. CheckpointError names the file and the fault."""
+    size = path.stat().st_size
+    if size < 8:
+        raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors header")
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > min(size - 8, _ST_MAX_HEADER):
+            raise CheckpointError(f"{path}: its header length ({n} bytes) runs past the file "
+                                  f"({size} bytes): truncated or not safetensors")  # fmt: skip
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: its header is not a JSON object")
+    body = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
+            want = _ST_BYTES[dtype]
+            for v in (*shape, start, end):
+                if not isinstance(v, int) or v < 0:
+                    raise ValueError
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: tensor {name!r} has a malformed entry "
+                                  f"({str(info)[:120]})") from None  # fmt: skip
+        if not start <= end <= body or end - start != want * math.prod(shape):
+            raise CheckpointError(f"{path}: tensor {name!r} ({dtype} {shape}) claims bytes "
+                                  f"{start}..{end} of a {body}-byte body")  # fmt: skip
+
+
+def _load_file(path: Path) -> dict[str, Tensor]:
+    check_safetensors(path)
+    return load_file(path)
+
+
 def read_weights(directory: str | Path) -> dict[str, Tensor]:
     """All tensors of a directory's safetensors file(s) (single or sharded with an index)."""
     d = Path(directory)
@@ -62,7 +126,7 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
         _refuse_pickle_file(d)
         if d.suffix != ".safetensors":
             raise CheckpointError(f"{d}: not a safetensors file")
-        return load_file(d)
+        return _load_file(d)
     if not d.is_dir():
         raise CheckpointError(f"{d}: no such checkpoint directory")
     index = d / f"{WEIGHTS}.index.json"
@@ -70,7 +134,7 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         state: dict[str, Tensor] = {}
         for shard in shards:
-            state.update(load_file(d / shard))
+            state.update(_load_file(d / shard))
         return state
     # A LeRobot directory keeps its processors' statistics in safetensors files beside the
     # weights: those are not weights (read them as such and "88 missing keys" hid the cause).
@@ -86,7 +150,7 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
                               "missing")  # fmt: skip
     state = {}
     for f in files:
-        state.update(load_file(f))
+        state.update(_load_file(f))
     return state
 
 
@@ -444,6 +508,7 @@ def stream_weights(directory: Path):
     if not files:
         read_weights(directory)  # raises the error that names what is there instead
     for path in files:
+        check_safetensors(path)
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 yield name, f.get_tensor(name)
