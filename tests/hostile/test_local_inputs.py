@@ -104,3 +104,23 @@ def test_a_damaged_safetensors_file_is_one_line(tmp_path, damage, words):
     np.save(image, np.zeros((64, 64, 3), np.uint8))
     done = _vlarun("act", "--policy", str(d), "--instruction", "open", "--image", str(image))
     _one_line_exit_2(done, "model.safetensors", words)
+
+
+def test_a_config_deeper_than_its_weights_is_refused_before_building(tmp_path):
+    import json
+    import shutil
+    import time
+
+    from vlarun.paths import policy_dir
+
+    d = tmp_path / "ckpt"
+    shutil.copytree(policy_dir("tiny-ar"), d)
+    config = json.loads((d / "config.json").read_text())
+    config["vla"]["llm"]["num_layers"] = 100000
+    (d / "config.json").write_text(json.dumps(config))
+    image = tmp_path / "frame.npy"
+    np.save(image, np.zeros((64, 64, 3), np.uint8))
+    t0 = time.monotonic()
+    done = _vlarun("act", "--policy", str(d), "--instruction", "open", "--image", str(image))
+    _one_line_exit_2(done, "language model 100000 layers", "at most 4 layers")
+    assert time.monotonic() - t0 < 60  # refused at once, not after building 100,000 layers

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -449,6 +450,7 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     d = Path(directory)
     config = read_config(d)
     cfg = vla_config_from(config, d)
+    _check_depth(cfg, d)  # before any module is built
     with torch.device("meta"):
         model = VLA(cfg)
     if dtype is not None:
@@ -487,6 +489,40 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
                                   action_dim=cfg.action_dim)  # fmt: skip
         model.set_fast_tokenizer(fast)
     return model.eval(), stats
+
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|blocks|h)\.(\d+)\.")
+
+
+def weight_names(directory: Path) -> list[str]:
+    """Every tensor name of a directory's safetensors files, read from their headers only."""
+    names = []
+    for path in sorted(directory.glob("*.safetensors")):
+        if "processor" in path.name:
+            continue
+        check_safetensors(path)
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            names += [k for k in json.loads(f.read(n)) if k != "__metadata__"]
+    return names
+
+
+def _check_depth(cfg: VLAConfig, directory: Path) -> None:
+    """Refuse a config deeper than its weights before building it (issue 64: ``num_layers:
+    100000`` built modules for > 60 s at 1.1 GB before the keys were compared): no stack the
+    config asks for may have more layers than the deepest stack the weights hold."""
+    names = weight_names(directory)
+    found = [int(m.group(1)) for n in names for m in _LAYER_INDEX.finditer(n)]
+    if not found:
+        return
+    held = max(found) + 1
+    stacks = {"language model": cfg.llm.num_layers}
+    stacks |= {f"vision tower {i}": v.num_layers for i, v in enumerate(cfg.vision)}
+    deep = {k: v for k, v in stacks.items() if v > held}
+    if deep:
+        what = ", ".join(f"{k} {v} layers" for k, v in deep.items())
+        raise CheckpointError(f"{directory / 'config.json'}: asks for {what}, but its weights "
+                              f"hold at most {held} layers per stack")  # fmt: skip
 
 
 def stream_weights(directory: Path):
