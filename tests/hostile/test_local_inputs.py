@@ -124,3 +124,25 @@ def test_a_config_deeper_than_its_weights_is_refused_before_building(tmp_path):
     done = _vlarun("act", "--policy", str(d), "--instruction", "open", "--image", str(image))
     _one_line_exit_2(done, "language model 100000 layers", "at most 4 layers")
     assert time.monotonic() - t0 < 60  # refused at once, not after building 100,000 layers
+
+
+def test_openpi_counts_a_state_before_converting_it():
+    """Issue 64 (4): a uint8 state of 16M entries was converted to float32 (64 MB a request)
+    before the 1,024-entry limit was read; now it is refused having allocated nothing."""
+    import tracemalloc
+
+    from vlarun.runtime.openpi import LAYOUTS
+
+    layout = LAYOUTS["metaworld"]
+    obs = {"image": np.zeros((64, 64, 3), np.uint8), "prompt": "open",
+           "state": np.zeros(16_000_000, np.uint8)}  # fmt: skip
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="at most 1024 numbers"):
+            layout.inputs(obs, 1, 4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, peak  # nothing the size of the state, let alone 4x it
+    with pytest.raises(ValueError, match="at most 1024 numbers"):  # a list: counted, not built
+        layout.inputs({**obs, "state": [0.0] * 2000}, 1, 4096)

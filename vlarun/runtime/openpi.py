@@ -192,13 +192,20 @@ class ObservationLayout:
             images = views
         state = obs.get(self.state_key)
         if state is not None:
+            # The count before any conversion (issue 64: a uint8 state of 16M entries was made
+            # float32, 64 MB per request, before this limit was read).
+            n = len(state) if isinstance(state, (list, tuple)) else np.size(state)
+            if n > MAX_LIST_LEN:
+                shape = np.shape(state) if isinstance(state, np.ndarray) else (n,)
+                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
+                                 f"got shape {shape}")  # fmt: skip
             raw = np.asarray(state)
             if raw.dtype.kind not in "fiu":
                 raise ValueError(f"{self.state_key!r} must be numbers, got dtype {raw.dtype}")
-            state = raw.astype(np.float32)
-            if state.size > MAX_LIST_LEN:
+            if raw.size > MAX_LIST_LEN:  # nested lists: their size is known once made
                 raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
-                                 f"got shape {state.shape}")  # fmt: skip
+                                 f"got shape {raw.shape}")  # fmt: skip
+            state = raw.astype(np.float32)
             bad = np.flatnonzero(~np.isfinite(state.ravel()))
             if bad.size:  # named as act and Policy.predict name it
                 raise ValueError(f"{self.state_key!r} must be finite: entry {int(bad[0])} is "
