@@ -361,3 +361,13 @@ def test_serve_edge_emulation_flags_reach_the_server_config():
     assert ServeEdgeOptions(insecure=True).server_config().emulate is None
     with pytest.raises(ValueError, match="MODEL:DEVICE"):
         ServeEdgeOptions(insecure=True, emulate="openvla-7b").server_config()
+
+
+def test_bench_help_lists_the_benchmarks(capsys):
+    """Issue 66 (4): `vlarun bench --help` answered "unknown benchmark '--help'"."""
+    from vlarun.cli import BENCH, main
+
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in BENCH)
+    assert main(["bench"]) == 2  # no benchmark named: the list, and a usage error

@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"vlarun {__version__}")
         return 0
+    if argv[0] == "bench" and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+        width = max(map(len, BENCH))
+        print("usage: vlarun bench NAME [options]   (vlarun bench NAME --help: its options)\n")
+        print("\n".join(f"  {n:<{width}}  {what}" for n, (_, what) in BENCH.items()))
+        return 0 if len(argv) > 1 else 2
     try:
         key, module, rest = resolve(argv)
     except ValueError as e:
