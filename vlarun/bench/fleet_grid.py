@@ -103,7 +103,7 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
     below_floor = [c for c in cells if not c["judged"]["floor"]]
     unpunctual = [c for c in cells if not c["judged"]["met"]]
     worst = sorted(cells, key=lambda c: c["judged"]["ratio"]["ratio"])[:5]
-    return {
+    out = {
         "command": "vlarun fleet --world-sweep",
         "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f != "json"},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -140,7 +140,42 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
             ],
         },  # fmt: skip
         "wall_s": round(time.monotonic() - t0, 1),
+        "plot": cfg.plot,
     }
+    if cfg.plot:
+        plot_sweep(out, cfg.plot)
+    return out
+
+
+def plot_sweep(r: dict, path: str) -> None:
+    """Joint over the best plan or mix at its bar, every cell: one strip per (link, deadline),
+    the goal (0.95x) and the floor (0.8x) drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = r["cells"]
+    keys = sorted({(c["link"], c["robots"], c["deadline_x_device_only"]) for c in cells})
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(keys)), 4))
+    rng = np.random.default_rng(0)
+    for i, key in enumerate(keys):
+        ys = [c["judged"]["ratio"]["ratio"] for c in cells
+              if (c["link"], c["robots"], c["deadline_x_device_only"]) == key]  # fmt: skip
+        xs = i + rng.uniform(-0.25, 0.25, len(ys))
+        ax.scatter(xs, ys, s=9, alpha=0.6)
+        ax.plot([i - 0.3, i + 0.3], [np.median(ys)] * 2, color="k", lw=1.5)
+    ax.axhline(GOAL_RATIO, color="g", lw=0.8, ls="--", label=f"goal {GOAL_RATIO}x")
+    ax.axhline(FLOOR_RATIO, color="r", lw=0.8, ls=":", label=f"floor {FLOOR_RATIO}x")
+    ax.set_xticks(
+        range(len(keys)), [f"{link}\n{n} robot(s)\n{d:g}x" for link, n, d in keys], fontsize=7
+    )
+    ax.set_ylabel("joint / best plan or mix at its bar (actions/J, modelled)")
+    ax.set_title(f"{len(r['worlds'])} worlds drawn from the grid (seed {r['config']['seed']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def format_sweep(r: dict) -> str:
