@@ -146,3 +146,13 @@ def test_openpi_counts_a_state_before_converting_it():
     assert peak < 4 * 2**20, peak  # nothing the size of the state, let alone 4x it
     with pytest.raises(ValueError, match="at most 1024 numbers"):  # a list: counted, not built
         layout.inputs({**obs, "state": [0.0] * 2000}, 1, 4096)
+
+
+def test_openpi_checks_every_camera_sent_even_one_the_policy_does_not_read():
+    from vlarun.runtime.openpi import LAYOUTS
+
+    layout = LAYOUTS["metaworld"]
+    obs = {"image": np.zeros((64, 64, 3), np.uint8), "prompt": "open",
+           "second_image": np.zeros((64, 64, 3), np.float64)}  # fmt: skip
+    with pytest.raises(ValueError, match="'second_image' must be an"):
+        layout.inputs(obs, 1, 4096)  # a one-view policy: the second view is still checked

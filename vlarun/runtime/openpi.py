@@ -178,12 +178,17 @@ class ObservationLayout:
             raise ValueError(f"{self.prompt_key!r} is {size} bytes; at most {max_prompt_bytes}")
         if isinstance(prompt, bytes):
             prompt = prompt.decode()
-        views = [obs[k] for k in self.image_keys if k in obs][:num_images]
-        for key, v in zip(self.image_keys, views, strict=False):
+        # Every camera the request sends is checked, the ones this policy does not read too
+        # (issue 64: an oversized second_image sent to a one-view policy was ignored, not
+        # refused like the first).
+        present = [k for k in self.image_keys if k in obs]
+        for key in present:
+            v = obs[key]
             if not isinstance(v, np.ndarray) or v.ndim != 3 or v.shape[-1] != 3 \
                     or v.dtype != np.uint8:  # fmt: skip
                 what = f"{v.dtype}{v.shape}" if isinstance(v, np.ndarray) else type(v).__name__
                 raise ValueError(f"{key!r} must be an (H, W, 3) uint8 array, got {what}")
+        views = [obs[k] for k in present][:num_images]
         if len(views) == 1:
             images = views[0]
         elif len({v.shape for v in views}) == 1:
