@@ -455,9 +455,9 @@ class Scheduler:
         chosen = best if tried is None else tried
         self.budget.spend(1.0 - float(judged[chosen]))
         d = self._decision(chosen, sc, apj, explored=tried is not None, p_on=p_on)
-        d = dataclasses.replace(d, on_time_p=float(judged[chosen]))
         d = dataclasses.replace(
             d,
+            on_time_p=float(judged[chosen]),
             fixed_actions_per_joule=None if anchor is None else float(apj[anchor]),
             held_to_fixed=held,
             miss_allowance=float(allowance),
