@@ -75,7 +75,14 @@ case "$SUITE" in
                    --budget-minutes 85 --init-from training/mt10p5 --state-noise 0.02
                    --early-share 0.3
                    --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
-  *) echo "SUITE must be mt10p, mt10g, mt10pf or mt10p2..mt10p6, got $SUITE" >&2; exit 2 ;;
+  # The next stretch of mt10p-fast (not run yet): the first (85 min, 77,792 samples) ended
+  # with its budget spent; this one continues its weights and FAST ids, a cosine of its own.
+  mt10pf2) SUITE=mt10pf SCHEDULE=(--out training/mt10pf2 --steps 8000 --lr 1.5e-4 --warmup 100
+                   --budget-minutes 85 --init-from training/mt10pf --state-noise 0.02
+                   --early-share 0.3
+                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  *) echo "SUITE must be mt10p, mt10g, mt10pf, mt10pf2 or mt10p2..mt10p6, got $SUITE" >&2
+     exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \
   --max-minutes "$MINUTES" --threads "$THREADS" --save-minutes 20

@@ -487,3 +487,22 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
     image = np.zeros((128, 128, 3), np.uint8)
     actions = policy.predict([image, image], "reach the goal", state=np.zeros(4, np.float32))
     assert actions.shape == (8, 4) and np.isfinite(actions).all()
+
+
+def test_a_fast_run_continued_from_another_keeps_its_ids(tmp_path):
+    """mt10pf2 continues mt10pf: the FAST tokenizer is the source run's, not refitted."""
+    from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR
+
+    d = tmp_path / "demos"
+    collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
+    first = TrainConfig(suite="mt10pf", demos=str(d), out=str(tmp_path / "a"), steps=1,
+                        batch=2, warmup=1, log_every=1, init_from="")  # fmt: skip
+    train(first)
+    other = tmp_path / "demos2"  # other chunks: a refit would learn other merges
+    collect(["push-v3"], 1, other, extra_cameras=("wrist",), progress=False)
+    again = dataclasses.replace(first, demos=str(other), out=str(tmp_path / "b"),
+                                init_from=str(tmp_path / "a"))  # fmt: skip
+    train(again)
+    for name in ("tokenizer.json", "processor_config.json"):
+        a = (tmp_path / "a" / FAST_TOKENIZER_DIR / name).read_text()
+        assert (tmp_path / "b" / FAST_TOKENIZER_DIR / name).read_text() == a

@@ -759,6 +759,11 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     tokenizer = build_tokenizer(instructions, tokenizer_path)
     model = MultiHeadBC(cfg.suite)
     fast_dir = out / FAST_TOKENIZER_DIR
+    source_fast = None if init_from is None else init_from / FAST_TOKENIZER_DIR
+    if model.cfg.fast is not None and not fast_dir.is_dir() and source_fast is not None \
+            and source_fast.is_dir():  # fmt: skip
+        # A run continued from a FAST run keeps its ids: its embeddings were trained on them.
+        shutil.copytree(source_fast, fast_dir)
     if model.cfg.fast is not None and fast_dir.is_dir():  # a resumed run keeps its vocabulary
         model.trunk.set_fast_tokenizer(
             FastTokenizer.load(fast_dir, action_horizon=model.cfg.horizon,
