@@ -46,6 +46,10 @@ for m in assets/demos/mt10p-*/; do
 done
 DEMOS=$(IFS=,; echo "${SETS[*]}")
 SUITE=${SUITE:-mt10p}
+# What every mt10p-fast stretch shares (the mt10p5 / mt10p6 recipe: 85 minutes, noisy hand
+# state, episode starts, the precise tasks weighted 2).
+FAST=(--steps 8000 --budget-minutes 85 --state-noise 0.02 --early-share 0.3
+      --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2)
 case "$SUITE" in
   mt10p) SCHEDULE=(--steps 12000 --lr 3e-4 --warmup 300) ;;
   # A fine-tune of a trained trunk: a quarter of the schedule at a third of the peak LR.
@@ -71,16 +75,12 @@ case "$SUITE" in
   # 8-step chunks, END-terminated), fine-tuned from mt10p5 (the run the shipped mt10p-ar came
   # from) on every committed set as mt10p6 was; its FAST vocabulary is fitted on the run's own
   # chunks at the start (training/mt10pf/fast_tokenizer/, committed with the state).
-  mt10pf) SCHEDULE=(--out training/mt10pf --steps 8000 --lr 2e-4 --warmup 200
-                   --budget-minutes 85 --init-from training/mt10p5 --state-noise 0.02
-                   --early-share 0.3
-                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  mt10pf) SCHEDULE=(--out training/mt10pf --lr 2e-4 --warmup 200 --init-from training/mt10p5
+                   "${FAST[@]}") ;;
   # The next stretch of mt10p-fast (not run yet): the first (85 min, 77,792 samples) ended
   # with its budget spent; this one continues its weights and FAST ids, a cosine of its own.
-  mt10pf2) SUITE=mt10pf SCHEDULE=(--out training/mt10pf2 --steps 8000 --lr 1.5e-4 --warmup 100
-                   --budget-minutes 85 --init-from training/mt10pf --state-noise 0.02
-                   --early-share 0.3
-                   --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2) ;;
+  mt10pf2) SUITE=mt10pf SCHEDULE=(--out training/mt10pf2 --lr 1.5e-4 --warmup 100
+                    --init-from training/mt10pf "${FAST[@]}") ;;
   *) echo "SUITE must be mt10p, mt10g, mt10pf, mt10pf2 or mt10p2..mt10p6, got $SUITE" >&2
      exit 2 ;;
 esac

@@ -78,11 +78,11 @@ _ST_BYTES = {
 _ST_MAX_HEADER = 100 * 2**20
 
 
-def check_safetensors(path: Path) -> None:
-    """A safetensors file checked before it is opened (issue 64: a truncated file, flipped
-    header bytes or a header length of 2^40 each ended in a 22-line traceback): the header's
-    length against the file, its JSON, every tensor's dtype, shape and byte range inside the
-    file. CheckpointError names the file and the fault."""
+def check_safetensors(path: Path) -> dict:
+    """A safetensors file checked before it is opened, and its header returned (issue 64: a
+    truncated file, flipped header bytes or a header length of 2^40 each ended in a 22-line
+    traceback): the header's length against the file, its JSON, every tensor's dtype, shape
+    and byte range inside the file. CheckpointError names the file and the fault."""
     size = path.stat().st_size
     if size < 8:
         raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors header")
@@ -113,6 +113,7 @@ def check_safetensors(path: Path) -> None:
         if not start <= end <= body or end - start != want * math.prod(shape):
             raise CheckpointError(f"{path}: tensor {name!r} ({dtype} {shape}) claims bytes "
                                   f"{start}..{end} of a {body}-byte body")  # fmt: skip
+    return header
 
 
 def _load_file(path: Path) -> dict[str, Tensor]:
@@ -500,10 +501,7 @@ def weight_names(directory: Path) -> list[str]:
     for path in sorted(directory.glob("*.safetensors")):
         if "processor" in path.name:
             continue
-        check_safetensors(path)
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            names += [k for k in json.loads(f.read(n)) if k != "__metadata__"]
+        names += [k for k in check_safetensors(path) if k != "__metadata__"]
     return names
 
 

@@ -575,7 +575,11 @@ class Scheduler:
 
     def _timed_robot_s(self) -> np.ndarray:
         """Per candidate: the calibrated time of its robot stages that were timed on the robot
-        under its own setting (warm-up or outcomes), summed; 0 for a stage never timed so."""
+        under its own setting (warm-up or outcomes), summed; 0 for a stage never timed so.
+        Read by every decision (the prior's spread): computed once per calibration state."""
+        return self._cached(("timed robot",), self._timed_robot_s_now)
+
+    def _timed_robot_s_now(self) -> np.ndarray:
         ks = range(len(self.space.settings))
         timed = np.array(
             [

@@ -337,12 +337,14 @@ class World:
     link_rng: np.random.Generator
     _scale: dict = field(default_factory=dict)  # (work, role) -> (scale, utilisation)
 
-    def draw(self, works) -> list:
+    def draw(self, works, rng: np.random.Generator | None = None) -> list:
         """One draw per stage, before anything is placed, so the stream is consumed alike
-        whatever runs where: a recorded sample (host seconds), or a world's jitter draw."""
+        whatever runs where: a recorded sample (host seconds), or a world's jitter draw.
+        ``rng``: another stream than the requests' (the warm-up's)."""
+        rng = self.stage_rng if rng is None else rng
         if isinstance(self.truth, WorldTruth):
-            return self.truth.draw(self.stage_rng, works)
-        return [float(self.stage_rng.choice(self.truth.samples.seconds[w.name])) for w in works]
+            return self.truth.draw(rng, works)
+        return [float(rng.choice(self.truth.samples.seconds[w.name])) for w in works]
 
     def seconds(self, work: StageWork, role: str, draw, knobs: dict) -> float:
         """The true compute seconds of ``work`` (under the setting ``knobs``) on ``role``."""
@@ -362,8 +364,7 @@ class World:
         knobs0 = space.settings[k0].as_dict()
         # Three runs, each a sample of the factors' medians: one stalled run is outvoted.
         for _ in range(WARM_RUNS):
-            draws = self.truth.draw(rng, works) if isinstance(self.truth, WorldTruth) else [
-                float(rng.choice(self.truth.samples.seconds[w.name])) for w in works]  # fmt: skip
+            draws = self.draw(works, rng)
             sched.prime(
                 {
                     w.name: self.seconds(w, "robot", d, knobs0)
