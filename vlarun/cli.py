@@ -62,6 +62,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "compile": ("vlarun.bench.compile_probe", "torch.compile vs eager: engine steps, policies"),
     "load": ("vlarun.bench.load_memory", "peak memory of loading a checkpoint vs its size"),
     "cpu": ("vlarun.bench.cpu_probe", "fp32 vs bf16 on this CPU: matmul, one training step"),
+    "roofline": ("vlarun.bench.roofline", "a policy's stages against this machine's roofline"),
     "floor": ("vlarun.bench.floor", "the floor of a ZeroMQ relay hop and a Ray actor call"),
     "paired": ("vlarun.bench.paired", "one accel-table row minus another table's, paired"),
     "rtc": ("vlarun.bench.rtc", "chunk execution under delay: sync, naive, blend, real-time"),

@@ -111,3 +111,28 @@ def test_a_wrong_catalog_is_corrected_within_30_requests(tmp_path, scale):
     assert np.mean([r["placement"] == "R/R/R" for r in recs[30:]]) > 0.9
     assert apj(recs[30:]) >= 0.95 * apj(recs[-100:])
     assert np.mean([r["slo_met"] for r in recs]) >= 0.99
+
+
+def test_a_target_out_of_reach_holds_to_the_most_punctual_steady_plan_cheaply(tmp_path):
+    """The robot stalls 4% of the time (3x) and the edge (280 W) is punctual only while the
+    Wi-Fi is good: no plan held steady, and so no random mix, reaches 99%. Chasing the target
+    with the edge whenever the link allows bought less than a point at ~0.3x the actions/J;
+    joint instead stays within half a point of the most punctual steady plan at >= 0.9x the
+    cheapest plan or mix that is, from its 60th request on (before that, the first stall
+    leaves it in debt while it still counts the edge as punctual, and it pays on the edge),
+    and its decisions say the target is out of reach."""
+    world = _world(tmp_path, "far", robot_scale=0.8, edge_scale=1.4, edge_busy_w=280.0,
+                   stall_p=0.04, stall_factor=3.0, jitter=0.04)  # fmt: skip
+    cfg, setup = _cfg(world, 1.2, duration_s=300.0)
+    cfg = dataclasses.replace(cfg, trace="wifi-drive")
+    runs = {"vlarun-joint": run_policy(cfg, setup, "vlarun-joint", "none", 0)}
+    statics = static_plans(setup)
+    for label, roles, k in statics:
+        runs[label] = run_policy(cfg, setup, label, "none", 0, static=(roles, k))
+    labels = [s[0] for s in statics]
+    later = {name: rs[60:] for name, rs in runs.items()}  # the same requests: sorted by release
+    j = judge(0.99, later["vlarun-joint"], later, labels, np.random.default_rng(0))
+    assert not j["target_reachable"], j  # the world is what the test says it is
+    assert j["met"] and j["ratio"]["ratio"] >= 0.9, j
+    reach = [r["on_time_reach"] for r in later["vlarun-joint"]]
+    assert max(reach) < 0.99 and min(reach) > 0.85, (min(reach), max(reach))

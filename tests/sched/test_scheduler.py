@@ -619,8 +619,14 @@ def test_only_requests_that_ran_as_planned_teach_the_residual():
     roles = tuple(d.placement.values())
     sched.observe(d, Outcome(stages=(), latency_s=5 * sched.slo_s, fallback="link: timed out"))
     assert not sched.cal.measured(roles)  # the link's fault: the link estimate learns it
+    # nor its tail: a placement charged with a link's timeouts stayed off a restored edge ~2 s
+    assert not sched.cal.tails.get(roles)
     sched.observe(d, Outcome(stages=(), latency_s=d.latency_s * 1.1))
     assert sched.cal.measured(roles) and sched.cal.residual(roles) > 0
+    assert len(sched.cal.tails[roles]) == 1
+    # the edge's own lateness is the placement's tail, fallback or not
+    sched.observe(d, Outcome(stages=(), latency_s=3 * sched.slo_s, fallback="edge: no answer"))
+    assert len(sched.cal.tails[roles]) == 2 and max(sched.cal.tails[roles]) > 2
 
 
 def test_residual_and_spread_relax_toward_the_prior_with_time():

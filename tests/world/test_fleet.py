@@ -378,7 +378,7 @@ def test_a_link_too_slow_for_the_deadline_is_not_used():
     setup = make_setup(cfg)
     works = setup.placement.works[0]
     out = _alone(execute(make_world(cfg, setup, 0), works, ("edge",) * 3, 0.0, RadioPower(), 0.0))
-    assert out.fallback == "link: leaves the edge no time"
+    assert out.fallback == "edge: the link leaves the edge no time"
     assert out.transfers == [] and out.placement == ("robot",) * 3
     world = make_world(cfg, setup, 0)
     draws = world.draw(works)

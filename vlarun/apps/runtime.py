@@ -482,6 +482,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         "task": o.task,
         "slo_ms": slo_s * 1e3,
         "robot_slowdown": o.robot_slowdown,
+        "on_time_target": o.on_time,
         "energy_source": summarise(infs, horizon).get("energy_source", "modelled"),
         "summary": summarise(infs, horizon),
         "link_timeline": link_timeline(infs, clock0, o.link_mbps, parse_schedule(o.link_schedule))
@@ -548,7 +549,9 @@ def show_run_robot(r: dict) -> None:
     if s.get("inferences"):
         print(
             f"  {s['inferences']} inferences: p50 {s['latency_p50_ms']:.1f} ms, p99 "
-            f"{s['latency_p99_ms']:.1f} ms, SLO met {100 * s['slo_met_fraction']:.1f}%, "
+            f"{s['latency_p99_ms']:.1f} ms, SLO met {100 * s['slo_met_fraction']:.1f}% "
+            f"[{100 * s['slo_met_ci95'][0]:.1f}, {100 * s['slo_met_ci95'][1]:.1f}] "
+            f"(target {100 * r.get('on_time_target', 0.99):g}%), "
             f"{s['fallbacks']} fallbacks, {s['actions_per_joule']:.3f} actions/J (modelled)"
         )
     t = r.get("link_timeline")

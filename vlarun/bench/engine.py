@@ -564,15 +564,8 @@ def bench_case(
 
 def machine_info() -> dict:
     """What the numbers were measured on."""
-    model, flags = "", ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:  # the first core's entries describe them all
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = value
-    model = model or platform.processor() or "unknown"
+    from vlarun.machine import cpu_features, cpu_name
+
     try:
         import transformers
 
@@ -580,10 +573,10 @@ def machine_info() -> dict:
     except ImportError:
         hf_version = None
     return {
-        "cpu": model,
+        "cpu": cpu_name(),
         "cores": _cores(),
         "threads": torch.get_num_threads(),
-        "avx512_bf16": "avx512_bf16" in flags.split(),
+        "avx512_bf16": cpu_features()["avx512_bf16"],
         "torch": torch.__version__,
         "transformers": hf_version,
         "python": platform.python_version(),

@@ -71,6 +71,10 @@ class ExecutionPlan:
     on_time_p: float | None = None
     on_time_target: float | None = None
     miss_allowance: float | None = None
+    # The on-time share the most punctual plan held for every request would deliver, as the
+    # scheduler estimates it now (``Scheduler.reach``): below the target, the target is out of
+    # reach of any plan or mix of plans, and the scheduler holds to within half a point of it.
+    on_time_reach: float | None = None
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0
     eligible: int = 0

@@ -593,7 +593,7 @@ def execute(
                 if give_up[i] - t - world.wire_s(work.in_bytes, t) - back <= 0:
                     # The link leaves the edge no time: the robot does not send, it runs the
                     # segment here (the runtime's executor refuses to send it too).
-                    fallback = "link: leaves the edge no time"
+                    fallback = "edge: the link leaves the edge no time"  # as the executor says it
                     del give_up[i]
                     for k in _segment(roles, i):
                         roles[k] = "robot"
@@ -810,6 +810,8 @@ def _record(cfg: FleetConfig, req: _Request, out: Executed) -> dict:
         "energy_j": out.energy_j,
         # what the plan predicted (None: a fixed strategy's request, planned by no scheduler)
         "predicted_energy_j": None if req.plan is None else req.plan.energy_j,
+        # the share the scheduler counted the most punctual steady plan to reach then
+        "on_time_reach": None if req.plan is None else req.plan.on_time_reach,
         "slo_met": out.latency_s <= cfg.slo_s,
         "placement": "/".join(r[0].upper() for r in out.placement),
         "ran": " ".join(f"{w.name}@{r}" for w, r in zip(req.works, out.placement, strict=True)),

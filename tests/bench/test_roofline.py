@@ -1,0 +1,112 @@
+"""`vlarun bench roofline`: every stage of a policy against this machine's roofline, with the
+cost model's FLOPs and bytes, eager and compiled side by side. Nothing here asserts a timing:
+the machine running the tests is shared."""
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from vlarun.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_ar(tmp_path_factory):
+    """One `--json --plot` run of tiny-ar through the command line, with the compiled steps
+    swapped for counted eager ones (the inductor compile itself is tested with the steps,
+    tests/models/test_static_step.py): (report, decode steps run compiled, plot path)."""
+    from vlarun.models.static_step import DecodeSteps, decode_one
+
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return decode_one(*args)
+
+    plot = tmp_path_factory.mktemp("roofline") / "roofline.png"
+    argv = ["bench", "roofline", "--policy", "tiny-ar", "--repeats", "1", "--threads", "1",
+            "--plot", str(plot), "--json"]  # fmt: skip
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setattr("vlarun.models.static_step.compile_steps",
+                   lambda mode, denoise=True: DecodeSteps(one=counted, mode=mode))  # fmt: skip
+        assert main(argv) == 0
+    return json.loads(out.getvalue()), len(calls), plot
+
+
+def test_every_stage_has_the_cost_model_s_flops_and_bytes(tiny_ar):
+    from vlarun.apps.model import InfoOptions, cmd_info
+
+    r, _, _ = tiny_ar
+    info = cmd_info(InfoOptions(model="tiny-ar", text_tokens=r["text_tokens"], dtype="float32"))
+    assert [s["name"] for s in r["stages"]] == [s["name"] for s in info["stages"]]
+    assert [s["name"] for s in r["stages"]] == ["vision", "prefill", "decode"]
+    for got, want in zip(r["stages"], info["stages"], strict=True):
+        assert (got["flops"], got["bytes"]) == (want["flops"], want["bytes"]), got["name"]
+    end = r["end_to_end"]
+    assert end["flops"] == sum(s["flops"] for s in info["stages"])
+    assert end["bytes"] == sum(s["bytes"] for s in info["stages"])
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory_at_the_measured_peaks(tiny_ar):
+    r, _, _ = tiny_ar
+    assert r["peak_gflops"] > 0 and r["bandwidth_gbs"] > 0
+    for s in r["stages"]:
+        compute = s["flops"] / (r["peak_gflops"] * 1e9) * 1e3
+        memory = s["bytes"] / (r["bandwidth_gbs"] * 1e9) * 1e3
+        assert s["roofline_ms"] == pytest.approx(max(compute, memory))
+        assert s["bound"] == ("compute" if compute >= memory else "memory")
+        assert s["eager"]["ms"] > 0 and s["eager"]["ratio"] > 0
+        assert s["eager"]["gflops"] > 0 and s["eager"]["gbs"] > 0
+    end = r["end_to_end"]
+    assert end["roofline_ms"] == pytest.approx(sum(s["roofline_ms"] for s in r["stages"]))
+    assert end["eager"]["ratio"] > 0 and end["compiled"]["ratio"] > 0
+
+
+def test_only_a_stage_with_a_compiled_step_gets_a_compiled_column(tiny_ar):
+    r, decode_steps, _ = tiny_ar
+    by_name = {s["name"]: s for s in r["stages"]}
+    assert by_name["decode"]["compiled_step"] == "static_step.decode_one"
+    assert by_name["decode"]["compiled"]["ratio"] > 0
+    for name in ("vision", "prefill"):
+        assert by_name[name]["compiled_step"] == "eager only"
+        assert by_name[name]["compiled"] is None
+    assert decode_steps > 0  # the compiled variant ran the swapped-in steps
+    assert r["compile"]["ran"] and r["compile"]["max_action_diff"] == 0.0  # greedy: same tokens
+
+
+def test_the_report_round_trips_through_json_and_prints(tiny_ar, capsys):
+    from vlarun.bench.roofline import show
+
+    r, _, plot = tiny_ar
+    assert json.loads(json.dumps(r)) == r
+    show(r)
+    out = capsys.readouterr().out
+    assert r["cpu"] in out and "AVX" in r["cpu"] and "AMX" in r["cpu"]
+    assert all(s["name"] in out for s in r["stages"]) and "eager only" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_family_without_a_compiled_step_says_eager_only():
+    from vlarun.bench.roofline import BenchRooflineOptions, run
+
+    r = run(BenchRooflineOptions(policy="tiny-oft", repeats=1, threads=1))
+    assert [s["name"] for s in r["stages"]] == ["vision", "prefill_head"]
+    assert all(s["compiled_step"] == "eager only" and s["compiled"] is None for s in r["stages"])
+    assert not r["compile"]["ran"] and r["end_to_end"]["compiled"] is None
+    assert "eager only" in r["compile"]["note"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--policy", "no-such-policy"], "'no-such-policy'"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--threads", "-1"], "--threads must be >= 0"),
+    ],
+)
+def test_bad_options_fail_in_one_line_naming_them(capsys, argv, needle):
+    assert main(["bench", "roofline", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
