@@ -338,3 +338,44 @@ def test_a_layout_with_too_few_cameras_is_refused_in_one_line(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "takes 3 cameras" in err and "--image-keys" in err
+
+
+@pytest.mark.parametrize("layout", ["smolvla", "libero"])
+def test_the_readme_client_snippet_runs_against_every_layout(tmp_path, monkeypatch, layout):
+    """README's openpi client, as printed (its key read from policy.key, newline and all),
+    against a LeRobot SmolVLA directory (the checkpoint's own camera keys and state) and a
+    shipped policy under the libero layout: it builds its observation from the metadata."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from vlarun import parity
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                   if "get_server_metadata" in b)  # fmt: skip
+    (tmp_path / "policy.key").write_text("0123456789abcdef0123456789abcdef\n")  # echo's newline
+    os.chmod(tmp_path / "policy.key", 0o600)
+    if layout == "smolvla":
+        parity.make_lerobot_dir(tmp_path / "ckpt", "smolvla")
+        args = ["--policy", str(tmp_path / "ckpt")]
+    else:
+        args = ["--policy", "tiny-ar", "--layout", "libero"]
+    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--protocol", "openpi", *args,
+           "--api-key-file", str(tmp_path / "policy.key"), "--port", "0", "--threads", "1",
+           "--json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.poll() is not None else "no start line"
+        port = json.loads(line)["endpoint"].rsplit(":", 1)[1]
+        monkeypatch.chdir(tmp_path)
+        scope: dict = {}
+        exec(snippet.replace("8000", port), scope)  # noqa: S102 - the README's own text
+    finally:
+        _stop(proc)
+    assert np.asarray(scope["action"]).ndim == 1 and np.isfinite(scope["action"]).all()
