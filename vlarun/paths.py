@@ -40,6 +40,11 @@ def shipped_policies() -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / "config.json").exists())
 
 
+# What an openpi JAX checkpoint holds instead of config.json (orbax's parameter tree and its
+# metadata), so the refusal can name what the directory is.
+ORBAX_MARKERS = ("params", "_CHECKPOINT_METADATA", "_METADATA", "assets/norm_stats.json")
+
+
 def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
     """A policy directory given by path, or by the name of a shipped policy.
 
@@ -51,6 +56,13 @@ def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
     if (shipped / "config.json").exists():
         return shipped
     if path.is_dir():  # a directory, but not a checkpoint: say what it lacks
+        if any((path / m).exists() for m in ORBAX_MARKERS):
+            raise ValueError(
+                f"{path} is an openpi JAX / orbax checkpoint (no config.json; "
+                f"{', '.join(m for m in ORBAX_MARKERS if (path / m).exists())}): vlarun loads "
+                "PyTorch safetensors only; use the LeRobot export of the same model "
+                "(pi0 / pi05 / pi0_fast)"
+            )
         raise ValueError(f"{path} is a directory without config.json: not a checkpoint (a "
                          "vlarun, OpenVLA or LeRobot checkpoint directory has one)")  # fmt: skip
     raise ValueError(

@@ -314,7 +314,9 @@ def test_a_directory_without_weights_or_config_says_which_is_missing(tmp_path, c
     parity.make_lerobot_dir(tmp_path / "lr", "pi0")
     (tmp_path / "lr" / "model.safetensors").unlink()
     (tmp_path / "empty").mkdir()
-    for d, needle in (("lr", "no model.safetensors"), ("empty", "without config.json")):
+    (tmp_path / "openpi" / "params").mkdir(parents=True)  # openpi's JAX tree: orbax params
+    for d, needle in (("lr", "no model.safetensors"), ("empty", "without config.json"),
+                      ("openpi", "openpi JAX / orbax checkpoint")):  # fmt: skip
         argv = ["act", "--policy", str(tmp_path / d), "--image", "x.png", "--instruction", "x"]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
