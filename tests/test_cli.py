@@ -371,3 +371,13 @@ def test_bench_help_lists_the_benchmarks(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in BENCH)
     assert main(["bench"]) == 2  # no benchmark named: the list, and a usage error
+
+
+def test_info_takes_a_policy_as_other_commands_do(capsys):
+    """`info --policy NAME` (issue 66, 4): the flag act / eval / serve-policy use for a shipped
+    policy sets info's --model; a missing one names both."""
+    r = run_json(capsys, "info", "--policy", "tiny-ar")
+    assert r["model"] == run_json(capsys, "info", "--model", "tiny-ar")["model"]
+    with pytest.raises(SystemExit):
+        main(["info"])
+    assert "--model/--policy" in capsys.readouterr().err

@@ -29,11 +29,14 @@ def opt(
     positional: bool = False,
     choices=None,
     replaces: tuple[str, ...] = (),
+    aliases: tuple[str, ...] = (),
 ):
-    """A dataclass field carrying command-line metadata (help text, positional, choices, and
-    the flags it ``replaces``, or ``"NAME"`` for a positional argument it replaces: given,
-    those fail in one line naming this option)."""
-    meta = {"help": help, "positional": positional, "choices": choices, "replaces": replaces}
+    """A dataclass field carrying command-line metadata (help text, positional, choices, the
+    flags it ``replaces``, or ``"NAME"`` for a positional argument it replaces: given, those
+    fail in one line naming this option; and ``aliases``: other flags that set it, where the
+    name other commands use for the same thing differs, e.g. ``info --policy``)."""
+    meta = {"help": help, "positional": positional, "choices": choices, "replaces": replaces,
+            "aliases": aliases}  # fmt: skip
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -128,14 +131,15 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         if meta.get("positional"):
             parser.add_argument(f.name, type=base, **kw)
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *meta.get("aliases", ())]
+        kw["dest"] = f.name
         if base is bool:
             action = argparse.BooleanOptionalAction if f.default is True else "store_true"
-            parser.add_argument(flag, action=action, default=f.default, **kw)
+            parser.add_argument(*flags, action=action, default=f.default, **kw)
             continue
         required = f.default is dataclasses.MISSING
         default = None if required else f.default
-        parser.add_argument(flag, type=base, required=required, default=default, **kw)
+        parser.add_argument(*flags, type=base, required=required, default=default, **kw)
 
 
 def _base_type(hint) -> type:

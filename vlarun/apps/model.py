@@ -21,6 +21,7 @@ class InfoOptions:
     model: str = opt(
         help=f"{MODEL_HELP}, or a checkpoint directory; presets: {', '.join(PRESETS)}",
         replaces=("NAME", "--preset"),
+        aliases=("--policy",),  # what act / eval / serve-policy call a shipped policy
     )
     batch: int = opt(1, "batch size")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
