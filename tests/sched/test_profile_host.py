@@ -37,12 +37,38 @@ def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
     assert set(samples.seconds) == {"vision", "prefill", "denoise"}
     assert all(len(x) == 2 for x in samples.seconds.values())
     assert samples.host.bf16_tflops == r["device_peaks"]["bf16_gflops"] / 1e3
-    argv = ["predict", "--model", "tiny-openvla", "--device", "this-cpu", "--dtype", "float32"]
+    # profile and predict default to one dtype (this CPU's best), so the defaults meet
+    argv = ["predict", "--model", "tiny-openvla", "--device", "this-cpu"]
     assert main([*argv, "--profile", str(out), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert all(s["latency_source"] == "measured" for s in pred["stages"])
+    assert pred["estimate"] == "measured" and pred["dtype"] == ar[0]["dtype"]
     medians = {e["stage"]: e["median_ms"] for e in ar}
     assert pred["latency_ms"] == pytest.approx(sum(medians.values()))
+
+
+def test_predict_and_plan_use_the_cached_profile_and_say_when_there_is_none(capsys):
+    """Issue 66 (1): with a fresh cache, predict and plan say their this-cpu times are a
+    roofline estimate and name the command that measures them; after `vlarun profile --model
+    M` (the cache's file, the same default dtype) both read it without being told."""
+    predict = ["predict", "--model", "tiny-openvla", "--device", "this-cpu", "--json"]
+    plan = ["plan", "--model", "tiny-openvla", "--robot", "this-cpu", "--edge", "rtx4090",
+            "--json"]  # fmt: skip
+    assert main(predict) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert before["estimate"].startswith("roofline estimate, unprofiled: run `vlarun profile")
+    assert main(plan) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert not r["profile_files"] and any("unprofiled" in n for n in r["notes"])
+    assert main(["profile", "--model", "tiny-openvla", "--repeats", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(predict) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["estimate"] == "measured" and after["profile_file"]
+    assert main(plan) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["profile_files"] == [after["profile_file"]]
+    assert not any("unprofiled" in n for n in r["notes"])
 
 
 def test_measured_table_overrides_predictor_and_scheduler():

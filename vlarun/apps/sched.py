@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlarun.config import items, opt
+from vlarun.sched.catalog import THIS_CPU
 from vlarun.sched.plan_options import PlanOptions, make_scheduler
 
 # ---------------------------------------------------------------------------------------------
@@ -24,8 +25,14 @@ class PredictOptions:
     device: str | None = opt(None, "device id (see --list-devices)")
     batch: int = opt(1, "batch size")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
-    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
-    profile: str | None = opt(None, "measured profile file (from `vlarun profile`) to use")
+    dtype: str | None = opt(
+        None, "compute dtype (default: the device's best: on this CPU bf16 where it has native "
+        "bf16, else fp32; bf16 on a GPU)", choices=["bfloat16", "float32"],
+    )  # fmt: skip
+    profile: str | None = opt(
+        None, "measured profile file (from `vlarun profile`; default: the cached one for "
+        "--model on this-cpu, where it exists)",
+    )  # fmt: skip
     list_devices: bool = opt(False, "list the device catalog and exit")
     json: bool = opt(False, "print one JSON object")
 
@@ -35,7 +42,7 @@ def cmd_predict(o: PredictOptions) -> dict:
     from vlarun.sched.catalog import get_device, load_catalog
     from vlarun.sched.cost import stage_works
     from vlarun.sched.predictor import predict_device
-    from vlarun.sched.profile import Profile
+    from vlarun.sched.profile import Profile, cached_profile, default_dtype
     from vlarun.stages.families import Workload
 
     if o.list_devices:
@@ -43,14 +50,27 @@ def cmd_predict(o: PredictOptions) -> dict:
     if o.model is None or o.device is None:
         raise ValueError("give --model and --device (or --list-devices)")
     cfg, device = get_preset(o.model), get_device(o.device)
-    if o.dtype not in device.dtypes:
-        raise ValueError(f"{device.id} does not support {o.dtype}")
-    w = Workload(o.batch, o.text_tokens, o.dtype)
-    profile = Profile.load(o.profile) if o.profile else None
+    dtype = o.dtype or default_dtype(device)
+    if dtype not in device.dtypes:
+        raise ValueError(f"{device.id} does not support {dtype}")
+    w = Workload(o.batch, o.text_tokens, dtype)
+    path = o.profile or cached_profile(cfg.name, [device.id], dtype)
+    profile = Profile.load(path) if path else None
     r = predict_device(
-        stage_works(cfg, w), device, o.dtype, cfg.horizon, profile, cfg.name, o.batch, o.text_tokens
+        stage_works(cfg, w), device, dtype, cfg.horizon, profile, cfg.name, o.batch, o.text_tokens
     )
-    return {"model": cfg.name, "device": device.id, "batch": o.batch, "dtype": o.dtype} | r
+    head = {"model": cfg.name, "device": device.id, "batch": o.batch, "dtype": dtype}
+    return head | r | {"profile_file": None if path is None else str(path),
+                       "estimate": _estimate(r["stages"], device.id, cfg.name, dtype)}  # fmt: skip
+
+
+def _estimate(stages: list[dict], device_id: str, model: str, dtype: str) -> str:
+    """What a prediction stands on: every stage measured, or the roofline (and on this CPU,
+    the command that measures it)."""
+    if stages and all(s["latency_source"] == "measured" for s in stages):
+        return "measured"
+    how = f": run `vlarun profile --model {model} --dtype {dtype}`" if device_id == THIS_CPU else ""
+    return f"roofline estimate, unprofiled{how}"
 
 
 def _device_row(d) -> dict:
@@ -89,6 +109,7 @@ def show_predict(r: dict) -> None:
         )
     print(f"  {'total':<14}{r['latency_ms']:>10.2f}{r['energy_j']:>9.3f}")
     print(f"  {r['actions']} actions -> {r['actions_per_joule']:.3f} actions/J (modelled)")
+    print(f"  latency: {r['estimate']}" + (f" ({r['profile_file']})" if r["profile_file"] else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +129,10 @@ class ProfileOptions:
     )
     batches: tuple[int, ...] = opt((1,), "batch sizes")
     text_tokens: tuple[int, ...] = opt((24,), "instruction lengths")
-    dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    dtype: str | None = opt(
+        None, "compute dtype (default: this CPU's best, as predict and plan default to: bf16 "
+        "where it has native bf16, else fp32)", choices=["bfloat16", "float32"],
+    )  # fmt: skip
     repeats: int = opt(5, "timed repetitions per shape after one warm-up")
     out: str | None = opt(None, "profile file (default: the cache directory)")
     device_only: bool = opt(False, "only measure the device peaks (matmul, memory bandwidth)")
@@ -128,7 +152,7 @@ def cmd_profile(o: ProfileOptions) -> dict:
 
     cpu_only(o.device, "vlarun profile")
     from vlarun.sched.catalog import measure_this_cpu
-    from vlarun.sched.profile import default_profile_path, profile_preset, save_profile
+    from vlarun.sched.profile import cpu_dtype, default_profile_path, profile_preset, save_profile
 
     out: dict = {"device_peaks": measure_this_cpu()}
     if o.device_only:
@@ -138,7 +162,8 @@ def cmd_profile(o: ProfileOptions) -> dict:
     presets = items(o.model)
     result: dict = {}
     for name in presets:  # one file: the host's header once, every preset's entries
-        r = profile_preset(name, _ints(o.batches), _ints(o.text_tokens), o.dtype, o.repeats)
+        r = profile_preset(name, _ints(o.batches), _ints(o.text_tokens), o.dtype or cpu_dtype(),
+                           o.repeats)  # fmt: skip
         result = r | {"entries": result.get("entries", []) + r["entries"]}
     # The host's peaks travel with its samples: what the fleet simulator scales them from.
     result["device_peaks"] = {k: v for k, v in out["device_peaks"].items() if k != "cache_file"}
@@ -179,7 +204,7 @@ def cmd_plan(o: PlanOptions) -> dict:
     from vlarun.sched.predictor import DeviceState
     from vlarun.sched.scheduler import plan_row
 
-    sched, chunk = make_scheduler(o)
+    sched, chunk, profiles = make_scheduler(o)
     fit, reason = _fit(o, sched)
     head = {"model": sched.space.model, "robot": o.robot, "edge": o.edge, "chunk": chunk}
     if reason is not None:  # nothing may run: say why, with the numbers, instead of a plan
@@ -197,9 +222,17 @@ def cmd_plan(o: PlanOptions) -> dict:
         )
     if d.relative_success is None:
         notes.append("the chosen setting's accuracy cost has not been measured")
+    if THIS_CPU in (o.robot, o.edge) and not profiles:
+        notes.append(
+            f"{THIS_CPU}'s times are roofline estimates, unprofiled (a CPU runs small models "
+            f"far off its roofline): run `vlarun profile --model {o.model} --dtype "
+            f"{sched.dtype}` and plan again"
+        )
     return head | {
         "slo_ms": sched.slo_s * 1e3,
         "on_time_target": sched.target,
+        "dtype": sched.dtype,
+        "profile_files": profiles,
         "bandwidth_mbps": o.bandwidth,
         "rtt_ms": o.rtt,
         "accuracy_floor": o.accuracy_floor
@@ -229,11 +262,11 @@ def _fit(o: PlanOptions, sched) -> tuple[list[dict], str | None]:
     from vlarun.stages.families import Workload
 
     cfg = get_preset(o.model)
-    works = stage_works(cfg, Workload(1, o.text_tokens, o.dtype))
-    fit = [f.as_dict() for f in fit_report(cfg, works, sched.devices, o.dtype)]
+    works = stage_works(cfg, Workload(1, o.text_tokens, sched.dtype))
+    fit = [f.as_dict() for f in fit_report(cfg, works, sched.devices, sched.dtype)]
     if sched.allowed.any():
         return fit, None
-    return fit, no_plan_reason(cfg, sched.space, works, sched.devices, o.dtype)
+    return fit, no_plan_reason(cfg, sched.space, works, sched.devices, sched.dtype)
 
 
 def _plan_line(p: dict) -> str:

@@ -31,7 +31,8 @@ def cmd_bench_sched(o: BenchSchedOptions) -> dict:
     from vlarun.sched.queue_model import plan_bookings, reservations
     from vlarun.world.fleet import SimEdge
 
-    sched, _ = make_scheduler(PlanOptions(model=o.model, robot=o.robot, edge=o.edge, chunk=o.chunk))
+    plan = PlanOptions(model=o.model, robot=o.robot, edge=o.edge, chunk=o.chunk)
+    sched, _, _ = make_scheduler(plan)
     rng = random.Random(0)
     # Eight robots' plans booked on one edge, as in a fleet: each decision is scored against
     # the edge's forecast of every plan booked before it (the one reservation mechanism).

@@ -34,23 +34,31 @@ class PlanOptions:
     )
     edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
-    dtype: str = opt("bfloat16", "compute dtype", choices=["bfloat16", "float32"])
+    dtype: str | None = opt(
+        None, "compute dtype (default: the robot's best: on this CPU bf16 where it has native "
+        "bf16, else fp32; bf16 on a catalog GPU or Jetson)", choices=["bfloat16", "float32"],
+    )  # fmt: skip
     no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
     settings: str | None = opt(
         None, "accuracy-cost table (settings.json format) or a `vlarun bench accel` result JSON"
     )
-    profile: str | None = opt(None, "measured profile file(s), comma-separated, to use")
+    profile: str | None = opt(
+        None, "measured profile file(s), comma-separated, to use (default: the cached one of "
+        "`vlarun profile --model M` where the robot or the edge is this-cpu)",
+    )  # fmt: skip
     top: int = opt(5, "alternatives to list")
     json: bool = opt(False, "print one JSON object")
 
 
 def make_scheduler(o: PlanOptions):
-    """The scheduler for a plan request (space built once; decisions are then cheap)."""
+    """The scheduler for a plan request (space built once; decisions are then cheap), its
+    actions per inference, and the profile files its measured stage times come from (none:
+    the roofline's)."""
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
     from vlarun.sched.plans import DEFAULT_FLOOR, build_space, load_settings
-    from vlarun.sched.profile import Profile
+    from vlarun.sched.profile import Profile, cached_profile, default_dtype
     from vlarun.sched.scheduler import Scheduler
     from vlarun.stages.families import Workload
 
@@ -58,7 +66,8 @@ def make_scheduler(o: PlanOptions):
         raise ValueError("--slo-hz must be positive")
     cfg = get_preset(o.model)
     devices = {"robot": get_device(o.robot), "edge": get_device(o.edge)}
-    w = Workload(1, o.text_tokens, o.dtype)
+    dtype = o.dtype or default_dtype(devices["robot"])
+    w = Workload(1, o.text_tokens, dtype)
     rows = load_settings(o.settings) if o.settings else None
     floor = o.accuracy_floor if o.accuracy_floor is not None else DEFAULT_FLOOR
     if o.unmeasured_settings:
@@ -68,10 +77,11 @@ def make_scheduler(o: PlanOptions):
     if chunk < 1:
         raise ValueError("--chunk must be at least 1")
     measured = None
-    if o.profile:
-        prof = Profile.load(*o.profile.split(","))
-        measured = prof.stage_table(cfg.name, 1, o.text_tokens, o.dtype)
+    cached = cached_profile(cfg.name, [o.robot, o.edge], dtype)
+    paths = o.profile.split(",") if o.profile else [str(cached)] if cached else []
+    if paths:
+        measured = Profile.load(*paths).stage_table(cfg.name, 1, o.text_tokens, dtype)
     slo = chunk / o.slo_hz
-    sched = Scheduler(space, devices, slo, dtype=o.dtype, actions=chunk, measured=measured,
+    sched = Scheduler(space, devices, slo, dtype=dtype, actions=chunk, measured=measured,
                       on_time=o.on_time)  # fmt: skip
-    return sched, chunk
+    return sched, chunk, paths

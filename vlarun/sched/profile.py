@@ -58,6 +58,38 @@ def default_profile_path(model: str) -> Path:
     return cache_dir() / f"profile-{THIS_CPU}-{model}.json"
 
 
+def cpu_dtype() -> str:
+    """The compute dtype this CPU runs fastest: bf16 where it has native bf16 instructions
+    (AVX-512 BF16, AMX), fp32 elsewhere (bf16 emulated on AVX2 ran 1.5x slower than fp32 for
+    mt10p-ar, and ~50x on a GEMM). One default for `profile`, `predict` and `plan`, so a
+    profile taken with the defaults is the one the predictions read."""
+    from vlarun.machine import cpu_features
+
+    f = cpu_features()
+    return "bfloat16" if f["avx512_bf16"] or f["amx_bf16"] else "float32"
+
+
+def default_dtype(device) -> str:
+    """``device``'s default compute dtype: this CPU's (``cpu_dtype``); bf16 on a catalog
+    device that supports it (every GPU and Jetson in the catalog), else its first."""
+    if device.id == THIS_CPU:
+        return cpu_dtype()
+    return "bfloat16" if "bfloat16" in device.dtypes else device.dtypes[0]
+
+
+def cached_profile(model: str, device_ids: list[str], dtype: str) -> Path | None:
+    """The profile `vlarun profile --model MODEL` left in the cache, when one of
+    ``device_ids`` is this CPU and it holds stages of ``model`` at ``dtype``; else None."""
+    path = default_profile_path(model)
+    if THIS_CPU not in device_ids or not path.exists():
+        return None
+    try:
+        rows = json.loads(path.read_text())["entries"]
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: predictions stay roofline estimates, as without one
+    return path if any(r.get("model") == model and r.get("dtype") == dtype for r in rows) else None
+
+
 def _percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
