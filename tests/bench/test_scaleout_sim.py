@@ -30,11 +30,11 @@ def test_the_projection_and_the_front_share_one_dispatch_rule():
     import inspect
 
     from vlarun.bench import scaleout as projection
-    from vlarun.runtime import scaleout as front
     from vlarun.runtime.scaleout import dispatch_order
+    from vlarun.runtime.worker_pool import WorkerPool
 
     assert dispatch_order({0: 1.0, 1: 0.5}, None, 2.0) == [1, 0]
     assert dispatch_order({0: 1.0, 1: 0.5}, 0, 2.0) == [0, 1]  # its stream's worker, in time
     assert dispatch_order({0: 3.0, 1: 0.5}, 0, 2.0) == [1, 0]  # not when that one is late
-    for module in (projection.simulate, front.EdgeFront._dispatch):
+    for module in (projection.simulate, WorkerPool.quotes):  # the front's order: its pool's
         assert "dispatch_order(" in inspect.getsource(module)

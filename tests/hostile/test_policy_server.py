@@ -217,9 +217,9 @@ def test_the_seen_clients_table_is_pruned(serve):
     srv = serve()
     now = time.monotonic()
     for k in range(MAX_SEEN):  # connections that each sent one request, long ago
-        srv.edge._touch(f"gone-{k}".encode(), now - 5.0)
-    srv.edge._touch(b"live", now)
-    assert list(srv.edge._seen) == [b"live"]
+        srv.edge.core.touch(f"gone-{k}".encode(), now - 5.0)
+    srv.edge.core.touch(b"live", now)
+    assert list(srv.edge.core.seen()) == [b"live"]
 
 
 def test_a_numpy_scalar_prompt_is_refused_before_its_string_is_built(serve, caplog):

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from vlarun.runtime.queues import Job, StageQueues
-from vlarun.runtime.scaleout import _Flight, _Worker
 from vlarun.runtime.server import robot_id
+from vlarun.runtime.worker_pool import Flight, Worker
 from vlarun.sched.queue_model import Booking, StageTimes, play
 from vlarun.world.fleet import Arrival, SimEdge
 
@@ -47,9 +47,9 @@ def _edge(now: float) -> tuple[list[tuple], float]:
 
 def _front(now: float) -> tuple[list[tuple], float]:
     """The scale-out front's view of one worker holding the script's requests in flight."""
-    w = _Worker(0, times=StageTimes(dict(EST)), max_batch=MAX_BATCH)
+    w = Worker(0, times=StageTimes(dict(EST)), max_batch=MAX_BATCH)
     for k, (who, stages, due) in enumerate(SCRIPT):
-        w.flights[k] = _Flight(who, k, [], stages, "full", now, now + due, None)
+        w.flights[k] = Flight(who, k, [], stages, "full", now, now + due, None)
     return _rows(play(w.queue(now)), now), w.finish(now, ASK[0], now + ASK[1]) - now
 
 
@@ -99,24 +99,32 @@ BOOKED = (
 )
 
 
-def test_the_edge_and_the_fleet_simulator_forecast_booked_plans_alike():
-    """Bookings reach the next plan the same way on a real edge and a simulated one: held in
-    one ledger each, played forward by the one queue model at the measured stage times, and
-    claimed when their request arrives."""
+def test_the_edge_the_front_and_the_fleet_simulator_forecast_booked_plans_alike():
+    """Bookings reach the next plan the same way on a real edge, behind a scale-out front (one
+    worker) and on a simulated edge: held in a ledger, played forward by the one queue model
+    at the measured stage times, and claimed when their request arrives."""
+    from vlarun.runtime.edge_core import ServerConfig
+    from vlarun.runtime.worker_pool import WorkerPool
+
     now = time.monotonic()
     q = StageQueues({s: () for s in STAGES}, max_batch=MAX_BATCH)
     q.est_s = dict(EST)
+    pool = WorkerPool(1, STAGES, ServerConfig(max_batch=MAX_BATCH))
+    (worker,) = pool.workers
+    worker.up, worker.times = True, StageTimes(dict(EST))
     sim = SimEdge(max_batch=MAX_BATCH)
     sim.times = StageTimes(dict(EST))
     for who, stages, arrive, due in BOOKED:
         assert q.book(Booking(stages, now + arrive, now + due, who), now)
+        assert pool.book(Booking(stages, now + arrive, now + due, who), now, per_robot=16)
         sim.book((Booking(stages, now + arrive, now + due),), robot_id(who), now)
     edge_rows = _rows(q.forecast(now, name=robot_id), now)
-    assert edge_rows == _rows(sim.forecast(now), now)
+    assert edge_rows == _rows(sim.forecast(now), now) == _rows(play(worker.queue(now)), now)
     assert {row[0] for row in edge_rows} == {robot_id(w) for w, *_ in BOOKED}
-    # b2 arrives: both ledgers let its booking go, and the forecasts still agree.
+    # b2 arrives: every ledger lets its booking go, and the forecasts still agree.
     assert q.claim(b"b2", ("prefill", "decode"), now)
+    assert pool.claim(b"b2", ("prefill", "decode"), now)
     assert sim.ledger.claim(robot_id(b"b2"), ("prefill", "decode"), now)
     left = _rows(q.forecast(now, name=robot_id), now)
-    assert left == _rows(sim.forecast(now), now)
+    assert left == _rows(sim.forecast(now), now) == _rows(play(worker.queue(now)), now)
     assert robot_id(b"b2") not in {row[0] for row in left}

@@ -200,7 +200,7 @@ def test_the_queue_model_predicts_the_workers_start_times_on_a_recorded_trace(po
         for k in range(5):
             submit(k, 20.0 - k)  # later arrivals due earlier: EDF reorders them
         now = time.monotonic()
-        forecast = srv.queues.forecast(now, srv._busy_until, srv._running, robot_id)
+        forecast = srv.queues.forecast(now, srv.worker.busy_until, srv.worker.running, robot_id)
         while len(done) < 7:
             time.sleep(0.02)
     predicted = {(s.origin, s.stage): s.start - now for s in forecast}

@@ -193,15 +193,92 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
 
 
 def test_the_front_reports_a_workers_flights_as_its_committed_schedule():
-    from vlarun.runtime.scaleout import _Flight, _Worker
+    from vlarun.runtime.worker_pool import Flight, Worker
     from vlarun.sched.queue_model import StageTimes
 
-    w = _Worker(0, times=StageTimes({"vision": 0.01, "prefill": 0.02, "decode": 0.03}))
+    w = Worker(0, times=StageTimes({"vision": 0.01, "prefill": 0.02, "decode": 0.03}))
     now = time.monotonic()
-    w.flights[1] = _Flight(b"late", 7, [], STAGES, "full", now, now + 0.9, None)
-    w.flights[2] = _Flight(b"soon", 8, [], ("decode",), "full", now, now + 0.2, None)
+    w.flights[1] = Flight(b"late", 7, [], STAGES, "full", now, now + 0.9, None)
+    w.flights[2] = Flight(b"soon", 8, [], ("decode",), "full", now, now + 0.2, None)
     slots = w.schedule()
     assert [s.stage for s in slots] == ["decode", "vision", "prefill", "decode"]  # EDF
     assert slots[0].start_s == 0.0 and abs(slots[-1].end_s - 0.09) < 1e-9
     for a, b in zip(slots, slots[1:], strict=False):
         assert abs(b.start_s - a.end_s) < 1e-12
+
+
+# Per-request stage times the booking script pins (s): a whole request takes 3 s, so B's
+# request (5.5 s) fits on an idle edge and not after a booking of A's due before it (5 s).
+PINNED = {"vision": 1.0, "prefill": 1.0, "decode": 1.0}
+
+
+def _pin(times) -> dict:
+    """Pin ``times`` (a ``StageTimes``) to ``PINNED``, measured "in the future" so the
+    estimates stay fresh for the whole script on a busy machine; returns what was there."""
+    saved = {"est_s": dict(times.est_s), "est_at": dict(times.est_at), "prior": set(times.prior)}
+    times.est_s.update(PINNED)
+    times.est_at.update({s: time.monotonic() + 30.0 for s in PINNED})
+    times.prior.clear()
+    return saved
+
+
+def _book_then_request(edge, sec, policy, held) -> tuple[set, set, str, int]:
+    """Robot A books a plan per worker (two; on one edge both queue on the one worker), due
+    in 5 s; robot B books its own, due in 5.5 s, then sends it. Returns the robots with a
+    booked slot in B's quote before its request and after it, B's refusal, and how many
+    bookings the edge holds after it (``held()``)."""
+    inputs, _, text = _inputs(policy, 1)  # before booking: the bookings expire with their time
+    a, b = _client(edge, sec), _client(edge, sec)
+    try:
+        end = time.monotonic() + 3.0
+        for robot, deadline_s, count in ((a, 5.0, 1), (a, 5.0, 2), (b, 5.5, 3)):
+            robot.book(STAGES, arrive_s=0.0, deadline_s=deadline_s)
+            # One at a time: two robots' messages reach the edge in either order, and behind
+            # the front a booking is placed by the bookings before it.
+            while held() < count and time.monotonic() < end:
+                time.sleep(0.005)
+        before = {s.robot for s in b.health(2.0)[0]["schedule"] if s.booked}
+        with pytest.raises(RuntimeError) as refused:
+            b.run(STAGES, inputs, ("actions",), 5.5, 5.5, {"batch": 1, "text_tokens": text})
+        after = {s.robot for s in b.health(2.0)[0]["schedule"] if s.booked}
+        return before, after, str(refused.value), held()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_booking_through_the_front_refuses_a_later_request_as_one_edge_does(fleet, policy):
+    """Two robots book through the 2-worker front: A's booked plans hold a slot on each worker,
+    so B's request (which an idle worker finishes in time) is refused for them at once, and
+    B's own booking is claimed by its request, as one edge does with the same script. (One
+    booking of A's would leave the other worker free: B would be served there, rightly.)"""
+    from vlarun.runtime.server import EdgeServer, ServerConfig
+
+    insecure = Security(insecure=True)
+    with EdgeServer(policy, insecure, ServerConfig()) as srv:
+        _pin(srv.queues)
+        one = _book_then_request(srv, insecure, policy, lambda: len(srv.queues.ledger))
+    front, sec, _ = fleet
+    workers = front.pool.workers
+    saved = [_pin(w.times) for w in workers]
+    lags = [w.lag_s for w in workers]
+    for w in workers:
+        w.lag_s = 0.0  # the earlier tests' lateness is not this script's
+
+    def held() -> int:  # the bookings the front's core holds, on any worker
+        return sum(len(w.ledger) for w in workers)
+
+    try:
+        many = _book_then_request(front, sec, policy, held)
+    finally:
+        for w, s, lag in zip(workers, saved, lags, strict=True):
+            w.times.est_s, w.times.est_at, w.times.prior, w.lag_s = *s.values(), lag
+    for before, after, why, left in (one, many):
+        # B's quote holds A's bookings (on one edge B's own too; behind the front, the worker
+        # B's next request would go to holds A's second booking alone)
+        assert len(after) == 1 and after <= before
+        assert "refused: predicted to finish" in why, why  # refused at once, not expired
+        assert left == 2  # B's request took its booking's place; A's two still hold
+    assert len(one[0]) == 2
+    h = front.health()
+    assert h["booked"] >= 3 and sum(w["booked"] for w in h["workers"]) == 2

@@ -89,7 +89,8 @@ def test_batches_same_stage_from_two_robots(policy):
     _, inputs2, local2, _ = _local(policy, seed=1)
     with EdgeServer(policy, INSECURE, cfg) as srv:
         clients = [_client(srv.address) for _ in range(2)]
-        srv._seen = {b"a": time.monotonic(), b"b": time.monotonic()}  # both robots active
+        for robot in (b"a", b"b"):  # both robots active
+            srv.core.touch(robot, time.monotonic())
         out = [None, None]
 
         def go(i, inp):

@@ -6,12 +6,19 @@
 transport.py  CurveZMQ keys (0600), the edge's ROUTER, a robot's DEALER; --insecure warns
 segments.py   a plan as alternating robot / edge segments; the edge's request schema
 queues.py     the edge's per-stage queues, EDF, batching within deadline slack
-edge_core.py  the edge's core, no socket: admission, bookings, streams, the stage worker,
-              the committed schedule (reservations); in-process requests
-server.py     `vlarun serve-edge`: EdgeServer(EdgeCore) + its ROUTER socket and I/O thread
-              (health at once, validation; the schedule in every reply and ledger push)
-scaleout.py   `serve-edge --workers N | --ray-address`: the robot-facing front before Ray edge
-              workers (earliest-finish dispatch, refusal, re-dispatch on a worker's loss)
+edge_core.py  the edge's one core, no socket, no wire bytes: admission, bookings, the
+              seen-robots table, health; typed requests in, typed outcomes out; its backend
+              runs the stages (one edge and a scale-out front hold it alike)
+local_worker.py  the core's local backend: stage queues, streams, the worker thread that
+              batches and runs stages, the committed schedule (reservations)
+server.py     `vlarun serve-edge`: EdgeServer = EdgeCore + LocalWorker + its ROUTER socket and
+              I/O thread (health and bookings at once, validation; the schedule in every reply
+              and ledger push); in-process requests (submit / cancel)
+worker_pool.py  the core's Ray backend: the front's view of each worker (flights, bookings,
+              stage times), the dispatch order
+scaleout.py   `serve-edge --workers N | --ray-address`: EdgeFront = EdgeCore + WorkerPool + the
+              robot-facing socket and one socket per Ray worker (forwarding, re-dispatch on a
+              worker's loss)
 ray_workers.py  the workers: an EdgeServer per Ray actor, keys and endpoints over Ray; a local
               cluster on loopback only (checked at start)
 reaper.py     stops a dead front's Ray processes and removes its folder (SIGKILL included)

@@ -99,7 +99,7 @@ class Dashboard:
         server_ms = np.array([r["server_s"] * 1e3 for r in recent])
         met = [r["server_s"] <= r["budget_s"] for r in recent]
         robots = {}
-        for rid, seen in list(srv._seen.items()):
+        for rid, seen in srv.core.seen().items():
             if now - seen < ACTIVE_S:
                 robots[robot_id(rid)] = {
                     "last_seen_s": round(now - seen, 3),

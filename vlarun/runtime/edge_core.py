@@ -1,54 +1,44 @@
-"""The edge's core: per-stage queues, admission, bookings, accelerated streams, the worker
-that batches and runs stages, and the records of what it served. No socket: the edge server
-(``runtime/server.py``) feeds it decoded requests from its I/O thread and hands its answers on,
-as vLLM keeps its ZMQ threads apart from ``EngineCore``. This is the file to change how the
-edge admits, orders, batches and runs work.
+"""The edge's core: admission, bookings, the seen-robots table and health, for one edge and for
+a scale-out front alike. No socket and no wire bytes: the servers decode a request, hand the
+core a typed ``DataRequest`` (or a ``PlanBooking``), and turn its typed answer (``Admitted``,
+a held booking, a ``Refused``) into frames. What runs the stages is the core's backend
+(``Backend``): the local worker (``runtime/local_worker.py``: this process's stage queues and
+worker thread) or the Ray workers behind a front (``runtime/worker_pool.py``). As vLLM keeps
+its ZMQ threads apart from ``EngineCore``, ``runtime/server.py`` and ``runtime/scaleout.py``
+are the I/O around this file. This is the file to change how the edge refuses a request.
 
 Admission: a request the edge cannot finish before its deadline is refused on arrival, not
-queued to expire: predicted finish = now + the rest of the batch running now + the queued work
-due no later than it (EDF order) + its own stages, each at its measured per-request time. The
-robot hears the refusal at once and runs the segment itself, with all of its slack left.
+queued to expire: the backend predicts its finish (the one queue model over the batch running
+now, the queued and booked work due no later than it, and its own stages, each at its measured
+per-request time; per worker behind a front), and the core refuses it when even the earliest
+prediction is late and made of fresh measurements. The robot hears the refusal at once and
+runs the segment itself, with all of its slack left.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
-import torch
-
-from vlarun.accel.rtc import INPAINTER
-from vlarun.models.device import settle
-from vlarun.policy.base import Policy
-from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.queues import Job, Running, StageQueues
-from vlarun.runtime.records import (
-    PlanBooking,
-    RecordError,
-    ScheduleSlot,
-    StageTiming,
-    pack_schedule,
-    pack_timings,
-)
-from vlarun.runtime.refusal_log import RefusalLog
-from vlarun.runtime.segments import Schema, batch_dim
+from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.records import PlanBooking, ScheduleSlot, StageTiming, pack_schedule
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES
 from vlarun.sched.queue_model import Booking
-from vlarun.stages import wire
-from vlarun.stages.families import Workload, build_graph
-from vlarun.stages.packet import Limits, Packet, PacketError
+from vlarun.stages.packet import Limits, PacketError
 
 # Robots remembered as recently active (batch window, dashboard) before the silent ones are
 # forgotten; a bound, so a stream of short-lived connections cannot grow the table.
 MAX_SEEN = 1024
-# Warm-up passes of every stage; the fastest is the admission's first estimate.
-WARMUP_RUNS = 3
+# The longest time budget a request may claim (s); more is held to it, a non-positive (or NaN)
+# budget is 0: a request cannot hold a queue slot for longer than an hour by asking.
+MAX_BUDGET_S = 3600.0
+# A robot counts as active (batch window, ledger pushes) while it sent data this recently (s).
+RECENT_S = 1.0
 
 
 class Refused(PacketError):
@@ -94,379 +84,250 @@ class ServerConfig:
             raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
 
 
+# ---------------------------------------------------------------------------------------------
+# The contracts: what a server hands the core, what the core answers, what a backend provides
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """A robot's data request as admission judges it: decoded and checked against the stage
+    schema by its server, none of its tensors read yet. ``origin``: the robot (its connection,
+    or the robot a front's route names); ``budget_s``: the time it gave, as sent (the core
+    holds it to ``MAX_BUDGET_S``); ``stream``: its accelerated stream's key (the worker holding
+    the stream's KV cache goes first behind a front), None for the plain graph."""
+
+    origin: bytes
+    stages: tuple[str, ...]
+    budget_s: float
+    stream: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class Quote:
+    """One backend worker's prediction for a request: when it would finish there (monotonic
+    s), and whether the stage times it is made of are fresh enough to refuse on."""
+
+    worker: int
+    finish: float
+    fresh: bool
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An admitted request: its deadline (monotonic s) and the workers that may take it, in the
+    order to try them (one for the local worker); never empty."""
+
+    deadline: float
+    quotes: tuple[Quote, ...]
+
+
+class Backend(Protocol):
+    """What runs the stages, as the core sees it. ``HOLDS`` names what ``held`` counts (in the
+    overload refusal); ``COUNTERS``: the backend's own counters in the health answer."""
+
+    HOLDS: str
+    COUNTERS: tuple[str, ...]
+
+    def held(self) -> int:
+        """Requests held now (queued, or in flight to a worker)."""
+
+    def held_by(self, origin: bytes) -> int:
+        """Requests of one robot held now."""
+
+    def quotes(
+        self, stages: tuple[str, ...], deadline: float, now: float, stream: Hashable | None
+    ) -> list[Quote]:
+        """Each live worker's prediction for a request sent now, in the order to try them."""
+
+    def book(self, booking: Booking, now: float, per_robot: int) -> bool:
+        """Hold ``booking`` in the queue model until its request comes; whether it was held."""
+
+    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
+        """The request ``origin`` booked has come: its booking leaves; whether one did."""
+
+    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+        """The committed schedule a robot plans against (times in s from now)."""
+
+    def health(self, now: float) -> dict:
+        """The backend's part of the health answer: ``ok``, ``queue``, ``stage_ms``,
+        ``backlog_ms`` and what only it knows."""
+
+
+@dataclass
+class EdgeRecords:
+    """What the edge counts and remembers for health and the dashboard, written by the core
+    and its backend (the I/O thread and the worker thread: one lock for the counters)."""
+
+    extra: Sequence[str] = ()  # the backend's own counters (``Backend.COUNTERS``)
+    stats: dict[str, float] = field(init=False)
+    # The last replies and refusals, for the dashboard (appends are thread-safe; bounded).
+    recent: deque[dict] = field(default_factory=lambda: deque(maxlen=2048))
+    events: deque[dict] = field(default_factory=lambda: deque(maxlen=512))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        names = ("requests", "replies", "errors", "control", "expired", "refused", "booked",
+                 "booking_refused", *self.extra)  # fmt: skip
+        self.stats = {**dict.fromkeys(names, 0), "compute_s": 0.0}
+
+    def count(self, key: str, n: float = 1) -> None:
+        with self.lock:
+            self.stats[key] += n
+
+    def event(self, now: float, kind: str, what: str) -> None:
+        self.events.append({"t": now, "kind": kind, "stages": what})
+
+    def reply(
+        self, now: float, origin: bytes, stages: tuple[str, ...], setting: str, arrival: float,
+        deadline: float, timings: Sequence[StageTiming], **extra,
+    ) -> None:  # fmt: skip
+        """A request answered with a result: counted, and its row kept for the dashboard."""
+        compute_s = sum(t.share_s for t in timings)  # this request's share of its batches
+        with self.lock:
+            self.stats["replies"] += 1
+            self.stats["compute_s"] += compute_s
+        self.recent.append({
+            "t": now, "robot": robot_id(origin), "stages": "+".join(stages), "setting": setting,
+            "server_s": now - arrival, "budget_s": deadline - arrival, "compute_s": compute_s,
+            "batch": {t.stage: t.batch for t in timings}, **extra,
+        })  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The core
+
+
 class EdgeCore:
-    """Serves ``policy``'s stages to requests handed in by ``accept`` (robots, through the
-    server's socket) and ``submit`` (in process), run by ``work`` on the worker thread."""
+    """Admission, bookings, the seen-robots table and health of one edge, over ``backend``.
+    ``model`` (a ``VLAConfig``), ``dtype`` and ``stages`` are what the health answer names."""
 
-    def __init__(self, policy: Policy, cfg: ServerConfig | None = None) -> None:
-        self.cfg = cfg or ServerConfig()
-        emulate = self.cfg.emulate
-        self.emulator = StageEmulator.build(emulate) if emulate is not None else None
-        self.policy = policy
-        model = policy.model
-        self.dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
-        self.graph = build_graph(model.cfg, model, Workload(1, 1, self.dtype))
-        self._rtc_graph = None  # the plain graph whose head reads a real-time chunk's freeze
-        self.schema = Schema(model.cfg, self.dtype, self.cfg.max_batch)
-        inputs = {s.name: tuple(x.name for x in s.inputs) for s in self.graph.stages}
-        self.queues = StageQueues(inputs, self.cfg.max_batch)
-        self.refusal_log = RefusalLog()
-        self.stop_event = threading.Event()
-        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "streams": 0, "refused": 0, "cancelled": 0, "booked": 0,
-                      "booking_refused": 0,
-                      "compute_s": 0.0}  # fmt: skip
-        self._busy_until = 0.0  # monotonic end of the batch the worker runs now (predicted)
-        self._running: Running | None = None  # the batch the worker runs now
+    def __init__(
+        self, cfg: ServerConfig, backend: Backend, records: EdgeRecords, *, model, dtype: str,
+        stages: tuple[str, ...], secure: bool,
+    ) -> None:  # fmt: skip
+        self.cfg, self.backend, self.records = cfg, backend, records
+        self.model, self.dtype, self.stages, self.secure = model, dtype, stages, secure
         self.started = time.monotonic()
-        self._seen: dict[bytes, float] = {}  # robot identity -> last data request (monotonic)
-        self._active_at = -math.inf  # the last data request or booking (ledger pushes)
-        self._lock = threading.Lock()  # _seen and the request count: socket and submit()
-        # (robot identity, stream id, setting key) -> (hooks, graph bound to them), LRU order
-        self._streams: OrderedDict[tuple, tuple] = OrderedDict()
-        # The last replies and refusals, for the dashboard (appends are thread-safe; bounded).
-        self.recent: deque[dict] = deque(maxlen=2048)
-        self.events: deque[dict] = deque(maxlen=512)
-        self.secure = False  # no socket here; the server says whether its own is
+        self._seen: dict[bytes, float] = {}  # robot -> its last data request (monotonic)
+        self._lock = threading.Lock()  # _seen: the I/O thread and in-process submissions
+        self.active_at = -float("inf")  # the last data request or booking (ledger pushes)
 
-    def warmup(self, text_tokens: int = 12) -> None:
-        """One pass of every stage on dummy inputs: the first robot must not pay for one-time
-        allocations (it would miss its deadline and fall back for nothing)."""
-        from vlarun.stages.families import example_inputs
+    # -- admission ------------------------------------------------------------------------------
 
-        cfg = self.policy.model.cfg
-        size = cfg.image_size
-        images = torch.zeros(1, cfg.num_images, 3, size, size)
-        inputs = example_inputs(cfg, images, [[1] * min(text_tokens, cfg.max_text_tokens)])
-        with torch.no_grad():  # the fastest of three: a busy CPU only ever adds time
-            runs = [self.graph.run(inputs, serialize=False) for _ in range(WARMUP_RUNS)]
-        for i, t in enumerate(runs[0].timings):
-            own = min(r.timings[i].seconds for r in runs)
-            # an emulated stage takes at least its target (not padded here)
-            floor = 0.0 if self.emulator is None else self.emulator.target_s(t.name)
-            # A prior: the first real execution of the stage replaces it (queues.StageTimes).
-            self.queues.observe(t.name, max(own, floor), 1, prior=True)
-
-    # -- requests in ---------------------------------------------------------------------------
-
-    def accept(self, to: list[bytes], origin: bytes, header: wire.Header, frames: list,
-               now: float, route=None) -> None:  # fmt: skip
-        """Queue one robot's data request (``to``: the frames its replies start with;
-        ``origin``: the robot it is from), or raise ``Refused`` / ``PacketError`` before any
-        of its tensors is read: the queues are full, the robot holds its share, the header
-        does not fit the stage schema, or admission predicts it late."""
-        queued = sum(self.queues.depth().values())
-        if queued >= self.cfg.max_queued:  # refuse before reading tensors: memory stays bounded
-            raise PacketError(f"edge overloaded: {queued} requests queued")
-        self._touch(origin, now)  # a robot whose request is refused is still connected
-        self._active_at = now
-        mine = self.queues.depth_of(origin)
-        if mine >= self.cfg.max_queued_per_robot:  # its share, before reading its tensors
-            with self._lock:
-                self.stats["refused"] += 1
+    def admit(self, req: DataRequest, now: float) -> Admitted:
+        """Admit a data request or raise: ``PacketError`` when the edge is full (before the
+        request is seen: memory stays bounded), ``Refused`` when the robot holds its share or
+        no worker can finish it by its deadline. Its booking, if it made one, is claimed first:
+        it is here now, and must not be counted twice."""
+        held = self.backend.held()
+        if held >= self.cfg.max_queued:
+            raise PacketError(f"edge overloaded: {held} requests {self.backend.HOLDS}")
+        self.touch(req.origin, now)  # a robot whose request is refused is still connected
+        self.active_at = now
+        mine = self.backend.held_by(req.origin)
+        if mine >= self.cfg.max_queued_per_robot:
+            self.records.count("refused")
             raise Refused(f"busy: this robot has {mine} requests queued, its share is "
                           f"{self.cfg.max_queued_per_robot}")  # fmt: skip
-        job = self._job(to, origin, header, frames, now, route)
-        with self._lock:
-            self.stats["requests"] += 1
-        self.queues.put(job)
-
-    def _job(
-        self, to: list[bytes], origin: bytes, header: wire.Header, frames: list, now: float,
-        route=None,
-    ) -> Job:  # fmt: skip
-        """Check the request against the stage schema, then (only then) read its tensors.
-        ``to``: where replies go; ``origin``: the robot the request is from (the connection,
-        unless a scale-out front relays it and names the robot in its route)."""
-        req = self.schema.check(header)
-        budget = req.budget_s if route is None else min(route.budget_s, 3600.0)
+        budget = min(req.budget_s, MAX_BUDGET_S) if req.budget_s > 0 else 0.0
         deadline = now + budget
-        self.queues.claim(origin, req.stages, now)  # booked at decision time: now it is here
-        if self.cfg.admission:  # before any tensor is read: a refusal costs no allocation
-            self._admit(req.stages, deadline, now)
-        msg = wire.materialize(header, frames, self.cfg.limits)
-        tensors = dict(msg.packet.tensors)
-        self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
-        job = Job(identity=to[0], rid=header.rid, stages=req.stages, want=req.want,
-                  pool=tensors, arrival=now, deadline=deadline, reply_codec=req.reply_codec,
-                  origin=origin, route=route)  # fmt: skip
-        if not req.setting.identity:
-            stream = header.meta.get("stream")
-            job.hooks, job.graph = self._stream(origin, stream, req.setting, req.rtc)
-            job.fresh = req.fresh
-            job.setting = str(req.setting)
-        elif req.rtc:
-            job.graph = self.rtc_graph
-        return job
+        self.backend.claim(req.origin, req.stages, now)  # booked at decision time: now it is here
+        return Admitted(deadline, self.place(req.stages, deadline, now, req.stream))
 
-    @property
-    def rtc_graph(self):
-        """The plain graph with the head reading RTC_INPUTS (built on the first RTC request)."""
-        if self._rtc_graph is None:
-            model = self.policy.model
-            w = Workload(1, 1, self.dtype)
-            self._rtc_graph = build_graph(model.cfg, model, w, None, INPAINTER)
-        return self._rtc_graph
+    def place(
+        self, stages: tuple[str, ...], deadline: float, now: float,
+        stream: Hashable | None = None, *, enforce: bool | None = None,
+        counter: str = "refused",
+    ) -> tuple[Quote, ...]:  # fmt: skip
+        """The workers that may take a request for ``stages`` due at ``deadline``, in the
+        order to try them: each up to the first whose fresh prediction is late (the rest are
+        later still). Raises ``Refused`` (counted under ``counter``) when none is left.
+        ``enforce``: apply the deadline test (default ``cfg.admission``)."""
+        quotes = self.backend.quotes(stages, deadline, now, stream)
+        if not quotes:
+            raise self.refuse("no edge worker is up", stages, now, counter)
+        if not (self.cfg.admission if enforce is None else enforce):
+            return tuple(quotes)
+        usable = []
+        for q in quotes:
+            if q.finish > deadline and q.fresh:
+                break
+            usable.append(q)
+        if not usable:
+            raise self.refuse(late(min(q.finish for q in quotes), deadline, now), stages, now,
+                              counter)  # fmt: skip
+        return tuple(usable)
 
-    def submit(
-        self,
-        tensors: dict[str, torch.Tensor],
-        want: tuple[str, ...],
-        budget_s: float,
-        origin: bytes,
-        done: Callable[[dict | None, str | None, list[StageTiming]], None],
-        admit: bool = False,
-    ) -> Job:
-        """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
-        same queues, batching and worker as robots' requests over the socket.
-        ``done(outputs, error, timings)`` is called on the worker thread, unless the request
-        is cancelled first (``cancel``). ``admit``: raise ``Refused`` at once when the request
-        is predicted to miss ``budget_s`` (a whole-policy client has no local fallback, but a
-        "busy" now beats an expiry later). Returns the job, the handle ``cancel`` takes."""
-        names = self.schema.names
-        missing = {s.name for s in self.graph.graph_inputs} - set(tensors)
-        if missing:
-            raise ValueError(f"submit needs the graph inputs {sorted(missing)}")
-        now = time.monotonic()
-        if admit:
-            self._admit(names, now + budget_s, now)
-        job = Job(identity=b"", rid=0, stages=names, want=want, pool=dict(tensors), arrival=now,
-                  deadline=now + budget_s, origin=origin)  # fmt: skip
-        job.done = done
-        self._touch(origin, now)
-        with self._lock:
-            self.stats["requests"] += 1
-        self.queues.put(job)
-        return job
+    def refuse(self, why: str, stages: tuple[str, ...], now: float, counter: str = "refused"):
+        """A refusal, counted and shown on the dashboard; the caller raises or answers it."""
+        self.records.count(counter)
+        self.records.event(now, "refused", "+".join(stages))
+        return Refused(why)
 
-    def cancel(self, job: Job) -> None:
-        """Drop an in-process request whose client has gone: out of its queue at once (its
-        tensors freed), and if a stage of it is running now, its result is thrown away."""
-        job.cancelled = True
-        if self.queues.discard(job):
-            self.stats["cancelled"] += 1
+    # -- bookings ---------------------------------------------------------------------------------
 
-    def _touch(self, origin: bytes, now: float) -> None:
+    def book(self, origin: bytes, plan: PlanBooking, now: float) -> bool:
+        """A robot announces the edge stages it just planned: they enter the queue model at
+        once, so every robot quoted before the request itself lands sees them. False (nothing
+        held) when the edge holds all it can or the robot holds its share."""
+        self.active_at = now
+        booking = Booking(plan.stages, now + plan.arrive_s, now + plan.deadline_s, origin)
+        held = self.backend.book(booking, now, self.cfg.max_queued_per_robot)
+        self.records.count("booked" if held else "booking_refused")
+        return held
+
+    # -- the seen-robots table --------------------------------------------------------------------
+
+    def touch(self, origin: bytes, now: float) -> None:
         """Note that ``origin`` sent data now; the table forgets robots silent for a second
         once it holds more than ``MAX_SEEN`` (every serve-policy connection is a new origin,
         so it would otherwise grow for as long as the server runs)."""
-        with self._lock:  # the I/O thread and in-process submissions both write it
+        with self._lock:
             if len(self._seen) >= MAX_SEEN:
-                self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
+                self._seen = {k: t for k, t in self._seen.items() if now - t < RECENT_S}
             self._seen[origin] = now
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
-        """The committed schedule, as admission sees it (``StageQueues.forecast``): the batch
-        running now, then every queued and booked request's remaining stages in the order the
-        worker's EDF rule would run them, at their measured per-request times. Times in s
-        from now; each entry names the robot, the stage, the deadline it must meet and whether
-        it is only booked so far. Robots plan against it (``costview.edge_state``)."""
+    def active(self) -> int:
+        """Robots that sent data in the last ``RECENT_S`` (the batch window waits only for
+        more than one)."""
         now = time.monotonic()
-        slots = self.queues.forecast(now, self._busy_until, self._running, robot_id, limit=limit)
-        return [ScheduleSlot.of(s, now) for s in slots]
+        return sum(now - t < RECENT_S for t in list(self._seen.values()))
 
-    def _admit(self, stages: tuple[str, ...], deadline: float, now: float) -> None:
-        """Refuse a request for ``stages`` due at ``deadline`` (answered at once) if it cannot
-        finish in time."""
-        finish = self.queues.finish(now, stages, deadline, self._busy_until, self._running)
-        if finish > deadline and self.queues.fresh(stages, self.cfg.admission_fresh_s):
-            self.stats["refused"] += 1
-            self.events.append({"t": now, "kind": "refused", "stages": "+".join(stages)})
-            raise Refused(
-                f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
-                f"the deadline is in {1e3 * (deadline - now):.1f} ms"
-            )
-
-    def book(self, origin: bytes, header: wire.Header, now: float) -> list[bytes]:
-        """A robot announces the edge stages it just planned (op "book", a ``PlanBooking``):
-        they enter the queue model at once, so every robot quoted before the request itself
-        lands sees them."""
-        self._active_at = now
-        try:
-            b = PlanBooking.parse(header.meta, self.schema.names)
-        except RecordError as e:
-            raise PacketError(f"bad booking: {e}") from None
-        booking = Booking(b.stages, now + b.arrive_s, now + b.deadline_s, origin)
-        booked = self.queues.book(booking, now, self.cfg.max_queued_per_robot)
+    def seen(self) -> dict[bytes, float]:
+        """A copy of the table: robot -> when it last sent data (monotonic)."""
         with self._lock:
-            self.stats["booked" if booked else "booking_refused"] += 1
-        return wire.control("book", header.rid, ok=booked)
+            return dict(self._seen)
 
-    def _stream(
-        self, identity: bytes, stream: object, setting: AccelSetting, rtc: bool = False
-    ) -> tuple:
-        """The hooks and graph of one robot's accelerated stream, made on its first request
-        (``rtc``: the graph whose head reads a real-time chunk's freeze; the hooks are the
-        stream's either way). Only the I/O thread calls this; a job keeps its own reference,
-        so forgetting a stream here never pulls state from under a running stage."""
-        if not isinstance(stream, int) or not 0 <= stream < 2**63:
-            raise PacketError("an accelerated request needs meta.stream, an integer in 0..2^63")
-        key = (identity, stream, setting.key)
-        if key in self._streams:
-            self._streams.move_to_end(key)
-            hooks, graphs = self._streams[key]
-        else:
-            hooks = setting.hooks(self.policy.model.cfg.family, self.policy.calibration)
-            graphs = {}
-            self._streams[key] = (hooks, graphs)
-            while len(self._streams) > self.cfg.max_streams:
-                self._streams.popitem(last=False)
-            self.stats["streams"] += 1
-        if rtc not in graphs:
-            model = self.policy.model
-            w = Workload(1, 1, self.dtype)
-            graphs[rtc] = build_graph(model.cfg, model, w, hooks, INPAINTER if rtc else None)
-        return hooks, graphs[rtc]
+    # -- health -----------------------------------------------------------------------------------
+
+    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+        """The committed schedule robots plan against (``costview.edge_state``): the backend's
+        forecast over running, queued and booked work, in the order it would run."""
+        return self.backend.schedule(limit)
 
     def health(self) -> dict:
-        """What `vlarun ping` shows: model, queue depth per stage, counters, stage estimates
-        (and how old each is)."""
-        now = time.monotonic()
+        """What `vlarun ping` shows, the same keys from one edge and from a front (plus each
+        backend's own): model, queue depth per stage, stage estimates, the schedule, counters."""
+        with self.records.lock:
+            stats = dict(self.records.stats)
         return {
-            "ok": True,
-            "model": self.policy.model.cfg.name,
-            "family": self.policy.model.cfg.family,
+            "model": self.model.name,
+            "family": self.model.family,
             "dtype": self.dtype,
-            "stages": list(self.schema.names),
-            "queue": self.queues.depth(),
-            "stage_ms": {k: v * 1e3 for k, v in self.queues.est_s.items()},
-            "stage_age_s": {k: now - t for k, t in self.queues.est_at.items()},
+            "stages": list(self.stages),
             "max_batch": self.cfg.max_batch,
-            "streams_kept": len(self._streams),
-            "backlog_ms": 1e3 * self.queues.backlog_s(float("inf")),
             "schedule": pack_schedule(self.schedule()),
             "secure": self.secure,
             "uptime_s": time.monotonic() - self.started,
-            # stage executions that overran their emulated device's time (None: not emulated)
-            "emulation": None if self.emulator is None else self.emulator.report(),
-            **self.stats,
+            **self.backend.health(time.monotonic()),
+            **stats,
         }
 
-    # -- worker thread -----------------------------------------------------------------------------
 
-    def work(self, outbox) -> None:
-        """The worker thread's loop until ``stop_event``: take a batch, run one stage of it,
-        answer what finished through ``outbox`` (a socket only this thread sends on)."""
-        while not self.stop_event.is_set():
-            batch = self.queues.take(self.stop_event, self._window_s)
-            if batch:
-                self._run_batch(batch, outbox)
-
-    def _window_s(self) -> float:
-        """Wait for batch mates only while more than one robot is active (a lone robot would
-        only lose the window); active = sent data in the last second."""
-        now = time.monotonic()
-        recent = sum(now - t < 1.0 for t in list(self._seen.values()))
-        return self.cfg.batch_window_s if recent > 1 else 0.0
-
-    def _run_batch(self, batch: list[Job], outbox) -> None:
-        now = time.monotonic()
-        live = []
-        for job in batch:
-            if job.cancelled:  # its client has gone: nobody to answer
-                continue
-            if now > job.deadline:  # the robot has already run this locally; save the edge
-                self.stats["expired"] += 1
-                self.events.append({"t": now, "kind": "expired", "stages": "+".join(job.stages)})
-                self._answer(outbox, job, "deadline passed on the edge")
-            else:
-                live.append(job)
-        if not live:
-            return
-        stage = (live[0].graph or self.graph).stage(live[0].stage)
-        self._busy_until = now + self.queues.work_s((stage.name,)) * len(live)
-        after = tuple((robot_id(j.origin), j.deadline, tuple(j.stages[j.pos + 1 :]))
-                      for j in live)  # fmt: skip
-        self._running = Running(stage.name, tuple(robot_id(j.origin) for j in live),
-                                min(j.deadline for j in live), after)  # fmt: skip
-        for job in live:
-            if job.pos == 0:  # in the worker thread, so no stage of the stream is running
-                for part in job.fresh:
-                    job.hooks.reset(part)
-        try:
-            seconds = self._execute(stage, live)
-        except Exception as e:  # one bad request must not fail its batch mates
-            if len(live) > 1:
-                for job in live:
-                    self._run_batch([job], outbox)
-                return
-            self.stats["errors"] += 1
-            self._answer(outbox, live[0], f"stage failed: {e}")
-            return
-        self._busy_until = 0.0
-        self.queues.observe(stage.name, seconds, len(live))
-        for job in live:
-            job.timings.append(StageTiming(stage.name, seconds, now - job.enqueued, len(live)))
-            job.pos += 1
-            if job.cancelled:
-                continue
-            if job.pos < len(job.stages):
-                self.queues.put(job)
-            else:
-                self._answer(outbox, job)
-
-    def _execute(self, stage, jobs: list[Job]) -> float:
-        """Run one stage on the jobs' inputs concatenated along each tensor's batch axis."""
-        names = [s.name for s in stage.inputs]
-        if len(jobs) == 1:
-            packet = Packet({n: jobs[0].pool[n] for n in names})
-        else:
-            packet = Packet({n: torch.cat([j.pool[n] for j in jobs], batch_dim(n)) for n in names})
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = stage(packet)
-        settle(out.tensors)
-        if self.emulator is not None:  # a batch shares one setting (its jobs' graph)
-            setting = jobs[0].setting
-            knobs = None if setting in (None, "", "full") else AccelSetting.parse(setting).knobs()
-            self.emulator.pad(stage.name, start, batch=len(jobs), knobs=knobs)
-        seconds = time.perf_counter() - start
-        sizes = [j.pool[names[0]].shape[batch_dim(names[0])] for j in jobs]
-        for name, t in out.tensors.items():
-            for job, part in zip(jobs, torch.split(t, sizes, batch_dim(name)), strict=True):
-                job.pool[name] = part
-        return seconds
-
-    def _answer(self, outbox, job: Job, error: str | None = None) -> None:
-        """Hand a finished (or failed) request back: over the socket, or to the callback of
-        an in-process request (``submit``)."""
-        if error is None:
-            self._record(job)
-        if job.done is not None:
-            out = None if error else {n: job.pool[n] for n in job.want}
-            job.done(out, error, job.timings)
-        elif error is not None:
-            outbox.send_multipart([*job.address(), *wire.error(job.rid, error)])
-        else:
-            outbox.send_multipart([*job.address(with_timings=True), *self._reply(job)])
-
-    def _record(self, job: Job) -> None:
-        self.stats["replies"] += 1
-        now = time.monotonic()
-        compute_s = sum(t.share_s for t in job.timings)  # this request's share
-        self.stats["compute_s"] += compute_s
-        self.recent.append({
-            "t": now,
-            "robot": robot_id(job.origin),
-            "stages": "+".join(job.stages),
-            "setting": job.setting,
-            "server_s": now - job.arrival,
-            "budget_s": job.deadline - job.arrival,
-            "compute_s": compute_s,
-            "batch": {t.stage: t.batch for t in job.timings},
-        })  # fmt: skip
-
-    def _reply(self, job: Job) -> list[bytes]:
-        packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": pack_timings(job.timings),
-                "server_s": time.monotonic() - job.arrival,
-                "schedule": pack_schedule(self.schedule())}  # fmt: skip
-        emu = self.emulator  # an emulated edge answers with the real model's packet size
-        pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
-        msg = wire.Message(
-            "result", rid=job.rid, stage="+".join(job.stages), meta=meta, packet=packet, pad=pad
-        )
-        return wire.encode(msg, wire.Codec(**job.reply_codec))
+def late(finish: float, deadline: float, now: float) -> str:
+    """The refusal of a request predicted to finish at ``finish``, after its ``deadline``."""
+    return (f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
+            f"the deadline is in {1e3 * (deadline - now):.1f} ms")  # fmt: skip
 
 
 def robot_id(identity: bytes) -> str:

@@ -25,13 +25,15 @@ own machine binds a Unix socket in the front's private folder (mode 0700) instea
 user can open it (as only this user can read Ray's token), and the payload is not encrypted
 twice on its way through one machine.
 
-Dispatch: for each request the front predicts, per live worker, when it would finish: the one
-queue model (``sched.queue_model``, the worker's own rule played forward) over every request in
-flight there and this one, each stage at its per-request time (from the stage times the
-worker's replies report, EWMA; its warm-up measurement to begin with). It
-sends the request to the earliest (an accelerated stream stays on the worker holding its KV
-cache when that one is in time too) and refuses it at once, as one edge does, when even the
-earliest would finish after the deadline: the robot hears it and runs the segment itself.
+Admission, bookings, the seen-robots table and health are the edge core's
+(``runtime/edge_core.py``), the same object one ``EdgeServer`` holds; its backend here is the
+pool of workers (``runtime/worker_pool.py``), which predicts, per live worker, when a request
+would finish (the one queue model over its flights and bookings). The front sends the request
+to the earliest (an accelerated stream stays on the worker holding its KV cache when that one
+is in time too); the core refuses it at once, as on one edge, when even the earliest would
+finish after the deadline: the robot hears it and runs the segment itself. Bookings are held
+by the core too (placed on the worker their request is predicted to go to), so a robot's plan
+booked through the front is in every other robot's quote, as on one edge.
 
 Failure: a worker's loss is seen on its socket (ZeroMQ reports the TCP disconnect at once) and by
 Ray (the actor's lifetime call fails). Its in-flight requests are re-dispatched when another
@@ -51,141 +53,39 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 
 import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.ray_workers import RayWorkers
-from vlarun.runtime.records import (
-    RecordError,
-    ScheduleSlot,
-    StageTiming,
-    pack_schedule,
-    parse_timings,
-)
-from vlarun.runtime.segments import Schema
-from vlarun.runtime.server import (
+from vlarun.runtime.edge_core import (
+    DataRequest,
+    EdgeCore,
+    EdgeRecords,
     Refused,
-    Route,
     ServerConfig,
-    control_reply,
-    rid_of,
-    robot_id,
-    wildcard,
+    late,
 )
+from vlarun.runtime.ray_workers import RayWorkers
+from vlarun.runtime.records import RecordError, parse_timings
+from vlarun.runtime.segments import Schema
+from vlarun.runtime.server import Route, control_reply, rid_of, wildcard
 from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, router_socket
-from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, StageTimes, finish, play
+from vlarun.runtime.worker_pool import (  # noqa: F401 (dispatch_order: importable from here)
+    Flight,
+    Worker,
+    WorkerPool,
+    dispatch_order,
+)
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
 
-# ---------------------------------------------------------------------------------------------
-# The front
-
-
-def dispatch_order(finish: dict[int, float], sticky: int | None, deadline: float) -> list[int]:
-    """The front's rule, as one function its projection (``bench.scaleout.simulate``) calls
-    too: workers in the order of their predicted finish (each worker's forecast plus its lag),
-    except that the worker holding the request's stream (its KV cache) goes first whenever it
-    can still finish by the deadline."""
-    order = sorted(finish, key=finish.__getitem__)
-    if sticky is not None and sticky in finish and finish[sticky] <= deadline:
-        order.sort(key=lambda i: i != sticky)
-    return order
-
-
-@dataclass
-class _Flight:
-    """A robot request the front has sent to a worker and not yet answered."""
-
-    identity: bytes
-    rid: int  # the robot's request id
-    body: list  # the robot's frames (zmq.Frame, header first), kept for a re-dispatch
-    stages: tuple[str, ...]
-    setting: str
-    arrival: float
-    deadline: float
-    stream: tuple | None
-    worker: int = -1
-    predicted: float = 0.0  # when the front predicted the worker would answer (monotonic)
-
-
-@dataclass
-class _Worker:
-    """The front's view of one worker (touched by the I/O thread only)."""
-
-    index: int
-    sock: zmq.Socket | None = None
-    monitor: zmq.Socket | None = None
-    up: bool = False
-    pid: int = 0
-    endpoint: str = ""
-    incarnation: int = 0
-    times: StageTimes = field(default_factory=StageTimes)  # as the worker measures them
-    flights: dict[int, _Flight] = field(default_factory=dict)  # front rid -> flight
-    replies: int = 0
-    max_batch: int = 8  # the worker's (``ServerConfig.max_batch``): the model batches as it does
-    # How much later than predicted its answers come (EWMA, >= 0): what the stage times miss
-    # when the worker's machine gets busier (on a shared machine: a neighbour's restart).
-    lag_s: float = 0.0
-
-    def work_s(self, stages) -> float:
-        return self.times.work_s(stages)
-
-    def seconds(self, stages) -> tuple[float, ...]:
-        """Each stage's estimated per-request time here (0 for a stage never measured)."""
-        return self.times.seconds(stages)
-
-    def load_s(self) -> float:
-        """Predicted seconds of the work in flight here (conservative: every flight counts
-        whole, whatever part of it has run)."""
-        return sum(self.work_s(f.stages) for f in list(self.flights.values()))
-
-    def queue(self, now: float) -> EdgeQueue:
-        """The worker's queues as the front sees them, for the one queue model: every flight
-        queued now for all of its stages (what has run of a request is not known here, so
-        each counts whole: conservative), each stage at the estimated per-request time."""
-        q = EdgeQueue(self.max_batch, now)
-        for f in list(self.flights.values()):
-            q.add(Pending(ready=now, deadline=f.deadline, origin=robot_id(f.identity),
-                          stages=f.stages, seconds=self.seconds(f.stages)))  # fmt: skip
-        return q
-
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
-        """This worker's committed schedule as the front sees it (the contract of
-        ``EdgeServer.schedule``): its flights played forward by the worker's rule."""
-        now = time.monotonic()
-        return [ScheduleSlot.of(s, now) for s in play(self.queue(now), limit)]
-
-    def finish(
-        self, now: float, stages: tuple[str, ...], deadline: float,
-        seconds: tuple[float, ...] | None = None,
-    ) -> float:  # fmt: skip
-        """When a request for ``stages`` due at ``deadline``, sent now, would finish here
-        (``seconds``: its stages' times, when not this worker's estimates)."""
-        q = self.queue(now)
-        own = self.seconds(stages) if seconds is None else seconds
-        q.add(Pending(ready=now, deadline=deadline, origin=THIS, stages=stages, seconds=own,
-                      key=THIS))  # fmt: skip
-        end = finish(q, THIS)
-        return now if end is None else end
-
-    def fresh(self, stages, within_s: float) -> bool:
-        return self.times.fresh_at(stages, within_s, time.monotonic())
-
-    def observe(self, timings: tuple[StageTiming, ...]) -> None:
-        now = time.monotonic()
-        for t in timings:
-            self.times.measured(t.stage, t.compute_s, t.batch, now)
-
 
 class EdgeFront:
-    """The robot-facing endpoint of a scale-out edge: the same socket, checks, health and reply
-    contract as one ``EdgeServer``, with ``workers`` behind it. ``cfg.max_batch`` must match
-    the workers' (it bounds the batch a request may claim)."""
+    """The robot-facing endpoint of a scale-out edge: the same socket, checks, core (admission,
+    bookings, health) and reply contract as one ``EdgeServer``, with ``workers`` behind it.
+    ``cfg.max_batch`` must match the workers' (it bounds the batch a request may claim)."""
 
     def __init__(
         self, workers: RayWorkers, sec: Security, cfg: ServerConfig | None = None, ctx=None
@@ -202,7 +102,6 @@ class EdgeFront:
             self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
         )
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.secure = not sec.insecure
         try:  # a cluster meant for loopback that listens elsewhere is refused (ray_workers.py)
             workers.check(own_ports=(int(self.address.rsplit(":", 1)[1]),))
         except BaseException:
@@ -212,20 +111,26 @@ class EdgeFront:
         self._pipe = f"inproc://vlarun-front-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)
-        self._w = [_Worker(i, max_batch=self.cfg.max_batch) for i in range(len(hellos))]
-        for w, h in zip(self._w, hellos, strict=True):
+        self.pool = WorkerPool(len(hellos), self.schema.names, self.cfg, workers.auth_mode)
+        for w, h in zip(self.pool.workers, hellos, strict=True):
             self._connect(w, h)
+        self.records = EdgeRecords(WorkerPool.COUNTERS)
+        self.core = EdgeCore(self.cfg, self.pool, self.records, model=self.model_cfg,
+                             dtype=self.dtype, stages=self.schema.names,
+                             secure=not sec.insecure)  # fmt: skip
+        self.secure = self.core.secure
+        self.stats, self.recent, self.events = (self.records.stats, self.records.recent,
+                                                self.records.events)  # fmt: skip
         self.stop_event = threading.Event()
-        self.stats = {"requests": 0, "replies": 0, "errors": 0, "control": 0, "expired": 0,
-                      "refused": 0, "redispatched": 0, "lost_refused": 0, "late": 0,
-                      "worker_down": 0, "worker_up": 0, "compute_s": 0.0}  # fmt: skip
         self._rids = itertools.count(1)
-        self._affinity: OrderedDict[tuple, int] = OrderedDict()  # (robot, stream) -> worker
-        self._seen: dict[bytes, float] = {}
-        self.recent: deque[dict] = deque(maxlen=2048)
-        self.events: deque[dict] = deque(maxlen=512)
-        self.started = time.monotonic()
         self._threads: list[threading.Thread] = []
+
+    def health(self) -> dict:
+        """One edge's health contract (``EdgeCore.health``): ``queue``, ``stage_ms`` and
+        ``schedule`` are those of the worker a request sent now would go to, so a robot's
+        scheduler sees the capacity it would get; ``capacity`` counts live workers,
+        ``workers`` lists each one."""
+        return self.core.health()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -240,7 +145,7 @@ class EdgeFront:
         self.stop_event.set()
         for t in self._threads:
             t.join(timeout=5)
-        for w in self._w:
+        for w in self.pool.workers:
             self._disconnect(w)
         self.sock.close(0)
         self._pull.close(0)
@@ -254,11 +159,11 @@ class EdgeFront:
         self.stop()
 
     def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._w]
+        return [w.pid for w in self.pool.workers]
 
     # -- worker sockets (I/O thread) ---------------------------------------------------------------
 
-    def _connect(self, w: _Worker, hello: dict) -> None:
+    def _connect(self, w: Worker, hello: dict) -> None:
         self._disconnect(w)
         if hello["public"] is None:  # a Unix socket in the front's private folder
             sec = Security(insecure=True)
@@ -273,7 +178,7 @@ class EdgeFront:
             w.times.est_s[stage], w.times.est_at[stage] = ms * 1e-3, now
         w.up = True
 
-    def _disconnect(self, w: _Worker) -> None:
+    def _disconnect(self, w: Worker) -> None:
         if w.sock is not None:
             with contextlib.suppress(zmq.ZMQError):
                 w.sock.disable_monitor()
@@ -287,7 +192,7 @@ class EdgeFront:
     def _io_loop(self) -> None:
         poller, sockets, swept = None, None, 0.0
         while not self.stop_event.is_set():
-            now_socks = [(w.sock, w.monitor) for w in self._w]
+            now_socks = [(w.sock, w.monitor) for w in self.pool.workers]
             if now_socks != sockets:  # rebuilt only when a worker's sockets came or went
                 sockets, poller = now_socks, zmq.Poller()
                 for sock in (self.sock, self._pull, *(x for pair in now_socks for x in pair)):
@@ -296,7 +201,7 @@ class EdgeFront:
             events = dict(poller.poll(20))
             if self._pull in events:
                 self._supervisor_news()
-            for w in self._w:
+            for w in self.pool.workers:
                 if w.monitor is not None and w.monitor in events:
                     self._monitor_event(w)
                 if w.sock is not None and w.sock in events:
@@ -325,10 +230,10 @@ class EdgeFront:
                 self._handle(identity, body)
             except PacketError as e:  # Refused included: answered at once, the robot runs it
                 if not isinstance(e, Refused):
-                    self.stats["errors"] += 1
+                    self.records.count("errors")
                 self._send(identity, wire.error(rid_of([body[0].bytes]), str(e)))
             except Exception as e:  # never let one message take the front down
-                self.stats["errors"] += 1
+                self.records.count("errors")
                 why = f"internal: {type(e).__name__}"
                 self._send(identity, wire.error(rid_of([body[0].bytes]), why))
 
@@ -340,14 +245,11 @@ class EdgeFront:
         now = time.monotonic()
         header = wire.decode_header(body[0].bytes, self.cfg.limits)
         if header.kind == "control":
-            self.stats["control"] += 1
-            self._send(identity, self._control(header))
+            self.records.count("control")
+            self._send(identity, control_reply(header, self.core, identity, now))
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
-        inflight = sum(len(w.flights) for w in self._w)
-        if inflight >= self.cfg.max_queued:  # refuse before keeping its frames
-            raise PacketError(f"edge overloaded: {inflight} requests in flight")
         # What dispatch needs; the worker checks the rest (schema, shapes, codec) before it
         # allocates anything, and its error comes back to the robot like any reply. The front
         # itself never allocates a tensor: the frames are already here, bounded by the socket.
@@ -356,69 +258,34 @@ class EdgeFront:
             setting = AccelSetting.from_meta(header.meta.get("setting"))
         except (TypeError, ValueError) as e:
             raise PacketError(f"bad setting: {e}") from None
-        budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
-        if len(self._seen) > 1024:
-            self._seen = {k: t for k, t in self._seen.items() if now - t < 1.0}
-        self._seen[identity] = now
         stream = None if setting.identity else (identity, header.meta.get("stream"))
-        flight = _Flight(identity, header.rid, body, stages, str(setting), now, now + budget,
-                         stream)  # fmt: skip
-        self.stats["requests"] += 1
-        self._dispatch(flight, now, first=True)
+        admitted = self.core.admit(DataRequest(identity, stages, header.deadline_s, stream), now)
+        flight = Flight(identity, header.rid, body, stages, str(setting), now, admitted.deadline,
+                        stream)  # fmt: skip
+        if not self._dispatch(flight, admitted.quotes, now):  # no admitted worker took it
+            why = late(min(q.finish for q in admitted.quotes), admitted.deadline, now)
+            raise self.core.refuse(why, stages, now)
+        self.records.count("requests")
 
-    def _dispatch(self, f: _Flight, now: float, first: bool, exclude: int = -1) -> bool:
-        """Send ``f`` to the worker predicted to finish it first; refuse it (raise on a first
-        dispatch, answer at once on a re-dispatch) when none can finish before its deadline."""
-        live = [w for w in self._w if w.up and w.index != exclude]
-        finish = {w.index: self._finish(w, live, f, now) + w.lag_s for w in live}
-        sticky = self._affinity.get(f.stream) if f.stream is not None else None
-        by_index = {w.index: w for w in live}
-        for w in (by_index[i] for i in dispatch_order(finish, sticky, f.deadline)):
-            if finish[w.index] > f.deadline and w.fresh(f.stages, self.cfg.admission_fresh_s):
-                break  # the rest are later still
-            f.predicted = finish[w.index]
-            if self._forward(w, f, now):
+    def _dispatch(self, f: Flight, quotes, now: float) -> bool:
+        """Send ``f`` to the first of the admitted workers (``quotes``, in order) that takes it."""
+        for q in quotes:
+            f.predicted = q.finish
+            if self._forward(self.pool.workers[q.worker], f, now):
                 return True
-        why = "no edge worker is up" if not live else (
-            f"refused: predicted to finish "
-            f"{1e3 * (min(finish.values()) - now):.1f} ms from now, the deadline is in "
-            f"{1e3 * (f.deadline - now):.1f} ms"
-        )  # fmt: skip
-        self.stats["refused" if first else "lost_refused"] += 1
-        self.events.append({"t": now, "kind": "refused", "stages": "+".join(f.stages)})
-        if first:
-            raise Refused(why)
-        self._send(f.identity, wire.error(f.rid, why))
         return False
 
-    def _finish(self, w: _Worker, live: list[_Worker], f: _Flight, now: float) -> float:
-        """When ``w`` would finish ``f`` if sent now: the one queue model over its flights with
-        ``f`` in. ``f``'s own stages at ``w``'s estimates; one not refreshed for
-        ``admission_fresh_s`` counts as the best live worker's: a worker once measured slow
-        (a warm-up on a busy machine) still gets a request now and then, and is measured
-        again, instead of being passed over for good."""
-        seconds = w.seconds(f.stages)
-        if not w.fresh(f.stages, self.cfg.admission_fresh_s):
-            seconds = min([seconds, *(x.seconds(f.stages) for x in live)], key=sum)
-        return w.finish(now, f.stages, f.deadline, seconds)
-
-    def _forward(self, w: _Worker, f: _Flight, now: float) -> bool:
+    def _forward(self, w: Worker, f: Flight, now: float) -> bool:
         rid = next(self._rids)
         route = Route(rid, f.identity.hex().encode(), max(f.deadline - now, 1e-6)).pack()
         try:  # the robot's own frames, untouched, after the route
             w.sock.send_multipart([route, *f.body], zmq.NOBLOCK, copy=False)
         except zmq.Again:  # not connected (yet, or any more): the next worker
             return False
-        f.worker = w.index
-        w.flights[rid] = f
-        if f.stream is not None:
-            self._affinity[f.stream] = w.index
-            self._affinity.move_to_end(f.stream)
-            while len(self._affinity) > 4096:
-                self._affinity.popitem(last=False)
+        self.pool.sent(w, rid, f)
         return True
 
-    def _drain_worker(self, w: _Worker) -> None:
+    def _drain_worker(self, w: Worker) -> None:
         for _ in range(256):
             try:
                 frames = w.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -436,37 +303,22 @@ class EdgeFront:
                 timings = parse_timings(echo.get("timings") or [], f.stages)
             except RecordError:
                 timings = ()
-            w.observe(timings)
-            w.lag_s = 0.7 * w.lag_s + 0.3 * max(now - f.predicted, 0.0)
-            w.replies += 1
+            self.pool.answered(w, f, timings, now)
             if timings:
-                self._record(w, f, timings, now)
+                self.records.reply(now, f.identity, f.stages, f.setting, f.arrival, f.deadline,
+                                   timings, worker=w.index)  # fmt: skip
             if now > f.deadline:
-                self.stats["late"] += 1
+                self.records.count("late")
             self._send(f.identity, frames[1:])  # the robot's reply, untouched
 
-    def _record(self, w: _Worker, f: _Flight, timings: tuple[StageTiming, ...], now: float) -> None:
-        compute_s = sum(t.share_s for t in timings)
-        self.stats["replies"] += 1
-        self.stats["compute_s"] += compute_s
-        self.recent.append({
-            "t": now, "robot": robot_id(f.identity), "stages": "+".join(f.stages),
-            "setting": f.setting, "server_s": now - f.arrival, "budget_s": f.deadline - f.arrival,
-            "compute_s": compute_s, "worker": w.index,
-            "batch": {t.stage: t.batch for t in timings},
-        })  # fmt: skip
-
     def _expire(self, now: float) -> None:
-        """Answer and forget flights whose deadline passed without a reply: the robot has
-        run them itself (or is told to now), and no reply will follow."""
-        for w in self._w:
-            late = [rid for rid, f in w.flights.items() if now > f.deadline + 0.05]
-            for rid in late:
-                f = w.flights.pop(rid)
-                self.stats["expired"] += 1
-                self._send(f.identity, wire.error(f.rid, "deadline passed on the edge"))
+        """Answer flights whose deadline passed without a reply: the robot has run them itself
+        (or is told to now), and no reply will follow."""
+        for f in self.pool.expired(now):
+            self.records.count("expired")
+            self._send(f.identity, wire.error(f.rid, "deadline passed on the edge"))
 
-    def _monitor_event(self, w: _Worker) -> None:
+    def _monitor_event(self, w: Worker) -> None:
         try:
             event = recv_monitor_message(w.monitor, zmq.NOBLOCK)
         except zmq.Again:
@@ -474,15 +326,27 @@ class EdgeFront:
         if event["event"] in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED) and w.up:
             self._lost(w, "disconnected")
 
-    def _lost(self, w: _Worker, why: str) -> None:
-        """Worker ``w`` is gone: re-dispatch what it held, or refuse it at once."""
+    def _lost(self, w: Worker, why: str) -> None:
+        """Worker ``w`` is gone: re-dispatch what it held when a live worker can still make
+        its deadline (the core's rule, counted as ``lost_refused`` when none can), or refuse
+        it at once."""
         now = time.monotonic()
         self._disconnect(w)
-        self.stats["worker_down"] += 1
-        self.events.append({"t": now, "kind": "worker-down", "stages": f"worker {w.index}"})
-        flights, w.flights = list(w.flights.values()), {}
-        for f in flights:
-            self.stats["redispatched"] += self._dispatch(f, now, first=False, exclude=w.index)
+        self.records.count("worker_down")
+        self.records.event(now, "worker-down", f"worker {w.index}")
+        for f in self.pool.lost(w, now):
+            try:
+                quotes = self.core.place(f.stages, f.deadline, now, f.stream,
+                                         counter="lost_refused")  # fmt: skip
+            except Refused as e:
+                self._send(f.identity, wire.error(f.rid, str(e)))
+                continue
+            if self._dispatch(f, quotes, now):
+                self.records.count("redispatched")
+            else:
+                why = late(min(q.finish for q in quotes), f.deadline, now)
+                e = self.core.refuse(why, f.stages, now, "lost_refused")
+                self._send(f.identity, wire.error(f.rid, str(e)))
         logging.getLogger(__name__).info("worker %d lost (%s)", w.index, why)
 
     def _supervisor_news(self) -> None:
@@ -492,15 +356,13 @@ class EdgeFront:
             except zmq.Again:
                 return
             news = msgpack.unpackb(raw, raw=False)
-            w = self._w[news["i"]]
+            w = self.pool.workers[news["i"]]
             if news["op"] == "down" and w.up:
                 self._lost(w, "ray: actor died")
             elif news["op"] == "up":
                 self._connect(w, news)
-                self.stats["worker_up"] += 1
-                self.events.append(
-                    {"t": time.monotonic(), "kind": "worker-up", "stages": f"worker {w.index}"}
-                )
+                self.records.count("worker_up")
+                self.records.event(time.monotonic(), "worker-up", f"worker {w.index}")
 
     # -- supervisor thread (Ray calls) -------------------------------------------------------------
 
@@ -539,46 +401,3 @@ class EdgeFront:
                     push.send(msgpack.packb(news, use_bin_type=True))
         finally:
             push.close(0)
-
-    # -- health ------------------------------------------------------------------------------------
-
-    def _control(self, header: wire.Header) -> list[bytes]:
-        return control_reply(header, self.health)
-
-    def health(self) -> dict:
-        """One edge's health contract for the fleet: ``queue``, ``stage_ms`` and ``schedule``
-        (the reservations a robot plans against) are those of the worker a request sent now
-        would go to (the least loaded live one), so a robot's scheduler sees the capacity it
-        would get; ``capacity`` counts live workers, ``workers`` lists each one."""
-        live = [w for w in self._w if w.up]
-        best = min(live, key=lambda w: w.load_s()) if live else None
-        queue = {s: 0 for s in self.schema.names}
-        if best is not None:
-            for f in list(best.flights.values()):
-                for s in f.stages:
-                    queue[s] += 1
-        workers = [
-            {"worker": w.index, "up": w.up, "pid": w.pid, "endpoint": w.endpoint,
-             "incarnation": w.incarnation, "in_flight": len(w.flights), "replies": w.replies,
-             "load_ms": 1e3 * w.load_s(), "lag_ms": 1e3 * w.lag_s,
-             "stage_ms": {k: v * 1e3 for k, v in w.times.est_s.items()}}
-            for w in self._w
-        ]  # fmt: skip
-        return {
-            "ok": bool(live),
-            "model": self.model_cfg.name,
-            "family": self.model_cfg.family,
-            "dtype": self.dtype,
-            "stages": list(self.schema.names),
-            "queue": queue,
-            "stage_ms": {k: v * 1e3 for k, v in best.times.est_s.items()} if best else {},
-            "max_batch": self.cfg.max_batch,
-            "backlog_ms": 1e3 * best.load_s() if best else 0.0,
-            "schedule": pack_schedule(best.schedule()) if best else [],
-            "secure": self.secure,
-            "uptime_s": time.monotonic() - self.started,
-            "capacity": len(live),
-            "workers": workers,
-            "ray_auth": self.workers.auth_mode,
-            **self.stats,
-        }

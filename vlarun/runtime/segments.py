@@ -92,7 +92,8 @@ def wanted(graph: StageGraph, placement: dict[str, str], seg: Segment) -> tuple[
 @dataclass(frozen=True, kw_only=True)
 class Request:
     """A data request checked against the schema (its tensors not read yet): the stages, what
-    it wants back, the reply codec, hook parts to reset, its setting and time budget (s)."""
+    it wants back, the reply codec, hook parts to reset, its setting and time budget (s, as
+    the robot sent it)."""
 
     stages: tuple[str, ...]
     want: tuple[str, ...]
@@ -200,9 +201,9 @@ class Schema:
         fresh = meta.get("fresh", [])
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
-        budget = min(header.deadline_s, 3600.0) if header.deadline_s > 0 else 0.0
+        # The budget as sent: the edge core holds it to its bounds (``edge_core.MAX_BUDGET_S``).
         return Request(stages=names, want=tuple(want), reply_codec=codec, fresh=tuple(fresh),
-                       setting=setting, budget_s=budget, rtc=rtc)  # fmt: skip
+                       setting=setting, budget_s=header.deadline_s, rtc=rtc)  # fmt: skip
 
     def check_values(self, tensors: dict) -> None:
         """What a header cannot promise: the values of a request's tensors, checked once they

@@ -1,14 +1,17 @@
-"""The edge server: the edge's core (``runtime/edge_core.py``: queues, admission, bookings,
-streams, the worker) served over one ROUTER socket. This file is the socket side only.
+"""The edge server: the edge's core (``runtime/edge_core.py``: admission, bookings, the
+seen-robots table, health) over its local worker (``runtime/local_worker.py``: stage queues,
+streams, the worker thread), served over one ROUTER socket. This file is the I/O only: frames
+in, the core's typed requests and answers, frames out.
 
-Two threads. The I/O thread owns the ROUTER socket: it answers control messages (health)
-at once, never behind model work, validates every data message (header against limits and
-the stage schema first, tensors only after) and answers a bad one with an error, then hands
-good requests to the core's stage queues. The worker thread (``EdgeCore.work``) takes batches,
-runs one stage, moves each request on to its next stage or hands the finished reply back to the
-I/O thread over an inproc socket (ZeroMQ sockets are not thread-safe, so only one thread
-touches the ROUTER). Every reply carries the measured time of each stage, its queueing time and
-batch size, so the robot's predictor can calibrate on them.
+Two threads. The I/O thread owns the ROUTER socket: it answers control messages (health,
+bookings) at once, never behind model work, validates every data message (header against
+limits and the stage schema first, the core's admission next, tensors only after) and answers
+a bad one with an error, then hands good requests to the worker's stage queues. The worker
+thread (``LocalWorker.work``) takes batches, runs one stage, moves each request on to its next
+stage or hands the finished request back here, where it is encoded and passed to the I/O
+thread over an inproc socket (ZeroMQ sockets are not thread-safe, so only one thread touches
+the ROUTER). Every reply carries the measured time of each stage, its queueing time and batch
+size, so the robot's predictor can calibrate on them.
 
 A message that cannot be parsed at all is answered with an error (rid 0) and counted; the
 server keeps serving everyone else.
@@ -24,20 +27,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
+import torch
 import zmq
 
 from vlarun.policy.base import Policy
 from vlarun.runtime.edge_core import (  # noqa: F401 (importable from here, as they always were)
     MAX_SEEN,
+    DataRequest,
     EdgeCore,
+    EdgeRecords,
     Refused,
     ServerConfig,
     robot_id,
 )
-from vlarun.runtime.records import StageTiming, pack_schedule, pack_timings
+from vlarun.runtime.local_worker import LocalWorker
+from vlarun.runtime.queues import Job
+from vlarun.runtime.records import (
+    PlanBooking,
+    RecordError,
+    ScheduleSlot,
+    StageTiming,
+    pack_schedule,
+    pack_timings,
+)
+from vlarun.runtime.refusal_log import RefusalLog
+from vlarun.runtime.segments import Schema
 from vlarun.runtime.transport import EdgeAuth, Security, router_socket
 from vlarun.stages import wire
-from vlarun.stages.packet import Limits, PacketError
+from vlarun.stages.packet import Limits, Packet, PacketError
 
 # The ledger (the committed schedule) is pushed to every robot that asked to listen in its
 # health request in the last LISTENER_TTL_S seconds, while one robot or more sent data or a
@@ -94,21 +111,33 @@ class Route:
         return msgpack.packb({"rid": self.rid, "timings": pack_timings(timings or ())})
 
 
-class EdgeServer(EdgeCore):
+class EdgeServer:
     """Serve ``policy``'s stages on ``cfg.address`` (``tcp://host:0`` picks a free port;
-    ``.address`` tells which): the core plus the socket it is reached by."""
+    ``.address`` tells which): the core and its local worker, and the socket they are reached
+    by. ``submit`` / ``cancel`` are the in-process door to the same queues."""
 
     def __init__(
         self, policy: Policy, sec: Security, cfg: ServerConfig | None = None, ctx=None
     ) -> None:
-        super().__init__(policy, cfg)
+        self.cfg = cfg = cfg or ServerConfig()
+        self.records = EdgeRecords(LocalWorker.COUNTERS)
+        self.worker = LocalWorker(policy, cfg, self.records)
+        self.schema = Schema(policy.model.cfg, self.worker.dtype, cfg.max_batch)
+        self.core = EdgeCore(cfg, self.worker, self.records, model=policy.model.cfg,
+                             dtype=self.worker.dtype, stages=self.schema.names,
+                             secure=not sec.insecure)  # fmt: skip
+        # The parts, as callers have always read them off the server.
+        self.policy, self.dtype, self.graph = policy, self.worker.dtype, self.worker.graph
+        self.queues, self.emulator = self.worker.queues, self.worker.emulator
+        self.stats, self.recent, self.events = (self.records.stats, self.records.recent,
+                                                self.records.events)  # fmt: skip
+        self.secure = self.core.secure
+        self.refusal_log = RefusalLog()
+        self.stop_event = threading.Event()
         self.ctx = ctx or zmq.Context()
         self.auth = EdgeAuth(self.ctx, sec)
-        self.sock = router_socket(
-            self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
-        )
+        self.sock = router_socket(self.ctx, wildcard(cfg.address), sec, cfg.max_message_bytes)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.secure = not sec.insecure
         self._pipe = f"inproc://vlarun-edge-{id(self)}"
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self._pipe)
@@ -116,6 +145,15 @@ class EdgeServer(EdgeCore):
         self._listeners: dict[bytes, float] = {}  # identity -> last health request (monotonic)
         self._pushed_at = -math.inf
         self._pushed_version = -1
+
+    def warmup(self, text_tokens: int = 12) -> None:
+        self.worker.warmup(text_tokens)
+
+    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+        return self.core.schedule(limit)
+
+    def health(self) -> dict:
+        return self.core.health()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -142,15 +180,75 @@ class EdgeServer(EdgeCore):
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # -- in-process requests ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        tensors: dict[str, torch.Tensor],
+        want: tuple[str, ...],
+        budget_s: float,
+        origin: bytes,
+        done: Callable[[dict | None, str | None, list[StageTiming]], None],
+        admit: bool = False,
+    ) -> Job:
+        """An in-process request for the whole graph (`vlarun serve-policy`'s clients): the
+        same queues, batching and worker as robots' requests over the socket.
+        ``done(outputs, error, timings)`` is called on the worker thread, unless the request
+        is cancelled first (``cancel``). ``admit``: raise ``Refused`` at once when the request
+        is predicted to miss ``budget_s`` (a whole-policy client has no local fallback, but a
+        "busy" now beats an expiry later). Returns the job, the handle ``cancel`` takes."""
+        names = self.schema.names
+        missing = {s.name for s in self.graph.graph_inputs} - set(tensors)
+        if missing:
+            raise ValueError(f"submit needs the graph inputs {sorted(missing)}")
+        now = time.monotonic()
+        if admit:
+            self.core.place(names, now + budget_s, now, enforce=True)
+        job = Job(identity=b"", rid=0, stages=names, want=want, pool=dict(tensors), arrival=now,
+                  deadline=now + budget_s, origin=origin)  # fmt: skip
+        job.done = done
+        self.core.touch(origin, now)
+        self.records.count("requests")
+        self.worker.put(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Drop an in-process request whose client has gone (``LocalWorker.cancel``)."""
+        self.worker.cancel(job)
+
+    # -- worker thread -----------------------------------------------------------------------------
+
     def _work_loop(self) -> None:
-        """The worker thread: the core's loop, answering over an inproc PUSH socket."""
+        """The worker thread: the local worker's loop, its answers encoded here and passed to
+        the I/O thread over an inproc PUSH socket (only that thread sends on the ROUTER)."""
         push = self.ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
         push.connect(self._pipe)
+
+        def answer(job: Job, error: str | None) -> None:
+            if error is not None:
+                push.send_multipart([*job.address(), *wire.error(job.rid, error)])
+            else:
+                push.send_multipart([*job.address(with_timings=True), *self._reply(job)])
+
         try:
-            self.work(push)
+            self.worker.work(self.stop_event, answer, self.core.active)
         finally:
             push.close(0)
+
+    def _reply(self, job: Job) -> list[bytes]:
+        """A finished request's result frames: the outputs it wants, its stage timings and
+        the committed schedule (the robot's next plan is made against it)."""
+        packet = Packet({n: job.pool[n] for n in job.want})
+        meta = {"timings": pack_timings(job.timings),
+                "server_s": time.monotonic() - job.arrival,
+                "schedule": pack_schedule(self.core.schedule())}  # fmt: skip
+        emu = self.emulator  # an emulated edge answers with the real model's packet size
+        pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
+        msg = wire.Message(
+            "result", rid=job.rid, stage="+".join(job.stages), meta=meta, packet=packet, pad=pad
+        )
+        return wire.encode(msg, wire.Codec(**job.reply_codec))
 
     # -- I/O thread --------------------------------------------------------------------------------
 
@@ -171,7 +269,7 @@ class EdgeServer(EdgeCore):
         when it changed (at most every ``LEDGER_EVERY_S``) or ``LEDGER_QUIET_S`` after the
         last push: bookings and arrivals show in the other robots' plans within ~20 ms, not
         at their next health answer."""
-        if now - self._pushed_at < LEDGER_EVERY_S or now - self._active_at > LEDGER_ACTIVE_S:
+        if now - self._pushed_at < LEDGER_EVERY_S or now - self.core.active_at > LEDGER_ACTIVE_S:
             return
         version = self.queues.version
         if version == self._pushed_version and now - self._pushed_at < LEDGER_QUIET_S:
@@ -180,7 +278,7 @@ class EdgeServer(EdgeCore):
         if not self._listeners:
             return
         self._pushed_at, self._pushed_version = now, version
-        frames = wire.control("ledger", 0, schedule=pack_schedule(self.schedule()))
+        frames = wire.control("ledger", 0, schedule=pack_schedule(self.core.schedule()))
         for identity in self._listeners:
             self._send([identity, *frames])
 
@@ -204,7 +302,7 @@ class EdgeServer(EdgeCore):
             try:
                 route = Route.parse(body.pop(0)) if self.cfg.relayed else None
             except PacketError:
-                self.stats["errors"] += 1
+                self.records.count("errors")
                 continue  # only the front talks to a relayed worker, and always routes
             to = [frames[0].bytes] if route is None else [frames[0].bytes, route.echo()]
             try:
@@ -213,11 +311,11 @@ class EdgeServer(EdgeCore):
                 self.refusal_log.refused("busy", robot_name(to), str(e))
                 self._send([*to, *wire.error(rid_of(body), str(e))])
             except PacketError as e:
-                self.stats["errors"] += 1
+                self.records.count("errors")
                 self.refusal_log.refused("bad request", robot_name(to), str(e))
                 self._send([*to, *wire.error(rid_of(body), str(e))])
             except Exception as e:  # never let one message take the server down
-                self.stats["errors"] += 1
+                self.records.count("errors")
                 self._send([*to, *wire.error(rid_of(body), f"internal: {type(e).__name__}")])
 
     def _send(self, frames: list) -> None:
@@ -229,35 +327,46 @@ class EdgeServer(EdgeCore):
         when relayed)."""
         now = time.monotonic()
         header = wire.decode_header(body[0], self.cfg.limits)
+        origin = to[0] if route is None else route.robot
         if header.kind == "control":
-            self.stats["control"] += 1
-            if header.meta.get("op") == "book":
-                origin = to[0] if route is None else route.robot
-                self._send([*to, *self.book(origin, header, now)])
-                return
+            self.records.count("control")
             # A robot's link monitor asks for health with ``listen``: it hears the ledger for
             # LISTENER_TTL_S from now (a relayed worker's peer is the front, which does not).
             room = len(self._listeners) < MAX_LISTENERS or to[0] in self._listeners
             if header.meta.get("listen") is True and route is None and room:
                 self._listeners[to[0]] = now
-            self._send([*to, *self._control(header)])
+            self._send([*to, *control_reply(header, self.core, origin, now)])
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
-        origin = to[0] if route is None else route.robot
-        self.accept(to, origin, header, body[1:], now, route)
+        req = self.schema.check(header)  # the header alone: nothing is allocated yet
+        budget = req.budget_s if route is None else route.budget_s
+        admitted = self.core.admit(DataRequest(origin, req.stages, budget), now)
+        msg = wire.materialize(header, body[1:], self.cfg.limits)  # admitted: now the tensors
+        tensors = dict(msg.packet.tensors)
+        self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
+        job = Job(identity=to[0], rid=header.rid, stages=req.stages, want=req.want,
+                  pool=tensors, arrival=now, deadline=admitted.deadline,
+                  reply_codec=req.reply_codec, origin=origin, route=route)  # fmt: skip
+        self.worker.bind(job, req, header.meta.get("stream"))
+        self.records.count("requests")
+        self.worker.put(job)
 
-    def _control(self, header: wire.Header) -> list[bytes]:
-        return control_reply(header, self.health)
 
-
-def control_reply(header: wire.Header, health: Callable[[], dict]) -> list[bytes]:
-    """The answer to a control message, the same from one edge and from a scale-out front."""
+def control_reply(header: wire.Header, core: EdgeCore, origin: bytes, now: float) -> list[bytes]:
+    """The answer to a control message from ``origin``, the same from one edge and from a
+    scale-out front: both hold their bookings in their core."""
     op = header.meta.get("op")
     if op in ("health", "ping"):
-        return wire.control("health", header.rid, **health())
+        return wire.control("health", header.rid, **core.health())
     if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
         return wire.control("probe", header.rid, ok=True)
+    if op == "book":  # a robot's plan, announced when chosen (``PlanBooking``)
+        try:
+            plan = PlanBooking.parse(header.meta, core.stages)
+        except RecordError as e:
+            raise PacketError(f"bad booking: {e}") from None
+        return wire.control("book", header.rid, ok=core.book(origin, plan, now))
     return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
 
