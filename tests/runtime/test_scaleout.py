@@ -28,18 +28,18 @@ STAGES = ("vision", "prefill", "decode")
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    """A front with robot authentication (one authorized robot key) before two Ray workers."""
+    """A front with robot authentication before two Ray workers; four authorized robots, each
+    with a key of its own (the front's shares are per key: robots sharing one are one)."""
     d = tmp_path_factory.mktemp("keys")
     edge = generate_keys(d / "edge", "edge")
-    robot = generate_keys(d / "authorized", "robot1")
+    robots = [generate_keys(d / "authorized", f"robot{k}") for k in range(1, 5)]
     sec = edge_security(False, edge["secret"], str(d / "authorized"))
     workers = RayWorkers(WorkerSpec("tiny-ar", threads=1), count=2)
     front = EdgeFront(workers, sec).start()
-    robot_sec = Security(
-        own=load_keys(robot["secret"]), server_public=load_keys(edge["public"]).public
-    )
+    public = load_keys(edge["public"]).public
+    robot_secs = [Security(own=load_keys(r["secret"]), server_public=public) for r in robots]
     try:
-        yield front, robot_sec, edge
+        yield front, robot_secs, edge
     finally:
         front.stop()
 
@@ -68,7 +68,7 @@ def _client(front, sec) -> EdgeClient:
 
 
 def _robots(
-    front, sec, policy, n: int, requests: int, budget_s: float, out: list, grace_s: float = 0.0
+    front, secs, policy, n: int, requests: int, budget_s: float, out: list, grace_s: float = 0.0
 ) -> list:
     # The robots send their first requests together: a robot's stream sticks to the worker its
     # first request went to, and on a busy machine a robot that started later found the first
@@ -79,7 +79,7 @@ def _robots(
 
     def robot(k: int) -> None:
         inputs, actions, text = _inputs(policy, k)
-        c = _client(front, sec)
+        c = _client(front, secs[k])  # robot k's own key
         start.wait(60)
         try:
             for _ in range(requests):
@@ -109,12 +109,12 @@ def _robots(
 
 
 def test_two_workers_serve_two_robots(fleet, policy, monkeypatch):
-    front, sec, _ = fleet
+    front, secs, _ = fleet
     out: list = []
-    for t in _robots(front, sec, policy, 2, 8, 5.0, out):
+    for t in _robots(front, secs, policy, 2, 8, 5.0, out):
         t.join(120)
     assert [k for k, _ in out] == ["result"] * 16
-    r = ping(front.address, sec, count=2, timeout_s=5.0)
+    r = ping(front.address, secs[0], count=2, timeout_s=5.0)
     h = r["health"]
     assert h["capacity"] == 2 and len(h["workers"]) == 2 and h["ray_auth"] == "token"
     # Both workers are up and answered; which served the robots is the front's rule (the
@@ -152,11 +152,11 @@ def test_robot_outside_the_authorized_keys_is_rejected_at_the_front(fleet):
 
 
 def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, policy):
-    front, sec, _ = fleet
+    front, secs, _ = fleet
     before = dict(front.stats)
     out: list = []
     budget = 4.0
-    threads = _robots(front, sec, policy, 4, 3, budget, out, grace_s=2.0)
+    threads = _robots(front, secs, policy, 4, 3, budget, out, grace_s=2.0)
     end = time.monotonic() + 30
     while time.monotonic() < end:  # kill a worker while it holds requests
         busy = [w for w in front.health()["workers"] if w["in_flight"] > 0 and w["up"]]
@@ -187,7 +187,7 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
         time.sleep(0.1)
     assert front.health()["capacity"] == 2  # Ray restarted it; the front found it again
     out.clear()
-    for t in _robots(front, sec, policy, 2, 4, 5.0, out):
+    for t in _robots(front, secs, policy, 2, 4, 5.0, out):
         t.join(120)
     assert [k for k, _ in out] == ["result"] * 8
 
@@ -222,13 +222,13 @@ def _pin(times) -> dict:
     return saved
 
 
-def _book_then_request(edge, sec, policy, held) -> tuple[set, set, str, int]:
+def _book_then_request(edge, secs, policy, held) -> tuple[set, set, str, int]:
     """Robot A books a plan per worker (two; on one edge both queue on the one worker), due
     in 5 s; robot B books its own, due in 5.5 s, then sends it. Returns the robots with a
     booked slot in B's quote before its request and after it, B's refusal, and how many
     bookings the edge holds after it (``held()``)."""
     inputs, _, text = _inputs(policy, 1)  # before booking: the bookings expire with their time
-    a, b = _client(edge, sec), _client(edge, sec)
+    a, b = _client(edge, secs[0]), _client(edge, secs[1])  # two robots: two keys
     try:
         end = time.monotonic() + 3.0
         for robot, deadline_s, count in ((a, 5.0, 1), (a, 5.0, 2), (b, 5.5, 3)):
@@ -257,8 +257,9 @@ def test_a_booking_through_the_front_refuses_a_later_request_as_one_edge_does(fl
     insecure = Security(insecure=True)
     with EdgeServer(policy, insecure, ServerConfig()) as srv:
         _pin(srv.queues)
-        one = _book_then_request(srv, insecure, policy, lambda: len(srv.queues.ledger))
-    front, sec, _ = fleet
+        one = _book_then_request(srv, (insecure, insecure), policy,
+                                 lambda: len(srv.queues.ledger))  # fmt: skip
+    front, secs, _ = fleet
     workers = front.pool.workers
     saved = [_pin(w.times) for w in workers]
     lags = [w.lag_s for w in workers]
@@ -269,7 +270,7 @@ def test_a_booking_through_the_front_refuses_a_later_request_as_one_edge_does(fl
         return sum(len(w.ledger) for w in workers)
 
     try:
-        many = _book_then_request(front, sec, policy, held)
+        many = _book_then_request(front, secs, policy, held)
     finally:
         for w, s, lag in zip(workers, saved, lags, strict=True):
             w.times.est_s, w.times.est_at, w.times.prior, w.lag_s = *s.values(), lag

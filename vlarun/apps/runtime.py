@@ -89,6 +89,10 @@ class ServeEdgeOptions:
         16, "one robot's share: its requests queued and plans booked at once; beyond it its "
         "next request is refused at once (busy)",
     )  # fmt: skip
+    max_identities_per_key: int = opt(
+        4, "connections one robot key may send requests from at once (its share above counts "
+        "them together); a request from one more is refused at once (busy)",
+    )  # fmt: skip
     max_frame_mb: float = opt(
         256.0, "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
         "a bigger one is disconnected",
@@ -167,7 +171,7 @@ class ServeEdgeOptions:
             f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
             max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
             max_queued_per_robot=self.max_queued_per_robot, max_streams=self.max_streams,
-            emulate=emulate,
+            max_identities_per_key=self.max_identities_per_key, emulate=emulate,
         )  # fmt: skip
 
 

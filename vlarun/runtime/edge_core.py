@@ -7,6 +7,13 @@ worker thread) or the Ray workers behind a front (``runtime/worker_pool.py``). A
 its ZMQ threads apart from ``EngineCore``, ``runtime/server.py`` and ``runtime/scaleout.py``
 are the I/O around this file. This is the file to change how the edge refuses a request.
 
+Shares are per key: a robot is its authenticated CURVE key (``DataRequest.key``, the client's
+public key as the ZAP handler reports it), not its ZeroMQ connection, so one key opening many
+connections still holds one robot's share of the queue and the bookings, and a limited number
+of connections (``max_identities_per_key``). Where no key was checked (``--insecure``, or a
+Curve edge without authorized keys, where any client may make up keys anyway) the connection
+is the key, as it always was.
+
 Admission: a request the edge cannot finish before its deadline is refused on arrival, not
 queued to expire: the backend predicts its finish (the one queue model over the batch running
 now, the queued and booked work due no later than it, and its own stages, each at its measured
@@ -31,8 +38,9 @@ from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES
 from vlarun.sched.queue_model import Booking
 from vlarun.stages.packet import Limits, PacketError
 
-# Robots remembered as recently active (batch window, dashboard) before the silent ones are
-# forgotten; a bound, so a stream of short-lived connections cannot grow the table.
+# Robots (keys) remembered as recently active (batch window, dashboard) before the silent ones
+# are forgotten; a bound, so a stream of short-lived connections cannot grow the table (nor the
+# connections remembered per key, which are forgotten with their key).
 MAX_SEEN = 1024
 # The longest time budget a request may claim (s); more is held to it, a non-positive (or NaN)
 # budget is 0: a request cannot hold a queue slot for longer than an hour by asking.
@@ -58,8 +66,13 @@ class ServerConfig:
     max_queued: int = 256  # requests waiting in all stage queues; more are refused at once
     # One robot's share: its requests queued (and its bookings held) at once; beyond it its
     # next one is refused at once ("busy"), so a flood from some identities cannot fill the
-    # queue or the schedule every other robot is admitted against.
+    # queue or the schedule every other robot is admitted against. A robot is its
+    # authenticated key: the share counts all of the key's connections together.
     max_queued_per_robot: int = 16
+    # Connections one key sends data from at once (each sent data in the last RECENT_S); a
+    # request from one more is refused at once ("busy"). A robot needs one, a restart or a
+    # reconnect one more for a moment; 50 are a flood (issue 64).
+    max_identities_per_key: int = 4
     # Accelerated streams (one robot's episode under one setting) whose hook state (KV cache,
     # token-policy and decoder state) the edge keeps; the least recently used is forgotten
     # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
@@ -82,6 +95,9 @@ class ServerConfig:
             raise ValueError("max_batch, max_streams must be >= 1 and batch_window_s >= 0")
         if self.max_queued_per_robot < 1:
             raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
+        if self.max_identities_per_key < 1:
+            raise ValueError("--max-identities-per-key must be >= 1, got "
+                             f"{self.max_identities_per_key}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,15 +107,24 @@ class ServerConfig:
 @dataclass(frozen=True)
 class DataRequest:
     """A robot's data request as admission judges it: decoded and checked against the stage
-    schema by its server, none of its tensors read yet. ``origin``: the robot (its connection,
-    or the robot a front's route names); ``budget_s``: the time it gave, as sent (the core
+    schema by its server, none of its tensors read yet. ``origin``: the connection it came on
+    (or the robot a front's route names); ``budget_s``: the time it gave, as sent (the core
     holds it to ``MAX_BUDGET_S``); ``stream``: its accelerated stream's key (the worker holding
-    the stream's KV cache goes first behind a front), None for the plain graph."""
+    the stream's KV cache goes first behind a front), None for the plain graph; ``key``: the
+    robot's authenticated key (``transport.peer_key``), None where none was checked: then the
+    connection is the robot (``holder``)."""
 
     origin: bytes
     stages: tuple[str, ...]
     budget_s: float
     stream: Hashable | None = None
+    key: bytes | None = None
+
+    @property
+    def holder(self) -> bytes:
+        """Who the request's share, bookings and seen-table row belong to: its key, else its
+        connection."""
+        return self.origin if self.key is None else self.key
 
 
 @dataclass(frozen=True)
@@ -131,8 +156,8 @@ class Backend(Protocol):
     def held(self) -> int:
         """Requests held now (queued, or in flight to a worker)."""
 
-    def held_by(self, origin: bytes) -> int:
-        """Requests of one robot held now."""
+    def held_by(self, key: bytes) -> int:
+        """Requests of one robot (its key, ``DataRequest.holder``) held now."""
 
     def quotes(
         self, stages: tuple[str, ...], deadline: float, now: float, stream: Hashable | None
@@ -142,8 +167,8 @@ class Backend(Protocol):
     def book(self, booking: Booking, now: float, per_robot: int) -> bool:
         """Hold ``booking`` in the queue model until its request comes; whether it was held."""
 
-    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
-        """The request ``origin`` booked has come: its booking leaves; whether one did."""
+    def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
+        """The request robot ``key`` booked has come: its booking leaves; whether one did."""
 
     def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
         """The committed schedule a robot plans against (times in s from now)."""
@@ -208,30 +233,41 @@ class EdgeCore:
         self.cfg, self.backend, self.records = cfg, backend, records
         self.model, self.dtype, self.stages, self.secure = model, dtype, stages, secure
         self.started = time.monotonic()
-        self._seen: dict[bytes, float] = {}  # robot -> its last data request (monotonic)
-        self._lock = threading.Lock()  # _seen: the I/O thread and in-process submissions
+        self._seen: dict[bytes, float] = {}  # robot (key) -> its last data request (monotonic)
+        # key -> its connections -> their last data request, for keys that are not their
+        # connection; at most max_identities_per_key each, forgotten with their key.
+        self._conns: dict[bytes, dict[bytes, float]] = {}
+        self._lock = threading.Lock()  # _seen, _conns: the I/O thread and in-process submissions
         self.active_at = -float("inf")  # the last data request or booking (ledger pushes)
 
     # -- admission ------------------------------------------------------------------------------
 
     def admit(self, req: DataRequest, now: float) -> Admitted:
         """Admit a data request or raise: ``PacketError`` when the edge is full (before the
-        request is seen: memory stays bounded), ``Refused`` when the robot holds its share or
-        no worker can finish it by its deadline. Its booking, if it made one, is claimed first:
+        request is seen: memory stays bounded), ``Refused`` when the robot (its key, over all
+        its connections) holds its share, sends from more connections than its share, or no
+        worker can finish it by its deadline. Its booking, if it made one, is claimed first:
         it is here now, and must not be counted twice."""
         held = self.backend.held()
         if held >= self.cfg.max_queued:
             raise PacketError(f"edge overloaded: {held} requests {self.backend.HOLDS}")
-        self.touch(req.origin, now)  # a robot whose request is refused is still connected
+        key = req.holder
+        self.touch(key, now)  # a robot whose request is refused is still connected
         self.active_at = now
-        mine = self.backend.held_by(req.origin)
+        if not self.enter(key, req.origin, now):
+            self.records.count("refused")
+            n = self.cfg.max_identities_per_key
+            raise Refused(f"busy: this robot's key is sending from {n} connections already, its "
+                          f"share is {n} (--max-identities-per-key)")  # fmt: skip
+        mine = self.backend.held_by(key)
         if mine >= self.cfg.max_queued_per_robot:
             self.records.count("refused")
-            raise Refused(f"busy: this robot has {mine} requests queued, its share is "
-                          f"{self.cfg.max_queued_per_robot}")  # fmt: skip
+            raise Refused(f"busy: this robot has {mine} requests {self.backend.HOLDS} (all its "
+                          f"key's connections), its share is {self.cfg.max_queued_per_robot} "
+                          "(--max-queued-per-robot)")  # fmt: skip
         budget = min(req.budget_s, MAX_BUDGET_S) if req.budget_s > 0 else 0.0
         deadline = now + budget
-        self.backend.claim(req.origin, req.stages, now)  # booked at decision time: now it is here
+        self.backend.claim(key, req.stages, now)  # booked at decision time: now it is here
         return Admitted(deadline, self.place(req.stages, deadline, now, req.stream))
 
     def place(
@@ -266,26 +302,56 @@ class EdgeCore:
 
     # -- bookings ---------------------------------------------------------------------------------
 
-    def book(self, origin: bytes, plan: PlanBooking, now: float) -> bool:
-        """A robot announces the edge stages it just planned: they enter the queue model at
-        once, so every robot quoted before the request itself lands sees them. False (nothing
-        held) when the edge holds all it can or the robot holds its share."""
+    def book(self, key: bytes, plan: PlanBooking, now: float) -> bool:
+        """Robot ``key`` (its authenticated key, else its connection: ``DataRequest.holder``)
+        announces the edge stages it just planned: they enter the queue model at once, so every
+        robot quoted before the request itself lands sees them. False (nothing held) when the
+        edge holds all it can or the robot holds its share."""
         self.active_at = now
-        booking = Booking(plan.stages, now + plan.arrive_s, now + plan.deadline_s, origin)
+        booking = Booking(plan.stages, now + plan.arrive_s, now + plan.deadline_s, key)
         held = self.backend.book(booking, now, self.cfg.max_queued_per_robot)
         self.records.count("booked" if held else "booking_refused")
         return held
 
     # -- the seen-robots table --------------------------------------------------------------------
 
-    def touch(self, origin: bytes, now: float) -> None:
-        """Note that ``origin`` sent data now; the table forgets robots silent for a second
-        once it holds more than ``MAX_SEEN`` (every serve-policy connection is a new origin,
-        so it would otherwise grow for as long as the server runs)."""
+    def touch(self, key: bytes, now: float) -> None:
+        """Note that robot ``key`` sent data now; the table forgets robots silent for a second
+        once it holds more than ``MAX_SEEN`` (every serve-policy connection, and without keys
+        every robot connection, is a new one, so it would otherwise grow for as long as the
+        server runs), and their connections with them."""
         with self._lock:
             if len(self._seen) >= MAX_SEEN:
                 self._seen = {k: t for k, t in self._seen.items() if now - t < RECENT_S}
-            self._seen[origin] = now
+                self._conns = {k: c for k, c in self._conns.items() if k in self._seen}
+            self._seen[key] = now
+
+    def enter(self, key: bytes, origin: bytes, now: float) -> bool:
+        """Note that robot ``key`` sends from connection ``origin`` now; False (nothing noted)
+        when that would make more than ``max_identities_per_key`` connections that sent data
+        in the last ``RECENT_S``. A key that is its connection (no key checked) has nothing
+        to count."""
+        if key == origin:
+            return True
+        with self._lock:
+            conns = self._conns.setdefault(key, {})
+            if origin not in conns and len(conns) >= self.cfg.max_identities_per_key:
+                for gone in [c for c, t in conns.items() if now - t >= RECENT_S]:
+                    del conns[gone]
+                if len(conns) >= self.cfg.max_identities_per_key:
+                    return False
+            conns[origin] = now
+            return True
+
+    def connections(self, key: bytes) -> list[bytes]:
+        """The connections robot ``key`` is remembered sending from."""
+        with self._lock:
+            return list(self._conns.get(key, ()))
+
+    def tracked_connections(self) -> int:
+        """Connections remembered over all keys (a bound's check)."""
+        with self._lock:
+            return sum(map(len, self._conns.values()))
 
     def active(self) -> int:
         """Robots that sent data in the last ``RECENT_S`` (the batch window waits only for

@@ -77,8 +77,8 @@ class LocalWorker:
     def held(self) -> int:
         return sum(self.queues.depth().values())
 
-    def held_by(self, origin: bytes) -> int:
-        return self.queues.depth_of(origin)
+    def held_by(self, key: bytes) -> int:
+        return self.queues.depth_of(key)
 
     def quotes(
         self, stages: tuple[str, ...], deadline: float, now: float, stream: Hashable | None = None
@@ -91,8 +91,8 @@ class LocalWorker:
     def book(self, booking: Booking, now: float, per_robot: int) -> bool:
         return self.queues.book(booking, now, per_robot)
 
-    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
-        return self.queues.claim(origin, stages, now)
+    def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
+        return self.queues.claim(key, stages, now)
 
     def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
         """The committed schedule (``StageQueues.forecast``): the batch running now, then every
@@ -209,9 +209,9 @@ class LocalWorker:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
         self.busy_until = now + self.queues.work_s((stage.name,)) * len(live)
-        after = tuple((robot_id(j.origin), j.deadline, tuple(j.stages[j.pos + 1 :]))
+        after = tuple((robot_id(j.key), j.deadline, tuple(j.stages[j.pos + 1 :]))
                       for j in live)  # fmt: skip
-        self.running = Running(stage.name, tuple(robot_id(j.origin) for j in live),
+        self.running = Running(stage.name, tuple(robot_id(j.key) for j in live),
                                min(j.deadline for j in live), after)  # fmt: skip
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
@@ -265,7 +265,7 @@ class LocalWorker:
         """Hand a finished (or failed) request back: to an in-process request's callback
         (``EdgeServer.submit``), or to the server's ``answer``."""
         if error is None:
-            self.records.reply(time.monotonic(), job.origin, job.stages, job.setting,
+            self.records.reply(time.monotonic(), job.key, job.stages, job.setting,
                                job.arrival, job.deadline, job.timings)  # fmt: skip
         if job.done is not None:
             out = None if error else {n: job.pool[n] for n in job.want}

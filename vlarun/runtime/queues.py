@@ -62,6 +62,9 @@ class Job:
     fresh: tuple[str, ...] = ()
     setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
     origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
+    # The robot whose share it counts against and whose arrivals it adds to: its authenticated
+    # key (``edge_core.DataRequest.holder``); empty: ``origin``.
+    key: bytes = b""
     route: object | None = field(default=None, repr=False)  # a front's Route (server.py)
     done: Callable | None = field(default=None, repr=False)  # an in-process request's callback
     # Set when its client has gone (``EdgeServer.cancel``): never run, re-queued or answered.
@@ -69,6 +72,10 @@ class Job:
     pos: int = 0
     enqueued: float = 0.0
     timings: list[StageTiming] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = self.origin
 
     def address(self, with_timings: bool = False) -> list[bytes]:
         """The frames a reply to this request starts with: the peer's identity, then, when a
@@ -131,7 +138,7 @@ class StageQueues(StageTimes):
         self.queues: dict[str, deque[Job]] = {s: deque() for s in stage_inputs}
         self.cond = threading.Condition()
         self.ledger = Ledger(MAX_BOOKINGS)  # the plans robots announced (sched.queue_model)
-        # origin -> its last arrivals (time, time it gave, stages); when it last booked
+        # robot (key) -> its last arrivals (time, time it gave, stages); when it last booked
         self.arrivals: dict[bytes, deque] = {}
         self.booked_at: dict[bytes, float] = {}
         # Bumped by every change the schedule shows (a request queued, taken or dropped, a
@@ -148,9 +155,9 @@ class StageQueues(StageTimes):
             self.cond.notify()
 
     def _arrived(self, job: Job) -> None:
-        hist = self.arrivals.pop(job.origin, None) or deque(maxlen=ARRIVALS_KEPT)
+        hist = self.arrivals.pop(job.key, None) or deque(maxlen=ARRIVALS_KEPT)
         hist.append((job.arrival, job.deadline - job.arrival, tuple(job.stages)))
-        self.arrivals[job.origin] = hist  # re-inserted: the dict keeps the latest clients last
+        self.arrivals[job.key] = hist  # re-inserted: the dict keeps the latest clients last
         while len(self.arrivals) > MAX_TRACKED:
             gone = next(iter(self.arrivals))
             del self.arrivals[gone]
@@ -190,10 +197,10 @@ class StageQueues(StageTimes):
             self.version += 1
             return True
 
-    def depth_of(self, origin: bytes) -> int:
-        """Requests of one robot waiting in any stage queue."""
+    def depth_of(self, key: bytes) -> int:
+        """Requests of one robot (its key: ``Job.key``) waiting in any stage queue."""
         with self.cond:
-            return sum(j.origin == origin for q in self.queues.values() for j in q)
+            return sum(j.key == key for q in self.queues.values() for j in q)
 
     def depth(self) -> dict[str, int]:
         with self.cond:
@@ -225,11 +232,11 @@ class StageQueues(StageTimes):
                 self.booked_at[booking.origin] = now
             return True
 
-    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
-        """The request ``origin`` booked has arrived: its booking leaves the ledger (its work
+    def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
+        """The request robot ``key`` booked has arrived: its booking leaves the ledger (its work
         is now queued), the earliest of that robot's bookings for the same first stage."""
         with self.cond:
-            if not self.ledger.claim(origin, stages, now):
+            if not self.ledger.claim(key, stages, now):
                 return False
             self.version += 1
             return True
@@ -276,7 +283,7 @@ class StageQueues(StageTimes):
         holding every queued request, every booking, ``ask`` and the running batch's
         followers."""
         with self.cond:
-            items = [self._pending(now, j.deadline, name(j.origin), j.stages[j.pos :])
+            items = [self._pending(now, j.deadline, name(j.key), j.stages[j.pos :])
                      for q in self.queues.values() for j in q]  # fmt: skip
             items += self.ledger.pending(now, self.seconds, name)
         items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,

@@ -71,7 +71,7 @@ from vlarun.runtime.ray_workers import RayWorkers
 from vlarun.runtime.records import RecordError, parse_timings
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.server import Route, control_reply, rid_of, wildcard
-from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, router_socket
+from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, peer_key, router_socket
 from vlarun.runtime.worker_pool import (  # noqa: F401 (dispatch_order: importable from here)
     Flight,
     Worker,
@@ -244,9 +244,11 @@ class EdgeFront:
     def _handle(self, identity: bytes, body: list) -> None:
         now = time.monotonic()
         header = wire.decode_header(body[0].bytes, self.cfg.limits)
+        key = peer_key(body[0])  # the robot's authenticated key: its share, as on one edge
+        holder = identity if key is None else key
         if header.kind == "control":
             self.records.count("control")
-            self._send(identity, control_reply(header, self.core, identity, now))
+            self._send(identity, control_reply(header, self.core, holder, now))
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
@@ -259,9 +261,10 @@ class EdgeFront:
         except (TypeError, ValueError) as e:
             raise PacketError(f"bad setting: {e}") from None
         stream = None if setting.identity else (identity, header.meta.get("stream"))
-        admitted = self.core.admit(DataRequest(identity, stages, header.deadline_s, stream), now)
+        req = DataRequest(identity, stages, header.deadline_s, stream, key)
+        admitted = self.core.admit(req, now)
         flight = Flight(identity, header.rid, body, stages, str(setting), now, admitted.deadline,
-                        stream)  # fmt: skip
+                        stream, key=holder)  # fmt: skip
         if not self._dispatch(flight, admitted.quotes, now):  # no admitted worker took it
             why = late(min(q.finish for q in admitted.quotes), admitted.deadline, now)
             raise self.core.refuse(why, stages, now)
@@ -305,7 +308,7 @@ class EdgeFront:
                 timings = ()
             self.pool.answered(w, f, timings, now)
             if timings:
-                self.records.reply(now, f.identity, f.stages, f.setting, f.arrival, f.deadline,
+                self.records.reply(now, f.key, f.stages, f.setting, f.arrival, f.deadline,
                                    timings, worker=w.index)  # fmt: skip
             if now > f.deadline:
                 self.records.count("late")

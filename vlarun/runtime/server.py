@@ -52,7 +52,7 @@ from vlarun.runtime.records import (
 )
 from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema
-from vlarun.runtime.transport import EdgeAuth, Security, router_socket
+from vlarun.runtime.transport import EdgeAuth, Security, peer_key, router_socket
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits, Packet, PacketError
 
@@ -305,8 +305,11 @@ class EdgeServer:
                 self.records.count("errors")
                 continue  # only the front talks to a relayed worker, and always routes
             to = [frames[0].bytes] if route is None else [frames[0].bytes, route.echo()]
+            # The robot's authenticated key (not a relayed worker's peer: that is the front,
+            # whose route names the robot).
+            key = peer_key(frames[1]) if route is None else None
             try:
-                self._handle(to, route, body)
+                self._handle(to, route, body, key)
             except Refused as e:  # not an error: the robot runs it itself, in time
                 self.refusal_log.refused("busy", robot_name(to), str(e))
                 self._send([*to, *wire.error(rid_of(body), str(e))])
@@ -322,12 +325,16 @@ class EdgeServer:
         with contextlib.suppress(zmq.ZMQError):
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
 
-    def _handle(self, to: list[bytes], route: Route | None, body: list) -> None:
+    def _handle(
+        self, to: list[bytes], route: Route | None, body: list, key: bytes | None = None
+    ) -> None:
         """``to``: the frames a reply starts with (the peer's identity, then the front's route
-        when relayed)."""
+        when relayed); ``key``: the robot's authenticated key (None: its connection is the
+        robot)."""
         now = time.monotonic()
         header = wire.decode_header(body[0], self.cfg.limits)
         origin = to[0] if route is None else route.robot
+        holder = origin if key is None else key  # whose share, bookings and seen-table row
         if header.kind == "control":
             self.records.count("control")
             # A robot's link monitor asks for health with ``listen``: it hears the ledger for
@@ -335,27 +342,29 @@ class EdgeServer:
             room = len(self._listeners) < MAX_LISTENERS or to[0] in self._listeners
             if header.meta.get("listen") is True and route is None and room:
                 self._listeners[to[0]] = now
-            self._send([*to, *control_reply(header, self.core, origin, now)])
+            self._send([*to, *control_reply(header, self.core, holder, now)])
             return
         if header.kind != "data":
             raise PacketError(f"the edge accepts data and control messages, not {header.kind!r}")
         req = self.schema.check(header)  # the header alone: nothing is allocated yet
         budget = req.budget_s if route is None else route.budget_s
-        admitted = self.core.admit(DataRequest(origin, req.stages, budget), now)
+        admitted = self.core.admit(DataRequest(origin, req.stages, budget, key=key), now)
         msg = wire.materialize(header, body[1:], self.cfg.limits)  # admitted: now the tensors
         tensors = dict(msg.packet.tensors)
         self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
         job = Job(identity=to[0], rid=header.rid, stages=req.stages, want=req.want,
                   pool=tensors, arrival=now, deadline=admitted.deadline,
-                  reply_codec=req.reply_codec, origin=origin, route=route)  # fmt: skip
+                  reply_codec=req.reply_codec, origin=origin, key=holder,
+                  route=route)  # fmt: skip
         self.worker.bind(job, req, header.meta.get("stream"))
         self.records.count("requests")
         self.worker.put(job)
 
 
-def control_reply(header: wire.Header, core: EdgeCore, origin: bytes, now: float) -> list[bytes]:
-    """The answer to a control message from ``origin``, the same from one edge and from a
-    scale-out front: both hold their bookings in their core."""
+def control_reply(header: wire.Header, core: EdgeCore, key: bytes, now: float) -> list[bytes]:
+    """The answer to a control message from robot ``key`` (its authenticated key, else its
+    connection), the same from one edge and from a scale-out front: both hold their bookings
+    in their core."""
     op = header.meta.get("op")
     if op in ("health", "ping"):
         return wire.control("health", header.rid, **core.health())
@@ -366,7 +375,7 @@ def control_reply(header: wire.Header, core: EdgeCore, origin: bytes, now: float
             plan = PlanBooking.parse(header.meta, core.stages)
         except RecordError as e:
             raise PacketError(f"bad booking: {e}") from None
-        return wire.control("book", header.rid, ok=core.book(origin, plan, now))
+        return wire.control("book", header.rid, ok=core.book(key, plan, now))
     return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
 

@@ -158,6 +158,20 @@ class EdgeAuth:
             self.auth.stop()
 
 
+def peer_key(frame: zmq.Frame) -> bytes | None:
+    """The authenticated key of the peer that sent ``frame`` (a frame of a message received
+    with ``copy=False``): pyzmq's authenticator answers a CURVE handshake it admits with the
+    client's public key in Z85 as the ZAP User-Id (``zmq.auth.Authenticator.curve_user_id``),
+    and ZeroMQ attaches it to every message of that connection. None where no ZAP handler
+    checked a key: ``--insecure``, or a Curve edge without authorized keys (any client may make
+    up keys there, so its connection is all there is to count)."""
+    try:
+        user = frame.get("User-Id")
+    except zmq.ZMQError:  # EINVAL: the connection has no such property
+        return None
+    return user.encode() if user else None
+
+
 class _Allowed:
     """pyzmq's credentials provider: admit exactly these public keys (Z85 text, as the
     authenticator passes them)."""

@@ -68,6 +68,13 @@ class Flight:
     stream: tuple | None
     worker: int = -1
     predicted: float = 0.0  # when the front predicted the worker would answer (monotonic)
+    # The robot whose share it counts against: its authenticated key
+    # (``edge_core.DataRequest.holder``); empty: ``identity``.
+    key: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = self.identity
 
 
 @dataclass
@@ -110,7 +117,7 @@ class Worker:
         at the estimated per-request time."""
         q = EdgeQueue(self.max_batch, now)
         for f in list(self.flights.values()):
-            q.add(Pending(ready=now, deadline=f.deadline, origin=robot_id(f.identity),
+            q.add(Pending(ready=now, deadline=f.deadline, origin=robot_id(f.key),
                           stages=f.stages, seconds=self.seconds(f.stages)))  # fmt: skip
         for p in self.ledger.pending(now, self.seconds, robot_id):
             q.add(p)
@@ -170,8 +177,8 @@ class WorkerPool:
     def held(self) -> int:
         return sum(len(w.flights) for w in self.workers)
 
-    def held_by(self, origin: bytes) -> int:
-        return sum(f.identity == origin for w in self.workers for f in list(w.flights.values()))
+    def held_by(self, key: bytes) -> int:
+        return sum(f.key == key for w in self.workers for f in list(w.flights.values()))
 
     def quotes(
         self, stages: tuple[str, ...], deadline: float, now: float,
@@ -218,13 +225,13 @@ class WorkerPool:
             quotes = self.quotes(booking.stages, booking.deadline, now, arrive=booking.arrive)
             return bool(quotes) and self.workers[quotes[0].worker].ledger.book(booking, now)
 
-    def claim(self, origin: bytes, stages: tuple[str, ...], now: float) -> bool:
-        """The robot's earliest booking for the same first stage leaves whichever worker holds
-        it (its request may go elsewhere: the forecast that placed it has moved on)."""
+    def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
+        """Robot ``key``'s earliest booking for the same first stage leaves whichever worker
+        holds it (its request may go elsewhere: the forecast that placed it has moved on)."""
         with self.lock:
             mine = [(b.arrive, w.index) for w in self.workers for b in w.ledger
-                    if b.origin == origin and b.stages[0] == stages[0]]  # fmt: skip
-            return bool(mine) and self.workers[min(mine)[1]].ledger.claim(origin, stages, now)
+                    if b.origin == key and b.stages[0] == stages[0]]  # fmt: skip
+            return bool(mine) and self.workers[min(mine)[1]].ledger.claim(key, stages, now)
 
     def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
         with self.lock:
