@@ -103,3 +103,23 @@ def test_a_robot_the_edge_turns_down_says_so_once(secure_edge, capfd):
     err = capfd.readouterr().err
     assert err.count("turned this robot down") == 1, err
     assert srv.address in err and stranger.public.decode() in err
+
+
+def test_a_reset_ends_the_refusal_watch_at_once():
+    """The link monitor resets its socket after each failed probe: the old socket's refusal
+    watch must end when its monitor stops, not when ``stop``'s 1 s join gives up (it did:
+    every reset took 1.0 s, and a robot returned to a restored edge ~2 s late)."""
+    import zmq
+
+    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.transport import KeyPair, Security
+
+    edge, robot = KeyPair(*zmq.curve_keypair()), KeyPair(*zmq.curve_keypair())
+    client = EdgeClient("tcp://127.0.0.1:9", Security(own=robot, server_public=edge.public))
+    try:
+        for _ in range(3):
+            watch = client._watch
+            client.reset()
+            assert not watch._thread.is_alive()  # ended by MONITOR_STOPPED, not left behind
+    finally:
+        client.close()

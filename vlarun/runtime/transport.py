@@ -268,7 +268,10 @@ class RefusalWatch:
         if sec.insecure or not REFUSED:
             self._mon = None
             return
-        events = 0
+        # MONITOR_STOPPED too: it is what ends the thread when the socket is reset (without it
+        # in the mask, every ``stop`` waited out its 1 s join, and the link monitor's reset
+        # after each failed probe held the return to a restored edge ~2 s).
+        events = zmq.EVENT_MONITOR_STOPPED
         for e in REFUSED:
             events |= e
         self._mon = sock.get_monitor_socket(events)
