@@ -77,8 +77,9 @@ case "$SUITE" in
   # chunks at the start (training/mt10pf/fast_tokenizer/, committed with the state).
   mt10pf) SCHEDULE=(--out training/mt10pf --lr 2e-4 --warmup 200 --init-from training/mt10p5
                    "${FAST[@]}") ;;
-  # The next stretch of mt10p-fast (not run yet): the first (85 min, 77,792 samples) ended
-  # with its budget spent; this one continues its weights and FAST ids, a cosine of its own.
+  # The second stretch of mt10p-fast (run 2026-12-06 17:59-19:24 UTC, 102,304 samples; the
+  # shipped mt10p-fast, 86.4% on MT10 x 25): continues mt10pf's weights and FAST ids, a cosine
+  # of its own. Its student (CEED on the FAST backbone) is the next step, not a third stretch.
   mt10pf2) SUITE=mt10pf SCHEDULE=(--out training/mt10pf2 --lr 1.5e-4 --warmup 100
                     --init-from training/mt10pf "${FAST[@]}") ;;
   *) echo "SUITE must be mt10p, mt10g, mt10pf, mt10pf2 or mt10p2..mt10p6, got $SUITE" >&2
