@@ -205,6 +205,7 @@ class Scheduler:
         k, p = np.meshgrid(np.arange(k_n), np.arange(p_n), indexing="ij")
         self.k, self.p = k.ravel(), p.ravel()
         self.edge = space.placements[self.p]  # (C, S)
+        self._uses_link = self.edge.any(axis=1)  # a candidate with any stage on the edge
         self.allowed = space.executable[self.k, self.p] & space.eligible[self.k]
         self._by_settings: dict[tuple, int] | None = None
         self.fixed = self._fixed_mask()  # sets k0, the identity setting's index (-1: none)
@@ -610,9 +611,10 @@ class Scheduler:
     HOPELESS = 0.05
 
     # How long a candidate's on-time probability is remembered for ``reach`` (an EWMA weight per
-    # decision: ~200 requests, a few of a Wi-Fi drive's minute-long cycles, so a dip is
-    # averaged in, not taken for the plan's share), and how close to the most punctual held
-    # plan counts as punctual when the target is out of reach (the issue-61 goal's half point).
+    # decision: ~50 requests, about one of a Wi-Fi drive's minute-long cycles, so a dip is
+    # averaged in, not taken for the plan's share; 0.005 left 4 cells of 80 short), and how
+    # close to the most punctual held plan counts as punctual when the target is out of reach
+    # (the issue-61 goal's half point).
     HELD_ALPHA = 0.02
     PUNCTUAL_SLACK = 0.005
 
@@ -634,7 +636,7 @@ class Scheduler:
         """Each candidate's on-time share held steady: a plan that uses the link averages its
         dips (``_held``); one that stays on the robot rides no link, and its probability now
         is its steady share (an average would lag what its tail learnt)."""
-        return np.where(self.edge.any(axis=1), self._held, judged)
+        return np.where(self._uses_link, self._held, judged)
 
     def _fallback(self, sc: Scores, p_on: np.ndarray, apj: np.ndarray, reach: float = 1.0) -> int:
         """No plan fits the miss budget: the one most likely to meet the deadline, ties going
@@ -813,7 +815,7 @@ class Scheduler:
         self.cal.observe_on_time(roles, outcome.latency_s <= self.deadline_s)
         # A link outage ("link: ...": the monitor had the edge down, or no reply came) is the
         # link's, which its monitor and estimate track; charged to the placement's tail it
-        # kept the runtime off a restored edge for ~2 s (demo-coinfer). What planning the
+        # would keep a restored edge looking late. What planning the
         # placement costs while the link is up ("edge: ...": refused, late, or the link too
         # slow for the time left after a stalled robot stage) is its tail.
         if outcome.fallback is None or not outcome.fallback.startswith("link:"):
