@@ -45,13 +45,18 @@ MUTANTS = {
     ),
     "CEED loss: reversed KL": (
         DISTILL,
-        "(target.exp() * (target - x.log_softmax(-1))).sum(-1).mean()",
-        "(x.softmax(-1) * (x.log_softmax(-1) - target)).sum(-1).mean()",
+        "(target.exp() * (target - x.log_softmax(-1))).sum(-1), keep)",
+        "(x.softmax(-1) * (x.log_softmax(-1) - target)).sum(-1), keep)",
     ),
     "CEED loss: missing stop-gradient": (
         DISTILL,
         "target = teacher.detach().log_softmax(-1)",
         "target = teacher.log_softmax(-1)",
+    ),
+    "CEED loss: a FAST code's padding after END counted": (
+        DISTILL,
+        "keep = None if end_id is None else code_mask(fixed, end_id).float()",
+        "keep = None",
     ),
 }
 

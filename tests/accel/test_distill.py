@@ -1,17 +1,29 @@
 """Consistency distillation: the training forward matches Jacobi inference; a few steps run,
-resume, and export a loadable checkpoint with a model card."""
+resume, and export a loadable checkpoint with a model card; a FAST teacher's codes train on
+blocks that stop counting at END."""
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from vlarun.accel.jacobi import JacobiDecoder, action_step
+from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder, action_step
 from vlarun.cli import build_parser, command, parse_into, resolve
+from vlarun.models.checkpoint import save_vla
+from vlarun.models.fast_head import (
+    FastConfig,
+    code_lengths,
+    code_mask,
+    pad_after_end,
+    smooth_chunks,
+    synthetic_fast_tokenizer,
+)
 from vlarun.models.presets import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
@@ -26,6 +38,7 @@ from vlarun.sim.distill import (
     distill_losses,
     sample_batch,
 )
+from vlarun.sim.distill_data import _join, demo_codes, fit_block, load_frames
 
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
 
@@ -301,3 +314,134 @@ def test_consistency_gradient_stops_at_the_fixed_point_distribution(chunked, mon
     want = torch.autograd.grad((logp.exp() * (logp - student.log_softmax(-1))).sum(-1).mean(),
                                student)[0]  # fmt: skip
     assert (g_student - want).abs().max().item() < 1e-7
+
+
+def test_losses_count_a_fast_code_up_to_its_end_only(chunked, monkeypatch):
+    """What follows END is padding: logits there change neither loss, and each loss is the mean
+    over its target's tokens up to and including END (the fixed point's for L_C, the demo
+    code's for L_AR)."""
+    teacher, student = _sharp_logits(monkeypatch)
+    end = 5
+    fixed = torch.tensor([[2, 5, 1, 3], [1, 2, 3, 4]])  # END second in row 0, none in row 1
+    demo = torch.tensor([[1, 2, 5, 0], [5, 1, 1, 1]])
+    keep, demo_keep = code_mask(fixed, end), code_mask(demo, end)
+
+    def losses():
+        one = distill_losses(chunked.model, None, None, fixed, fixed, end_id=end)
+        two = distill_losses(chunked.model, None, None, fixed, fixed, ar_tokens=demo, end_id=end)
+        return one.consistency.item(), one.ar.item(), two.ar.item()
+
+    before = losses()
+    logp, logq = teacher.log_softmax(-1), student.log_softmax(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    assert before[0] == pytest.approx(kl[keep].mean().item(), rel=1e-6)
+    nll = -logp.gather(-1, fixed[..., None])[..., 0]
+    assert before[1] == pytest.approx(nll[keep].mean().item(), rel=1e-6)
+    with torch.no_grad():  # scramble every logit after a target's END
+        gen = torch.Generator().manual_seed(1)
+        teacher[~keep] += 5 * torch.randn(teacher[~keep].shape, generator=gen)
+        student[~(keep | demo_keep)] += 5 * torch.randn(student[~(keep | demo_keep)].shape,
+                                                        generator=gen)  # fmt: skip
+    assert losses() == pytest.approx(before, rel=1e-6)
+
+
+def test_fast_blocks_are_cut_and_padded_to_one_width():
+    """A trajectory is cut to the block's first n states and tokens (its state n - 1 is then
+    the block's fixed point), or padded: later states with its last, later tokens with END; a
+    resumed collection's narrower batches are padded to the widest."""
+    end = 9
+    traj = torch.arange(2 * 5 * 6).reshape(2, 5, 6)  # (B, K + 1 = 5 states, 6 tokens)
+    cut, length = fit_block(traj, torch.tensor([5, 3]), 4, end)
+    assert torch.equal(cut, traj[:, :4, :4]) and length.tolist() == [4, 3]
+    wide, same = fit_block(cut[:, :3, :3], torch.tensor([3, 2]), 5, end)
+    assert wide.shape == (2, 5, 5) and same.tolist() == [3, 2]
+    assert torch.equal(wide[:, :3, :3], cut[:, :3, :3]) and (wide[:, :, 3:] == end).all()
+    assert torch.equal(wide[:, 3:, :3], cut[:, 2:3, :3].expand(-1, 2, -1))
+    parts = {"frame": [torch.tensor([0, 1]), torch.tensor([2])],
+             "states": [cut[:, :2, :2], torch.zeros(1, 3, 3, dtype=torch.long)],
+             "length": [torch.tensor([2, 1]), torch.tensor([3])]}  # fmt: skip
+    joined = _join(parts, FastConfig(vocab_size=4, max_tokens=8, end_id=end))
+    assert joined["states"].shape == (3, 3, 3) and joined["length"].tolist() == [2, 1, 3]
+
+
+def test_demo_codes_decode_back_to_the_demo_chunks():
+    """A FAST policy's demo tokens are the chunks' codes (``FastHead.encode``, as training
+    writes them), END-padded to the cap: decoded, they come back within FAST's bound."""
+    model = Policy.from_preset("tiny-pi0-fast", seed=0).model
+    fast = model.cfg.fast
+    chunks = torch.tensor(np.stack(smooth_chunks(6, 8, 7, seed=3)), dtype=torch.float32)
+    codes = demo_codes(model, chunks)
+    assert codes.shape == (6, fast.max_tokens) and (code_lengths(codes, fast.end_id) > 1).all()
+    assert torch.equal(codes, pad_after_end(codes, fast.end_id))
+    assert (code_lengths(codes, fast.end_id) < fast.max_tokens).all()  # every code has END
+    bound = 0.5 * math.sqrt(8) / model.fast_head.tokenizer.scale
+    assert (model.tokens_to_actions(codes) - chunks).abs().max().item() <= bound + 1e-6
+
+
+def _fast_teacher(directory: Path) -> Path:
+    """tiny-ar's weights writing a FAST code (a synthetic vocabulary over its 256 action ids)
+    up to END, whose LM head row is 1.05 x bin 390's: on the reach demos a code ends after 1
+    or 9 tokens, or runs to the cap of 16 without END. Its window is 4 tokens."""
+    policy = Policy.from_checkpoint(TINY_AR)
+    end = 3
+    fast = FastConfig(vocab_size=256, max_tokens=16, end_id=end)
+    cfg = dataclasses.replace(policy.model.cfg, name="tiny-fast", decode_tokens=4, fast=fast)
+    model = VLA(cfg)
+    model.load_state_dict(policy.model.state_dict())
+    with torch.no_grad():
+        head = model.language_model.lm_head.weight
+        head[end] = 1.05 * head[390]
+    model.set_fast_tokenizer(synthetic_fast_tokenizer(cfg.horizon, cfg.action_dim, 256))
+    stats = json.loads((TINY_AR / "dataset_statistics.json").read_text())
+    return save_vla(model.eval(), directory, norm_stats=stats,
+                    tokenizer_file=TINY_AR / "tokenizer.json")  # fmt: skip
+
+
+def test_distill_a_fast_teacher(tmp_path, demos):
+    """A FAST teacher collects its codes' window trajectories (fixed points = greedy's codes)
+    on blocks of the longest code, capped; trains 2 steps on demo codes; exports a student
+    that carries the teacher's FAST tokenizer and decodes with it."""
+    if not (TINY_AR / "config.json").exists():
+        pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+    teacher_dir = _fast_teacher(tmp_path / "tiny-fast")
+    run = tmp_path / "run"
+    cfg = DistillConfig(teacher=str(teacher_dir), demos=str(demos), out=str(run), frames=24,
+                        collect_batch=8, eval_frames=4, steps=2, batch=2, block=12,
+                        save_every=1, log_every=1, warmup=1, ar_target="demo")  # fmt: skip
+    got = distill(cfg)
+    assert got["step"] == 2
+    data = load_file(run / "trajectories.safetensors")
+    with safe_open(run / "trajectories.safetensors", "pt") as f:
+        meta = f.metadata()
+    n, end = 12, 3
+    code = data["code"].long()
+    assert (code < n).any() and (code > n).any()  # codes that end in the block, codes cut
+    assert data["states"].shape == (24, n, n) and got["collected"]["tokens"] == n
+    assert {k: meta[k] for k in ("init", "window", "block", "width")} == {
+        "init": cfg.init, "window": "4", "block": "12", "width": "12"}  # fmt: skip
+    # The fixed points are the teacher's greedy codes, up to END or the block's end.
+    teacher = Policy.from_checkpoint(teacher_dir)
+    frames = load_frames(cfg, teacher)
+    idx, model = data["frame"].long(), teacher.model
+    with torch.no_grad():
+        pre = model.prefill(model.build_prefix(model.encode_images(frames.image_batch(idx)),
+                                               [frames.text[i] for i in idx.tolist()]))  # fmt: skip
+        greedy = model.decode_tokens(pre)
+    assert torch.equal(code, code_lengths(greedy, end))
+    fixed = data["states"][torch.arange(24), data["length"].long() - 1].long()
+    keep = code_mask(fixed, end)
+    assert torch.equal(keep.sum(1), code.clamp(max=n))
+    assert torch.equal(fixed[keep], greedy[:, :n][keep])
+    # The export carries the teacher's FAST tokenizer, loads with it and decodes.
+    export = Path(got["exported"])
+    for name in ("tokenizer.json", "processor_config.json"):
+        mine = (export / "fast_tokenizer" / name).read_bytes()
+        assert mine == (teacher_dir / "fast_tokenizer" / name).read_bytes()
+    student = Policy.from_checkpoint(export)
+    assert student.model.fast_head is not None and student.calibration["jacobi"]["init"] == cfg.init
+    assert "Jacobi window 4" in (export / "README.md").read_text()
+    assert "student_exit_code_agreement_with_teacher" in got["evaluation"]
+    decoder = JacobiDecoder(JacobiConfig(sigma=0.5, init=cfg.init))
+    actions = student.with_hooks(decoder=decoder).predict(np.zeros((128, 128, 3), np.uint8),
+                                                          "reach the goal")  # fmt: skip
+    assert actions.shape == (4, 4) and np.isfinite(actions).all()

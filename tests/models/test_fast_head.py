@@ -14,6 +14,7 @@ from vlarun.models.fast_head import (
     FastConfig,
     FastHead,
     code_lengths,
+    code_mask,
     pad_after_end,
     smooth_chunks,
     synthetic_fast_tokenizer,
@@ -132,6 +133,7 @@ def test_pad_after_end_and_code_lengths():
     ids = torch.tensor([[5, 2, 7, 8], [5, 6, 7, 8], [2, 9, 2, 9]])
     assert code_lengths(ids, 2).tolist() == [2, 4, 1]
     assert pad_after_end(ids, 2).tolist() == [[5, 2, 2, 2], [5, 6, 7, 8], [2, 2, 2, 2]]
+    assert code_mask(ids, 2).int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
 
 
 def test_the_synthetic_vocabulary_is_deterministic_and_near_the_expected_length():

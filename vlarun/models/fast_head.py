@@ -105,6 +105,13 @@ def code_lengths(ids: Tensor, end_id: int) -> Tensor:
     return torch.where(is_end.any(1), first + 1, torch.full_like(first, ids.shape[1]))
 
 
+def code_mask(ids: Tensor, end_id: int) -> Tensor:
+    """(B, L) ids -> (B, L) bool: the tokens up to and including each row's first END (all L
+    if none); what follows END is no part of the code."""
+    keep = torch.arange(ids.shape[1], device=ids.device)[None]
+    return keep < code_lengths(ids, end_id)[:, None]
+
+
 def pad_after_end(ids: Tensor, end_id: int) -> Tensor:
     """(B, L) ids with every token after a row's first END set to END (rows of one batch end at
     different steps; what follows an END is no part of the code)."""

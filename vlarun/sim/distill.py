@@ -4,7 +4,8 @@ Two phases, both resumable in ``out``:
 
 1. collect: the teacher Jacobi-decodes (from random initial guesses, to the fixed point) the
    action tokens of ``frames`` demonstration frames; every intermediate state is kept
-   (``trajectories.safetensors``: states (M, n, n) padded with the fixed point, lengths (M,)).
+   (``trajectories.safetensors``: states (M, n, n) padded with the fixed point, lengths (M,);
+   ``distill_data.py``).
 2. train: the student (initialised from the teacher) sees a random non-final state Y of a
    random trajectory and learns to predict the fixed point Y* from it:
 
@@ -16,6 +17,14 @@ Two phases, both resumable in ``out``:
    blocks at the same positions, each seeing the prompt and itself causally, never each other -
    exactly what each block sees at inference on top of the prefix cache. Losses are means over
    tokens (the paper's sums over tokens differ by the constant n, for both terms alike).
+
+A FAST teacher (pi0-FAST: a variable-length code up to END, ``fast_head.py``) is distilled on
+blocks of a fixed width n: the smallest that holds every collected fixed point's code with its
+END, capped at ``block`` (a longer code trains on its first n tokens). Its trajectories are the
+window solver's (``jacobi_window``) at the window inference uses
+(``distill_data.teacher_trajectories`` says why), its demo tokens are the demo chunks' codes
+(``distill_data.demo_codes``), and both losses count only the tokens up to and including the
+target's END (``fast_head.code_mask``): what follows END is padding, never decoded.
 
 Like ``vlarun train`` it runs in the foreground (start it with nohup/& for the background);
 state (weights + AdamW moments, safetensors, no pickle) is saved every ``save_every`` steps and
@@ -33,8 +42,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 from tqdm import tqdm
 
@@ -42,9 +49,10 @@ from vlarun import config as cfgio
 from vlarun.accel.jacobi import JacobiConfig, jacobi_decode
 from vlarun.config import opt
 from vlarun.models.checkpoint import save_vla
+from vlarun.models.fast_head import code_mask
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
-from vlarun.sim.demos import FrameStore
+from vlarun.sim.distill_data import Frames, collect, load_frames, load_trajectories
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +73,11 @@ class DistillConfig:
     init: str = opt("repeat", "initial Jacobi guess of the trajectories",
                     choices=["random", "repeat"])  # fmt: skip
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
+    # mt10p-fast's codes are ~11 ids and END (at most ~30 on its demos): 32 holds them all, and
+    # a training block of 32 costs what mt10p-ar's 32 action tokens cost.
+    block: int = opt(32, "FAST teachers: most code tokens (END included) a training block holds")
+    window: int = opt(0, "FAST teachers: Jacobi window of the trajectories and the card's "
+                      "decodes; 0 = the teacher's decode_tokens (what inference uses)")  # fmt: skip
     # The defaults are the shipped student's run from the teacher, within the 90-minute budget
     # on a 2-core CPU: 7 min of collection, then 78 min of training (the step cap is not reached).
     steps: int = opt(20000, "optimiser steps (a cap; budget_minutes usually ends the run)")
@@ -102,141 +115,14 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 1 or self.lr <= 0 or self.collect_batch < 1:
             raise ValueError("steps, batch, collect_batch and lr must be positive")
-        if self.frames < 0 or self.eval_frames < 0 or self.omega < 0:
-            raise ValueError("frames, eval_frames and omega must be >= 0")
+        if self.frames < 0 or self.eval_frames < 0 or self.omega < 0 or self.window < 0:
+            raise ValueError("frames, eval_frames, omega and window must be >= 0")
+        if self.block < 2:
+            raise ValueError(f"block must be >= 2 (a code token and END), got {self.block}")
 
     @property
     def export_dir(self) -> Path:
         return Path(self.export or Path(self.out) / "export" / f"{Path(self.teacher).name}-ceed")
-
-
-TRAJECTORIES = "trajectories.safetensors"
-SAVE_BATCHES = 10  # collection batches between saves of the partial trajectories
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: demo frames and the teacher's Jacobi trajectories
-
-
-@dataclasses.dataclass
-class Frames:
-    """Demo frames in memory: images (N, S, S, 3) or (N, V, S, S, 3) uint8, prompt ids per
-    frame, demo action tokens (N, n), the frame order (seeded permutation: collected first,
-    held out last), and for a policy with a proprio token the normalised states (N, D)."""
-
-    images: FrameStore | Tensor  # demo frames (memory-mapped) or frames already in memory
-    text: list[list[int]]
-    demo_tokens: Tensor
-    order: Tensor
-    states: Tensor | None = None
-    num_images: int = 1
-
-    def image_batch(self, idx: Tensor) -> Tensor:
-        """(B, V, 3, S, S) floats in [0, 1]: the policy's views of frames ``idx``."""
-        x = self.images[idx] if isinstance(self.images, Tensor) else self.images[idx.numpy()]
-        x = torch.as_tensor(x)
-        x = x[:, None] if x.ndim == 4 else x[:, : self.num_images]
-        return x.permute(0, 1, 4, 2, 3).float().div(255.0)
-
-    def state_batch(self, idx: Tensor) -> Tensor | None:
-        return None if self.states is None else self.states[idx]
-
-
-def load_frames(cfg: DistillConfig, teacher: Policy) -> Frames:
-    from vlarun.sim.train import DemoSampler  # one loader for BC and distillation
-
-    model = teacher.model
-    sampler = DemoSampler(
-        cfg.demos,
-        model.cfg.chunk,
-        teacher.tokenizer,
-        cfg.seed,
-        model.cfg.num_images,
-        goal_in_state=model.cfg.goal_in_state,
-    )
-    n = model.cfg.num_action_tokens
-    chunks = sampler.chunks.reshape(-1, n)
-    demo_tokens = model.action_tokenizer.encode(chunks).long()
-    order = torch.randperm(len(sampler), generator=torch.Generator().manual_seed(cfg.seed))
-    text = [sampler.text[t] for t in sampler.task.tolist()]
-    states = sampler.states.float() if model.cfg.proprio_dim else None
-    return Frames(sampler.images, text, demo_tokens, order, states, model.cfg.num_images)
-
-
-def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log) -> dict:
-    """Teacher trajectories of the first ``cfg.frames`` frames of ``frames.order``; resumes
-    from a partial ``trajectories.safetensors`` (saved every ``SAVE_BATCHES`` batches)."""
-    model = teacher.model
-    n = model.cfg.num_action_tokens
-    want = min(cfg.frames or len(frames.order), len(frames.order) - cfg.eval_frames)
-    have = _load_trajectories(out)
-    _check_init(out, cfg.init)
-    parts = {k: [v] for k, v in have.items()} if have else {}
-    done = int(have["frame"].shape[0]) if have else 0
-    gen = torch.Generator().manual_seed(cfg.seed + done)
-    bar = tqdm(total=want, initial=done, desc="collect", unit="frame")
-    while done < want:
-        idx = frames.order[done : min(done + cfg.collect_batch, want)]
-        r = teacher_trajectories(model, frames, idx, gen, cfg.init)
-        for k, v in r.items():
-            parts.setdefault(k, []).append(v)
-        done += len(idx)
-        if len(parts["frame"]) % SAVE_BATCHES == 0 or done >= want:
-            _save_trajectories(out, {k: torch.cat(v) for k, v in parts.items()}, want, cfg.init)
-        bar.update(len(idx))
-    bar.close()
-    data = _load_trajectories(out)
-    lengths = data["length"].float()
-    summary = {"frames": int(lengths.shape[0]), "tokens": n,
-               "teacher_iterations_mean": float((lengths - 1).mean())}  # fmt: skip
-    log(f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
-        f"{summary['teacher_iterations_mean']:.2f} of at most {n - 1}")  # fmt: skip
-    return summary
-
-
-@torch.no_grad()
-def teacher_trajectories(
-    model: VLA, frames: Frames, idx: Tensor, gen: torch.Generator, init: str = "random"
-) -> dict[str, Tensor]:
-    """Jacobi trajectories (plain, to the fixed point, from ``init``) of frames ``idx``."""
-    images = frames.image_batch(idx)
-    text = [frames.text[i] for i in idx.tolist()]
-    visual = model.encode_images(images)
-    pre = model.prefill(model.build_prefix(visual, text, frames.state_batch(idx)))
-    r = jacobi_decode(model, pre, JacobiConfig(init=init), gen=gen)
-    n = model.cfg.num_action_tokens
-    states = r.trajectory
-    pad = states[:, -1:].expand(-1, n - states.shape[1], -1)  # rows are frozen at their end
-    return {
-        "frame": idx.clone(),
-        "states": torch.cat((states, pad), dim=1).int(),  # (B, n, n): state k = after k iters
-        "length": (r.iterations + 1).int(),  # states up to and including the fixed point
-    }
-
-
-def _save_trajectories(out: Path, data: dict[str, Tensor], planned: int, init: str) -> None:
-    tmp = out / f"{TRAJECTORIES}.tmp"
-    meta = {"planned": str(planned), "init": init}
-    save_file({k: v.contiguous() for k, v in data.items()}, tmp, meta)
-    tmp.replace(out / TRAJECTORIES)
-
-
-def _check_init(out: Path, init: str) -> None:
-    """Refuse to extend or train on trajectories started from another initial guess (files
-    written before the guess was recorded are from random ids)."""
-    path = out / TRAJECTORIES
-    if not path.exists():
-        return
-    with safe_open(path, "pt") as f:
-        have = (f.metadata() or {}).get("init", "random")
-    if have != init:
-        raise ValueError(f"{path} holds trajectories from init={have!r}, not init={init!r}; "
-                         "use another --out or the same --init")  # fmt: skip
-
-
-def _load_trajectories(out: Path) -> dict[str, Tensor] | None:
-    path = out / TRAJECTORIES
-    return load_file(path) if path.exists() else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,24 +195,37 @@ def distill_losses(
     omega: float = 1.0,
     ar_tokens: Tensor | None = None,
     proprio: Tensor | None = None,
+    end_id: int | None = None,
 ) -> DistillLosses:
     """Consistency + AR losses of one batch.
 
     images (B, V, 3, S, S); state (B, n) or (B, K, n): intermediate Jacobi states (K of the
     same trajectory share the prompt forward, one block each); fixed (B, n): their fixed point;
     ar_tokens (B, n): L_AR targets if not the fixed point (e.g. the demo's tokens); proprio
-    (B, D): the robot state, for a policy with a proprio token."""
+    (B, D): the robot state, for a policy with a proprio token; end_id: a FAST code's END, after
+    which a block is padding: L_C counts the tokens up to and including the fixed point's END,
+    L_AR those up to its target's (the fixed point's, or the demo code's)."""
     states = list((state[:, None] if state.dim() == 2 else state).unbind(1))
     blocks = [fixed, *states] + ([ar_tokens] if ar_tokens is not None else [])
     logits = block_logits(model, images, text, blocks, proprio)
     teacher = logits[0]
     target = teacher.detach().log_softmax(-1)  # stop-gradient fixed-point distribution
-    kl = [(target.exp() * (target - x.log_softmax(-1))).sum(-1).mean()
+    keep = None if end_id is None else code_mask(fixed, end_id).float()  # the same per state
+    kl = [_token_mean((target.exp() * (target - x.log_softmax(-1))).sum(-1), keep)
           for x in logits[1 : 1 + len(states)]]  # fmt: skip
     consistency = torch.stack(kl).mean()  # mean over states, as one state per forward would
     ar_logits, ar_ids = (teacher, fixed) if ar_tokens is None else (logits[-1], ar_tokens)
-    ar = F.cross_entropy(ar_logits.flatten(0, 1), ar_ids.flatten())
+    if end_id is None:
+        ar = F.cross_entropy(ar_logits.flatten(0, 1), ar_ids.flatten())
+    else:
+        nll = F.cross_entropy(ar_logits.flatten(0, 1), ar_ids.flatten(), reduction="none")
+        ar = _token_mean(nll.view_as(ar_ids), code_mask(ar_ids, end_id).float())
     return DistillLosses(consistency, ar, omega)
+
+
+def _token_mean(x: Tensor, keep: Tensor | None) -> Tensor:
+    """Mean of per-token values (B, n) over the tokens ``keep`` (B, n) marks (all if None)."""
+    return x.mean() if keep is None else (x * keep).sum() / keep.sum()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +278,7 @@ def distill(cfg: DistillConfig) -> dict:
                          "needs an autoregressive (action-token) one")  # fmt: skip
     torch.manual_seed(cfg.seed)
     student = Policy.from_checkpoint(cfg.student_init or cfg.teacher, dtype=torch.float32).model
+    _share_fast_ids(teacher.model, student)
     if cfg.freeze_vision:
         student.vision_backbone.requires_grad_(False)
     params = [p for p in student.parameters() if p.requires_grad]
@@ -394,11 +294,31 @@ def distill(cfg: DistillConfig) -> dict:
         log_file.write(json.dumps({"collected": collected}) + "\n")
         spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
         if meta["step"] < cfg.steps and not spent:
-            data = _load_trajectories(out)
+            data = load_trajectories(out)
             meta = _loop(cfg, student, opt_, data, frames, meta, out, log_file)
     log_file.close()
     evaluation = evaluate_iterations(cfg, teacher.model, student, frames)
     return export(cfg, student, meta, evaluation)
+
+
+def _share_fast_ids(teacher: VLA, student: VLA) -> None:
+    """A FAST student decodes the teacher's FAST ids: it learns the teacher's codes, and its
+    export carries that tokenizer (``save_vla`` writes ``fast_tokenizer/`` from the model)."""
+    if teacher.fast_head is None:
+        return
+    theirs = teacher.fast_head.tokenizer
+    if student.fast_head is None:
+        student.set_fast_tokenizer(theirs)
+        return
+    mine = student.fast_head.tokenizer
+    same = (mine.bpe.to_str(), mine.scale, mine.min_token) == (
+        theirs.bpe.to_str(),
+        theirs.scale,
+        theirs.min_token,
+    )
+    if not same:
+        raise ValueError(f"{student.cfg.name}'s FAST tokenizer is not the teacher's: its ids "
+                         "would mean other coefficients")  # fmt: skip
 
 
 def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
@@ -410,15 +330,17 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
     precision = choose_precision(cfg.precision)
     print(f"vlarun distill: precision {precision.reason}", file=sys.stderr)
     meta["precision"] = precision.reason
+    end_id = student.cfg.fast.end_id if student.cfg.fast is not None else None
 
     def losses_at(step: int):
         images, text, state, fixed, idx = sample_batch(
             data, frames, cfg.batch, gen, cfg.states, cfg.initial_state
         )
-        demo = frames.demo_tokens[idx] if cfg.ar_target == "demo" else None
+        # A FAST demo code (N, M) is cut to the block: the student sees the same n positions.
+        demo = frames.demo_tokens[idx, : fixed.shape[1]] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.bf16):
             return distill_losses(student, images, text, state, fixed, cfg.omega, demo,
-                                  frames.state_batch(idx))  # fmt: skip
+                                  frames.state_batch(idx), end_id)  # fmt: skip
 
     meta = resumable_loop(cfg, student, opt_, meta, out, losses_at, log_file, "distill")
     student.eval()
@@ -435,15 +357,17 @@ def evaluate_iterations(
 ) -> dict:
     """Mean Jacobi iterations (to the fixed point, and with exit at ``sigma``) of teacher and
     student on the held-out frames (the end of the frame order), and how often the student's
-    exit output equals the teacher's greedy tokens."""
+    exit output equals the teacher's greedy tokens (a FAST teacher's: the tokens of its code,
+    END included, and whole codes; decoded in ``cfg.window``, as collected)."""
     if not cfg.eval_frames:
         return {}
     student.eval()
     idx = frames.order[-cfg.eval_frames :]
     res: dict = {"frames": len(idx), "sigma": sigma}
+    fast = teacher.cfg.fast
     greedy = {}
     for name, model in (("teacher", teacher), ("student", student)):
-        plain = JacobiConfig(seed=cfg.seed, init=cfg.init)
+        plain = JacobiConfig(seed=cfg.seed, init=cfg.init, window=cfg.window or None)
         for label, jc in (("jacobi", plain), ("exit", dataclasses.replace(plain, sigma=sigma))):
             iters, toks = [], []
             for part in idx.split(cfg.collect_batch):
@@ -453,11 +377,21 @@ def evaluate_iterations(
                 pre = model.prefill(model.build_prefix(visual, text, frames.state_batch(part)))
                 r = jacobi_decode(model, pre, jc)
                 iters.append(r.iterations.float())
-                toks.append(r.tokens)
+                # A FAST batch's tokens end at its longest code: END-pad them to the cap.
+                wide = 0 if fast is None else fast.max_tokens - r.tokens.shape[1]
+                toks.append(F.pad(r.tokens, (0, wide), value=fast.end_id) if wide else r.tokens)
             res[f"{name}_{label}_iterations"] = float(torch.cat(iters).mean())
             greedy[(name, label)] = torch.cat(toks)
-    agree = greedy[("student", "exit")] == greedy[("teacher", "jacobi")]
-    res["student_exit_token_agreement_with_teacher"] = float(agree.float().mean())
+    want = greedy[("teacher", "jacobi")]
+    agree = greedy[("student", "exit")] == want
+    if fast is None:
+        res["student_exit_token_agreement_with_teacher"] = float(agree.float().mean())
+        return res
+    keep = code_mask(want, fast.end_id)
+    res["window"] = cfg.window or teacher.cfg.decode_tokens
+    res["teacher_code_length_mean"] = float(keep.sum(1).float().mean())
+    res["student_exit_token_agreement_with_teacher"] = float(agree[keep].float().mean())
+    res["student_exit_code_agreement_with_teacher"] = float(agree.all(1).float().mean())
     return res
 
 
@@ -512,6 +446,15 @@ def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:
             f"{e['student_jacobi_iterations']:.2f} and {e['student_exit_iterations']:.2f}; "
             f"student exit tokens equal to the teacher's greedy tokens: "
             f"{e['student_exit_token_agreement_with_teacher']:.1%}"
+        )
+    if "window" in evaluation:
+        e = evaluation
+        lines.append(
+            f"- FAST code: Jacobi window {e['window']} (`--window {e['window']}` in `vlarun "
+            f"bench decode`); the teacher's codes average {e['teacher_code_length_mean']:.1f} "
+            "tokens with END; student exit codes equal to the teacher's greedy codes: "
+            f"{e['student_exit_code_agreement_with_teacher']:.1%} (tokens compared up to the "
+            "teacher's END)"
         )
     lines.append("- speed and success: see BENCHMARKS.md (`vlarun bench decode`)")
     return "\n".join(lines) + "\n"
