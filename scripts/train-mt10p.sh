@@ -23,6 +23,8 @@
 # DAgger round 5 (assets/demos/mt10p-dagger5: 200 episodes, 22,790 frames, seeds 9200+, driven
 # by the shipped mt10p-dit, where DiT fails: peg-insert 0%, pick-place 28%).
 # SUITE=mt10pf trains mt10p-fast (issue 65: the pi0-FAST-shaped teacher for CEED), from mt10p5.
+# SUITE=mt10pl trains mt10p-llava (issue 65: LLaVA-VLA's shape, a CLIP tower and 20 action
+# tokens per inference), from mt10p5.
 # SUITE=mt10p4 fine-tunes mt10p3 with 2 cm of noise on the hand position of every training
 # state (--state-noise 0.02): the mt10p policies copy the hand's displacement from its fixed
 # start (causal confusion: +5 cm of hand x in the state, same image, moves reach's x action by
@@ -46,8 +48,8 @@ for m in assets/demos/mt10p-*/; do
 done
 DEMOS=$(IFS=,; echo "${SETS[*]}")
 SUITE=${SUITE:-mt10p}
-# What every mt10p-fast stretch shares (the mt10p5 / mt10p6 recipe: 85 minutes, noisy hand
-# state, episode starts, the precise tasks weighted 2).
+# What every mt10p-fast and mt10p-llava stretch shares (the mt10p5 / mt10p6 recipe: 85 minutes,
+# noisy hand state, episode starts, the precise tasks weighted 2).
 FAST=(--steps 8000 --budget-minutes 85 --state-noise 0.02 --early-share 0.3
       --task-weights reach-v3=2,push-v3=2,pick-place-v3=2,peg-insert-side-v3=2)
 case "$SUITE" in
@@ -82,7 +84,14 @@ case "$SUITE" in
   # of its own. Its student (CEED on the FAST backbone) is the next step, not a third stretch.
   mt10pf2) SUITE=mt10pf SCHEDULE=(--out training/mt10pf2 --lr 1.5e-4 --warmup 100
                     --init-from training/mt10pf "${FAST[@]}") ;;
-  *) echo "SUITE must be mt10p, mt10g, mt10pf, mt10pf2 or mt10p2..mt10p6, got $SUITE" >&2
+  # Issue 65: LLaVA-VLA's shape on the mt10p trunk (the mt10p-llava preset: a CLIP tower of the
+  # SigLIP tower's size, its second-to-last layer's patch tokens, 5-step chunks of 256-bin
+  # tokens), fine-tuned from mt10p5 on every committed set as mt10pf was. The LM, projector and
+  # proprio and auxiliary heads come over by name; the CLIP tower starts from mt10p5's SigLIP
+  # tower (its class token and pre-LN fresh, as the init line in state.json and the card say).
+  mt10pl) SCHEDULE=(--out training/mt10pl --lr 2e-4 --warmup 200 --init-from training/mt10p5
+                   "${FAST[@]}") ;;
+  *) echo "SUITE must be mt10p, mt10g, mt10pf, mt10pf2, mt10pl or mt10p2..mt10p6, got $SUITE" >&2
      exit 2 ;;
 esac
 exec "$VLARUN" train --suite "$SUITE" --demos "$DEMOS" --batch 32 "${SCHEDULE[@]}" \

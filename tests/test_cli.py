@@ -107,7 +107,15 @@ def test_check_parity_json(capsys):
     r = run_json(capsys, "check-parity")
     assert r["ok"], [c for c in r["checks"] if not c["ok"]]
     names = " ".join(c["name"] for c in r["checks"])
-    for needle in ("llama-mha", "llama-gqa", "siglip", "dinov2", "TokenPlan", "cached decode"):
+    for needle in (
+        "llama-mha",
+        "llama-gqa",
+        "siglip",
+        "dinov2",
+        "clip",
+        "TokenPlan",
+        "cached decode",
+    ):
         assert needle in names
 
 

@@ -1,7 +1,7 @@
 """`vlarun check-parity`: vlarun's modules against transformers on identical weights.
 
 Random-weight models of several shapes are built in transformers, their weights loaded into
-vlarun, and outputs compared in fp32. With ``checkpoint``, any Llama/Gemma/SigLIP/DINOv2
+vlarun, and outputs compared in fp32. With ``checkpoint``, any Llama/Gemma/SigLIP/DINOv2/CLIP
 directory written by transformers' ``save_pretrained`` is loaded into both and compared.
 """
 
@@ -146,6 +146,7 @@ def _vit_checks() -> list[Check]:
     models = {
         "siglip": tf.SiglipVisionModel(tf.SiglipVisionConfig(intermediate_size=192, **common)),
         "dinov2": tf.Dinov2Model(tf.Dinov2Config(**common)),
+        "clip": tf.CLIPVisionModel(tf.CLIPVisionConfig(intermediate_size=192, **common)),
     }
     if hasattr(tf, "Dinov2WithRegistersModel"):
         conf = tf.Dinov2WithRegistersConfig(num_register_tokens=4, **common)
@@ -182,8 +183,8 @@ def _checkpoint_checks(directory: str | Path) -> list[Check]:
             diff = _diff(hf(input_ids=ids).logits, ours.logits(ours(ours.embed(ids)).hidden))
             return [Check(f"{Path(directory).name}: logits vs transformers", diff, TOL)]
         hf = tf.AutoModel.from_pretrained(directory).float().eval()
-        if kind == "siglip" and hasattr(hf, "vision_model") and not hasattr(hf, "embeddings"):
-            hf = hf.vision_model if config.get("model_type") == "siglip" else hf
+        if config.get("model_type") in ("siglip", "clip"):  # a full contrastive model
+            hf = hf.vision_model
         s = ours.config.image_size
         px = torch.randn(1, 3, s, s, generator=gen)
         ref = hf(pixel_values=px).last_hidden_state

@@ -126,10 +126,20 @@ def test_transformers_llama_directory_loads_and_matches(tmp_path):
     assert kind == "llama" and diff <= 1e-4, diff
 
 
-@pytest.mark.parametrize("kind", ["siglip", "dinov2"])
+@pytest.mark.parametrize("kind", ["siglip", "dinov2", "clip"])
 def test_transformers_vision_directory_loads_and_matches(tmp_path, kind):
     torch.manual_seed(0)
-    if kind == "siglip":
+    if kind == "clip":
+        cfg = transformers.CLIPVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+        )
+        hf = transformers.CLIPVisionModel(cfg).eval()
+    elif kind == "siglip":
         cfg = transformers.SiglipVisionConfig(
             image_size=32,
             patch_size=8,

@@ -1,4 +1,5 @@
-"""Parity of vlarun.models.vit against Hugging Face SigLIP / DINOv2 (tiny random models, CPU)."""
+"""Parity of vlarun.models.vit against Hugging Face SigLIP / DINOv2 / CLIP (tiny random models,
+CPU)."""
 
 import pytest
 import torch
@@ -14,12 +15,14 @@ from vlarun.models.vit import (
     canonical_hf_state_dict,
     hf_to_timm_vit,
     openvla_vision_configs,
+    siglip_to_clip_vit,
     timm_to_hf_vit,
 )
 
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
+CLIP_TOL = 1e-5  # issue 65's bound for LLaVA's tower features (fp32)
 TINY = dict(
     image_size=32, patch_size=8, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=128
 )
@@ -64,12 +67,29 @@ def hf_dinov2(registers: int = 0) -> torch.nn.Module:
     return _perturb(transformers.Dinov2Model(transformers.Dinov2Config(**kw)))
 
 
+def hf_clip(image_size: int = 32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.CLIPVisionConfig(
+        image_size=image_size,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    return _perturb(transformers.CLIPVisionModel(cfg))
+
+
+def hf_tower(kind: str, registers: int = 0) -> torch.nn.Module:
+    return {"siglip": hf_siglip, "clip": hf_clip}.get(kind, lambda: hf_dinov2(registers))()
+
+
 def ours(kind: str, registers: int = 0, **kw) -> ViTEncoder:
     return ViTEncoder(ViTConfig(kind=kind, num_registers=registers, **TINY, **kw)).eval()
 
 
-def pixels(batch: int = 2) -> torch.Tensor:
-    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+def pixels(batch: int = 2, size: int = 32) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1))
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -110,9 +130,72 @@ def test_dinov2_parity(registers, attn):
     check_parity(hf, model, prefix=1 + registers)
 
 
-@pytest.mark.parametrize("kind,registers", [("siglip", 0), ("dinov2", 0), ("dinov2", 4)])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("size", [32, 48])
+def test_clip_parity(size, attn):
+    """LLaVA's tower: every hidden state, the pooled CLS (the only use of post_layernorm) and
+    LLaVA-1.5's features (hidden_states[-2] without CLS) at two image sizes, within 1e-5."""
+    hf = hf_clip(size)
+    hf.set_attn_implementation(attn)
+    model = ViTEncoder(ViTConfig(kind="clip", **dict(TINY, image_size=size))).eval()
+    model.load_state_dict(hf.state_dict(), strict=True)
+    x = pixels(size=size)
+    with torch.no_grad():
+        ref = hf(pixel_values=x, output_hidden_states=True)
+        states = model.hidden_states(x)
+        d_states = max(diff(a, b) for a, b in zip(states, ref.hidden_states, strict=True))
+        d_last = diff(model.last_hidden_state(x), ref.last_hidden_state)
+        d_pool = diff(model.final_norm(states[-1][:, 0]), ref.pooler_output)
+        d_feat = diff(model(x), ref.hidden_states[-2][:, 1:])
+    print(f"CLIP {size}px {attn}: hidden_states {d_states:.3g}, last_hidden_state {d_last:.3g}, "
+          f"pooled {d_pool:.3g}, features (layer -2, no CLS) {d_feat:.3g}")  # fmt: skip
+    assert len(states) == len(ref.hidden_states) == 4
+    assert max(d_states, d_last, d_pool, d_feat) <= CLIP_TOL
+    assert model(x).shape == (2, (size // 8) ** 2, 64)
+
+
+def test_clip_tower_of_a_llava_checkpoint():
+    """The tower's slice of a LlavaForConditionalGeneration (transformers >= 5 in-memory names,
+    ``model.vision_tower.*``) loads, and with the MLP projector (``linear_1``/``linear_2`` as
+    fc1/fc2) gives LLaVA's own image features: layer -2, CLS dropped, projected."""
+    torch.manual_seed(0)
+    vision = transformers.CLIPVisionConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3,
+        num_attention_heads=4, intermediate_size=128,
+    )  # fmt: skip
+    text = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=96, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4,
+    )  # fmt: skip
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=63)
+    llava = _perturb(transformers.LlavaForConditionalGeneration(cfg))
+    assert (cfg.vision_feature_layer, cfg.vision_feature_select_strategy) == (-2, "default")
+    state = llava.state_dict()
+    tower, proj = "model.vision_tower.", "model.multi_modal_projector."
+    backbone = SingleVisionBackbone(ViTConfig(kind="clip", **TINY)).eval()
+    backbone.featurizer.load_state_dict(
+        {k[len(tower) :]: v for k, v in state.items() if k.startswith(tower)}, strict=True
+    )
+    projector = Projector(64, 96, fused=False).eval()
+    projector.load_state_dict(
+        {k[len(proj) :].replace("linear_", "fc"): v for k, v in state.items()
+         if k.startswith(proj)}, strict=True,
+    )  # fmt: skip
+    x = pixels()
+    with torch.no_grad():
+        # transformers 5: an output whose pooler_output lists each image's (N, d) features
+        want = torch.stack(list(llava.model.get_image_features(pixel_values=x).pooler_output))
+        got = projector(backbone.featurizer(x))
+    d = diff(got, want)
+    print(f"LLaVA image features: max abs diff {d:.3g}")
+    assert d <= CLIP_TOL
+
+
+@pytest.mark.parametrize(
+    "kind,registers", [("siglip", 0), ("dinov2", 0), ("dinov2", 4), ("clip", 0)]
+)
 def test_save_pretrained_round_trip(tmp_path, kind, registers):
-    hf = hf_siglip() if kind == "siglip" else hf_dinov2(registers)
+    hf = hf_tower(kind, registers)
     hf.save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     model = ours(kind, registers)
@@ -155,6 +238,29 @@ def test_state_dict_keys_are_hf_checkpoint_names():
     ours("siglip").load_state_dict(state, strict=True)
     assert canonical_hf_state_dict(state, "siglip").keys() == sig.state_dict().keys()
     assert "vision_model.head." in IGNORED_HF_PREFIXES["siglip"]
+    clip = ours("clip").state_dict()
+    for key in (
+        "vision_model.embeddings.class_embedding",
+        "vision_model.embeddings.patch_embedding.weight",
+        "vision_model.embeddings.position_embedding.weight",
+        "vision_model.pre_layrnorm.weight",
+        "vision_model.encoder.layers.2.self_attn.out_proj.bias",
+        "vision_model.post_layernorm.bias",
+    ):
+        assert key in clip, key
+    assert "vision_model.embeddings.patch_embedding.bias" not in clip  # CLIP's conv has no bias
+    # A full CLIPModel checkpoint (text tower, projections, an old position_ids buffer) too.
+    full = dict(
+        clip,
+        **{
+            "vision_model.embeddings.position_ids": torch.arange(17)[None],
+            "text_model.final_layer_norm.weight": torch.zeros(4),
+            "visual_projection.weight": torch.zeros(4, 64),
+            "text_projection.weight": torch.zeros(4, 4),
+            "logit_scale": torch.zeros(()),
+        },
+    )
+    ours("clip").load_state_dict(full, strict=True)
 
 
 def test_feature_layer():
@@ -180,7 +286,9 @@ def test_forward_skips_last_block():
     assert calls == [0, 1]
 
 
-@pytest.mark.parametrize("kind,registers", [("siglip", 0), ("dinov2", 0), ("dinov2", 4)])
+@pytest.mark.parametrize(
+    "kind,registers", [("siglip", 0), ("dinov2", 0), ("dinov2", 4), ("clip", 0)]
+)
 def test_num_params_and_flops(kind, registers):
     model = ours(kind, registers)
     assert model.num_params() == sum(p.numel() for p in model.parameters())
@@ -221,6 +329,21 @@ def test_real_sizes_param_counts():
     assert sig.num_params() == hf_sig_n == 412_442_352  # So400m vision tower without its head
     assert dino.num_params() == sum(p.numel() for p in hf_dino.parameters()) == 303_233_024
     assert (dino.grid, sig.grid, sig.gelu_approximate) == (16, 16, "none")
+    clip = ViTConfig.clip_large(336)
+    with torch.device("meta"):
+        hf_clip_l = transformers.CLIPVisionModel(
+            transformers.CLIPVisionConfig(
+                image_size=336,
+                patch_size=14,
+                hidden_size=1024,
+                num_hidden_layers=24,
+                num_attention_heads=16,
+                intermediate_size=4096,
+            )
+        )
+    # LLaVA-1.5's tower (openai/clip-vit-large-patch14-336): 577 tokens, 24 x 24 patches
+    assert clip.num_params() == sum(p.numel() for p in hf_clip_l.parameters())
+    assert (clip.seq_len, clip.grid, clip.feature_blocks) == (577, 24, 23)
 
 
 def test_config_validation():
@@ -233,7 +356,17 @@ def test_config_validation():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         ViTConfig(kind="siglip", **dict(TINY, num_heads=5))
     with pytest.raises(ValueError, match="kind"):
-        ViTConfig(kind="clip", **TINY)
+        ViTConfig(kind="eva", **TINY)
+    with pytest.raises(ValueError, match="num_registers"):
+        ViTConfig(kind="clip", num_registers=4, **TINY)
+    clip = ViTConfig(kind="clip", **TINY)
+    assert (clip.gelu_approximate, clip.layer_norm_eps, clip.num_prefix_tokens) == (
+        "quick",
+        1e-5,
+        1,
+    )
+    assert clip.image_mean == (0.48145466, 0.4578275, 0.40821073)
+    assert ViTConfig(kind="siglip", **TINY).layer_norm_eps == 1e-6
     with pytest.raises(ValueError, match="feature_layer"):
         ViTConfig(kind="siglip", feature_layer=0, **TINY)
     assert ViTConfig(kind="siglip", **TINY).image_mean == (0.5, 0.5, 0.5)
@@ -361,6 +494,36 @@ def test_timm_round_trip(kind, registers, ls_name):
         timm_to_hf_vit(dict(timm, **{"blocks.0.attn.bogus.weight": torch.zeros(1)}), kind)
     with pytest.raises(KeyError, match="bogus"):
         hf_to_timm_vit(dict(src.state_dict(), bogus=torch.zeros(1)), kind)
+
+
+def test_a_siglip_tower_starts_a_clip_tower():
+    """siglip_to_clip_vit: exact where the towers agree (the conv bias folded into the patch
+    positions gives the same patch embeddings; the blocks are copied), and what SigLIP lacks
+    is left to the CLIP tower's own initialisation."""
+    sig, clip = _perturb(ours("siglip")), ours("clip")
+    missing = clip.load_state_dict(siglip_to_clip_vit(sig.state_dict()), strict=False)
+    assert (
+        sorted(missing.missing_keys)
+        == [
+            "vision_model.embeddings.class_embedding",
+            "vision_model.pre_layrnorm.bias",
+            "vision_model.pre_layrnorm.weight",
+        ]
+        and not missing.unexpected_keys
+    )
+    x = pixels()
+    with torch.no_grad():
+        assert diff(clip.embed(x)[:, 1:], sig.embed(x)) <= 1e-6
+    a, b = clip.blocks[2].state_dict(), sig.blocks[2].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_timm_names_refuse_clip():
+    """OpenVLA's timm layouts have no CLIP tower: refused by name, not mis-renamed."""
+    with pytest.raises(ValueError, match="kind must be one of"):
+        hf_to_timm_vit(ours("clip").state_dict(), "clip")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        timm_to_hf_vit({}, "clip")
 
 
 def test_bf16_close_to_fp32():

@@ -489,6 +489,50 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
     assert actions.shape == (8, 4) and np.isfinite(actions).all()
 
 
+def test_llava_suite_starts_its_clip_tower_from_the_siglip_one_and_exports(tmp_path):
+    """mt10pl (issue 65): mt10p-llava grows an mt10p run. The SigLIP tower starts the CLIP one
+    through an explicit, logged transfer (never a silent match by name: the blocks share
+    names, the positions would shift by one), the rest comes over by name, and the exported
+    policy decodes 20 tokens into a 5-step chunk."""
+    from vlarun.sim.bc_model import MultiHeadBC
+    from vlarun.sim.train import init_weights
+
+    d = tmp_path / "demos"
+    collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
+    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
+                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    train(base)
+    llava = MultiHeadBC("mt10pl")
+    said = init_weights(llava, tmp_path / "p", "mt10pl")
+    fresh = "class_embedding, vision_model.pre_layrnorm.bias, vision_model.pre_layrnorm.weight"
+    assert "vision tower SigLIP -> CLIP" in said and said.endswith(fresh + ")"), said
+    from safetensors.torch import load_file
+
+    state = load_file(tmp_path / "p" / "state.safetensors")
+    src = {k[12:]: v for k, v in state.items() if k.startswith("model.trunk.")}
+    got = llava.trunk.state_dict()
+    pos = "vision_backbone.featurizer.vision_model.embeddings.position_embedding.weight"
+    bias = "vision_backbone.featurizer.vision_model.embeddings.patch_embedding.bias"
+    torch.testing.assert_close(got[pos][1:], src[pos] + src[bias])  # not shifted by one
+    for key in (
+        "language_model.model.embed_tokens.weight",
+        "projector.fc1.weight",
+        "vision_backbone.featurizer.vision_model.encoder.layers.0.mlp.fc1.weight",
+    ):
+        torch.testing.assert_close(got[key], src[key])  # fmt: skip
+    cfg = TrainConfig(suite="mt10pl", demos=str(d), out=str(tmp_path / "l"), steps=2, batch=2,
+                      warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+    train(cfg)
+    log = json.loads((tmp_path / "l" / "train.log").read_text().splitlines()[0])
+    assert set(log) >= {"ar", "aux"} and "oft" not in log and np.isfinite(log["ar"])
+    assert "SigLIP -> CLIP" in json.loads((tmp_path / "l" / "state.json").read_text())["init_from"]
+    policy = Policy.from_checkpoint(tmp_path / "l" / "export" / "mt10p-llava")
+    assert policy.model.cfg.num_action_tokens == 20
+    image = np.zeros((128, 128, 3), np.uint8)
+    actions = policy.predict([image, image], "reach the goal", state=np.zeros(4, np.float32))
+    assert actions.shape == (5, 4) and np.isfinite(actions).all()
+
+
 def test_a_fast_run_continued_from_another_keeps_its_ids(tmp_path):
     """mt10pf2 continues mt10pf: the FAST tokenizer is the source run's, not refitted."""
     from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR

@@ -230,17 +230,21 @@ def _is_tied(module: nn.Module, key: str) -> bool:
 
 def vla_state_to_prismatic(model: VLA) -> dict[str, Tensor]:
     """The model's tensors under OpenVLA's names (vision towers in timm names, LayerScale as
-    OpenVLA's ``scale_factor``), so OpenVLA's own code loads what vlarun writes."""
-    out = {}
+    OpenVLA's ``scale_factor``), so OpenVLA's own code loads what vlarun writes. A CLIP tower
+    (LLaVA's; OpenVLA has none) keeps its Hugging Face names."""
+    out, renamed_towers = {}, []
     for tower in ("featurizer", "fused_featurizer"):
         if hasattr(model.vision_backbone, tower):
             enc: ViTEncoder = getattr(model.vision_backbone, tower)
+            if enc.config.kind == "clip":
+                continue  # written below under the model's own (HF) names
+            renamed_towers.append(f"vision_backbone.{tower}.")
             # LayerScale as OpenVLA's released weights (and its code) name it: ``scale_factor``
             renamed = hf_to_timm_vit(enc.state_dict(), enc.config.kind, "scale_factor")
             for k, v in renamed.items():
                 out[f"vision_backbone.{tower}.{k}"] = v
     for k, v in model.state_dict().items():
-        if k.startswith("vision_backbone."):
+        if k.startswith(tuple(renamed_towers)):
             continue
         if k.endswith("lm_head.weight") and _is_tied(model, k):
             continue  # safetensors stores shared tensors once: the embedding carries it
@@ -249,7 +253,8 @@ def vla_state_to_prismatic(model: VLA) -> dict[str, Tensor]:
 
 
 def prismatic_to_vla_state(state: dict[str, Tensor], model: VLA) -> dict[str, Tensor]:
-    """Inverse of ``vla_state_to_prismatic``: timm tower names back to the model's names."""
+    """Inverse of ``vla_state_to_prismatic``: timm tower names back to the model's names (a
+    CLIP tower's HF names pass through)."""
     out, towers = {}, {}
     for k, v in state.items():
         if k.startswith("vision_backbone."):
@@ -261,6 +266,9 @@ def prismatic_to_vla_state(state: dict[str, Tensor], model: VLA) -> dict[str, Te
         if not hasattr(model.vision_backbone, tower):
             raise CheckpointError(f"checkpoint has vision tower {tower!r} the model lacks")
         kind = getattr(model.vision_backbone, tower).config.kind
+        if kind == "clip":
+            out |= {f"vision_backbone.{tower}.{k}": v for k, v in sub.items()}
+            continue
         try:
             renamed = timm_to_hf_vit(sub, kind)
         except KeyError as e:
@@ -580,7 +588,7 @@ def select_norm_stats(stats: dict, unnorm_key: str | None = None) -> NormStats |
 
 
 # ---------------------------------------------------------------------------------------------
-# Plain transformers checkpoints (Llama / Gemma / SigLIP / DINOv2)
+# Plain transformers checkpoints (Llama / Gemma / SigLIP / DINOv2 / CLIP)
 
 HF_KINDS = (
     "llama",
@@ -590,14 +598,32 @@ HF_KINDS = (
     "siglip_vision_model",
     "dinov2",
     "dinov2_with_registers",
+    "clip",
+    "clip_vision_model",
 )
 
 
 def vit_config_from_hf(config: dict) -> ViTConfig:
     kind = config.get("model_type")
-    if kind == "siglip":
+    if kind in ("siglip", "clip"):  # a full contrastive model: its vision tower's config
         config = config["vision_config"]
-        kind = "siglip_vision_model"
+        kind = f"{kind}_vision_model"
+    if kind == "clip_vision_model":
+        act = config.get("hidden_act", "quick_gelu")
+        if act not in ("quick_gelu", "gelu"):
+            raise CheckpointError(f"CLIP with hidden_act {act!r}: vlarun runs quick_gelu or gelu")
+        return ViTConfig(
+            kind="clip",
+            image_size=config["image_size"],
+            patch_size=config["patch_size"],
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=config["num_attention_heads"],
+            intermediate_size=config["intermediate_size"],
+            layer_norm_eps=config.get("layer_norm_eps", 1e-5),
+            feature_layer=-1,
+            gelu_approximate="quick" if act == "quick_gelu" else "none",
+        )
     if kind == "siglip_vision_model":
         return ViTConfig(
             kind="siglip",
@@ -632,7 +658,7 @@ def load_hf_module(directory: str | Path) -> tuple[str, nn.Module, dict]:
     """Load a transformers ``save_pretrained`` directory into vlarun's module.
 
     Returns (kind, module, hf_config): kind is "llama" (Llama/Gemma, a ``LlamaLM``) or
-    "siglip"/"dinov2" (a ``ViTEncoder``)."""
+    "siglip"/"dinov2"/"clip" (a ``ViTEncoder``)."""
     d = Path(directory)
     config = read_config(d)
     kind = config.get("model_type")
@@ -646,7 +672,7 @@ def load_hf_module(directory: str | Path) -> tuple[str, nn.Module, dict]:
         load_checked(module, state, str(d))
         return "llama", module.eval(), config
     vcfg = vit_config_from_hf(config)
-    if kind == "siglip":  # a full SigLIP (text + vision): keep the vision tower only
+    if kind in ("siglip", "clip"):  # a full contrastive model: keep the vision tower only
         state = {k: v for k, v in state.items() if k.startswith("vision_model.")}
     module = ViTEncoder(vcfg)
     load_checked(module, canonical_hf_state_dict(state, vcfg.kind), str(d))

@@ -683,6 +683,24 @@ def mt10p_fast() -> VLAConfig:
     return dataclasses.replace(base, llm=llm, fast=MT10P_FAST_CODE)
 
 
+# LLaVA-VLA's shape at mt10p's scale (issue 65, item 5): mt10p's trunk and inputs (the 12-layer
+# LM, two 128 px views in 16 px patches, the hand state) seeing through a CLIP tower as LLaVA-1.5
+# does (a CLS token, pre-LN, quick GELU; the second-to-last layer's patch tokens, CLS dropped)
+# of the SigLIP tower's width and depth, the same 2-layer MLP projector, and 256-bin action
+# tokens for 5-step chunks: 20 tokens per inference, the long sequences of CEED's CALVIN row
+# (LLaVA-VLA: 5 x 7 = 35). Layer -2 leaves the tower's last block unused, as in LLaVA.
+MT10P_LLAVA_CHUNK = 5
+
+
+def mt10p_llava() -> VLAConfig:
+    siglip = mt10p_ar().vision[0]
+    shape = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads")
+    shape += ("intermediate_size",)
+    clip = ViTConfig(kind="clip", feature_layer=-2, **{k: getattr(siglip, k) for k in shape})
+    base = _mt10p_trunk("mt10p-llava", "autoregressive", chunk=MT10P_LLAVA_CHUNK)
+    return dataclasses.replace(base, vision=(clip,))
+
+
 # -- MT10 with the goal in the state: Meta-World's own MT observation, a labelled variant ------
 # mt10p's shape and views with the task's goal xyz appended to the hand state (7 values), the
 # setting Meta-World's MT benchmarks use (``partially_observable=False``). Issue 48's step 6: the
@@ -740,6 +758,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "mt10p-dit": mt10p_dit,
     "mt10p-flow": mt10p_flow,
     "mt10p-fast": mt10p_fast,
+    "mt10p-llava": mt10p_llava,
     "mt10g-ar": mt10g_ar,
     "mt10g-oft": mt10g_oft,
     "mt10g-dit": mt10g_dit,

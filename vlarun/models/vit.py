@@ -1,15 +1,18 @@
-"""Vision Transformer towers of VLA policies: SigLIP, DINOv2 (+registers), OpenVLA's fusion.
+"""Vision Transformer towers of VLA policies: SigLIP, DINOv2 (+registers), CLIP, OpenVLA's fusion.
 
-Two flavours of one pre-LN ViT: SigLIP (HF ``SiglipVisionModel``: no CLS token, tanh GELU,
-``post_layernorm``; pi0, SmolVLA, OpenVLA's second tower) and DINOv2 (HF ``Dinov2Model`` /
-``Dinov2WithRegistersModel``: CLS + register tokens, layer scale, exact GELU, ``layernorm``).
+Three flavours of one pre-LN ViT: SigLIP (HF ``SiglipVisionModel``: no CLS token, tanh GELU,
+``post_layernorm``; pi0, SmolVLA, OpenVLA's second tower), DINOv2 (HF ``Dinov2Model`` /
+``Dinov2WithRegistersModel``: CLS + register tokens, layer scale, exact GELU, ``layernorm``)
+and CLIP (HF ``CLIPVisionModel``: CLS token, a bias-free patch conv, ``pre_layrnorm`` on the
+embeddings, quick GELU, ``post_layernorm`` on the pooled CLS only; LLaVA's tower).
 
 Parameter names are the Hugging Face checkpoint names, so HF weights load without renaming; a load
 hook also accepts the names transformers >= 5 uses in memory (no ``vision_model.`` prefix, DINOv2
-``q_proj``/``o_proj``). ``forward`` returns what OpenVLA feeds its projector: the patch tokens of
-the second-to-last block (timm ``get_intermediate_layers(n={depth - 2})``), and runs only the
-blocks that needs. OpenVLA's own checkpoint stores the towers under timm names: the renames
-live in ``vit_names`` (``timm_to_hf_vit`` / ``hf_to_timm_vit``).
+``q_proj``/``o_proj``). ``forward`` returns what OpenVLA (and LLaVA-1.5) feeds its projector:
+the patch tokens of the second-to-last block (timm
+``get_intermediate_layers(n={depth - 2})``), and runs only the blocks that needs. OpenVLA's own
+checkpoint stores the towers under timm names: the renames live in ``vit_names``
+(``timm_to_hf_vit`` / ``hf_to_timm_vit``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from vlarun.models.vit_names import (  # noqa: F401 (re-exported: the names belo
     IGNORED_HF_PREFIXES,
     canonical_hf_state_dict,
     hf_to_timm_vit,
+    siglip_to_clip_vit,
     timm_to_hf_vit,
 )
 
@@ -32,11 +36,21 @@ from vlarun.models.vit_names import (  # noqa: F401 (re-exported: the names belo
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_KINDS = ("siglip", "dinov2")
-_DEFAULT_MEAN_STD = {"siglip": ((0.5,) * 3, (0.5,) * 3), "dinov2": (IMAGENET_MEAN, IMAGENET_STD)}
-# HF SigLIP uses gelu_pytorch_tanh, HF DINOv2 exact gelu. timm's `vit_so400m_patch14_siglip_224`
-# (what OpenVLA runs) uses exact nn.GELU, so the OpenVLA SigLIP tower sets "none" explicitly.
-_DEFAULT_GELU = {"siglip": "tanh", "dinov2": "none"}
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers' constants of that name
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_KINDS = ("siglip", "dinov2", "clip")
+_DEFAULT_MEAN_STD = {
+    "siglip": ((0.5,) * 3, (0.5,) * 3),
+    "dinov2": (IMAGENET_MEAN, IMAGENET_STD),
+    "clip": (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+}
+# HF SigLIP uses gelu_pytorch_tanh, HF DINOv2 exact gelu, OpenAI's CLIP (and so LLaVA's tower)
+# quick_gelu, x * sigmoid(1.702 x). timm's `vit_so400m_patch14_siglip_224` (what OpenVLA runs)
+# uses exact nn.GELU, so the OpenVLA SigLIP tower sets "none" explicitly.
+_DEFAULT_GELU = {"siglip": "tanh", "dinov2": "none", "clip": "quick"}
+_GELUS = ("tanh", "none", "quick")
+# HF's config defaults: CLIPVisionConfig 1e-5, SigLIP and DINOv2 1e-6.
+_DEFAULT_EPS = {"siglip": 1e-6, "dinov2": 1e-6, "clip": 1e-5}
 
 
 def _require(ok: bool, message: str) -> None:
@@ -48,24 +62,26 @@ def _require(ok: bool, message: str) -> None:
 class ViTConfig:
     """Shape of one ViT tower. ``image_mean``/``image_std``/``gelu_approximate`` default per kind.
 
-    feature_layer indexes HF ``hidden_states`` (embeddings first): -2 (default, OpenVLA) is the
-    output of block ``num_layers - 1``; -1 is special and means all blocks plus the final norm
-    (HF ``last_hidden_state``).
+    feature_layer indexes HF ``hidden_states`` (embeddings first): -2 (default, OpenVLA and
+    LLaVA-1.5) is the output of block ``num_layers - 1``; -1 means HF ``last_hidden_state``: all
+    blocks plus the final norm for SigLIP and DINOv2, all blocks and no norm for CLIP (whose
+    ``post_layernorm`` only norms the pooled CLS token).
     """
 
-    kind: str  # "siglip" | "dinov2"
+    kind: str  # "siglip" | "dinov2" | "clip"
     image_size: int
     patch_size: int
     hidden_size: int
     num_layers: int
     num_heads: int
     intermediate_size: int
-    layer_norm_eps: float = 1e-6
+    layer_norm_eps: float | None = None  # per kind (HF's defaults) when None
     num_registers: int = 0
     feature_layer: int = -2
     image_mean: tuple[float, float, float] | None = None
     image_std: tuple[float, float, float] | None = None
-    gelu_approximate: str | None = None  # torch's GELU `approximate`: "tanh" | "none"
+    # torch's GELU `approximate` ("tanh" | "none"), or "quick": CLIP's x * sigmoid(1.702 x)
+    gelu_approximate: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.kind in _KINDS, f"ViTConfig.kind must be one of {_KINDS}, got {self.kind!r}.")
@@ -82,15 +98,17 @@ class ViTConfig:
         )
         _require(D % H == 0, f"hidden_size {D} is not divisible by num_heads {H}.")
         _require(
-            self.num_registers >= 0 and not (self.kind == "siglip" and self.num_registers),
-            f"num_registers must be >= 0 (0 for siglip), got {self.num_registers}.",
+            self.num_registers >= 0 and not (self.kind != "dinov2" and self.num_registers),
+            f"num_registers must be >= 0 (0 unless dinov2), got {self.num_registers}.",
         )
         _require(
             -(L + 1) <= self.feature_layer <= -1,
             f"feature_layer must be in [-{L + 1}, -1], got {self.feature_layer}.",
         )
-        _require(self.layer_norm_eps > 0, f"layer_norm_eps must be > 0, got {self.layer_norm_eps}.")
         # Frozen dataclass: per-kind defaults are filled in through object.__setattr__.
+        eps = _DEFAULT_EPS[self.kind] if self.layer_norm_eps is None else self.layer_norm_eps
+        object.__setattr__(self, "layer_norm_eps", eps)
+        _require(self.layer_norm_eps > 0, f"layer_norm_eps must be > 0, got {self.layer_norm_eps}.")
         mean, std = _DEFAULT_MEAN_STD[self.kind]
         object.__setattr__(self, "image_mean", tuple(self.image_mean or mean))
         object.__setattr__(self, "image_std", tuple(self.image_std or std))
@@ -101,8 +119,8 @@ class ViTConfig:
             f"image_mean/std need 3 values (std > 0), got {self.image_mean}/{self.image_std}.",
         )
         _require(
-            self.gelu_approximate in ("tanh", "none"),
-            f"gelu_approximate must be 'tanh' or 'none', got {self.gelu_approximate!r}.",
+            self.gelu_approximate in _GELUS,
+            f"gelu_approximate must be one of {_GELUS}, got {self.gelu_approximate!r}.",
         )
 
     @property
@@ -116,8 +134,14 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: CLS + registers for DINOv2, none for SigLIP."""
-        return 1 + self.num_registers if self.kind == "dinov2" else 0
+        """Tokens before the patches: CLS + registers for DINOv2, CLS for CLIP, none for SigLIP."""
+        return {"siglip": 0, "dinov2": 1 + self.num_registers, "clip": 1}[self.kind]
+
+    @property
+    def last_state_normed(self) -> bool:
+        """Whether HF's ``last_hidden_state`` (feature_layer -1) passes the final norm: not
+        CLIP's, whose ``post_layernorm`` applies to the pooled CLS token alone."""
+        return self.kind != "clip"
 
     @property
     def seq_len(self) -> int:
@@ -136,8 +160,10 @@ class ViTConfig:
         embed = 3 * P * P * D + D  # conv patch embedding with bias
         if self.kind == "siglip":
             embed += N * D
-        else:  # positions incl. CLS slot, CLS, mask token, registers
+        elif self.kind == "dinov2":  # positions incl. CLS slot, CLS, mask token, registers
             embed += (N + 1) * D + D + D + self.num_registers * D
+        else:  # no conv bias; positions incl. CLS slot, CLS, pre_layrnorm
+            embed += -D + (N + 1) * D + D + 2 * D
         block = 4 * (D * D + D) + (D * I + I) + (I * D + D) + 2 * 2 * D
         block += 2 * D if self.kind == "dinov2" else 0  # layer scales
         return embed + self.num_layers * block + 2 * D  # + final norm
@@ -158,6 +184,11 @@ class ViTConfig:
         """SigLIP So400m/14 (google/siglip-so400m-patch14-224 / -384)."""
         # kind, image_size, patch_size, hidden_size, num_layers, num_heads, intermediate_size
         return cls("siglip", image_size, 14, 1152, 27, 16, 4304, **overrides)
+
+    @classmethod
+    def clip_large(cls, image_size: int = 336, **overrides) -> ViTConfig:
+        """CLIP ViT-L/14 (openai/clip-vit-large-patch14-336: LLaVA-1.5's tower)."""
+        return cls("clip", image_size, 14, 1024, 24, 16, 4096, **overrides)
 
     @classmethod
     def dinov2_large(cls, image_size: int = 224, num_registers: int = 4, **overrides) -> ViTConfig:
@@ -201,7 +232,7 @@ def _attention(x: Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, num_heads: i
 
 
 class Mlp(nn.Module):
-    """fc1 -> GELU -> fc2 (the same names in both HF models)."""
+    """fc1 -> GELU -> fc2 (the same names in all three HF models)."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
@@ -210,7 +241,10 @@ class Mlp(nn.Module):
         self.approximate = cfg.gelu_approximate
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        h = self.fc1(x)
+        if self.approximate == "quick":  # HF's QuickGELUActivation
+            return self.fc2(h * torch.sigmoid(1.702 * h))
+        return self.fc2(F.gelu(h, approximate=self.approximate))
 
 
 class SiglipEmbeddings(nn.Module):
@@ -227,8 +261,28 @@ class SiglipEmbeddings(nn.Module):
         return x + self.position_embedding.weight  # (B, N, D)
 
 
+class ClipEmbeddings(nn.Module):
+    """[CLS, conv patches (no bias)] + learned positions for 1 + N tokens (HF CLIP's names)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.class_embedding = nn.Parameter(torch.empty(D))
+        self.patch_embedding = nn.Conv2d(3, D, cfg.patch_size, stride=cfg.patch_size, bias=False)
+        self.position_embedding = nn.Embedding(cfg.num_patches + 1, D)
+        # HF CLIP's initialisation (initializer_range 0.02), for towers trained from scratch.
+        nn.init.normal_(self.class_embedding, std=D**-0.5)
+        nn.init.normal_(self.patch_embedding.weight, std=0.02)
+        nn.init.normal_(self.position_embedding.weight, std=0.02)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x = self.patch_embedding(pixels).flatten(2).transpose(1, 2)  # (B, N, D)
+        cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)  # (B, 1, D)
+        return torch.cat([cls, x], dim=1) + self.position_embedding.weight  # (B, 1 + N, D)
+
+
 class SiglipLayer(nn.Module):
-    """Pre-LN block: x + attn(ln1(x)); x + mlp(ln2(x))."""
+    """Pre-LN block: x + attn(ln1(x)); x + mlp(ln2(x)). CLIP's layer has the same names."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
@@ -317,7 +371,7 @@ def _hf_load_pre_hook(module: ViTEncoder, state_dict: dict, prefix: str, *_) -> 
 
 
 class ViTEncoder(nn.Module):
-    """A SigLIP or DINOv2 vision tower whose ``state_dict`` uses Hugging Face's names.
+    """A SigLIP, DINOv2 or CLIP vision tower whose ``state_dict`` uses Hugging Face's names.
 
     Input is normalised pixels (B, 3, S, S) as HF takes them (see ``normalize``); compute runs in
     the parameters' dtype (fp32 or bf16).
@@ -333,6 +387,15 @@ class ViTEncoder(nn.Module):
                 encoder=_Scope(layers=nn.ModuleList(SiglipLayer(cfg) for _ in range(L))),
                 post_layernorm=nn.LayerNorm(D, eps=eps),
             )
+        elif cfg.kind == "clip":
+            # post_layernorm never touches the patch features (HF norms the pooled CLS with it);
+            # kept so HF checkpoints load strictly and a loaded tower can be saved back whole.
+            self.vision_model = _Scope(
+                embeddings=ClipEmbeddings(cfg),
+                pre_layrnorm=nn.LayerNorm(D, eps=eps),  # sic: HF's (and OpenAI's) spelling
+                encoder=_Scope(layers=nn.ModuleList(SiglipLayer(cfg) for _ in range(L))),
+                post_layernorm=nn.LayerNorm(D, eps=eps),
+            )
         else:
             self.embeddings = Dinov2Embeddings(cfg)
             self.encoder = _Scope(layer=nn.ModuleList(Dinov2Layer(cfg) for _ in range(L)))
@@ -342,17 +405,17 @@ class ViTEncoder(nn.Module):
     # Uniform handles on the kind-specific submodules (properties, so nothing is registered twice).
     @property
     def embed(self) -> nn.Module:
-        return self.vision_model.embeddings if self.config.kind == "siglip" else self.embeddings
+        return self.embeddings if self.config.kind == "dinov2" else self.vision_model.embeddings
 
     @property
     def blocks(self) -> nn.ModuleList:
-        if self.config.kind == "siglip":
-            return self.vision_model.encoder.layers
-        return self.encoder.layer
+        if self.config.kind == "dinov2":
+            return self.encoder.layer
+        return self.vision_model.encoder.layers
 
     @property
     def final_norm(self) -> nn.LayerNorm:
-        return self.vision_model.post_layernorm if self.config.kind == "siglip" else self.layernorm
+        return self.layernorm if self.config.kind == "dinov2" else self.vision_model.post_layernorm
 
     @property
     def embed_dim(self) -> int:
@@ -371,17 +434,20 @@ class ViTEncoder(nn.Module):
     def _embed(self, pixel_values: Tensor) -> Tensor:
         self._check_pixels(pixel_values)
         dtype = self.final_norm.weight.dtype
-        return self.embed(pixel_values.to(dtype))  # (B, T, D)
+        x = self.embed(pixel_values.to(dtype))  # (B, T, D)
+        # CLIP norms the embeddings before the first block; HF's hidden_states[0] is after it.
+        return self.vision_model.pre_layrnorm(x) if self.config.kind == "clip" else x
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         """Patch features per ``config.feature_layer``: (B, num_patches, hidden).
 
-        Runs only ``config.feature_blocks`` blocks; prefix tokens (CLS, registers) are dropped.
+        Runs only ``config.feature_blocks`` blocks; prefix tokens (CLS, registers) are dropped
+        (LLaVA's vision_feature_select_strategy "default").
         """
         x = self._embed(pixel_values)  # (B, T, D)
         for block in self.blocks[: self.config.feature_blocks]:
             x = block(x)
-        if self.config.feature_layer == -1:
+        if self.config.feature_layer == -1 and self.config.last_state_normed:
             x = self.final_norm(x)
         return x[:, self.config.num_prefix_tokens :]  # (B, N, D)
 
@@ -394,8 +460,10 @@ class ViTEncoder(nn.Module):
         return states
 
     def last_hidden_state(self, pixel_values: Tensor) -> Tensor:
-        """All blocks then the final norm, all tokens (HF ``last_hidden_state``): (B, T, D)."""
-        return self.final_norm(self.hidden_states(pixel_values)[-1])
+        """All blocks then the final norm (none for CLIP), all tokens (HF ``last_hidden_state``):
+        (B, T, D)."""
+        x = self.hidden_states(pixel_values)[-1]
+        return self.final_norm(x) if self.config.last_state_normed else x
 
     def normalize(self, images01: Tensor) -> Tensor:
         """(B, 3, S, S) floats in [0, 1] -> (x - mean) / std with this tower's constants."""

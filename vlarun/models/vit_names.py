@@ -1,6 +1,7 @@
 """Weight names of the ViT towers: Hugging Face layouts (transformers 4 and 5) onto
-``vit.ViTEncoder``'s names, and timm's names (OpenVLA's checkpoints) to and from them. Pure
-renames and reshapes of state dicts; no module here."""
+``vit.ViTEncoder``'s names, timm's names (OpenVLA's checkpoints) to and from them, and a
+SigLIP tower as a CLIP tower's warm start. Pure renames and reshapes of state dicts; no module
+here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-_KINDS = ("siglip", "dinov2")
+_KINDS = ("siglip", "dinov2", "clip")
+_TIMM_KINDS = ("siglip", "dinov2")  # the towers OpenVLA's checkpoints store under timm names
 
 
 def _require(ok: bool, message: str) -> None:
@@ -21,7 +23,8 @@ def _require(ok: bool, message: str) -> None:
 
 # Checkpoint keys we deliberately do not model. A full SiglipModel checkpoint also carries the
 # text tower and logit scale; the SigLIP attention-pooling head is unused because VLAs consume
-# patch features. DINOv2 has nothing to skip (its mask_token is kept as an unused parameter).
+# patch features. DINOv2 has nothing to skip (its mask_token is kept as an unused parameter). A
+# full CLIPModel checkpoint carries the text tower and both contrastive projections.
 IGNORED_HF_PREFIXES: dict[str, tuple[str, ...]] = {
     "siglip": (
         "vision_model.head.",
@@ -31,11 +34,21 @@ IGNORED_HF_PREFIXES: dict[str, tuple[str, ...]] = {
         "logit_bias",
     ),
     "dinov2": (),
+    "clip": (
+        "vision_model.embeddings.position_ids",  # persisted by transformers < 4.31
+        "text_model.",
+        "visual_projection.",
+        "text_projection.",
+        "logit_scale",
+    ),
 }
 
 
 # transformers >= 5 keeps these in memory (its save_pretrained writes the checkpoint names back).
-_SIGLIP_UNPREFIXED = ("embeddings.", "encoder.", "post_layernorm.", "head.")
+_UNPREFIXED = {
+    "siglip": ("embeddings.", "encoder.", "post_layernorm.", "head."),
+    "clip": ("embeddings.", "pre_layrnorm.", "encoder.", "post_layernorm."),
+}
 _DINOV2_HF5_RENAMES = {
     ".attention.q_proj.": ".attention.attention.query.",
     ".attention.k_proj.": ".attention.attention.key.",
@@ -47,14 +60,14 @@ _DINOV2_HF5_RENAMES = {
 def canonical_hf_state_dict(state: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
     """Map any HF layout of a ``kind`` checkpoint onto ``ViTEncoder``'s names.
 
-    Handles transformers >= 5 in-memory names (SigLIP without ``vision_model.``; DINOv2
+    Handles transformers >= 5 in-memory names (SigLIP and CLIP without ``vision_model.``; DINOv2
     ``attention.q_proj``/``o_proj``) and drops ``IGNORED_HF_PREFIXES``. Unknown keys pass through
     unchanged, so a strict ``load_state_dict`` still reports them.
     """
     _require(kind in _KINDS, f"kind must be one of {_KINDS}, got {kind!r}.")
     out = {}
     for key, value in state.items():
-        if kind == "siglip" and key.startswith(_SIGLIP_UNPREFIXED):
+        if kind in _UNPREFIXED and key.startswith(_UNPREFIXED[kind]):
             key = "vision_model." + key
         if kind == "dinov2":
             for new_name, old_name in _DINOV2_HF5_RENAMES.items():
@@ -136,7 +149,7 @@ def timm_to_hf_vit(state: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
     position) gets a zero CLS position. timm has no ``mask_token``; a zero one is added.
     Raises KeyError naming any key it does not know.
     """
-    _require(kind in _KINDS, f"kind must be one of {_KINDS}, got {kind!r}.")
+    _require(kind in _TIMM_KINDS, f"kind must be one of {_TIMM_KINDS}, got {kind!r}.")
     depth = _depth(state, r"blocks\.(\d+)\.")
     names = _timm_renames(kind, depth, "gamma") | _timm_renames(kind, depth, "scale_factor")
     out = {names[k]: v for k, v in state.items() if k in names}
@@ -170,6 +183,7 @@ def hf_to_timm_vit(
     ``cls_token``); without registers ``pos_embed`` keeps its CLS slot. ``mask_token`` is dropped.
     ``ls_name="scale_factor"`` writes OpenVLA's LayerScale name instead of timm's ``gamma``.
     """
+    _require(kind in _TIMM_KINDS, f"kind must be one of {_TIMM_KINDS}, got {kind!r}.")
     state = canonical_hf_state_dict(state, kind)
     layer = _HF_LAYER[kind]
     depth = _depth(state, re.escape(layer) + r"(\d+)\.")
@@ -192,4 +206,29 @@ def hf_to_timm_vit(
         out["reg_token"] = state["embeddings.register_tokens"]
         cls, pos = cls + pos[:, :1], pos[:, 1:]  # fold the CLS position into the token
     out["cls_token"], out["pos_embed"] = cls, pos
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# A SigLIP tower as the start of a CLIP one (mt10p-llava grows from mt10p's trunk)
+
+
+def siglip_to_clip_vit(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A SigLIP tower's tensors (any HF layout) as a warm start for a CLIP tower of its shape.
+
+    Exact where the two agree: the patch conv, its bias folded into the patch positions (CLIP's
+    conv has none: conv(x) + b + pos = conv_nobias(x) + (pos + b)), and the blocks and
+    ``post_layernorm``, which have the same names and shapes. The class token's position is
+    zero (its ``class_embedding`` carries the same thing). What SigLIP lacks,
+    ``class_embedding`` and ``pre_layrnorm``, is left out for the caller's initialisation. The
+    result computes another function (a LayerNorm on the embeddings, quick GELU instead of
+    tanh GELU, a class token in the attention): a starting point for training, not a
+    conversion.
+    """
+    state = canonical_hf_state_dict(state, "siglip")
+    emb = "vision_model.embeddings."
+    out = {k: v for k, v in state.items() if not k.startswith(emb)}
+    out[emb + "patch_embedding.weight"] = state[emb + "patch_embedding.weight"]
+    pos = state[_SIGLIP_POS] + state[emb + "patch_embedding.bias"]  # (N, D)
+    out[emb + "position_embedding.weight"] = torch.cat([torch.zeros_like(pos[:1]), pos])
     return out

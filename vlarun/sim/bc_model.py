@@ -51,7 +51,7 @@ class Batch:
 @dataclass
 class Losses:
     ar: Tensor
-    oft: Tensor | None = None  # None: the suite has no such head (mt10pf)
+    oft: Tensor | None = None  # None: the suite has no such head (mt10pf, mt10pl)
     dit: Tensor | None = None
     flow: Tensor | None = None
     aux: Tensor | None = None
@@ -89,6 +89,9 @@ SUITES: dict[str, dict[str, str]] = {
     # pi0-FAST's output on mt10p's trunk (issue 65): the trunk alone, its action tokens a FAST
     # code (variable length, END-terminated) instead of 256-bin tokens.
     "mt10pf": {"autoregressive": "mt10p-fast"},
+    # LLaVA-VLA's shape on mt10p's trunk (issue 65): the trunk alone, a CLIP tower and 5-step
+    # chunks of 256-bin tokens (20 per inference).
+    "mt10pl": {"autoregressive": "mt10p-llava"},
     "mt10g": {
         "autoregressive": "mt10g-ar",
         "parallel": "mt10g-oft",
@@ -97,7 +100,7 @@ SUITES: dict[str, dict[str, str]] = {
     },
 }
 # Suites whose demonstrations carry object and goal positions for the auxiliary head.
-AUX_SUITES = frozenset({"mt10w", "mt10p", "mt10pf", "mt10g"})
+AUX_SUITES = frozenset({"mt10w", "mt10p", "mt10pf", "mt10pl", "mt10g"})
 NUM_TARGETS = 6  # object xyz + goal xyz
 IGNORE = -100  # a target the AR loss skips (a FAST row's padding after its END)
 
