@@ -15,17 +15,19 @@ The hop: one robot, one stage at a time, against a single-process edge and again
 one worker, asked in turn: the hop = median over pairs of (round trip - the edge's own time from
 arrival to reply), front minus direct, with a bootstrap 95% interval.
 
-The projection is a queueing simulation of the front's dispatch rule (earliest predicted finish,
-refusal when no worker can make the deadline) on the edge's one queue model
-(``sched.queue_model``: the front's forecast and each worker's service), with each request's
-service time drawn from the
-per-request compute times the 1-worker run measured; it is checked against the measured 1- and
-2-worker runs, then run with more workers. It models workers that do not share cores (one GPU
-or machine each), which this 2-core machine cannot show beyond two.
+The projection is a queueing simulation of the front's own pool (``runtime.worker_pool``: its
+forecast, lag and freshness check; the earliest predicted finish first) and admission
+(``edge_core.admissible``: refused when no worker can make the deadline), each worker admitting
+and serving by the edge's one queue model (``sched.queue_model``), with each request's service
+time drawn from the per-request compute times the 1-worker run measured; it is checked against
+the measured 1- and 2-worker runs, then run with more workers. It models workers that do not
+share cores (one GPU or machine each), which this 2-core machine cannot show beyond two.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import os
 import random
@@ -282,68 +284,100 @@ def simulate(
     workers: int, robots: int, period_s: float, slo_s: float, samples: list[float],
     seconds: float, seed: int = 0, max_batch: int = 1,
 ) -> dict:  # fmt: skip
-    """The front's dispatch rule (``runtime.scaleout.dispatch_order``, the front's own
-    function) on ``workers`` simulated workers, on the edge's one queue model
-    (``sched.queue_model``): each request goes to the worker predicted to finish it first, as
-    the front predicts it (that worker's requests in flight, each whole at the mean service
-    time, and this one, played forward by the worker's rule), its robot's stream kept on one
-    worker while that one is in time, and is refused when that finish is past the deadline.
-    Each worker then serves by the same rule, at service times drawn from ``samples`` (per
-    request; ``max_batch`` as the workers take them: a batch costs its members' sum). Robots
-    send one request every ``period_s``, each at its own random phase, for ``seconds``."""
-    from vlarun.runtime.scaleout import dispatch_order
-    from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, finish
+    """The front and its workers on a simulated clock, each deciding by its own rule.
+
+    The front is the real one's pool (``runtime.worker_pool.WorkerPool``): per worker, its
+    flights played forward by the edge's one queue model (``sched.queue_model``) at the stage
+    times its replies reported, plus how late its answers came (``lag_s``), a stale estimate
+    replaced by the best live worker's; its order (``dispatch_order``: a robot's stream kept on
+    one worker while that one is in time) and the core's rule (``edge_core.admissible``:
+    refused when every fresh forecast is late) pick the worker. The worker admits it by the
+    same rule over its own queue at its own measured times (``LocalWorker.quotes``), or
+    refuses it at once; then serves by the queue model's rule at service times drawn from
+    ``samples`` (per request; ``max_batch`` as the workers take them: a batch costs its
+    members' sum). Each answer teaches the front as a real reply does, unless the front forgot
+    its flight first (past its deadline, ``WorkerPool.expired``). Both start from the
+    worker's warm-up measurement, the mean of ``samples``. Robots send one request every
+    ``period_s``, each at its own random phase, for ``seconds``."""
+    from vlarun.runtime.edge_core import Quote, ServerConfig, admissible
+    from vlarun.runtime.records import StageTiming
+    from vlarun.runtime.worker_pool import Flight, WorkerPool
+    from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, StageTimes, finish
 
     rng = random.Random(seed)
-    mean = statistics.fmean(samples)
     arrivals = sorted(
         (rng.uniform(0, period_s) + k * period_s, r)
         for r in range(robots)
         for k in range(int(seconds / period_s) + 1)
     )
-    stage = ("policy",)
+    stage, warm = ("policy",), statistics.fmean(samples)
+    cfg = ServerConfig(max_batch=max_batch)
+    pool = WorkerPool(workers, stage, cfg)
+    own = [StageTimes() for _ in range(workers)]  # each worker's own measurements
+    for w, times in zip(pool.workers, own, strict=True):
+        w.up = True
+        w.times.measured(stage[0], warm, 1, 0.0)  # the front takes the worker's warm-up
+        times.measured(stage[0], warm, 1, 0.0, prior=True)
     served = [EdgeQueue(max_batch) for _ in range(workers)]  # what each worker does
-    # per worker: request -> (deadline, when its answer leaves; None until its batch starts)
-    flights: list[dict[int, tuple[float, float | None]]] = [{} for _ in range(workers)]
+    ends: list[tuple[float, int, int, list]] = []  # batch ends: (when, worker, order, members)
+    order = itertools.count()  # ties in time: the batch started first ends first
     count = {"ok": 0, "late": 0, "refused": 0}
-    home: dict[int, int] = {}  # robot -> the worker its stream went to (the front's affinity)
 
-    def run_until(w: int, t: float) -> None:  # worker w's batches that start by t
-        q = served[w]
-        while (at := q.next_at()) is not None and at <= t:
-            for p, slot in q.step():
-                flights[w][p.key] = (p.deadline, slot.end)
-                count["ok" if slot.end <= p.deadline else "late"] += 1
-        for k in [k for k, (_, end) in flights[w].items() if end is not None and end <= t]:
-            del flights[w][k]  # answered: the front no longer counts it
+    def serve_until(t: float) -> None:
+        """Every batch that starts by ``t``; then, in time order, every batch that ends by
+        ``t``: the worker measures it, the front hears its answers."""
+        for w, q in enumerate(served):
+            while (at := q.next_at()) is not None and at <= t:
+                batch = q.step()
+                count["ok"] += sum(slot.end <= p.deadline for p, slot in batch)
+                count["late"] += sum(slot.end > p.deadline for p, slot in batch)
+                heapq.heappush(ends, (batch[0][1].end, w, next(order), batch))
+        while ends and ends[0][0] <= t:
+            end, w, _, batch = heapq.heappop(ends)
+            start = batch[0][1].start
+            own[w].measured(stage[0], end - start, len(batch), end)
+            pool.expired(end)  # what the front forgot before these answers came
+            for p, _ in batch:
+                f = pool.workers[w].flights.pop(p.key, None)
+                timing = StageTiming(stage[0], end - start, start - p.ready, len(batch))
+                if f is not None:
+                    pool.answered(pool.workers[w], f, (timing,), end)
+        pool.expired(t)
 
-    def predicted(w: int, t: float) -> float:  # the front's view of worker w
-        q = EdgeQueue(max_batch, t)
-        for deadline, _ in flights[w].values():
-            q.add(Pending(ready=t, deadline=deadline, origin="robot", stages=stage,
-                          seconds=(mean,)))  # fmt: skip
-        q.add(Pending(ready=t, deadline=t + slo_s, origin=THIS, stages=stage, seconds=(mean,),
-                      key=THIS))  # fmt: skip
-        return finish(q, THIS)
+    def worker_admits(w: int, t: float, deadline: float) -> bool:
+        """The worker's own admission: its queue at its measured times, with this one in."""
+        q, mine = served[w].copy(own[w].seconds), own[w].seconds(stage)
+        q.add(
+            Pending(ready=t, deadline=deadline, origin=THIS, stages=stage, seconds=mine, key=THIS)
+        )
+        end = finish(q, THIS)
+        fresh = own[w].fresh_at(stage, cfg.admission_fresh_s, t)
+        return bool(admissible((Quote(0, t if end is None else end, fresh),), deadline))
 
-    for i, (t, r) in enumerate(arrivals):
+    for rid, (t, r) in enumerate(arrivals):
         if t >= seconds:
             break
-        for w in range(workers):
-            run_until(w, t)
-        # The front's own rule (runtime.scaleout.dispatch_order): each worker's forecast, the
-        # robot's stream kept on its worker while that one is in time.
-        ends = {w: predicted(w, t) for w in range(workers)}
-        best = dispatch_order(ends, home.get(r), t + slo_s)[0]
-        if ends[best] > t + slo_s:
+        serve_until(t)
+        deadline = t + slo_s
+        usable = admissible(pool.quotes(stage, deadline, t, stream=r), deadline)
+        if not usable:
             count["refused"] += 1
             continue
-        home[r] = best
-        served[best].add(Pending(ready=t, deadline=t + slo_s, origin=f"robot{r}", stages=stage,
-                                 seconds=(rng.choice(samples),), key=i))  # fmt: skip
-        flights[best][i] = (t + slo_s, None)
-    for w in range(workers):
-        run_until(w, math.inf)  # what was admitted is served to the end
+        w = pool.workers[usable[0].worker]
+        flight = Flight(f"robot{r}".encode(), rid, [], stage, "full", t, deadline, stream=r)
+        flight.predicted = usable[0].finish  # as the front's dispatch notes it
+        pool.sent(w, rid, flight)
+        if not worker_admits(w.index, t, deadline):  # its refusal comes back at once
+            pool.answered(w, w.flights.pop(rid), (), t)
+            count["refused"] += 1
+            continue
+        drawn = (rng.choice(samples),)  # what it will really take
+        served[w.index].add(
+            Pending(
+                ready=t, deadline=deadline, origin=f"robot{r}", stages=stage, seconds=drawn, key=rid
+            )
+        )
+    serve_until(math.inf)  # what was admitted is served to the end
     n = sum(count.values())
     return {"workers": workers, "robots": robots, "served_per_s": count["ok"] / seconds,
             "slo_share": count["ok"] / n if n else 0.0, **count}  # fmt: skip

@@ -39,6 +39,7 @@ from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.planner import make_planner
 from vlarun.runtime.request import Inference, RequestContext, freeze_for
 from vlarun.runtime.transport import Security
+from vlarun.sched.execution import GIVE_UP_MARGIN_S
 from vlarun.sched.plans import DEFAULT_FLOOR
 from vlarun.sched.scheduler import DEFAULT_ON_TIME
 from vlarun.sched.strategy import FIXED
@@ -61,7 +62,7 @@ class AgentConfig:
     strategy: str = "vlarun"
     robot_slowdown: float = 1.0
     codec: Codec = Codec()
-    margin_s: float = 0.003
+    margin_s: float = GIVE_UP_MARGIN_S
     robot_device: str = "this-cpu"
     edge_device: str = "this-cpu"
     bandwidth_mbps: float = 1000.0  # initial link estimate; measured transfers refine it

@@ -284,11 +284,7 @@ class EdgeCore:
             raise self.refuse("no edge worker is up", stages, now, counter)
         if not (self.cfg.admission if enforce is None else enforce):
             return tuple(quotes)
-        usable = []
-        for q in quotes:
-            if q.finish > deadline and q.fresh:
-                break
-            usable.append(q)
+        usable = admissible(quotes, deadline)
         if not usable:
             raise self.refuse(late(min(q.finish for q in quotes), deadline, now), stages, now,
                               counter)  # fmt: skip
@@ -388,6 +384,20 @@ class EdgeCore:
             **self.backend.health(time.monotonic()),
             **stats,
         }
+
+
+def admissible(quotes: Sequence[Quote], deadline: float) -> tuple[Quote, ...]:
+    """The edge's admission rule over the workers' quotes (in the order to try them): each up
+    to the first whose prediction is late and fresh (the rest are later still). A late
+    prediction made of stale stage times is no reason to refuse: the request is admitted and
+    measures them again. Empty: refuse. The scale-out projection (``bench.scaleout``) runs it
+    too."""
+    usable = []
+    for q in quotes:
+        if q.finish > deadline and q.fresh:
+            break
+        usable.append(q)
+    return tuple(usable)
 
 
 def late(finish: float, deadline: float, now: float) -> str:

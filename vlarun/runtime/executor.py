@@ -2,12 +2,12 @@
 request each, and falls back to running here whenever the edge would make the robot miss its
 deadline. This is the file to change how a plan is run.
 
-  1. walk the plan's segments: a robot segment runs here; an edge segment is one request that
-     waits until  deadline - (local time of every stage still to run) - margin,  so that if
-     the edge is silent, running the rest here still ends by the deadline; when that leaves
-     the edge less than twice its usual time, it waits up to that, at most until the
-     deadline itself: a step is never later than its deadline plus one local run of the
-     remaining stages;
+  1. walk the plan's segments (``sched.execution.segments``): a robot segment runs here; an
+     edge segment is one request that waits until  deadline - (local time of the robot
+     stages after it) - max(margin, answer read time)  (``sched.execution.give_up_at``, the
+     rule the fleet simulator's robot runs too), so that an answer in by then leaves the rest
+     time to end by the deadline; a silent edge costs at most the deadline plus one local run
+     of the segment;
   2. a dropped link (send refused, or no reply in time) marks the edge down: every later
      request runs here until the background monitor hears the edge again (monitor.py);
   3. while the rest of a request runs here and the link looks back, the planner may hand the
@@ -44,6 +44,7 @@ from vlarun.runtime.planner import Plan, Planner
 from vlarun.runtime.request import RequestContext, Trace
 from vlarun.runtime.segments import Segment, segments, wanted
 from vlarun.sched.contract import TransferOutcome
+from vlarun.sched.execution import give_up_at
 from vlarun.sched.scheduler import Handoff
 from vlarun.stages.families import RTC_INPUTS
 from vlarun.stages.packet import Packet
@@ -257,10 +258,10 @@ class Executor:
         (``Inference.late_edge``), never as an edge answer in time; one in time that the
         robot's own reading or later stages make late is the robot's lateness."""
         learner, graph, pool = self.learner, ctx.graph, ctx.pool
-        left = ctx.deadline - time.perf_counter()
+        now = time.perf_counter()
         later = self._local_left_s(ctx, (n for s in rest[1:] if s.role == "robot"
                                          for n in s.stages))  # fmt: skip
-        wait = left - later - max(self.cfg.margin_s, learner.answer_s)
+        wait = give_up_at(ctx.deadline, later, self.cfg.margin_s, learner.answer_s) - now
         if wait <= 0:
             raise RuntimeError("no time left for the edge")
         want = wanted(graph, placement, seg)

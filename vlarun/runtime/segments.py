@@ -24,6 +24,7 @@ from vlarun.accel.base import FullRecompute
 from vlarun.accel.rtc import INPAINTER
 from vlarun.models.vla import VLAConfig
 from vlarun.policy.setting import AccelSetting
+from vlarun.sched import execution
 from vlarun.stages import wire
 from vlarun.stages.families import RTC_FAMILIES, Workload, build_graph
 from vlarun.stages.graph import StageGraph, TensorSpec
@@ -50,15 +51,14 @@ class Segment:
 
 
 def segments(graph: StageGraph, placement: dict[str, str]) -> list[Segment]:
-    """Split the graph (topological order) into maximal runs of stages on one role."""
-    runs: list[tuple[str, list[str]]] = []
-    for st in graph.stages:
-        role = placement[st.name]
-        if runs and runs[-1][0] == role:
-            runs[-1][1].append(st.name)
-        else:
-            runs.append((role, [st.name]))
-    return [segment_of(graph, tuple(names), role) for role, names in runs]
+    """Split the graph (topological order) into maximal runs of stages on one role: the
+    executor's rule (``sched.execution.segments``), which the fleet simulator runs too."""
+    names = [st.name for st in graph.stages]
+    roles = [placement[n] for n in names]
+    return [
+        segment_of(graph, tuple(names[k] for k in run), roles[run.start])
+        for run in execution.segments(roles)
+    ]
 
 
 def segment_of(graph: StageGraph, names: tuple[str, ...], role: str = "edge") -> Segment:

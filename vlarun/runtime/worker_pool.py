@@ -144,11 +144,10 @@ class Worker:
         end = finish(q, THIS)
         return now if end is None else end
 
-    def fresh(self, stages, within_s: float) -> bool:
-        return self.times.fresh_at(stages, within_s, time.monotonic())
+    def fresh(self, stages, within_s: float, now: float) -> bool:
+        return self.times.fresh_at(stages, within_s, now)
 
-    def observe(self, timings: tuple[StageTiming, ...]) -> None:
-        now = time.monotonic()
+    def observe(self, timings: tuple[StageTiming, ...], now: float) -> None:
         for t in timings:
             self.times.measured(t.stage, t.compute_s, t.batch, now)
 
@@ -191,7 +190,7 @@ class WorkerPool:
                   for w in live}  # fmt: skip
         sticky = self.affinity.get(stream) if stream is not None else None
         fresh_s = self.cfg.admission_fresh_s
-        return [Quote(i, at[i], self.workers[i].fresh(stages, fresh_s))
+        return [Quote(i, at[i], self.workers[i].fresh(stages, fresh_s, now))
                 for i in dispatch_order(at, sticky, deadline)]  # fmt: skip
 
     def _finish(
@@ -204,7 +203,7 @@ class WorkerPool:
         (a warm-up on a busy machine) still gets a request now and then, and is measured
         again, instead of being passed over for good."""
         seconds = w.seconds(stages)
-        if not w.fresh(stages, self.cfg.admission_fresh_s):
+        if not w.fresh(stages, self.cfg.admission_fresh_s, now):
             seconds = min([seconds, *(x.seconds(stages) for x in live)], key=sum)
         return w.finish(now, stages, deadline, seconds, arrive)
 
@@ -287,7 +286,7 @@ class WorkerPool:
 
     def answered(self, w: Worker, f: Flight, timings: tuple[StageTiming, ...], now: float) -> None:
         """``w`` answered ``f``: its stage times and its lag learn from it."""
-        w.observe(timings)
+        w.observe(timings, now)
         w.lag_s = 0.7 * w.lag_s + 0.3 * max(now - f.predicted, 0.0)
         w.replies += 1
 

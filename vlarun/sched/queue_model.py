@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 
 from vlarun.sched.contract import ExecutionPlan
+from vlarun.sched.execution import segments
 from vlarun.sched.predictor import Reservation, on_time_probability
 
 THIS = "(this request)"  # the name and key of the request admission asks about
@@ -242,19 +243,15 @@ def plan_bookings(plan: ExecutionPlan, slo_s: float, now: float = 0.0) -> tuple[
     if not plan.feasible and p_on < 0.5:
         return ()
     out: list[Booking] = []
-    seg: list[str] = []
-    arrive = before = now  # when the segment arrives; when the stage before it ends
     names = list(plan.placement)
-    for i, name in enumerate(names):
-        if plan.placement[name] == "edge":
-            if not seg:
-                arrive = before
-            seg.append(name)
-            if i + 1 == len(names) or plan.placement[names[i + 1]] != "edge":
-                after = max(now + plan.latency_s - plan.stage_end[name], 0.0)  # residual < 0
-                out.append(Booking(tuple(seg), arrive, now + slo_s - after))
-                seg = []
-        before = plan.stage_end[name]
+    roles = [plan.placement[n] for n in names]
+    for run in segments(roles):  # the executor's segments: one edge request each
+        if roles[run.start] != "edge":
+            continue
+        arrive = now if run.start == 0 else plan.stage_end[names[run.start - 1]]
+        last = names[run[-1]]
+        after = max(now + plan.latency_s - plan.stage_end[last], 0.0)  # residual < 0
+        out.append(Booking(tuple(names[k] for k in run), arrive, now + slo_s - after))
     return tuple(out)
 
 

@@ -66,6 +66,7 @@ from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
+from vlarun.sched.execution import give_up_at, segments
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import Calibration, DeviceState
@@ -519,18 +520,6 @@ class Executed:
     modelled_by_device: dict[str, float] = field(default_factory=dict)
 
 
-def _segment(roles: list[str], i: int) -> list[int]:
-    """Indices of the edge segment starting at stage ``i``."""
-    seg = [i]
-    while seg[-1] + 1 < len(roles) and roles[seg[-1] + 1] == "edge":
-        seg.append(seg[-1] + 1)
-    return seg
-
-
-# What the robot keeps in hand when it decides to give up on the edge (``AgentConfig.margin_s``).
-GIVE_UP_MARGIN_S = 0.003
-
-
 def execute(
     world: World,
     works,
@@ -545,9 +534,10 @@ def execute(
     reaches the edge and is sent back when each of the segment's stages ends there (None:
     refused on arrival).
 
-    The robot waits for an edge segment as the runtime's executor does
-    (``runtime.executor``): until the deadline less the local time of the robot stages after
-    it and a small margin. The edge is given that, less the answer's way back, as its own
+    The robot splits the plan and waits for an edge segment by the runtime's executor's rules
+    (``sched.execution``: ``segments``, ``give_up_at``): until the deadline less the local
+    time of the robot stages after it and the margin (an answer costs no time to read here).
+    The edge is given that, less the answer's way back, as its own
     deadline (so it refuses work it could only finish too late), and an answer that would
     come back later is given up on: the robot runs the segment itself from then, so a silent
     or slow edge costs at most the deadline plus one local run (the edge's work is spent
@@ -561,6 +551,9 @@ def execute(
     tx_s = rx_s = 0.0
     fallback = None
     give_up: dict[int, float] = {}  # an edge segment's first stage -> when the robot gives up
+
+    def segment(k: int) -> range:  # the segment stage k is in, as the roles are now
+        return next(run for run in segments(roles) if k in run)
 
     def local(k: int) -> float:
         return world.seconds(works[k], "robot", draws[k], knobs)
@@ -580,9 +573,9 @@ def execute(
         ready = release
         back = 0.0
         if roles[i] == "edge" and work.name not in end:  # an edge segment starts here
-            seg = _segment(roles, i)
+            seg = segment(i)
             later = sum(local(k) for k in range(seg[-1] + 1, len(works)) if roles[k] == "robot")
-            give_up[i] = deadline - later - GIVE_UP_MARGIN_S
+            give_up[i] = give_up_at(deadline, later)
             nxt = seg[-1] + 1  # what comes back: the next stage's input, or the actions
             back_bytes = works[nxt].in_bytes if nxt < len(works) else works[seg[-1]].out_bytes
         for p in work.parents or ("",):  # the first stage's input comes from the robot
@@ -595,7 +588,7 @@ def execute(
                     # segment here (the runtime's executor refuses to send it too).
                     fallback = "edge: the link leaves the edge no time"  # as the executor says it
                     del give_up[i]
-                    for k in _segment(roles, i):
+                    for k in segment(i):
                         roles[k] = "robot"
             if prole != roles[i]:
                 tau = world.transfer_s(work.in_bytes, t)
@@ -606,7 +599,7 @@ def execute(
                 if first is not None and t + tau > give_up[first]:
                     # The answer would come after the robot gave up: it ran the segment here.
                     fallback = "edge: no answer in time"
-                    t = run_here(_segment(roles, first), give_up[first])
+                    t = run_here(segment(first), give_up[first])
                     ready = max(ready, t)
                     continue
                 transfers.append((work.in_bytes, tau))
@@ -617,7 +610,7 @@ def execute(
                 t += tau
             ready = max(ready, t)
         if roles[i] == "edge" and work.name not in end:  # the segment reaches the edge
-            seg = _segment(roles, i)
+            seg = segment(i)
             walls = tuple(
                 world.stretch(world.seconds(works[k], "edge", draws[k], knobs), load) for k in seg
             )
@@ -644,7 +637,7 @@ def execute(
         seg_first = max(give_up)
         if finish + tau > give_up[seg_first]:
             fallback = "edge: no answer in time"
-            finish = run_here(_segment(roles, seg_first), give_up[seg_first])
+            finish = run_here(segment(seg_first), give_up[seg_first])
         else:
             transfers.append((works[-1].out_bytes, tau))
             rx_s += tau
