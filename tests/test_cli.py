@@ -1,6 +1,7 @@
 """The command line: JSON contracts and one-line errors for bad input."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,20 @@ def test_policy_names_resolve_to_shipped_policies_or_presets():
         Policy.load("no-such-policy")
 
 
+def test_a_retired_policy_says_where_its_weights_went():
+    """Issue 63, 7: superseded generations left checkpoints/; their names say how to get the
+    weights back, instead of a bare refusal or a silent random-weight preset."""
+    from vlarun.paths import RETIRED, RETIRED_AT, policy_dir, shipped_policies
+    from vlarun.policy import Policy
+
+    assert not set(RETIRED) & set(shipped_policies())
+    restore = f"git checkout {RETIRED_AT[:12]} -- checkpoints/mt10-ar-ceed"
+    with pytest.raises(ValueError, match=re.escape(restore)):
+        policy_dir("mt10-ar-ceed")  # a student: no preset of that name
+    with pytest.warns(UserWarning, match="mt10-oft was retired.*random weights"):
+        assert Policy.load("mt10-oft").model.cfg.name == "mt10-oft"  # the preset: its shape
+
+
 def test_every_command_prints_its_help(capsys):
     """--help of every command renders (a '%' in a help text or a tuple default once broke it)."""
     from vlarun.cli import BENCH, COMMANDS
@@ -326,7 +341,7 @@ def test_a_shipped_policy_and_its_preset_are_one_name_for_one_model(capsys):
     from vlarun.stages.families import param_split
 
     shipped = shipped_policies()
-    assert {"tiny-ar", "tiny-oft", "tiny-dit", "mt10-ar"} <= set(shipped)
+    assert {"tiny-ar", "tiny-oft", "tiny-dit", "mt10p-ar"} <= set(shipped)
     for name in shipped:
         directory = policy_dir(name)
         cfg = vla_config_from(read_config(directory), directory)

@@ -15,7 +15,7 @@ _SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkpoints_dir() -> Path:
-    """The directory holding the shipped policies (``tiny-ar``, ``mt10-ar``, ...)."""
+    """The directory holding the shipped policies (``tiny-ar``, ``mt10p-ar``, ...)."""
     env = os.environ.get("VLARUN_CHECKPOINTS")
     return Path(env) if env else _SOURCE_ROOT / "checkpoints"
 
@@ -30,6 +30,25 @@ def training_dir() -> Path:
 def data_dir() -> Path:
     """Where demonstrations and recorded rollouts are written by default."""
     return Path(os.environ.get("VLARUN_DATA", "data"))
+
+
+# Shipped policies retired from checkpoints/ (superseded generations, issue 63): their weights
+# stay in git history at this commit, and ``git checkout RETIRED_AT -- checkpoints/NAME``
+# brings one back (docs/checkpoints.md#retired-policies). Their names still mean them: a
+# refusal or a preset load says where the weights went instead of a bare "no policy".
+RETIRED_AT = "8bdb6fb465c91b737c5518add837376151700b47"
+RETIRED = ("mt10-ar", "mt10-oft", "mt10-dit", "mt10-ar-ceed", "mt10w-ar", "mt10w-oft", "mt10w-dit")
+
+
+def retired_note(name: str) -> str:
+    """Where a retired shipped policy's weights went (empty for any other name)."""
+    if str(name) not in RETIRED:
+        return ""
+    rev = RETIRED_AT[:12]
+    return (
+        f"{name} was retired from checkpoints/ (superseded by the mt10p policies); "
+        f"`git checkout {rev} -- checkpoints/{name}` brings it back"
+    )
 
 
 def shipped_policies() -> list[str]:
@@ -65,7 +84,9 @@ def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
             )
         raise ValueError(f"{path} is a directory without config.json: not a checkpoint (a "
                          "vlarun, OpenVLA or LeRobot checkpoint directory has one)")  # fmt: skip
+    retired = retired_note(str(name_or_dir))
     raise ValueError(
         f"no policy {str(name_or_dir)!r}: neither a checkpoint directory nor a shipped policy "
         f"(shipped, under {checkpoints_dir()}: {', '.join(shipped_policies()) or 'none'})"
+        + (f"; {retired}" if retired else "")
     )

@@ -264,7 +264,7 @@ def test_a_state_that_is_not_finite_numbers_is_refused(state, needle):
 
 def test_a_state_of_the_wrong_length_is_refused_by_the_server():
     """1000 floats for a 4-number state: refused by the policy before anything runs."""
-    srv = openpi.OpenpiPolicyServer(Policy.load("mt10-oft"), openpi.get_layout("metaworld"),
+    srv = openpi.OpenpiPolicyServer(Policy.load("mt10p-oft"), openpi.get_layout("metaworld"),
                                     port=0, api_key=KEY)  # fmt: skip
     stop = srv.start_in_thread(60)
     try:

@@ -41,7 +41,7 @@ from vlarun.models.llama import LlamaConfig
 from vlarun.models.presets import PRESETS, get_preset
 from vlarun.models.tokenizer import PROMPTS, Tokenizer, load_tokenizer
 from vlarun.models.vla import VLA
-from vlarun.paths import policy_dir
+from vlarun.paths import policy_dir, retired_note
 from vlarun.policy.stats import AccelStats
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.graph import GraphRun, StageGraph
@@ -137,7 +137,7 @@ class Policy:
         unnorm_key: str | None = None,
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
-        ``mt10-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
+        ``mt10p-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
         (cpu, cuda, cuda:N; checked before anything loads). An unknown name raises one
         ValueError listing the shipped policies and the presets. ``compile_steps`` (a
         ``torch.compile`` mode, empty for eager) compiles its static decode / Jacobi steps on
@@ -153,6 +153,8 @@ class Policy:
         except ValueError as missing:
             if str(name) not in PRESETS:
                 raise ValueError(f"{missing}; nor a preset ({', '.join(PRESETS)})") from None
+            if retired := retired_note(str(name)):  # its trained weights are not here: say so
+                warnings.warn(f"{retired}; loading its preset, random weights", stacklevel=2)
             policy = cls.from_preset(str(name), seed, dtype)
         else:  # a directory that exists: its own error, if any, is the one to see
             policy = cls.from_checkpoint(directory, unnorm_key, dtype)
