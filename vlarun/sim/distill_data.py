@@ -28,7 +28,7 @@ from vlarun.policy.base import Policy
 from vlarun.sim.demos import FrameStore
 
 if TYPE_CHECKING:
-    from vlarun.sim.distill import DistillConfig
+    from vlarun.sim.distill_config import DistillConfig
 
 TRAJECTORIES = "trajectories.safetensors"
 SAVE_BATCHES = 10  # collection batches between saves of the partial trajectories
