@@ -56,7 +56,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "predictor": ("vlarun.world.predictor_check", "every plan of a tiny preset run here"),
     "coinfer": ("vlarun.bench.coinfer", "co-inference over real processes and links"),
     "serve": ("vlarun.bench.serve", "openpi-protocol serving overhead and concurrency"),
-    "hostile": ("vlarun.bench.hostile", "the servers under attack: RSS, a legitimate client"),
+    "hostile": ("vlarun.bench.attacks", "the servers under attack: RSS, a legitimate client"),
     "scaleout": ("vlarun.bench.scaleout", "robots against 1 and 2 Ray edge workers, a kill"),
     "gpu-check": ("vlarun.bench.gpucheck", "one-call GPU check: parity, engine, policies, JSON"),
     "compile": ("vlarun.bench.compile_probe", "torch.compile vs eager: engine steps, policies"),

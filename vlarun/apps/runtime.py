@@ -419,7 +419,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.episode import link_timeline, run_episode
+    from vlarun.runtime.episode import link_timeline, outage_timelines, run_episode
     from vlarun.runtime.relay import parse_schedule
     from vlarun.runtime.transport import robot_security
     from vlarun.sched.records import summarise
@@ -450,6 +450,8 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     elif edge:
         sec = robot_security(o.insecure, o.server_key, o.keys)
     agent = env = None
+    outages: list = []
+    restore_bound_s = None
     try:  # whatever fails, the processes started here stop with it
         if edge and o.link_mbps:
             relay, edge = procs.start_relay(edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
@@ -465,6 +467,9 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
             run_episode(agent, env, o.seed + i, o.control_hz, not o.sync, o.max_steps, log)
             for i in range(o.episodes)
         ]
+        if agent.monitor is not None:  # what the link monitor saw of the edge's outages
+            outages = [list(down_up) for down_up in agent.monitor.outages]
+            restore_bound_s = agent.monitor.restore_bound_s
     finally:
         for part in (agent, env):
             if part is not None:
@@ -492,6 +497,10 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
         "link_timeline": link_timeline(infs, clock0, o.link_mbps, parse_schedule(o.link_schedule))
         if relay is not None and o.link_schedule
         else None,
+        # Each time the edge stopped answering (as the link monitor saw it: [down, up] s into
+        # the run), when the plans left it and when they were on it again, or why not.
+        "edge_outages": outage_timelines(infs, clock0, outages) if edge else None,
+        "monitor_restore_bound_s": restore_bound_s,
         "episodes": episodes,
     }
 
@@ -558,6 +567,8 @@ def show_run_robot(r: dict) -> None:
             f"(target {100 * r.get('on_time_target', 0.99):g}%), "
             f"{s['fallbacks']} fallbacks, {s['actions_per_joule']:.3f} actions/J (modelled)"
         )
+    for line in outage_lines(r.get("edge_outages") or []):
+        print(line)
     t = r.get("link_timeline")
     if t and t["drop_s"] is not None:
         ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
@@ -571,6 +582,32 @@ def show_run_robot(r: dict) -> None:
             f"  link dropped at {t['drop_s']:g} s: plans left the edge after "
             f"{ms(t['left_edge_after_drop_ms'])}{back}"
         )
+
+
+SHOWN_OUTAGES = 3  # outages printed one line each; the rest counted (all of them in --json)
+
+
+def outage_lines(outages: list[dict]) -> list[str]:
+    """One line per edge outage: when the edge stopped answering and was back, when the plans
+    left it and when they were on it again, or why they were not."""
+    ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
+    lines = []
+    for t in outages[:SHOWN_OUTAGES]:
+        down, up = t["down_s"], t["up_s"]
+        head = f"  edge unanswered at {down:.1f} s"
+        if up is None:
+            head += ", not back before the run ended"
+        else:
+            head += f", back at {up:.1f} s"
+        head += f": plans left the edge after {ms(t['left_edge_after_drop_ms'])}"
+        if t["edge_again_after_restore_ms"] is not None:
+            lines.append(f"{head}; on the edge again {ms(t['edge_again_after_restore_ms'])} "
+                         "after it was back")  # fmt: skip
+        else:
+            lines.append(f"{head}; not on the edge again: {t['why_not_back']}")
+    if len(outages) > SHOWN_OUTAGES:
+        lines.append(f"  (+{len(outages) - SHOWN_OUTAGES} more edge outages: --json has them)")
+    return lines
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`vlarun bench hostile`: the servers as their own processes under attack, measured.
+"""Attacks for `vlarun bench hostile` (bench.attacks runs them): servers under attack.
 
 Each attack runs against a fresh ``vlarun serve-policy`` (or ``vlarun serve-edge``) process on
 loopback while a *legitimate* client, in a process of its own (so the attackers' threads do not
@@ -19,14 +19,12 @@ bounded in count and time.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +48,10 @@ POLICY_ATTACKS = (
     "key-hold",
 )
 EDGE_ATTACKS = ("edge-flood16",)
-ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS
+# On an edge with --authorized-keys (bench/hostile_edge.py): a handshake flood from a key it
+# does not authorize (with its equal-CPU burner row), one key on 50 identities (issue 64).
+SECURE_EDGE_ATTACKS = ("edge-handshake", "edge-identities50")
+ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS + SECURE_EDGE_ATTACKS
 
 
 @dataclass(frozen=True)
@@ -631,49 +632,3 @@ def edge_attack(o: BenchHostileOptions) -> dict:
     served = row["legit_answered"] + row["flood_served"]
     row["legit_fair_share"] = min(row["legit_requests"], served / 17)
     return row
-
-
-def run(o: BenchHostileOptions) -> dict:
-    try:
-        import openpi_client  # noqa: F401
-    except ImportError:
-        raise RuntimeError("bench hostile needs openpi-client: pip install --no-deps "
-                           "openpi-client websockets dm-tree") from None  # fmt: skip
-    from vlarun.bench.engine import machine_info
-
-    attacks = ("pipeline", "largest") if o.quick else o.attacks
-    if o.quick:
-        o = BenchHostileOptions(**{**o.__dict__, "seconds": min(o.seconds, 4.0),
-                                   "rest_requests": min(o.rest_requests, 20)})  # fmt: skip
-    rows = []
-    for name in attacks:
-        rows.append(edge_attack(o) if name in EDGE_ATTACKS else policy_attack(name, o))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # kept if a later one hangs
-    return {"benchmark": "servers under attack (own processes, loopback)", "policy": o.policy,
-            "frame_mb": o.frame_mb, "budget_s": o.budget_s, "cpu": machine_info()["cpu"],
-            "rows": rows}  # fmt: skip
-
-
-def show(r: dict) -> None:
-    print(f"{r['benchmark']}: {r['policy']}, frames {r['frame_mb']:g} MiB, budget "
-          f"{r['budget_s']:g} s; {r['cpu']}")  # fmt: skip
-    print(
-        "| attack | result | RSS idle / peak / after (MB) | back within 10% | "
-        "legit p50 / p99 during (ms) | at rest | legit answered | alive |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for w in r["rows"]:
-        back = "never" if w["rss_back_s"] is None else f"{w['rss_back_s']:.1f} s"
-        p50, p99 = w["legit_p50_ms"], w["legit_p99_ms"]
-        during = "-" if p50 is None else f"{p50:.0f} / {p99:.0f}"
-        print(
-            f"| {w['attack']} | {w['result']} | {w['rss_idle_mb']:.0f} / "
-            f"{w['rss_peak_mb']:.0f} / {w['rss_after_mb']:.0f} | {back} | {during} | "
-            f"{w['rest_p50_ms']:.0f} / {w['rest_p99_ms']:.0f} | "
-            f"{w['legit_answered']}/{w['legit_requests']} | {w['alive']} |"
-        )
-
-
-OPTIONS = {"bench-hostile": BenchHostileOptions}
-RUN = {"bench-hostile": run}
-SHOW = {"bench-hostile": show}

@@ -166,21 +166,39 @@ def link_timeline(
     ``clock0`` is the ``time.monotonic()`` at which the link, starting at ``mbps``, began its
     ``schedule`` ((seconds after clock0, Mbit/s), as the shaping relay reads it); a request is
     placed by its ``started_s``. A drop is the first change to a lower bandwidth than the one
-    before it, the restore the first later change back up. ``left_edge_after_drop_ms``: from the
-    drop to the first request that ran nothing on the edge; ``edge_again_after_restore_ms``:
-    from the restore to the first edge answer in time sent for after it (``edge_at_s``: a
-    request planned onto the edge, or one running here whose rest was handed to the edge when
-    the link came back). None where that never happened (or the schedule has no drop or no
-    restore)."""
+    before it, the restore the first later change back up. The times are ``back_to_edge``'s."""
     changes = sorted(schedule)
     drop = restore = None
     for (_, before), (at, after) in zip([(0.0, mbps), *changes], changes, strict=False):
         if drop is None and after < before:
-            drop = (at, before)
+            drop = at
         elif drop is not None and after > before:
             restore = at
             break
-    times = [(r["started_s"] - clock0, r) for r in infs]
+    shown = back_to_edge(infs, None if drop is None else clock0 + drop,
+                         None if restore is None else clock0 + restore)  # fmt: skip
+    return {"drop_s": drop, "restore_s": restore, **shown,
+            "handoffs": sum(r.get("handoff") is not None for r in infs)}  # fmt: skip
+
+
+def outage_timelines(infs: list[dict], clock0: float, outages: list) -> list[dict]:
+    """The edge's outages as the robot's link monitor saw them (``LinkMonitor.outages``:
+    [down, up] in ``time.monotonic()``, up None: not back before the run ended), each with
+    ``back_to_edge``'s times: ``down_s`` / ``up_s`` are seconds after ``clock0``."""
+    return [{"down_s": down - clock0, "up_s": None if up is None else up - clock0,
+             **back_to_edge(infs, down, up)} for down, up in outages]  # fmt: skip
+
+
+def back_to_edge(infs: list[dict], drop: float | None, restore: float | None) -> dict:
+    """When the plans left the edge after ``drop`` and were on it again after ``restore``
+    (``time.monotonic()``; None: no such moment), the one reading of a request record for
+    `run-robot` (an outage its monitor saw, a shaped link's schedule) and `bench coinfer
+    --restore`. ``left_edge_after_drop_ms``: from the drop to the first request begun after it
+    that ran nothing on the edge; ``edge_again_after_restore_ms``: from the restore to the
+    first edge answer in time sent for after it (``edge_at_s``: a request planned onto the
+    edge, or one running here whose rest was handed to the edge when the link came back);
+    None where that never happened, and then ``why_not_back`` says why (None otherwise)."""
+    times = [(r["started_s"], r) for r in infs]
 
     def first_after(at: float | None, edge: bool) -> float | None:
         if at is None:
@@ -191,12 +209,30 @@ def link_timeline(
                 return (t - at) * 1e3
         return None
 
-    sent = sorted(r["edge_at_s"] - clock0 for r in infs if r.get("edge_at_s") is not None)
+    sent = sorted(r["edge_at_s"] for r in infs if r.get("edge_at_s") is not None)
     again = next((t for t in sent if restore is not None and t >= restore), None)
     return {
-        "drop_s": None if drop is None else drop[0],
-        "restore_s": restore,
-        "left_edge_after_drop_ms": first_after(None if drop is None else drop[0], False),
+        "left_edge_after_drop_ms": first_after(drop, False),
         "edge_again_after_restore_ms": None if again is None else (again - restore) * 1e3,
-        "handoffs": sum(r.get("handoff") is not None for r in infs),
-    }
+        "why_not_back": None if again is not None or drop is None else why_not_back(
+            [r for t, r in times if restore is not None and t >= restore], restore),
+    }  # fmt: skip
+
+
+def why_not_back(after: list[dict], restore: float | None) -> str:
+    """Why no request after ``restore`` had an edge answer in time (``after``: their records)."""
+    if restore is None:
+        return "it was not back before the run ended"
+    if not after:
+        return "no request began after it"
+    n = len(after)
+    if all(r.get("planner") == "edge down" for r in after):
+        return f"the link still looked down when each of the {n} plans after it was made"
+    to_edge = [r for r in after if "@edge" in r.get("plan", "")]
+    if not to_edge:
+        predicted = [r["predicted_ms"] for r in after if r.get("predicted_ms") is not None]
+        said = f" ({np.median(predicted):.0f} ms predicted)" if predicted else ""
+        return (f"the planner kept the {n} plans after it on the robot{said}: no plan using "
+                "the edge was predicted better")  # fmt: skip
+    first = next((r["fallback"] for r in to_edge if r.get("fallback")), "late")
+    return f"{len(to_edge)} plans after it used the edge, none answered in time ({first})"

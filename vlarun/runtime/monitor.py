@@ -96,6 +96,10 @@ class LinkMonitor:
         self.last_remote = 0.0  # monotonic time of the agent's last remote request
         self._last_probe = 0.0
         self.reconnects = 0
+        # The edge's outages as this robot saw them, in order: [down at, up at] (monotonic;
+        # up None while it lasts). Down: a health check went unanswered, or the agent marked
+        # the link down; up: the next health answer (``episode.outage_timelines`` reads them).
+        self.outages: list[list[float | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="link-monitor", daemon=True)
 
@@ -109,7 +113,24 @@ class LinkMonitor:
         self._thread.join(timeout=2)
 
     def mark_down(self) -> None:
+        self._went_down()
         self.up.clear()
+
+    def _went_down(self) -> None:
+        with self.lock:
+            if not self.outages or self.outages[-1][1] is not None:
+                self.outages.append([time.monotonic(), None])
+
+    def _came_up(self, now: float) -> None:
+        with self.lock:
+            if self.outages and self.outages[-1][1] is None:
+                self.outages[-1][1] = now
+
+    # The longest from an edge answering again to this monitor seeing it: a probe on the dead
+    # link is waited out (``timeout_s``), then the next is sent ``down_every_s`` later.
+    @property
+    def restore_bound_s(self) -> float:
+        return self.timeout_s + self.down_every_s
 
     def take_rtts(self) -> list[float]:
         with self.lock:
@@ -215,6 +236,8 @@ class LinkMonitor:
                 try:
                     health, rtt = client.health(self.timeout_s, listen=True)
                 except LinkDown:
+                    if was_up:
+                        self._went_down()
                     self.up.clear()
                     if was_up:  # a fresh socket: nothing queued for the dead link survives
                         client.reset()
@@ -225,6 +248,7 @@ class LinkMonitor:
                         self.rtts.append(rtt)
                     if not was_up:
                         self.reconnects += 1
+                    self._came_up(self.health_at)
                     self.up.set()
                     with contextlib.suppress(LinkDown):
                         self._maybe_probe(client)

@@ -114,6 +114,7 @@ class Inference:
     rtc_delay: int | None = None  # real-time chunking: the actions frozen (None: no freeze)
     edge_at_s: float | None = None  # time.monotonic() the first edge answer in time was sent for
     handoff: str | None = None  # the rest went to the edge mid-way when the link came back
+    planner: str | None = None  # who chose the plan: the strategy, or "edge down"
     world: str | None = None  # emulated under this world, whose powers priced energy_j
 
     @classmethod
@@ -133,7 +134,7 @@ class Inference:
             predicted_sigma_s=plan.sigma_s,
             model_actions=pool["actions"][0].float().cpu().numpy(),
             rtc_delay=None if ctx.freeze is None else int(pool["rtc_delay"][0]),
-            edge_at_s=tr.edge_at, handoff=tr.handoff, world=world,
+            edge_at_s=tr.edge_at, handoff=tr.handoff, planner=plan.planner, world=world,
         )  # fmt: skip
 
     @property
@@ -179,6 +180,7 @@ class Inference:
             "rtc_delay": self.rtc_delay,
             "edge_at_s": self.edge_at_s,
             "handoff": self.handoff,
+            "planner": self.planner,
             "energy_source": self.energy_source,
         }
 

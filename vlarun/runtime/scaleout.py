@@ -71,13 +71,14 @@ from vlarun.runtime.ray_workers import RayWorkers
 from vlarun.runtime.records import RecordError, parse_timings
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.server import Route, control_reply, rid_of, wildcard
-from vlarun.runtime.transport import EdgeAuth, Security, dealer_socket, peer_key, router_socket
+from vlarun.runtime.transport import Security, dealer_socket, peer_key, router_socket
 from vlarun.runtime.worker_pool import (  # noqa: F401 (dispatch_order: importable from here)
     Flight,
     Worker,
     WorkerPool,
     dispatch_order,
 )
+from vlarun.runtime.zap import EdgeAuth
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
 

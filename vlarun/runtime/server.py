@@ -52,7 +52,8 @@ from vlarun.runtime.records import (
 )
 from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema
-from vlarun.runtime.transport import EdgeAuth, Security, peer_key, router_socket
+from vlarun.runtime.transport import Security, peer_key, router_socket
+from vlarun.runtime.zap import EdgeAuth
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits, Packet, PacketError
 

@@ -2,7 +2,8 @@
 
 Secure by default: the edge's socket is a Curve server (every byte encrypted, and a client
 must know the edge's public key to complete the handshake); with an authorized-keys folder,
-only robots whose public keys are in it may connect (ZAP through pyzmq's authenticator).
+only robots whose public keys are in it may connect (ZAP, answered off the edge's Python
+threads by runtime/zap.py's authorizer process).
 ``--insecure`` turns Curve off for local tests and says so loudly on stderr.
 
 Key files use the ZPL certificate layout ZeroMQ's own tools read (``NAME.key`` public,
@@ -133,54 +134,19 @@ def warn_insecure() -> None:
     print(INSECURE_WARNING, file=sys.stderr, flush=True)
 
 
-class EdgeAuth:
-    """Starts pyzmq's ZAP authenticator when the edge restricts robots to authorized keys
-    (a folder of public key files, or keys given in memory)."""
-
-    def __init__(self, ctx: zmq.Context, sec: Security) -> None:
-        self.auth = None
-        if sec.insecure or (sec.authorized_dir is None and not sec.authorized_keys):
-            return
-        from zmq.auth.thread import ThreadAuthenticator
-
-        self.auth = ThreadAuthenticator(ctx)
-        self.auth.start()
-        if sec.authorized_keys:
-            allowed = set(sec.authorized_keys)
-            if sec.authorized_dir is not None:
-                allowed |= {load_keys(p).public for p in Path(sec.authorized_dir).glob("*.key")}
-            self.auth.configure_curve_callback(domain="*", credentials_provider=_Allowed(allowed))
-        else:
-            self.auth.configure_curve(domain="*", location=str(sec.authorized_dir))
-
-    def stop(self) -> None:
-        if self.auth is not None:
-            self.auth.stop()
-
-
 def peer_key(frame: zmq.Frame) -> bytes | None:
     """The authenticated key of the peer that sent ``frame`` (a frame of a message received
-    with ``copy=False``): pyzmq's authenticator answers a CURVE handshake it admits with the
-    client's public key in Z85 as the ZAP User-Id (``zmq.auth.Authenticator.curve_user_id``),
-    and ZeroMQ attaches it to every message of that connection. None where no ZAP handler
-    checked a key: ``--insecure``, or a Curve edge without authorized keys (any client may make
-    up keys there, so its connection is all there is to count)."""
+    with ``copy=False``): the edge's authorizer (``runtime.zap``) answers a CURVE handshake it
+    admits with the client's public key in Z85 as the ZAP User-Id (as pyzmq's
+    ``Authenticator.curve_user_id`` does), and ZeroMQ attaches it to every message of that
+    connection. None where no ZAP handler checked a key: ``--insecure``, or a Curve edge
+    without authorized keys (any client may make up keys there, so its connection is all
+    there is to count)."""
     try:
         user = frame.get("User-Id")
     except zmq.ZMQError:  # EINVAL: the connection has no such property
         return None
     return user.encode() if user else None
-
-
-class _Allowed:
-    """pyzmq's credentials provider: admit exactly these public keys (Z85 text, as the
-    authenticator passes them)."""
-
-    def __init__(self, keys: set[bytes]) -> None:
-        self.keys = frozenset(keys)
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.keys
 
 
 # Complete messages ZeroMQ holds per robot before it stops reading that robot's connection
