@@ -269,6 +269,11 @@ def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
     assert joint["difference"] == pytest.approx(-0.3)
     assert (joint["real_requests"], joint["sim_requests"]) == (9, 300)
     assert joint["real_on_time"] == joint["sim_on_time"] == 0.5
+    assert (joint["real_actions_per_joule"], joint["sim_actions_per_joule"]) == (1.5, 2.4)
+    # An emulated run's joules are on its clock, 1 / time_scale slower than the devices'.
+    emulated = compare(sim, real | {"emulated": {"time_scale": 0.5}})
+    assert next(x for x in emulated["cells"] if x["strategy"] == "vlarun-joint")[
+        "real_actions_per_joule"] == 3.0  # fmt: skip
     with pytest.raises(ValueError, match="--compare-with"):
         compare(sim, {"rows": []})
 

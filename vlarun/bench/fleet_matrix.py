@@ -106,11 +106,17 @@ def _over_split(rows: list[dict], cell: tuple[str, ...]) -> dict[tuple, dict[str
 def compare(rows: list[dict], real: dict) -> dict:
     """The simulator's cells against the real-process matrix's cells of the same bandwidth
     (its first load level; the simulator's first robot count): each strategy's actions/J over
-    Fixed Split and its share of requests on time in both, and the simulator's minus the real
-    one (a real cell's few requests make its on-time share coarse: its row keeps the count)."""
+    Fixed Split, its actions/J (the real run's on the emulated devices' clock; comparable
+    where both ran the same chunk) and its share of
+    requests on time in both, and the simulator's minus the real ratio (a real cell's few
+    requests make its on-time share coarse: its row keeps the count)."""
     real_rows = real.get("rows") or []
     if not real_rows or "load" not in real_rows[0]:
         raise ValueError("--compare-with takes a `vlarun bench coinfer --matrix --json` result")
+    # An emulated run's joules are the world's powers over its own clock, 1 / time_scale
+    # slower than the emulated devices' (emulate.emulated_device): on the devices' clock, as
+    # the simulator counts them, its actions/J are 1 / time_scale higher.
+    per_joule = 1.0 / ((real.get("emulated") or {}).get("time_scale") or 1.0)
     load = real_rows[0]["load"]
     there = _over_split([r for r in real_rows if r["load"] == load], ("bandwidth",))
     robots = min(r["robots"] for r in rows)
@@ -128,6 +134,9 @@ def compare(rows: list[dict], real: dict) -> dict:
                 real_r, sim_r = real_on_time[(bw, s)], on_time[(bw, s)]
                 out.append({"bandwidth": bw, "strategy": s, "real_over_split": ratio,
                             "sim_over_split": sim[s], "difference": sim[s] - ratio,
+                            "real_actions_per_joule": _times(real_r.get("actions_per_joule"),
+                                                             per_joule),
+                            "sim_actions_per_joule": sim_r.get("actions_per_joule"),
                             "real_on_time": real_r.get("slo_met_fraction"),
                             "real_requests": real_r.get("inferences"),
                             "sim_on_time": sim_r.get("slo_met_fraction"),
@@ -135,6 +144,18 @@ def compare(rows: list[dict], real: dict) -> dict:
     diffs = [abs(x["difference"]) for x in out]
     return {"real_load": load, "sim_robots": robots, "cells": out,
             "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None}  # fmt: skip
+
+
+def _absolute(x: dict) -> str:
+    """The absolute actions/J of both, where both are known (else "")."""
+    real, sim = x.get("real_actions_per_joule"), x.get("sim_actions_per_joule")
+    if not real or sim is None:
+        return ""
+    return f"; actions/J real {real:.4f} simulated {sim:.4f} ({sim / real:.2f}x)"
+
+
+def _times(x: float | None, k: float) -> float | None:
+    return None if x is None else x * k
 
 
 def _pct(share: float | None) -> str:
@@ -179,7 +200,7 @@ def format_matrix(r: dict) -> str:
                          f"{x['real_over_split']:.2f}  simulated {x['sim_over_split']:.2f}  "
                          f"({x['difference']:+.2f}); on time real {_pct(x['real_on_time'])} "
                          f"of {x['real_requests']}, simulated {_pct(x['sim_on_time'])} of "
-                         f"{x['sim_requests']}")  # fmt: skip
+                         f"{x['sim_requests']}{_absolute(x)}")  # fmt: skip
     for model, label in r["truth"].items():
         lines.append(f"  truth ({model}): {label}")
     if r["plot"]:
