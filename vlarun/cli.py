@@ -3,7 +3,9 @@
 Each entry names the module that defines the command (its ``OPTIONS``, ``RUN`` and ``SHOW``
 tables); the flags are generated from that frozen options dataclass (field name -> flag, default
 -> default, metadata "help" -> help, ``Literal`` -> choices, ``tuple``/``list`` -> several
-values), so an option and its config field can never drift apart. ``vlarun --help`` lists the
+values; ``opt(flag=...)`` where a field keeps an older name, ``opt(deprecated=...)`` for the
+names an option had before: hidden, still working, one line on stderr), so an option and its
+config field can never drift apart. ``vlarun --help`` lists the
 registry without importing any command. Errors print one line on stderr and exit non-zero.
 """
 
@@ -16,7 +18,7 @@ import json
 import sys
 import typing
 
-from vlarun.config import add_options, parse_into
+from vlarun.config import add_options, flag_of, parse_into
 from vlarun.extras import missing_extra
 
 # name -> (module defining it, one-line summary shown by `vlarun --help`).
@@ -109,7 +111,7 @@ def replaced_option(cls: type, argv: list[str]) -> str | None:
     name before, naming the option that replaces it; None when there is none."""
     positional = any(f.metadata.get("positional") for f in dataclasses.fields(cls))
     for f in dataclasses.fields(cls):
-        new = "--" + f.name.replace("_", "-")
+        new = flag_of(f)
         for old in f.metadata.get("replaces", ()):
             if old == "NAME":
                 if argv and not argv[0].startswith("-") and not positional:

@@ -19,6 +19,9 @@ T = TypeVar("T")
 # and the flags that did before: given, they fail in one line naming ``--policy``.
 POLICY_HELP = "shipped policy name, checkpoint directory, or preset (random weights)"
 POLICY_FLAGS_RETIRED = ("--checkpoint", "--preset")
+# The policy a command runs when none is named: one for act, eval, serve-policy, serve-edge and
+# run-robot, and a trained shipped one (a preset would be random weights, acting at random).
+DEFAULT_POLICY = "tiny-ar"
 # Where a model's shape is costed or measured without its weights: ``--model``.
 MODEL_HELP = "model preset or shipped policy name, its shape only (see `vlarun info`)"
 
@@ -30,14 +33,37 @@ def opt(
     choices=None,
     replaces: tuple[str, ...] = (),
     aliases: tuple[str, ...] = (),
+    flag: str | None = None,
+    deprecated: tuple[str | tuple[str, float], ...] = (),
 ):
     """A dataclass field carrying command-line metadata (help text, positional, choices, the
     flags it ``replaces``, or ``"NAME"`` for a positional argument it replaces: given, those
     fail in one line naming this option; and ``aliases``: other flags that set it, where the
-    name other commands use for the same thing differs, e.g. ``info --policy``)."""
+    name other commands use for the same thing differs, e.g. ``info --policy``).
+
+    ``flag``: the option's name where it is not the field's (a field other code and recorded
+    configs read under its old name, e.g. ``FleetConfig.bw_before`` is ``--link-mbps``).
+    ``deprecated``: names this option had before (one concept, one name across commands):
+    they still set it, hidden from ``--help``, and print one line on stderr naming the new one;
+    ``(old, factor)`` where the old one counted in other units (``--link-delay-ms`` one way:
+    x2 -> ``--link-rtt-ms``)."""
     meta = {"help": help, "positional": positional, "choices": choices, "replaces": replaces,
-            "aliases": aliases}  # fmt: skip
+            "aliases": aliases, "flag": flag, "deprecated": deprecated}  # fmt: skip
     return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line name of an options field: its ``flag``, else the field's name."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def deprecated_flags(f: dataclasses.Field) -> dict[str, float]:
+    """The deprecated names of an options field -> the factor its value is multiplied by."""
+    out = {}
+    for old in f.metadata.get("deprecated", ()):
+        name, factor = (old, 1.0) if isinstance(old, str) else old
+        out[name] = factor
+    return out
 
 
 def to_dict(obj: Any) -> Any:
@@ -131,15 +157,50 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         if meta.get("positional"):
             parser.add_argument(f.name, type=base, **kw)
             continue
-        flags = ["--" + f.name.replace("_", "-"), *meta.get("aliases", ())]
+        flags = [flag_of(f), *meta.get("aliases", ())]
         kw["dest"] = f.name
+        old = deprecated_flags(f)
         if base is bool:
+            if old:
+                raise TypeError(f"{f.name}: deprecated names of a switch are not supported")
             action = argparse.BooleanOptionalAction if f.default is True else "store_true"
             parser.add_argument(*flags, action=action, default=f.default, **kw)
             continue
-        required = f.default is dataclasses.MISSING
-        default = None if required else f.default
+        if meta.get("flag"):  # --link-mbps LINK_MBPS, not the field's name
+            kw["metavar"] = meta["flag"].lstrip("-").replace("-", "_").upper()
+        # A required option with an old name: argparse would refuse the old name alone, so
+        # parse_into checks it is there instead (and the help says it is required).
+        required = f.default is dataclasses.MISSING and not old
+        default = None if f.default is dataclasses.MISSING else f.default
+        if f.default is dataclasses.MISSING and old:
+            kw["help"] += " (required)"
         parser.add_argument(*flags, type=base, required=required, default=default, **kw)
+        for name, factor in old.items():
+            hidden = {k: v for k, v in kw.items() if k != "help"}
+            parser.add_argument(
+                name, type=base, action=_Deprecated, new=flags[0], factor=factor,
+                default=argparse.SUPPRESS, help=argparse.SUPPRESS, **hidden,
+            )  # fmt: skip
+
+
+class _Deprecated(argparse.Action):
+    """An option's old name: sets it (times ``factor``) and says once, on stderr, what it is
+    called now. The old name goes in the release after the one that renamed it."""
+
+    def __init__(self, option_strings, dest, new: str, factor: float = 1.0, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.new, self.factor = new, factor
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+
+        how = ""
+        if self.factor != 1.0:  # an old name in other units (nargs=1 options only)
+            values = values * self.factor
+            how = f" (in its units: {self.new} {values:g})"
+        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}{how}; "
+              "the old name goes in the next release", file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, values)
 
 
 def _base_type(hint) -> type:
@@ -150,4 +211,7 @@ def _base_type(hint) -> type:
 
 def parse_into(cls: type, ns: argparse.Namespace):
     """The options dataclass ``cls`` from parsed flags (validated by its ``__post_init__``)."""
+    for f in dataclasses.fields(cls):  # a required option argparse could not check (old names)
+        if f.default is dataclasses.MISSING and getattr(ns, f.name, None) is None:
+            raise ValueError(f"the following arguments are required: {flag_of(f)}")
     return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})

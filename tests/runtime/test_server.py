@@ -173,7 +173,7 @@ def test_cli_ping_and_keys(server, tmp_path, capsys):
     assert out["rtt_ms"] > 0 and set(out["queue"]) == {"vision", "prefill", "decode"}
     assert main(["keys", "--out", str(tmp_path), "--name", "robot7", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["public"].endswith("robot7.key")
-    assert main(["ping", "--edge", "tcp://127.0.0.1:9", "--insecure", "--timeout", "0.3"]) == 2
+    assert main(["ping", "--edge", "tcp://127.0.0.1:9", "--insecure", "--timeout-s", "0.3"]) == 2
     assert "no answer" in capsys.readouterr().err
 
 

@@ -42,7 +42,7 @@ def test_deployment_rows_load_with_a_source_for_every_figure(capsys):
             # A derived figure says so: every U-tagged peak names what it was derived from.
             if source.startswith("U:") and key in figures[:2]:
                 assert "derived" in source, (name, key, source)
-        assert main(["predict", "--model", "openvla-7b", "--device", name, "--json"]) == 0
+        assert main(["predict", "--model", "openvla-7b", "--robot-device", name, "--json"]) == 0
         r = json.loads(capsys.readouterr().out)
         assert r["latency_ms"] > 0 and r["energy_source"] == "modelled"
     # Orderings the datasheets imply: Thor over the AGX Orin, the 5090 over the 4090. (The Orin
@@ -98,20 +98,21 @@ def test_batching_shares_weight_traffic():
 
 
 def test_predict_json_fields(capsys):
-    assert main(["predict", "--model", "openvla-7b", "--device", "orin-agx-32gb", "--json"]) == 0
+    argv = ["predict", "--model", "openvla-7b", "--robot-device", "orin-agx-32gb", "--json"]
+    assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in r["stages"]] == ["vision", "prefill", "decode"]
     assert r["latency_ms"] == pytest.approx(sum(s["latency_ms"] for s in r["stages"]))
     assert r["energy_j"] == pytest.approx(sum(s["energy_j"] for s in r["stages"]))
     assert r["energy_source"] == "modelled"
     # A 7B model is slower on a Jetson than on a 4090 (shared/REFERENCE.md peaks).
-    assert main(["predict", "--model", "openvla-7b", "--device", "rtx4090", "--json"]) == 0
+    assert main(["predict", "--model", "openvla-7b", "--robot-device", "rtx4090", "--json"]) == 0
     fast = json.loads(capsys.readouterr().out)
     assert fast["latency_ms"] < r["latency_ms"] / 3
 
 
 def test_predict_batch_and_list(capsys):
-    argv = ["predict", "--model", "pi0", "--device", "a100-80gb", "--batch", "4", "--json"]
+    argv = ["predict", "--model", "pi0", "--robot-device", "a100-80gb", "--batch", "4", "--json"]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["actions"] == 4 * 50
@@ -121,6 +122,6 @@ def test_predict_batch_and_list(capsys):
 
 
 def test_predict_errors_are_one_line(capsys):
-    assert main(["predict", "--model", "openvla-7b", "--device", "nope"]) == 2
+    assert main(["predict", "--model", "openvla-7b", "--robot-device", "nope"]) == 2
     assert "unknown device" in capsys.readouterr().err
-    assert main(["predict", "--device", "h100"]) == 2
+    assert main(["predict", "--robot-device", "h100"]) == 2

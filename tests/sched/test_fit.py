@@ -63,11 +63,11 @@ def test_verdicts_bf16_int8_only_and_no():
     assert verdict == {"orin-nano-8gb": "no", "orin-nx-16gb": "int8 only", "rtx4090": "fits"}
 
 
-PLAN = ["plan", "--model", "openvla-7b", "--robot", "orin-nano-8gb"]
+PLAN = ["plan", "--model", "openvla-7b", "--robot-device", "orin-nano-8gb"]
 
 
 def test_plan_says_why_nothing_fits_naming_the_numbers(capsys):
-    assert main([*PLAN, "--edge", "orin-nano-8gb"]) == 1  # an answer, not a traceback
+    assert main([*PLAN, "--edge-device", "orin-nano-8gb"]) == 1  # an answer, not a traceback
     out = capsys.readouterr()
     assert "Traceback" not in out.err and "no plan" in out.out
     reason = next(x for x in out.out.splitlines() if "reason:" in x)
@@ -77,11 +77,11 @@ def test_plan_says_why_nothing_fits_naming_the_numbers(capsys):
 
 
 def test_plan_reports_int8_only_and_json(capsys):
-    argv = [*PLAN, "--edge", "orin-nx-16gb", "--no-accelerators", "--json"]
+    argv = [*PLAN, "--edge-device", "orin-nx-16gb", "--no-accelerators", "--json"]
     assert main(argv) == 1
     r = json.loads(capsys.readouterr().out)
     assert not r["ok"] and "with weight-only int8 it fits" in r["reason"]
     assert [f["verdict"] for f in r["fit"]] == ["no", "int8 only"]
-    assert main([*PLAN, "--edge", "rtx4090", "--json"]) == 0  # the 4090 holds it in bf16
+    assert main([*PLAN, "--edge-device", "rtx4090", "--json"]) == 0  # the 4090 holds it in bf16
     r = json.loads(capsys.readouterr().out)
     assert [f["verdict"] for f in r["fit"]] == ["no", "fits"] and r["latency_ms"] > 0

@@ -38,7 +38,7 @@ def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
     assert all(len(x) == 2 for x in samples.seconds.values())
     assert samples.host.bf16_tflops == r["device_peaks"]["bf16_gflops"] / 1e3
     # profile and predict default to one dtype (this CPU's best), so the defaults meet
-    argv = ["predict", "--model", "tiny-openvla", "--device", "this-cpu"]
+    argv = ["predict", "--model", "tiny-openvla", "--robot-device", "this-cpu"]
     assert main([*argv, "--profile", str(out), "--json"]) == 0
     pred = json.loads(capsys.readouterr().out)
     assert all(s["latency_source"] == "measured" for s in pred["stages"])
@@ -51,9 +51,9 @@ def test_predict_and_plan_use_the_cached_profile_and_say_when_there_is_none(caps
     """Issue 66 (1): with a fresh cache, predict and plan say their this-cpu times are a
     roofline estimate and name the command that measures them; after `vlarun profile --model
     M` (the cache's file, the same default dtype) both read it without being told."""
-    predict = ["predict", "--model", "tiny-openvla", "--device", "this-cpu", "--json"]
-    plan = ["plan", "--model", "tiny-openvla", "--robot", "this-cpu", "--edge", "rtx4090",
-            "--json"]  # fmt: skip
+    predict = ["predict", "--model", "tiny-openvla", "--robot-device", "this-cpu", "--json"]
+    plan = ["plan", "--model", "tiny-openvla", "--robot-device", "this-cpu", "--edge-device",
+            "rtx4090", "--json"]  # fmt: skip
     assert main(predict) == 0
     before = json.loads(capsys.readouterr().out)
     assert before["estimate"].startswith("roofline estimate, unprofiled: run `vlarun profile")

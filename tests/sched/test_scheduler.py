@@ -240,8 +240,9 @@ def test_the_ledger_holds_a_booking_until_its_request_arrives_or_its_deadline():
 
 
 def test_plan_cli_json(capsys):
-    argv = ["plan", "--model", "openvla-7b", "--robot", "orin-agx-32gb", "--edge", "rtx4090"]
-    argv += ["--bandwidth", "200", "--rtt", "5", "--slo-hz", "20", "--chunk", "20", "--json"]
+    argv = ["plan", "--model", "openvla-7b", "--robot-device", "orin-agx-32gb"]
+    argv += ["--edge-device", "rtx4090", "--link-mbps", "200", "--link-rtt-ms", "5"]
+    argv += ["--slo-hz", "20", "--chunk", "20", "--json"]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     for key in ("placement", "settings", "latency_ms", "energy_j", "actions_per_joule"):

@@ -104,7 +104,7 @@ def test_cli_info_predict_plan(capsys):
     assert [s["name"] for s in info["stages"]] == ["vision", "prefill", "decode"]
     assert info["stages"][2]["passes"] == PI0_FAST_TOKENS - 1
 
-    pred = run_json(capsys, "predict", "--model", "pi0-fast", "--device", "jetson-thor")
+    pred = run_json(capsys, "predict", "--model", "pi0-fast", "--robot-device", "jetson-thor")
     ms = {s["name"]: s["latency_ms"] for s in pred["stages"]}
     assert set(ms) == {"vision", "prefill", "decode"} and all(v > 0 for v in ms.values())
     assert ms["decode"] > ms["prefill"]  # 59 weight-bound steps against one pass
@@ -115,13 +115,13 @@ def test_cli_info_predict_plan(capsys):
         "plan",
         "--model",
         "pi0-fast",
-        "--robot",
+        "--robot-device",
         "orin-nano-8gb",
-        "--edge",
+        "--edge-device",
         "rtx5090",
-        "--bandwidth",
+        "--link-mbps",
         "200",
-        "--rtt",
+        "--link-rtt-ms",
         "5",
     )
     assert set(plan["placement"]) == {"vision", "prefill", "decode"}

@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlarun.config import MODEL_HELP, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
-from vlarun.models.presets import DEFAULT_PRESET, PRESETS
+from vlarun.config import DEFAULT_POLICY, MODEL_HELP, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.models.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ActOptions:
     )
     instruction: str = opt(help="what the robot should do")
     state: str | None = opt(None, "robot state, comma-separated numbers (policies that read it)")
-    policy: str = opt(DEFAULT_PRESET, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
+    policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     resize: bool = opt(
         False, "resize the image (bicubic) to the model's input size instead of failing"
     )

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.config import DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import require
 from vlarun.paths import checkpoints_dir
 
@@ -23,6 +23,15 @@ CHECKPOINTS = checkpoints_dir()
 
 # ---------------------------------------------------------------------------------------------
 # keys
+
+
+# --compile-steps, as every long-running command takes it.
+COMPILE_HELP = (
+    "torch.compile the decode and Jacobi steps, and the denoising steps on CUDA or "
+    "in 'fused', in this mode: 'fused' is the CPU's (frozen weights, C++ GEMM "
+    "templates and wrapper: mt10p-ar 1.9x end to end, benchmarks/engine.md), "
+    "'reduce-overhead' CUDA graphs; empty, the default: eager"
+)
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class ServeEdgeOptions:
         False, "on a non-loopback --host, serve without --authorized-keys (or with "
         "--insecure): any client that knows the edge's public key (any at all, insecure)",
     )  # fmt: skip
-    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
+    policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     emulate: str | None = opt(
         None, "stand in for MODEL:DEVICE (e.g. openvla-7b:rtx4090): run --policy and pad each "
         "stage to MODEL's roofline time on DEVICE at its batch",
@@ -108,11 +117,7 @@ class ServeEdgeOptions:
     )
     dashboard_max_connections: int = opt(64, "dashboard connections served at once")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
-    compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
-        "mode (the mode 'default' measured 1.5x decode on small LMs on a CPU; "
-        "'reduce-overhead': CUDA graphs); empty, the default: eager",
-    )  # fmt: skip
+    compile_steps: str = opt("", COMPILE_HELP)
     threads: int = opt(0, "torch threads (0: torch's default; with --workers: cores / workers)")
     workers: int = opt(
         0, "edge workers on a local Ray cluster started here (0: serve in this process)"
@@ -301,7 +306,7 @@ class PingOptions:
     )
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
     count: int = opt(5, "health requests to time")
-    timeout: float = opt(2.0, "seconds to wait for an answer")
+    timeout_s: float = opt(2.0, "seconds to wait for an answer", deprecated=("--timeout",))
     json: bool = opt(False, "print one JSON object")
 
 
@@ -311,7 +316,7 @@ def cmd_ping(o: PingOptions) -> dict:
 
     sec = robot_security(o.insecure, o.server_key, o.keys)
     try:
-        return ping(o.edge, sec, max(o.count, 1), o.timeout)
+        return ping(o.edge, sec, max(o.count, 1), o.timeout_s)
     except LinkDown as e:
         raise RuntimeError(str(e)) from None
 
@@ -351,8 +356,9 @@ class RunRobotOptions:
     server_key: str | None = opt(None, "the edge's public key file")
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
     policy: str = opt(
-        "tiny-ar", POLICY_HELP + "; the edge must serve the same", replaces=POLICY_FLAGS_RETIRED
-    )
+        DEFAULT_POLICY, POLICY_HELP + "; the edge must serve the same",
+        replaces=POLICY_FLAGS_RETIRED,
+    )  # fmt: skip
     dtype: str = opt(
         "float32", "compute dtype (must match the edge)", choices=["bfloat16", "float32"]
     )
@@ -391,7 +397,10 @@ class RunRobotOptions:
         "this-cpu", "catalog device the edge's stages are planned and priced as (as above)"
     )
     link_mbps: float | None = opt(None, "shape the link: a relay process at this bandwidth")
-    link_delay_ms: float = opt(0.0, "one-way delay the relay adds, ms")
+    # Round trip, as plan, fleet and ping count a link (--link-rtt-ms everywhere); the relay
+    # adds half of it each way.
+    link_rtt_ms: float = opt(0.0, "round-trip time the relay adds (half each way), ms",
+                             deprecated=(("--link-delay-ms", 2.0),))  # fmt: skip
     link_schedule: str = opt("", "bandwidth changes over time, e.g. '5:4,12:200' (s:Mbit/s)")
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
@@ -406,11 +415,7 @@ class RunRobotOptions:
         "auto", "robot power meter read around each request: auto | none | rapl | nvml | ina3221"
     )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
-    compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
-        "mode (the mode 'default' measured 1.5x decode on small LMs on a CPU; "
-        "'reduce-overhead': CUDA graphs); empty, the default: eager",
-    )  # fmt: skip
+    compile_steps: str = opt("", COMPILE_HELP)
     log: bool = opt(False, "print one line per inference (plan, latency vs deadline, energy)")
     json: bool = opt(False, "print one JSON object")
 
@@ -454,7 +459,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     restore_bound_s = None
     try:  # whatever fails, the processes started here stop with it
         if edge and o.link_mbps:
-            relay, edge = procs.start_relay(edge, o.link_mbps, o.link_delay_ms, o.link_schedule)
+            relay, edge = procs.start_relay(edge, o.link_mbps, o.link_rtt_ms / 2, o.link_schedule)
         agent = RobotAgent(policy, cfg, edge, sec)
         env = MetaWorldEnv(o.task, policy.model.cfg.image_size, **env_views(policy.model.cfg))
         log = _step_logger() if o.log else None
@@ -483,7 +488,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     return {
         "edge": o.edge,
         "rtc": o.rtc,
-        "link": {"mbps": o.link_mbps, "delay_ms": o.link_delay_ms, "schedule": o.link_schedule}
+        "link": {"mbps": o.link_mbps, "rtt_ms": o.link_rtt_ms, "schedule": o.link_schedule}
         if relay is not None
         else None,
         "strategy": o.strategy,
@@ -615,7 +620,7 @@ class ServePolicyOptions:
     """Whole-policy inference (observation in, action chunk out) for existing robot clients:
     openpi's WebSocket protocol, so an unmodified openpi-client drives a vlarun policy."""
 
-    policy: str = opt("tiny-ar", POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
+    policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
     layout: str = opt(
         "auto", "observation keys the client sends: checkpoint (the cameras and state its "
@@ -656,11 +661,7 @@ class ServePolicyOptions:
     batch_window_ms: float = opt(2.0, "longest wait for other clients' requests to batch with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
-    compile_steps: str = opt(
-        "", "torch.compile the decode and Jacobi steps (on CUDA the denoising too) in this "
-        "mode (the mode 'default' measured 1.5x decode on small LMs on a CPU; "
-        "'reduce-overhead': CUDA graphs); empty, the default: eager",
-    )  # fmt: skip
+    compile_steps: str = opt("", COMPILE_HELP)
     threads: int = opt(0, "torch threads (0: torch's default)")
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 

@@ -22,7 +22,15 @@ class PredictOptions:
     device."""
 
     model: str | None = opt(None, "model preset (see `vlarun info`)")
-    device: str | None = opt(None, "device id (see --list-devices)")
+    # A catalog device is named by its role in every command (plan, fleet, run-robot: --robot-
+    # device / --edge-device); --device is a torch device everywhere, so here it is an old name.
+    robot_device: str | None = opt(
+        None, "the robot's catalog device, the whole model on it (see --list-devices)",
+        deprecated=("--device",),
+    )  # fmt: skip
+    edge_device: str | None = opt(
+        None, "or the edge's: the same prediction, the whole model on that device"
+    )
     batch: int = opt(1, "batch size")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
     dtype: str | None = opt(
@@ -47,9 +55,15 @@ def cmd_predict(o: PredictOptions) -> dict:
 
     if o.list_devices:
         return {"devices": [_device_row(d) for d in load_catalog().values()]}
-    if o.model is None or o.device is None:
-        raise ValueError("give --model and --device (or --list-devices)")
-    cfg, device = get_preset(o.model), get_device(o.device)
+    if o.robot_device is not None and o.edge_device is not None:
+        raise ValueError("give one of --robot-device and --edge-device (plan takes both)")
+    device_id = o.robot_device or o.edge_device
+    if o.model is None or device_id is None:
+        raise ValueError("give --model and --robot-device (or --edge-device, or --list-devices)")
+    if device_id == "cpu" or device_id.startswith("cuda"):  # a torch device, as --device is
+        raise ValueError(f"{device_id!r} is a torch device; predict prices a catalog device: "
+                         "--robot-device this-cpu (or see --list-devices)")  # fmt: skip
+    cfg, device = get_preset(o.model), get_device(device_id)
     dtype = o.dtype or default_dtype(device)
     if dtype not in device.dtypes:
         raise ValueError(f"{device.id} does not support {dtype}")

@@ -3,7 +3,7 @@ closed loop on Meta-World, compared across placement strategies.
 
   edge      `vlarun serve-edge` in its own process (loopback)
   link      a shaping relay process (relay.py) between them: bandwidth, delay, and a drop
-            from --bandwidth to --drop-to halfway through every run
+            from --link-mbps to --link-mbps-after halfway through every run
   robot     this process: RobotAgent + asynchronous chunk queue, at --robot-slowdown
             (local stages take that many times longer: a stand-in for a slow robot computer)
   fleet     --robots agents share the edge, each a process of its own (fleet_robots.py),
@@ -75,7 +75,7 @@ class BenchCoinferOptions:
         "reports joint against the best static strategy in hindsight",
     )  # fmt: skip
     restore: bool = opt(
-        False, "the restore run instead: --bandwidth, down to 2 Mbit/s for the middle third, "
+        False, "the restore run instead: --link-mbps, down to 2 Mbit/s for the middle third, "
         "back up; prints when the plans left the edge and came back (vlarun-placement: the "
         "edge's user whatever the settings table)",
     )  # fmt: skip
@@ -84,9 +84,17 @@ class BenchCoinferOptions:
         "clock) later: where in a local request the link comes back decides whether a request's "
         "rest is handed to the edge or the next one is planned there",
     )  # fmt: skip
-    bandwidth: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
-    drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
-    delay_ms: float = opt(1.0, "one-way link delay added by the relay, ms")
+    # The link as every command names it (--link-mbps, --link-rtt-ms: round trip, as plan,
+    # fleet and ping count it; the relay adds half of it each way). The bandwidth fields keep
+    # their names, which the runs below read.
+    bandwidth: float = opt(200.0, "link bandwidth (before the drop), Mbit/s", flag="--link-mbps",
+                           deprecated=("--bandwidth",))  # fmt: skip
+    drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s", flag="--link-mbps-after",
+                         deprecated=("--drop-to",))  # fmt: skip
+    link_rtt_ms: float = opt(
+        2.0, "link round-trip time the relay adds (half each way), ms",
+        deprecated=(("--delay-ms", 2.0),),  # was one way
+    )  # fmt: skip
     robots: int = opt(8, "robots sharing the edge in the fleet run (0: skip)")
     batching: bool = opt(
         False,
@@ -224,7 +232,8 @@ def run(o: BenchCoinferOptions) -> dict:
         "link": {
             "before_mbps": o.bandwidth,
             "after_mbps": o.drop_to,
-            "delay_ms": o.delay_ms,
+            "rtt_ms": o.link_rtt_ms,
+            "delay_ms": o.link_rtt_ms / 2,  # one way, as results before --link-rtt-ms record it
             "shaping": "user-space relay process",
         },
         "energy_source": "modelled (measured times at the catalog powers of the devices the "
@@ -612,7 +621,7 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
 
     make_cfg = lambda strategy, slo_s: _agent_cfg(o, strategy, slo_s, o.bandwidth)  # noqa: E731
     slo = policy.model.cfg.horizon / o.control_hz
-    # The measured robot reaches the edge through its own shaped link (--bandwidth, --delay-ms,
+    # The measured robot reaches the edge through its own shaped link (--link-mbps, --link-rtt-ms,
     # scaled), as in every strategy run: over bare loopback its padded megabytes moved at
     # memory speed, its link estimate swung between 20 and 11,000 Mbit/s and its plans with it.
     relay, via = _relay(o, endpoint, o.bandwidth)
@@ -640,14 +649,14 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
 
 
 def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
-    """A shaping relay in front of ``endpoint`` at ``bandwidth`` Mbit/s and --delay-ms, with
+    """A shaping relay in front of ``endpoint`` at ``bandwidth`` Mbit/s and --link-rtt-ms, with
     the ``changes`` ((seconds into the run, Mbit/s)) as its schedule, every rate and delay
     scaled as the emulation's times are, pinned with the robot; (process, endpoint)."""
     from vlarun.runtime import procs
 
     k = _scale(o)
     schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
-    return procs.start_relay(endpoint, bandwidth * k, o.delay_ms / k, schedule,
+    return procs.start_relay(endpoint, bandwidth * k, o.link_rtt_ms / 2 / k, schedule,
                              cpus=_pins(o).get("relay"))  # fmt: skip
 
 

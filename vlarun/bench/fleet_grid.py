@@ -2,7 +2,7 @@
 grid around the catalog (``world.derive.GRID``), so the scheduler is judged on devices nobody
 tuned it to (issue 61).
 
-Per drawn world, per link (a steady ``--bw-before`` and the ``wifi-drive`` trace), per robot
+Per drawn world, per link (a steady ``--link-mbps`` and the ``wifi-drive`` trace), per robot
 count (``--sweep-robots``) and per deadline (``--deadlines``, multiples of Device-Only's median
 in that world), one cell: every strategy and every static plan on the same requests (one seed:
 ``--seed`` + the world's index), judged by ``fleet_study.judge``: joint's on-time share against

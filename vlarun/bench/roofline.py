@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
-from vlarun.models.static_step import COMPILE_MODES
+from vlarun.models.static_step import COMPILE_MODES, FUSED
 
 # The stage whose work a compiled static step does, by family (static_step.DecodeSteps).
 COMPILED_STEP = {
@@ -54,7 +54,11 @@ class BenchRooflineOptions:
     threads: int = opt(0, "torch threads (0: torch's default, one per core)")
     dtype: str = opt("float32", "compute dtype", choices=["float32", "bfloat16"])
     compiled: bool = opt(True, "also time the compiled static steps where a stage has them")
-    compile_mode: str = opt("default", "torch.compile mode of the steps", choices=COMPILE_MODES)
+    compile_mode: str = opt(
+        FUSED,
+        "torch.compile mode of the steps (fused: the CPU's, static_step.FUSED_OPTIONS)",
+        choices=COMPILE_MODES,
+    )
     plot: str | None = opt(None, "write a bar chart of measured vs roofline per stage here")
     json: bool = opt(False, "print one JSON object")
 

@@ -14,8 +14,8 @@ class BenchSchedOptions:
     """Scheduler decision time over >= 1000 candidate plans, under changing link and load."""
 
     model: str = opt("cogact", "model preset (cogact: 2048 candidates)")
-    robot: str = opt("orin-agx-32gb", "robot device id")
-    edge: str = opt("rtx4090", "edge device id")
+    robot_device: str = opt("orin-agx-32gb", "robot's catalog device id", deprecated=("--robot",))
+    edge_device: str = opt("rtx4090", "edge's catalog device id", deprecated=("--edge",))
     chunk: int = opt(2, "actions per inference (2 at 20 Hz: 100 ms, so plans use the edge)")
     decisions: int = opt(1000, "decisions to time")
     json: bool = opt(False, "print one JSON object")
@@ -31,7 +31,7 @@ def cmd_bench_sched(o: BenchSchedOptions) -> dict:
     from vlarun.sched.queue_model import plan_bookings, reservations
     from vlarun.world.fleet import SimEdge
 
-    plan = PlanOptions(model=o.model, robot=o.robot, edge=o.edge, chunk=o.chunk)
+    plan = PlanOptions(model=o.model, robot=o.robot_device, edge=o.edge_device, chunk=o.chunk)
     sched, _, _ = make_scheduler(plan)
     rng = random.Random(0)
     # Eight robots' plans booked on one edge, as in a fleet: each decision is scored against

@@ -25,8 +25,8 @@ The diffusion family's step (one DiT forward, ``dit_eps``) has no cache and was 
 ``compile_steps`` swaps the eager functions for ``torch.compile``d ones (``fullgraph=True``:
 any host sync or data-dependent shape is an error, not a silent graph break); with
 ``mode="reduce-overhead"`` on CUDA they run as CUDA graphs, as gpt-fast's ``decode_one_token``
-does. On this project's CPUs compiling measured no faster (BENCHMARKS.md), so the eager
-functions are the default everywhere.
+does; on a CPU, mode ``fused`` (``FUSED_OPTIONS``) is the one measured faster (decode 2.1x eager on
+mt10p-ar). The eager functions stay the default unless a command asks (``--compile-steps``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,17 @@ from vlarun.models.attn_context import rope_at
 from vlarun.models.kv_cache import KVCache
 from vlarun.models.llama import BranchCache, LlamaLM, rotate_half
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# torch.compile's own modes, and "fused": inductor with the weights frozen into the graph, its
+# C++ GEMM templates fused into the step's kernels (max-autotune, CPP backend) and a C++ wrapper
+# that launches them without a Python call each. On a CPU that is what pays: mt10p-ar's 15
+# decode steps are ~85 tiny matmuls and ~100 other ops each, so dispatch, not arithmetic, is
+# their cost (AMD EPYC, 2 threads, 2026-12-06: eager 28.6 ms, "default" 21.1 ms, "fused" 13.9
+# ms; benchmarks/engine.md). Frozen weights are constants: a policy's weights must not change
+# in place after its first compiled call (a module swapped for another recompiles).
+FUSED = "fused"
+FUSED_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                 "cpp_wrapper": True}  # fmt: skip
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", FUSED)
 
 
 def _rope(lm: LlamaLM, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -208,10 +218,13 @@ def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> Decode
     flow steps eager (on a CPU compiling them measured 1.00x on tiny-cogact and 0.30x on
     tiny-pi0: BENCHMARKS.md). ``reduce-overhead`` runs them as
     CUDA graphs on CUDA; the cache's tensors must then keep their addresses between calls
-    (``mark_static``), as gpt-fast's model-owned cache does."""
+    (``mark_static``), as gpt-fast's model-owned cache does; ``fused`` is the CPU's
+    (``FUSED_OPTIONS``). Compiled code is cached on disk by inductor (its cache folder,
+    ``TORCHINDUCTOR_CACHE_DIR``): a second process with the same shapes loads it."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-    kw = {"fullgraph": True, "dynamic": False, "mode": mode}
+    kw = {"fullgraph": True, "dynamic": False}
+    kw |= {"options": dict(FUSED_OPTIONS)} if mode == FUSED else {"mode": mode}
     one, iterate = (torch.compile(f, **kw) for f in (decode_one, iterate_logits))
     if not denoise:  # e.g. on a CPU, where compiled denoising measured no faster
         return DecodeSteps(one, iterate, mode=mode)

@@ -14,10 +14,18 @@ class PlanOptions:
     per joule (modelled) whose predicted latency meets the control-rate deadline."""
 
     model: str = opt(help="model preset (see `vlarun info`)")
-    robot: str = opt(help="robot device id (see `vlarun predict --list-devices`)")
-    edge: str = opt(help="edge device id")
-    bandwidth: float = opt(200.0, "link bandwidth estimate, Mbit/s")
-    rtt: float = opt(5.0, "link round-trip time, ms")
+    # One name per concept across commands: a catalog device is --robot-device / --edge-device
+    # (--edge is an edge's endpoint in ping and run-robot), the link --link-mbps /
+    # --link-rtt-ms. The fields keep their names: bench sched and the scheduler read them.
+    robot: str = opt(
+        help="robot's catalog device id (see `vlarun predict --list-devices`)",
+        flag="--robot-device", deprecated=("--robot",),
+    )  # fmt: skip
+    edge: str = opt(help="edge's catalog device id", flag="--edge-device", deprecated=("--edge",))
+    bandwidth: float = opt(
+        200.0, "link bandwidth estimate, Mbit/s", flag="--link-mbps", deprecated=("--bandwidth",)
+    )
+    rtt: float = opt(5.0, "link round-trip time, ms", flag="--link-rtt-ms", deprecated=("--rtt",))
     slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
     on_time: float = opt(
         0.99, "the share of requests that must meet the deadline: a plan is feasible when its "

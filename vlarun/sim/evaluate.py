@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.accel.rtc import RTCRequest
-from vlarun.config import POLICY_FLAGS_RETIRED, opt
+from vlarun.config import DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.runtime.chunks import EXECUTIONS
@@ -55,10 +55,7 @@ MAX_EPISODES = 10_000
 class EvalConfig:
     """Closed-loop evaluation on held-out Meta-World seeds."""
 
-    policy: str = opt(
-        "tiny-ar", "shipped policy name (tiny-ar, tiny-oft, tiny-dit, mt10-*) or checkpoint "
-        "directory", replaces=POLICY_FLAGS_RETIRED,
-    )  # fmt: skip
+    policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
     episodes: int = opt(25, "episodes per task")
     seed: int = opt(0, f"first held-out seed, offset by {EVAL_SEED_OFFSET}")

@@ -112,19 +112,27 @@ class FleetConfig:
 
     model: str = opt("openvla-7b", "model preset")
     chunk: int = opt(20, "actions executed per inference")
-    robot: str = opt("orin-agx-32gb", "robot device id")
-    edge: str = opt("rtx4090", "edge device id")
+    # The flags are the names every command gives these (--robot-device / --edge-device, the
+    # link --link-mbps / --link-rtt-ms); the fields keep theirs, which the matrix, the studies
+    # and recorded results read.
+    robot: str = opt("orin-agx-32gb", "robot's catalog device id", flag="--robot-device",
+                     deprecated=("--robot",))  # fmt: skip
+    edge: str = opt("rtx4090", "edge's catalog device id", flag="--edge-device",
+                    deprecated=("--edge",))  # fmt: skip
     robots: int = opt(2, "robots sharing the edge")
     slo_hz: float = opt(20.0, "action rate to sustain (T_SLO = chunk / slo_hz)")
     duration_s: float = opt(120.0, "simulated seconds")
-    bw_before: float = opt(200.0, "link bandwidth before the drop, Mbit/s")
-    bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s")
+    bw_before: float = opt(200.0, "link bandwidth (before the drop), Mbit/s", flag="--link-mbps",
+                           deprecated=("--bw-before",))  # fmt: skip
+    bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s",
+                          flag="--link-mbps-after", deprecated=("--bw-after",))  # fmt: skip
     trace: str | None = opt(
         None, "instead of the drop: a bandwidth trace (wifi-drive | steps | FILE, world/traces.py)"
         ", repeated for --duration-s",
     )  # fmt: skip
     drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
-    rtt_ms: float = opt(5.0, "link round-trip time, ms")
+    rtt_ms: float = opt(5.0, "link round-trip time, ms", flag="--link-rtt-ms",
+                        deprecated=("--rtt-ms",))  # fmt: skip
     loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "background edge load levels")
     link_jitter_sigma: float = opt(0.05, "per-transfer jitter of the link (lognormal sigma)")
     samples: str | None = opt(

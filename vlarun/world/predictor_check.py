@@ -161,13 +161,13 @@ class BenchPredictorOptions:
     model: str = opt("tiny-openvla", "tiny model preset", replaces=("--preset",))
     repeats: int = opt(6, "runs per plan")
     warmup: int = opt(2, "runs per plan that only feed the calibration")
-    bandwidth: float = opt(100.0, "emulated link bandwidth, Mbit/s")
-    rtt: float = opt(2.0, "emulated link round-trip time, ms")
+    link_mbps: float = opt(100.0, "emulated link bandwidth, Mbit/s", deprecated=("--bandwidth",))
+    link_rtt_ms: float = opt(2.0, "emulated link round-trip time, ms", deprecated=("--rtt",))
     json: bool = opt(False, "print one JSON object")
 
 
 def cmd_bench_predictor(o: BenchPredictorOptions) -> dict:
-    return check_host(o.model, o.repeats, o.warmup, o.bandwidth, o.rtt)
+    return check_host(o.model, o.repeats, o.warmup, o.link_mbps, o.link_rtt_ms)
 
 
 def show_bench_predictor(r: dict) -> None:
