@@ -69,9 +69,9 @@ def test_only_a_stage_with_a_compiled_step_gets_a_compiled_column(tiny_ar):
     by_name = {s["name"]: s for s in r["stages"]}
     assert by_name["decode"]["compiled_step"] == "static_step.decode_one"
     assert by_name["decode"]["compiled"]["ratio"] > 0
-    for name in ("vision", "prefill"):
-        assert by_name[name]["compiled_step"] == "eager only"
-        assert by_name[name]["compiled"] is None
+    assert by_name["prefill"]["compiled_step"] == "static_step.prefill_forward"
+    assert by_name["vision"]["compiled_step"] == "eager only"
+    assert by_name["vision"]["compiled"] is None
     assert decode_steps > 0  # the compiled variant ran the swapped-in steps
     assert r["compile"]["ran"] and r["compile"]["max_action_diff"] == 0.0  # greedy: same tokens
 
@@ -88,14 +88,18 @@ def test_the_report_round_trips_through_json_and_prints(tiny_ar, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_family_without_a_compiled_step_says_eager_only():
+def test_a_stage_without_a_compiled_step_says_eager_only():
+    """OFT: its vision has no compiled step; its one head stage compiles the prefill (the
+    parallel head pass stays eager) and says so. --no-compiled: every stage eager only."""
     from vlarun.bench.roofline import BenchRooflineOptions, run
 
-    r = run(BenchRooflineOptions(policy="tiny-oft", repeats=1, threads=1))
+    r = run(BenchRooflineOptions(policy="tiny-oft", repeats=1, threads=1, compiled=False))
     assert [s["name"] for s in r["stages"]] == ["vision", "prefill_head"]
-    assert all(s["compiled_step"] == "eager only" and s["compiled"] is None for s in r["stages"])
+    assert all(s["compiled"] is None for s in r["stages"])
     assert not r["compile"]["ran"] and r["end_to_end"]["compiled"] is None
-    assert "eager only" in r["compile"]["note"]
+    assert r["stages"][0]["compiled_step"] == "eager only"
+    assert r["stages"][1]["compiled_step"].startswith("static_step.prefill_forward")
+    assert r["compile"]["note"] == "not asked (--no-compiled)"
 
 
 @pytest.mark.parametrize(

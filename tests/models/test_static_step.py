@@ -271,3 +271,31 @@ def test_denoising_steps_run_through_the_model_steps_and_compile(preset):
     policy.model.steps = DecodeSteps(eps=torch.compile(dit_eps, **traced),
                                      expert=torch.compile(expert_forward, **traced))  # fmt: skip
     np.testing.assert_allclose(policy.predict(image, "open the drawer"), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-ar", "tiny-dit", "tiny-pi0", "tiny-oft", "tiny-smolvla"])
+@torch.no_grad()
+def test_the_static_prefill_acts_as_the_general_forward(name):
+    """``prefill_forward`` on a prefix padded to ``PREFILL_BUCKET`` (eager here; compiled in
+    tests/models/test_fused_steps.py) leaves every family's actions as the general forward's:
+    causal and block masks (SmolVLA's state block), the expert on the prefix cache (pi0), the
+    OFT pass over the cache, whose padded slots stay invalid."""
+    from vlarun.models.static_step import prefill_forward
+    from vlarun.models.vla import PREFILL_BUCKET
+    from vlarun.policy.base import Policy
+
+    policy = Policy.load(name)
+    obs = policy.example_observation()
+
+    def act() -> torch.Tensor:
+        run = policy.run_stages(obs["image"], obs["instruction"], state=obs["state"])
+        return torch.as_tensor(run.outputs["actions"]).clone()
+
+    general = act()
+    policy.model.steps = dataclasses.replace(policy.model.steps, prefill=prefill_forward)
+    seen = []
+    real = policy.model._static_prefill
+    policy.model._static_prefill = lambda prefix: seen.append(prefix.length) or real(prefix)
+    static = act()
+    assert seen and seen[0] % PREFILL_BUCKET != 0  # the padding was exercised
+    torch.testing.assert_close(static, general, rtol=0, atol=1e-6)

@@ -24,7 +24,7 @@ def _shard(path, task: str, n: int = 5) -> None:
 def test_layer_table_of_a_two_view_proprio_policy(tmp_path):
     for task in ("reach-v3", "push-v3"):
         _shard(tmp_path, task)
-    cfg = LayerTableConfig(policy="mt10-dit", demos=str(tmp_path), samples=4, remove=3)
+    cfg = LayerTableConfig(policy="mt10p-dit", demos=str(tmp_path), samples=4, remove=3)
     r = run_layer_table(cfg)
     assert r["layers"] == 12 and len(r["importance"]) == 12 and r["samples"] == 4
     assert sorted(r["rank"]) == list(range(1, 13))
@@ -32,4 +32,4 @@ def test_layer_table_of_a_two_view_proprio_policy(tmp_path):
     assert set(r["remove"]["1"]) <= set(r["remove"]["2"]) <= set(r["remove"]["3"])
     assert "remove 3: layers" in format_layer_table(r)
     with pytest.raises(FileNotFoundError, match="no demo shards"):
-        run_layer_table(LayerTableConfig(policy="mt10-dit", demos=str(tmp_path / "none")))
+        run_layer_table(LayerTableConfig(policy="mt10p-dit", demos=str(tmp_path / "none")))

@@ -18,9 +18,10 @@ prefill_head):
 
 Compiled: the same model with ``static_step.compile_steps(mode, denoise=True)`` swapped in
 (inductor with freezing, as ``vlarun bench compile`` measures it): the AR decode step, a DiT
-denoising step and a flow expert's step run compiled. Vision, prefill and OFT's head pass have
-no compiled path: they say "eager only" (the compiled run's end-to-end time still includes
-them, run eagerly). ``Policy.load(..., compile_steps=MODE)`` leaves the denoising eager on a
+denoising step, a flow expert's step and every family's prefill (``prefill_forward``, the
+prefix padded to ``vla.PREFILL_BUCKET``) run compiled. Vision and OFT's head pass have no
+compiled path: they say "eager only" (the compiled run's end-to-end time still includes them,
+run eagerly). ``Policy.load(..., compile_steps=MODE)`` leaves the denoising eager on a
 CPU, where it measured no faster. Eager and compiled take turns within each round.
 """
 
@@ -36,6 +37,11 @@ from vlarun.models.static_step import COMPILE_MODES, FUSED
 
 # The stage whose work a compiled static step does, by family (static_step.DecodeSteps).
 COMPILED_STEP = {
+    ("autoregressive", "prefill"): "static_step.prefill_forward",
+    ("diffusion", "prefill"): "static_step.prefill_forward",
+    ("flow", "prefill"): "static_step.prefill_forward",
+    # OFT's one stage: the prefill compiled, the parallel head pass eager (general forward).
+    ("parallel", "prefill_head"): "static_step.prefill_forward (the head pass eager)",
     ("autoregressive", "decode"): "static_step.decode_one",
     ("diffusion", "denoise"): "static_step.dit_eps",
     ("flow", "denoise"): "static_step.expert_forward",

@@ -86,6 +86,43 @@ def static_forward(lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCach
     return lm.model.norm(x)
 
 
+def prefill_forward(
+    lm: LlamaLM, embeds: Tensor, positions: Tensor, cache: KVCache, mask: Tensor
+) -> Tensor:
+    """Hidden states (B, P, d) of a whole prefix ``embeds`` (B, P, d) at ``positions`` (P,)
+    0..P-1 into a fresh ``cache``, whose first P slots take its K/V; ``mask`` (B, 1, P, P) is
+    what each token sees (``prefill_mask``). The caller marks the slots valid (the prefix's pad
+    mask): no host synchronisation and no data-dependent shape here, as in ``static_forward``.
+
+    Equals the general forward on a reset cache (``VLA.prefill`` without a plan or probe): the
+    keys a prefix token sees are the prefix's own, as the general path's mask says."""
+    p = embeds.shape[1]
+    cos, sin = _rope(lm, positions)
+    x = embeds
+    for i, layer in enumerate(lm.model.layers):
+        attn = layer.self_attn
+        q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+        cache.k[i][:, :, :p] = k
+        cache.v[i][:, :, :p] = v
+        x = x + attn.attend(q, k, v, mask)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return lm.model.norm(x)
+
+
+def prefill_mask(causal: bool, blocks: Tensor | None, pad: Tensor) -> Tensor:
+    """(B, 1, P, P) visibility among a prefix's tokens, as ``attn_context.Context.build``
+    builds it: causal, or by attention blocks, never a padding key, and always itself."""
+    b, p = pad.shape
+    if blocks is not None:
+        local = blocks[:, None, :] <= blocks[:, :, None]
+    elif causal:
+        local = torch.ones(p, p, dtype=torch.bool, device=pad.device).tril_().expand(b, p, p)
+    else:
+        local = torch.ones(b, p, p, dtype=torch.bool, device=pad.device)
+    eye = torch.eye(p, dtype=torch.bool, device=pad.device)
+    return ((local & pad[:, None, :]) | eye)[:, None]
+
+
 def expert_forward(
     lm: LlamaLM,
     embeds: Tensor,
@@ -210,6 +247,9 @@ class DecodeSteps:
     eps: Callable[..., Tensor] = dit_eps
     expert: Callable[..., Tensor] = expert_forward
     mode: str = "eager"
+    # The prefill at a static shape (``prefill_forward``), or None: the general forward, which
+    # also serves TRIAGE's plans, probes and a reused cache (eager: the general one serves all).
+    prefill: Callable[..., Tensor] | None = None
 
 
 def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> DecodeSteps:
@@ -226,10 +266,11 @@ def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> Decode
     kw = {"fullgraph": True, "dynamic": False}
     kw |= {"options": dict(FUSED_OPTIONS)} if mode == FUSED else {"mode": mode}
     one, iterate = (torch.compile(f, **kw) for f in (decode_one, iterate_logits))
+    prefill = torch.compile(prefill_forward, **kw)
     if not denoise:  # e.g. on a CPU, where compiled denoising measured no faster
-        return DecodeSteps(one, iterate, mode=mode)
+        return DecodeSteps(one, iterate, mode=mode, prefill=prefill)
     return DecodeSteps(one, iterate, torch.compile(dit_eps, **kw),
-                       torch.compile(expert_forward, **kw), mode)  # fmt: skip
+                       torch.compile(expert_forward, **kw), mode, prefill)  # fmt: skip
 
 
 def mark_static(cache: KVCache) -> KVCache:

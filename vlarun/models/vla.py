@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlarun.models.dit_head import DenoiseFeatureCache, DenoiseStepHook
@@ -38,7 +39,7 @@ from vlarun.models.heads import (
 )
 from vlarun.models.llama import AttnProbe, KVCache, LlamaConfig, LlamaLM, LMOutput
 from vlarun.models.rdt_head import RDTConfig
-from vlarun.models.static_step import DecodeSteps, check_room
+from vlarun.models.static_step import DecodeSteps, check_room, prefill_mask
 from vlarun.models.token_plan import DeferredPlan, TokenPlan
 from vlarun.models.tokenizer import BOS_ID, PAD_ID
 from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbone, ViTConfig
@@ -47,6 +48,9 @@ from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbo
 # (RDT-1b); the cost model and the emulator read its shape, vlarun builds no executable one.
 FAMILIES = ("autoregressive", "parallel", "diffusion", "flow", "rdt")
 CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle", "none")  # none: rdt's head adapts
+# A static prefill pads the prefix to a multiple of this (VLA._static_prefill): one compiled
+# shape for every prompt length within the bucket, at most 15 padding tokens of work.
+PREFILL_BUCKET = 16
 
 
 @dataclass(frozen=True)
@@ -468,6 +472,8 @@ class VLA(nn.Module):
         probe: AttnProbe | None = None,
     ) -> PrefillResult:
         """Fill (or, under a TokenPlan, partially refresh) the cache with the prefix."""
+        if plan is None and probe is None and cache is None and self.steps.prefill is not None:
+            return self._static_prefill(prefix)
         b, p = prefix.pad.shape
         extra = self.cfg.action_token_room
         if cache is None:
@@ -490,6 +496,29 @@ class VLA(nn.Module):
         last_rows = _output_rows(out, prefix.last)
         last_hidden = out.hidden[torch.arange(b), last_rows]
         return PrefillResult(cache, last_hidden, prefix.last + 1, out)
+
+    def _static_prefill(self, prefix: Prefix) -> PrefillResult:
+        """The prefill as one static-shape step (``steps.prefill``, compiled): the prefix is
+        right-padded to a multiple of ``PREFILL_BUCKET`` tokens, so that prompts of nearby
+        lengths share one compiled prefill and one compiled decode step (the cache's length is
+        part of their shape); the padding is masked as a batch's padding is, and its cache
+        slots stay invalid, so the decode writes its tokens where it always does."""
+        b, p = prefix.pad.shape
+        size = -(-p // PREFILL_BUCKET) * PREFILL_BUCKET
+        embeds, pad, blocks = prefix.embeds, prefix.pad, prefix.blocks
+        if size > p:
+            more = size - p
+            embeds = F.pad(embeds, (0, 0, 0, more))
+            pad = F.pad(pad, (0, more), value=False)
+            blocks = None if blocks is None else F.pad(blocks, (0, more), value=int(blocks.max()))
+        lm = self.language_model
+        cache = lm.new_cache(b, size + self.cfg.action_token_room)
+        positions = torch.arange(size, device=embeds.device)
+        mask = prefill_mask(self.cfg.prefix_causal, blocks, pad)
+        hidden = self.steps.prefill(lm, embeds, positions, cache, mask)
+        cache.valid[:, :, :size] = pad
+        last_hidden = hidden[torch.arange(b), prefix.last]
+        return PrefillResult(cache, last_hidden, prefix.last + 1, LMOutput(hidden))
 
     # -- stage 3: the family's head ---------------------------------------------------------------
 
