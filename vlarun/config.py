@@ -22,6 +22,13 @@ POLICY_FLAGS_RETIRED = ("--checkpoint", "--preset")
 # The policy a command runs when none is named: one for act, eval, serve-policy, serve-edge and
 # run-robot, and a trained shipped one (a preset would be random weights, acting at random).
 DEFAULT_POLICY = "tiny-ar"
+# --compile-steps, as every command that runs a policy takes it.
+COMPILE_HELP = (
+    "torch.compile the prefill, decode, Jacobi steps, and the denoising steps on CUDA "
+    "or in 'fused', in this mode: 'fused' is the CPU's (frozen weights, C++ GEMM "
+    "templates and wrapper: mt10p-ar 2.1x end to end, benchmarks/engine.md), "
+    "'reduce-overhead' CUDA graphs; empty, the default: eager"
+)
 # Where a model's shape is costed or measured without its weights: ``--model``.
 MODEL_HELP = "model preset or shipped policy name, its shape only (see `vlarun info`)"
 

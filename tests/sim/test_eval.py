@@ -212,3 +212,20 @@ def test_eval_latency_is_the_sum_of_its_stage_times(monkeypatch):
     # (The stages' p50s need not add up to the latency's p50 on a loaded machine: a median
     # of sums is not a sum of medians. Per inference, the latency is their sum.)
     assert len(over) == len(lat) and min(over) >= 0
+
+
+def test_eval_runs_its_workers_on_the_compile_mode_asked_for():
+    """--compile-steps reaches each worker's policy (one load per worker, shared by every
+    configuration built from it); a mode that does not exist fails before any episode."""
+    from vlarun.paths import policy_dir
+    from vlarun.sim.evaluate import EvalConfig, _loaded
+
+    tiny = str(policy_dir("tiny-ar"))
+    _loaded.cache_clear()
+    try:
+        assert _loaded(tiny, "cpu", "fused").model.steps.mode == "fused"
+        assert _loaded(tiny, "cpu").model.steps.mode == "eager"
+    finally:
+        _loaded.cache_clear()
+    with pytest.raises(ValueError, match="--compile-steps must be one of"):
+        EvalConfig(policy="tiny-ar", tasks=("reach-v3",), episodes=1, compile_steps="fast")

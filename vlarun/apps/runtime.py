@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vlarun.config import DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.config import COMPILE_HELP, DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import require
 from vlarun.paths import checkpoints_dir
 
@@ -23,15 +23,6 @@ CHECKPOINTS = checkpoints_dir()
 
 # ---------------------------------------------------------------------------------------------
 # keys
-
-
-# --compile-steps, as every long-running command takes it.
-COMPILE_HELP = (
-    "torch.compile the decode and Jacobi steps, and the denoising steps on CUDA or "
-    "in 'fused', in this mode: 'fused' is the CPU's (frozen weights, C++ GEMM "
-    "templates and wrapper: mt10p-ar 1.9x end to end, benchmarks/engine.md), "
-    "'reduce-overhead' CUDA graphs; empty, the default: eager"
-)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from vlarun.accel.rtc import RTCRequest
-from vlarun.config import DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
+from vlarun.config import COMPILE_HELP, DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
 from vlarun.runtime.chunks import EXECUTIONS
@@ -72,6 +72,7 @@ class EvalConfig:
     bootstrap: int = opt(2000, "bootstrap resamples of the paired difference's 95% interval")
     demos: str = opt("data/mt10p-clean", "demo frames calibrating --paired-with evla:PART")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
+    compile_steps: str = opt("", COMPILE_HELP)
 
     def __post_init__(self) -> None:
         if not 1 <= self.episodes <= MAX_EPISODES:
@@ -83,6 +84,11 @@ class EvalConfig:
             check_candidate(self.paired_with)  # a malformed spec fails here
         if not 100 <= self.bootstrap <= 1_000_000:
             raise ValueError(f"--bootstrap must lie in 100..1000000, got {self.bootstrap}")
+        from vlarun.models.static_step import COMPILE_MODES
+
+        if self.compile_steps and self.compile_steps not in COMPILE_MODES:
+            raise ValueError(f"--compile-steps must be one of {', '.join(COMPILE_MODES)} (or "
+                             f"empty: eager), got {self.compile_steps!r}")  # fmt: skip
 
     @property
     def task_list(self) -> list[str]:
@@ -339,6 +345,7 @@ class EpisodeJob:
     seeds: tuple[int, ...]
     spec: str | None = None
     device: str = "cpu"
+    compile_steps: str = ""  # a static_step compile mode; "" eager
     keep_frames: bool = False
     record: int = 0
     replay: tuple = ()
@@ -358,7 +365,7 @@ def run_job(job: EpisodeJob) -> dict:
     from vlarun.sim.env import MetaWorldEnv, env_views
 
     torch.set_num_threads(int(os.environ.get("VLARUN_EVAL_THREADS", "1")))
-    policy = _loaded(job.checkpoint, job.device)
+    policy = _loaded(job.checkpoint, job.device, job.compile_steps)
     if job.spec is not None:
         policy = build_candidate(policy, job.spec, job.demos)
     _check_action_space(policy)
@@ -391,14 +398,18 @@ def run_job(job: EpisodeJob) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded(checkpoint: str, device: str):
+def _loaded(checkpoint: str, device: str, compile_steps: str = ""):
     """The plain policy at ``checkpoint``, loaded once per worker process: a worker that runs
     several jobs of one checkpoint (a sweep over methods and delays) does not reload it.
     Safe to share: every configuration built from it (``build_candidate``) is a new Policy,
     and the plain one carries no hook state."""
+    from vlarun.models import static_step
     from vlarun.policy.base import Policy
 
-    return Policy.from_checkpoint(checkpoint).to(device)
+    policy = Policy.from_checkpoint(checkpoint).to(device)
+    if compile_steps:  # every configuration built from it shares the model and so its steps
+        policy.model.steps = static_step.compile_steps(compile_steps, denoise=True)
+    return policy
 
 
 def merge_summaries(summaries: list[dict]) -> dict:
@@ -451,7 +462,8 @@ def evaluate(cfg: EvalConfig) -> dict:
         for task in cfg.task_list:
             seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
             keep = cfg.report is not None and spec is None
-            jobs += [EpisodeJob(checkpoint, task, chunk, spec, device, keep, demos=cfg.demos)
+            jobs += [EpisodeJob(checkpoint, task, chunk, spec, device, cfg.compile_steps, keep,
+                                demos=cfg.demos)
                      for chunk in split_seeds(seeds, workers, len(cfg.task_list))]  # fmt: skip
     t0 = time.time()
     runs = [r["episodes"] for r in run_jobs(jobs, workers)]
