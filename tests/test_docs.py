@@ -149,3 +149,81 @@ def test_the_benchmarks_row_check_sees_what_is_missing():
     ]
     dated = "## x\nDate: 2026-12-05.\n\n| a | command | machine |\n|---|---|---|\n| 1 | c | m |\n"
     assert _row_problems(dated) == []
+
+
+# A figure the docs quote links to the page (and section) that measured it: a link whose text
+# holds a number, into BENCHMARKS.md or benchmarks/*.md.
+LABELLED = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def section(path: Path, anchor: str) -> str | None:
+    """The text under the heading whose anchor is ``anchor`` (to the next heading of its level
+    or above); the whole page without an anchor; None where no heading has it."""
+    text = path.read_text().splitlines()
+    if not anchor:
+        return "\n".join(text)
+    for i, line in enumerate(text):
+        m = re.match(r"(#+)\s+(.*)", line)
+        if m and slug(m.group(2)) == anchor:
+            out = []
+            for rest in text[i + 1 :]:
+                h = re.match(r"(#+)\s", rest)
+                if h and len(h.group(1)) <= len(m.group(1)):
+                    break
+                out.append(rest)
+            return "\n".join(out)
+    return None
+
+
+def quoted_figures(page: Path) -> list[str]:
+    """Each figure ``page`` quotes with a link to a results page that does not say it there:
+    'label -> target: why'."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    bad = []
+    for label, target in LABELLED.findall(text):
+        file, _, anchor = target.partition("#")
+        if "://" in target or not NUMBER.search(label) or not file.endswith(".md"):
+            continue
+        dest = (page.parent / file).resolve()
+        if dest.name != "BENCHMARKS.md" and dest.parent.name != "benchmarks":
+            continue
+        body = section(dest, anchor) if dest.exists() else None
+        if body is None:
+            bad.append(f"{label} -> {target}: no such page or section")
+            continue
+        missing = [n for n in NUMBER.findall(label) if n not in body]
+        if missing:
+            bad.append(f"{label} -> {target}: {', '.join(missing)} not in that section")
+    return bad
+
+
+@pytest.mark.parametrize(
+    "page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)  # fmt: skip
+def test_every_figure_the_docs_quote_is_on_the_section_it_links_to(page):
+    """Issue 63, 6: docs that cannot drift. A figure quoted in README.md or docs/ links to the
+    section of BENCHMARKS.md or benchmarks/ that measured it, and is there."""
+    bad = quoted_figures(page)
+    assert not bad, f"{page.relative_to(ROOT)}: " + "; ".join(bad)
+
+
+def test_the_figure_check_sees_a_figure_that_drifted(tmp_path):
+    results = tmp_path / "benchmarks"
+    results.mkdir()
+    (results / "engine.md").write_text("# Engine\n\n## Current\n\n1.22x\n\n## History\n\n1.90x\n")
+    page = tmp_path / "README.md"
+    page.write_text(
+        "decode [1.22x](benchmarks/engine.md#current), [1.90x](benchmarks/engine.md"
+        "#current), [2x](benchmarks/engine.md#nowhere), [here](benchmarks/engine.md)"
+    )
+    assert quoted_figures(page) == [
+        "1.90x -> benchmarks/engine.md#current: 1.90 not in that section",
+        "2x -> benchmarks/engine.md#nowhere: no such page or section",
+    ]

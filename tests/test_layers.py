@@ -1,7 +1,8 @@
 """The house's layering, read from the import statements of every module under vlarun/.
 
-Layers, lowest first (DESIGN.md): a module may import its own package and any package of a
-strictly lower layer, never a sibling of the same layer or anything above. Imports inside
+Layers, lowest first (docs/architecture.md, "The layers and their rules"): a module may
+import its own package and any package of a strictly lower layer, never a sibling of the same
+layer or anything above. Imports inside
 functions and under ``TYPE_CHECKING`` count too: a lazy import that points up is still a
 dependency that points up. No two modules may import each other, directly or in a ring.
 """

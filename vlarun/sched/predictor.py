@@ -497,12 +497,6 @@ class DeviceState:
                 start = r.end
         return start
 
-    def reserve(self, r: Reservation) -> None:
-        self.reservations.append(r)
-
-    def expire(self, now: float) -> None:
-        self.reservations = [r for r in self.reservations if r.end > now]
-
 
 # ---------------------------------------------------------------------------------------------
 # One placement
