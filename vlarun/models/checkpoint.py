@@ -7,6 +7,7 @@ Layouts read and written:
     plus ``dataset_statistics.json`` (action normalisation) and an optional ``tokenizer.json``;
   * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not, and OpenVLA-OFT's
     (the same, plus heads converted once from pickles by ``vlarun convert``: oft_files.py);
+  * transformers' LLaVA directories (``model_type: "llava"``) as LLaVA-VLA (llava.py);
   * transformers ``save_pretrained`` directories of Llama, Gemma, SigLIP and DINOv2 models.
 Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitrary code.
 """
@@ -27,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vlarun import config as cfgio
-from vlarun.models import lerobot
+from vlarun.models import lerobot, llava
 from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
@@ -329,9 +330,17 @@ def save_vla(
 OPENVLA_PROMPT_SUFFIX = 29871  # Llama-2's "▁": OpenVLA's predict_action appends it after "Out:"
 
 
-def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
-    """The VLAConfig a config.json describes (vlarun, OpenVLA or LeRobot pi0), or a clear
-    error."""
+def vla_config_from(
+    config: dict, directory: str | Path = "", action_bins: int | None = None
+) -> VLAConfig:
+    """The VLAConfig a config.json describes (vlarun, OpenVLA, LLaVA or LeRobot pi0), or a
+    clear error. ``action_bins``: a LLaVA directory's action-bin mapping when it has no
+    ``action_bins.json`` (llava.py)."""
+    if llava.is_llava(config):
+        try:
+            return _llava_config(config, directory, action_bins)
+        except (llava.LlavaError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(str(e)) from None
     if lerobot.is_lerobot(config):
         try:
             return lerobot.vla_config(config, directory)
@@ -375,9 +384,51 @@ def vla_config_from(config: dict, directory: str | Path = "") -> VLAConfig:
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
-        "(expected model_type 'vlarun' or 'openvla', or a LeRobot type: "
+        "(expected model_type 'vlarun', 'openvla' or 'llava', or a LeRobot type: "
         f"{', '.join(lerobot.LEROBOT_TYPES)})"
     )
+
+
+# The defaults of transformers' CLIPVisionConfig and LlamaConfig: llava-hf's config.json keeps
+# only the fields that differ from them (llava-1.5-7b-hf's text_config has no hidden_size).
+_CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                  "num_attention_heads": 12, "image_size": 224, "patch_size": 32,
+                  "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}  # fmt: skip
+_LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                   "num_hidden_layers": 32, "num_attention_heads": 32,
+                   "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                   "tie_word_embeddings": False}  # fmt: skip
+
+
+def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig:
+    """LLaVA-VLA from a ``LlavaForConditionalGeneration`` config.json (llava.py): the CLIP
+    tower's layer ``vision_feature_layer``, LLaVA's MLP projector, the Llama, the action bins."""
+    where = f"{directory}/config.json"
+    llava.check(config, where)
+    bins = llava.read_action_bins(directory, action_bins)
+    vision = vit_config_from_hf(_CLIP_DEFAULTS | config.get("vision_config", {})
+                                | {"model_type": "clip_vision_model"})  # fmt: skip
+    layer = int(config.get("vision_feature_layer", -2))
+    vision = dataclasses.replace(vision, feature_layer=layer)
+    text = _LLAMA_DEFAULTS | (config.get("text_config") or {}) | {"model_type": "llama"}
+    if "tie_word_embeddings" in config:  # transformers 5 keeps the tie at the top level
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    llm = LlamaConfig.from_hf(text)
+    if not llava.N_BINS < bins["vocab_size"] <= llm.vocab_size:
+        raise CheckpointError(f"{where}: action bins below id {bins['vocab_size']} do not fit "
+                              f"the LM's {llm.vocab_size} ids")  # fmt: skip
+    bos = text.get("bos_token_id", 1)
+    prefix = llava.image_prefix_ids(directory, llava.image_token_id(config), bos)
+    chunk, dim = bins["chunk"], bins["action_dim"]
+    # LLaVA's prompt may fill the LM's context: the text budget is what BOS, "USER: ", the
+    # patch features and the action tokens leave of it (as for OpenVLA).
+    budget = llm.max_positions - 1 - len(prefix) - vision.num_patches - chunk * dim
+    return VLAConfig(
+        name="llava-vla", family="autoregressive", llm=llm, vision=(vision,), connector="mlp",
+        action_dim=dim, chunk=chunk, max_text_tokens=budget, action_vocab_size=bins["vocab_size"],
+        image_prefix_ids=prefix, bos_id=bos,
+        notes=f"LLaVA (HF LlavaForConditionalGeneration), CLIP layer {layer}",
+    )  # fmt: skip
 
 
 def _with_oft_heads(base: VLAConfig, llm: LlamaConfig, directory) -> VLAConfig:
@@ -446,7 +497,9 @@ def model_config(name: str | Path) -> VLAConfig:
     return vla_config_from(read_config(directory), directory)
 
 
-def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[VLA, dict]:
+def load_vla(
+    directory: str | Path, dtype: torch.dtype | None = None, *, action_bins: int | None = None
+) -> tuple[VLA, dict]:
     """Load a VLA directory. Returns (model in eval mode, norm_stats dict or {}).
 
     Streamed: the model is built on the meta device (no memory, no random init), already in
@@ -455,10 +508,11 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     checkpoint in bf16 needs ~15 GB, not the ~75 GB of building in fp32, holding every shard
     and casting a copy). Vision towers (timm names, their q/k/v fused) are collected and
     converted together: they are small. Missing, unexpected and mis-shaped keys are reported
-    by name, as ``load_checked`` does."""
+    by name, as ``load_checked`` does. ``action_bins``: a LLaVA directory's action-bin mapping
+    when it has no ``action_bins.json`` (llava.py)."""
     d = Path(directory)
     config = read_config(d)
-    cfg = vla_config_from(config, d)
+    cfg = vla_config_from(config, d, action_bins)
     _check_depth(cfg, d)  # before any module is built
     with torch.device("meta"):
         model = VLA(cfg)
@@ -471,7 +525,11 @@ def load_vla(directory: str | Path, dtype: torch.dtype | None = None) -> tuple[V
     problems: dict[str, list[str]] = {"unexpected": [], "mis-shaped": []}
     towers: dict[str, Tensor] = {}
     from_lerobot = lerobot.is_lerobot(config)
+    from_llava = llava.is_llava(config)
     for name, tensor in stream_weights(d):
+        if from_llava:  # LLaVA's names (4.x or 5.x layout) -> vlarun's; its CLIP keeps HF's
+            _put(model, own, llava.rename(name), tensor, problems)
+            continue
         if from_lerobot:  # LeRobot names -> vlarun's (HF names below the prefixes)
             name = lerobot.rename(name, config["type"])
             if name is None:

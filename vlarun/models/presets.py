@@ -126,6 +126,35 @@ def openvla_7b() -> VLAConfig:
     )
 
 
+# LLaVA-VLA (CEED-VLA's CALVIN backbone, issue 65): LLaVA-1.5-7B as a VLA. CLIP ViT-L/14 at
+# 336 px (CLS token, pre-LayerNorm, quick GELU; the second-to-last layer's 576 patch features,
+# CLS dropped: vision_feature_layer -2, strategy "default"), LLaVA's two-layer GELU MLP
+# projector, a Vicuna-7B-shaped LLaMA (Vicuna v1.5: 4096 positions), and OpenVLA's 256 action
+# bins on the last ids of the 32000-token text vocabulary, for 5-step chunks of 7 dimensions:
+# 35 tokens per inference. The image follows "USER: " as LLaVA-1.5's prompt writes it
+# (llava.py); these are Llama-2's ids of "▁US", "ER", ":", "▁".
+VICUNA_7B = dataclasses.replace(LLAMA2_7B, vocab_size=32000, max_positions=4096)
+LLAVA_USER_IDS = (3148, 1001, 29901, 29871)
+LLAVA_VLA_CHUNK = 5
+
+
+def llava_vla_7b() -> VLAConfig:
+    clip = ViTConfig.clip_large(336, feature_layer=-2)
+    return VLAConfig(
+        name="llava-vla-7b",
+        family="autoregressive",
+        llm=VICUNA_7B,
+        vision=(clip,),
+        connector="mlp",
+        action_dim=7,
+        chunk=LLAVA_VLA_CHUNK,
+        action_vocab_size=32000,
+        image_prefix_ids=LLAVA_USER_IDS,
+        notes="LLaVA-1.5-7B: CLIP ViT-L/14 at 336 px (layer -2), MLP projector, Vicuna-7B; "
+        "5 x 7 action bins",
+    )
+
+
 def openvla_oft() -> VLAConfig:
     oft = OFTHeadConfig(llm_dim=4096, action_dim=7, chunk=8, hidden_dim=4096, num_blocks=2)
     return _openvla(
@@ -731,6 +760,7 @@ def mt10g_flow() -> VLAConfig:
 PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "openvla-7b": openvla_7b,
     "openvla-oft": openvla_oft,
+    "llava-vla-7b": llava_vla_7b,
     "cogact": cogact,
     "pi0": pi0,
     "pi05": pi05,

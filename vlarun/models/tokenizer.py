@@ -53,6 +53,13 @@ def _openvla(instruction: str, state=None) -> str:
     return openvla_prompt(instruction)
 
 
+def llava_prompt(instruction: str, state=None) -> str:
+    """LLaVA-1.5's turn asking for the action, ``<image>`` included (models/llava.py splits the
+    ids there: the patch features take its place)."""
+    task = instruction.strip().lower()
+    return f"USER: <image>\nWhat action should the robot take to {task}? ASSISTANT:"
+
+
 # Prompt templates by the name a Policy records (the one its checkpoint was trained with); each
 # takes the instruction and the normalised state (which pi05's and pi0_fast's write into the
 # text).
@@ -61,6 +68,7 @@ PROMPTS = {
     "task-newline": task_newline_prompt,
     "pi05": pi05_prompt,
     "pi0_fast": pi0_fast_prompt,
+    "llava": llava_prompt,
 }
 
 
@@ -105,6 +113,10 @@ class HFTokenizer:
         # The model adds BOS itself, so a stray one here is dropped; a model without one
         # (bos_id None: SmolVLA) takes the tokenizer's own special tokens, as LeRobot does.
         self.bos_id = bos_id
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one token of the vocabulary (e.g. LLaVA's ``<image>``), None if absent."""
+        return self._tok.token_to_id(token)
 
     def encode(self, text: str) -> list[int]:
         if self.bos_id is None:

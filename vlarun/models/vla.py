@@ -79,6 +79,10 @@ class VLAConfig:
     # checkpoint property (set from model_type "openvla"), counted in ``max_text_tokens``; our
     # own policies were trained without it.
     prompt_suffix_ids: tuple[int, ...] = ()
+    # Token ids between BOS and the visual tokens: LLaVA-1.5's prompt puts its image after
+    # "USER: " (llava.py), so the patch features sit at the place of its <image> token. The same
+    # ids in every row, so the visual indices stay the same in every row (TokenPlans need that).
+    image_prefix_ids: tuple[int, ...] = ()
     # Names of the cameras the views come from, in order (e.g. ("workspace", "left")), so an
     # environment can render what the policy was trained on; empty = unnamed.
     views: tuple[str, ...] = ()
@@ -160,6 +164,8 @@ class VLAConfig:
             raise ValueError("a flow model takes its state in the expert or the prefix, not both")
         if (self.proprio_after_text or self.bos_id is None) and not self.images_first:
             raise ValueError("proprio_after_text and bos_id None need images_first")
+        if self.image_prefix_ids and (self.images_first or self.bos_id is None):
+            raise ValueError("image_prefix_ids go between BOS and the images: not images_first")
         if self.family != "rdt" and self.max_sequence > self.llm.max_positions:
             raise ValueError(
                 f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
@@ -218,7 +224,8 @@ class VLAConfig:
 
     @property
     def vis_start(self) -> int:
-        return 0 if self.images_first else 1  # first, or right after BOS
+        # first, or right after BOS (and LLaVA's "USER: ")
+        return 0 if self.images_first else 1 + len(self.image_prefix_ids)
 
     @property
     def num_action_tokens(self) -> int:
@@ -237,6 +244,7 @@ class VLAConfig:
     def max_sequence(self) -> int:
         return (
             1
+            + len(self.image_prefix_ids)
             + self.num_visual
             + self.num_state_tokens
             + self.max_text_tokens
@@ -454,9 +462,15 @@ class VLA(nn.Module):
             embeds = torch.cat((visual.to(emb.dtype), emb), dim=1)
             pad = torch.cat((vis_pad, pad_text), dim=1)
         else:
-            embeds = torch.cat((emb[:, :1], visual.to(emb.dtype), emb[:, 1:]), dim=1)
-            pad = torch.cat((pad_text[:, :1], vis_pad, pad_text[:, 1:]), dim=1)
-        last = visual.shape[1] + bos - 1 + lengths  # index of each row's last real token
+            head, head_pad = emb[:, :1], pad_text[:, :1]
+            if cfg.image_prefix_ids:  # LLaVA's "USER: " between BOS and the image
+                pre = torch.tensor(cfg.image_prefix_ids, dtype=torch.long, device=dev)
+                head = torch.cat((head, self.language_model.embed(pre)[None].expand(b, -1, -1)), 1)
+                head_pad = torch.ones(b, head.shape[1], dtype=torch.bool, device=dev)
+            embeds = torch.cat((head, visual.to(emb.dtype), emb[:, 1:]), dim=1)
+            pad = torch.cat((head_pad, vis_pad, pad_text[:, 1:]), dim=1)
+        # index of each row's last real token
+        last = visual.shape[1] + bos - 1 + len(cfg.image_prefix_ids) + lengths
         blocks = None
         if cfg.proprio_after_text and state_tok is not None:
             blocks = torch.zeros(b, embeds.shape[1], dtype=torch.long, device=dev)

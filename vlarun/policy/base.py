@@ -32,7 +32,7 @@ import torch
 
 from vlarun.accel.base import FullRecompute
 from vlarun.accel.rtc import INPAINTER, RTCRequest
-from vlarun.models import lerobot, static_step
+from vlarun.models import lerobot, llava, static_step
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
 from vlarun.models.device import resolve_device
@@ -135,13 +135,16 @@ class Policy:
         *,
         seed: int = 0,
         unnorm_key: str | None = None,
+        action_bins: int | None = None,
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
         ``mt10p-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
         (cpu, cuda, cuda:N; checked before anything loads). An unknown name raises one
         ValueError listing the shipped policies and the presets. ``compile_steps`` (a
         ``torch.compile`` mode, empty for eager) compiles its static decode / Jacobi steps on
-        first use (``static_step``); ``unnorm_key`` picks a checkpoint's action statistics."""
+        first use (``static_step``); ``unnorm_key`` picks a checkpoint's action statistics;
+        ``action_bins``: a LLaVA directory's action-bin mapping without ``action_bins.json``
+        (models/llava.py)."""
         target = resolve_device(device)
         # Denoising steps are compiled on CUDA and in the CPU's ``fused`` mode; torch.compile's
         # own modes measured no faster on a CPU (mt10p-flow's expert: 0.30x; fused: 2.6x).
@@ -158,7 +161,7 @@ class Policy:
                 warnings.warn(f"{retired}; loading its preset, random weights", stacklevel=2)
             policy = cls.from_preset(str(name), seed, dtype)
         else:  # a directory that exists: its own error, if any, is the one to see
-            policy = cls.from_checkpoint(directory, unnorm_key, dtype)
+            policy = cls.from_checkpoint(directory, unnorm_key, dtype, action_bins=action_bins)
         if steps is not None:
             policy.model.steps = steps
         return policy.to(target)
@@ -175,7 +178,12 @@ class Policy:
 
     @classmethod
     def from_checkpoint(
-        cls, directory: str | Path, unnorm_key: str | None = None, dtype: torch.dtype | None = None
+        cls,
+        directory: str | Path,
+        unnorm_key: str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        action_bins: int | None = None,
     ) -> Policy:
         config = read_config(directory)
         if config.get("model_type") == "openvla":  # checked before gigabytes of weights load
@@ -191,7 +199,7 @@ class Policy:
                 "ids (saved beside its weights): copy tokenizer.json back from where the "
                 "checkpoint came from"
             )
-        model, stats = load_vla(directory, dtype)
+        model, stats = load_vla(directory, dtype, action_bins=action_bins)
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
@@ -207,7 +215,9 @@ class Policy:
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
-        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize, calibration)
+        prompt = "llava" if llava.is_llava(config) else "openvla"  # LLaVA-1.5's turn
+        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize, calibration,
+                   prompt=prompt)  # fmt: skip
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -335,6 +345,11 @@ class Policy:
         if state is not None and self.proprio is not None:
             state = self.proprio.normalize(np.asarray(state, dtype=np.float32).reshape(-1))
         ids = self.tokenizer.encode(PROMPTS[self.prompt](instruction, state))
+        if self.prompt == "llava":  # the patch features take <image>'s place (models/llava.py)
+            pre, ids = llava.prompt_split(ids, self.tokenizer.token_id(llava.IMAGE_TOKEN))
+            if tuple(pre) != self.model.cfg.image_prefix_ids:
+                raise ValueError(f"the prompt's ids before <image> {pre} are not the model's "
+                                 f"{list(self.model.cfg.image_prefix_ids)}")  # fmt: skip
         ids += list(self.model.cfg.prompt_suffix_ids)  # e.g. OpenVLA's 29871, counted below
         limit = self.model.cfg.max_text_tokens
         if len(ids) > limit:

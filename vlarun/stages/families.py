@@ -59,7 +59,8 @@ def prefix_len(cfg: VLAConfig, w: Workload) -> int:
     if cfg.family == "rdt":
         return w.text_tokens
     bos = int(cfg.bos_id is not None)  # SmolVLA's prompt has none
-    return bos + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
+    pre = len(cfg.image_prefix_ids)  # LLaVA's "USER: " before its image
+    return bos + pre + cfg.num_visual + cfg.num_state_tokens + w.text_tokens
 
 
 # ---------------------------------------------------------------------------------------------
