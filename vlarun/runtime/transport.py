@@ -315,10 +315,11 @@ def edge_security(insecure: bool, keys: str | None, authorized: str | None) -> S
     if own.secret is None:
         raise ValueError(f"{path} holds no secret key; pass the .key_secret file")
     if authorized is not None and not Path(authorized).is_dir():
+        folder = str(authorized).rstrip("/") or "/"
         raise ValueError(
             f"authorized-keys folder {authorized} does not exist: make it and copy each "
             f"robot's public key into it (`vlarun keys --name robot1 --out keys/` writes "
-            f"keys/robot1.key; `cp keys/robot1.key {authorized}/`; the robot then runs with "
-            "keys/robot1.key_secret)"
+            f"keys/robot1.key; `mkdir -p {folder} && cp keys/robot1.key {folder}/`; the robot "
+            "then runs with keys/robot1.key_secret)"
         )
     return Security(own=own, authorized_dir=authorized)
