@@ -13,8 +13,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIAGE, DISTILL = "vlarun/accel/triage.py", "vlarun/sim/distill.py"
-TESTS = ["tests/accel/test_triage_state.py", "tests/accel/test_triage.py",
-         "tests/accel/test_distill.py"]  # fmt: skip
+TESTS = [
+    "tests/accel/test_triage_state.py",
+    "tests/accel/test_triage.py",
+    "tests/accel/test_distill.py",
+]
 
 MUTANTS = {
     "drift reference updated every query, not at recompute": (
@@ -74,8 +77,11 @@ def main() -> int:
         try:
             done = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TESTS],
-                cwd=ROOT, capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
         finally:
             path.write_text(source)
         caught = done.returncode != 0

@@ -92,9 +92,18 @@ def test_resize_flag_accepts_other_sizes(capsys, tmp_path):
     big = tmp_path / "big.png"
     Image.fromarray(np.zeros((100, 80, 3), np.uint8)).save(big)
     r = run_json(
-        capsys, "act", "--image", str(big), "--instruction", "x", "--resize", "--repeats", "1",
-        "--policy", "tiny-openvla",  # one action per inference: the count below
-    )  # fmt: skip
+        capsys,
+        "act",
+        "--image",
+        str(big),
+        "--instruction",
+        "x",
+        "--resize",
+        "--repeats",
+        "1",
+        "--policy",
+        "tiny-openvla",  # one action per inference: the count below
+    )
     assert len(r["actions"]) == 1
 
 
@@ -213,10 +222,16 @@ def test_every_command_prints_its_help(capsys):
 def test_an_openvla_directory_without_its_tokenizer_is_refused_in_one_line(capsys, tmp_path):
     """No silent byte-level fallback: the prompt ids would not be the checkpoint's. Refused
     before any weight is read (there are none here)."""
-    text = {"vocab_size": 32064, "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "openvla",
-                                                      "text_config": text}))  # fmt: skip
+    text = {
+        "vocab_size": 32064,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "openvla", "text_config": text})
+    )
     argv = ["act", "--image", DEMO, "--instruction", "open the drawer", "--policy"]
     _one_line_error(capsys, [*argv, str(tmp_path)], "no tokenizer.json")
 
@@ -266,7 +281,7 @@ def test_every_command_s_help_works_without_the_optional_extras():
         ),
         (["serve-edge", "--insecure", "--port", "0", "--workers", "1"], {"ray"}, "scale"),
         (["check-parity"], {"transformers"}, "parity"),
-    ],  # fmt: skip
+    ],
 )
 def test_a_missing_extra_is_one_line_naming_it(argv, blocked, extra):
     done = _without_extras(blocked, f"import sys\nsys.exit(main({argv!r}))")
@@ -284,8 +299,19 @@ def test_version_and_act_threads(capsys):
 
     before = torch.get_num_threads()
     try:
-        r = run_json(capsys, "act", "--image", DEMO, "--resize", "--instruction", "x",
-                     "--repeats", "1", "--threads", "1")  # fmt: skip
+        r = run_json(
+            capsys,
+            "act",
+            "--image",
+            DEMO,
+            "--resize",
+            "--instruction",
+            "x",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        )
     finally:
         torch.set_num_threads(before)
     assert r["threads"] == 1
@@ -371,8 +397,20 @@ def test_act_runs_a_lerobot_directory_by_its_path(capsys, tmp_path):
         frames.append(str(tmp_path / f"cam{i}.png"))
         Image.fromarray(frame).save(frames[-1])
     state = ",".join(f"{v:.6f}" for v in inputs["state"])
-    r = run_json(capsys, "act", "--policy", str(tmp_path), "--image", ",".join(frames),
-                 "--instruction", inputs["task"], "--state", state, "--repeats", "1")  # fmt: skip
+    r = run_json(
+        capsys,
+        "act",
+        "--policy",
+        str(tmp_path),
+        "--image",
+        ",".join(frames),
+        "--instruction",
+        inputs["task"],
+        "--state",
+        state,
+        "--repeats",
+        "1",
+    )
     actions = np.asarray(r["actions"])
     assert actions.shape == (parity.LEROBOT_CHUNK, parity.LEROBOT_ACTION_DIM)
     assert r["policy"] == str(tmp_path) and r["unnormalized"]
@@ -412,8 +450,18 @@ def test_info_takes_a_policy_as_other_commands_do(capsys):
 
 # One name per concept across commands (issue 66, 4). An old spelling may stay only as a hidden,
 # deprecated name that still works and says what the option is called now.
-OLD_SPELLINGS = {"--robot", "--bandwidth", "--rtt", "--rtt-ms", "--bw-before", "--bw-after",
-                 "--drop-to", "--delay-ms", "--link-delay-ms", "--timeout"}  # fmt: skip
+OLD_SPELLINGS = {
+    "--robot",
+    "--bandwidth",
+    "--rtt",
+    "--rtt-ms",
+    "--bw-before",
+    "--bw-after",
+    "--drop-to",
+    "--delay-ms",
+    "--link-delay-ms",
+    "--timeout",
+}
 CATALOG_DEVICES = {"--robot-device", "--edge-device"}
 
 
@@ -473,10 +521,32 @@ def _parsed(key: str, argv: list[str]):
 
 
 def test_an_old_option_name_still_works_and_says_its_new_one_in_one_line(capsys):
-    new = ["plan", "--model", "tiny-ar", "--robot-device", "this-cpu", "--edge-device",
-           "rtx4090", "--link-mbps", "100", "--link-rtt-ms", "3"]  # fmt: skip
-    old = ["plan", "--model", "tiny-ar", "--robot", "this-cpu", "--edge", "rtx4090",
-           "--bandwidth", "100", "--rtt", "3"]  # fmt: skip
+    new = [
+        "plan",
+        "--model",
+        "tiny-ar",
+        "--robot-device",
+        "this-cpu",
+        "--edge-device",
+        "rtx4090",
+        "--link-mbps",
+        "100",
+        "--link-rtt-ms",
+        "3",
+    ]
+    old = [
+        "plan",
+        "--model",
+        "tiny-ar",
+        "--robot",
+        "this-cpu",
+        "--edge",
+        "rtx4090",
+        "--bandwidth",
+        "100",
+        "--rtt",
+        "3",
+    ]
     a, b = run_json(capsys, *new), run_json(capsys, *old)
     assert a["placement"] == b["placement"] and a["latency_ms"] == b["latency_ms"]
     assert main([*old, "--json"]) == 0

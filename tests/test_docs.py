@@ -56,8 +56,11 @@ def test_the_link_check_sees_links():
 def test_every_raw_result_file_is_named_in_the_index():
     results = ROOT / "benchmarks" / "results"
     index = (results / "INDEX.md").read_text()
-    unnamed = [p.name for p in sorted(results.iterdir())
-               if p.name != "INDEX.md" and f"`{p.name}`" not in index]  # fmt: skip
+    unnamed = [
+        p.name
+        for p in sorted(results.iterdir())
+        if p.name != "INDEX.md" and f"`{p.name}`" not in index
+    ]
     assert not unnamed, f"benchmarks/results/INDEX.md does not name: {unnamed}"
 
 
@@ -83,8 +86,9 @@ def test_every_command_and_policy_name_the_docs_mention_exists(page):
     for block in (body for lang, body in blocks if lang in ("", "bash", "sh", "console")):
         for m in re.finditer(r"(?:^|[\s;&|(])vlarun ((?:bench )?[a-z][a-z-]*)", block):
             commands.add(m.group(1))
-    bad = sorted(c for c in commands
-                 if not (c in COMMANDS or (c.startswith("bench ") and c[6:] in BENCH)))  # fmt: skip
+    bad = sorted(
+        c for c in commands if not (c in COMMANDS or (c.startswith("bench ") and c[6:] in BENCH))
+    )
     assert not bad, f"{page.relative_to(ROOT)} runs unknown commands: {bad}"
 
 
@@ -204,9 +208,10 @@ def quoted_figures(page: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
+    "page",
+    [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
     ids=lambda p: str(p.relative_to(ROOT)),
-)  # fmt: skip
+)
 def test_every_figure_the_docs_quote_is_on_the_section_it_links_to(page):
     """Issue 63, 6: docs that cannot drift. A figure quoted in README.md or docs/ links to the
     section of BENCHMARKS.md or benchmarks/ that measured it, and is there."""

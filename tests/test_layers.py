@@ -222,8 +222,10 @@ def test_a_cycle_inside_one_package_is_caught():
 
 
 def test_a_sibling_of_the_same_layer_is_refused():
-    sources = {"vlarun.accel.x": "from vlarun.stages.graph import GraphRun\n",
-               "vlarun.stages.graph": ""}  # fmt: skip
+    sources = {
+        "vlarun.accel.x": "from vlarun.stages.graph import GraphRun\n",
+        "vlarun.stages.graph": "",
+    }
     assert check(sources)[0].startswith("vlarun.accel.x (layer 2, vlarun.accel) imports")
 
 

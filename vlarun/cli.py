@@ -74,8 +74,11 @@ BENCH: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, [*COMMANDS, *(f"bench {b}" for b in BENCH)])) + 2
-    lines = ["usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)",
-             "       vlarun --version", ""]  # fmt: skip
+    lines = [
+        "usage: vlarun COMMAND [options]   (vlarun COMMAND --help for its options)",
+        "       vlarun --version",
+        "",
+    ]
     lines += [f"  {n:<{width}}{s}" for n, (_, s) in COMMANDS.items()]
     lines += [f"  {'bench ' + n:<{width}}{s}" for n, (_, s) in BENCH.items()]
     return "\n".join(lines)

@@ -54,8 +54,15 @@ def opt(
     they still set it, hidden from ``--help``, and print one line on stderr naming the new one;
     ``(old, factor)`` where the old one counted in other units (``--link-delay-ms`` one way:
     x2 -> ``--link-rtt-ms``)."""
-    meta = {"help": help, "positional": positional, "choices": choices, "replaces": replaces,
-            "aliases": aliases, "flag": flag, "deprecated": deprecated}  # fmt: skip
+    meta = {
+        "help": help,
+        "positional": positional,
+        "choices": choices,
+        "replaces": replaces,
+        "aliases": aliases,
+        "flag": flag,
+        "deprecated": deprecated,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -185,9 +192,15 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         for name, factor in old.items():
             hidden = {k: v for k, v in kw.items() if k != "help"}
             parser.add_argument(
-                name, type=base, action=_Deprecated, new=flags[0], factor=factor,
-                default=argparse.SUPPRESS, help=argparse.SUPPRESS, **hidden,
-            )  # fmt: skip
+                name,
+                type=base,
+                action=_Deprecated,
+                new=flags[0],
+                factor=factor,
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+                **hidden,
+            )
 
 
 class _Deprecated(argparse.Action):
@@ -205,8 +218,11 @@ class _Deprecated(argparse.Action):
         if self.factor != 1.0:  # an old name in other units (nargs=1 options only)
             values = values * self.factor
             how = f" (in its units: {self.new} {values:g})"
-        print(f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}{how}; "
-              "the old name goes in the next release", file=sys.stderr)  # fmt: skip
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated, use {self.new}{how}; "
+            "the old name goes in the next release",
+            file=sys.stderr,
+        )
         setattr(namespace, self.dest, values)
 
 

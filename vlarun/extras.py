@@ -8,9 +8,15 @@ import importlib.util
 
 # Top-level module -> the extra that installs it.
 EXTRAS: dict[str, str] = {
-    "gymnasium": "sim", "metaworld": "sim", "mujoco": "sim", "matplotlib": "sim",
-    "websockets": "serve", "prometheus_client": "serve", "ray": "scale", "transformers": "parity",
-}  # fmt: skip
+    "gymnasium": "sim",
+    "metaworld": "sim",
+    "mujoco": "sim",
+    "matplotlib": "sim",
+    "websockets": "serve",
+    "prometheus_client": "serve",
+    "ray": "scale",
+    "transformers": "parity",
+}
 SIM = ("gymnasium", "metaworld", "mujoco")
 
 

@@ -239,8 +239,11 @@ def byte_tokenizer_json() -> str:
 
     from vlarun.models.tokenizer import ByteTokenizer
 
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = [b for b in range(256) if b not in printable]
     chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -270,14 +273,30 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    text = {"model_type": "llama", "vocab_size": 32064, "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0, "pad_token_id": 32000}  # fmt: skip
+    text = {
+        "model_type": "llama",
+        "vocab_size": 32064,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "pad_token_id": 32000,
+    }
     q01 = [-0.03, -0.05, -0.04, -0.2, -0.15, -0.3, 0.0]
     q99 = [0.03, 0.05, 0.04, 0.2, 0.15, 0.3, 1.0]
-    action = {"q01": q01, "q99": q99, "mask": [True] * 6 + [False], "mean": [0.0] * 7,
-              "std": [1.0] * 7, "min": q01, "max": q99}  # fmt: skip
+    action = {
+        "q01": q01,
+        "q99": q99,
+        "mask": [True] * 6 + [False],
+        "mean": [0.0] * 7,
+        "std": [1.0] * 7,
+        "min": q01,
+        "max": q99,
+    }
     config = {
         "model_type": "openvla",
         "vision_backbone_id": "dinosiglip-vit-so-224px",
@@ -288,7 +307,7 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
         "timm_model_ids": [
             "vit_large_patch14_reg4_dinov2.lvd142m",
             "vit_so400m_patch14_siglip_224",
-        ],  # fmt: skip
+        ],
         "image_sizes": [224, 224],
         "text_config": text,
         "llm_max_length": 2048,
@@ -317,21 +336,28 @@ def make_openvla_reference_dir(out: str | Path) -> dict:
     # metadata as transformers writes it (its loader requires the "pt" format tag)
     save_file(vla_state_to_prismatic(model), out / "model.safetensors", {"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    processor = {"image_processor_type": "PrismaticImageProcessor",
-                 "use_fused_vision_backbone": True, "image_resize_strategy": "resize-naive",
-                 "input_sizes": [[3, 224, 224], [3, 224, 224]],
-                 "interpolations": ["bicubic", "bicubic"],
-                 "means": [IMAGENET_MEAN, (0.5, 0.5, 0.5)],
-                 "stds": [IMAGENET_STD, (0.5, 0.5, 0.5)]}  # fmt: skip
+    processor = {
+        "image_processor_type": "PrismaticImageProcessor",
+        "use_fused_vision_backbone": True,
+        "image_resize_strategy": "resize-naive",
+        "input_sizes": [[3, 224, 224], [3, 224, 224]],
+        "interpolations": ["bicubic", "bicubic"],
+        "means": [IMAGENET_MEAN, (0.5, 0.5, 0.5)],
+        "stds": [IMAGENET_STD, (0.5, 0.5, 0.5)],
+    }
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=1))
     # The reference ran on byte ids (OpenVLA's own code takes input_ids as given); an OpenVLA
     # directory must ship its tokenizer, so this one ships one that gives exactly those ids.
     (out / "tokenizer.json").write_text(byte_tokenizer_json())
     prompt = ByteTokenizer(32064).encode(openvla_prompt(OPENVLA_REFERENCE_PROMPT))
     digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
-    inputs = {"input_ids": [1, *prompt], "weights_sha256": digest, "torch": torch.__version__,
-              "frames_seed": OPENVLA_REFERENCE_SEED,
-              "frame_sizes": [list(s) for s in OPENVLA_REFERENCE_FRAMES]}  # fmt: skip
+    inputs = {
+        "input_ids": [1, *prompt],
+        "weights_sha256": digest,
+        "torch": torch.__version__,
+        "frames_seed": OPENVLA_REFERENCE_SEED,
+        "frame_sizes": [list(s) for s in OPENVLA_REFERENCE_FRAMES],
+    }
     (out / "reference_inputs.json").write_text(json.dumps(inputs))
     return inputs
 
@@ -346,9 +372,32 @@ LEROBOT_REFERENCE_FRAMES = ((56, 56), (48, 64))  # one per camera; the second is
 LEROBOT_CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb")
 LEROBOT_STATE_DIM, LEROBOT_ACTION_DIM, LEROBOT_CHUNK = 8, 7, 4
 # A word-level vocabulary in PaliGemma's special-token layout (<pad> 0, <eos> 1, <bos> 2).
-_LEROBOT_WORDS = ("<pad>", "<eos>", "<bos>", "<unk>", " ", "\n", "pick", "up", "the", "red",
-                  "block", "open", "drawer", "put", "in", "cup", "Task", "State", "Action", ":",
-                  ",", ";", *map(str, range(-1, 256)), "|")  # words, state bins, end  # fmt: skip
+_LEROBOT_WORDS = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    " ",
+    "\n",
+    "pick",
+    "up",
+    "the",
+    "red",
+    "block",
+    "open",
+    "drawer",
+    "put",
+    "in",
+    "cup",
+    "Task",
+    "State",
+    "Action",
+    ":",
+    ",",
+    ";",
+    *map(str, range(-1, 256)),
+    "|",
+)  # words, state bins, end
 # PaliGemma's vocabulary size: LeRobot's pi0_fast places FAST ids from the top of the
 # tokenizer's vocabulary, so its tokenizer is filled up to this many entries.
 PALIGEMMA_VOCAB = 257152
@@ -376,8 +425,13 @@ def _word_tokenizer_json(bos: bool = True, size: int = 0) -> str:
     vocab = {w: i for i, w in enumerate(_LEROBOT_WORDS)}
     loc, seg = size - 128 - 1024, size - 128
     for i in range(len(vocab), size):
-        vocab[f"<loc{i - loc:04d}>" if loc <= i < seg else
-              f"<seg{i - seg:03d}>" if i >= seg else f"<unused{i}>"] = i  # fmt: skip
+        vocab[
+            f"<loc{i - loc:04d}>"
+            if loc <= i < seg
+            else f"<seg{i - seg:03d}>"
+            if i >= seg
+            else f"<unused{i}>"
+        ] = i
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s,;:]"), behavior="isolated")
     if bos:
@@ -390,17 +444,35 @@ def _word_tokenizer_json(bos: bool = True, size: int = 0) -> str:
 # SmolVLA's tiny backbone (the SmolVLM config LeRobot would fetch): GQA text model of 6 layers
 # (4 used), a 32 px vision tower of 8 px patches, pixel shuffle 2 (4 tokens per image).
 LEROBOT_SMOLVLM = {
-    "model_type": "smolvlm", "scale_factor": 2, "image_token_id": 3,
-    "text_config": {"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-                    "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
-                    "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
-                    "rope_theta": 100000.0, "max_position_embeddings": 8192,
-                    "tie_word_embeddings": False},
-    "vision_config": {"model_type": "smolvlm_vision", "hidden_size": 32, "image_size": 32,
-                      "patch_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
-                      "intermediate_size": 64, "layer_norm_eps": 1e-6,
-                      "hidden_act": "gelu_pytorch_tanh"},
-}  # fmt: skip
+    "model_type": "smolvlm",
+    "scale_factor": 2,
+    "image_token_id": 3,
+    "text_config": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "smolvlm_vision",
+        "hidden_size": 32,
+        "image_size": 32,
+        "patch_size": 8,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+}
 
 
 def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
@@ -435,40 +507,68 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
     norm = "QUANTILES" if kind == "pi05" else "MEAN_STD"
     mapping = {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}
     config = {
-        "type": kind, "n_obs_steps": 1, "input_features": feats,
+        "type": kind,
+        "n_obs_steps": 1,
+        "input_features": feats,
         "output_features": {"action": {"type": "ACTION", "shape": [LEROBOT_ACTION_DIM]}},
-        "device": "cpu", "use_amp": False, "paligemma_variant": "vlarun_tiny",
-        "action_expert_variant": "vlarun_tiny", "dtype": "float32",
-        "chunk_size": LEROBOT_CHUNK, "n_action_steps": LEROBOT_CHUNK, "max_state_dim": 32,
-        "max_action_dim": 32, "num_inference_steps": 10, "image_resolution": [side, side],
-        "empty_cameras": 0, "normalization_mapping": mapping, "min_period": 0.004,
-        "max_period": 4.0, "tokenizer_max_length": 48 if kind == "pi0" else 200,
+        "device": "cpu",
+        "use_amp": False,
+        "paligemma_variant": "vlarun_tiny",
+        "action_expert_variant": "vlarun_tiny",
+        "dtype": "float32",
+        "chunk_size": LEROBOT_CHUNK,
+        "n_action_steps": LEROBOT_CHUNK,
+        "max_state_dim": 32,
+        "max_action_dim": 32,
+        "num_inference_steps": 10,
+        "image_resolution": [side, side],
+        "empty_cameras": 0,
+        "normalization_mapping": mapping,
+        "min_period": 0.004,
+        "max_period": 4.0,
+        "tokenizer_max_length": 48 if kind == "pi0" else 200,
         "use_relative_actions": False,
-    }  # fmt: skip
+    }
     if fast:  # PI0FastConfig's fields instead of the flow ones
         for key in ("num_inference_steps", "min_period", "max_period"):
             config.pop(key)
         config |= {
-            "tokenizer_max_length": 48, "max_action_tokens": LEROBOT_FAST_STEPS,
-            "max_decoding_steps": LEROBOT_FAST_STEPS, "fast_skip_tokens": 128,
-            "temperature": 0.0, "use_kv_cache": True,
+            "tokenizer_max_length": 48,
+            "max_action_tokens": LEROBOT_FAST_STEPS,
+            "max_decoding_steps": LEROBOT_FAST_STEPS,
+            "fast_skip_tokens": 128,
+            "temperature": 0.0,
+            "use_kv_cache": True,
             "text_tokenizer_name": "google/paligemma-3b-pt-224",
             "action_tokenizer_name": "lerobot/fast-action-tokenizer",
             # random weights do not write "Action: " before their code (see _pi0_fast_extras)
             "validate_action_token_prefix": False,
-        }  # fmt: skip
+        }
     if smol:  # SmolVLAConfig's fields instead of the PaliGemma ones
-        for key in ("paligemma_variant", "action_expert_variant", "dtype", "image_resolution",
-                    "num_inference_steps"):  # fmt: skip
+        for key in (
+            "paligemma_variant",
+            "action_expert_variant",
+            "dtype",
+            "image_resolution",
+            "num_inference_steps",
+        ):
             config.pop(key)
         config |= {
-            "resize_imgs_with_padding": [side, side], "num_steps": 10, "use_cache": True,
+            "resize_imgs_with_padding": [side, side],
+            "num_steps": 10,
+            "use_cache": True,
             "vlm_model_name": "HuggingFaceTB/SmolVLM2-500M-Video-Instruct",
-            "load_vlm_weights": False, "add_image_special_tokens": False,
-            "attention_mode": "cross_attn", "prefix_length": -1, "pad_language_to": "longest",
-            "num_expert_layers": -1, "num_vlm_layers": 4, "self_attn_every_n_layers": 2,
-            "expert_width_multiplier": 0.75, "tokenizer_max_length": 48,
-        }  # fmt: skip
+            "load_vlm_weights": False,
+            "add_image_special_tokens": False,
+            "attention_mode": "cross_attn",
+            "prefix_length": -1,
+            "pad_language_to": "longest",
+            "num_expert_layers": -1,
+            "num_vlm_layers": 4,
+            "self_attn_every_n_layers": 2,
+            "expert_width_multiplier": 0.75,
+            "tokenizer_max_length": 48,
+        }
         (out / lerobot.VLM_CONFIG_FILE).write_text(json.dumps(LEROBOT_SMOLVLM, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=1))
     vocab = PALIGEMMA_VOCAB if fast else 0
@@ -514,9 +614,15 @@ def make_lerobot_dir(out: str | Path, kind: str = "pi0") -> dict:
     ):
         state_file = f"{name}_step_{step}_{registry}.safetensors"
         save_numpy({k: v.astype(np.float32) for k, v in stats.items()}, str(out / state_file))
-        norm = {"registry_name": registry, "state_file": state_file,
-                "config": {"eps": 1e-8, "norm_map": mapping, "features": feats
-                           if pipeline == "pre" else config["output_features"]}}  # fmt: skip
+        norm = {
+            "registry_name": registry,
+            "state_file": state_file,
+            "config": {
+                "eps": 1e-8,
+                "norm_map": mapping,
+                "features": feats if pipeline == "pre" else config["output_features"],
+            },
+        }
         steps = [{"registry_name": "rename_observations_processor", "config": {}}] * step
         (out / f"{name}.json").write_text(json.dumps({"name": name, "steps": [*steps, norm]}))
     return config

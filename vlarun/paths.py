@@ -82,8 +82,10 @@ def policy_dir(name_or_dir: str | os.PathLike[str]) -> Path:
                 "PyTorch safetensors only; use the LeRobot export of the same model "
                 "(pi0 / pi05 / pi0_fast)"
             )
-        raise ValueError(f"{path} is a directory without config.json: not a checkpoint (a "
-                         "vlarun, OpenVLA or LeRobot checkpoint directory has one)")  # fmt: skip
+        raise ValueError(
+            f"{path} is a directory without config.json: not a checkpoint (a "
+            "vlarun, OpenVLA or LeRobot checkpoint directory has one)"
+        )
     retired = retired_note(str(name_or_dir))
     raise ValueError(
         f"no policy {str(name_or_dir)!r}: neither a checkpoint directory nor a shipped policy "

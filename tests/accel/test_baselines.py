@@ -25,8 +25,9 @@ R, U, P = int(TokenAction.RECOMPUTE), int(TokenAction.REUSE), int(TokenAction.PR
 
 
 def _step(nv: int = 6) -> StepInputs:
-    prefix = Prefix(torch.zeros(1, nv + 4, 8), torch.ones(1, nv + 4, dtype=torch.bool),
-                    torch.tensor([nv + 3]))  # fmt: skip
+    prefix = Prefix(
+        torch.zeros(1, nv + 4, 8), torch.ones(1, nv + 4, dtype=torch.bool), torch.tensor([nv + 3])
+    )
     return StepInputs(torch.zeros(1, 1, 3, 8, 8), torch.zeros(1, nv, 8), prefix, num_layers=4)
 
 
@@ -167,9 +168,11 @@ def test_a_shared_layer_is_named_for_triages_family_only_and_reaches_its_config(
     assert shared_layer("drop-all:0.07@0") == ("drop-all:0.07", 0)
     assert shared_layer("triage:0.34") == ("triage:0.34", None)
     check_candidate("keep-all:0.18@1")
-    for bad, match in (("fastv:0.07@0", "take a shared layer"),
-                       ("drop-all:0.07@x", "whole number"),
-                       ("drop-all:0.07@-1", "whole number")):  # fmt: skip
+    for bad, match in (
+        ("fastv:0.07@0", "take a shared layer"),
+        ("drop-all:0.07@x", "whole number"),
+        ("drop-all:0.07@-1", "whole number"),
+    ):
         with pytest.raises(ValueError, match=match):
             check_candidate(bad)
     built = build_candidate(oft_policy, "drop-all:0.07@0")

@@ -10,9 +10,17 @@ pytest.importorskip("metaworld")
 
 
 def test_quick_bench_writes_every_field(tmp_path):
-    o = BenchAccelOptions(quick=True, tasks="reach-v3", episodes=1, max_steps=8, budgets="0.34",
-                          methods="triage", latency_queries=2, large=False,
-                          out=str(tmp_path))  # fmt: skip
+    o = BenchAccelOptions(
+        quick=True,
+        tasks="reach-v3",
+        episodes=1,
+        max_steps=8,
+        budgets="0.34",
+        methods="triage",
+        latency_queries=2,
+        large=False,
+        out=str(tmp_path),
+    )
     r = run(o, progress=False)
     assert {"method", "budget_fraction", "success_rate", "ci95", "action_error"} <= set(
         r["sweep"][1]
@@ -34,8 +42,15 @@ def test_large_shape_latency_rows_run_with_a_small_lm():
     from vlarun.bench.accel import large_policy, latency_rows, synthetic_stream
     from vlarun.models.llama import LlamaConfig
 
-    llm = LlamaConfig(vocab_size=32064, hidden_size=128, intermediate_size=256, num_layers=4,
-                      num_heads=4, num_kv_heads=2, max_positions=512)  # fmt: skip
+    llm = LlamaConfig(
+        vocab_size=32064,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=512,
+    )
     policy = large_policy(llm)
     assert policy.model.cfg.num_visual == 256
     stream = synthetic_stream(224, 2, "pick up the cube")
@@ -52,8 +67,15 @@ def test_large_dit_shape_times_efficientvla_parts_with_a_small_lm():
     from vlarun.bench.accel_table import _large_candidate
     from vlarun.models.llama import LlamaConfig
 
-    llm = LlamaConfig(vocab_size=32064, hidden_size=128, intermediate_size=256, num_layers=12,
-                      num_heads=4, num_kv_heads=2, max_positions=512)  # fmt: skip
+    llm = LlamaConfig(
+        vocab_size=32064,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=12,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=512,
+    )
     big = large_policy(llm, family="diffusion", dit_size="DiT-S")
     assert big.model.cfg.family == "diffusion" and "-dit (random, " in large_label(big)
     stream = synthetic_stream(224, 2, "pick up the cube")
@@ -72,8 +94,12 @@ def test_triage_lead_is_paired_per_budget():
     def row(config, outcomes):
         return {"group": "tokens", "config": config, "outcomes": outcomes}
 
-    rows = [row("full", [1, 1, 1, 1]), row("triage:0.07", [1, 1, 0, 1]),
-            row("fastv:0.07", [0, 1, 0, 0]), row("fastv:0.34", [1, 1, 1, 1])]  # fmt: skip
+    rows = [
+        row("full", [1, 1, 1, 1]),
+        row("triage:0.07", [1, 1, 0, 1]),
+        row("fastv:0.07", [0, 1, 0, 0]),
+        row("fastv:0.34", [1, 1, 1, 1]),
+    ]
     triage_leads(rows, 200)
     lead = rows[2]["triage_lead"]
     assert lead["difference"] == 0.5 and lead["only_other"] == 2 and lead["only_base"] == 0
@@ -109,14 +135,29 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
     the settings file it writes is read by the plan space with an accuracy floor."""
     from vlarun.sched.plans import load_settings, setting_grid
 
-    o = BenchAccelOptions(table=True, policy="tiny-oft", ar_policy="tiny-ar", tasks="reach-v3",
-                          episodes=2, max_steps=8, configs="triage:0.34,int8,exit:0.5", workers=1,
-                          latency_queries=3, large=False, bootstrap=200,
-                          out=str(tmp_path))  # fmt: skip
+    o = BenchAccelOptions(
+        table=True,
+        policy="tiny-oft",
+        ar_policy="tiny-ar",
+        tasks="reach-v3",
+        episodes=2,
+        max_steps=8,
+        configs="triage:0.34,int8,exit:0.5",
+        workers=1,
+        latency_queries=3,
+        large=False,
+        bootstrap=200,
+        out=str(tmp_path),
+    )
     r = run(o, progress=False)
     rows = {(x["group"], x["config"]): x for x in r["table"]}
-    assert set(rows) == {("tokens", "full"), ("tokens", "triage:0.34"), ("tokens", "int8"),
-                         ("decode", "full"), ("decode", "exit:0.5")}  # fmt: skip
+    assert set(rows) == {
+        ("tokens", "full"),
+        ("tokens", "triage:0.34"),
+        ("tokens", "int8"),
+        ("decode", "full"),
+        ("decode", "exit:0.5"),
+    }
     for x in rows.values():
         d = x["difference"]
         assert x["episodes"] == d["episodes"] == 2
@@ -135,12 +176,14 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
     assert "| tokens | triage:0.34 |" in text and "paired diff" in text
     settings = load_settings(r["files"]["settings"])
     measured = [s for s in settings if s.source != "identity"]
-    assert {(s.knob, s.value) for s in measured} <= {("token_budget", 0.34), ("weights", "int8"),
-                                                    ("early_exit_sigma", 0.5)}  # fmt: skip
+    assert {(s.knob, s.value) for s in measured} <= {
+        ("token_budget", 0.34),
+        ("weights", "int8"),
+        ("early_exit_sigma", 0.5),
+    }
     for s in measured:
         assert s.lower <= s.relative_success <= s.upper
     grid, _ = setting_grid("parallel", settings, measured[0].models[0] if measured else None)
     assert grid
     with pytest.raises(ValueError, match="unknown method"):
-        run(BenchAccelOptions(table=True, configs="nope:0.3", workers=1, out=None),
-            progress=False)  # fmt: skip
+        run(BenchAccelOptions(table=True, configs="nope:0.3", workers=1, out=None), progress=False)

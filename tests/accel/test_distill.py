@@ -138,8 +138,12 @@ def test_sample_batch_draws_non_final_states_of_each_trajectory():
     n = 4
     states = torch.arange(3 * n * n).reshape(3, n, n)  # every state distinct
     data = {"states": states, "length": torch.tensor([3, 1, 4]), "frame": torch.tensor([0, 1, 2])}
-    frames = Frames(torch.zeros(3, 8, 8, 3, dtype=torch.uint8), [[1], [2], [3]],
-                    torch.zeros(3, n, dtype=torch.long), torch.arange(3))  # fmt: skip
+    frames = Frames(
+        torch.zeros(3, 8, 8, 3, dtype=torch.uint8),
+        [[1], [2], [3]],
+        torch.zeros(3, n, dtype=torch.long),
+        torch.arange(3),
+    )
     _, text, state, fixed, idx = sample_batch(data, frames, 64, torch.Generator().manual_seed(0), 5)
     assert state.shape == (64, 5, n) and fixed.shape == (64, n)
     for row, f in enumerate(idx.tolist()):
@@ -153,8 +157,12 @@ def test_sample_batch_can_pin_the_initial_guess():
     n = 4
     states = torch.arange(3 * n * n).reshape(3, n, n)
     data = {"states": states, "length": torch.tensor([3, 2, 4]), "frame": torch.tensor([0, 1, 2])}
-    frames = Frames(torch.zeros(3, 8, 8, 3, dtype=torch.uint8), [[1], [2], [3]],
-                    torch.zeros(3, n, dtype=torch.long), torch.arange(3))  # fmt: skip
+    frames = Frames(
+        torch.zeros(3, 8, 8, 3, dtype=torch.uint8),
+        [[1], [2], [3]],
+        torch.zeros(3, n, dtype=torch.long),
+        torch.arange(3),
+    )
     gen = torch.Generator().manual_seed(0)
     _, _, state, _, idx = sample_batch(data, frames, 32, gen, 4, initial=True)
     assert torch.equal(state[:, 0], states[idx, 0])  # every row's first state is its guess
@@ -166,16 +174,25 @@ def test_collection_from_repeat_guesses_is_not_mixed_with_random(chunked, tmp_pa
     cfg = chunked.model.cfg
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 255, (4, cfg.image_size, cfg.image_size, 3), generator=gen)
-    frames = Frames(images.to(torch.uint8), [chunked.text_ids("open the drawer")] * 4,
-                    torch.zeros(4, 14, dtype=torch.long), torch.arange(4))  # fmt: skip
+    frames = Frames(
+        images.to(torch.uint8),
+        [chunked.text_ids("open the drawer")] * 4,
+        torch.zeros(4, 14, dtype=torch.long),
+        torch.arange(4),
+    )
     base = DistillConfig(teacher="unused", frames=2, collect_batch=2, eval_frames=1, init="repeat")
     collect(base, chunked, frames, tmp_path, lambda m: None)
     states = load_file(tmp_path / "trajectories.safetensors")["states"]
     first = states[:, 1, 0]  # after one iteration y_1 is the prefill's token: the guess repeats it
     assert (states[:, 0] == first[:, None]).all()
     with pytest.raises(ValueError, match="init='repeat'"):
-        collect(dataclasses.replace(base, init="random", frames=3), chunked, frames, tmp_path,
-                lambda m: None)  # fmt: skip
+        collect(
+            dataclasses.replace(base, init="random", frames=3),
+            chunked,
+            frames,
+            tmp_path,
+            lambda m: None,
+        )
 
 
 def test_collection_resumes_where_it_stopped(chunked, tmp_path):
@@ -184,8 +201,12 @@ def test_collection_resumes_where_it_stopped(chunked, tmp_path):
     gen = torch.Generator().manual_seed(0)
     images = torch.randint(0, 255, (8, cfg.image_size, cfg.image_size, 3), generator=gen)
     text = [chunked.text_ids("open the drawer")] * 8
-    frames = Frames(images.to(torch.uint8), text, torch.zeros(8, 14, dtype=torch.long),
-                    torch.randperm(8, generator=gen))  # fmt: skip
+    frames = Frames(
+        images.to(torch.uint8),
+        text,
+        torch.zeros(8, 14, dtype=torch.long),
+        torch.randperm(8, generator=gen),
+    )
     base = DistillConfig(teacher="unused", frames=3, collect_batch=2, eval_frames=2)
     first = collect(base, chunked, frames, tmp_path, lambda m: None)
     before = load_file(tmp_path / "trajectories.safetensors")
@@ -220,27 +241,66 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     if not (TINY_AR / "config.json").exists():
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     run = tmp_path / "run"
-    cfg = DistillConfig(teacher=str(TINY_AR), demos=str(demos), out=str(run), frames=6,
-                        collect_batch=4, eval_frames=4, steps=2, batch=2, save_every=1,
-                        log_every=1, warmup=1)  # fmt: skip
+    cfg = DistillConfig(
+        teacher=str(TINY_AR),
+        demos=str(demos),
+        out=str(run),
+        frames=6,
+        collect_batch=4,
+        eval_frames=4,
+        steps=2,
+        batch=2,
+        save_every=1,
+        log_every=1,
+        warmup=1,
+    )
     first = distill(cfg)
     assert first["step"] == 2 and first["collected"]["frames"] == 6
     traj = load_file(run / "trajectories.safetensors")
     n = 16  # tiny-ar: 4 steps x 4 dims
     assert traj["states"].shape == (6, n, n) and (traj["length"] >= 2).all()
     # Resume through the command line, with demo tokens as the AR targets.
-    argv = ["distill", "--teacher", str(TINY_AR), "--demos", str(demos), "--out", str(run),
-            "--frames", "6", "--collect-batch", "4", "--eval-frames", "4", "--steps", "3",
-            "--batch", "2", "--save-every", "1", "--log-every", "1", "--warmup", "1",
-            "--ar-target", "demo", "--json"]  # fmt: skip
+    argv = [
+        "distill",
+        "--teacher",
+        str(TINY_AR),
+        "--demos",
+        str(demos),
+        "--out",
+        str(run),
+        "--frames",
+        "6",
+        "--collect-batch",
+        "4",
+        "--eval-frames",
+        "4",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--save-every",
+        "1",
+        "--log-every",
+        "1",
+        "--warmup",
+        "1",
+        "--ar-target",
+        "demo",
+        "--json",
+    ]
     again = run_command(argv)
     assert again["step"] == 3  # resumed from step 2, not from 0
     lines = [json.loads(x) for x in (run / "distill.log").read_text().splitlines()]
     assert [e["step"] for e in lines if "step" in e] == [1, 2, 3]
     assert {"loss_c", "loss_ar", "lr"} <= set(lines[-1])
     export = Path(again["exported"])
-    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md",
-            "dataset_statistics.json"} <= {p.name for p in export.iterdir()}  # fmt: skip
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+        "dataset_statistics.json",
+    } <= {p.name for p in export.iterdir()}
     assert "consistency distillation" in (export / "README.md").read_text()
     assert {"teacher_jacobi_iterations", "student_exit_iterations"} <= set(again["evaluation"])
     student = Policy.from_checkpoint(export)
@@ -252,17 +312,31 @@ def test_distill_runs_resumes_and_exports(tmp_path, demos):
     decoder = AccelSetting(early_exit_sigma=0.5).hooks("autoregressive", student.calibration)
     assert decoder.decoder.cfg.init == cfg.init
     # A new run continuing from that student (fresh schedule) starts from its weights.
-    cont = dataclasses.replace(cfg, out=str(tmp_path / "cont"), student_init=str(export),
-                               steps=1, states=3, export=str(tmp_path / "cont-export"))  # fmt: skip
+    cont = dataclasses.replace(
+        cfg,
+        out=str(tmp_path / "cont"),
+        student_init=str(export),
+        steps=1,
+        states=3,
+        export=str(tmp_path / "cont-export"),
+    )
     assert distill(dataclasses.replace(cont, export_only=True))["step"] == 0
     exported = load_file(tmp_path / "cont-export" / "model.safetensors")
-    assert all(torch.equal(v, load_file(export / "model.safetensors")[k])
-               for k, v in exported.items())  # fmt: skip
+    assert all(
+        torch.equal(v, load_file(export / "model.safetensors")[k]) for k, v in exported.items()
+    )
     assert f"initialised from `{export}`" in (tmp_path / "cont-export" / "README.md").read_text()
     # Frozen vision: the tower keeps the teacher's weights, the language model moves.
-    frozen = dataclasses.replace(cont, out=str(tmp_path / "frozen"), student_init="", steps=2,
-                                 freeze_vision=True, initial_state=True, lr=1e-2,
-                                 export=str(tmp_path / "frozen-export"))  # fmt: skip
+    frozen = dataclasses.replace(
+        cont,
+        out=str(tmp_path / "frozen"),
+        student_init="",
+        steps=2,
+        freeze_vision=True,
+        initial_state=True,
+        lr=1e-2,
+        export=str(tmp_path / "frozen-export"),
+    )
     distill(frozen)
     teacher_w = load_file(TINY_AR / "model.safetensors")
     frozen_w = load_file(tmp_path / "frozen-export" / "model.safetensors")
@@ -311,8 +385,9 @@ def test_consistency_gradient_stops_at_the_fixed_point_distribution(chunked, mon
     g_teacher, g_student = torch.autograd.grad(loss, [teacher, student], allow_unused=True)
     assert g_teacher is None or g_teacher.abs().max().item() == 0.0
     logp = teacher.detach().log_softmax(-1)
-    want = torch.autograd.grad((logp.exp() * (logp - student.log_softmax(-1))).sum(-1).mean(),
-                               student)[0]  # fmt: skip
+    want = torch.autograd.grad(
+        (logp.exp() * (logp - student.log_softmax(-1))).sum(-1).mean(), student
+    )[0]
     assert (g_student - want).abs().max().item() < 1e-7
 
 
@@ -340,8 +415,9 @@ def test_losses_count_a_fast_code_up_to_its_end_only(chunked, monkeypatch):
     with torch.no_grad():  # scramble every logit after a target's END
         gen = torch.Generator().manual_seed(1)
         teacher[~keep] += 5 * torch.randn(teacher[~keep].shape, generator=gen)
-        student[~(keep | demo_keep)] += 5 * torch.randn(student[~(keep | demo_keep)].shape,
-                                                        generator=gen)  # fmt: skip
+        student[~(keep | demo_keep)] += 5 * torch.randn(
+            student[~(keep | demo_keep)].shape, generator=gen
+        )
     assert losses() == pytest.approx(before, rel=1e-6)
 
 
@@ -357,9 +433,11 @@ def test_fast_blocks_are_cut_and_padded_to_one_width():
     assert wide.shape == (2, 5, 5) and same.tolist() == [3, 2]
     assert torch.equal(wide[:, :3, :3], cut[:, :3, :3]) and (wide[:, :, 3:] == end).all()
     assert torch.equal(wide[:, 3:, :3], cut[:, 2:3, :3].expand(-1, 2, -1))
-    parts = {"frame": [torch.tensor([0, 1]), torch.tensor([2])],
-             "states": [cut[:, :2, :2], torch.zeros(1, 3, 3, dtype=torch.long)],
-             "length": [torch.tensor([2, 1]), torch.tensor([3])]}  # fmt: skip
+    parts = {
+        "frame": [torch.tensor([0, 1]), torch.tensor([2])],
+        "states": [cut[:, :2, :2], torch.zeros(1, 3, 3, dtype=torch.long)],
+        "length": [torch.tensor([2, 1]), torch.tensor([3])],
+    }
     joined = _join(parts, FastConfig(vocab_size=4, max_tokens=8, end_id=end))
     assert joined["states"].shape == (3, 3, 3) and joined["length"].tolist() == [2, 1, 3]
 
@@ -393,8 +471,9 @@ def _fast_teacher(directory: Path) -> Path:
         head[end] = 1.05 * head[390]
     model.set_fast_tokenizer(synthetic_fast_tokenizer(cfg.horizon, cfg.action_dim, 256))
     stats = json.loads((TINY_AR / "dataset_statistics.json").read_text())
-    return save_vla(model.eval(), directory, norm_stats=stats,
-                    tokenizer_file=TINY_AR / "tokenizer.json")  # fmt: skip
+    return save_vla(
+        model.eval(), directory, norm_stats=stats, tokenizer_file=TINY_AR / "tokenizer.json"
+    )
 
 
 def test_distill_a_fast_teacher(tmp_path, demos):
@@ -405,9 +484,21 @@ def test_distill_a_fast_teacher(tmp_path, demos):
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     teacher_dir = _fast_teacher(tmp_path / "tiny-fast")
     run = tmp_path / "run"
-    cfg = DistillConfig(teacher=str(teacher_dir), demos=str(demos), out=str(run), frames=24,
-                        collect_batch=8, eval_frames=4, steps=2, batch=2, block=12,
-                        save_every=1, log_every=1, warmup=1, ar_target="demo")  # fmt: skip
+    cfg = DistillConfig(
+        teacher=str(teacher_dir),
+        demos=str(demos),
+        out=str(run),
+        frames=24,
+        collect_batch=8,
+        eval_frames=4,
+        steps=2,
+        batch=2,
+        block=12,
+        save_every=1,
+        log_every=1,
+        warmup=1,
+        ar_target="demo",
+    )
     got = distill(cfg)
     assert got["step"] == 2
     data = load_file(run / "trajectories.safetensors")
@@ -418,14 +509,21 @@ def test_distill_a_fast_teacher(tmp_path, demos):
     assert (code < n).any() and (code > n).any()  # codes that end in the block, codes cut
     assert data["states"].shape == (24, n, n) and got["collected"]["tokens"] == n
     assert {k: meta[k] for k in ("init", "window", "block", "width")} == {
-        "init": cfg.init, "window": "4", "block": "12", "width": "12"}  # fmt: skip
+        "init": cfg.init,
+        "window": "4",
+        "block": "12",
+        "width": "12",
+    }
     # The fixed points are the teacher's greedy codes, up to END or the block's end.
     teacher = Policy.from_checkpoint(teacher_dir)
     frames = load_frames(cfg, teacher)
     idx, model = data["frame"].long(), teacher.model
     with torch.no_grad():
-        pre = model.prefill(model.build_prefix(model.encode_images(frames.image_batch(idx)),
-                                               [frames.text[i] for i in idx.tolist()]))  # fmt: skip
+        pre = model.prefill(
+            model.build_prefix(
+                model.encode_images(frames.image_batch(idx)), [frames.text[i] for i in idx.tolist()]
+            )
+        )
         greedy = model.decode_tokens(pre)
     assert torch.equal(code, code_lengths(greedy, end))
     fixed = data["states"][torch.arange(24), data["length"].long() - 1].long()
@@ -442,6 +540,7 @@ def test_distill_a_fast_teacher(tmp_path, demos):
     assert "Jacobi window 4" in (export / "README.md").read_text()
     assert "student_exit_code_agreement_with_teacher" in got["evaluation"]
     decoder = JacobiDecoder(JacobiConfig(sigma=0.5, init=cfg.init))
-    actions = student.with_hooks(decoder=decoder).predict(np.zeros((128, 128, 3), np.uint8),
-                                                          "reach the goal")  # fmt: skip
+    actions = student.with_hooks(decoder=decoder).predict(
+        np.zeros((128, 128, 3), np.uint8), "reach the goal"
+    )
     assert actions.shape == (4, 4) and np.isfinite(actions).all()

@@ -30,8 +30,12 @@ def test_recommended_delta_is_the_edge_below_which_reuse_never_loses():
 def test_calibration_plot_is_written(tmp_path):
     from vlarun.sim.drift_calibration import plot_calibration
 
-    probes = [_probe(d, a, (d - 0.3) * 0.1 + 0.001 * i)
-              for d in (0.05, 0.25, 0.4, 0.8) for a in (1, 5) for i in range(3)]  # fmt: skip
+    probes = [
+        _probe(d, a, (d - 0.3) * 0.1 + 0.001 * i)
+        for d in (0.05, 0.25, 0.4, 0.8)
+        for a in (1, 5)
+        for i in range(3)
+    ]
     r = summarise_probes(probes) | {"policy": "x/mt10-oft"}
     plot_calibration(r, str(tmp_path / "drift.png"))
     assert (tmp_path / "drift.png").stat().st_size > 1000

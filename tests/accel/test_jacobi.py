@@ -20,8 +20,12 @@ from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
 
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
-PROMPTS = ["push the red block to the goal", "open the drawer", "press the button from the top",
-           "reach"]  # fmt: skip
+PROMPTS = [
+    "push the red block to the goal",
+    "open the drawer",
+    "press the button from the top",
+    "reach",
+]
 
 
 @pytest.fixture(scope="module")

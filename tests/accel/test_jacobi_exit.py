@@ -137,11 +137,14 @@ def test_unsettled_rule_skips_the_tokens_jacobi_has_made_exact():
 def test_rows_exit_independently_and_stay_frozen():
     """Row 0 is sure of everything, even behind wrong inputs: it exits at iteration 1 with
     wrong tokens (the rule trusts confidence, not convergence); row 1 is ``_table``'s row."""
-    table = Table([[3, 2, 1, 0], [0, 1, 2, 3]],
-                  right=[[0.9] * 4, [0.9, 0.9, 0.6, 0.8]],
-                  wrong=[[0, 0, 0.9, 0.9], [0, 0, 0.3, 0.55]])  # fmt: skip
-    r = jacobi_solve(table.first(), table, torch.zeros(2, 4, dtype=torch.long),
-                     JacobiConfig(sigma=0.5))  # fmt: skip
+    table = Table(
+        [[3, 2, 1, 0], [0, 1, 2, 3]],
+        right=[[0.9] * 4, [0.9, 0.9, 0.6, 0.8]],
+        wrong=[[0, 0, 0.9, 0.9], [0, 0, 0.3, 0.55]],
+    )
+    r = jacobi_solve(
+        table.first(), table, torch.zeros(2, 4, dtype=torch.long), JacobiConfig(sigma=0.5)
+    )
     assert r.iterations.tolist() == [1, 2] and r.exited.tolist() == [True, True]
     assert r.tokens.tolist() == [[3, 2, 0, 3], [0, 1, 2, 2]]
     assert torch.equal(r.trajectory[0, 1], r.trajectory[0, 2])  # frozen after exiting

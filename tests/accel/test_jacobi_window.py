@@ -164,8 +164,9 @@ def test_plain_jacobi_stops_at_end_where_greedy_does():
     end = int(free[0, 3])
     assert end not in base.fast.lm_range(1024) and end not in free[0, :3].tolist()
     assert end not in free[1].tolist()
-    model.cfg = dataclasses.replace(base, llm=model.cfg.llm,
-                                    fast=dataclasses.replace(base.fast, end_id=end))  # fmt: skip
+    model.cfg = dataclasses.replace(
+        base, llm=model.cfg.llm, fast=dataclasses.replace(base.fast, end_id=end)
+    )
     greedy = model.decode_tokens(prefill())
     assert code_lengths(greedy, end).tolist() == [4, 32]
     for window in (1, 4, None, 31):

@@ -52,8 +52,9 @@ def test_accelerated_policy_is_a_fidelity_candidate(oft_policy, frames, actions)
     from vlarun.sim.tasks import get_task
 
     task = "reach-v3"
-    ref = np.stack([a.float().numpy() for a in actions(oft_policy, frames[:2],
-                                                       get_task(task).instruction)])  # fmt: skip
+    ref = np.stack(
+        [a.float().numpy() for a in actions(oft_policy, frames[:2], get_task(task).instruction)]
+    )
     rollouts = Rollouts(np.stack(frames[:2]), ref, np.zeros(2, dtype=np.int64), (task,), (0,))
     full = action_fidelity(rollouts, policy_candidate(oft_policy.with_setting("full")))
     assert full["mean_abs_error"] == 0.0

@@ -18,7 +18,7 @@ SETTINGS = {
         "tiny-openvla",
         lambda: dict(
             tokens=Triage(TriageConfig(budget=16)), decoder=JacobiDecoder(JacobiConfig(sigma=0.5))
-        ),  # fmt: skip
+        ),
     ),
     "dit-cache": ("tiny-cogact", lambda: dict(denoise_cache=every_n_steps(3))),
     "flow-cache": ("tiny-pi0", lambda: dict(denoise_cache=every_n_steps(3))),
@@ -50,8 +50,9 @@ def test_serialised_stage_by_stage_equals_in_process(setting):
         a = local.run_stages(frame, INSTRUCTION, state=state, seed=i)
         b = remote.run_stages(frame, INSTRUCTION, state=state, seed=i, serialize=True)
         assert torch.equal(a.outputs["actions"], b.outputs["actions"]), (setting, i)
-        assert [t.name for t in b.timings] == [s.name for s in local.graph(len(
-            base.text_ids(INSTRUCTION))).stages]  # fmt: skip
+        assert [t.name for t in b.timings] == [
+            s.name for s in local.graph(len(base.text_ids(INSTRUCTION))).stages
+        ]
         assert all(t.in_bytes > 0 for t in b.timings)  # real packets, not 0-byte timings
     assert [dataclass_tuple(s) for s in local.stats.steps] == [
         dataclass_tuple(s) for s in remote.stats.steps

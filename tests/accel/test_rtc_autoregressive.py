@@ -97,8 +97,11 @@ def test_no_prefix_is_plain_greedy_and_a_full_prefix_is_returned_as_is(setup):
 def test_bad_prefixes_are_refused(setup):
     model, (_, img1), ids = setup
     n = model.cfg.num_action_tokens
-    for bad in (torch.zeros(1, 2, dtype=torch.long), torch.zeros(2, n + 1, dtype=torch.long),
-                torch.zeros(2, dtype=torch.long)):  # fmt: skip
+    for bad in (
+        torch.zeros(1, 2, dtype=torch.long),
+        torch.zeros(2, n + 1, dtype=torch.long),
+        torch.zeros(2, dtype=torch.long),
+    ):
         with pytest.raises(ValueError, match="forced tokens must be"):
             model.decode_tokens(_prefill(model, img1, ids), bad)
     with pytest.raises(ValueError, match="delay must be in"):
@@ -112,5 +115,8 @@ def test_a_denoising_family_refuses_forced_tokens():
     policy = Policy.from_preset("tiny-pi0", seed=0)
     size = policy.model.cfg.image_size
     with pytest.raises(ValueError, match="autoregressive"):
-        policy.model.act(torch.rand(1, 1, 3, size, size), [[30, 41]],
-                         forced_tokens=torch.zeros(1, 4, dtype=torch.long))  # fmt: skip
+        policy.model.act(
+            torch.rand(1, 1, 3, size, size),
+            [[30, 41]],
+            forced_tokens=torch.zeros(1, 4, dtype=torch.long),
+        )

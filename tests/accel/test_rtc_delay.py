@@ -15,10 +15,19 @@ H, S = 16, 4  # overlap H - s = 12 steps
 
 def _plan(where: str, latency_s: float) -> ExecutionPlan:
     placement = {"vision": where, "prefill": where, "head": where}
-    return ExecutionPlan(placement=placement, settings={}, relative_success=None,
-                         latency_s=latency_s, residual_s=0.0, energy_j=1.0,
-                         actions_per_joule=1.0, feasible=True, slo_s=1.0, stage_start={},
-                         stage_end={})  # fmt: skip
+    return ExecutionPlan(
+        placement=placement,
+        settings={},
+        relative_success=None,
+        latency_s=latency_s,
+        residual_s=0.0,
+        energy_j=1.0,
+        actions_per_joule=1.0,
+        feasible=True,
+        slo_s=1.0,
+        stage_start={},
+        stage_end={},
+    )
 
 
 def test_d_follows_a_plan_change_within_one_request():

@@ -40,8 +40,9 @@ def test_the_first_d_actions_equal_the_queued_ones_exactly(policy):
     assert (rtc.delay, rtc.execution_horizon) == (2, h - n)
     free = policy.run_stages(_frame(policy, 200), "open the drawer", state=st, seed=2)
     # Every stage's input packet through the wire codec: the freeze crosses it exactly.
-    run = policy.run_stages(_frame(policy, 200), "open the drawer", state=st, seed=2,
-                            serialize=True, rtc=rtc)  # fmt: skip
+    run = policy.run_stages(
+        _frame(policy, 200), "open the drawer", state=st, seed=2, serialize=True, rtc=rtc
+    )
     got, free = run.outputs["actions"][0].numpy(), free.outputs["actions"][0].numpy()
     assert not np.array_equal(free[:2], queued[:2])  # the freeze is what makes them equal
     np.testing.assert_array_equal(got[:2], queued[:2])

@@ -82,8 +82,9 @@ def test_runs_through_the_graph_with_keyframes_at_full_compute(oft_policy, frame
         assert torch.isfinite(out).all()
     steps = fast.stats.steps
     assert steps[0].recomputed == nv and steps[0].flops_ratio == pytest.approx(1.0)
-    assert all(s.recomputed == round(0.25 * nv) and s.pruned == nv - s.recomputed
-               for s in steps[1:])  # fmt: skip
+    assert all(
+        s.recomputed == round(0.25 * nv) and s.pruned == nv - s.recomputed for s in steps[1:]
+    )
     assert all(s.reused == 0 for s in steps)
 
     from vlarun.accel.safe_pruner import SAFEPruner as P

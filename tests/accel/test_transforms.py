@@ -20,8 +20,9 @@ def dit_policy() -> Policy:
 def _sample(policy, cache=None):
     head = policy.model.action_model
     cond = torch.randn(2, head.config.cond_dim, generator=torch.Generator().manual_seed(1))
-    noise = torch.randn(2, head.config.horizon, head.config.action_dim,
-                        generator=torch.Generator().manual_seed(2))  # fmt: skip
+    noise = torch.randn(
+        2, head.config.horizon, head.config.action_dim, generator=torch.Generator().manual_seed(2)
+    )
     return head.sample(cond, noise=noise, feature_cache=cache)
 
 
@@ -65,8 +66,9 @@ def test_pruned_model_equals_skipping_those_layers_and_leaves_the_original(dit_p
     assert model.cfg.llm.num_layers == 4 and len(model.language_model.model.layers) == 4
     with torch.no_grad():
         prefix = model.build_prefix(model.encode_images(images), [ids])
-        skipped = model.language_model(prefix.embeds, pad_mask=prefix.pad,
-                                       skip_layers=frozenset({0, 2})).hidden  # fmt: skip
+        skipped = model.language_model(
+            prefix.embeds, pad_mask=prefix.pad, skip_layers=frozenset({0, 2})
+        ).hidden
         fewer = pruned.language_model(prefix.embeds, pad_mask=prefix.pad).hidden
     assert (skipped - fewer).abs().max().item() <= 1e-6
     assert pruned.language_model.model.layers[0] is model.language_model.model.layers[1]

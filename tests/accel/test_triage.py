@@ -18,8 +18,17 @@ from vlarun.models.token_plan import TokenAction
 def _fill(budget, important, has_cache, valid, newly, age, drift, importance, mu=0.0):
     t = lambda xs, dt=torch.bool: torch.tensor(xs, dtype=dt)  # noqa: E731
     f = torch.float
-    mask = fill_budget(budget, t(important), t(has_cache), t(valid), t(newly),
-                       t(age, torch.long), t(drift, f), t(importance, f), mu)  # fmt: skip
+    mask = fill_budget(
+        budget,
+        t(important),
+        t(has_cache),
+        t(valid),
+        t(newly),
+        t(age, torch.long),
+        t(drift, f),
+        t(importance, f),
+        mu,
+    )
     return mask.nonzero().flatten().tolist()
 
 

@@ -16,19 +16,44 @@ def test_quick_bench_writes_every_field(tmp_path):
     if not (TINY_AR / "config.json").exists():
         pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
     # The teacher stands in for the distilled policy: this checks the code path, not results.
-    o = BenchDecodeOptions(quick=True, distilled=str(TINY_AR), tasks="reach-v3", episodes=1,
-                           max_steps=8, sigmas="0.5", queries=2, out=str(tmp_path),
-                           exit_over="all,unsettled", max_iters=2, init="repeat",
-                           distilled_init="random")  # fmt: skip
+    o = BenchDecodeOptions(
+        quick=True,
+        distilled=str(TINY_AR),
+        tasks="reach-v3",
+        episodes=1,
+        max_steps=8,
+        sigmas="0.5",
+        queries=2,
+        out=str(tmp_path),
+        exit_over="all,unsettled",
+        max_iters=2,
+        init="repeat",
+        distilled_init="random",
+    )
     r = run(o, progress=False)
     rows = r["rows"]
     assert [(x["method"], x["sigma"], x["exit_over"]) for x in rows] == [
-        ("ar", None, None), ("jacobi", None, None), ("jacobi-exit", 0.5, "all"),
-        ("jacobi-exit", 0.5, "unsettled"), ("distilled-exit", 0.5, "all"),
-        ("distilled-exit", 0.5, "unsettled"), ("distilled", None, None)]  # fmt: skip
-    keys = {"method", "sigma", "tokens_per_s_mean", "tokens_per_s_min", "tokens_per_s_max",
-            "control_rate_hz", "success_rate", "ci95", "iterations_mean", "speedup",
-            "time_speedup"}  # fmt: skip
+        ("ar", None, None),
+        ("jacobi", None, None),
+        ("jacobi-exit", 0.5, "all"),
+        ("jacobi-exit", 0.5, "unsettled"),
+        ("distilled-exit", 0.5, "all"),
+        ("distilled-exit", 0.5, "unsettled"),
+        ("distilled", None, None),
+    ]
+    keys = {
+        "method",
+        "sigma",
+        "tokens_per_s_mean",
+        "tokens_per_s_min",
+        "tokens_per_s_max",
+        "control_rate_hz",
+        "success_rate",
+        "ci95",
+        "iterations_mean",
+        "speedup",
+        "time_speedup",
+    }
     assert all(keys <= set(x) for x in rows)
     assert rows[1]["token_agreement_with_ar"] == 1.0  # plain Jacobi is exact, never capped
     assert rows[1]["max_iters"] is None and rows[1]["iterations_max"] > 2

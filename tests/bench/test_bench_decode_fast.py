@@ -5,8 +5,7 @@ from vlarun.bench.decode import BenchDecodeOptions, format_result, run
 
 
 def test_a_fast_preset_is_timed_without_a_closed_loop():
-    o = BenchDecodeOptions(policy="tiny-pi0-fast", distilled="", sigmas="0.5", queries=2,
-                           out=None)  # fmt: skip
+    o = BenchDecodeOptions(policy="tiny-pi0-fast", distilled="", sigmas="0.5", queries=2, out=None)
     r = run(o, progress=False)
     rows = r["rows"]
     assert r["random_weights"]

@@ -14,8 +14,18 @@ KEYS = {"method", "delay_steps", "success_rate", "jerk_p99", "stalls_per_episode
 @pytest.mark.slow  # eight short closed-loop episodes: ~20 s on a quiet 2-core CPU, 40 s loaded
 def test_quick_rows_carry_the_keys(capsys, tmp_path):
     pytest.importorskip("metaworld")
-    argv = ["bench", "rtc", "--quick", "--max-steps", "16", "--workers", "1",
-            "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "bench",
+        "rtc",
+        "--quick",
+        "--max-steps",
+        "16",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     rows = r["rows"]
@@ -40,9 +50,18 @@ def test_quick_rows_carry_the_keys(capsys, tmp_path):
 
 
 def _episode(success: bool, jerks: list[float], stalls: int = 0, task: str = "t", seed: int = 0):
-    return {"task": task, "seed": seed, "success": success, "steps": 20, "seam_jerk": jerks,
-            "stalls": stalls, "stall_ticks": 2 * stalls, "startup_ticks": 0,
-            "skipped_actions": 0, "frozen": []}  # fmt: skip
+    return {
+        "task": task,
+        "seed": seed,
+        "success": success,
+        "steps": 20,
+        "seam_jerk": jerks,
+        "stalls": stalls,
+        "stall_ticks": 2 * stalls,
+        "startup_ticks": 0,
+        "skipped_actions": 0,
+        "frozen": [],
+    }
 
 
 def test_rows_pair_on_seeds_and_goals_read_the_largest_delay():
@@ -59,8 +78,12 @@ def test_rows_pair_on_seeds_and_goals_read_the_largest_delay():
     assert rows[0]["control_rate_hz"] == pytest.approx(20.0 * 18 / 20)  # 2 ticks held of 20
     assert rows[0]["paired_vs_sync"] is None
     g = goals(rows)
-    assert g == {"delay_steps": 4, "rtc_within_5pp_of_sync": True, "naive_loses_15pp": True,
-                 "rtc_jerk_p99_le_half_naive": True}  # fmt: skip
+    assert g == {
+        "delay_steps": 4,
+        "rtc_within_5pp_of_sync": True,
+        "naive_loses_15pp": True,
+        "rtc_jerk_p99_le_half_naive": True,
+    }
 
 
 def test_bad_options_are_named():

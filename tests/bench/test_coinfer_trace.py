@@ -24,14 +24,23 @@ def test_shipped_traces_load_and_bad_ones_are_refused(tmp_path):
 
 
 def _row(name, apj, on_time, n=100):
-    return {"strategy": name, "actions_per_joule": apj, "slo_met_fraction": on_time,
-            "inferences": n}  # fmt: skip
+    return {
+        "strategy": name,
+        "actions_per_joule": apj,
+        "slo_met_fraction": on_time,
+        "inferences": n,
+    }
 
 
 def test_the_best_static_is_the_most_efficient_one_on_time():
-    rows = [_row("device-only", 0.10, 0.80), _row("edge-only", 0.05, 1.0),
-            _row("fixed-split", 0.04, 1.0), _row("device-only@triage:0.34", 0.11, 0.995),
-            _row("vlarun-placement", 0.06, 1.0), _row("vlarun-joint", 0.132, 0.99)]  # fmt: skip
+    rows = [
+        _row("device-only", 0.10, 0.80),
+        _row("edge-only", 0.05, 1.0),
+        _row("fixed-split", 0.04, 1.0),
+        _row("device-only@triage:0.34", 0.11, 0.995),
+        _row("vlarun-placement", 0.06, 1.0),
+        _row("vlarun-joint", 0.132, 0.99),
+    ]
     s = summarise_trace(rows)
     assert s["best_static"] == "device-only@triage:0.34"  # device-only misses too often
     assert s["joint_over_best_static"] == pytest.approx(1.2)

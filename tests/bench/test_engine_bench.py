@@ -53,10 +53,19 @@ def test_schema_and_honesty(tiny_result):
     for case in cases:
         for key, kind in CASE_KEYS.items():
             assert isinstance(case[key], kind), (key, case[key])
-        for key in ("prefill_ms_vlarun", "prefill_ms_hf", "decode_ms_per_token_vlarun",
-                    "decode_ms_per_token_hf", "prefill_gflops", "peak_gflops", "mem_read_gbs",
-                    "prefill_peak_fraction", "prefill_floor_fraction",
-                    "decode_peak_fraction", "decode_floor_fraction"):  # fmt: skip
+        for key in (
+            "prefill_ms_vlarun",
+            "prefill_ms_hf",
+            "decode_ms_per_token_vlarun",
+            "decode_ms_per_token_hf",
+            "prefill_gflops",
+            "peak_gflops",
+            "mem_read_gbs",
+            "prefill_peak_fraction",
+            "prefill_floor_fraction",
+            "decode_peak_fraction",
+            "decode_floor_fraction",
+        ):
             assert case[key] > 0, (key, case[key])
         assert case["prefill_ms_vlarun_p90"] >= case["prefill_ms_vlarun"]
         # (The speedups are the producer's own division; restating it here could not fail.

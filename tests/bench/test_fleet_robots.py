@@ -25,9 +25,16 @@ def test_a_fleet_needs_a_robot_and_a_request():
 
 @pytest.mark.parametrize("bad", [["--index", "2"], ["--requests", "0"], ["--period-s", "0"]])
 def test_robot_arguments_are_checked_before_anything_loads(bad, capsys):
-    args = {"--policy": "tiny-ar", "--config": "{}", "--edge": "tcp://127.0.0.1:9",
-            "--index": "0", "--robots": "2", "--requests": "1", "--period-s": "0.5",
-            "--rows": "/nonexistent/rows.jsonl"}  # fmt: skip
+    args = {
+        "--policy": "tiny-ar",
+        "--config": "{}",
+        "--edge": "tcp://127.0.0.1:9",
+        "--index": "0",
+        "--robots": "2",
+        "--requests": "1",
+        "--period-s": "0.5",
+        "--rows": "/nonexistent/rows.jsonl",
+    }
     args.update(dict(zip(bad[::2], bad[1::2], strict=True)))
     with pytest.raises(SystemExit):
         fleet_robots.main([x for kv in args.items() for x in kv])
@@ -38,10 +45,18 @@ def test_emulator_reports_are_merged_stage_by_stage():
     def stage(n, v, worst):
         return {"executions": n, "violations": v, "worst_overrun_ms": worst}
 
-    a = {"executions": 3, "emulation_violations": 1, "worst_overrun_ms": 5.0,
-         "by_stage": {"vision": stage(3, 1, 5.0)}}  # fmt: skip
-    b = {"executions": 2, "emulation_violations": 0, "worst_overrun_ms": 0.0,
-         "by_stage": {"vision": stage(1, 0, 0.0), "decode": stage(1, 0, 0.0)}}  # fmt: skip
+    a = {
+        "executions": 3,
+        "emulation_violations": 1,
+        "worst_overrun_ms": 5.0,
+        "by_stage": {"vision": stage(3, 1, 5.0)},
+    }
+    b = {
+        "executions": 2,
+        "emulation_violations": 0,
+        "worst_overrun_ms": 0.0,
+        "by_stage": {"vision": stage(1, 0, 0.0), "decode": stage(1, 0, 0.0)},
+    }
     m = merge_reports([a, b])
     assert (m["executions"], m["emulation_violations"], m["worst_overrun_ms"]) == (5, 1, 5.0)
     assert m["by_stage"]["vision"] == {"executions": 4, "violations": 1, "worst_overrun_ms": 5.0}

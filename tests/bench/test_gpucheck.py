@@ -36,10 +36,24 @@ def quick_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path_factory.mktemp("gpu-check")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "vlarun", "bench", "gpu-check", "--out", str(out), "--device",
-         "cpu", "--quick"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "vlarun",
+            "bench",
+            "gpu-check",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--quick",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     path = out / "gpu-check.json"
     return proc, json.loads(path.read_text()) if path.exists() else {}
 
@@ -67,8 +81,11 @@ def test_quick_cpu_run_has_every_section_with_numbers(quick_run):
     assert 0 < s["triage"]["flops_ratio_cost_model"] < 1
     assert s["jacobi"]["iterations_mean"] >= 1
     # No meter on a CPU run: said, and no energy figure made up.
-    assert s["energy"] == {"ok": True, "energy_source": "none (no meter)",
-                           "seconds": s["energy"]["seconds"]}  # fmt: skip
+    assert s["energy"] == {
+        "ok": True,
+        "energy_source": "none (no meter)",
+        "seconds": s["energy"]["seconds"],
+    }
     assert r["energy_source"] == "none (no meter)"
 
 

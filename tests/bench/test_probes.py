@@ -15,8 +15,21 @@ def _options(argv: list[str]):
 
 
 def test_side_by_side_takes_the_command_after_a_double_dash():
-    o = _options(["bench", "side-by-side", "abc123", "--runs", "2", "--",
-                  "vlarun", "bench", "engine", "--quick", "--json"])  # fmt: skip
+    o = _options(
+        [
+            "bench",
+            "side-by-side",
+            "abc123",
+            "--runs",
+            "2",
+            "--",
+            "vlarun",
+            "bench",
+            "engine",
+            "--quick",
+            "--json",
+        ]
+    )
     assert o.rev == "abc123" and o.runs == 2 and not o.json
     assert tuple(o.command) == ("vlarun", "bench", "engine", "--quick", "--json")
 
@@ -28,9 +41,11 @@ def test_side_by_side_lists_every_leaf_two_runs_differ_in_but_their_timings():
     assert differences(old, json.loads(json.dumps(old)), ("wall_s",)) == []
     new = {"rows": [{"plan": "robot", "n": 3, "p": 0.1 + 1e-12}, {}], "wall_s": 9.0, "x": 1}
     assert differences(old, new, ("wall_s",)) == [
-        "/notes: only old", "/rows: 1 -> 2 items", "/rows[0]/plan: 'edge' -> 'robot'",
+        "/notes: only old",
+        "/rows: 1 -> 2 items",
+        "/rows[0]/plan: 'edge' -> 'robot'",
         "/x: only new",
-    ]  # fmt: skip
+    ]
     assert "/wall_s: 1.0 -> 9.0" in differences(old, new)
     o = _options(["bench", "side-by-side", "HEAD~1", "--identical", "--", "vlarun", "plan"])
     assert o.identical and "wall_s" in o.ignore

@@ -25,12 +25,25 @@ def tiny_ar(tmp_path_factory):
         return decode_one(*args)
 
     plot = tmp_path_factory.mktemp("roofline") / "roofline.png"
-    argv = ["bench", "roofline", "--policy", "tiny-ar", "--repeats", "1", "--threads", "1",
-            "--plot", str(plot), "--json"]  # fmt: skip
+    argv = [
+        "bench",
+        "roofline",
+        "--policy",
+        "tiny-ar",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--plot",
+        str(plot),
+        "--json",
+    ]
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
-        mp.setattr("vlarun.models.static_step.compile_steps",
-                   lambda mode, denoise=True: DecodeSteps(one=counted, mode=mode))  # fmt: skip
+        mp.setattr(
+            "vlarun.models.static_step.compile_steps",
+            lambda mode, denoise=True: DecodeSteps(one=counted, mode=mode),
+        )
         assert main(argv) == 0
     return json.loads(out.getvalue()), len(calls), plot
 

@@ -22,10 +22,17 @@ O = BenchHostileOptions(frame_mb=2.0, budget_s=5.0, seconds=4.0, rest_requests=1
 PER_CONN_MB = openpi.ServeLimits(max_frame=int(O.frame_mb * 2**20)).per_connection_bytes / 2**20
 MARGIN_MB = 96  # the model's activations, thread stacks, allocator slack
 # connections each attack holds at once (+1: the legitimate client)
-CONNECTIONS = {"pipeline": 6, "churn": 1, "flood16": 16,
-               "flood50": openpi.ServeLimits().max_connections, "largest": 1, "half-open": 0,
-               "fuzz": 1, "npscalar": 6,
-               "key-hold": openpi.ServeLimits().max_connections // 2}  # fmt: skip
+CONNECTIONS = {
+    "pipeline": 6,
+    "churn": 1,
+    "flood16": 16,
+    "flood50": openpi.ServeLimits().max_connections,
+    "largest": 1,
+    "half-open": 0,
+    "fuzz": 1,
+    "npscalar": 6,
+    "key-hold": openpi.ServeLimits().max_connections // 2,
+}
 
 
 @pytest.mark.parametrize("attack", list(CONNECTIONS))

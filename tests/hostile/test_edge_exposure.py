@@ -19,19 +19,22 @@ from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_
 def test_without_authorized_keys_any_client_that_knows_the_public_key_is_served(tmp_path):
     keys = generate_keys(tmp_path, "edge")
     with EdgeServer(Policy.load("tiny-ar"), edge_security(False, keys["secret"], None)) as srv:
-        stranger = Security(own=KeyPair(*zmq.curve_keypair()),
-                            server_public=load_keys(keys["public"]).public)  # fmt: skip
+        stranger = Security(
+            own=KeyPair(*zmq.curve_keypair()), server_public=load_keys(keys["public"]).public
+        )
         r = ping(srv.address, stranger, count=1, timeout_s=5.0)
         assert r["secure"] and r["health"]["ok"]
 
 
 @pytest.mark.parametrize(
     ("argv", "names"),
-    [(["--host", "0.0.0.0"], ("--authorized-keys", "--allow-any-client")),
-     (["--host", "192.0.2.7", "--insecure"], ("--insecure", "--allow-any-client")),
-     (["--host", "::", "--authorized-keys", "robots", "--insecure"], ("--allow-any-client",)),
-     (["--host", "eth0"], ("--authorized-keys", "--allow-any-client"))],
-)  # fmt: skip
+    [
+        (["--host", "0.0.0.0"], ("--authorized-keys", "--allow-any-client")),
+        (["--host", "192.0.2.7", "--insecure"], ("--insecure", "--allow-any-client")),
+        (["--host", "::", "--authorized-keys", "robots", "--insecure"], ("--allow-any-client",)),
+        (["--host", "eth0"], ("--authorized-keys", "--allow-any-client")),
+    ],
+)
 def test_a_non_loopback_edge_needs_authorized_keys_or_allow_any_client(argv, names, capsys):
     assert main(["serve-edge", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -41,10 +44,14 @@ def test_a_non_loopback_edge_needs_authorized_keys_or_allow_any_client(argv, nam
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"host": "localhost"}, {"host": "::1", "insecure": True},
-     {"host": "0.0.0.0", "authorized_keys": "robots"},
-     {"host": "0.0.0.0", "allow_any_client": True},
-     {"host": "0.0.0.0", "insecure": True, "allow_any_client": True}],
-)  # fmt: skip
+    [
+        {},
+        {"host": "localhost"},
+        {"host": "::1", "insecure": True},
+        {"host": "0.0.0.0", "authorized_keys": "robots"},
+        {"host": "0.0.0.0", "allow_any_client": True},
+        {"host": "0.0.0.0", "insecure": True, "allow_any_client": True},
+    ],
+)
 def test_what_starts_without_complaint(kw):
     ServeEdgeOptions(**kw)  # the check is at parse time: nothing is bound here

@@ -26,8 +26,7 @@ def test_a_pipelining_flood_does_not_grow_the_edge():
         ping(endpoint, INSECURE, count=1, timeout_s=30.0)
         before = rss(edge.pid)
         packet, meta = _edge_packet("tiny-ar")
-        frames = request_frames(1, ("vision", "prefill", "decode"), packet, ("actions",), 5.0,
-                                meta)  # fmt: skip
+        frames = request_frames(1, ("vision", "prefill", "decode"), packet, ("actions",), 5.0, meta)
         assert sum(map(len, frames)) > 150_000  # each message is ~200 KB
         stop, sent = threading.Event(), [0] * 8
         ctx = zmq.Context()
@@ -66,8 +65,9 @@ def test_a_pipelining_flood_does_not_grow_the_edge():
             deadline = time.monotonic() + 60
             while True:  # the flood's backlog drains; then an honest robot is served
                 try:
-                    client.run(("vision", "prefill", "decode"), packet, ("actions",), 5.0, 6.0,
-                               meta)  # fmt: skip
+                    client.run(
+                        ("vision", "prefill", "decode"), packet, ("actions",), 5.0, 6.0, meta
+                    )
                     break
                 except Exception:  # noqa: BLE001 - busy while the backlog drains
                     assert time.monotonic() < deadline, "an honest robot was never served"

@@ -129,7 +129,13 @@ def test_the_authorizer_answers_as_zap_says():
     auth = Authorizer({good.public}, Log())
     req = [ZAP_VERSION, b"7", b"", b"10.0.0.9", b"", b"CURVE"]
     assert auth.answer([*req, z85.decode(good.public)]) == [
-        ZAP_VERSION, b"7", b"200", b"OK", good.public, b""]  # fmt: skip
+        ZAP_VERSION,
+        b"7",
+        b"200",
+        b"OK",
+        good.public,
+        b"",
+    ]
     assert auth.answer([*req, z85.decode(bad.public)])[2:5] == [b"400", b"Unknown key", b""]
     assert auth.answer([*req[:5], b"NULL"])[2] == b"400"
     assert auth.answer([ZAP_VERSION, b"8"])[:3] == [ZAP_VERSION, b"8", b"400"]

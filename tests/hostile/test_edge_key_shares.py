@@ -41,8 +41,9 @@ def keys(tmp_path_factory):
     robots = {name: generate_keys(d / "authorized", name) for name in ("flood", "robot")}
     server = Security(own=load_keys(edge["secret"]), authorized_dir=str(d / "authorized"))
     public = load_keys(edge["public"]).public
-    clients = {n: Security(own=load_keys(r["secret"]), server_public=public)
-               for n, r in robots.items()}  # fmt: skip
+    clients = {
+        n: Security(own=load_keys(r["secret"]), server_public=public) for n, r in robots.items()
+    }
     return server, clients
 
 
@@ -58,8 +59,9 @@ def request_():
 
 
 def _config(**kw) -> ServerConfig:
-    return ServerConfig(max_batch=1, max_queued_per_robot=SHARE, max_identities_per_key=SHARE,
-                        emulate=EMULATE, **kw)  # fmt: skip
+    return ServerConfig(
+        max_batch=1, max_queued_per_robot=SHARE, max_identities_per_key=SHARE, emulate=EMULATE, **kw
+    )
 
 
 def _connected(address: str, sec: Security, n: int) -> list[zmq.Socket]:
@@ -87,8 +89,9 @@ def _flood(socks: list[zmq.Socket], packet, meta) -> dict[int, zmq.Socket]:
     for i, s in enumerate(socks):
         for j in range(EACH):
             rid = 100 + EACH * i + j
-            msg = wire.Message("data", rid=rid, stage="+".join(STAGES), deadline_s=60.0,
-                               meta=meta, packet=packet)  # fmt: skip
+            msg = wire.Message(
+                "data", rid=rid, stage="+".join(STAGES), deadline_s=60.0, meta=meta, packet=packet
+            )
             s.send_multipart(wire.encode(msg))
             sent[rid] = s
     return sent
@@ -117,8 +120,11 @@ def _answers(socks: list[zmq.Socket], n: int, timeout_s: float) -> dict[int, wir
 
 
 def _busy(answers: dict[int, wire.Message]) -> list[str]:
-    return [str(a.meta.get("error")) for a in answers.values()
-            if a.kind == "error" and "busy" in str(a.meta.get("error"))]  # fmt: skip
+    return [
+        str(a.meta.get("error"))
+        for a in answers.values()
+        if a.kind == "error" and "busy" in str(a.meta.get("error"))
+    ]
 
 
 def _flood_beside_a_robot(address: str, stats: dict, keys, request_) -> tuple:
@@ -132,8 +138,11 @@ def _flood_beside_a_robot(address: str, stats: dict, keys, request_) -> tuple:
         _until(lambda: robot.sock.poll(0, zmq.POLLOUT), 30.0, "the robot's connection")
         robot.health(30.0)
         sent = _flood(flood, packet, meta)
-        _until(lambda: stats["requests"] + stats["refused"] >= len(sent), 60.0,
-               "the flood to be admitted or refused")  # fmt: skip
+        _until(
+            lambda: stats["requests"] + stats["refused"] >= len(sent),
+            60.0,
+            "the flood to be admitted or refused",
+        )
         t0 = time.monotonic()
         reply = robot.run(STAGES, packet, ("actions",), 10.0, 30.0, meta)
         took = time.monotonic() - t0
@@ -209,9 +218,14 @@ class _Workers:
 
     def hello(self, i: int, timeout_s: float) -> dict:
         srv = self.servers[i]
-        return {"endpoint": srv.address, "public": None, "pid": os.getpid(),
-                "cfg": srv.policy.model.cfg, "dtype": srv.dtype,
-                "stage_ms": {k: v * 1e3 for k, v in srv.queues.est_s.items()}}  # fmt: skip
+        return {
+            "endpoint": srv.address,
+            "public": None,
+            "pid": os.getpid(),
+            "cfg": srv.policy.model.cfg,
+            "dtype": srv.dtype,
+            "stage_ms": {k: v * 1e3 for k, v in srv.queues.est_s.items()},
+        }
 
     def lifetime(self, i: int):
         alive = self._alive
@@ -236,8 +250,7 @@ def test_one_key_on_many_connections_gets_one_share_behind_a_front(keys, request
     server, _ = keys
     front = EdgeFront(_Workers(request_[0], 1), server, _config()).start()
     try:
-        answers, reply, took = _flood_beside_a_robot(front.address, front.stats, keys,
-                                                     request_)  # fmt: skip
+        answers, reply, took = _flood_beside_a_robot(front.address, front.stats, keys, request_)
         assert len(front.core.seen()) == 2
     finally:
         front.stop()
@@ -249,8 +262,9 @@ def test_without_keys_each_connection_is_its_own_robot(request_):
     connections each get a share of their own, however low the identities-per-key limit."""
     policy, packet, meta = request_
     insecure = Security(insecure=True)
-    cfg = ServerConfig(max_batch=1, max_queued_per_robot=2, max_identities_per_key=1,
-                       emulate=EMULATE)  # fmt: skip
+    cfg = ServerConfig(
+        max_batch=1, max_queued_per_robot=2, max_identities_per_key=1, emulate=EMULATE
+    )
     with EdgeServer(policy, insecure, cfg) as srv:
         srv.warmup()
         socks = _connected(srv.address, insecure, 3)
@@ -259,8 +273,14 @@ def test_without_keys_each_connection_is_its_own_robot(request_):
             for i, s in enumerate(socks):
                 for j in range(2):  # within each connection's own share
                     rid = 100 + 2 * i + j
-                    msg = wire.Message("data", rid=rid, stage="+".join(STAGES), deadline_s=60.0,
-                                       meta=meta, packet=packet)  # fmt: skip
+                    msg = wire.Message(
+                        "data",
+                        rid=rid,
+                        stage="+".join(STAGES),
+                        deadline_s=60.0,
+                        meta=meta,
+                        packet=packet,
+                    )
                     s.send_multipart(wire.encode(msg))
                     sent[rid] = i
             answers = _answers(socks, len(sent), 60.0)
@@ -295,8 +315,15 @@ def test_the_per_key_state_is_bounded():
     (or, without keys, of connections) is forgotten once silent, as the seen table always was."""
     from vlarun.runtime.edge_core import Refused
 
-    core = EdgeCore(ServerConfig(max_identities_per_key=3), _Backend(), EdgeRecords(),
-                    model=None, dtype="float32", stages=STAGES, secure=True)  # fmt: skip
+    core = EdgeCore(
+        ServerConfig(max_identities_per_key=3),
+        _Backend(),
+        EdgeRecords(),
+        model=None,
+        dtype="float32",
+        stages=STAGES,
+        secure=True,
+    )
     now = 1000.0
     for i in range(3):
         core.admit(DataRequest(b"conn-%d" % i, STAGES, 1.0, key=b"K"), now)

@@ -38,9 +38,15 @@ def test_flags_reach_the_config_with_the_documented_defaults():
     assert cfg.max_queued == 3 and cfg.max_message_bytes == 3 << 19
 
 
-@pytest.mark.parametrize("argv", [["--max-queued", "0"], ["--max-frame-mb", "0"],
-                                  ["--max-frame-mb", "1e9"],
-                                  ["--max-queued-per-robot", "0"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-queued", "0"],
+        ["--max-frame-mb", "0"],
+        ["--max-frame-mb", "1e9"],
+        ["--max-queued-per-robot", "0"],
+    ],
+)
 def test_bad_limits_fail_in_one_line(argv, capsys):
     assert main(["serve-edge", "--insecure", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -59,8 +65,17 @@ def small_edge():
 
 
 def _health(rid: int) -> bytes:
-    return msgpack.packb({"v": 1, "kind": "control", "rid": rid, "stage": "", "deadline_s": 1.0,
-                          "meta": {"op": "health"}, "tensors": []})  # fmt: skip
+    return msgpack.packb(
+        {
+            "v": 1,
+            "kind": "control",
+            "rid": rid,
+            "stage": "",
+            "deadline_s": 1.0,
+            "meta": {"op": "health"},
+            "tensors": [],
+        }
+    )
 
 
 def test_a_frame_over_the_cap_disconnects_its_sender_only(small_edge):
@@ -135,7 +150,6 @@ def test_a_flooding_robot_gets_its_share_and_another_robot_is_still_served():
             flood.close()
             robot.close()
     assert sorted(answers) == rids  # every flood request answered (result, busy or expired)
-    busy = [a for a in answers.values()
-            if a.kind == "error" and "busy" in str(a.meta.get("error"))]  # fmt: skip
+    busy = [a for a in answers.values() if a.kind == "error" and "busy" in str(a.meta.get("error"))]
     assert len(busy) >= 12 - 4 - 1  # its share queued (and one perhaps running already)
     assert reply.packet["actions"].shape[0] == 1 and took <= 8.0

@@ -53,18 +53,72 @@ def _bad(t: torch.Tensor, where, value) -> torch.Tensor:
 
 
 CASES = {
-    "nan image": (STAGES, lambda i, r: {**i, "images": _bad(i["images"], (0, 0, 0, 5), float("nan"))}, "'images' holds NaN or infinity"),  # noqa: E501
-    "inf image": (STAGES, lambda i, r: {**i, "images": _bad(i["images"], (0, 0, 1), float("inf"))}, "'images' holds NaN or infinity"),  # noqa: E501
-    "-inf visual": (STAGES[1:], lambda i, r: {"visual": _bad(r["visual"], (0, 3), -float("inf")), "text_ids": i["text_ids"], "text_len": i["text_len"]}, "'visual' holds NaN"),  # noqa: E501
-    "nan kv cache": (STAGES[2:], lambda i, r: {**{k: r[k] for k in ("kv_k", "kv_valid", "last_hidden", "next_pos")}, "kv_v": _bad(r["kv_v"], (0, 0, 0, 0), float("nan"))}, "'kv_v' holds NaN"),  # noqa: E501
-    "text_len 0": (STAGES, lambda i, r: {**i, "text_len": torch.tensor([0])}, "text_len must be in 1.."),  # noqa: E501
-    "text_len negative": (STAGES, lambda i, r: {**i, "text_len": torch.tensor([-7])}, "text_len must be in 1.."),  # noqa: E501
-    "text_len past text_ids": (STAGES, lambda i, r: {**i, "text_len": i["text_len"] + 1}, "text_len must be in 1.."),  # noqa: E501
-    "text_len huge": (STAGES, lambda i, r: {**i, "text_len": torch.tensor([2**62])}, "text_len must be in 1.."),  # noqa: E501
-    "token id past the vocabulary": (STAGES, lambda i, r: {**i, "text_ids": _bad(i["text_ids"], (0, 2), 10**9)}, "text_ids must be token ids"),  # noqa: E501
-    "negative token id": (STAGES, lambda i, r: {**i, "text_ids": _bad(i["text_ids"], (0, 0), -1)}, "text_ids must be token ids"),  # noqa: E501
-    "next_pos past the cache": (STAGES[2:], lambda i, r: {**{k: r[k] for k in ("kv_k", "kv_v", "kv_valid", "last_hidden")}, "next_pos": r["next_pos"] + 10**6}, "next_pos must be in 0.."),  # noqa: E501
-}  # fmt: skip
+    "nan image": (
+        STAGES,
+        lambda i, r: {**i, "images": _bad(i["images"], (0, 0, 0, 5), float("nan"))},
+        "'images' holds NaN or infinity",
+    ),  # noqa: E501
+    "inf image": (
+        STAGES,
+        lambda i, r: {**i, "images": _bad(i["images"], (0, 0, 1), float("inf"))},
+        "'images' holds NaN or infinity",
+    ),  # noqa: E501
+    "-inf visual": (
+        STAGES[1:],
+        lambda i, r: {
+            "visual": _bad(r["visual"], (0, 3), -float("inf")),
+            "text_ids": i["text_ids"],
+            "text_len": i["text_len"],
+        },
+        "'visual' holds NaN",
+    ),  # noqa: E501
+    "nan kv cache": (
+        STAGES[2:],
+        lambda i, r: {
+            **{k: r[k] for k in ("kv_k", "kv_valid", "last_hidden", "next_pos")},
+            "kv_v": _bad(r["kv_v"], (0, 0, 0, 0), float("nan")),
+        },
+        "'kv_v' holds NaN",
+    ),  # noqa: E501
+    "text_len 0": (
+        STAGES,
+        lambda i, r: {**i, "text_len": torch.tensor([0])},
+        "text_len must be in 1..",
+    ),  # noqa: E501
+    "text_len negative": (
+        STAGES,
+        lambda i, r: {**i, "text_len": torch.tensor([-7])},
+        "text_len must be in 1..",
+    ),  # noqa: E501
+    "text_len past text_ids": (
+        STAGES,
+        lambda i, r: {**i, "text_len": i["text_len"] + 1},
+        "text_len must be in 1..",
+    ),  # noqa: E501
+    "text_len huge": (
+        STAGES,
+        lambda i, r: {**i, "text_len": torch.tensor([2**62])},
+        "text_len must be in 1..",
+    ),  # noqa: E501
+    "token id past the vocabulary": (
+        STAGES,
+        lambda i, r: {**i, "text_ids": _bad(i["text_ids"], (0, 2), 10**9)},
+        "text_ids must be token ids",
+    ),  # noqa: E501
+    "negative token id": (
+        STAGES,
+        lambda i, r: {**i, "text_ids": _bad(i["text_ids"], (0, 0), -1)},
+        "text_ids must be token ids",
+    ),  # noqa: E501
+    "next_pos past the cache": (
+        STAGES[2:],
+        lambda i, r: {
+            **{k: r[k] for k in ("kv_k", "kv_v", "kv_valid", "last_hidden")},
+            "next_pos": r["next_pos"] + 10**6,
+        },
+        "next_pos must be in 0..",
+    ),  # noqa: E501
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

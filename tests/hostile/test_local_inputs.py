@@ -19,8 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _vlarun(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vlarun", *args], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "vlarun", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _npy(path: Path, shape: tuple[int, ...], body: bytes) -> Path:
@@ -28,8 +33,7 @@ def _npy(path: Path, shape: tuple[int, ...], body: bytes) -> Path:
     header = f"{{'descr': '|u1', 'fortran_order': False, 'shape': {shape}, }}"
     pad = 64 - (10 + len(header) + 1) % 64
     header = header + " " * pad + "\n"
-    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
-                     + body)  # fmt: skip
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + body)
     return path
 
 
@@ -64,13 +68,24 @@ def test_act_refuses_an_image_larger_than_a_frame_before_decoding(tmp_path):
     # A file that is no image at all: one line too.
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")
-    _one_line_exit_2(_vlarun("act", "--policy", "tiny-ar", "--instruction", "open",
-                             "--image", str(bad)), str(bad))  # fmt: skip
+    _one_line_exit_2(
+        _vlarun("act", "--policy", "tiny-ar", "--instruction", "open", "--image", str(bad)),
+        str(bad),
+    )
 
 
 def test_eval_bounds_its_episode_count_before_building_seeds():
-    done = _vlarun("eval", "--policy", "tiny-ar", "--workers", "1", "--tasks", "reach-v3",
-                   "--episodes", "99999999999999999999")  # fmt: skip
+    done = _vlarun(
+        "eval",
+        "--policy",
+        "tiny-ar",
+        "--workers",
+        "1",
+        "--tasks",
+        "reach-v3",
+        "--episodes",
+        "99999999999999999999",
+    )
     _one_line_exit_2(done, "--episodes must lie in 1..10000")
 
 
@@ -134,8 +149,11 @@ def test_openpi_counts_a_state_before_converting_it():
     from vlarun.runtime.openpi import LAYOUTS
 
     layout = LAYOUTS["metaworld"]
-    obs = {"image": np.zeros((64, 64, 3), np.uint8), "prompt": "open",
-           "state": np.zeros(16_000_000, np.uint8)}  # fmt: skip
+    obs = {
+        "image": np.zeros((64, 64, 3), np.uint8),
+        "prompt": "open",
+        "state": np.zeros(16_000_000, np.uint8),
+    }
     tracemalloc.start()
     try:
         with pytest.raises(ValueError, match="at most 1024 numbers"):
@@ -152,7 +170,10 @@ def test_openpi_checks_every_camera_sent_even_one_the_policy_does_not_read():
     from vlarun.runtime.openpi import LAYOUTS
 
     layout = LAYOUTS["metaworld"]
-    obs = {"image": np.zeros((64, 64, 3), np.uint8), "prompt": "open",
-           "second_image": np.zeros((64, 64, 3), np.float64)}  # fmt: skip
+    obs = {
+        "image": np.zeros((64, 64, 3), np.uint8),
+        "prompt": "open",
+        "second_image": np.zeros((64, 64, 3), np.float64),
+    }
     with pytest.raises(ValueError, match="'second_image' must be an"):
         layout.inputs(obs, 1, 4096)  # a one-view policy: the second view is still checked

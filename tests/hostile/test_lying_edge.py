@@ -27,8 +27,7 @@ INSECURE = Security(insecure=True)
 def _lies(stage: str, honest: dict[str, torch.Tensor]) -> list:
     """(what the lie is, the meta and tensors of a result that tells it, or a wrong kind).
     ``honest``: the tensors the request wants, as the model makes them."""
-    timing = [{"stage": s, "compute_s": 0.01, "queue_s": 0.0, "batch": 1}
-              for s in stage.split("+")]  # fmt: skip
+    timing = [{"stage": s, "compute_s": 0.01, "queue_s": 0.0, "batch": 1} for s in stage.split("+")]
     good = {"timings": timing, "server_s": 0.01}
     a = honest["actions"]
     return [
@@ -39,7 +38,7 @@ def _lies(stage: str, honest: dict[str, torch.Tensor]) -> list:
             "a stage it did not ask for",
             {**good, "timings": [{**timing[0], "stage": "rm"}]},
             honest,
-        ),  # fmt: skip
+        ),
         ("batch 0", {**good, "timings": [{**timing[0], "batch": 0}]}, honest),
         ("wrong shape", good, {**honest, "actions": torch.zeros(1, 3, 99)}),
         ("NaN actions", good, {**honest, "actions": torch.full_like(a, float("nan"))}),
@@ -77,9 +76,12 @@ class LyingEdge:
             who, *frames = self.sock.recv_multipart()
             msg = wire.decode(frames)
             if msg.kind == "control":
-                lie = {"ok": True, "stage_ms": {"vision": "slow", "decode": float("nan")},
-                       "queue": {"vision": -3},
-                       "schedule": [{"stage": 1, "start_s": "x"}]}  # fmt: skip
+                lie = {
+                    "ok": True,
+                    "stage_ms": {"vision": "slow", "decode": float("nan")},
+                    "queue": {"vision": -3},
+                    "schedule": [{"stage": 1, "start_s": "x"}],
+                }
                 self.sock.send_multipart([who, *wire.control("health", msg.rid, **lie)])
                 continue
             honest = {k: self.honest[k] for k in msg.meta["want"]}
@@ -121,8 +123,9 @@ def test_every_lie_is_a_fallback_with_its_cause_never_a_crash(strategy):
         edge.close()
     assert len(edge.told) >= 12  # (the edge may be marked down after the garbage)
     for inf in steps:
-        assert inf.fallback is not None and ("bad reply" in inf.fallback or "link" in
-                                             inf.fallback), inf.fallback  # fmt: skip
+        assert inf.fallback is not None and (
+            "bad reply" in inf.fallback or "link" in inf.fallback
+        ), inf.fallback
         assert set(inf.ran.values()) == {"robot"}
         assert inf.actions.shape == want.shape and np.isfinite(inf.actions).all()
         np.testing.assert_allclose(inf.actions, want, atol=1e-4)

@@ -32,12 +32,24 @@ def test_rss_is_back_near_idle_after_a_pipelining_flood():
     keys.write_text(key + "\n")
     keys.chmod(0o600)
     proc, endpoint = start_server(
-        ["serve-policy", "--policy", "tiny-ar", "--port", "0", "--api-key-file", str(keys),
-         "--threads", "1"], None)  # fmt: skip
+        [
+            "serve-policy",
+            "--policy",
+            "tiny-ar",
+            "--port",
+            "0",
+            "--api-key-file",
+            str(keys),
+            "--threads",
+            "1",
+        ],
+        None,
+    )
     try:
         idle = rss(proc.pid) / 2**20
-        what = _pipeline(int(endpoint.rsplit(":", 1)[1]), BenchHostileOptions(), threading.Event(),
-                         key)  # fmt: skip
+        what = _pipeline(
+            int(endpoint.rsplit(":", 1)[1]), BenchHostileOptions(), threading.Event(), key
+        )
         assert what.endswith(" sent") and not what.endswith(": 0 sent"), what
         bound = 1.1 * idle + 50
         until = time.monotonic() + 15.0  # the event: RSS within the bound (or time out)

@@ -40,8 +40,9 @@ def policy():
 def shared(policy):
     """One server for the module (building one warms a model up: seconds on a busy CPU)."""
     lim = openpi.ServeLimits(max_frame=8 << 20, max_inflight_bytes=16 << 20)
-    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0,
-                                    api_key=KEY, limits=lim)  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        policy, openpi.get_layout("metaworld"), port=0, api_key=KEY, limits=lim
+    )
     stop = srv.start_in_thread(60)
     yield srv
     stop()
@@ -63,8 +64,14 @@ def serve(shared):
 
 def _raw(srv, key: str | None = KEY, **kw):
     headers = {"Authorization": f"Api-Key {key}"} if key else {}
-    ws = connect(f"ws://127.0.0.1:{srv.port}", additional_headers=headers, max_size=None,
-                 compression=None, open_timeout=5, **kw)  # fmt: skip
+    ws = connect(
+        f"ws://127.0.0.1:{srv.port}",
+        additional_headers=headers,
+        max_size=None,
+        compression=None,
+        open_timeout=5,
+        **kw,
+    )
     ws.recv(timeout=5)  # the metadata frame
     return ws
 
@@ -194,8 +201,9 @@ def test_silent_peers_are_closed_by_the_handshake_and_idle_timeouts(policy):
     first request: closed by their own timeouts, not the (long) idle one between requests
     (40 silent connections held 30 of 30 slots for 120 s, issue 45, 12)."""
     lim = openpi.ServeLimits(handshake_timeout_s=0.5, idle_timeout_s=120, first_frame_timeout_s=0.5)
-    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0,
-                                    api_key=KEY, limits=lim)  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        policy, openpi.get_layout("metaworld"), port=0, api_key=KEY, limits=lim
+    )
     stop = srv.start_in_thread(60)
     try:
         raw = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
@@ -229,8 +237,12 @@ def test_a_numpy_scalar_prompt_is_refused_before_its_string_is_built(serve, capl
     srv = serve()
     # openpi's msgpack_numpy tags with bytes keys (b"__npgeneric__"), as its client sends.
     generic = {b"__npgeneric__": True, b"data": b"\0" * (7 << 20), b"dtype": "<U1"}
-    image = {b"__ndarray__": True, b"data": OBS["image"].tobytes(), b"dtype": "|u1",
-             b"shape": [128, 128, 3]}  # fmt: skip
+    image = {
+        b"__ndarray__": True,
+        b"data": OBS["image"].tobytes(),
+        b"dtype": "|u1",
+        b"shape": [128, 128, 3],
+    }
     frame = msgpack.packb({"image": image, "prompt": generic}, use_bin_type=True)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="a numpy scalar must be one number"):
@@ -264,8 +276,9 @@ def test_a_state_that_is_not_finite_numbers_is_refused(state, needle):
 
 def test_a_state_of_the_wrong_length_is_refused_by_the_server():
     """1000 floats for a 4-number state: refused by the policy before anything runs."""
-    srv = openpi.OpenpiPolicyServer(Policy.load("mt10p-oft"), openpi.get_layout("metaworld"),
-                                    port=0, api_key=KEY)  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        Policy.load("mt10p-oft"), openpi.get_layout("metaworld"), port=0, api_key=KEY
+    )
     stop = srv.start_in_thread(60)
     try:
         client = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY)
@@ -302,15 +315,23 @@ def test_one_api_key_cannot_hold_every_connection_slot(tmp_path):
     keys.write_text("# one per client\nkey-a\nkey-b\n")
     keys.chmod(0o600)
     assert read_keys(keys) == ("key-a", "key-b")
-    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
-                                    port=0, api_key=read_keys(keys),
-                                    limits=openpi.ServeLimits(max_connections=2))  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        Policy.load("tiny-ar"),
+        openpi.get_layout("metaworld"),
+        port=0,
+        api_key=read_keys(keys),
+        limits=openpi.ServeLimits(max_connections=2),
+    )
     stop = srv.start_in_thread(30)
     url = f"ws://127.0.0.1:{srv.port}"
 
     def connect(key: str):
-        return ws_client.connect(url, additional_headers={"Authorization": f"Api-Key {key}"},
-                                 max_size=None, open_timeout=10)  # fmt: skip
+        return ws_client.connect(
+            url,
+            additional_headers={"Authorization": f"Api-Key {key}"},
+            max_size=None,
+            open_timeout=10,
+        )
 
     try:
         a = connect("key-a")

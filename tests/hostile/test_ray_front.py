@@ -36,9 +36,17 @@ def test_listeners_are_read_from_proc_with_their_address():
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.8.0.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
-     ("0.0.0.0", False), ("::", False), ("192.0.2.7", False), ("::ffff:192.0.2.7", False)],
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.8.0.1", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.7", False),
+        ("::ffff:192.0.2.7", False),
+    ],
+)
 def test_what_counts_as_loopback(host, loopback):
     assert proctree.Listener(1, "x", host, 1).loopback is loopback
 
@@ -72,8 +80,9 @@ def test_a_killed_fronts_ray_processes_and_folder_are_removed(tmp_path):
     folder = Path(tempfile.mkdtemp(prefix="vlarun-front-", dir=tmp_path))
     (folder / "worker-1").write_text("")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    front = subprocess.Popen([sys.executable, "-c", FRONT, mark, str(folder)],
-                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    front = subprocess.Popen(
+        [sys.executable, "-c", FRONT, mark, str(folder)], stdout=subprocess.PIPE, text=True, env=env
+    )
     other = None
     try:
         ray_like, other, reaper = map(int, front.stdout.readline().split())

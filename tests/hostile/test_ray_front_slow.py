@@ -36,10 +36,28 @@ def front():
     processes (pid -> start time), its TMPDIR)."""
     tmp = tempfile.mkdtemp(prefix="vh-", dir="/tmp")  # short: Ray's socket paths live below
     env = dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "vlarun.cli", "serve-edge", "--workers", "1", "--insecure",
-           "--port", "0", "--threads", "1", "--json"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlarun.cli",
+        "serve-edge",
+        "--workers",
+        "1",
+        "--insecure",
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     below: dict[int, int] = {}
     try:
         line = proc.stdout.readline()

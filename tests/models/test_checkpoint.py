@@ -48,8 +48,9 @@ def test_vla_round_trip_in_prismatic_layout(tmp_path, name):
     # Equal to float rounding, not bit for bit: BLAS picks its kernel by the tensors'
     # alignment, and the loaded weights sit elsewhere in memory (on an AVX2 CPU tiny-pi0 and
     # tiny-smolvla then differ by ~5e-7; a wrong or missing tensor moves them by ~1).
-    torch.testing.assert_close(model.act(images, ids, **kw), loaded.act(images, ids, **kw),
-                               rtol=0, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        model.act(images, ids, **kw), loaded.act(images, ids, **kw), rtol=0, atol=1e-5
+    )
 
 
 def test_pickle_checkpoints_are_refused(tmp_path):
@@ -195,8 +196,15 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
 
     from vlarun.models.llama import LlamaConfig
 
-    llm = LlamaConfig(vocab_size=32064, hidden_size=1024, intermediate_size=2816, num_layers=12,
-                      num_heads=16, num_kv_heads=4, max_positions=1024)  # fmt: skip
+    llm = LlamaConfig(
+        vocab_size=32064,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_layers=12,
+        num_heads=16,
+        num_kv_heads=4,
+        max_positions=1024,
+    )
     cfg = dataclasses.replace(get_preset("tiny-openvla"), llm=llm, action_vocab_size=32000)
     from vlarun.models.checkpoint import random_vla
 
@@ -206,8 +214,10 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
     names = sorted(state)
     half = len(names) // 2
     (out / "model.safetensors").unlink()
-    shards = {"model-00001-of-00002.safetensors": names[:half],
-              "model-00002-of-00002.safetensors": names[half:]}  # fmt: skip
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     for shard, keys in shards.items():
         save_file({k: state[k] for k in keys}, out / shard)
     index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
@@ -216,8 +226,7 @@ def test_streamed_bf16_load_costs_about_the_checkpoint_in_memory(tmp_path):
     root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "vlarun.cli", "bench", "load", str(out), "--json"]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True,
-                                  env=env).stdout)  # fmt: skip
+    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout)
     assert r["params"] > 150e6 and r["dtype"] == "torch.bfloat16"
     assert r["ratio_after_reading_every_weight"] <= 1.3, r
 
@@ -242,10 +251,21 @@ def test_a_prismatic_field_vlarun_cannot_build_is_named_in_one_line(field, value
 def test_prismatic_text_config_and_image_size_shape_the_model():
     """The LM's sizes come from text_config and the towers' resolution from image_sizes, not
     from the 7B preset: another Prismatic shape builds (here a small Llama at 112 px)."""
-    text = {"vocab_size": 544, "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
-    config = {"model_type": "openvla", "text_config": text, "image_sizes": [112, 112],
-              "llm_max_length": 1024, "pad_to_multiple_of": 32}  # fmt: skip
+    text = {
+        "vocab_size": 544,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    config = {
+        "model_type": "openvla",
+        "text_config": text,
+        "image_sizes": [112, 112],
+        "llm_max_length": 1024,
+        "pad_to_multiple_of": 32,
+    }
     cfg = vla_config_from(config, "ckpt")
     assert (cfg.llm.hidden_size, cfg.llm.num_layers, cfg.llm.num_kv_heads) == (64, 2, 2)
     assert cfg.llm.max_positions == 1024 and cfg.image_size == 112
@@ -325,8 +345,11 @@ def test_a_directory_without_weights_or_config_says_which_is_missing(tmp_path, c
     (tmp_path / "lr" / "model.safetensors").unlink()
     (tmp_path / "empty").mkdir()
     (tmp_path / "openpi" / "params").mkdir(parents=True)  # openpi's JAX tree: orbax params
-    for d, needle in (("lr", "no model.safetensors"), ("empty", "without config.json"),
-                      ("openpi", "openpi JAX / orbax checkpoint")):  # fmt: skip
+    for d, needle in (
+        ("lr", "no model.safetensors"),
+        ("empty", "without config.json"),
+        ("openpi", "openpi JAX / orbax checkpoint"),
+    ):
         argv = ["act", "--policy", str(tmp_path / d), "--image", "x.png", "--instruction", "x"]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -46,8 +46,9 @@ def test_a_code_forced_through_the_decode_path_comes_back_within_the_bound(polic
     bound = 0.5 * math.sqrt(tok.action_horizon) / tok.scale  # per entry (fast_tokens.py)
     chunks = smooth_chunks(2, tok.action_horizon, tok.action_dim, seed=123)  # not fitted on
     codes = [head.encode(c) for c in chunks]
-    assert all(c[-1] == model.cfg.fast.end_id and len(c) <= model.cfg.fast.max_tokens
-               for c in codes)  # fmt: skip
+    assert all(
+        c[-1] == model.cfg.fast.end_id and len(c) <= model.cfg.fast.max_tokens for c in codes
+    )
     longest = max(len(c) for c in codes)
     forced = torch.tensor([c + [c[-1]] * (longest - len(c)) for c in codes])  # END-padded
     images, text = _inputs(policy, 2)

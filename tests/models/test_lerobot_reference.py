@@ -154,29 +154,42 @@ def test_the_prefix_matches_transformers(reference):
     model, cfg = policy.model, policy.model.cfg
     tower, llm = cfg.vision[0], cfg.llm
     text = transformers.GemmaConfig(
-        vocab_size=llm.vocab_size, hidden_size=llm.hidden_size, num_hidden_layers=llm.num_layers,
-        intermediate_size=llm.intermediate_size, num_attention_heads=llm.num_heads,
-        num_key_value_heads=llm.num_kv_heads, head_dim=llm.hd,
+        vocab_size=llm.vocab_size,
+        hidden_size=llm.hidden_size,
+        num_hidden_layers=llm.num_layers,
+        intermediate_size=llm.intermediate_size,
+        num_attention_heads=llm.num_heads,
+        num_key_value_heads=llm.num_kv_heads,
+        head_dim=llm.hd,
         hidden_activation="gelu_pytorch_tanh",
-    )  # fmt: skip
+    )
     vision = transformers.SiglipVisionConfig(
-        hidden_size=tower.hidden_size, num_hidden_layers=tower.num_layers,
-        num_attention_heads=tower.num_heads, intermediate_size=tower.intermediate_size,
-        patch_size=tower.patch_size, image_size=tower.image_size, projection_dim=llm.hidden_size,
+        hidden_size=tower.hidden_size,
+        num_hidden_layers=tower.num_layers,
+        num_attention_heads=tower.num_heads,
+        intermediate_size=tower.intermediate_size,
+        patch_size=tower.patch_size,
+        image_size=tower.image_size,
+        projection_dim=llm.hidden_size,
         vision_use_head=False,
-    )  # fmt: skip
-    hf_cfg = transformers.PaliGemmaConfig(text_config=text, vision_config=vision,
-                                          projection_dim=llm.hidden_size)  # fmt: skip
+    )
+    hf_cfg = transformers.PaliGemmaConfig(
+        text_config=text, vision_config=vision, projection_dim=llm.hidden_size
+    )
     hf = transformers.PaliGemmaForConditionalGeneration(hf_cfg).eval()
     prefix = "model.paligemma_with_expert.paligemma."
-    state = {k[len(prefix):]: v for k, v in load_file(str(d / "model.safetensors")).items()
-             if k.startswith(prefix)}  # fmt: skip
+    state = {
+        k[len(prefix) :]: v
+        for k, v in load_file(str(d / "model.safetensors")).items()
+        if k.startswith(prefix)
+    }
     if "lm_head.weight" in state:  # pi0_fast's, saved as LeRobot saves the tied pair
         state["model.language_model.embed_tokens.weight"] = state.pop("lm_head.weight")
     own = hf.state_dict()
     if not any(".vision_tower.vision_model." in k for k in own):  # transformers >= 5.6 names
-        state = {k.replace("vision_tower.vision_model.", "vision_tower."): v
-                 for k, v in state.items()}  # fmt: skip
+        state = {
+            k.replace("vision_tower.vision_model.", "vision_tower."): v for k, v in state.items()
+        }
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("lm_head.weight") for k in missing)
 
@@ -192,8 +205,9 @@ def test_the_prefix_matches_transformers(reference):
         embeds = torch.cat((feats.reshape(1, -1, llm.hidden_size), text_emb), dim=1)
         n = embeds.shape[1]
         everyone = torch.zeros(1, 1, n, n)  # additive mask: the prefix attends bidirectionally
-        out = lm(inputs_embeds=embeds, attention_mask=everyone,
-                 position_ids=torch.arange(n)[None]).last_hidden_state  # fmt: skip
+        out = lm(
+            inputs_embeds=embeds, attention_mask=everyone, position_ids=torch.arange(n)[None]
+        ).last_hidden_state
     assert pre.lm.hidden.shape == out.shape
     assert (pre.lm.hidden - out).abs().max() < 1e-4
 
@@ -204,12 +218,16 @@ def _check_smolvlm_prefix(transformers, d, policy) -> None:
     # LeRobot rotates with its own apply_rope at 10000 (not the text config's theta), and
     # keeps the first num_vlm_layers layers: the reference module is built the same way.
     text = vlm["text_config"] | {"rope_theta": 10000.0, "num_hidden_layers": cfg.llm.num_layers}
-    hf_cfg = transformers.SmolVLMConfig(text_config=text, vision_config=vlm["vision_config"],
-                                        scale_factor=vlm["scale_factor"])  # fmt: skip
+    hf_cfg = transformers.SmolVLMConfig(
+        text_config=text, vision_config=vlm["vision_config"], scale_factor=vlm["scale_factor"]
+    )
     hf = transformers.SmolVLMForConditionalGeneration(hf_cfg).eval()
     prefix = "model.vlm_with_expert.vlm."
-    state = {k[len(prefix):]: v for k, v in load_file(str(d / "model.safetensors")).items()
-             if k.startswith(prefix)}  # fmt: skip
+    state = {
+        k[len(prefix) :]: v
+        for k, v in load_file(str(d / "model.safetensors")).items()
+        if k.startswith(prefix)
+    }
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all(k.endswith("lm_head.weight") for k in missing)
     inputs = parity.lerobot_reference_inputs()
@@ -222,13 +240,15 @@ def _check_smolvlm_prefix(transformers, d, policy) -> None:
         feats = m.connector(m.vision_model(pixel_values=images[0] * 2 - 1).last_hidden_state)
         text_emb = m.text_model.embed_tokens(torch.tensor([ids]))
         state_emb = model.proprio_projector(st)[:, None]  # LeRobot's state_proj, one Linear
-        embeds = torch.cat((feats.reshape(1, -1, width) * width**0.5,
-                            text_emb * width**0.5, state_emb), dim=1)  # fmt: skip
+        embeds = torch.cat(
+            (feats.reshape(1, -1, width) * width**0.5, text_emb * width**0.5, state_emb), dim=1
+        )
         n = embeds.shape[1]
         mask = torch.zeros(1, 1, n, n)
         mask[..., :-1, -1] = torch.finfo(torch.float32).min  # only the state sees the state
-        out = m.text_model(inputs_embeds=embeds, attention_mask=mask,
-                           position_ids=torch.arange(n)[None]).last_hidden_state  # fmt: skip
+        out = m.text_model(
+            inputs_embeds=embeds, attention_mask=mask, position_ids=torch.arange(n)[None]
+        ).last_hidden_state
     assert pre.lm.hidden.shape == out.shape
     assert (pre.lm.hidden - out).abs().max() < 1e-4
 
@@ -257,8 +277,11 @@ def test_what_vlarun_cannot_load_is_one_line(reference, tmp_path):
     if (d / "fast_tokenizer").exists():
         (bad / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
         shutil.rmtree(bad / "fast_tokenizer")
-        with pytest.raises(CheckpointError, match="no fast_tokenizer.*fast-action-tokenizer's "
-                           "tokenizer.json and processor_config.json"):  # fmt: skip
+        with pytest.raises(
+            CheckpointError,
+            match="no fast_tokenizer.*fast-action-tokenizer's "
+            "tokenizer.json and processor_config.json",
+        ):
             Policy.load(bad)
         shutil.copytree(d / "fast_tokenizer", bad / "fast_tokenizer")
         (bad / "tokenizer.json").write_text(parity._word_tokenizer_json())  # not 257152 entries

@@ -32,8 +32,27 @@ pytestmark = pytest.mark.skipif(
 VOCAB, IMAGE_ID, BOS = 320, 319, 1  # the image token is the LM's last id, as in llava-hf's
 ACTION_VOCAB = 300  # the action bins: ids 44..299
 FEATURE_TOL, LOGIT_TOL = 1e-5, 1e-4
-WORDS = ["<unk>", "<s>", "</s>", "USER", ":", "What", "action", "should", "the", "robot",
-         "take", "to", "?", "ASSISTANT", "pick", "up", "cup", "open", "drawer"]  # fmt: skip
+WORDS = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "USER",
+    ":",
+    "What",
+    "action",
+    "should",
+    "the",
+    "robot",
+    "take",
+    "to",
+    "?",
+    "ASSISTANT",
+    "pick",
+    "up",
+    "cup",
+    "open",
+    "drawer",
+]
 
 
 def write_tokenizer(directory: Path) -> None:
@@ -52,19 +71,35 @@ def write_tokenizer(directory: Path) -> None:
 def hf_llava(image_size: int, seed: int = 0):
     torch.manual_seed(seed)
     vision = transformers.CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        image_size=image_size, patch_size=14, hidden_act="quick_gelu", projection_dim=16,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=image_size,
+        patch_size=14,
+        hidden_act="quick_gelu",
+        projection_dim=16,
+    )
     text = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=256, rms_norm_eps=1e-6,
-        bos_token_id=BOS, eos_token_id=2,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        bos_token_id=BOS,
+        eos_token_id=2,
+    )
     cfg = transformers.LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=IMAGE_ID,
-        vision_feature_layer=-2, vision_feature_select_strategy="default",
+        vision_config=vision,
+        text_config=text,
+        image_token_index=IMAGE_ID,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
-    )  # fmt: skip
+    )
     model = transformers.LlavaForConditionalGeneration(cfg).eval()
     # HF inits biases to 0 and norms to 1, and 0.02-std weights give near-uniform logits: spread
     # every parameter so a swapped weight shows and greedy choices are not near ties.
@@ -130,14 +165,20 @@ def test_llava_matches_transformers(tmp_path: Path, image_size: int) -> None:
         # would not do (it masks EOS out of the argmax, which then differs from greedy).
         hf.generation_config.eos_token_id = None
         gen = hf.generate(
-            input_ids=ids, pixel_values=pixels, attention_mask=torch.ones_like(ids),
-            max_new_tokens=35, do_sample=False, pad_token_id=0,
-        )  # fmt: skip
+            input_ids=ids,
+            pixel_values=pixels,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=35,
+            do_sample=False,
+            pad_token_id=0,
+        )
     their_tokens = gen[:, ids.shape[1] :]
     assert their_tokens.shape == our_tokens.shape == (2, 35)
     assert torch.equal(our_tokens, their_tokens)
-    print(f"llava parity {image_size}px: features {feat_diff:.2e}, logits {logit_diff:.2e}, "
-          f"35/35 greedy tokens equal")  # fmt: skip
+    print(
+        f"llava parity {image_size}px: features {feat_diff:.2e}, logits {logit_diff:.2e}, "
+        f"35/35 greedy tokens equal"
+    )
 
 
 def test_transformers5_layout_and_bins_option(tmp_path: Path) -> None:
@@ -148,10 +189,12 @@ def test_transformers5_layout_and_bins_option(tmp_path: Path) -> None:
     old = save_llava(hf, tmp_path / "old", bins_file=False)
     new = tmp_path / "new"
     new.mkdir()
-    renames = {"vision_tower.": "model.vision_tower.vision_model.",
-               "multi_modal_projector.": "model.multi_modal_projector.",
-               "language_model.model.": "model.language_model.",
-               "language_model.lm_head.": "lm_head."}  # fmt: skip
+    renames = {
+        "vision_tower.": "model.vision_tower.vision_model.",
+        "multi_modal_projector.": "model.multi_modal_projector.",
+        "language_model.model.": "model.language_model.",
+        "language_model.lm_head.": "lm_head.",
+    }
     state = {}
     for k, v in load_file(old / "model.safetensors").items():
         prefix = next(p for p in renames if k.startswith(p))
@@ -186,7 +229,11 @@ def test_llava_vla_7b_preset() -> None:
     assert (v.hidden_size, v.num_layers, v.gelu_approximate) == (1024, 24, "quick")
     llm = cfg.llm
     assert (llm.hidden_size, llm.num_layers, llm.num_heads, llm.intermediate_size) == (
-        4096, 32, 32, 11008)  # fmt: skip
+        4096,
+        32,
+        32,
+        11008,
+    )
     assert llm.vocab_size == cfg.action_vocab_size == 32000
     assert cfg.connector == "mlp" and cfg.num_visual == 576 and cfg.num_action_tokens == 35
     assert cfg.vis_start == 1 + len(cfg.image_prefix_ids)

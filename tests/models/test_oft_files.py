@@ -18,10 +18,21 @@ pytestmark = pytest.mark.filterwarnings("ignore:reading .*weights_only")
 
 LLM = 32
 HEAD = OFTHeadConfig(llm_dim=LLM, action_dim=7, chunk=8, hidden_dim=48, num_blocks=2)
-TEXT = {"vocab_size": 544, "hidden_size": LLM, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
-OPENVLA = {"model_type": "openvla", "text_config": TEXT, "image_sizes": [112, 112],
-           "llm_max_length": 2048, "pad_to_multiple_of": 32}  # fmt: skip
+TEXT = {
+    "vocab_size": 544,
+    "hidden_size": LLM,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+OPENVLA = {
+    "model_type": "openvla",
+    "text_config": TEXT,
+    "image_sizes": [112, 112],
+    "llm_max_length": 2048,
+    "pad_to_multiple_of": 32,
+}
 
 
 def _oft_dir(tmp_path, steps=("5000", "10000"), proprio_dim=8):
@@ -43,11 +54,20 @@ def test_conversion_keeps_every_tensor_under_vlarun_names(tmp_path):
     d, head, proj = _oft_dir(tmp_path)
     with pytest.warns(UserWarning, match="weights_only=True"):
         meta = convert(d, PLATFORMS["libero"])
-    assert meta | {"sources": None} == {"chunk": 8, "action_dim": 7, "num_images": 2,
-                                        "llm_dim": LLM, "hidden_dim": 48, "num_blocks": 2,
-                                        "proprio_dim": 8, "sources": None}  # fmt: skip
-    assert set(meta["sources"]) == {"action_head--10000_checkpoint.pt",
-                                    "proprio_projector--10000_checkpoint.pt"}  # fmt: skip
+    assert meta | {"sources": None} == {
+        "chunk": 8,
+        "action_dim": 7,
+        "num_images": 2,
+        "llm_dim": LLM,
+        "hidden_dim": 48,
+        "num_blocks": 2,
+        "proprio_dim": 8,
+        "sources": None,
+    }
+    assert set(meta["sources"]) == {
+        "action_head--10000_checkpoint.pt",
+        "proprio_projector--10000_checkpoint.pt",
+    }
     state = load_file(d / "oft_heads.safetensors")
     new_head, new_proj = L1RegressionHead(HEAD), ProprioProjector(8, LLM)
     new_head.load_state_dict({k[12:]: v for k, v in state.items() if k.startswith("action_head.")})
@@ -68,8 +88,10 @@ def test_the_step_is_chosen_latest_then_highest_or_as_asked(tmp_path):
 
 def test_a_pickle_that_holds_code_is_refused_and_nothing_is_written(tmp_path):
     d, _, _ = _oft_dir(tmp_path, steps=("1",))
-    torch.save({"module.model.fc1.weight": torch.zeros(2, 7), "hook": os.getcwd, "n": 1},
-               d / "action_head--2_checkpoint.pt")  # fmt: skip
+    torch.save(
+        {"module.model.fc1.weight": torch.zeros(2, 7), "hook": os.getcwd, "n": 1},
+        d / "action_head--2_checkpoint.pt",
+    )
     with pytest.raises(HeadsError, match="action_head--2_checkpoint.pt: not a plain state dict"):
         convert(d, PLATFORMS["libero"])
     assert not (d / "oft_heads.safetensors").exists() and not (d / "oft_heads.json").exists()
@@ -92,7 +114,12 @@ def test_a_converted_directory_is_the_parallel_family(tmp_path):
         convert(d, PLATFORMS["libero"])
     cfg = vla_config_from(OPENVLA, d)
     assert (cfg.family, cfg.chunk, cfg.action_dim, cfg.num_images, cfg.proprio_dim) == (
-        "parallel", 8, 7, 2, 8)  # fmt: skip
+        "parallel",
+        8,
+        7,
+        2,
+        8,
+    )
     assert cfg.oft == HEAD and cfg.prompt_suffix_ids == (29871,)
     assert cfg.max_text_tokens == 2048 - 1 - cfg.num_visual - 1 - 56  # 1: the proprio token
     assert cfg.max_sequence == 2048

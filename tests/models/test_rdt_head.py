@@ -13,17 +13,29 @@ from vlarun.models.rdt_head import RDTConfig, RDTHead
 from vlarun.models.vla import VLA
 from vlarun.stages.families import Workload, build_graph, param_split
 
-TINY = RDTConfig(hidden_size=32, num_layers=4, num_heads=4, horizon=6, action_dim=5,
-                 lang_dim=24, img_dim=16, img_tokens=18, state_dim=8, steps=3)  # fmt: skip
+TINY = RDTConfig(
+    hidden_size=32,
+    num_layers=4,
+    num_heads=4,
+    horizon=6,
+    action_dim=5,
+    lang_dim=24,
+    img_dim=16,
+    img_tokens=18,
+    state_dim=8,
+    steps=3,
+)
 
 
 def _inputs(b: int = 2, lang: int = 7, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     c = TINY
-    return (torch.randn(b, lang, c.lang_dim, generator=g),
-            torch.randn(b, c.img_tokens, c.img_dim, generator=g),
-            torch.randn(b, c.action_dim, generator=g),
-            torch.randn(b, c.horizon, c.action_dim, generator=g))  # fmt: skip
+    return (
+        torch.randn(b, lang, c.lang_dim, generator=g),
+        torch.randn(b, c.img_tokens, c.img_dim, generator=g),
+        torch.randn(b, c.action_dim, generator=g),
+        torch.randn(b, c.horizon, c.action_dim, generator=g),
+    )
 
 
 def _head(seed: int = 0) -> RDTHead:
@@ -69,11 +81,27 @@ def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match="image"):
         head.sample(lang, img[:, :-1], state, noise)
     with pytest.raises(ValueError, match="num_heads"):
-        RDTConfig(hidden_size=30, num_layers=1, num_heads=4, horizon=2, action_dim=2,
-                  lang_dim=4, img_dim=4, img_tokens=4)  # fmt: skip
+        RDTConfig(
+            hidden_size=30,
+            num_layers=1,
+            num_heads=4,
+            horizon=2,
+            action_dim=2,
+            lang_dim=4,
+            img_dim=4,
+            img_tokens=4,
+        )
     with pytest.raises(ValueError, match="unified"):
-        RDTConfig(hidden_size=32, num_layers=1, num_heads=4, horizon=2, action_dim=200,
-                  lang_dim=4, img_dim=4, img_tokens=4)  # fmt: skip
+        RDTConfig(
+            hidden_size=32,
+            num_layers=1,
+            num_heads=4,
+            horizon=2,
+            action_dim=200,
+            lang_dim=4,
+            img_dim=4,
+            img_tokens=4,
+        )
 
 
 def test_the_preset_has_rdt_1bs_published_shape():

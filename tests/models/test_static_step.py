@@ -18,8 +18,15 @@ from vlarun.models.static_step import (
 )
 from vlarun.models.vla import VLA
 
-CFG = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=4,
-                  num_heads=4, num_kv_heads=2, max_positions=64)  # fmt: skip
+CFG = LlamaConfig(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    max_positions=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +134,9 @@ def test_vla_greedy_decode_equals_one_general_forward_per_token():
     torch.manual_seed(0)
     model = VLA(dataclasses.replace(tiny_openvla(), chunk=2)).eval()
     gen = torch.Generator().manual_seed(3)
-    images = torch.rand(2, model.cfg.num_images, 3, model.cfg.image_size, model.cfg.image_size,
-                        generator=gen)  # fmt: skip
+    images = torch.rand(
+        2, model.cfg.num_images, 3, model.cfg.image_size, model.cfg.image_size, generator=gen
+    )
     ids = [[5, 6, 7, 8], [9, 10]]
     prefix = model.build_prefix(model.encode_images(images), ids)
     got = model.decode_tokens(model.prefill(prefix))
@@ -233,8 +241,9 @@ def test_a_policy_loads_with_compiled_steps_and_acts_the_same():
     assert fast.model.steps.mode == "default" and eager.model.steps.mode == "eager"
     size = eager.model.cfg.image_size
     frame = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
-    np.testing.assert_array_equal(fast.predict(frame, "open the drawer"),
-                                  eager.predict(frame, "open the drawer"))  # fmt: skip
+    np.testing.assert_array_equal(
+        fast.predict(frame, "open the drawer"), eager.predict(frame, "open the drawer")
+    )
     with pytest.raises(ValueError, match="compile mode must be one of"):
         Policy.load("tiny-openvla", compile_steps="fast")
 
@@ -250,8 +259,9 @@ def test_denoising_steps_run_through_the_model_steps_and_compile(preset):
 
     policy = Policy.load(preset)
     size = policy.model.cfg.image_size
-    frames = np.random.default_rng(1).integers(0, 255, (policy.model.cfg.num_images, size, size,
-                                                         3), dtype=np.uint8)  # fmt: skip
+    frames = np.random.default_rng(1).integers(
+        0, 255, (policy.model.cfg.num_images, size, size, 3), dtype=np.uint8
+    )
     image = frames if policy.model.cfg.num_images > 1 else frames[0]
     want = policy.predict(image, "open the drawer")
     calls = []
@@ -268,8 +278,9 @@ def test_denoising_steps_run_through_the_model_steps_and_compile(preset):
     steps = {"tiny-cogact": "dit_eps", "tiny-pi0": "expert_forward"}[preset]
     assert calls and set(calls) == {steps}
     traced = {"fullgraph": True, "dynamic": False, "backend": "eager"}
-    policy.model.steps = DecodeSteps(eps=torch.compile(dit_eps, **traced),
-                                     expert=torch.compile(expert_forward, **traced))  # fmt: skip
+    policy.model.steps = DecodeSteps(
+        eps=torch.compile(dit_eps, **traced), expert=torch.compile(expert_forward, **traced)
+    )
     np.testing.assert_allclose(policy.predict(image, "open the drawer"), want, atol=1e-5)
 
 

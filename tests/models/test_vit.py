@@ -147,8 +147,10 @@ def test_clip_parity(size, attn):
         d_last = diff(model.last_hidden_state(x), ref.last_hidden_state)
         d_pool = diff(model.final_norm(states[-1][:, 0]), ref.pooler_output)
         d_feat = diff(model(x), ref.hidden_states[-2][:, 1:])
-    print(f"CLIP {size}px {attn}: hidden_states {d_states:.3g}, last_hidden_state {d_last:.3g}, "
-          f"pooled {d_pool:.3g}, features (layer -2, no CLS) {d_feat:.3g}")  # fmt: skip
+    print(
+        f"CLIP {size}px {attn}: hidden_states {d_states:.3g}, last_hidden_state {d_last:.3g}, "
+        f"pooled {d_pool:.3g}, features (layer -2, no CLS) {d_feat:.3g}"
+    )
     assert len(states) == len(ref.hidden_states) == 4
     assert max(d_states, d_last, d_pool, d_feat) <= CLIP_TOL
     assert model(x).shape == (2, (size // 8) ** 2, 64)
@@ -160,13 +162,21 @@ def test_clip_tower_of_a_llava_checkpoint():
     fc1/fc2) gives LLaVA's own image features: layer -2, CLS dropped, projected."""
     torch.manual_seed(0)
     vision = transformers.CLIPVisionConfig(
-        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3,
-        num_attention_heads=4, intermediate_size=128,
-    )  # fmt: skip
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
     text = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=96, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=63)
     llava = _perturb(transformers.LlavaForConditionalGeneration(cfg))
     assert (cfg.vision_feature_layer, cfg.vision_feature_select_strategy) == (-2, "default")
@@ -178,9 +188,13 @@ def test_clip_tower_of_a_llava_checkpoint():
     )
     projector = Projector(64, 96, fused=False).eval()
     projector.load_state_dict(
-        {k[len(proj) :].replace("linear_", "fc"): v for k, v in state.items()
-         if k.startswith(proj)}, strict=True,
-    )  # fmt: skip
+        {
+            k[len(proj) :].replace("linear_", "fc"): v
+            for k, v in state.items()
+            if k.startswith(proj)
+        },
+        strict=True,
+    )
     x = pixels()
     with torch.no_grad():
         # transformers 5: an output whose pooler_output lists each image's (N, d) features

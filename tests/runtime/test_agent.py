@@ -89,8 +89,11 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
         def built_in_a_request(*args, **kwargs):
             raise AssertionError("one-time setup inside a timed request")
 
-        for module, name in ((costview, "make_scheduler"), (costview, "stand_in_factors"),
-                             (policy_module, "build_graph")):  # fmt: skip
+        for module, name in (
+            (costview, "make_scheduler"),
+            (costview, "stand_in_factors"),
+            (policy_module, "build_graph"),
+        ):
             monkeypatch.setattr(module, name, built_in_a_request)
         inf = agent.infer(image, INSTRUCTION)
         assert inf.predicted_s is not None  # planned by the scheduler
@@ -149,8 +152,9 @@ def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
         assert edge.poll() is not None
         # The first request after the kill falls back, or (when the monitor heard the edge go
         # first) is planned on the robot: either way everything from there on runs here.
-        kill_at = next(i for i, r in enumerate(records)
-                       if r.fallback or "edge" not in r.ran.values())  # fmt: skip
+        kill_at = next(
+            i for i, r in enumerate(records) if r.fallback or "edge" not in r.ran.values()
+        )
         assert all("edge" in r.ran.values() for r in records[:kill_at])
         assert all(r.ran and set(r.ran.values()) == {"robot"} for r in records[kill_at:])
         # No step later than its deadline plus one local inference (+ slack for a shared CPU).
@@ -221,8 +225,9 @@ def test_no_accepted_edge_answer_makes_a_request_late(server, policy):
     deadline. Whatever came back in time and was used finished in time; the rest fell back
     (at most deadline + one local run)."""
     image = StubEnv(1).image
-    probe = RobotAgent(policy, AgentConfig(slo_s=2.0, strategy="edge-only"), server.address,
-                       INSECURE)  # fmt: skip
+    probe = RobotAgent(
+        policy, AgentConfig(slo_s=2.0, strategy="edge-only"), server.address, INSECURE
+    )
     try:
         probe.warmup(image, INSTRUCTION, runs=1)
         usual = np.median([probe.infer(image, INSTRUCTION).latency_s for _ in range(5)])
@@ -251,13 +256,16 @@ class _Pinned(RobotAgent):
         names = [s.name for s in self.graph(text_tokens).stages]
         where = {n: "edge" for n in names}
         where[names[0]] = where[names[-1]] = "robot"
-        return Plan(text_tokens=text_tokens, placement=where, setting=self.cfg.setting,
-                    planner="pinned", link_mbps=self.link.bandwidth_mbps)  # fmt: skip
+        return Plan(
+            text_tokens=text_tokens,
+            placement=where,
+            setting=self.cfg.setting,
+            planner="pinned",
+            link_mbps=self.link.bandwidth_mbps,
+        )
 
 
-def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_late(
-    server, policy
-):  # fmt: skip
+def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_late(server, policy):
     """vision here, prefill on the edge, decode here on a 4x-slowed robot, under a deadline
     that fits the edge's usual answer but not the decode after it. The robot waits for the
     edge only while its decode still fits (and tells the edge so): the answer is refused or
@@ -265,8 +273,12 @@ def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_la
     made late by the decode (before: the edge was given the rest of the deadline, so the
     answer was used and the request ended about half a decode late)."""
     image = StubEnv(1).image
-    loose = _Pinned(policy, AgentConfig(slo_s=5.0, strategy="edge-only", robot_slowdown=4.0),
-                    server.address, INSECURE)  # fmt: skip
+    loose = _Pinned(
+        policy,
+        AgentConfig(slo_s=5.0, strategy="edge-only", robot_slowdown=4.0),
+        server.address,
+        INSECURE,
+    )
     try:
         loose.warmup(image, INSTRUCTION, runs=1)
         # The fastest edge answer, not the median: on a busy machine the median can be far

@@ -59,8 +59,13 @@ def test_bench_coinfer_quick_matrix_json(capsys, tmp_path):
     cells = {(x["bandwidth"], x["load"]) for x in r["rows"]}
     assert cells == {(b, load) for b in ("200", "200-50") for load in ("light", "heavy")}
     strategies = {x["strategy"] for x in r["rows"]}
-    assert strategies == {"device-only", "edge-only", "fixed-split", "vlarun-placement",
-                          "vlarun-joint"}  # fmt: skip
+    assert strategies == {
+        "device-only",
+        "edge-only",
+        "fixed-split",
+        "vlarun-placement",
+        "vlarun-joint",
+    }
     assert all(set(x) >= ROW_KEYS for x in r["rows"])
     heavy = [x for x in r["rows"] if x["load"] == "heavy"]
     assert all(x["load_robots"] == 2 and x["background_requests"] > 0 for x in heavy)
@@ -71,11 +76,21 @@ def test_matrix_summary_on_hand_built_rows():
     from vlarun.bench.coinfer_matrix import parse_bandwidth, summarise_matrix
 
     def row(strategy, apj, slo):
-        return {"strategy": strategy, "bandwidth": "50", "load": "light",
-                "actions_per_joule": apj, "slo_met_fraction": slo}  # fmt: skip
+        return {
+            "strategy": strategy,
+            "bandwidth": "50",
+            "load": "light",
+            "actions_per_joule": apj,
+            "slo_met_fraction": slo,
+        }
 
-    rows = [row("device-only", 1.0, 1.0), row("edge-only", 3.0, 0.9), row("fixed-split", 2.0, 1.0),
-            row("vlarun-placement", 2.5, 1.0), row("vlarun-joint", 2.0, 1.0)]  # fmt: skip
+    rows = [
+        row("device-only", 1.0, 1.0),
+        row("edge-only", 3.0, 0.9),
+        row("fixed-split", 2.0, 1.0),
+        row("vlarun-placement", 2.5, 1.0),
+        row("vlarun-joint", 2.0, 1.0),
+    ]
     s = summarise_matrix(rows)
     (cell,) = s["cells"]
     # edge-only has more actions/J but misses the SLO bar: the best fixed is fixed-split.
@@ -92,9 +107,14 @@ def test_prediction_error_counts_only_requests_that_ran_their_plan():
 
     def row(pred_ms, real_ms, pred_j, real_j, fallback=None):
         return {
-            "predicted_ms": pred_ms, "latency_ms": real_ms, "predicted_j": pred_j,
-            "energy_j": real_j, "fallback": fallback, "slo_met": True, "ran": "a@edge",
-        }  # fmt: skip
+            "predicted_ms": pred_ms,
+            "latency_ms": real_ms,
+            "predicted_j": pred_j,
+            "energy_j": real_j,
+            "fallback": fallback,
+            "slo_met": True,
+            "ran": "a@edge",
+        }
 
     rows = [row(100, 80, 2.0, 2.5), row(90, 100, 3.0, 3.0), row(50, 400, 1.0, 9.0, "link")]
     err = prediction_error(rows)
@@ -133,13 +153,23 @@ def test_matrix_intervals_resample_each_rows_requests():
 
     def row(strategy, joules, slo=1.0):
         trace = [[0.0, 100.0, "x@edge", None, False, j, True] for j in joules]
-        return {"strategy": strategy, "bandwidth": "50", "load": "none", "slo_met_fraction": slo,
-                "actions_per_joule": 4 * len(joules) / sum(joules), "trace": trace}  # fmt: skip
+        return {
+            "strategy": strategy,
+            "bandwidth": "50",
+            "load": "none",
+            "slo_met_fraction": slo,
+            "actions_per_joule": 4 * len(joules) / sum(joules),
+            "trace": trace,
+        }
 
     steady = [10.0, 10.1, 9.9, 10.0] * 10
-    rows = [row("device-only", [5.0] * 40, slo=0.0), row("edge-only", [20.0] * 40),
-            row("fixed-split", steady), row("vlarun-placement", steady),
-            row("vlarun-joint", [x / 2 for x in steady])]  # fmt: skip
+    rows = [
+        row("device-only", [5.0] * 40, slo=0.0),
+        row("edge-only", [20.0] * 40),
+        row("fixed-split", steady),
+        row("vlarun-placement", steady),
+        row("vlarun-joint", [x / 2 for x in steady]),
+    ]
     (cell,) = summarise_matrix(rows)["cells"]
     lo, hi = cell["joint_over_best_fixed_ci95"]
     assert lo < 2.0 < hi and hi - lo < 0.1 and cell["judged"]
@@ -155,8 +185,16 @@ def test_matrix_intervals_resample_each_rows_requests():
 def test_the_utilisation_plot_draws_each_run(tmp_path):
     from vlarun.bench.coinfer import plot_utilisation
 
-    runs = [{"measured_utilisation": u, "target_utilisation": u + 0.1, "robots": 8,
-             "latency_mape_pct": 5.0 * u, "energy_mape_pct": None} for u in (0.3, 0.6)]  # fmt: skip
+    runs = [
+        {
+            "measured_utilisation": u,
+            "target_utilisation": u + 0.1,
+            "robots": 8,
+            "latency_mape_pct": 5.0 * u,
+            "energy_mape_pct": None,
+        }
+        for u in (0.3, 0.6)
+    ]
     png = tmp_path / "u.png"
     assert plot_utilisation({"fleet": {"utilisation": runs}}, str(png)) == str(png)
     assert png.stat().st_size > 0
@@ -168,9 +206,23 @@ def test_bench_coinfer_quick_utilisation_json(capsys, tmp_path):
     process of their own; --quick keeps 2 robots in all): their counts, its per-request rows,
     the edge's utilisation."""
     out = tmp_path / "u.json"
-    argv = ["bench", "coinfer", "--quick", "--utilisations", "0.5",
-            "--emulate", "openvla-7b", "--robot-device", "orin-agx-32gb", "--edge-device",
-            "rtx4090", "--time-scale", "0.3", "--control-hz", "1.2"]  # fmt: skip
+    argv = [
+        "bench",
+        "coinfer",
+        "--quick",
+        "--utilisations",
+        "0.5",
+        "--emulate",
+        "openvla-7b",
+        "--robot-device",
+        "orin-agx-32gb",
+        "--edge-device",
+        "rtx4090",
+        "--time-scale",
+        "0.3",
+        "--control-hz",
+        "1.2",
+    ]
     assert main([*argv, "--json", "--out", str(out)]) == 0
     r = json.loads(capsys.readouterr().out)
     (u,) = r["fleet"]["utilisation"]

@@ -45,8 +45,9 @@ def live(policy):
         image = np.random.default_rng(0).integers(0, 255, (128, 128, 3), dtype=np.uint8)
 
         def robot(strategy: str) -> None:
-            agent = RobotAgent(policy, AgentConfig(slo_s=2.0, strategy=strategy), srv.address,
-                               INSECURE)  # fmt: skip
+            agent = RobotAgent(
+                policy, AgentConfig(slo_s=2.0, strategy=strategy), srv.address, INSECURE
+            )
             try:
                 while not stop.is_set():
                     agent.infer(image, INSTRUCTION)
@@ -91,10 +92,18 @@ def test_endpoints_need_the_key_and_metrics_are_prometheus_text(live):
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
 def test_chromium_renders_the_live_edge_within_two_seconds(live, tmp_path):
     _, dash = live
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=2000"]  # fmt: skip
-    dom = subprocess.run([*common, "--dump-dom", dash.url], capture_output=True, text=True,
-                         timeout=120).stdout  # fmt: skip
+    common = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=2000",
+    ]
+    dom = subprocess.run(
+        [*common, "--dump-dom", dash.url], capture_output=True, text=True, timeout=120
+    ).stdout
     assert 'data-ready="1"' in dom, dom[-2000:]
     assert '<div class="v" id="robots-count">2</div>' in dom
     robots = dom.split('<table id="robots">')[1].split("</table>")[0]
@@ -103,6 +112,10 @@ def test_chromium_renders_the_live_edge_within_two_seconds(live, tmp_path):
     line = dom.split('id="server-line"')[1].split(">")[0]
     assert line.count(",") >= 6  # the latency chart has points
     shot = tmp_path / "dashboard.png"
-    subprocess.run([*common, "--window-size=1100,1000", f"--screenshot={shot}", dash.url],
-                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    subprocess.run(
+        [*common, "--window-size=1100,1000", f"--screenshot={shot}", dash.url],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert shot.stat().st_size > 10_000

@@ -51,8 +51,12 @@ def test_pad_waits_for_the_target_and_counts_overruns():
     assert emu.pad_bytes(("vision",), "in", 10**9) == 0
     # Under a setting, the real model's work as the plan space transforms it: TRIAGE at 7% of
     # the visual tokens takes less prefill, nothing else changes.
-    triage = {"token_budget": 0.07, "cache_interval": 1, "early_exit_sigma": None,
-              "weights": "native"}  # fmt: skip
+    triage = {
+        "token_budget": 0.07,
+        "cache_interval": 1,
+        "early_exit_sigma": None,
+        "weights": "native",
+    }
     assert emu.target_s("prefill", 1, triage) < 0.9 * emu.target_s("prefill")
     assert emu.target_s("decode", 1, triage) == emu.target_s("decode")
     with pytest.raises(ValueError, match="'in' or 'out'"):
@@ -78,8 +82,13 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
     robot = Emulation("openvla-7b", "orin-agx-32gb", time_scale=scale, jitter=0.0)
     edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
     image = np.zeros((128, 128, 3), np.uint8)
-    both = {"emulate": robot, "edge_emulate": edge, "robot_device": "orin-agx-32gb",
-            "edge_device": "rtx4090", "meter": "none"}  # fmt: skip
+    both = {
+        "emulate": robot,
+        "edge_emulate": edge,
+        "robot_device": "orin-agx-32gb",
+        "edge_device": "rtx4090",
+        "meter": "none",
+    }
     local = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", **both))
     try:
         inf = local.infer(image, INSTRUCTION)
@@ -89,8 +98,12 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         local.close()
     cfg = ServerConfig(emulate=edge)
     with EdgeServer(policy, Security(insecure=True), cfg) as srv:
-        agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="edge-only", **both),
-                           srv.address, Security(insecure=True))  # fmt: skip
+        agent = RobotAgent(
+            policy,
+            AgentConfig(slo_s=5.0, strategy="edge-only", **both),
+            srv.address,
+            Security(insecure=True),
+        )
         try:
             agent.warmup(image, INSTRUCTION, runs=1)
             remote = agent.infer(image, INSTRUCTION)
@@ -99,8 +112,12 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
         # The scheduler prices OpenVLA-7B on the (scaled) Orin and 4090: with a deadline the
         # Orin misses, it plans the edge in, and its prediction is the emulated time's.
         slo = 0.5 * want  # half the emulated Orin's time (not the measured one: a busy CPU)
-        planner = RobotAgent(policy, AgentConfig(slo_s=slo, strategy="vlarun", **both),
-                             srv.address, Security(insecure=True))  # fmt: skip
+        planner = RobotAgent(
+            policy,
+            AgentConfig(slo_s=slo, strategy="vlarun", **both),
+            srv.address,
+            Security(insecure=True),
+        )
         try:
             planner.warmup(image, INSTRUCTION, runs=1)
             runs = [planner.infer(image, INSTRUCTION) for _ in range(3)]
@@ -139,9 +156,15 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
     robot = Emulation("openvla-7b", "orin-agx-32gb", time_scale=scale, jitter=0.0)
     edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
     image = np.zeros((128, 128, 3), np.uint8)
-    cfg = AgentConfig(slo_s=0.8, strategy="vlarun", emulate=robot, edge_emulate=edge,
-                      robot_device="orin-agx-32gb", edge_device="rtx4090",
-                      meter="none")  # fmt: skip
+    cfg = AgentConfig(
+        slo_s=0.8,
+        strategy="vlarun",
+        emulate=robot,
+        edge_emulate=edge,
+        robot_device="orin-agx-32gb",
+        edge_device="rtx4090",
+        meter="none",
+    )
     with EdgeServer(policy, Security(insecure=True), ServerConfig(emulate=edge)) as srv:
         agent = RobotAgent(policy, cfg, srv.address, Security(insecure=True))
         try:
@@ -168,8 +191,10 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
     assert set(inf.planned.values()) == {"robot"}  # planned for the link held down
     # Seen failing in fresh-clone full suites (2026-12-06): no handoff. Say what the handoff
     # rule saw, so that a next failure names its cause.
-    why = (f"link {agent.link.bandwidth_mbps:.3g} Mbps (planned at {inf.link_mbps}), "
-           f"monitor up {mon.up.is_set()}, ran {inf.ran}")  # fmt: skip
+    why = (
+        f"link {agent.link.bandwidth_mbps:.3g} Mbps (planned at {inf.link_mbps}), "
+        f"monitor up {mon.up.is_set()}, ran {inf.ran}"
+    )
     assert inf.handoff is not None and inf.fallback is None, why
     assert inf.ran["decode"] == "edge" and inf.edge_at_s is not None
     assert inf.latency_s < 0.8 * local_s

@@ -59,7 +59,8 @@ def test_a_wall_clock_budget_ends_the_episode_at_the_next_step():
 
     env = RecordingEnv(steps=10_000)
     t0 = time.perf_counter()
-    r = run_loop(slow, env, 0, 2, control_hz=200.0, asynchronous=True, max_steps=10_000,
-                 stop_at=t0 + 0.3)  # fmt: skip
+    r = run_loop(
+        slow, env, 0, 2, control_hz=200.0, asynchronous=True, max_steps=10_000, stop_at=t0 + 0.3
+    )
     took = time.perf_counter() - t0
     assert not r["success"] and 0 < r["steps"] < 200 and took < 0.3 + 0.2

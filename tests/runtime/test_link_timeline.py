@@ -9,8 +9,12 @@ def _row(t: float, edge: bool, fallback: str | None = None, sent: float = 0.05) 
     """A request begun ``t`` s into the run; ``edge``: an edge answer in time came, sent for
     ``sent`` s after the request began."""
     ran = "vision@edge/prefill@edge/decode@robot" if edge else "vision@robot/prefill@robot"
-    return {"started_s": 100.0 + t, "ran": ran, "fallback": fallback,
-            "edge_at_s": 100.0 + t + sent if edge and fallback is None else None}  # fmt: skip
+    return {
+        "started_s": 100.0 + t,
+        "ran": ran,
+        "fallback": fallback,
+        "edge_at_s": 100.0 + t + sent if edge and fallback is None else None,
+    }
 
 
 def _connected(client) -> None:

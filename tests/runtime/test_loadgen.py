@@ -37,8 +37,9 @@ def test_open_loop_robots_send_on_their_period_whatever_the_answers(server, poli
     waits for every answer (it waits up to the budget), however busy the machine is: a 1 s
     budget counted answers queued behind a loaded CPU as lost (issue 64, 6)."""
     frames = loadgen.encode_request(policy, INSTRUCTION, 10.0)
-    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=1.2,
-                         drain_s=10.0)  # fmt: skip
+    counts = loadgen.run(
+        server.address, frames, 2, 0.2, threading.Event(), seconds=1.2, drain_s=10.0
+    )
     assert 11 <= counts["sent"] + counts["unsent"] <= 13
     assert counts["unsent"] <= 2  # only before the connection is up
     assert counts["answered"] + counts["late"] == counts["sent"] and counts["refused"] == 0
@@ -86,8 +87,9 @@ def test_robots_send_first_at_the_time_they_are_given(server, policy):
 
     frames = loadgen.encode_request(policy, INSTRUCTION, 1.0)
     t0 = time.monotonic()
-    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=0.3,
-                         start_at=t0 + 0.6)  # fmt: skip
+    counts = loadgen.run(
+        server.address, frames, 2, 0.2, threading.Event(), seconds=0.3, start_at=t0 + 0.6
+    )
     assert time.monotonic() - t0 >= 0.9
     assert 3 <= counts["sent"] + counts["unsent"] <= 4 and counts["unsent"] == 0
 
@@ -97,8 +99,9 @@ def test_rows_say_how_each_request_ended_and_what_the_edge_spent_on_it(server, p
     reply's timings) and their wall time; the counts agree with the rows."""
     rows: list[dict] = []
     frames = loadgen.encode_request(policy, INSTRUCTION, 10.0)  # the drain waits for each
-    counts = loadgen.run(server.address, frames, 2, 0.2, threading.Event(), seconds=0.8,
-                         rows=rows, drain_s=10.0)  # fmt: skip
+    counts = loadgen.run(
+        server.address, frames, 2, 0.2, threading.Event(), seconds=0.8, rows=rows, drain_s=10.0
+    )
     assert len(rows) == counts["sent"] >= 3
     assert {r["kind"] for r in rows} <= {"ok", "late"}
     assert all(r["compute_s"] > 0 and r["wall_s"] >= r["compute_s"] for r in rows)
@@ -116,8 +119,16 @@ def test_a_request_never_answered_is_lost(policy):
     rows: list[dict] = []
     try:
         frames = loadgen.encode_request(policy, INSTRUCTION, 0.1)
-        counts = loadgen.run(f"tcp://127.0.0.1:{port}", frames, 1, 0.1, threading.Event(),
-                             seconds=0.5, rows=rows, drain_s=0.1)  # fmt: skip
+        counts = loadgen.run(
+            f"tcp://127.0.0.1:{port}",
+            frames,
+            1,
+            0.1,
+            threading.Event(),
+            seconds=0.5,
+            rows=rows,
+            drain_s=0.1,
+        )
     finally:
         silent.close(0)
         ctx.term()

@@ -64,8 +64,7 @@ def _server(trimmer: memory.Trimmer):
     from vlarun.policy import Policy
     from vlarun.runtime import openpi
 
-    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
-                                    port=0)  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"), port=0)
     srv.trimmer = trimmer
     return srv
 

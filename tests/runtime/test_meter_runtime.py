@@ -47,8 +47,11 @@ def rapl(tmp_path):
 
 def test_agent_reports_the_robot_energy_its_meter_read(policy, rapl):
     image = np.random.default_rng(0).integers(0, 255, (128, 128, 3), dtype=np.uint8)
-    agent = RobotAgent(policy, AgentConfig(strategy="device-only", slo_s=5.0),
-                       meter=WindowMeter(RaplMeter(root=rapl)))  # fmt: skip
+    agent = RobotAgent(
+        policy,
+        AgentConfig(strategy="device-only", slo_s=5.0),
+        meter=WindowMeter(RaplMeter(root=rapl)),
+    )
     try:
         infs = [agent.infer(image, "open the drawer") for _ in range(3)]
     finally:

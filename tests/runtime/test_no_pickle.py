@@ -95,7 +95,8 @@ def test_no_loader_or_wire_module_imports_the_converter():
     """The checkpoint loaders, the wire and everything that serves inference never import the
     module that may read a pickle: only the `vlarun convert` command does."""
     importers = [
-        f for f in sorted(PACKAGE.rglob("*.py"))
+        f
+        for f in sorted(PACKAGE.rglob("*.py"))
         if "vlarun.apps.convert" in f.read_text() and f.name not in ("convert.py", "model.py")
-    ]  # fmt: skip
+    ]
     assert importers == []

@@ -30,8 +30,16 @@ ASK = (STAGES, 0.4)  # a new request: where would it finish?
 
 
 def _rows(slots, now: float) -> list[tuple]:
-    return [(s.origin, s.stage, round(s.start - now, 9), round(s.end - now, 9),
-             round(s.deadline - now, 9)) for s in slots]  # fmt: skip
+    return [
+        (
+            s.origin,
+            s.stage,
+            round(s.start - now, 9),
+            round(s.end - now, 9),
+            round(s.deadline - now, 9),
+        )
+        for s in slots
+    ]
 
 
 def _edge(now: float) -> tuple[list[tuple], float]:
@@ -39,8 +47,18 @@ def _edge(now: float) -> tuple[list[tuple], float]:
     q = StageQueues({s: () for s in STAGES}, max_batch=MAX_BATCH)
     q.est_s = dict(EST)
     for k, (who, stages, due) in enumerate(SCRIPT):
-        q.put(Job(identity=who, rid=k, stages=stages, want=("actions",), pool={}, arrival=now,
-                  deadline=now + due, origin=who))  # fmt: skip
+        q.put(
+            Job(
+                identity=who,
+                rid=k,
+                stages=stages,
+                want=("actions",),
+                pool={},
+                arrival=now,
+                deadline=now + due,
+                origin=who,
+            )
+        )
     slots = q.forecast(now, name=robot_id)
     return _rows(slots, now), q.finish(now, ASK[0], now + ASK[1]) - now
 

@@ -26,16 +26,24 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def server():
     policy = Policy.load("tiny-ar")
-    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0, api_key=KEY,
-                                    limits=openpi.ServeLimits(max_frame=1 << 20))  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        policy,
+        openpi.get_layout("metaworld"),
+        port=0,
+        api_key=KEY,
+        limits=openpi.ServeLimits(max_frame=1 << 20),
+    )
     stop = srv.start_in_thread(30)
     yield srv
     stop()
 
 
 def test_msgpack_numpy_round_trip_and_refusals():
-    obs = {"image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "x": np.float32(2.5),
-           "prompt": "open the drawer"}  # fmt: skip
+    obs = {
+        "image": np.arange(12, dtype=np.uint8).reshape(2, 2, 3),
+        "x": np.float32(2.5),
+        "prompt": "open the drawer",
+    }
     back = openpi.unpackb(openpi.packb(obs))
     assert np.array_equal(back["image"], obs["image"]) and back["x"] == np.float32(2.5)
     # openpi's own packer produces frames our decoder reads, and vice versa.
@@ -46,12 +54,15 @@ def test_msgpack_numpy_round_trip_and_refusals():
     assert np.array_equal(msgpack_numpy.unpackb(openpi.packb(obs))["image"], obs["image"])
     import msgpack
 
-    lying = msgpack.packb({b"__ndarray__": True, b"data": b"\0" * 10, b"dtype": "<f4",
-                           b"shape": [1000, 1000]}, use_bin_type=True)  # fmt: skip
+    lying = msgpack.packb(
+        {b"__ndarray__": True, b"data": b"\0" * 10, b"dtype": "<f4", b"shape": [1000, 1000]},
+        use_bin_type=True,
+    )
     with pytest.raises(ValueError, match="does not match its 10 bytes"):
         openpi.unpackb(lying)
-    objects = msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "|O",
-                             b"shape": [0]}, use_bin_type=True)  # fmt: skip
+    objects = msgpack.packb(
+        {b"__ndarray__": True, b"data": b"", b"dtype": "|O", b"shape": [0]}, use_bin_type=True
+    )
     with pytest.raises(ValueError, match="refused"):
         openpi.unpackb(objects)
 
@@ -81,8 +92,9 @@ def test_an_unmodified_openpi_client_solves_a_metaworld_episode(server):
     before = server.requests
     success = False
     for _ in range(env.max_steps):
-        out = broker.infer({"image": obs["image"], "state": obs["state"],
-                            "prompt": env.instruction})  # fmt: skip
+        out = broker.infer(
+            {"image": obs["image"], "state": obs["state"], "prompt": env.instruction}
+        )
         assert out["actions"].shape == (4,)
         obs, _, terminated, truncated, info = env.step(out["actions"])
         if terminated or truncated:
@@ -142,12 +154,15 @@ def test_clients_requests_are_batched_through_the_edge_queues():
     batch per stage in the in-process edge's queues, and each still gets the actions its own
     observation gives alone (batched fp32 matmuls may differ in the last bits)."""
     policy = Policy.load("tiny-oft")
-    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("metaworld"), port=0,
-                                    max_batch=4, batch_window_s=0.3)  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        policy, openpi.get_layout("metaworld"), port=0, max_batch=4, batch_window_s=0.3
+    )
     stop = srv.start_in_thread(30)
     rng = np.random.default_rng(0)
-    frames = [{"image": rng.integers(0, 255, (128, 128, 3), dtype=np.uint8),
-               "prompt": "open the drawer"} for _ in range(3)]  # fmt: skip
+    frames = [
+        {"image": rng.integers(0, 255, (128, 128, 3), dtype=np.uint8), "prompt": "open the drawer"}
+        for _ in range(3)
+    ]
     alone = [policy.predict(f["image"], f["prompt"]) for f in frames]
     got: dict[int, np.ndarray] = {}
     clients = [WebsocketClientPolicy("127.0.0.1", srv.port) for _ in frames]
@@ -186,10 +201,28 @@ def test_serve_policy_command_end_to_end(tmp_path):
     key = tmp_path / "policy.key"
     key.write_text("file-key\n")
     key.chmod(0o600)
-    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--policy", "tiny-ar", "--port",
-           "0", "--api-key-file", str(key), "--threads", "1", "--json"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlarun.cli",
+        "serve-policy",
+        "--policy",
+        "tiny-ar",
+        "--port",
+        "0",
+        "--api-key-file",
+        str(key),
+        "--threads",
+        "1",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         start = json.loads(proc.stdout.readline())
         assert start["authenticated"] and start["protocol"] == "openpi"
@@ -203,8 +236,12 @@ def test_serve_policy_command_end_to_end(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and json.loads(out.strip().splitlines()[-1])["requests"] == 1
-    refused = subprocess.run([sys.executable, "-m", "vlarun.cli", "serve-policy"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-m", "vlarun.cli", "serve-policy"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and "--api-key-file" in refused.stderr
 
 
@@ -216,15 +253,23 @@ def test_an_openpi_client_drives_a_lerobot_smolvla_directory(tmp_path):
 
     parity.make_lerobot_dir(tmp_path, "smolvla")
     policy = Policy.load(tmp_path)
-    srv = openpi.OpenpiPolicyServer(policy, openpi.get_layout("libero"), port=0, api_key=KEY,
-                                    limits=openpi.ServeLimits(max_frame=1 << 20))  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        policy,
+        openpi.get_layout("libero"),
+        port=0,
+        api_key=KEY,
+        limits=openpi.ServeLimits(max_frame=1 << 20),
+    )
     stop = srv.start_in_thread(30)
     try:
         inputs = parity.lerobot_reference_inputs()
         client = WebsocketClientPolicy("127.0.0.1", srv.port, api_key=KEY)
-        obs = {"observation/image": inputs["frames"][0],
-               "observation/wrist_image": inputs["frames"][1],
-               "observation/state": inputs["state"], "prompt": inputs["task"]}  # fmt: skip
+        obs = {
+            "observation/image": inputs["frames"][0],
+            "observation/wrist_image": inputs["frames"][1],
+            "observation/state": inputs["state"],
+            "prompt": inputs["task"],
+        }
         actions = client.infer(obs)["actions"]
     finally:
         stop()
@@ -240,10 +285,26 @@ def _serve_policy(*args: str):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", *args, "--insecure", "--port",
-           "0", "--threads", "1", "--json"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlarun.cli",
+        "serve-policy",
+        *args,
+        "--insecure",
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     line = proc.stdout.readline()
     if not line:
         proc.wait(30)
@@ -309,8 +370,9 @@ def test_serve_policy_takes_three_cameras_under_the_robot_s_own_key_names(tmp_pa
     policy's camera order) and --state-key map them; the third camera is used."""
     _three_camera_pi0(tmp_path)
     keys = ["observation.images.top", "observation.images.wrist", "observation.images.side"]
-    proc, start = _serve_policy("--policy", str(tmp_path), "--image-keys", *keys,
-                                "--state-key", "observation.joints")  # fmt: skip
+    proc, start = _serve_policy(
+        "--policy", str(tmp_path), "--image-keys", *keys, "--state-key", "observation.joints"
+    )
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 256, (40, 56, 3), dtype=np.uint8) for _ in keys]
     state = rng.normal(0, 1, 8).astype(np.float32)
@@ -324,8 +386,9 @@ def test_serve_policy_takes_three_cameras_under_the_robot_s_own_key_names(tmp_pa
     assert start["image_keys"] == keys and start["state_key"] == "observation.joints"
     policy = Policy.load(tmp_path)
     assert policy.model.cfg.num_images == 3
-    np.testing.assert_allclose(actions, policy.predict(frames, "pick up the red block",
-                                                       state=state), atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        actions, policy.predict(frames, "pick up the red block", state=state), atol=1e-4
+    )
     two = policy.predict(frames[:2] + frames[:1], "pick up the red block", state=state)
     assert not np.allclose(actions, two, atol=1e-4)  # the third view counts
 
@@ -355,8 +418,9 @@ def test_the_readme_client_snippet_runs_against_every_layout(tmp_path, monkeypat
     from vlarun import parity
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-                   if "get_server_metadata" in b)  # fmt: skip
+    snippet = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "get_server_metadata" in b
+    )
     (tmp_path / "policy.key").write_text("0123456789abcdef0123456789abcdef\n")  # echo's newline
     os.chmod(tmp_path / "policy.key", 0o600)
     if layout == "smolvla":
@@ -364,11 +428,29 @@ def test_the_readme_client_snippet_runs_against_every_layout(tmp_path, monkeypat
         args = ["--policy", str(tmp_path / "ckpt")]
     else:
         args = ["--policy", "tiny-ar", "--layout", "libero"]
-    cmd = [sys.executable, "-m", "vlarun.cli", "serve-policy", "--protocol", "openpi", *args,
-           "--api-key-file", str(tmp_path / "policy.key"), "--port", "0", "--threads", "1",
-           "--json"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vlarun.cli",
+        "serve-policy",
+        "--protocol",
+        "openpi",
+        *args,
+        "--api-key-file",
+        str(tmp_path / "policy.key"),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     try:
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.poll() is not None else "no start line"

@@ -32,8 +32,12 @@ def test_the_policy_server_logs_what_it_refuses(caplog):
     from vlarun.runtime import openpi
 
     caplog.set_level(logging.INFO, logger="vlarun.refusals")
-    srv = openpi.OpenpiPolicyServer(Policy.load("tiny-ar"), openpi.get_layout("metaworld"),
-                                    port=0, api_key="a-test-key-of-some-length")  # fmt: skip
+    srv = openpi.OpenpiPolicyServer(
+        Policy.load("tiny-ar"),
+        openpi.get_layout("metaworld"),
+        port=0,
+        api_key="a-test-key-of-some-length",
+    )
     stop = srv.start_in_thread(60)
     try:
         client = WebsocketClientPolicy("127.0.0.1", srv.port, api_key="a-test-key-of-some-length")

@@ -224,18 +224,24 @@ def test_the_agent_books_each_edge_segment_it_plans(policy):
     booking per edge segment), and claimed by the request itself: none is left over."""
     with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
         srv.warmup()
-        agent = RobotAgent(policy, AgentConfig(slo_s=10.0, robot_slowdown=4.0), srv.address,
-                           INSECURE)  # fmt: skip
+        agent = RobotAgent(
+            policy, AgentConfig(slo_s=10.0, robot_slowdown=4.0), srv.address, INSECURE
+        )
         try:
             image = np.zeros((policy.model.cfg.image_size,) * 2 + (3,), np.uint8)
             infs = [agent.infer(image, INSTRUCTION, seed=i) for i in range(4)]
         finally:
             agent.close()
         planned = sum(
-            len([s for s in segments(agent.graph(len(policy.text_ids(INSTRUCTION))),
-                                     inf.planned) if s.role == "edge"])
+            len(
+                [
+                    s
+                    for s in segments(agent.graph(len(policy.text_ids(INSTRUCTION))), inf.planned)
+                    if s.role == "edge"
+                ]
+            )
             for inf in infs
-        )  # fmt: skip
+        )
         assert planned > 0, [inf.planned for inf in infs]  # the slow robot sends work out
         assert srv.stats["booked"] == planned
         assert len(srv.queues.ledger) == 0
@@ -255,8 +261,16 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
     t0 = 100.0
 
     def arrive(who: bytes, at: float) -> None:
-        job = Job(identity=who, rid=0, stages=STAGES, want=("actions",), pool={}, arrival=at,
-                  deadline=at + 1.0, origin=who)  # fmt: skip
+        job = Job(
+            identity=who,
+            rid=0,
+            stages=STAGES,
+            want=("actions",),
+            pool={},
+            arrival=at,
+            deadline=at + 1.0,
+            origin=who,
+        )
         q.put(job)
         assert q.discard(job)  # served: only its arrival is remembered
 

@@ -32,8 +32,9 @@ def test_actions_come_from_the_edge_then_locally_once_it_is_gone(policy):
     horizon = policy.model.cfg.horizon
     server = EdgeServer(policy, Security(insecure=True), ServerConfig()).start()
     stopped = False
-    robot = Robot(policy, server.address, control_hz=40, slo_s=2.0, strategy="edge-only",
-                  insecure=True)  # fmt: skip
+    robot = Robot(
+        policy, server.address, control_hz=40, slo_s=2.0, strategy="edge-only", insecure=True
+    )
     try:
         end = time.monotonic() + 10
         while not robot.edge_up and time.monotonic() < end:

@@ -59,8 +59,17 @@ def counting_policy(horizon: int):
 
 def _run(delay: int, merge: str = "switch", horizon: int = 8, steps: int = 40):
     env, (infer, priors) = TickEnv(), counting_policy(horizon)
-    r = run_loop(infer, env, 0, horizon, control_hz=20.0, asynchronous=True, max_steps=steps,
-                 merge=merge, delay_steps=delay)  # fmt: skip
+    r = run_loop(
+        infer,
+        env,
+        0,
+        horizon,
+        control_hz=20.0,
+        asynchronous=True,
+        max_steps=steps,
+        merge=merge,
+        delay_steps=delay,
+    )
     return r, [float(a[0]) for a in env.actions], priors
 
 
@@ -96,8 +105,9 @@ def test_the_append_queue_bridges_and_a_synchronous_one_waits():
     r, executed, _ = _run(3, merge="append")
     assert r["stalls"] == 0 and executed[3:11] == list(range(8))  # the first chunk whole
     env, (infer, _) = TickEnv(), counting_policy(4)
-    sync = run_loop(infer, env, 0, 4, control_hz=20.0, asynchronous=False, max_steps=14,
-                    delay_steps=2)  # fmt: skip
+    sync = run_loop(
+        infer, env, 0, 4, control_hz=20.0, asynchronous=False, max_steps=14, delay_steps=2
+    )
     got = [float(a[0]) for a in env.actions]
     assert got == [-1, -1, 0, 1, 2, 3, -1, -1, 100, 101, 102, 103, -1, -1]
     assert sync["stalls"] == 2 and sync["seams"] == [8, 14]
@@ -118,8 +128,9 @@ def test_blend_is_acts_temporal_ensemble():
 
 
 def test_the_next_request_leads_by_the_plans_p95():
-    q = ChunkQueue(lambda o, p: (np.zeros((8, 1)), None), horizon=8, tick_s=0.05,
-                   predict=lambda record: record)  # fmt: skip
+    q = ChunkQueue(
+        lambda o, p: (np.zeros((8, 1)), None), horizon=8, tick_s=0.05, predict=lambda record: record
+    )
     q.latency_s = 0.01  # measured: under a tick
     assert q.refill_at == 2
     q.predicted_s = 0.12  # the plan's p95: 2.4 ticks, so start with 4 actions left
@@ -169,8 +180,15 @@ def _prior(agent, queued: int, period_s: float = 0.05) -> Prior:
 
 def _plan(where: str, latency_s: float, sigma_s: float = 0.0) -> Plan:
     placement = {"vision": where, "prefill": where, "denoise": where}
-    return Plan(text_tokens=0, placement=placement, setting=AccelSetting(), planner="test",
-                link_mbps=1.0, predicted_s=latency_s, sigma_s=sigma_s)  # fmt: skip
+    return Plan(
+        text_tokens=0,
+        placement=placement,
+        setting=AccelSetting(),
+        planner="test",
+        link_mbps=1.0,
+        predicted_s=latency_s,
+        sigma_s=sigma_s,
+    )
 
 
 def test_d_comes_from_the_plans_p95_and_the_queued_actions_are_frozen(dit, monkeypatch):
@@ -204,8 +222,7 @@ def test_d_follows_a_plan_change_within_one_request(dit, monkeypatch):
 
 def test_the_freeze_travels_to_the_edge_in_the_packet(dit):
     server = EdgeServer(dit, Security(insecure=True), ServerConfig()).start()
-    agent = RobotAgent(dit, AgentConfig(slo_s=5.0, strategy="edge-only", rtc=True),
-                       server.address)  # fmt: skip
+    agent = RobotAgent(dit, AgentConfig(slo_s=5.0, strategy="edge-only", rtc=True), server.address)
     try:
         assert agent.monitor.up.wait(10)
         prior = _prior(agent, queued=3)
@@ -233,8 +250,7 @@ def test_a_jacobi_setting_freezes_the_queued_actions(policy, setting):
     """Under a token decoder (Jacobi with early exit; sigma 1 all but never exits) the agent
     freezes as under greedy decoding: the decoder takes the forced prefix (it refused it once)."""
     st = AccelSetting.parse(setting)
-    agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True,
-                                           setting=st))  # fmt: skip
+    agent = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True, setting=st))
     prior = _prior(agent, queued=3, period_s=1e-4)  # d: the whole overlap (H = 4)
     inf = agent.infer(_frame(policy), INSTRUCTION, prior=prior)
     assert inf.setting == str(st) and inf.rtc_delay == 3

@@ -41,8 +41,18 @@ def test_a_local_edge_serves_the_run_and_stops_with_it(monkeypatch):
         return started[-1]
 
     monkeypatch.setattr(procs, "start_edge", record)
-    argv = ["--edge", "local", "--task", "reach-v3", "--episodes", "1", "--max-steps", "12",
-            "--strategy", "edge-only"]  # fmt: skip
+    argv = [
+        "--edge",
+        "local",
+        "--task",
+        "reach-v3",
+        "--episodes",
+        "1",
+        "--max-steps",
+        "12",
+        "--strategy",
+        "edge-only",
+    ]
     o = parse_into(RunRobotOptions, build_parser("run-robot", RunRobotOptions).parse_args(argv))
     out = cmd_run_robot(o)
     infs = [r for e in out["episodes"] for r in e["inferences"]]

@@ -34,8 +34,9 @@ def edge(tmp_path):
     """A `vlarun serve-edge` process (tiny-ar, CurveZMQ with keys made here); (process,
     endpoint, keys folder). Left running (SIGCONT first) whatever the test does to it."""
     procs.local_keys(tmp_path)
-    proc, endpoint = procs.start_edge(extra=["--policy", "tiny-ar", "--threads", "1"],
-                                      keys=tmp_path)  # fmt: skip
+    proc, endpoint = procs.start_edge(
+        extra=["--policy", "tiny-ar", "--threads", "1"], keys=tmp_path
+    )
     try:
         yield proc, endpoint, tmp_path
     finally:
@@ -117,9 +118,23 @@ def test_run_robot_falls_back_during_an_outage_and_returns_to_the_edge(edge, mon
     monkeypatch.setattr(episode, "run_episode", until_back)
     # A robot three times slower than the edge: every plan the scheduler makes with the edge
     # up puts stages there.
-    argv = ["--edge", endpoint, "--server-key", str(keys / "edge.key"),
-            "--keys", str(keys / "robot.key_secret"), "--task", "reach-v3", "--episodes", "8",
-            "--strategy", "vlarun", "--robot-slowdown", "3", "--log"]  # fmt: skip
+    argv = [
+        "--edge",
+        endpoint,
+        "--server-key",
+        str(keys / "edge.key"),
+        "--keys",
+        str(keys / "robot.key_secret"),
+        "--task",
+        "reach-v3",
+        "--episodes",
+        "8",
+        "--strategy",
+        "vlarun",
+        "--robot-slowdown",
+        "3",
+        "--log",
+    ]
     o = parse_into(RunRobotOptions, build_parser("run-robot", RunRobotOptions).parse_args(argv))
     out = cmd_run_robot(o)
     assert outage.failed is None and outage.back is not None, outage.failed or "the run ended"

@@ -85,8 +85,14 @@ def _robots(
             for _ in range(requests):
                 t0 = time.monotonic()
                 try:
-                    r = c.run(STAGES, inputs, ("actions",), budget_s, budget_s + grace_s,
-                              {"batch": 1, "text_tokens": text})  # fmt: skip
+                    r = c.run(
+                        STAGES,
+                        inputs,
+                        ("actions",),
+                        budget_s,
+                        budget_s + grace_s,
+                        {"batch": 1, "text_tokens": text},
+                    )
                     kind = "result" if torch.equal(r.packet["actions"], actions) else "wrong"
                 except RuntimeError as e:  # the front (or a worker) refused it
                     kind = (
@@ -257,8 +263,7 @@ def test_a_booking_through_the_front_refuses_a_later_request_as_one_edge_does(fl
     insecure = Security(insecure=True)
     with EdgeServer(policy, insecure, ServerConfig()) as srv:
         _pin(srv.queues)
-        one = _book_then_request(srv, (insecure, insecure), policy,
-                                 lambda: len(srv.queues.ledger))  # fmt: skip
+        one = _book_then_request(srv, (insecure, insecure), policy, lambda: len(srv.queues.ledger))
     front, secs, _ = fleet
     workers = front.pool.workers
     saved = [_pin(w.times) for w in workers]

@@ -39,8 +39,19 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_serve_policy_on_a_busy_port_fails_in_one_line(busy_port, key_file):
-    r = _run(["serve-policy", "--protocol", "openpi", "--policy", "tiny-ar", "--port",
-              str(busy_port), "--api-key-file", str(key_file)])  # fmt: skip
+    r = _run(
+        [
+            "serve-policy",
+            "--protocol",
+            "openpi",
+            "--policy",
+            "tiny-ar",
+            "--port",
+            str(busy_port),
+            "--api-key-file",
+            str(key_file),
+        ]
+    )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f":{busy_port}" in lines[0] and "in use" in lines[0], r.stderr
@@ -57,10 +68,24 @@ def test_serve_edge_on_a_busy_port_fails_in_one_line(busy_port):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_policy_stops_on_a_signal_once_serving(key_file, sig):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([*VLARUN, "serve-policy", "--protocol", "openpi", "--policy",
-                             "tiny-ar", "--port", "0", "--api-key-file", str(key_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            *VLARUN,
+            "serve-policy",
+            "--protocol",
+            "openpi",
+            "--policy",
+            "tiny-ar",
+            "--port",
+            "0",
+            "--api-key-file",
+            str(key_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()  # the event: the server says it is serving
         assert line.startswith("serving"), (line, proc.stderr.read() if proc.poll() else "")

@@ -190,8 +190,11 @@ def test_the_edge_keeps_at_most_max_streams(policies, dealer):
 def test_setting_text_meta_and_knobs_round_trip():
     st = AccelSetting.parse("fastv:0.18+exit:0.6+cache:3")
     assert (st.token_method, st.token_budget, st.early_exit_sigma, st.cache_interval) == (
-        "fastv", 0.18, 0.6, 3,
-    )  # fmt: skip
+        "fastv",
+        0.18,
+        0.6,
+        3,
+    )
     assert AccelSetting.parse(str(st)) == st
     assert AccelSetting.from_meta(st.to_meta()) == st
     assert AccelSetting.from_knobs(st.knobs(), "fastv") == st
@@ -238,12 +241,21 @@ def test_joint_strategy_executes_the_setting_its_plan_chose(policies, tmp_path):
     import json
 
     policy = policies["tiny-oft"]
-    table = {"settings": [
-        {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
-        {"knob": "token_budget", "value": 0.34, "relative_success": 0.98, "source": "test",
-         "models": [policy.model.cfg.name], "lower": 0.9, "upper": 1.05},
-        {"knob": "token_budget", "value": 0.07, "relative_success": None, "source": None},
-    ]}  # fmt: skip
+    table = {
+        "settings": [
+            {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
+            {
+                "knob": "token_budget",
+                "value": 0.34,
+                "relative_success": 0.98,
+                "source": "test",
+                "models": [policy.model.cfg.name],
+                "lower": 0.9,
+                "upper": 1.05,
+            },
+            {"knob": "token_budget", "value": 0.07, "relative_success": None, "source": None},
+        ]
+    }
     path = tmp_path / "settings.json"
     path.write_text(json.dumps(table))
     cfg = AgentConfig(
@@ -269,6 +281,9 @@ def test_joint_strategy_executes_the_setting_its_plan_chose(policies, tmp_path):
     assert {inf.setting for inf in got} <= {"triage:0.34", "full"}
     assert all(inf.ran == inf.planned for inf in held + got)  # each ran what its plan named
     plan_space = agent.scheduler(text).space
-    admitted = {s.value("token_budget") for s, e in zip(plan_space.settings, plan_space.eligible,
-                                                         strict=True) if e}  # fmt: skip
+    admitted = {
+        s.value("token_budget")
+        for s, e in zip(plan_space.settings, plan_space.eligible, strict=True)
+        if e
+    }
     assert admitted == {1.0, 0.34}

@@ -19,8 +19,16 @@ def test_known_intervals(k, n, lo, hi):
 
 
 def test_the_summary_bounds_the_miss_rate():
-    rows = [{"latency_ms": 10.0, "energy_j": 1.0, "slo_met": True, "fallback": None,
-             "ran": "vision@robot"} for _ in range(28)]  # fmt: skip
+    rows = [
+        {
+            "latency_ms": 10.0,
+            "energy_j": 1.0,
+            "slo_met": True,
+            "fallback": None,
+            "ran": "vision@robot",
+        }
+        for _ in range(28)
+    ]
     lo, hi = summarise(rows, 4)["slo_met_ci95"]
     assert hi == 1.0 and 0.87 < lo < 0.88  # 0 misses in 28 bound the miss rate at ~12%
     with pytest.raises(ValueError):

@@ -19,8 +19,9 @@ ORIN, RTX = get_device("orin-agx-32gb"), get_device("rtx4090")
 def test_formula_by_hand():
     stages = [StageSpend("robot", 0.02, 0.5), StageSpend("edge", 0.03, 1.0, batch=3)]
     radio = RadioPower(2.0, 1.0)
-    e = request_energy(ORIN, RTX, stages, latency_s=0.05, period_s=0.2, tx_s=0.004, rx_s=0.001,
-                       radio=radio)  # fmt: skip
+    e = request_energy(
+        ORIN, RTX, stages, latency_s=0.05, period_s=0.2, tx_s=0.004, rx_s=0.001, radio=radio
+    )
     robot_dyn = (ORIN.busy_w - ORIN.idle_w) * 0.5 * 0.02
     edge_share = RTX.busy_w * 0.03 / 3
     expected = ORIN.idle_w * 0.2 + robot_dyn + edge_share + 2.0 * 0.004 + 1.0 * 0.001
@@ -40,8 +41,15 @@ def test_runtime_realised_energy_equals_the_plans_prediction_on_identical_inputs
     times = {n: 0.004 * (i + 1) for i, n in enumerate(names)}
     measured = {(n, ORIN.id if placement[n] == "robot" else RTX.id): t for n, t in times.items()}
     link, radio, slo = Link(200.0, 2.0), RadioPower(1.2, 1.2), 0.5
-    pred = predict_placement(works, placement, {"robot": ORIN, "edge": RTX}, link,
-                             period_s=slo, radio=radio, measured=measured)  # fmt: skip
+    pred = predict_placement(
+        works,
+        placement,
+        {"robot": ORIN, "edge": RTX},
+        link,
+        period_s=slo,
+        radio=radio,
+        measured=measured,
+    )
     agent = AgentConfig(slo_s=slo, robot_device=ORIN.id, edge_device=RTX.id)
     edge_s = {n: t for n, t in times.items() if placement[n] == "edge"}
     same = {"robot": {}, "edge": {}}  # the times are already the named devices'
@@ -68,12 +76,27 @@ def test_a_time_measured_here_is_priced_on_the_device_it_stands_in_for():
         StageSpend("edge", edge_s[n] * f["edge"][n]) for n in edge_s
     ]
     lat = 0.01 + sum(converted[i].busy_s for i in (1, 2)) + 0.02
-    want = request_energy(here, RTX, converted, latency_s=lat, period_s=0.5, tx_s=0.01, rx_s=0.01,
-                          radio=RadioPower(1, 1))  # fmt: skip
+    want = request_energy(
+        here,
+        RTX,
+        converted,
+        latency_s=lat,
+        period_s=0.5,
+        tx_s=0.01,
+        rx_s=0.01,
+        radio=RadioPower(1, 1),
+    )
     assert got == pytest.approx(want, rel=1e-9)
-    naive = request_energy(here, RTX, [StageSpend("robot", 0.01)] + [
-        StageSpend("edge", t) for t in edge_s.values()], latency_s=latency, period_s=0.5,
-        tx_s=0.01, rx_s=0.01, radio=RadioPower(1, 1))  # fmt: skip
+    naive = request_energy(
+        here,
+        RTX,
+        [StageSpend("robot", 0.01)] + [StageSpend("edge", t) for t in edge_s.values()],
+        latency_s=latency,
+        period_s=0.5,
+        tx_s=0.01,
+        rx_s=0.01,
+        radio=RadioPower(1, 1),
+    )
     assert got < 0.9 * naive
     with pytest.raises(ValueError, match="robot_slowdown"):
         AgentConfig(robot_slowdown=2.0, robot_device="orin-nx-16gb")
@@ -90,8 +113,9 @@ def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
 
     cfg = get_preset("openvla-7b")
     works = stage_works(cfg, Workload(text_tokens=8))
-    placement = {w.name: "robot" if split == "robot" or w.name == "vision" else "edge"
-                 for w in works}  # fmt: skip
+    placement = {
+        w.name: "robot" if split == "robot" or w.name == "vision" else "edge" for w in works
+    }
     devices = {"robot": ORIN, "edge": RTX}
     times = {w.name: roofline(w, devices[placement[w.name]], "bfloat16").seconds for w in works}
     link, radio, slo = Link(200.0, 2.0), RadioPower(1.2, 1.2), 2.0
@@ -101,8 +125,9 @@ def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
     same = {"robot": {}, "edge": {}}
     util = roofline_utilisation(cfg, agent, 8, "bfloat16")
     assert 0 < min(min(u.values()) for u in util.values()) < 1  # decode is memory-bound
-    realised = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same,
-                               radio=radio, utilisation=util)  # fmt: skip
+    realised = modelled_energy(
+        agent, placement, times, edge_s, pred.latency_s, same, radio=radio, utilisation=util
+    )
     assert realised == pytest.approx(pred.energy_j, rel=1e-9)
     full = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same, radio=radio)
     assert full > 1.01 * realised  # the old account: every stage at full utilisation

@@ -26,11 +26,14 @@ DEVICES = {"robot": get_device("orin-nx-16gb"), "edge": get_device("rtx4090")}
 def _setting(space, weights: str) -> int:
     """Index of the setting that changes nothing but ``weights``."""
     return next(
-        k for k, g in enumerate(space.settings)
+        k
+        for k, g in enumerate(space.settings)
         if g.value("weights") == weights
-        and all(g.value(n) == v for n, v in
-                (("token_budget", 1.0), ("layers_kept", 1.0), ("cache_interval", 1)))
-    )  # fmt: skip
+        and all(
+            g.value(n) == v
+            for n, v in (("token_budget", 1.0), ("layers_kept", 1.0), ("cache_interval", 1))
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +51,7 @@ def test_the_shipped_table_names_int8_unmeasured():
 
 def test_int8_streams_the_transforms_bytes_at_the_same_flops(space):
     cfg, sp = space
-    native, int8 = (
-        {w.name: w for w in sp.works[_setting(sp, x)]} for x in ("native", "int8")
-    )  # fmt: skip
+    native, int8 = ({w.name: w for w in sp.works[_setting(sp, x)]} for x in ("native", "int8"))
     # What the transform saves per pass, counted on the quantised model itself.
     torch.manual_seed(0)
     model = VLA(cfg).to(torch.bfloat16)

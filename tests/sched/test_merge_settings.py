@@ -17,20 +17,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(knob, value, model, rel):
-    return {"knob": knob, "value": value, "models": [model], "relative_success": rel,
-            "lower": rel - 0.05, "upper": 1.0, "source": f"test {model}"}  # fmt: skip
+    return {
+        "knob": knob,
+        "value": value,
+        "models": [model],
+        "relative_success": rel,
+        "lower": rel - 0.05,
+        "upper": 1.0,
+        "source": f"test {model}",
+    }
 
 
 def _file(path, *rows):
-    identity = [{"knob": "token_budget", "value": 1.0, "relative_success": 1.0,
-                 "source": "identity"}]  # fmt: skip
+    identity = [
+        {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"}
+    ]
     path.write_text(json.dumps({"_about": "a run", "settings": identity + list(rows)}))
     return path
 
 
 def test_the_newest_measurement_of_a_value_replaces_the_older(tmp_path):
-    old = _file(tmp_path / "old.json", _row("token_budget", 0.34, "mt10-oft", 0.98),
-                _row("token_budget", 0.18, "mt10-oft", 0.97))  # fmt: skip
+    old = _file(
+        tmp_path / "old.json",
+        _row("token_budget", 0.34, "mt10-oft", 0.98),
+        _row("token_budget", 0.18, "mt10-oft", 0.97),
+    )
     new = _file(tmp_path / "new.json", _row("token_budget", 0.34, "mt10p-oft", 1.0))
     table = merge_settings([old, new], "merged")
     rows = table["settings"]
@@ -60,9 +71,20 @@ def test_the_script_regenerates_the_shipped_table_from_the_committed_runs(tmp_pa
     shipped = json.loads((ROOT / "vlarun/sched/settings_mt10.json").read_text())
     files = shipped["_merged_from"]
     out = tmp_path / "settings.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts/merge-settings.py"), "--out", str(out),
-                    "--about", shipped["_about"], *[str(ROOT / f) for f in files]],
-                   check=True, capture_output=True, cwd=ROOT)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts/merge-settings.py"),
+            "--out",
+            str(out),
+            "--about",
+            shipped["_about"],
+            *[str(ROOT / f) for f in files],
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     assert json.loads(out.read_text())["settings"] == shipped["settings"]
 
 

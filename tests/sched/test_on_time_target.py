@@ -26,8 +26,17 @@ def _world(tmp_path, name: str, **params) -> str:
 
 
 def _cfg(world: str, deadline_x: float, duration_s: float = 400.0) -> tuple[FleetConfig, object]:
-    cfg = FleetConfig(world=world, model="openvla-7b", robots=1, loads=("none",), chunk=1,
-                      slo_hz=1.0, duration_s=duration_s, guard=1.0, bw_after=200.0)  # fmt: skip
+    cfg = FleetConfig(
+        world=world,
+        model="openvla-7b",
+        robots=1,
+        loads=("none",),
+        chunk=1,
+        slo_hz=1.0,
+        duration_s=duration_s,
+        guard=1.0,
+        bw_after=200.0,
+    )
     setup = make_setup(cfg)
     t_do = device_only_s(cfg, setup)
     return dataclasses.replace(cfg, slo_hz=1.0 / (deadline_x * t_do)), setup
@@ -48,8 +57,16 @@ def test_a_stall_mixture_is_planned_at_its_target(tmp_path):
     """The robot alone is late only when it stalls (3% of executions, 2.5x); the edge is
     punctual and hungry. Joint mixes the two and holds the 99% target (within its interval)
     at no less than 0.9x the best static plan or two-plan mix that reaches it in hindsight."""
-    world = _world(tmp_path, "stalls", robot_scale=0.85, edge_scale=1.3, edge_busy_w=150.0,
-                   stall_p=0.03, stall_factor=2.5, jitter=0.04)  # fmt: skip
+    world = _world(
+        tmp_path,
+        "stalls",
+        robot_scale=0.85,
+        edge_scale=1.3,
+        edge_busy_w=150.0,
+        stall_p=0.03,
+        stall_factor=2.5,
+        jitter=0.04,
+    )
     cfg, setup = _cfg(world, 1.2)
     runs = {"vlarun-joint": run_policy(cfg, setup, "vlarun-joint", "none", 0)}
     statics = static_plans(setup)
@@ -100,8 +117,7 @@ def test_a_wrong_catalog_is_corrected_within_30_requests(tmp_path, scale):
     deadline of Device-Only's real median x1.2 the model calls the robot late) or at 1.5x
     (the catalog is optimistic): within 30 requests joint runs the robot, and its actions per
     joule from then on are within 5% of its last hundred requests'."""
-    world = _world(tmp_path, f"robot-{scale}", robot_scale=scale, edge_busy_w=200.0,
-                   jitter=0.03)  # fmt: skip
+    world = _world(tmp_path, f"robot-{scale}", robot_scale=scale, edge_busy_w=200.0, jitter=0.03)
     cfg, setup = _cfg(world, 1.2, duration_s=300.0)
     recs = run_policy(cfg, setup, "vlarun-joint", "none", 0)
 
@@ -121,8 +137,16 @@ def test_a_target_out_of_reach_holds_to_the_most_punctual_steady_plan_cheaply(tm
     cheapest plan or mix that is, from its 60th request on (before that, the first stall
     leaves it in debt while it still counts the edge as punctual, and it pays on the edge),
     and its decisions say the target is out of reach."""
-    world = _world(tmp_path, "far", robot_scale=0.8, edge_scale=1.4, edge_busy_w=280.0,
-                   stall_p=0.04, stall_factor=3.0, jitter=0.04)  # fmt: skip
+    world = _world(
+        tmp_path,
+        "far",
+        robot_scale=0.8,
+        edge_scale=1.4,
+        edge_busy_w=280.0,
+        stall_p=0.04,
+        stall_factor=3.0,
+        jitter=0.04,
+    )
     cfg, setup = _cfg(world, 1.2, duration_s=300.0)
     cfg = dataclasses.replace(cfg, trace="wifi-drive")
     runs = {"vlarun-joint": run_policy(cfg, setup, "vlarun-joint", "none", 0)}

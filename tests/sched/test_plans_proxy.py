@@ -18,8 +18,10 @@ def test_measured_costs_are_carried_to_the_emulated_model_with_their_source():
 
 
 def _joint_settings(proxy: bool, floor=NO_LOSS) -> set[str]:
-    emu = {"emulate": Emulation("openvla-7b", "orin-agx-32gb"),
-           "edge_emulate": Emulation("openvla-7b", "rtx4090")}  # fmt: skip
+    emu = {
+        "emulate": Emulation("openvla-7b", "orin-agx-32gb"),
+        "edge_emulate": Emulation("openvla-7b", "rtx4090"),
+    }
     cfg = AgentConfig(
         slo_s=1.0,
         strategy="vlarun-joint",
@@ -33,8 +35,9 @@ def _joint_settings(proxy: bool, floor=NO_LOSS) -> set[str]:
     )  # by default a floor the MT10 rows clear: the proxy is what is tested
     sched = make_scheduler(get_preset("tiny-ar"), cfg, 8, "float32")
     space = sched.space
-    return {str(dict(space.settings[k].knobs)) for k in range(len(space.settings))
-            if space.eligible[k]}  # fmt: skip
+    return {
+        str(dict(space.settings[k].knobs)) for k in range(len(space.settings)) if space.eligible[k]
+    }
 
 
 def test_vlarun_joint_plans_with_the_proxy_only_when_asked():
@@ -54,23 +57,43 @@ def test_the_default_floor_reads_the_lower_bound_of_the_measured_interval(tmp_pa
     from vlarun.sched.plans import DEFAULT_FLOOR
 
     assert AgentConfig().accuracy_floor == DEFAULT_FLOOR == 0.95
-    shipped = {r.value: r.lower for r in load_settings(MEASURED_SETTINGS_FILE)
-               if r.knob == "token_budget" and r.models}  # fmt: skip
+    shipped = {
+        r.value: r.lower
+        for r in load_settings(MEASURED_SETTINGS_FILE)
+        if r.knob == "token_budget" and r.models
+    }
     assert shipped[0.34] >= 0.95 > max(shipped[0.18], shipped[0.07])
     eligible = _joint_settings(proxy=True, floor=DEFAULT_FLOOR)
     assert {ast.literal_eval(s)["token_budget"] for s in eligible} == {1.0, 0.34}
     model = get_preset("tiny-ar").name
-    table = {"settings": [
-        {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
-        {"knob": "token_budget", "value": 0.34, "relative_success": 0.99, "source": "test",
-         "models": [model], "lower": 0.96, "upper": 1.01},
-        {"knob": "token_budget", "value": 0.18, "relative_success": 0.99, "source": "test",
-         "models": [model], "lower": 0.94, "upper": 1.03},
-    ]}  # fmt: skip
+    table = {
+        "settings": [
+            {"knob": "token_budget", "value": 1.0, "relative_success": 1.0, "source": "identity"},
+            {
+                "knob": "token_budget",
+                "value": 0.34,
+                "relative_success": 0.99,
+                "source": "test",
+                "models": [model],
+                "lower": 0.96,
+                "upper": 1.01,
+            },
+            {
+                "knob": "token_budget",
+                "value": 0.18,
+                "relative_success": 0.99,
+                "source": "test",
+                "models": [model],
+                "lower": 0.94,
+                "upper": 1.03,
+            },
+        ]
+    }
     path = tmp_path / "settings.json"
     path.write_text(json.dumps(table))
     cfg = AgentConfig(slo_s=1.0, strategy="vlarun-joint", settings_file=str(path), meter="none")
     space = make_scheduler(get_preset("tiny-ar"), cfg, 8, "float32").space
-    admitted = {s.value("token_budget") for s, e in zip(space.settings, space.eligible,
-                                                        strict=True) if e}  # fmt: skip
+    admitted = {
+        s.value("token_budget") for s, e in zip(space.settings, space.eligible, strict=True) if e
+    }
     assert admitted == {1.0, 0.34}

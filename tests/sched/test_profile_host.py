@@ -25,8 +25,16 @@ def _cache(tmp_path, monkeypatch):
 
 def test_profile_command_writes_a_file_predict_uses(tmp_path, capsys):
     out = tmp_path / "p.json"
-    argv = ["profile", "--model", "tiny-openvla,tiny-pi0", "--repeats", "2", "--out", str(out),
-            "--json"]  # fmt: skip
+    argv = [
+        "profile",
+        "--model",
+        "tiny-openvla,tiny-pi0",
+        "--repeats",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     ar = [e for e in r["profile"]["entries"] if e["model"] == "tiny-openvla"]
@@ -52,8 +60,16 @@ def test_predict_and_plan_use_the_cached_profile_and_say_when_there_is_none(caps
     roofline estimate and name the command that measures them; after `vlarun profile --model
     M` (the cache's file, the same default dtype) both read it without being told."""
     predict = ["predict", "--model", "tiny-openvla", "--robot-device", "this-cpu", "--json"]
-    plan = ["plan", "--model", "tiny-openvla", "--robot-device", "this-cpu", "--edge-device",
-            "rtx4090", "--json"]  # fmt: skip
+    plan = [
+        "plan",
+        "--model",
+        "tiny-openvla",
+        "--robot-device",
+        "this-cpu",
+        "--edge-device",
+        "rtx4090",
+        "--json",
+    ]
     assert main(predict) == 0
     before = json.loads(capsys.readouterr().out)
     assert before["estimate"].startswith("roofline estimate, unprofiled: run `vlarun profile")

@@ -134,8 +134,7 @@ def test_core_rule_max_actions_per_joule_among_feasible():
 
     def ref(k: int, p: int):
         placement = dict(zip(space.stages, space.roles(p), strict=True))
-        return predict_placement(space.works[k], placement, DEVICES, link, period_s=0.3,
-                                 actions=20)  # fmt: skip
+        return predict_placement(space.works[k], placement, DEVICES, link, period_s=0.3, actions=20)
 
     best = 0.0
     for c in np.flatnonzero(sched.allowed):
@@ -294,8 +293,10 @@ def test_the_recorded_tail_tightens_feasibility_and_guides_the_fallback():
     cal = Calibration(clock=lambda: 0.0)
     sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, 1.0, actions=20, cal=cal)
     names = sched.space.stages  # every stage timed as modelled (the warm-up's part)
-    sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
-                {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
+    sched.prime(
+        {n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
+        {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)},
+    )
     link = Link(200.0, 5.0)
     first = sched.decide(link)
     roles = tuple(first.placement.values())
@@ -393,8 +394,9 @@ def test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it():
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
     c, latency = _best_unmeasured(probe, link)
     slo = latency / 1.05
-    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20,
-                      explore_every=3)  # fmt: skip
+    sched = Scheduler(
+        space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20, explore_every=3
+    )
     roles = tuple(sched.space.roles(sched.p[c]))
     first, second = sched.decide(link), sched.decide(link)
     assert first.feasible and not first.explored and tuple(first.placement.values()) != roles
@@ -408,8 +410,9 @@ def test_bounded_exploration_tries_a_plausible_never_run_plan_then_learns_it():
     # shows it on time, the rule chooses it on its own.
     from vlarun.sched.contract import Outcome, StageOutcome
 
-    ran = tuple(StageOutcome(n, r, 0.8 * third.stage_predicted_s[n])
-                for n, r in third.placement.items())  # fmt: skip
+    ran = tuple(
+        StageOutcome(n, r, 0.8 * third.stage_predicted_s[n]) for n, r in third.placement.items()
+    )
     sched.observe(third, Outcome(stages=ran, latency_s=0.8 * latency))
     ruled = []  # decisions at which the rule itself chose it
     for i in range(20):
@@ -432,21 +435,24 @@ def test_exploration_never_tries_a_robot_only_plan_whose_stages_were_timed():
     latency is known and a try would only miss the deadline (a miss per exploration)."""
     link = Link(200.0, 5.0)
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
-    robot_only = next(p for p in range(len(probe.space.placements))
-                      if set(probe.space.roles(p)) == {"robot"})  # fmt: skip
+    robot_only = next(
+        p for p in range(len(probe.space.placements)) if set(probe.space.roles(p)) == {"robot"}
+    )
     c = int(np.flatnonzero(probe.p == robot_only)[0])
     latency = float(probe.score(link).latency[c])
     slo = latency / 1.05  # 5% over: within the 15% prior error, so a guess might make it
 
     def explored(primed: bool) -> bool:
-        sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20,
-                          explore_every=1)  # fmt: skip
+        sched = Scheduler(
+            space_for("pi0", accelerators=False), DEVICES, slo_s=slo, actions=20, explore_every=1
+        )
         if primed:  # timed exactly as the model predicts: 5% over the deadline, measured
             k = 0
-            sched.prime({n: float(sched.t_rob[k, i]) for i, n in enumerate(sched.space.stages)},
-                        {})  # fmt: skip
-        return any(set(d.placement.values()) == {"robot"} and d.explored
-                   for d in (sched.decide(link) for _ in range(5)))  # fmt: skip
+            sched.prime({n: float(sched.t_rob[k, i]) for i, n in enumerate(sched.space.stages)}, {})
+        return any(
+            set(d.placement.values()) == {"robot"} and d.explored
+            for d in (sched.decide(link) for _ in range(5))
+        )
 
     assert explored(False)  # a guess is worth a try
     assert not explored(True)
@@ -459,9 +465,12 @@ def test_exploration_counts_timed_robot_stages_at_their_measured_time():
     link = Link(200.0, 5.0)
     probe = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=1.0, actions=1)
     names = probe.space.stages
-    p = next(p for p in range(len(probe.space.placements))
-             if dict(zip(names, probe.space.roles(p), strict=True))["vision"] == "edge"
-             and set(probe.space.roles(p)[1:]) == {"robot"})  # fmt: skip
+    p = next(
+        p
+        for p in range(len(probe.space.placements))
+        if dict(zip(names, probe.space.roles(p), strict=True))["vision"] == "edge"
+        and set(probe.space.roles(p)[1:]) == {"robot"}
+    )
     c = int(np.flatnonzero(probe.p == p)[0])
     latency = float(probe.score(link).latency[c])
     robot_part = float(sum(probe.t_rob[0, i] for i, n in enumerate(names) if n != "vision"))
@@ -469,13 +478,22 @@ def test_exploration_counts_timed_robot_stages_at_their_measured_time():
     slo = (robot_part + 0.85 * latency) / 2  # the guess could make it, the timed part cannot
 
     def explored(primed: bool) -> set[tuple[str, ...]]:
-        sched = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=slo,
-                          actions=1, explore_every=1)  # fmt: skip
+        sched = Scheduler(
+            space_for("openvla-7b", accelerators=False),
+            DEVICES,
+            slo_s=slo,
+            actions=1,
+            explore_every=1,
+        )
         if primed:  # prefill and decode timed on the robot; vision never ran there
-            sched.prime({n: float(sched.t_rob[0, i]) for i, n in enumerate(names)
-                         if n != "vision"}, {})  # fmt: skip
-        return {tuple(d.placement.values())
-                for d in (sched.decide(link) for _ in range(8)) if d.explored}  # fmt: skip
+            sched.prime(
+                {n: float(sched.t_rob[0, i]) for i, n in enumerate(names) if n != "vision"}, {}
+            )
+        return {
+            tuple(d.placement.values())
+            for d in (sched.decide(link) for _ in range(8))
+            if d.explored
+        }
 
     # Unprimed, the robot-heavy plans are guesses worth a try; primed, none whose timed robot
     # stages (prefill and decode) alone outlast the deadline is tried.
@@ -487,8 +505,13 @@ def test_exploration_never_tries_what_the_model_error_cannot_explain():
     link = Link(200.0, 5.0)
     probe = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=1.0, actions=20)
     c, latency = _best_unmeasured(probe, link)
-    sched = Scheduler(space_for("pi0", accelerators=False), DEVICES, slo_s=latency / 1.5,
-                      actions=20, explore_every=1)  # fmt: skip
+    sched = Scheduler(
+        space_for("pi0", accelerators=False),
+        DEVICES,
+        slo_s=latency / 1.5,
+        actions=20,
+        explore_every=1,
+    )
     roles = tuple(sched.space.roles(sched.p[c]))
     for _ in range(5):  # 50% over the deadline is beyond two of the 15% prior errors
         d = sched.decide(link)
@@ -506,15 +529,20 @@ def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut(
     edge_only = next(
         c for c in range(len(sched.k)) if set(sched.space.roles(sched.p[c])) == {"edge"}
     )
-    split = next(c for c in range(len(sched.k))  # vision on the robot, the rest on the edge
-                 if tuple(sched.space.roles(sched.p[c])) == ("robot", "edge", "edge")
-                 and sched.k[c] == sched.k[edge_only])  # fmt: skip
+    split = next(
+        c
+        for c in range(len(sched.k))  # vision on the robot, the rest on the edge
+        if tuple(sched.space.roles(sched.p[c])) == ("robot", "edge", "edge")
+        and sched.k[c] == sched.k[edge_only]
+    )
     before = sched.score(link).latency
     plan = sched._decision(edge_only, sched.score(link), np.ones(len(sched.k)))
     sent, recv = 600_000, 2_000
     model_s = link.rtt_ms * 1e-3 + (sent + recv) / link.bytes_per_s
-    stages = tuple(StageOutcome(n, "edge", float(sched.t_edge[sched.k[edge_only], i, 1]))
-                   for i, n in enumerate(names))  # fmt: skip
+    stages = tuple(
+        StageOutcome(n, "edge", float(sched.t_edge[sched.k[edge_only], i, 1]))
+        for i, n in enumerate(names)
+    )
     for _ in range(60):  # every call spends 30 ms more off the edge than the link model says
         tr = TransferOutcome(names[0], names[-1], model_s + 0.030, sent, recv)
         sched.observe(plan, Outcome(stages, plan.latency_s, transfers=(tr,)))
@@ -687,8 +715,12 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     roles = tuple(d.placement.values())
     c = sched.candidate_index(d)
     before = float(sched.score(link).energy[c])
-    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, fallback="link: timed out",
-                             energy_j=0.1 * d.energy_j))  # fmt: skip
+    sched.observe(
+        d,
+        Outcome(
+            stages=(), latency_s=d.latency_s, fallback="link: timed out", energy_j=0.1 * d.energy_j
+        ),
+    )
     assert float(sched.score(link).energy[c]) == pytest.approx(before)
     sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
     assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
@@ -731,8 +763,7 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_is_back
     assert abs(after_prefill.local_finish_s - ends[-1]) < 1e-6  # on the predicted path
     # The link still down, or a robot on time: the rest stays here.
     assert sched.handoff(None, 1, ends[0], Link(2.0, 5.0)) is None
-    relaxed = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=5.0,
-                        actions=7)  # fmt: skip
+    relaxed = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=5.0, actions=7)
     assert relaxed.handoff(None, 1, ends[0], good) is None
     assert sched.handoff(None, 0, 0.0, good) is None  # nothing has run here yet: plan it
 
@@ -742,8 +773,11 @@ def test_a_handoff_waits_out_the_edge_queue():
     sched = Scheduler(space_for("openvla-7b", accelerators=False), DEVICES, slo_s=1.0, actions=7)
     good = Link(200.0, 5.0)
     ends = _local_times(sched, good)
-    busy = DeviceState(reservations=[Reservation("edge", s, 0.0, 5.0, due=0.5)
-                                     for s in ("vision", "prefill", "decode")])  # fmt: skip
+    busy = DeviceState(
+        reservations=[
+            Reservation("edge", s, 0.0, 5.0, due=0.5) for s in ("vision", "prefill", "decode")
+        ]
+    )
     assert sched.handoff(None, 1, ends[0], good, busy) is None
 
 
@@ -796,9 +830,16 @@ def test_a_wrong_edge_power_is_learnt_from_a_plan_that_ran_and_reprices_plans_th
     )
     robot_j, edge_j = d.energy_by_device["robot"], d.energy_by_device["edge"]
     # The same execution priced twice: the robot's meter agrees with the model, the edge's not.
-    sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=robot_j + edge_j / 7,
-                             energy_by_device={"robot": 3.0, "edge": 1.0},
-                             modelled_by_device={"robot": 3.0, "edge": 7.0}))  # fmt: skip
+    sched.observe(
+        d,
+        Outcome(
+            stages=(),
+            latency_s=d.latency_s,
+            energy_j=robot_j + edge_j / 7,
+            energy_by_device={"robot": 3.0, "edge": 1.0},
+            modelled_by_device={"robot": 3.0, "edge": 7.0},
+        ),
+    )
     assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)
     assert sched.cal.power_factor("robot") == pytest.approx(1.0)
     after = sched.score(link)

@@ -51,8 +51,10 @@ def _warm(sched) -> None:
     """What the agent's warm-up measures: every stage on the robot at full compute and under
     every setting (RobotAgent._warm_settings), and the edge's stage estimates."""
     names = sched.space.stages
-    sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
-                {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
+    sched.prime(
+        {n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
+        {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)},
+    )
     for k, setting in enumerate(sched.space.settings):
         if k != sched.k0:
             slow = {n: sched.t_rob[k, i] * SLOWER for i, n in enumerate(names)}
@@ -87,8 +89,10 @@ def test_without_the_settings_warm_up_the_slack_still_holds_it_to_one():
     to meet the deadline, and its first run teaches its own factor."""
     sched = _scheduler(1.0)
     names = sched.space.stages
-    sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
-                {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
+    sched.prime(
+        {n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
+        {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)},
+    )
     late = _run(sched)
     assert len(late) <= 1, late
 
@@ -114,8 +118,11 @@ def test_the_old_calibration_misses_the_deadline_repeatedly_in_this_world():
     sched._key_k = lambda k: None  # every setting shares the identity's factor
     sched._untimed_setting = lambda: np.zeros(len(sched.k), dtype=bool)
     sched.on_time_probabilities = lambda sc, deadline_s=None: (
-        sc.latency <= (deadline_s or sched.slo_s)).astype(float)  # fmt: skip
+        sc.latency <= (deadline_s or sched.slo_s)
+    ).astype(float)
     names = sched.space.stages
-    sched.prime({n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
-                {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)})  # fmt: skip
+    sched.prime(
+        {n: sched.t_rob[sched.k0, i] for i, n in enumerate(names)},
+        {n: sched.t_edge[sched.k0, i, 1] for i, n in enumerate(names)},
+    )
     assert len(_run(sched)) >= 1

@@ -16,15 +16,21 @@ from vlarun.sim.demos_cli import main  # noqa: E402
 def committed(tmp_path_factory):
     """A two-camera DART collection, and its manifest directory as it would be committed."""
     root = tmp_path_factory.mktemp("replay")
-    collect(["pick-place-v3", "reach-v3"], 2, root / "demos", image_size=64,
-            extra_cameras=("wrist",), dart_noise=0.2, progress=False)  # fmt: skip
+    collect(
+        ["pick-place-v3", "reach-v3"],
+        2,
+        root / "demos",
+        image_size=64,
+        extra_cameras=("wrist",),
+        dart_noise=0.2,
+        progress=False,
+    )
     save_manifest(root / "demos", root / "manifest")
     return root
 
 
 def test_a_manifest_renders_the_collection_again(committed, tmp_path):
-    rendered = render_manifest(committed / "manifest", tmp_path / "out", workers=1,
-                               progress=False)  # fmt: skip
+    rendered = render_manifest(committed / "manifest", tmp_path / "out", workers=1, progress=False)
     a, b = load_demos(committed / "demos"), load_demos(tmp_path / "out")
     assert a.manifest["tasks"] == b.manifest["tasks"]
     np.testing.assert_array_equal(a.actions, b.actions)
@@ -63,14 +69,30 @@ def test_a_manifest_that_does_not_match_the_rendering_is_refused(committed, tmp_
 
 
 def test_the_command_line_renders_with_a_progress_bar(committed, tmp_path, capsys):
-    main(["--from-manifest", str(committed / "manifest"), "--out", str(tmp_path / "o"),
-          "--workers", "2"])  # fmt: skip
+    main(
+        [
+            "--from-manifest",
+            str(committed / "manifest"),
+            "--out",
+            str(tmp_path / "o"),
+            "--workers",
+            "2",
+        ]
+    )
     out = capsys.readouterr()
     assert "probe frames match the committed fingerprints" in out.out
     assert "rendering" in out.err
     with pytest.raises(SystemExit):
-        main(["--from-manifest", str(committed / "manifest"), "--out", str(tmp_path / "o2"),
-              "--tasks", "reach-v3"])  # fmt: skip
+        main(
+            [
+                "--from-manifest",
+                str(committed / "manifest"),
+                "--out",
+                str(tmp_path / "o2"),
+                "--tasks",
+                "reach-v3",
+            ]
+        )
     assert "drop --tasks" in capsys.readouterr().err
 
 

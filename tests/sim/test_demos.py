@@ -144,8 +144,14 @@ def test_targets_counts_per_task_and_dart_noise(tmp_path):
     from vlarun.sim.demos import run_expert_episode
     from vlarun.sim.env import MetaWorldEnv
 
-    m = collect(["reach-v3", "push-v3"], 1, tmp_path / "d", image_size=32, progress=False,
-                episodes_for={"reach-v3": 2})  # fmt: skip
+    m = collect(
+        ["reach-v3", "push-v3"],
+        1,
+        tmp_path / "d",
+        image_size=32,
+        progress=False,
+        episodes_for={"reach-v3": 2},
+    )
     assert m["tasks"]["reach-v3"]["episodes"] == 2 and m["tasks"]["push-v3"]["episodes"] == 1
     demos = load_demos(tmp_path / "d")
     assert demos.targets is not None and demos.targets.shape == (len(demos), 6)
@@ -195,8 +201,7 @@ def test_dagger_labels_the_states_the_policy_visits(tmp_path):
     own = run_dagger_episode(env, policy, 7, beta=0.0)  # the policy's own states now
     env.close()
     assert own.length > 0 and len(own.images) == len(own.actions) == len(own.targets)
-    m = collect(["reach-v3"], 1, tmp_path / "d", dagger_policy="tiny-ar",
-                progress=False)  # fmt: skip
+    m = collect(["reach-v3"], 1, tmp_path / "d", dagger_policy="tiny-ar", progress=False)
     assert m["dagger"] == {"policy": "tiny-ar", "beta": 0.0}
     assert m["tasks"]["reach-v3"]["episodes"] == 1  # kept whether or not the policy succeeded
     assert len(load_demos(tmp_path / "d")) == m["num_frames"] > 0

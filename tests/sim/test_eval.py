@@ -18,8 +18,20 @@ def test_wilson_interval_matches_the_textbook_values():
 
 def test_eval_json_and_report(tmp_path, capsys):
     report = tmp_path / "report"
-    args = ["eval", "--policy", "tiny-oft", "--tasks", "drawer-open-v3", "--episodes", "1",
-            "--workers", "1", "--json", "--report", str(report)]  # fmt: skip
+    args = [
+        "eval",
+        "--policy",
+        "tiny-oft",
+        "--tasks",
+        "drawer-open-v3",
+        "--episodes",
+        "1",
+        "--workers",
+        "1",
+        "--json",
+        "--report",
+        str(report),
+    ]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["episodes"] == 1 and r["tasks"]["drawer-open-v3"]["episodes"] == 1
@@ -95,10 +107,13 @@ def test_fidelity_refuses_a_file_that_is_not_rollouts(tmp_path):
 
 def test_fidelity_resets_stateful_candidates_at_each_episode():
     rollouts = Rollouts(
-        images=np.zeros((5, 8, 8, 3), np.uint8), actions=np.zeros((5, 1, 4), np.float32),
-        task_index=np.zeros(5, np.int64), tasks=("reach-v3",), seeds=(0, 1),
+        images=np.zeros((5, 8, 8, 3), np.uint8),
+        actions=np.zeros((5, 1, 4), np.float32),
+        task_index=np.zeros(5, np.int64),
+        tasks=("reach-v3",),
+        seeds=(0, 1),
         episode_index=np.array([0, 0, 0, 1, 1]),
-    )  # fmt: skip
+    )
     calls = []
 
     def candidate(image, instruction):
@@ -131,8 +146,20 @@ def test_paired_difference_on_hand_built_outcomes():
 
 
 def test_eval_paired_with_a_token_method_runs_the_same_seeds(capsys):
-    args = ["eval", "--policy", "tiny-oft", "--tasks", "drawer-open-v3", "--episodes", "2",
-            "--workers", "1", "--paired-with", "drop-all:0.07", "--json"]  # fmt: skip
+    args = [
+        "eval",
+        "--policy",
+        "tiny-oft",
+        "--tasks",
+        "drawer-open-v3",
+        "--episodes",
+        "2",
+        "--workers",
+        "1",
+        "--paired-with",
+        "drop-all:0.07",
+        "--json",
+    ]
     assert main(args) == 0
     r = json.loads(capsys.readouterr().out)
     p = r["paired"]
@@ -165,8 +192,9 @@ def test_episode_job_counts_each_inference_once_and_replays_what_it_recorded():
     full = run_job(EpisodeJob(ckpt, "reach-v3", (10000, 10001), record=1, max_steps=12))
     instruction, seen = full["episodes"][0]["recorded"]
     assert len(seen) == len(full["episodes"][0]["latency_ms"]) + 1 and instruction
-    job = EpisodeJob(ckpt, "reach-v3", (10000, 10001), "triage:0.34", max_steps=12,
-                     replay=((instruction, seen),))  # fmt: skip
+    job = EpisodeJob(
+        ckpt, "reach-v3", (10000, 10001), "triage:0.34", max_steps=12, replay=((instruction, seen),)
+    )
     r = run_job(job)
     inferences = sum(len(e["latency_ms"]) for e in r["episodes"]) + 1
     assert r["summary"]["steps"] == inferences

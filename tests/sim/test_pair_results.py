@@ -12,12 +12,17 @@ from vlarun.sim.pair_results import PairConfig, format_pair, pair
 
 
 def _result(path, outcomes: dict[str, list[int]], policy="p", seeds: str = "10000..10003"):
-    tasks = {t: {"success_rate": sum(o) / len(o), "episodes": len(o), "outcomes": o}
-             for t, o in outcomes.items()}  # fmt: skip
+    tasks = {
+        t: {"success_rate": sum(o) / len(o), "episodes": len(o), "outcomes": o}
+        for t, o in outcomes.items()
+    }
     n = sum(len(o) for o in outcomes.values())
     rate = sum(sum(o) for o in outcomes.values()) / n
-    path.write_text(json.dumps({"policy": policy, "success_rate": rate, "episodes": n,
-                                "tasks": tasks, "seeds": seeds}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {"policy": policy, "success_rate": rate, "episodes": n, "tasks": tasks, "seeds": seeds}
+        )
+    )
     return str(path)
 
 

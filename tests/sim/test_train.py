@@ -22,8 +22,15 @@ def demos(tmp_path_factory):
 
 
 def test_train_resume_and_export(tmp_path, demos):
-    cfg = TrainConfig(demos=str(demos), out=str(tmp_path / "run"), steps=2, batch=2,
-                      save_every=1, log_every=1, warmup=1)  # fmt: skip
+    cfg = TrainConfig(
+        demos=str(demos),
+        out=str(tmp_path / "run"),
+        steps=2,
+        batch=2,
+        save_every=1,
+        log_every=1,
+        warmup=1,
+    )
     first = train(cfg)
     assert first["step"] == 2
     again = train(TrainConfig(**{**cfg.__dict__, "steps": 3}))
@@ -32,8 +39,13 @@ def test_train_resume_and_export(tmp_path, demos):
     assert [e["step"] for e in log] == [1, 2, 3]
     for name in ("tiny-ar", "tiny-oft", "tiny-dit"):
         path = tmp_path / "run" / "export" / name
-        assert {"model.safetensors", "config.json", "tokenizer.json", "README.md",
-                "dataset_statistics.json"} <= {p.name for p in path.iterdir()}  # fmt: skip
+        assert {
+            "model.safetensors",
+            "config.json",
+            "tokenizer.json",
+            "README.md",
+            "dataset_statistics.json",
+        } <= {p.name for p in path.iterdir()}
         policy = Policy.from_checkpoint(path)
         image = np.zeros((128, 128, 3), np.uint8)
         actions = policy.predict(image, "reach the goal")
@@ -70,8 +82,9 @@ def test_init_from_exported_policies_continues_their_weights(tmp_path, demos):
     cfg = TrainConfig(demos=str(demos), out=str(tmp_path / "a"), steps=1, batch=2, warmup=1)
     train(cfg)
     exported = tmp_path / "a" / "export"
-    cont = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "b"), "init_from": str(exported),
-                          "lr": 1e-12})  # fmt: skip
+    cont = TrainConfig(
+        **{**cfg.__dict__, "out": str(tmp_path / "b"), "init_from": str(exported), "lr": 1e-12}
+    )
     train(cont)
     meta = json.loads((tmp_path / "b" / "state.json").read_text())
     assert meta["init_from"].startswith("policies") and meta["step"] == 1
@@ -101,8 +114,13 @@ def test_a_fine_tune_counts_the_samples_of_the_runs_it_grew_from(tmp_path, demos
     card = (tmp_path / "b" / "export" / "tiny-ar" / "README.md").read_text()
     assert "(6 samples seen; 10 with the runs it grew from)" in card
     for run, samples in (("a", 4), ("b", 6)):
-        point = {"policy": "tiny-ar", "step": samples // 2, "samples": samples, "success": 0.5,
-                 "success_ci95": [0.2, 0.8]}  # fmt: skip
+        point = {
+            "policy": "tiny-ar",
+            "step": samples // 2,
+            "samples": samples,
+            "success": 0.5,
+            "success_ci95": [0.2, 0.8],
+        }
         (tmp_path / run / CURVE_FILE).write_text(json.dumps(point) + "\n")
     rows = lineage_rows(tmp_path / "b")
     assert sorted((r["run"], r["lineage_samples"]) for r in rows) == [("a", 4), ("b", 10)]
@@ -233,8 +251,16 @@ def test_wrist_suite_trains_five_losses_and_exports_four_families(tmp_path):
     the prefix K/V; each exported family predicts its chunk (4 steps AR, 8 the others)."""
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
-    cfg = TrainConfig(suite="mt10w", demos=str(d), out=str(tmp_path / "run"), steps=1, batch=2,
-                      warmup=1, log_every=1, init_from="")  # fmt: skip
+    cfg = TrainConfig(
+        suite="mt10w",
+        demos=str(d),
+        out=str(tmp_path / "run"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from="",
+    )
     train(cfg)
     log = json.loads((tmp_path / "run" / "train.log").read_text().splitlines()[0])
     assert {"ar", "oft", "dit", "flow", "aux"} <= set(log) and all(
@@ -278,8 +304,11 @@ def test_sigterm_saves_state_and_exports(tmp_path, demos):
     step = json.loads((out / "state.json").read_text())["step"]
     assert 2 <= step < 10000  # saved where it stopped, not at save_every
     assert (out / "export" / "tiny-ar" / "model.safetensors").exists()
-    again = train(TrainConfig(demos=str(demos), out=str(out), steps=step + 1, batch=2, warmup=1,
-                              precision="fp32"))  # fmt: skip
+    again = train(
+        TrainConfig(
+            demos=str(demos), out=str(out), steps=step + 1, batch=2, warmup=1, precision="fp32"
+        )
+    )
     assert again["step"] == step + 1
 
 
@@ -292,8 +321,16 @@ def _weights(run) -> dict:
 def test_a_run_cut_in_two_equals_a_run_done_at_once(tmp_path, demos):
     """The same batches, the same step count, the same weights: what a run on a new machine
     must continue from the committed state."""
-    base = dict(demos=str(demos), steps=4, batch=2, warmup=1, log_every=1, precision="fp32",
-                moments_mb=0, threads=1)  # fmt: skip
+    base = dict(
+        demos=str(demos),
+        steps=4,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        precision="fp32",
+        moments_mb=0,
+        threads=1,
+    )
     whole = train(TrainConfig(out=str(tmp_path / "whole"), **base))
     first = train(TrainConfig(out=str(tmp_path / "cut"), stop_after=2, **base))
     assert first["step"] == 2
@@ -315,8 +352,17 @@ def test_a_run_cut_in_two_equals_a_run_done_at_once(tmp_path, demos):
 
 
 def test_state_without_moments_rewarms_and_says_so(tmp_path, demos, capsys):
-    cfg = dict(demos=str(demos), out=str(tmp_path / "run"), steps=2, batch=2, warmup=1,
-               log_every=1, precision="fp32", moments_mb=0.01, rewarm=4)  # fmt: skip
+    cfg = dict(
+        demos=str(demos),
+        out=str(tmp_path / "run"),
+        steps=2,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        precision="fp32",
+        moments_mb=0.01,
+        rewarm=4,
+    )
     train(TrainConfig(**cfg))
     from safetensors import safe_open
 
@@ -344,8 +390,16 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
 
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
-    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
-                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    base = TrainConfig(
+        suite="mt10p",
+        demos=str(d),
+        out=str(tmp_path / "p"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from="",
+    )
     train(base)
     torch.manual_seed(0)
     grown, source = MultiHeadBC("mt10g"), MultiHeadBC("mt10p")
@@ -362,8 +416,16 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
         a, b = grown(batch), source(plain)
     for k in ("ar", "oft", "aux"):  # the deterministic losses (DiT and flow draw noise)
         torch.testing.assert_close(getattr(a, k), getattr(b, k))
-    goal = TrainConfig(suite="mt10g", demos=str(d), out=str(tmp_path / "g"), steps=1, batch=2,
-                       warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+    goal = TrainConfig(
+        suite="mt10g",
+        demos=str(d),
+        out=str(tmp_path / "g"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from=str(tmp_path / "p"),
+    )
     train(goal)
     policy = Policy.from_checkpoint(tmp_path / "g" / "export" / "mt10g-oft")
     image = np.zeros((128, 128, 3), np.uint8)
@@ -374,8 +436,14 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     # goal) and runs an episode through it.
     from vlarun.sim.evaluate import EvalConfig, evaluate
 
-    out = evaluate(EvalConfig(policy=str(tmp_path / "g" / "export" / "mt10g-oft"),
-                              tasks=("reach-v3",), episodes=1, workers=1))  # fmt: skip
+    out = evaluate(
+        EvalConfig(
+            policy=str(tmp_path / "g" / "export" / "mt10g-oft"),
+            tasks=("reach-v3",),
+            episodes=1,
+            workers=1,
+        )
+    )
     assert out["episodes"] == 1
 
 
@@ -403,13 +471,23 @@ def test_a_run_with_loss_weights_weighs_the_update_not_the_log(tmp_path, demos):
     shared trunk's weights after two steps do not (AdamW makes a head's own update nearly
     free of its loss's scale: a weight acts through the parameters heads share), nor then the
     DiT head's."""
-    base = dict(demos=str(demos), steps=2, batch=2, warmup=1, log_every=1, precision="fp32",
-                moments_mb=0, threads=1)  # fmt: skip
+    base = dict(
+        demos=str(demos),
+        steps=2,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        precision="fp32",
+        moments_mb=0,
+        threads=1,
+    )
     plain = train(TrainConfig(out=str(tmp_path / "plain"), **base))
     heavy = train(TrainConfig(out=str(tmp_path / "heavy"), loss_weights="dit=100", **base))
     assert plain["step"] == heavy["step"] == 2
-    logs = [json.loads((tmp_path / d / "train.log").read_text().splitlines()[0])
-            for d in ("plain", "heavy")]  # fmt: skip
+    logs = [
+        json.loads((tmp_path / d / "train.log").read_text().splitlines()[0])
+        for d in ("plain", "heavy")
+    ]
     assert logs[0]["dit"] == pytest.approx(logs[1]["dit"], rel=1e-5)
     a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "heavy")
     for prefix in ("model.trunk.", "model.dit."):
@@ -420,8 +498,17 @@ def test_a_run_with_loss_weights_weighs_the_update_not_the_log(tmp_path, demos):
 def test_resuming_with_other_steering_options_is_said_and_recorded(tmp_path, demos, capsys):
     """A run steered between stretches (here: loss weights added at step 1) says so when it
     resumes, keeps each change in its state, and its model cards name it."""
-    base = dict(demos=str(demos), steps=2, batch=2, warmup=1, log_every=1, precision="fp32",
-                moments_mb=0, threads=1, out=str(tmp_path / "run"))  # fmt: skip
+    base = dict(
+        demos=str(demos),
+        steps=2,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        precision="fp32",
+        moments_mb=0,
+        threads=1,
+        out=str(tmp_path / "run"),
+    )
     train(TrainConfig(stop_after=1, **base))
     capsys.readouterr()
     train(TrainConfig(loss_weights="dit=10", **base))
@@ -446,8 +533,16 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
 
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
-    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
-                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    base = TrainConfig(
+        suite="mt10p",
+        demos=str(d),
+        out=str(tmp_path / "p"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from="",
+    )
     train(base)
     fast = MultiHeadBC("mt10pf")
     said = init_weights(fast, tmp_path / "p", "mt10pf")
@@ -460,8 +555,16 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
     new = fast.trunk.language_model.model.embed_tokens.weight
     assert new.shape[0] == 2 * old.shape[0]
     torch.testing.assert_close(new[: old.shape[0]], old)
-    cfg = TrainConfig(suite="mt10pf", demos=str(d), out=str(tmp_path / "f"), steps=2, batch=2,
-                      warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+    cfg = TrainConfig(
+        suite="mt10pf",
+        demos=str(d),
+        out=str(tmp_path / "f"),
+        steps=2,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from=str(tmp_path / "p"),
+    )
     train(cfg)
     tok = FastTokenizer.load(tmp_path / "f" / FAST_TOKENIZER_DIR)
     assert (tok.action_horizon, tok.action_dim) == (8, 4)
@@ -499,8 +602,16 @@ def test_llava_suite_starts_its_clip_tower_from_the_siglip_one_and_exports(tmp_p
 
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
-    base = TrainConfig(suite="mt10p", demos=str(d), out=str(tmp_path / "p"), steps=1, batch=2,
-                       warmup=1, log_every=1, init_from="")  # fmt: skip
+    base = TrainConfig(
+        suite="mt10p",
+        demos=str(d),
+        out=str(tmp_path / "p"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from="",
+    )
     train(base)
     llava = MultiHeadBC("mt10pl")
     said = init_weights(llava, tmp_path / "p", "mt10pl")
@@ -519,9 +630,17 @@ def test_llava_suite_starts_its_clip_tower_from_the_siglip_one_and_exports(tmp_p
         "projector.fc1.weight",
         "vision_backbone.featurizer.vision_model.encoder.layers.0.mlp.fc1.weight",
     ):
-        torch.testing.assert_close(got[key], src[key])  # fmt: skip
-    cfg = TrainConfig(suite="mt10pl", demos=str(d), out=str(tmp_path / "l"), steps=2, batch=2,
-                      warmup=1, log_every=1, init_from=str(tmp_path / "p"))  # fmt: skip
+        torch.testing.assert_close(got[key], src[key])
+    cfg = TrainConfig(
+        suite="mt10pl",
+        demos=str(d),
+        out=str(tmp_path / "l"),
+        steps=2,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from=str(tmp_path / "p"),
+    )
     train(cfg)
     log = json.loads((tmp_path / "l" / "train.log").read_text().splitlines()[0])
     assert set(log) >= {"ar", "aux"} and "oft" not in log and np.isfinite(log["ar"])
@@ -539,13 +658,22 @@ def test_a_fast_run_continued_from_another_keeps_its_ids(tmp_path):
 
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
-    first = TrainConfig(suite="mt10pf", demos=str(d), out=str(tmp_path / "a"), steps=1,
-                        batch=2, warmup=1, log_every=1, init_from="")  # fmt: skip
+    first = TrainConfig(
+        suite="mt10pf",
+        demos=str(d),
+        out=str(tmp_path / "a"),
+        steps=1,
+        batch=2,
+        warmup=1,
+        log_every=1,
+        init_from="",
+    )
     train(first)
     other = tmp_path / "demos2"  # other chunks: a refit would learn other merges
     collect(["push-v3"], 1, other, extra_cameras=("wrist",), progress=False)
-    again = dataclasses.replace(first, demos=str(other), out=str(tmp_path / "b"),
-                                init_from=str(tmp_path / "a"))  # fmt: skip
+    again = dataclasses.replace(
+        first, demos=str(other), out=str(tmp_path / "b"), init_from=str(tmp_path / "a")
+    )
     train(again)
     for name in ("tokenizer.json", "processor_config.json"):
         a = (tmp_path / "a" / FAST_TOKENIZER_DIR / name).read_text()

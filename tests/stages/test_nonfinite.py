@@ -60,8 +60,17 @@ def test_non_finite_actions_are_never_returned(policy):
 def test_act_refuses_a_nan_state_in_one_line(capsys, tmp_path):
     frame = tmp_path / "f.npy"
     np.save(frame, np.zeros((128, 128, 3), np.uint8))
-    argv = ["act", "--policy", "mt10w-flow", "--image", f"{frame},{frame}",
-            "--instruction", "reach the goal", "--state", "nan,0,0,0"]  # fmt: skip
+    argv = [
+        "act",
+        "--policy",
+        "mt10w-flow",
+        "--image",
+        f"{frame},{frame}",
+        "--instruction",
+        "reach the goal",
+        "--state",
+        "nan,0,0,0",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "must be finite" in err, err

@@ -24,9 +24,17 @@ from vlarun.world.truth import SAMPLES_FILE, load_samples
 
 # The fields every matrix row must carry, written out here rather than imported.
 MATRIX_FIELDS = {
-    "strategy", "model", "bandwidth_mbps", "robots", "actions_per_joule", "energy_source",
-    "slo_met_fraction", "latency_p50_ms", "latency_p99_ms", "fallbacks",
-}  # fmt: skip
+    "strategy",
+    "model",
+    "bandwidth_mbps",
+    "robots",
+    "actions_per_joule",
+    "energy_source",
+    "slo_met_fraction",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "fallbacks",
+}
 
 
 def _alone(run):
@@ -50,8 +58,12 @@ def test_the_simulated_edge_serves_by_the_workers_rule():
     ran = []
     while (t := edge.next_at()) is not None:
         ran += [(p.key, s.stage, round(s.start, 9), round(s.end, 9)) for p, s in edge.run(t)]
-    assert ran == [("long", "a", 0.0, 1.0), ("soon", "a", 1.0, 1.1), ("soon", "b", 1.1, 1.2),
-                   ("late", "b", 1.2, 1.4)]  # fmt: skip
+    assert ran == [
+        ("long", "a", 0.0, 1.0),
+        ("soon", "a", 1.0, 1.1),
+        ("soon", "b", 1.1, 1.2),
+        ("late", "b", 1.2, 1.4),
+    ]
     assert edge.run(10.0) == []  # nothing left
 
 
@@ -87,9 +99,11 @@ def test_simulated_stage_times_have_the_recorded_mean_and_p90():
     setup = make_setup(cfg)
     world = make_world(cfg, setup, seed=0)
     works = setup.placement.works[0]
-    recorded = {e["stage"]: np.array(e["samples"]) * 1e-3
-                for e in json.loads(SAMPLES_FILE.read_text())["entries"]
-                if e["model"] == "tiny-pi0"}  # fmt: skip
+    recorded = {
+        e["stage"]: np.array(e["samples"]) * 1e-3
+        for e in json.loads(SAMPLES_FILE.read_text())["entries"]
+        if e["model"] == "tiny-pi0"
+    }
     n = 20000
     runs = [_alone(execute(world, works, ("robot",) * 3, 0.0, RadioPower(), 0.0)) for _ in range(n)]
     medians = 0.0
@@ -136,8 +150,12 @@ def test_fleet_runs_every_strategy_and_reports_both_phases(tmp_path):
     for load in ("light", "heavy"):
         res = r["results"][load]
         assert set(res) == {
-            "device-only", "edge-only", "fixed-split", "vlarun-placement", "vlarun-joint"
-        }  # fmt: skip
+            "device-only",
+            "edge-only",
+            "fixed-split",
+            "vlarun-placement",
+            "vlarun-joint",
+        }
         for s in res.values():
             assert 0 <= s["slo_met_fraction"] <= 1 and s["actions_per_joule"] > 0
             assert "before_drop" in s and "after_drop" in s
@@ -166,9 +184,25 @@ def test_samples_name_their_stand_in_and_refuse_unknown_models():
 
 def test_fleet_matrix_rows(tmp_path, capsys):
     out, png = tmp_path / "m.json", tmp_path / "m.png"
-    argv = ["fleet", "--matrix", "--matrix-models", "smolvla", "--matrix-bandwidths", "10",
-            "200-50", "--matrix-robots", "1", "8", "--matrix-duration-s", "6", "--out", str(out),
-            "--plot", str(png), "--json"]  # fmt: skip
+    argv = [
+        "fleet",
+        "--matrix",
+        "--matrix-models",
+        "smolvla",
+        "--matrix-bandwidths",
+        "10",
+        "200-50",
+        "--matrix-robots",
+        "1",
+        "8",
+        "--matrix-duration-s",
+        "6",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+        "--json",
+    ]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text())["rows"] == r["rows"] and png.stat().st_size > 0
@@ -208,8 +242,9 @@ def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
 
     cfg = FleetConfig(model="smolvla", duration_s=4, loads="light")
     base = make_setup(cfg)
-    hot = make_setup(FleetConfig(model="smolvla", duration_s=4, loads="light",
-                                 powers="edge.busy=2,radio.tx=0.5"))  # fmt: skip
+    hot = make_setup(
+        FleetConfig(model="smolvla", duration_s=4, loads="light", powers="edge.busy=2,radio.tx=0.5")
+    )
     assert hot.devices["edge"].busy_w == 2 * base.devices["edge"].busy_w
     assert hot.devices["robot"] == base.devices["robot"]
     assert hot.radio.tx_w == base.radio.tx_w / 2 and hot.radio.rx_w == base.radio.rx_w
@@ -217,8 +252,12 @@ def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
     dear = run_policy(cfg, hot, "edge-only", "light", 0)
     assert sum(r["energy_j"] for r in dear) > sum(r["energy_j"] for r in cheap)
     devices, radio = base.devices, base.radio
-    refusals = (("edge.turbo=2", "TERM one of"), ("robot.busy=-1", "FACTOR > 0"),
-                ("radio.tx=x", "FACTOR > 0"), ("robot.idle=100", "above its busy"))  # fmt: skip
+    refusals = (
+        ("edge.turbo=2", "TERM one of"),
+        ("robot.busy=-1", "FACTOR > 0"),
+        ("radio.tx=x", "FACTOR > 0"),
+        ("robot.idle=100", "above its busy"),
+    )
     for bad, why in refusals:
         with pytest.raises(ValueError, match=why):
             scale_powers(bad, devices, radio)
@@ -227,15 +266,29 @@ def test_scaled_powers_reach_the_devices_the_radio_and_the_energy():
 def test_power_sweep_ranks_strategies_and_compares_with_the_catalogue(capsys, tmp_path):
     from vlarun.bench.power_sweep import POWER_TERMS, ranking
 
-    by = {"a": {"slo_met_fraction": 1.0, "actions_per_joule": 1.0},
-          "b": {"slo_met_fraction": 1.0, "actions_per_joule": 2.0},
-          "c": {"slo_met_fraction": 0.5, "actions_per_joule": 9.0},
-          "d": {"slo_met_fraction": 0.9, "actions_per_joule": 0.1}}  # fmt: skip
+    by = {
+        "a": {"slo_met_fraction": 1.0, "actions_per_joule": 1.0},
+        "b": {"slo_met_fraction": 1.0, "actions_per_joule": 2.0},
+        "c": {"slo_met_fraction": 0.5, "actions_per_joule": 9.0},
+        "d": {"slo_met_fraction": 0.9, "actions_per_joule": 0.1},
+    }
     assert ranking(by) == ["b", "a", "d", "c"]  # a deadline missed is never an energy win
     png = tmp_path / "sweep.png"
-    argv = ["fleet", "--power-sweep", "--matrix-models", "smolvla", "--matrix-bandwidths", "200",
-            "--matrix-robots", "1", "--matrix-duration-s", "3", "--plot", str(png),
-            "--json"]  # fmt: skip
+    argv = [
+        "fleet",
+        "--power-sweep",
+        "--matrix-models",
+        "smolvla",
+        "--matrix-bandwidths",
+        "200",
+        "--matrix-robots",
+        "1",
+        "--matrix-duration-s",
+        "3",
+        "--plot",
+        str(png),
+        "--json",
+    ]
     assert main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["plot"] == str(png) and png.stat().st_size > 0
@@ -250,17 +303,29 @@ def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
     from vlarun.bench.fleet_matrix import compare
 
     def row(strategy, apj, **cell):
-        return {"strategy": strategy, "actions_per_joule": apj, "slo_met_fraction": 0.5,
-                "inferences": 9, "requests": 300, **cell}  # fmt: skip
+        return {
+            "strategy": strategy,
+            "actions_per_joule": apj,
+            "slo_met_fraction": 0.5,
+            "inferences": 9,
+            "requests": 300,
+            **cell,
+        }
 
-    real = {"rows": [row("fixed-split", 1.0, bandwidth="200", load="none"),
-                     row("vlarun-joint", 1.5, bandwidth="200", load="none"),
-                     row("fixed-split", 1.0, bandwidth="200", load="heavy"),
-                     row("vlarun-joint", 9.0, bandwidth="200", load="heavy")]}  # fmt: skip
-    sim = [row("fixed-split", 2.0, bandwidth="200", robots=1),
-           row("vlarun-joint", 2.4, bandwidth="200", robots=1),
-           row("fixed-split", 1.0, bandwidth="200", robots=8),
-           row("vlarun-joint", 5.0, bandwidth="200", robots=8)]  # fmt: skip
+    real = {
+        "rows": [
+            row("fixed-split", 1.0, bandwidth="200", load="none"),
+            row("vlarun-joint", 1.5, bandwidth="200", load="none"),
+            row("fixed-split", 1.0, bandwidth="200", load="heavy"),
+            row("vlarun-joint", 9.0, bandwidth="200", load="heavy"),
+        ]
+    }
+    sim = [
+        row("fixed-split", 2.0, bandwidth="200", robots=1),
+        row("vlarun-joint", 2.4, bandwidth="200", robots=1),
+        row("fixed-split", 1.0, bandwidth="200", robots=8),
+        row("vlarun-joint", 5.0, bandwidth="200", robots=8),
+    ]
     c = compare(sim, real)
     joint = next(x for x in c["cells"] if x["strategy"] == "vlarun-joint")
     # the real matrix's first load (none) against the simulator's fewest robots (1)
@@ -272,8 +337,12 @@ def test_the_simulated_matrix_is_set_against_the_real_one_cell_by_cell():
     assert (joint["real_actions_per_joule"], joint["sim_actions_per_joule"]) == (1.5, 2.4)
     # An emulated run's joules are on its clock, 1 / time_scale slower than the devices'.
     emulated = compare(sim, real | {"emulated": {"time_scale": 0.5}})
-    assert next(x for x in emulated["cells"] if x["strategy"] == "vlarun-joint")[
-        "real_actions_per_joule"] == 3.0  # fmt: skip
+    assert (
+        next(x for x in emulated["cells"] if x["strategy"] == "vlarun-joint")[
+            "real_actions_per_joule"
+        ]
+        == 3.0
+    )
     with pytest.raises(ValueError, match="--compare-with"):
         compare(sim, {"rows": []})
 
@@ -282,8 +351,7 @@ def test_a_fleet_run_is_reproducible_its_scheduler_ages_by_simulated_time():
     """Two runs of one config give the same records: the scheduler's calibration and the
     links forget by the simulated clock (they forgot by the wall clock before, and two runs of
     one 32-robot cell differed by ~0.4% in actions/J)."""
-    cfg = FleetConfig(model="openvla-7b", robots=8, duration_s=20, loads="medium",
-                      bw_after=10.0)  # fmt: skip
+    cfg = FleetConfig(model="openvla-7b", robots=8, duration_s=20, loads="medium", bw_after=10.0)
     setup = make_setup(cfg)
     for policy in ("vlarun-placement", "vlarun-joint"):
         a = run_policy(cfg, setup, policy, "medium", 0)
@@ -299,8 +367,14 @@ def test_a_world_file_is_the_fleets_truth_and_its_meter():
     world's time, not the roofline's."""
     from vlarun.world import load_world
 
-    cfg = FleetConfig(model="openvla-7b", robots=1, duration_s=20, loads="none",
-                      world="adversarial", bw_after=200.0)  # fmt: skip
+    cfg = FleetConfig(
+        model="openvla-7b",
+        robots=1,
+        duration_s=20,
+        loads="none",
+        world="adversarial",
+        bw_after=200.0,
+    )
     setup = make_setup(cfg)
     assert setup.devices["edge"].busy_w > 200  # the scheduler's catalog
     assert setup.truth.meter["edge"].busy_w == pytest.approx(38.67)
@@ -313,8 +387,7 @@ def test_a_world_file_is_the_fleets_truth_and_its_meter():
     want = world.device("orin-agx-32gb").stage_s("vision")
     assert np.median(times) == pytest.approx(want, rel=0.02)
     edge = run_policy(cfg, setup, "edge-only", "none", 0)
-    plain = FleetConfig(model="openvla-7b", robots=1, duration_s=20, loads="none",
-                        bw_after=200.0)  # fmt: skip
+    plain = FleetConfig(model="openvla-7b", robots=1, duration_s=20, loads="none", bw_after=200.0)
     catalog_priced = run_policy(plain, make_setup(plain), "edge-only", "none", 0)
     mean = lambda rs: sum(r["energy_j"] for r in rs) / len(rs)  # noqa: E731
     assert mean(edge) < 0.5 * mean(catalog_priced)
@@ -326,9 +399,20 @@ def test_the_hindsight_study_bounds_joint_by_static_plans_and_the_oracle():
     the best on-time one; the ratios carry paired intervals around them."""
     from vlarun.bench.fleet_study import run_fleet_study
 
-    cfg = FleetConfig(model="openvla-7b", world="published", robots=1, loads="none", chunk=1,
-                      slo_hz=1.0, bw_before=200.0, bw_after=20.0, duration_s=60, guard=1.0,
-                      deadlines=(0.8,), seeds=1)  # fmt: skip
+    cfg = FleetConfig(
+        model="openvla-7b",
+        world="published",
+        robots=1,
+        loads="none",
+        chunk=1,
+        slo_hz=1.0,
+        bw_before=200.0,
+        bw_after=20.0,
+        duration_s=60,
+        guard=1.0,
+        deadlines=(0.8,),
+        seeds=1,
+    )
     r = run_fleet_study(cfg)
     assert "published" in r["world"] and r["device_only_ms"] > 1000  # TRIAGE's Orin time
     cell = r["cells"][0]["seeds"][0]
@@ -422,8 +506,14 @@ def test_the_fleets_scheduler_learns_the_worlds_powers_from_its_meter():
     281 W: each executed request is metered with the world's powers and priced with the
     catalog's on the same times, so the robot's scheduler learns the edge's power error from
     the requests that used the edge and its predictions come to match the meter."""
-    cfg = FleetConfig(model="openvla-7b", robots=1, duration_s=30, loads="none",
-                      world="adversarial", bw_after=200.0)  # fmt: skip
+    cfg = FleetConfig(
+        model="openvla-7b",
+        robots=1,
+        duration_s=30,
+        loads="none",
+        world="adversarial",
+        bw_after=200.0,
+    )
     setup = make_setup(cfg)
     recs = [
         r for r in run_policy(cfg, setup, "vlarun-placement", "none", 0) if r["predicted_energy_j"]

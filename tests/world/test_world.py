@@ -55,8 +55,9 @@ def test_the_catalog_world_pads_as_the_emulator_always_did():
 
 
 def test_published_world_pads_to_its_measured_times_and_counts_undescribed_settings():
-    emu = StageEmulator.build(Emulation("openvla-7b", "orin-agx-32gb", time_scale=2.0,
-                                        world="published"))  # fmt: skip
+    emu = StageEmulator.build(
+        Emulation("openvla-7b", "orin-agx-32gb", time_scale=2.0, world="published")
+    )
     assert emu.target_s("prefill") == pytest.approx(0.2295 / 2)  # TRIAGE Table I
     triage = {"token_budget": 0.34}
     assert emu.target_s("prefill", 1, triage) == pytest.approx(0.1677 / 2, rel=1e-3)
@@ -89,16 +90,23 @@ def test_the_world_is_the_meter_of_an_emulated_run():
 
     def cfg(world):
         robot, edge = (Emulation("openvla-7b", d, world=world) for d in TESTBED)
-        return AgentConfig(slo_s=1.0, robot_device=TESTBED[0], edge_device=TESTBED[1],
-                           emulate=robot, edge_emulate=edge)  # fmt: skip
+        return AgentConfig(
+            slo_s=1.0,
+            robot_device=TESTBED[0],
+            edge_device=TESTBED[1],
+            emulate=robot,
+            edge_emulate=edge,
+        )
 
     assert world_meter(cfg("catalog")) is None  # today's account: the scheduler's own powers
     name, devices, radio = world_meter(cfg("adversarial"))
     assert name == "adversarial" and devices["edge"].busy_w == pytest.approx(38.67)
     assert devices["robot"].busy_w == 10.0 and radio.listen_w == 0.5  # the world charges listening
     with pytest.raises(ValueError, match="one world"):
-        AgentConfig(emulate=Emulation("openvla-7b", "orin-agx-32gb", world="published"),
-                    edge_emulate=Emulation("openvla-7b", "rtx4090"))  # fmt: skip
+        AgentConfig(
+            emulate=Emulation("openvla-7b", "orin-agx-32gb", world="published"),
+            edge_emulate=Emulation("openvla-7b", "rtx4090"),
+        )
 
 
 @pytest.mark.parametrize(

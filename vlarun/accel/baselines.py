@@ -258,10 +258,12 @@ class EfficientVLATokens:
         def decide(probe: ProbeResult | None) -> TokenPlan:
             relevance = attention_scores(probe.probs)  # r_i: sum over instruction tokens
             k_final = resolve_budget(c.budget, c.budget_fraction, step.num_visual)
-            keep = torch.stack([
-                task_aware_selection(r, f, k_final, c.k_key, c.alpha)
-                for r, f in zip(relevance, step.visual, strict=True)
-            ])  # fmt: skip
+            keep = torch.stack(
+                [
+                    task_aware_selection(r, f, k_final, c.k_key, c.alpha)
+                    for r, f in zip(relevance, step.visual, strict=True)
+                ]
+            )
             self.last_plan = plan_from_masks(step.vis_start, keep, torch.zeros_like(keep), c.layer)
             return self.last_plan
 

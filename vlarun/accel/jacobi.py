@@ -141,8 +141,9 @@ def jacobi_solve(
         if not bool(active.any()):
             break
     trajectory = torch.stack(states, dim=1)  # (B, K + 1, n)
-    return JacobiResult(y, iterations, converged, exited, confidence,
-                        fixed_counts(trajectory), trajectory)  # fmt: skip
+    return JacobiResult(
+        y, iterations, converged, exited, confidence, fixed_counts(trajectory), trajectory
+    )
 
 
 def first_change(before: Tensor, after: Tensor) -> int:
@@ -253,9 +254,15 @@ def settled(tokens: Tensor) -> JacobiResult:
     b = tokens.shape[0]
     none = torch.zeros(b, dtype=torch.long, device=tokens.device)
     trajectory = tokens[:, None]
-    return JacobiResult(tokens, none, none == 0, none != 0,
-                        torch.ones(b, device=tokens.device), fixed_counts(trajectory),
-                        trajectory)  # fmt: skip
+    return JacobiResult(
+        tokens,
+        none,
+        none == 0,
+        none != 0,
+        torch.ones(b, device=tokens.device),
+        fixed_counts(trajectory),
+        trajectory,
+    )
 
 
 def after_prefix(forced: Tensor, r: JacobiResult) -> JacobiResult:
@@ -265,9 +272,15 @@ def after_prefix(forced: Tensor, r: JacobiResult) -> JacobiResult:
     tokens'."""
     k = r.trajectory.shape[1]
     trajectory = torch.cat((forced[:, None].expand(-1, k, -1), r.trajectory), dim=2)
-    return JacobiResult(torch.cat((forced, r.tokens), dim=1), r.iterations, r.converged,
-                        r.exited, r.confidence, fixed_counts(trajectory),
-                        trajectory)  # fmt: skip
+    return JacobiResult(
+        torch.cat((forced, r.tokens), dim=1),
+        r.iterations,
+        r.converged,
+        r.exited,
+        r.confidence,
+        fixed_counts(trajectory),
+        trajectory,
+    )
 
 
 def held_action(previous: Tensor, action_dim: int) -> Tensor:
@@ -318,9 +331,17 @@ class GreedyDecoder:
         fast = model.cfg.fast  # a FAST row took one forward per token of its own code
         lengths = code_lengths(ids, fast.end_id).tolist() if fast is not None else [n] * b
         forwards = [max(k - 1 - m, 0) for k in lengths]
-        self.steps.append(DecodeStep(n, forwards, [[1] * k for k in forwards], [True] * b,
-                                     [False] * b, [float("nan")] * b,
-                                     time.perf_counter() - t0))  # fmt: skip
+        self.steps.append(
+            DecodeStep(
+                n,
+                forwards,
+                [[1] * k for k in forwards],
+                [True] * b,
+                [False] * b,
+                [float("nan")] * b,
+                time.perf_counter() - t0,
+            )
+        )
         return ids
 
     def summary(self) -> dict:
@@ -385,8 +406,15 @@ class JacobiDecoder:
 def step_stats(r: JacobiResult, seconds: float) -> DecodeStep:
     iters = r.iterations.tolist()
     fixed = [row[1 : k + 1] for row, k in zip(r.fixed.tolist(), iters, strict=True)]
-    return DecodeStep(int(r.tokens.shape[1]), iters, fixed, r.converged.tolist(),
-                      r.exited.tolist(), r.confidence.tolist(), seconds)  # fmt: skip
+    return DecodeStep(
+        int(r.tokens.shape[1]),
+        iters,
+        fixed,
+        r.converged.tolist(),
+        r.exited.tolist(),
+        r.confidence.tolist(),
+        seconds,
+    )
 
 
 def summarise_steps(steps: list[DecodeStep]) -> dict:
@@ -434,7 +462,13 @@ def make_decoder(
     if method == "jacobi-exit":
         if sigma is None:
             raise ValueError("jacobi-exit needs sigma")
-        cfg = JacobiConfig(sigma=sigma, seed=seed, exit_over=exit_over, max_iters=max_iters,
-                           init=init, window=window)  # fmt: skip
+        cfg = JacobiConfig(
+            sigma=sigma,
+            seed=seed,
+            exit_over=exit_over,
+            max_iters=max_iters,
+            init=init,
+            window=window,
+        )
         return JacobiDecoder(cfg)
     raise ValueError(f"unknown decoder {method!r}; choose ar, jacobi or jacobi-exit")

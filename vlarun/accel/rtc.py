@@ -160,8 +160,13 @@ class RealTimeChunking:
                 f"previous chunk has {n} actions; the overlap needs {overlap} "
                 f"(horizon {horizon} - execution horizon {execution_horizon})"
             )
-        target = torch.zeros(previous.shape[0], horizon, previous.shape[2], dtype=previous.dtype,
-                             device=previous.device)  # fmt: skip
+        target = torch.zeros(
+            previous.shape[0],
+            horizon,
+            previous.shape[2],
+            dtype=previous.dtype,
+            device=previous.device,
+        )
         keep = min(n, horizon)
         target[:, :keep] = previous[:, :keep]
         self.target = target  # (B or 1, H, A); zeros past the previous chunk, where W = 0
@@ -293,8 +298,10 @@ class Inpainter:
 
     def step_hook(self, previous: Tensor, delay: Tensor, execution_horizon: Tensor):
         horizon = previous.shape[1]
-        keys = [(int(d), int(s)) for d, s in zip(delay.tolist(), execution_horizon.tolist(),
-                                                  strict=True)]  # fmt: skip
+        keys = [
+            (int(d), int(s))
+            for d, s in zip(delay.tolist(), execution_horizon.tolist(), strict=True)
+        ]
         if len(set(keys)) == 1:
             d, s = keys[0]
             return RealTimeChunking(previous, d, s, horizon)

@@ -135,10 +135,12 @@ class SpecPrune:
     ) -> TokenPlan:
         c = self.cfg
         budget = resolve_budget(c.budget, c.budget_fraction, step.num_visual)
-        keep = torch.stack([
-            static_prune_mask(s, r, views, c.local_share, c.similarity, budget)
-            for s, r in zip(sim, relevance, strict=True)
-        ])  # fmt: skip
+        keep = torch.stack(
+            [
+                static_prune_mask(s, r, views, c.local_share, c.similarity, budget)
+                for s, r in zip(sim, relevance, strict=True)
+            ]
+        )
         keep = equal_counts(keep, 1.0 - sim)  # rows topped up with their most changed tokens
         self.last_signals = {"similarity": sim, "relevance": relevance}
         self.last_plan = plan_from_masks(step.vis_start, keep, torch.zeros_like(keep), c.layer)

@@ -201,11 +201,22 @@ class Triage:
         n_important = min(nv, budget + cfg.kappa_for(nv))
         important = torch.stack([top_mask(row, n_important) for row in importance])
         newly = important & ~st.important
-        recompute = torch.stack([
-            fill_budget(budget, important[r], st.has_cache[r], valid[r], newly[r], age[r],
-                        drift[r], importance[r], cfg.mu)
-            for r in range(step.batch)
-        ])  # fmt: skip
+        recompute = torch.stack(
+            [
+                fill_budget(
+                    budget,
+                    important[r],
+                    st.has_cache[r],
+                    valid[r],
+                    newly[r],
+                    age[r],
+                    drift[r],
+                    importance[r],
+                    cfg.mu,
+                )
+                for r in range(step.batch)
+            ]
+        )
         if cfg.rest == "validity":
             reuse = ~recompute & valid
         elif cfg.rest == "reuse":
@@ -213,8 +224,13 @@ class Triage:
         else:
             reuse = torch.zeros_like(recompute)
         self._update(probe.values, recompute, reuse, important)
-        self.last_signals = {"drift": drift, "valid": valid, "importance": importance,
-                             "important": important, "age": age}  # fmt: skip
+        self.last_signals = {
+            "drift": drift,
+            "valid": valid,
+            "importance": importance,
+            "important": important,
+            "age": age,
+        }
         self.last_plan = plan_from_masks(step.vis_start, recompute, reuse, cfg.layer)
         return self.last_plan
 

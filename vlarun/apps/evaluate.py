@@ -21,8 +21,13 @@ OPTIONS = {
     "calibrate-drift": DriftCalibrationConfig,
     "layer-importance": LayerTableConfig,
 }
-RUN = {"eval": evaluate, "pair": pair, "fidelity": run_fidelity, "calibrate-drift": run_calibration,
-       "layer-importance": run_layer_table}  # fmt: skip
+RUN = {
+    "eval": evaluate,
+    "pair": pair,
+    "fidelity": run_fidelity,
+    "calibrate-drift": run_calibration,
+    "layer-importance": run_layer_table,
+}
 SHOW = {
     "eval": lambda r: print(format_report(r)),
     "pair": lambda r: print(format_pair(r)),

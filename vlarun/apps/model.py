@@ -47,9 +47,10 @@ class ActOptions:
     seed: int = opt(0, "seed for random weights and the initial noise")
     repeats: int = opt(5, "timed repetitions after one warm-up run")
     threads: int = opt(
-        0, "torch threads (0: torch's default, one per core; on a busy machine fewer can be "
+        0,
+        "torch threads (0: torch's default, one per core; on a busy machine fewer can be "
         "several times faster)",
-    )  # fmt: skip
+    )
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
 
@@ -59,9 +60,10 @@ class ParityOptions:
     """Compare vlarun with transformers on identical weights."""
 
     transformers_dir: str | None = opt(
-        None, "a transformers save_pretrained directory (Llama, Gemma, SigLIP, DINOv2) to "
-        "compare", replaces=("--checkpoint",),
-    )  # fmt: skip
+        None,
+        "a transformers save_pretrained directory (Llama, Gemma, SigLIP, DINOv2) to compare",
+        replaces=("--checkpoint",),
+    )
     json: bool = opt(False, "print one JSON object")
 
 
@@ -160,8 +162,11 @@ def _npy_header(p: Path) -> tuple[tuple[int, ...], np.dtype]:  # noqa: F821
     with p.open("rb") as f:
         try:
             version = np.lib.format.read_magic(f)
-            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0)  # fmt: skip
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
             shape, _, dtype = read(f, max_header_size=10_000)
         except (ValueError, OSError) as e:
             raise ValueError(f"image file {p}: not a readable .npy header ({e})") from None
@@ -170,11 +175,15 @@ def _npy_header(p: Path) -> tuple[tuple[int, ...], np.dtype]:  # noqa: F821
         raise ValueError(f"image file {p}: object arrays are refused (no pickle)")
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if n * dtype.itemsize > MAX_IMAGE_BYTES or n > MAX_IMAGE_PIXELS * 4:
-        raise ValueError(f"image file {p}: shape {shape} of {dtype} is larger than any camera "
-                         f"frame (at most {MAX_IMAGE_PIXELS} pixels of 3 channels)")  # fmt: skip
+        raise ValueError(
+            f"image file {p}: shape {shape} of {dtype} is larger than any camera "
+            f"frame (at most {MAX_IMAGE_PIXELS} pixels of 3 channels)"
+        )
     if n * dtype.itemsize > body:
-        raise ValueError(f"image file {p}: its header claims {shape} of {dtype} "
-                         f"({n * dtype.itemsize} bytes) but the file holds {body}")  # fmt: skip
+        raise ValueError(
+            f"image file {p}: its header claims {shape} of {dtype} "
+            f"({n * dtype.itemsize} bytes) but the file holds {body}"
+        )
     return shape, dtype
 
 
@@ -194,8 +203,10 @@ def _load_image(path: str, size: int, resize: bool):
             with Image.open(p) as im:  # lazy: the header only, nothing decoded yet
                 w, h = im.size
                 if w * h > MAX_IMAGE_PIXELS:
-                    raise ValueError(f"image file {p}: {w} x {h} pixels is larger than any "
-                                     f"camera frame (at most {MAX_IMAGE_PIXELS})")  # fmt: skip
+                    raise ValueError(
+                        f"image file {p}: {w} x {h} pixels is larger than any "
+                        f"camera frame (at most {MAX_IMAGE_PIXELS})"
+                    )
                 arr = np.asarray(im.convert("RGB"))
         except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as e:
             raise ValueError(f"image file {p}: {e}") from None
@@ -225,8 +236,10 @@ def cmd_act(o: ActOptions) -> dict:
     image = frames[0] if len(frames) == 1 else frames
     state = _parse_state(o.state)
     if policy.state_size and state is None:
-        raise ValueError(f"{policy.model.cfg.name} reads the robot state: pass --state with "
-                         f"{policy.state_size} comma-separated numbers")  # fmt: skip
+        raise ValueError(
+            f"{policy.model.cfg.name} reads the robot state: pass --state with "
+            f"{policy.state_size} comma-separated numbers"
+        )
     policy.inputs(image, o.instruction, state, o.seed)  # validate before any work
     kw = {"state": state, "seed": o.seed}
     policy.run_stages(image, o.instruction, **kw)  # warm-up: one-time allocations
@@ -291,9 +304,11 @@ class ConvertOptions:
 
     directory: str = opt(help="OpenVLA-OFT checkpoint directory", positional=True)
     platform: str = opt(
-        "libero", "OFT's platform sizes (chunk, action, state, views): libero 8/7/8/2, "
-        "aloha 25/14/14/3, bridge 5/7/7/1", choices=["libero", "aloha", "bridge"],
-    )  # fmt: skip
+        "libero",
+        "OFT's platform sizes (chunk, action, state, views): libero 8/7/8/2, "
+        "aloha 25/14/14/3, bridge 5/7/7/1",
+        choices=["libero", "aloha", "bridge"],
+    )
     chunk: int = opt(0, "action chunk (0: the platform's)")
     action_dim: int = opt(0, "action dimensions (0: the platform's)")
     proprio_dim: int = opt(0, "robot state dimensions (0: the platform's)")
@@ -310,8 +325,12 @@ def cmd_convert(o: ConvertOptions) -> dict:
     from vlarun.models.oft_files import PLATFORMS
 
     base = PLATFORMS[o.platform]
-    mine = {"chunk": o.chunk, "action_dim": o.action_dim, "proprio_dim": o.proprio_dim,
-            "num_images": o.num_images}  # fmt: skip
+    mine = {
+        "chunk": o.chunk,
+        "action_dim": o.action_dim,
+        "proprio_dim": o.proprio_dim,
+        "num_images": o.num_images,
+    }
     if any(v < 0 for v in mine.values()):
         raise ValueError(f"sizes must be >= 0, got {mine}")
     platform = dataclasses.replace(base, **{k: v for k, v in mine.items() if v})
@@ -324,10 +343,12 @@ def cmd_convert(o: ConvertOptions) -> dict:
 
 
 def _print_convert(r: dict) -> None:
-    print(f"wrote {r['directory']}/oft_heads.safetensors and oft_heads.json: chunk "
-          f"{r['chunk']}, action {r['action_dim']}, state {r['proprio_dim']}, views "
-          f"{r['num_images']}, head {r['num_blocks']} blocks x {r['hidden_dim']} on "
-          f"{r['llm_dim']}-wide LM states")  # fmt: skip
+    print(
+        f"wrote {r['directory']}/oft_heads.safetensors and oft_heads.json: chunk "
+        f"{r['chunk']}, action {r['action_dim']}, state {r['proprio_dim']}, views "
+        f"{r['num_images']}, head {r['num_blocks']} blocks x {r['hidden_dim']} on "
+        f"{r['llm_dim']}-wide LM states"
+    )
     for name, sha in r["sources"].items():
         print(f"  from {name} (sha256 {sha[:16]}...)")
 

@@ -60,43 +60,51 @@ class ServeEdgeOptions:
         None, "edge secret key file (default ~/.config/vlarun/keys/edge.key_secret)"
     )
     authorized_keys: str | None = opt(
-        None, "folder of robot public keys allowed to connect (without it: any client that "
+        None,
+        "folder of robot public keys allowed to connect (without it: any client that "
         "knows the edge's public key; a non-loopback --host then needs --allow-any-client)",
-    )  # fmt: skip
+    )
     allow_any_client: bool = opt(
-        False, "on a non-loopback --host, serve without --authorized-keys (or with "
+        False,
+        "on a non-loopback --host, serve without --authorized-keys (or with "
         "--insecure): any client that knows the edge's public key (any at all, insecure)",
-    )  # fmt: skip
+    )
     policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     emulate: str | None = opt(
-        None, "stand in for MODEL:DEVICE (e.g. openvla-7b:rtx4090): run --policy and pad each "
+        None,
+        "stand in for MODEL:DEVICE (e.g. openvla-7b:rtx4090): run --policy and pad each "
         "stage to MODEL's roofline time on DEVICE at its batch",
-    )  # fmt: skip
+    )
     time_scale: float = opt(1.0, "with --emulate: every emulated time divided by this")
     world: str = opt(
-        "catalog", "with --emulate: the devices' truth (vlarun.world): catalog (the scheduler's "
+        "catalog",
+        "with --emulate: the devices' truth (vlarun.world): catalog (the scheduler's "
         "own model: tests the link only), published, adversarial, or a world file",
-    )  # fmt: skip
+    )
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
     max_batch: int = opt(8, "largest batch of one stage")
     batch_window_ms: float = opt(2.0, "longest wait for batch mates (bounded by deadline slack)")
     max_streams: int = opt(64, "robots' accelerated streams whose hook state (KV cache) is kept")
     max_queued: int = opt(
-        256, "requests queued (with --workers: in flight), all robots; more are refused at "
+        256,
+        "requests queued (with --workers: in flight), all robots; more are refused at "
         "once, before their tensors are read",
-    )  # fmt: skip
+    )
     max_queued_per_robot: int = opt(
-        16, "one robot's share: its requests queued and plans booked at once; beyond it its "
+        16,
+        "one robot's share: its requests queued and plans booked at once; beyond it its "
         "next request is refused at once (busy)",
-    )  # fmt: skip
+    )
     max_identities_per_key: int = opt(
-        4, "connections one robot key may send requests from at once (its share above counts "
+        4,
+        "connections one robot key may send requests from at once (its share above counts "
         "them together); a request from one more is refused at once (busy)",
-    )  # fmt: skip
+    )
     max_frame_mb: float = opt(
-        256.0, "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
+        256.0,
+        "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
         "a bigger one is disconnected",
-    )  # fmt: skip
+    )
     dashboard: int | None = opt(
         None, "serve the live dashboard and /metrics on this HTTP port (0: any free port)"
     )
@@ -114,14 +122,16 @@ class ServeEdgeOptions:
         0, "edge workers on a local Ray cluster started here (0: serve in this process)"
     )
     ray_address: str | None = opt(
-        None, "join this Ray cluster: one worker per 'edge' resource (ray start ... "
+        None,
+        "join this Ray cluster: one worker per 'edge' resource (ray start ... "
         "--resources '{\"edge\": 1}' on each edge machine)",
-    )  # fmt: skip
+    )
     ray_host: str = opt(
-        "127.0.0.1", "with --workers: the local Ray cluster's node address; 127.0.0.1 keeps "
+        "127.0.0.1",
+        "with --workers: the local Ray cluster's node address; 127.0.0.1 keeps "
         "every Ray service on loopback (checked at start); another lets machines join it "
         "(Ray then listens on every interface)",
-    )  # fmt: skip
+    )
     json: bool = opt(False, "print JSON lines (the endpoint on start, statistics on exit)")
 
     def __post_init__(self) -> None:
@@ -164,11 +174,16 @@ class ServeEdgeOptions:
         if self.emulate is not None:
             emulate = Emulation.parse(self.emulate, self.time_scale, world=self.world)
         return ServerConfig(
-            f"tcp://{self.host}:{self.port}", self.max_batch, self.batch_window_ms * 1e-3,
-            max_message_bytes=int(self.max_frame_mb * 2**20), max_queued=self.max_queued,
-            max_queued_per_robot=self.max_queued_per_robot, max_streams=self.max_streams,
-            max_identities_per_key=self.max_identities_per_key, emulate=emulate,
-        )  # fmt: skip
+            f"tcp://{self.host}:{self.port}",
+            self.max_batch,
+            self.batch_window_ms * 1e-3,
+            max_message_bytes=int(self.max_frame_mb * 2**20),
+            max_queued=self.max_queued,
+            max_queued_per_robot=self.max_queued_per_robot,
+            max_streams=self.max_streams,
+            max_identities_per_key=self.max_identities_per_key,
+            emulate=emulate,
+        )
 
 
 def log_refusals() -> None:
@@ -231,8 +246,14 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
         from vlarun.runtime.transport import read_secret
 
         key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
-        dash = Dashboard(server, o.host, o.dashboard, key, timeout_s=o.dashboard_timeout_s,
-                         max_connections=o.dashboard_max_connections).start()  # fmt: skip
+        dash = Dashboard(
+            server,
+            o.host,
+            o.dashboard,
+            key,
+            timeout_s=o.dashboard_timeout_s,
+            max_connections=o.dashboard_max_connections,
+        ).start()
     start = {"endpoint": server.address, "model": model, "secure": server.secure}
     if o.workers or o.ray_address:
         start["workers"] = len(server.worker_pids())
@@ -268,8 +289,17 @@ def _scale_out(o: ServeEdgeOptions, cfg, sec):
     if Path(name).exists():  # workers may start in another directory
         name = str(Path(name).resolve())
     threads = o.threads or max(1, (os.cpu_count() or 1) // max(o.workers, 1))
-    spec = WorkerSpec(name, o.dtype, o.device, threads, o.max_batch, cfg.batch_window_s,
-                      o.max_streams, cfg.max_message_bytes, cfg.max_queued)  # fmt: skip
+    spec = WorkerSpec(
+        name,
+        o.dtype,
+        o.device,
+        threads,
+        o.max_batch,
+        cfg.batch_window_s,
+        o.max_streams,
+        cfg.max_message_bytes,
+        cfg.max_queued,
+    )
     workers = RayWorkers(spec, o.workers, o.ray_address, o.ray_host)
     try:
         return EdgeFront(workers, sec, cfg)
@@ -339,17 +369,19 @@ class RunRobotOptions:
     the network, local fallback, asynchronous action chunks."""
 
     edge: str | None = opt(
-        None, "edge endpoint (none: everything on the robot); 'local': start an edge server "
+        None,
+        "edge endpoint (none: everything on the robot); 'local': start an edge server "
         "for this run on loopback (CurveZMQ, keys made for the run, unless --insecure; the "
         "same policy, one thread), stopped after it",
-    )  # fmt: skip
+    )
     insecure: bool = opt(False, "plain TCP (the edge must run --insecure too)")
     server_key: str | None = opt(None, "the edge's public key file")
     keys: str | None = opt(None, "this robot's secret key file (default: an ephemeral key)")
     policy: str = opt(
-        DEFAULT_POLICY, POLICY_HELP + "; the edge must serve the same",
+        DEFAULT_POLICY,
+        POLICY_HELP + "; the edge must serve the same",
         replaces=POLICY_FLAGS_RETIRED,
-    )  # fmt: skip
+    )
     dtype: str = opt(
         "float32", "compute dtype (must match the edge)", choices=["bfloat16", "float32"]
     )
@@ -390,8 +422,11 @@ class RunRobotOptions:
     link_mbps: float | None = opt(None, "shape the link: a relay process at this bandwidth")
     # Round trip, as plan, fleet and ping count a link (--link-rtt-ms everywhere); the relay
     # adds half of it each way.
-    link_rtt_ms: float = opt(0.0, "round-trip time the relay adds (half each way), ms",
-                             deprecated=(("--link-delay-ms", 2.0),))  # fmt: skip
+    link_rtt_ms: float = opt(
+        0.0,
+        "round-trip time the relay adds (half each way), ms",
+        deprecated=(("--link-delay-ms", 2.0),),
+    )
     link_schedule: str = opt("", "bandwidth changes over time, e.g. '5:4,12:200' (s:Mbit/s)")
     reduce: str = opt("none", "payload reduction on the link", choices=["none", "bf16", "int8"])
     compress: str = opt("none", "payload compression", choices=["none", "zlib", "lz4"])
@@ -423,8 +458,10 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
 
     setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
     if o.rtc and o.sync:
-        raise ValueError("--rtc freezes the actions queued while the next chunk is computed; "
-                         "--sync queues none (drop one)")  # fmt: skip
+        raise ValueError(
+            "--rtc freezes the actions queued while the next chunk is computed; "
+            "--sync queues none (drop one)"
+        )
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     setting.check_family(policy.model.cfg.family)
     horizon = policy.model.cfg.horizon
@@ -597,8 +634,10 @@ def outage_lines(outages: list[dict]) -> list[str]:
             head += f", back at {up:.1f} s"
         head += f": plans left the edge after {ms(t['left_edge_after_drop_ms'])}"
         if t["edge_again_after_restore_ms"] is not None:
-            lines.append(f"{head}; on the edge again {ms(t['edge_again_after_restore_ms'])} "
-                         "after it was back")  # fmt: skip
+            lines.append(
+                f"{head}; on the edge again {ms(t['edge_again_after_restore_ms'])} "
+                "after it was back"
+            )
         else:
             lines.append(f"{head}; not on the edge again: {t['why_not_back']}")
     if len(outages) > SHOWN_OUTAGES:
@@ -614,11 +653,12 @@ class ServePolicyOptions:
     policy: str = opt(DEFAULT_POLICY, POLICY_HELP, replaces=POLICY_FLAGS_RETIRED)
     protocol: str = opt("openpi", "wire protocol", choices=["openpi"])
     layout: str = opt(
-        "auto", "observation keys the client sends: checkpoint (the cameras and state its "
+        "auto",
+        "observation keys the client sends: checkpoint (the cameras and state its "
         "config declares, LeRobot's input_features, in the model's order), metaworld, libero; "
         "auto: checkpoint where it declares them, else metaworld",
         choices=["auto", "checkpoint", "metaworld", "libero"],
-    )  # fmt: skip
+    )
     image_keys: tuple[str, ...] | None = opt(
         None, "the cameras' observation keys, in the policy's camera order (overrides the layout's)"
     )
@@ -634,9 +674,10 @@ class ServePolicyOptions:
     max_prompt_bytes: int = opt(4096, "longest prompt accepted, UTF-8 bytes (before tokenizing)")
     max_connections: int = opt(32, "open WebSocket connections; more are answered 503 busy")
     max_connections_per_key: int | None = opt(
-        None, "connections one API key may hold (default: an equal share of --max-connections "
+        None,
+        "connections one API key may hold (default: an equal share of --max-connections "
         "among the keys in --api-key-file)",
-    )  # fmt: skip
+    )
     max_inflight_mb: float = opt(
         256.0, "request bytes being decoded, queued or run, all clients; beyond: busy"
     )
@@ -668,13 +709,16 @@ class ServePolicyOptions:
         from vlarun.runtime.openpi import ServeLimits
 
         return ServeLimits(
-            max_frame=int(self.max_frame_mb * 2**20), max_prompt_bytes=self.max_prompt_bytes,
+            max_frame=int(self.max_frame_mb * 2**20),
+            max_prompt_bytes=self.max_prompt_bytes,
             max_connections=self.max_connections,
             max_connections_per_key=self.max_connections_per_key,
-            max_inflight_bytes=int(self.max_inflight_mb * 2**20), budget_s=self.budget_s,
-            handshake_timeout_s=self.handshake_timeout_s, idle_timeout_s=self.idle_timeout_s,
+            max_inflight_bytes=int(self.max_inflight_mb * 2**20),
+            budget_s=self.budget_s,
+            handshake_timeout_s=self.handshake_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
             first_frame_timeout_s=self.first_frame_timeout_s,
-        )  # fmt: skip
+        )
 
 
 def cmd_serve_policy(o: ServePolicyOptions) -> dict:
@@ -697,10 +741,16 @@ def cmd_serve_policy(o: ServePolicyOptions) -> dict:
     policy = Policy.load(o.policy, o.dtype, o.device, o.compile_steps)
     layout = observation_layout(o, policy)
     _warm_up(policy)
-    server = OpenpiPolicyServer(policy, layout, host=o.host, port=o.port,
-                                api_key=key, limits=o.limits(),
-                                max_batch=o.max_batch,
-                                batch_window_s=o.batch_window_ms * 1e-3)  # fmt: skip
+    server = OpenpiPolicyServer(
+        policy,
+        layout,
+        host=o.host,
+        port=o.port,
+        api_key=key,
+        limits=o.limits(),
+        max_batch=o.max_batch,
+        batch_window_s=o.batch_window_ms * 1e-3,
+    )
 
     async def main() -> None:
         ready, done = asyncio.Event(), asyncio.Event()
@@ -771,9 +821,11 @@ def observation_layout(o: ServePolicyOptions, policy):
     layout = dataclasses.replace(layout, **{k: v for k, v in changes.items() if v is not None})
     cameras = policy.model.cfg.num_images
     if len(layout.image_keys) < cameras:
-        raise ValueError(f"{policy.model.cfg.name} takes {cameras} cameras; the layout names "
-                         f"{len(layout.image_keys)} ({', '.join(layout.image_keys)}): pass "
-                         f"--image-keys with {cameras} keys")  # fmt: skip
+        raise ValueError(
+            f"{policy.model.cfg.name} takes {cameras} cameras; the layout names "
+            f"{len(layout.image_keys)} ({', '.join(layout.image_keys)}): pass "
+            f"--image-keys with {cameras} keys"
+        )
     return layout
 
 

@@ -25,22 +25,26 @@ class PredictOptions:
     # A catalog device is named by its role in every command (plan, fleet, run-robot: --robot-
     # device / --edge-device); --device is a torch device everywhere, so here it is an old name.
     robot_device: str | None = opt(
-        None, "the robot's catalog device, the whole model on it (see --list-devices)",
+        None,
+        "the robot's catalog device, the whole model on it (see --list-devices)",
         deprecated=("--device",),
-    )  # fmt: skip
+    )
     edge_device: str | None = opt(
         None, "or the edge's: the same prediction, the whole model on that device"
     )
     batch: int = opt(1, "batch size")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
     dtype: str | None = opt(
-        None, "compute dtype (default: the device's best: on this CPU bf16 where it has native "
-        "bf16, else fp32; bf16 on a GPU)", choices=["bfloat16", "float32"],
-    )  # fmt: skip
+        None,
+        "compute dtype (default: the device's best: on this CPU bf16 where it has native "
+        "bf16, else fp32; bf16 on a GPU)",
+        choices=["bfloat16", "float32"],
+    )
     profile: str | None = opt(
-        None, "measured profile file (from `vlarun profile`; default: the cached one for "
+        None,
+        "measured profile file (from `vlarun profile`; default: the cached one for "
         "--model on this-cpu, where it exists)",
-    )  # fmt: skip
+    )
     list_devices: bool = opt(False, "list the device catalog and exit")
     json: bool = opt(False, "print one JSON object")
 
@@ -61,8 +65,10 @@ def cmd_predict(o: PredictOptions) -> dict:
     if o.model is None or device_id is None:
         raise ValueError("give --model and --robot-device (or --edge-device, or --list-devices)")
     if device_id == "cpu" or device_id.startswith("cuda"):  # a torch device, as --device is
-        raise ValueError(f"{device_id!r} is a torch device; predict prices a catalog device: "
-                         "--robot-device this-cpu (or see --list-devices)")  # fmt: skip
+        raise ValueError(
+            f"{device_id!r} is a torch device; predict prices a catalog device: "
+            "--robot-device this-cpu (or see --list-devices)"
+        )
     cfg, device = get_preset(o.model), get_device(device_id)
     dtype = o.dtype or default_dtype(device)
     if dtype not in device.dtypes:
@@ -74,8 +80,14 @@ def cmd_predict(o: PredictOptions) -> dict:
         stage_works(cfg, w), device, dtype, cfg.horizon, profile, cfg.name, o.batch, o.text_tokens
     )
     head = {"model": cfg.name, "device": device.id, "batch": o.batch, "dtype": dtype}
-    return head | r | {"profile_file": None if path is None else str(path),
-                       "estimate": _estimate(r["stages"], device.id, cfg.name, dtype)}  # fmt: skip
+    return (
+        head
+        | r
+        | {
+            "profile_file": None if path is None else str(path),
+            "estimate": _estimate(r["stages"], device.id, cfg.name, dtype),
+        }
+    )
 
 
 def _estimate(stages: list[dict], device_id: str, model: str, dtype: str) -> str:
@@ -144,9 +156,11 @@ class ProfileOptions:
     batches: tuple[int, ...] = opt((1,), "batch sizes")
     text_tokens: tuple[int, ...] = opt((24,), "instruction lengths")
     dtype: str | None = opt(
-        None, "compute dtype (default: this CPU's best, as predict and plan default to: bf16 "
-        "where it has native bf16, else fp32)", choices=["bfloat16", "float32"],
-    )  # fmt: skip
+        None,
+        "compute dtype (default: this CPU's best, as predict and plan default to: bf16 "
+        "where it has native bf16, else fp32)",
+        choices=["bfloat16", "float32"],
+    )
     repeats: int = opt(5, "timed repetitions per shape after one warm-up")
     out: str | None = opt(None, "profile file (default: the cache directory)")
     device_only: bool = opt(False, "only measure the device peaks (matmul, memory bandwidth)")
@@ -176,8 +190,9 @@ def cmd_profile(o: ProfileOptions) -> dict:
     presets = items(o.model)
     result: dict = {}
     for name in presets:  # one file: the host's header once, every preset's entries
-        r = profile_preset(name, _ints(o.batches), _ints(o.text_tokens), o.dtype or cpu_dtype(),
-                           o.repeats)  # fmt: skip
+        r = profile_preset(
+            name, _ints(o.batches), _ints(o.text_tokens), o.dtype or cpu_dtype(), o.repeats
+        )
         result = r | {"entries": result.get("entries", []) + r["entries"]}
     # The host's peaks travel with its samples: what the fleet simulator scales them from.
     result["device_peaks"] = {k: v for k, v in out["device_peaks"].items() if k != "cache_file"}

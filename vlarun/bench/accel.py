@@ -150,10 +150,13 @@ class BenchAccelOptions:
 
         if self.table:
             return dataclasses.replace(
-                self, tasks=tuple(parse_tasks(self.tasks)[:1]), episodes=min(self.episodes, 1),
+                self,
+                tasks=tuple(parse_tasks(self.tasks)[:1]),
+                episodes=min(self.episodes, 1),
                 budgets=(0.34,) if self._default_budgets else self.budgets,
-                latency_queries=min(self.latency_queries, 6), large=False,
-            )  # fmt: skip
+                latency_queries=min(self.latency_queries, 6),
+                large=False,
+            )
         return dataclasses.replace(
             self,
             tasks=tuple(parse_tasks(self.tasks)[:2]),
@@ -312,8 +315,10 @@ def ablation(o: BenchAccelOptions, log) -> list[dict]:
     policy = _load(o.diffusion_policy)
     full = closed_loop(policy.with_setting("full"), o, record=True)
     frames = [(ep["instruction"], img, st) for ep in full["recorded"] for img, st, _ in ep["obs"]]
-    samples = [(policy.image_tensor(img), policy.text_ids(ins, st), policy.state_tensor(st))
-               for ins, img, st in frames[:16]]  # fmt: skip
+    samples = [
+        (policy.image_tensor(img), policy.text_ids(ins, st), policy.state_tensor(st))
+        for ins, img, st in frames[:16]
+    ]
     stream = frames[: o.latency_queries]
     fast = {name: cfg.apply(policy, samples) for name, cfg in ABLATION.items()}
     timings = dict(zip(fast, time_streams(list(fast.values()), stream), strict=True))
@@ -412,8 +417,15 @@ def plot_sweep(rows: list[dict], path: str) -> None:
         xs = [v + shift for v in x]
         lo = [r["success_rate"] - r["ci95"][0] for r in rs]
         hi = [r["ci95"][1] - r["success_rate"] for r in rs]
-        ax_s.errorbar(xs, [r["success_rate"] for r in rs], yerr=[lo, hi], label=method, capsize=3,
-                      marker="o", lw=1)  # fmt: skip
+        ax_s.errorbar(
+            xs,
+            [r["success_rate"] for r in rs],
+            yerr=[lo, hi],
+            label=method,
+            capsize=3,
+            marker="o",
+            lw=1,
+        )
         ax_e.plot(x, [r["action_error"] for r in rs], marker="o", label=method)
     if full is not None:
         ax_s.axhline(full["success_rate"], color="k", ls="--", label="full")

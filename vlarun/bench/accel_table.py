@@ -64,8 +64,9 @@ def group_specs(o, group: str) -> tuple[str, list[str]]:
     from vlarun.policy.methods import DEPTH_PARTS
     from vlarun.sim.evaluate import check_candidate
 
-    policy = {"tokens": o.policy, "efficientvla": o.diffusion_policy,
-              "decode": o.ar_policy}.get(group)  # fmt: skip
+    policy = {"tokens": o.policy, "efficientvla": o.diffusion_policy, "decode": o.ar_policy}.get(
+        group
+    )
     if o.configs:
         for spec in items(o.configs):
             check_candidate(spec)
@@ -106,10 +107,19 @@ def _episodes(o, checkpoint: str, spec: str | None, replay: dict, record: int) -
     jobs = []
     for task in tasks:
         for k, chunk in enumerate(split_seeds(seeds, o.workers, len(tasks))):
-            jobs.append(EpisodeJob(checkpoint, task, chunk, spec, o.device,
-                                   record=record if k == 0 else 0,
-                                   replay=tuple(replay.get(task, ())) if k == 0 else (),
-                                   demos=o.demos, max_steps=o.max_steps))  # fmt: skip
+            jobs.append(
+                EpisodeJob(
+                    checkpoint,
+                    task,
+                    chunk,
+                    spec,
+                    o.device,
+                    record=record if k == 0 else 0,
+                    replay=tuple(replay.get(task, ())) if k == 0 else (),
+                    demos=o.demos,
+                    max_steps=o.max_steps,
+                )
+            )
     return jobs
 
 
@@ -126,8 +136,13 @@ def closed_loop(o, log) -> dict:
             continue  # --configs named nothing of this group
         # Full compute is the group's policy; a distilled student's rows run on the student.
         rows_on = o.student if group == "decode" and o.student else policy
-        groups[group] = {"policy": policy, "specs": specs, "checkpoint": _checkpoint(policy),
-                         "rows_checkpoint": _checkpoint(rows_on), "rows_on": rows_on}  # fmt: skip
+        groups[group] = {
+            "policy": policy,
+            "specs": specs,
+            "checkpoint": _checkpoint(policy),
+            "rows_checkpoint": _checkpoint(rows_on),
+            "rows_on": rows_on,
+        }
         full_jobs[group] = _episodes(o, groups[group]["checkpoint"], None, {}, o.fidelity_episodes)
     flat = [j for js in full_jobs.values() for j in js]
     log(f"table: full compute of {len(full_jobs)} groups, {len(flat)} jobs")
@@ -197,27 +212,40 @@ def analyse(o, groups: dict) -> list[dict]:
             per_task = {}
             for t in tasks:
                 ks = [k for k in order if k[0] == t]
-                d = paired_difference([full[k]["success"] for k in ks],
-                                      [by[k]["success"] for k in ks], o.bootstrap)  # fmt: skip
-                per_task[t] = {"success_rate": float(np.mean([by[k]["success"] for k in ks])),
-                               "difference": d["difference"], "ci95": d["ci95"]}  # fmt: skip
+                d = paired_difference(
+                    [full[k]["success"] for k in ks], [by[k]["success"] for k in ks], o.bootstrap
+                )
+                per_task[t] = {
+                    "success_rate": float(np.mean([by[k]["success"] for k in ks])),
+                    "difference": d["difference"],
+                    "ci95": d["ci95"],
+                }
             diff = paired_difference(base, wins, o.bootstrap)
             n_win = sum(wins)
-            rows.append({
-                "group": group, "policy": g["policy"] if spec == "full" else g["rows_on"],
-                "config": spec,
-                "success_rate": n_win / len(wins), "ci95": list(wilson(n_win, len(wins))),
-                "episodes": len(wins), "difference": diff, "tasks": per_task,
-                "action_error": float(np.mean(r["action_errors"])) if r["action_errors"] else None,
-                "flops_ratio": s.get("flops_ratio"),
-                "recomputed": s.get("recomputed"), "reused": s.get("reused"),
-                "pruned": s.get("pruned"),
-                "reused_share": (s["reused"] / not_recomputed) if not_recomputed else None,
-                "closed_loop_p50_ratio": _p50(r["episodes"]) / base_lat if base_lat else None,
-                # Each episode's outcome in (task, seed) order, so any two rows of the group
-                # can be paired later (the order is the group's "full" row's "keys").
-                "outcomes": [int(w) for w in wins],
-            })  # fmt: skip
+            rows.append(
+                {
+                    "group": group,
+                    "policy": g["policy"] if spec == "full" else g["rows_on"],
+                    "config": spec,
+                    "success_rate": n_win / len(wins),
+                    "ci95": list(wilson(n_win, len(wins))),
+                    "episodes": len(wins),
+                    "difference": diff,
+                    "tasks": per_task,
+                    "action_error": float(np.mean(r["action_errors"]))
+                    if r["action_errors"]
+                    else None,
+                    "flops_ratio": s.get("flops_ratio"),
+                    "recomputed": s.get("recomputed"),
+                    "reused": s.get("reused"),
+                    "pruned": s.get("pruned"),
+                    "reused_share": (s["reused"] / not_recomputed) if not_recomputed else None,
+                    "closed_loop_p50_ratio": _p50(r["episodes"]) / base_lat if base_lat else None,
+                    # Each episode's outcome in (task, seed) order, so any two rows of the group
+                    # can be paired later (the order is the group's "full" row's "keys").
+                    "outcomes": [int(w) for w in wins],
+                }
+            )
             if spec == "full":
                 rows[-1]["keys"] = [list(k) for k in order]
     triage_leads(rows, o.bootstrap)
@@ -260,22 +288,26 @@ def timing(o, groups: dict, log) -> list[dict]:
     for group, g in groups.items():
         policy = Policy.from_checkpoint(g["checkpoint"])
         rows_policy = Policy.from_checkpoint(g["rows_checkpoint"])
-        stream = [(ins, views, st) for ins, obs in
-                  (ep for eps in g["replay"].values() for ep in eps)
-                  for views, st, _ in obs][: o.latency_queries]  # fmt: skip
+        stream = [
+            (ins, views, st)
+            for ins, obs in (ep for eps in g["replay"].values() for ep in eps)
+            for views, st, _ in obs
+        ][: o.latency_queries]
         if not stream:
             continue
         specs = ["full"] + g["specs"]
-        candidates = [build_candidate(policy if s == "full" else rows_policy, s, o.demos)
-                      for s in specs]  # fmt: skip
+        candidates = [
+            build_candidate(policy if s == "full" else rows_policy, s, o.demos) for s in specs
+        ]
         out += _timed(group, g["policy"], specs, candidates, stream, time_streams, log)
         if o.large and group in ("tokens", "efficientvla"):
             # ~1B shapes: the token rows on the OpenVLA-like AR, EfficientVLA's parts on the
             # CogACT-like DiT (layers and MLP channels calibrated on the synthetic frames).
             family = "autoregressive" if group == "tokens" else "diffusion"
             big = large_policy(family=family)
-            synth = synthetic_stream(big.model.cfg.image_size, max(4, o.latency_queries // 10),
-                                     stream[0][0])  # fmt: skip
+            synth = synthetic_stream(
+                big.model.cfg.image_size, max(4, o.latency_queries // 10), stream[0][0]
+            )
             calib = [(big.image_tensor(f), big.text_ids(ins)) for ins, f, _ in synth]
             cands = [_large_candidate(big, s, calib) for s in specs]
             out += _timed(group, large_label(big), specs, cands, synth, time_streams, log)
@@ -299,12 +331,18 @@ def _timed(group, model, specs, candidates, stream, time_streams, log) -> list[d
     timings = time_streams(candidates, stream)
     full = timings[0]
     for spec, t in zip(specs, timings, strict=True):
-        rows.append({"group": group, "model": model, "config": spec} | t | {
-            "prefill_ratio": t["prefill_ms"] / full["prefill_ms"],
-            "e2e_ratio": t["e2e_ms"] / full["e2e_ms"],
-        })  # fmt: skip
-        log(f"timing {model} {spec}: prefill x{t['prefill_ms'] / full['prefill_ms']:.2f}, "
-            f"e2e x{t['e2e_ms'] / full['e2e_ms']:.2f}")  # fmt: skip
+        rows.append(
+            {"group": group, "model": model, "config": spec}
+            | t
+            | {
+                "prefill_ratio": t["prefill_ms"] / full["prefill_ms"],
+                "e2e_ratio": t["e2e_ms"] / full["e2e_ms"],
+            }
+        )
+        log(
+            f"timing {model} {spec}: prefill x{t['prefill_ms'] / full['prefill_ms']:.2f}, "
+            f"e2e x{t['e2e_ms'] / full['e2e_ms']:.2f}"
+        )
     return rows
 
 
@@ -318,8 +356,10 @@ def settings_rows(rows: list[dict]) -> list[dict]:
     source: the runtime must run that student for them to hold)."""
     from vlarun.sched.plans import IDENTITY
 
-    out = [{"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}
-           for k, v in IDENTITY.items()]  # fmt: skip
+    out = [
+        {"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}
+        for k, v in IDENTITY.items()
+    ]
     by_group = {}
     for r in rows:
         by_group.setdefault(r["group"], []).append(r)
@@ -333,16 +373,22 @@ def settings_rows(rows: list[dict]) -> list[dict]:
             if knob is None:
                 continue
             d = r["difference"]
-            out.append({
-                "knob": knob, "value": value, "models": [_model_name(r["policy"])],
-                "relative_success": r["success_rate"] / base,
-                "lower": max(0.0, (base + d["ci95"][0]) / base),
-                "upper": (base + d["ci95"][1]) / base,
-                "source": (f"vlarun bench accel --table: {r['config']} on {r['policy']}, "
-                           f"success {r['success_rate']:.3f} vs full {base:.3f}, paired "
-                           f"difference {d['difference']:+.3f} (95% CI {d['ci95'][0]:+.3f} .. "
-                           f"{d['ci95'][1]:+.3f}), n={d['episodes']}"),
-            })  # fmt: skip
+            out.append(
+                {
+                    "knob": knob,
+                    "value": value,
+                    "models": [_model_name(r["policy"])],
+                    "relative_success": r["success_rate"] / base,
+                    "lower": max(0.0, (base + d["ci95"][0]) / base),
+                    "upper": (base + d["ci95"][1]) / base,
+                    "source": (
+                        f"vlarun bench accel --table: {r['config']} on {r['policy']}, "
+                        f"success {r['success_rate']:.3f} vs full {base:.3f}, paired "
+                        f"difference {d['difference']:+.3f} (95% CI {d['ci95'][0]:+.3f} .. "
+                        f"{d['ci95'][1]:+.3f}), n={d['episodes']}"
+                    ),
+                }
+            )
     return out
 
 
@@ -402,15 +448,20 @@ def write_table(result: dict, out: Path) -> dict:
     # 30) get their own files, so one does not overwrite the other.
     groups = "-".join(dict.fromkeys(r["group"] for r in result["table"]))
     stem = f"accel_table{'_quick' if result['quick'] else ''}_{groups}_{result['date'][:10]}"
-    files = {"json": str(out / f"{stem}.json"), "settings": str(out / f"{stem}_settings.json"),
-             "plot": str(out / f"{stem}.png")}  # fmt: skip
-    about = ("Accelerator settings measured by `vlarun bench accel --table` on vlarun's own "
-             "policies in closed loop (Meta-World, paired seeds): relative_success = success "
-             "with the setting / success of full compute on the same episodes; lower/upper = "
-             "(full + paired bootstrap 95% bound of the difference) / full. Only settings the "
-             "runtime executes exactly as measured are listed (TRIAGE budgets, the DiT cache, "
-             "the early-exit sigma); layer and MLP pruning are model transforms it does not "
-             f"load yet. Measured {result['date']}: {result['command']}")  # fmt: skip
+    files = {
+        "json": str(out / f"{stem}.json"),
+        "settings": str(out / f"{stem}_settings.json"),
+        "plot": str(out / f"{stem}.png"),
+    }
+    about = (
+        "Accelerator settings measured by `vlarun bench accel --table` on vlarun's own "
+        "policies in closed loop (Meta-World, paired seeds): relative_success = success "
+        "with the setting / success of full compute on the same episodes; lower/upper = "
+        "(full + paired bootstrap 95% bound of the difference) / full. Only settings the "
+        "runtime executes exactly as measured are listed (TRIAGE budgets, the DiT cache, "
+        "the early-exit sigma); layer and MLP pruning are model transforms it does not "
+        f"load yet. Measured {result['date']}: {result['command']}"
+    )
     Path(files["settings"]).write_text(
         json.dumps({"_about": about, "settings": result["settings"]}, indent=1)
     )
@@ -429,8 +480,13 @@ def plot_table(rows: list[dict], path: str) -> None:
 
     groups = list(dict.fromkeys(r["group"] for r in rows))
     heights = [max(2.0, 0.28 * sum(r["group"] == g for r in rows)) for g in groups]
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, sum(heights) + 1), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    fig, axes = plt.subplots(
+        len(groups),
+        2,
+        figsize=(11, sum(heights) + 1),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for (ax_d, ax_e), g in zip(axes, groups, strict=True):
         rs = [r for r in rows if r["group"] == g and r["config"] != "full"]
         y = np.arange(len(rs))[::-1]
@@ -442,9 +498,11 @@ def plot_table(rows: list[dict], path: str) -> None:
         ax_d.axvline(-3, color="grey", ls=":", lw=0.8)
         ax_d.set_yticks(y, [r["config"] for r in rs], fontsize=8)
         full = next(r for r in rows if r["group"] == g and r["config"] == "full")
-        ax_d.set(xlabel="success - full compute (pp), paired 95% CI",
-                 title=f"{g} on {full['policy']} (full {full['success_rate']:.0%}, "
-                       f"n={full['episodes']})")  # fmt: skip
+        ax_d.set(
+            xlabel="success - full compute (pp), paired 95% CI",
+            title=f"{g} on {full['policy']} (full {full['success_rate']:.0%}, "
+            f"n={full['episodes']})",
+        )
         ax_e.barh(y, [r["action_error"] or 0.0 for r in rs])
         ax_e.set_yticks(y, [])
         ax_e.set(xlabel="mean |action - full's| on full's observations", title="fidelity")
@@ -455,8 +513,12 @@ def plot_table(rows: list[dict], path: str) -> None:
 
 def format_table(r: dict) -> str:
     lines = [f"vlarun bench accel --table, {r['date']}, closed loop {r['closed_loop_wall_s']} s"]
-    lines += ["", "| group | config | success (95% CI) | paired diff (95% CI) | n | action error "
-              "| FLOPs | reused share |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| group | config | success (95% CI) | paired diff (95% CI) | n | action error "
+        "| FLOPs | reused share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for x in r["table"]:
         d = x["difference"]
         err = f"{x['action_error']:.4f}" if x["action_error"] is not None else "-"
@@ -469,22 +531,33 @@ def format_table(r: dict) -> str:
         )
     leads = [x for x in r["table"] if x.get("triage_lead")]
     if leads:
-        lines += ["", "| TRIAGE vs | paired lead (95% CI) | only TRIAGE | only the baseline |",
-                  "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| TRIAGE vs | paired lead (95% CI) | only TRIAGE | only the baseline |",
+            "|---|---|---|---|",
+        ]
         for x in leads:
             d = x["triage_lead"]
-            lines.append(f"| {x['config']} | {d['difference'] * 100:+.1f} pp "
-                         f"({d['ci95'][0] * 100:+.1f} to {d['ci95'][1] * 100:+.1f}) | "
-                         f"{d['only_other']} | {d['only_base']} |")  # fmt: skip
+            lines.append(
+                f"| {x['config']} | {d['difference'] * 100:+.1f} pp "
+                f"({d['ci95'][0] * 100:+.1f} to {d['ci95'][1] * 100:+.1f}) | "
+                f"{d['only_other']} | {d['only_base']} |"
+            )
     tasks = r["tasks"]
-    lines += ["", "| config | " + " | ".join(t.removesuffix("-v3") for t in tasks) + " |",
-              "|---|" + "---|" * len(tasks)]  # fmt: skip
+    lines += [
+        "",
+        "| config | " + " | ".join(t.removesuffix("-v3") for t in tasks) + " |",
+        "|---|" + "---|" * len(tasks),
+    ]
     for x in r["table"]:
         cells = [f"{x['tasks'][t]['success_rate']:.0%}" if t in x["tasks"] else "" for t in tasks]
         lines.append(f"| {x['group']}/{x['config']} | " + " | ".join(cells) + " |")
     if r.get("timing"):
-        lines += ["", "| model | config | prefill ms | x full | e2e ms | x full |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| model | config | prefill ms | x full | e2e ms | x full |",
+            "|---|---|---|---|---|---|",
+        ]
         for t in r["timing"]:
             lines.append(
                 f"| {t['model']} | {t['config']} | {t['prefill_ms']:.1f} | "

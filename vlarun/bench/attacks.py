@@ -22,14 +22,21 @@ def run(o: BenchHostileOptions) -> dict:
     try:
         import openpi_client  # noqa: F401
     except ImportError:
-        raise RuntimeError("bench hostile needs openpi-client: pip install --no-deps "
-                           "openpi-client websockets dm-tree") from None  # fmt: skip
+        raise RuntimeError(
+            "bench hostile needs openpi-client: pip install --no-deps "
+            "openpi-client websockets dm-tree"
+        ) from None
     from vlarun.bench.engine import machine_info
 
     attacks = ("pipeline", "largest") if o.quick else o.attacks
     if o.quick:
-        o = BenchHostileOptions(**{**o.__dict__, "seconds": min(o.seconds, 4.0),
-                                   "rest_requests": min(o.rest_requests, 20)})  # fmt: skip
+        o = BenchHostileOptions(
+            **{
+                **o.__dict__,
+                "seconds": min(o.seconds, 4.0),
+                "rest_requests": min(o.rest_requests, 20),
+            }
+        )
     rows = []
     for name in attacks:
         if name in SECURE_EDGE_ATTACKS:
@@ -39,14 +46,21 @@ def run(o: BenchHostileOptions) -> dict:
         for row in new:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)  # kept if a later one hangs
-    return {"benchmark": "servers under attack (own processes, loopback)", "policy": o.policy,
-            "frame_mb": o.frame_mb, "budget_s": o.budget_s, "cpu": machine_info()["cpu"],
-            "rows": rows}  # fmt: skip
+    return {
+        "benchmark": "servers under attack (own processes, loopback)",
+        "policy": o.policy,
+        "frame_mb": o.frame_mb,
+        "budget_s": o.budget_s,
+        "cpu": machine_info()["cpu"],
+        "rows": rows,
+    }
 
 
 def show(r: dict) -> None:
-    print(f"{r['benchmark']}: {r['policy']}, frames {r['frame_mb']:g} MiB, budget "
-          f"{r['budget_s']:g} s; {r['cpu']}")  # fmt: skip
+    print(
+        f"{r['benchmark']}: {r['policy']}, frames {r['frame_mb']:g} MiB, budget "
+        f"{r['budget_s']:g} s; {r['cpu']}"
+    )
     print(
         "| attack | result | RSS idle / peak / after (MB) | back within 10% | "
         "legit p50 / p99 during (ms) | at rest | legit answered | alive |"

@@ -50,51 +50,67 @@ class BenchCoinferOptions:
         "--policy for real and pads every stage to MODEL's roofline time on its device",
     )
     time_scale: float = opt(
-        1.0, "with --emulate: every emulated time, delay and deadline divided by this and every "
+        1.0,
+        "with --emulate: every emulated time, delay and deadline divided by this and every "
         "bandwidth multiplied by it (the options name the unscaled values)",
-    )  # fmt: skip
+    )
     world: str = opt(
-        "catalog", "with --emulate: the devices' truth (vlarun.world), which the scheduler never "
+        "catalog",
+        "with --emulate: the devices' truth (vlarun.world), which the scheduler never "
         "reads: catalog (its own model: tests queueing and the link only), published, "
         "adversarial, or a world file",
-    )  # fmt: skip
+    )
     on_time: float = opt(0.99, "the share of requests vlarun's planner holds to the deadline")
     pin: bool = opt(
-        True, "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
+        True,
+        "with --emulate on >= 2 CPUs: the edge on CPU 0, this process (robot, load) and the "
         "relays on CPU 1; each row records the run-queue wait of each",
-    )  # fmt: skip
+    )
     utilisations: tuple[float, ...] = opt(
-        (), "with --emulate: one vlarun robot beside --robots - 1 open-loop ones instead of the "
+        (),
+        "with --emulate: one vlarun robot beside --robots - 1 open-loop ones instead of the "
         "strategies, once per edge utilisation: their period set so the fleet's edge-only demand "
         "at batch 1 is that share of the edge; rows: prediction error of the robot's executed "
         "plans and the utilisation measured",
-    )  # fmt: skip
+    )
     trace: str | None = opt(
-        None, "a changing link instead (a shipped trace: wifi-drive, steps; or a JSON file): "
+        None,
+        "a changing link instead (a shipped trace: wifi-drive, steps; or a JSON file): "
         "every strategy, then the fixed placements at joint's setting, run through it; "
         "reports joint against the best static strategy in hindsight",
-    )  # fmt: skip
+    )
     restore: bool = opt(
-        False, "the restore run instead: --link-mbps, down to 2 Mbit/s for the middle third, "
+        False,
+        "the restore run instead: --link-mbps, down to 2 Mbit/s for the middle third, "
         "back up; prints when the plans left the edge and came back (vlarun-placement: the "
         "edge's user whatever the settings table)",
-    )  # fmt: skip
+    )
     restore_shifts: tuple[float, ...] = opt(
-        (0.0,), "with --restore: one run per shift, its restore that many seconds (of the run's "
+        (0.0,),
+        "with --restore: one run per shift, its restore that many seconds (of the run's "
         "clock) later: where in a local request the link comes back decides whether a request's "
         "rest is handed to the edge or the next one is planned there",
-    )  # fmt: skip
+    )
     # The link as every command names it (--link-mbps, --link-rtt-ms: round trip, as plan,
     # fleet and ping count it; the relay adds half of it each way). The bandwidth fields keep
     # their names, which the runs below read.
-    bandwidth: float = opt(200.0, "link bandwidth (before the drop), Mbit/s", flag="--link-mbps",
-                           deprecated=("--bandwidth",))  # fmt: skip
-    drop_to: float = opt(50.0, "link bandwidth after the drop, Mbit/s", flag="--link-mbps-after",
-                         deprecated=("--drop-to",))  # fmt: skip
+    bandwidth: float = opt(
+        200.0,
+        "link bandwidth (before the drop), Mbit/s",
+        flag="--link-mbps",
+        deprecated=("--bandwidth",),
+    )
+    drop_to: float = opt(
+        50.0,
+        "link bandwidth after the drop, Mbit/s",
+        flag="--link-mbps-after",
+        deprecated=("--drop-to",),
+    )
     link_rtt_ms: float = opt(
-        2.0, "link round-trip time the relay adds (half each way), ms",
+        2.0,
+        "link round-trip time the relay adds (half each way), ms",
         deprecated=(("--delay-ms", 2.0),),  # was one way
-    )  # fmt: skip
+    )
     robots: int = opt(8, "robots sharing the edge in the fleet run (0: skip)")
     batching: bool = opt(
         False,
@@ -103,9 +119,10 @@ class BenchCoinferOptions:
     )
     fleet_requests: int = opt(20, "requests per robot in the fleet run")
     matrix: bool = opt(
-        False, "the condition matrix instead (coinfer_matrix.py): bandwidth x edge load x "
+        False,
+        "the condition matrix instead (coinfer_matrix.py): bandwidth x edge load x "
         "strategy, vlarun-joint and vlarun-placement among them",
-    )  # fmt: skip
+    )
     matrix_bandwidths: tuple[str, ...] = opt(
         ("200", "50", "10", "200-50"), "matrix bandwidths, Mbit/s (A-B: a drop from A to B)"
     )
@@ -140,8 +157,10 @@ def run(o: BenchCoinferOptions) -> dict:
                 "to emulated devices: give --emulate MODEL (e.g. openvla-7b)"
             )
     if o.utilisations and (o.robots < 1 or not all(0 < u < 1.5 for u in o.utilisations)):
-        raise ValueError(f"--utilisations needs --robots >= 1 and shares in (0, 1.5), got "
-                         f"{o.robots} robots and {list(o.utilisations)}")  # fmt: skip
+        raise ValueError(
+            f"--utilisations needs --robots >= 1 and shares in (0, 1.5), got "
+            f"{o.robots} robots and {list(o.utilisations)}"
+        )
     torch.set_num_threads(1)
     t_start = time.monotonic()
     steps = 24 if o.quick else o.steps
@@ -151,9 +170,9 @@ def run(o: BenchCoinferOptions) -> dict:
     pins = _pins(o)
     if pins:
         os.sched_setaffinity(0, pins["robot"])  # the robot, its load and this bench
-    edge, endpoint = procs.start_edge(extra=["--policy", o.policy, "--threads", "1",
-                                             *_edge_emulation(o)],
-                                      cpus=pins.get("edge"))  # fmt: skip
+    edge, endpoint = procs.start_edge(
+        extra=["--policy", o.policy, "--threads", "1", *_edge_emulation(o)], cpus=pins.get("edge")
+    )
     rows, fleet, matrix, restore, trace = [], None, None, None, None
     try:
         from vlarun.runtime.overhead import measure
@@ -163,36 +182,81 @@ def run(o: BenchCoinferOptions) -> dict:
             from vlarun.bench.coinfer_matrix import run_matrix
 
             def cell(strategy, n, before, after, load, setting=None):
-                return _strategy_run(o, policy, endpoint, strategy, n, before, after, load,
-                                     edge_pid=edge.pid, setting=setting)  # fmt: skip
+                return _strategy_run(
+                    o,
+                    policy,
+                    endpoint,
+                    strategy,
+                    n,
+                    before,
+                    after,
+                    load,
+                    edge_pid=edge.pid,
+                    setting=setting,
+                )
 
-            matrix = run_matrix(o, policy, endpoint, steps, cell,
-                                lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth))  # fmt: skip
+            matrix = run_matrix(
+                o, policy, endpoint, steps, cell, lambda s, slo: _agent_cfg(o, s, slo, o.bandwidth)
+            )
             rows, matrix = matrix["rows"], matrix["summary"]
         elif o.trace:
             from vlarun.bench.coinfer_trace import run_trace
 
             def traced(strategy, n, start, changes, setting=None):
-                return _strategy_run(o, policy, endpoint, strategy, n, start, None,
-                                     edge_pid=edge.pid, changes=changes,
-                                     setting=setting)  # fmt: skip
+                return _strategy_run(
+                    o,
+                    policy,
+                    endpoint,
+                    strategy,
+                    n,
+                    start,
+                    None,
+                    edge_pid=edge.pid,
+                    changes=changes,
+                    setting=setting,
+                )
 
             trace = run_trace(o, traced, _scale(o))
             rows = trace.pop("rows")
         elif o.utilisations:
-            fleet = {"utilisation": [_utilisation_run(o, policy, endpoint, robots, requests, u)
-                                     for u in o.utilisations]}  # fmt: skip
+            fleet = {
+                "utilisation": [
+                    _utilisation_run(o, policy, endpoint, robots, requests, u)
+                    for u in o.utilisations
+                ]
+            }
         elif o.restore:
             third = steps / o.control_hz / 3
             for shift in o.restore_shifts:
                 changes = [(third, RESTORE_LOW_MBPS), (2 * third + shift, o.bandwidth)]
-                rows.append(_strategy_run(o, policy, endpoint, "vlarun", steps, o.bandwidth,
-                                          None, edge_pid=edge.pid, changes=changes))  # fmt: skip
+                rows.append(
+                    _strategy_run(
+                        o,
+                        policy,
+                        endpoint,
+                        "vlarun",
+                        steps,
+                        o.bandwidth,
+                        None,
+                        edge_pid=edge.pid,
+                        changes=changes,
+                    )
+                )
             restore = restore_summary(rows, o.restore_shifts, _scale(o))
         else:
             for strategy in STRATEGIES:
-                rows.append(_strategy_run(o, policy, endpoint, strategy, steps, o.bandwidth,
-                                          o.drop_to, edge_pid=edge.pid))  # fmt: skip
+                rows.append(
+                    _strategy_run(
+                        o,
+                        policy,
+                        endpoint,
+                        strategy,
+                        steps,
+                        o.bandwidth,
+                        o.drop_to,
+                        edge_pid=edge.pid,
+                    )
+                )
         if robots > 0 and not (o.matrix or o.restore or o.utilisations):
             fleet = _fleet_run(o, policy, endpoint, robots, requests)
             fleet["edge_peak_rss_mb"] = procs.peak_rss_mb(edge)  # over the whole run
@@ -293,9 +357,12 @@ def plot(r: dict, path: str) -> str | None:
     low = RESTORE_LOW_MBPS if restore else link["after_mbps"]
     back = f" -> {link['before_mbps']:g}" if restore else ""
     emulated = r.get("emulated")
-    who = (f"{emulated['model']} emulated ({emulated.get('world', 'catalog')} world), "
-           f"times x1/{emulated['time_scale']:g}" if emulated
-           else f"robot slowdown {r['robot_slowdown']:g}x")  # fmt: skip
+    who = (
+        f"{emulated['model']} emulated ({emulated.get('world', 'catalog')} world), "
+        f"times x1/{emulated['time_scale']:g}"
+        if emulated
+        else f"robot slowdown {r['robot_slowdown']:g}x"
+    )
     ax.set(
         xlabel="time in the run (s; episodes back to back)",
         ylabel="request -> actions latency (ms)",
@@ -375,12 +442,20 @@ def plot_utilisation(r: dict, path: str) -> str | None:
     for key, label in (("latency_mape_pct", "latency"), ("energy_mape_pct", "energy (modelled)")):
         ax.plot(u, [x.get(key) or 0 for x in runs], marker="o", label=label)
     for x in runs:
-        ax.annotate(f"set {x['target_utilisation']:g}", (x["measured_utilisation"], 0),
-                    fontsize=7, rotation=90, va="bottom")  # fmt: skip
+        ax.annotate(
+            f"set {x['target_utilisation']:g}",
+            (x["measured_utilisation"], 0),
+            fontsize=7,
+            rotation=90,
+            va="bottom",
+        )
     ax.axhline(10, color="k", ls="--", lw=0.8, label="latency goal 10%")
     ax.axhline(5, color="grey", ls=":", lw=0.8, label="energy goal 5%")
-    ax.set(xlabel="edge utilisation measured", ylabel="MAPE of the executed plan (%)",
-           title=f"{runs[0]['robots']} robots sharing the emulated edge")  # fmt: skip
+    ax.set(
+        xlabel="edge utilisation measured",
+        ylabel="MAPE of the executed plan (%)",
+        title=f"{runs[0]['robots']} robots sharing the emulated edge",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -401,9 +476,10 @@ def _emulations(o: BenchCoinferOptions):
 
     if o.emulate is None:
         return None, None
-    return (Emulation(o.emulate, o.robot_device, time_scale=o.time_scale, world=o.world),
-            Emulation(o.emulate, o.edge_device, time_scale=o.time_scale,
-                      world=o.world))  # fmt: skip
+    return (
+        Emulation(o.emulate, o.robot_device, time_scale=o.time_scale, world=o.world),
+        Emulation(o.emulate, o.edge_device, time_scale=o.time_scale, world=o.world),
+    )
 
 
 def _edge_emulation_report(endpoint: str) -> dict:
@@ -429,14 +505,23 @@ def _edge_emulation(o: BenchCoinferOptions) -> list[str]:
     """serve-edge's flags for the edge's side of ``--emulate``."""
     if o.emulate is None:
         return []
-    return ["--emulate", f"{o.emulate}:{o.edge_device}", "--time-scale", str(o.time_scale),
-            "--world", o.world]  # fmt: skip
+    return [
+        "--emulate",
+        f"{o.emulate}:{o.edge_device}",
+        "--time-scale",
+        str(o.time_scale),
+        "--world",
+        o.world,
+    ]
 
 
 def _agent_cfg(
-    o: BenchCoinferOptions, strategy: str, slo_s: float, bandwidth: float,
+    o: BenchCoinferOptions,
+    strategy: str,
+    slo_s: float,
+    bandwidth: float,
     setting: str | None = None,
-):  # fmt: skip
+):
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.agent import AgentConfig
     from vlarun.sched.plans import MEASURED_SETTINGS_FILE
@@ -505,8 +590,9 @@ def _strategy_run(
     edge_before = _edge_emulation_report(endpoint) if o.emulate else None
     times: list[float] = []
     try:
-        agent = RobotAgent(policy, _agent_cfg(o, strategy, slo_s, bandwidth, setting), via,
-                           Security(insecure=True))  # fmt: skip
+        agent = RobotAgent(
+            policy, _agent_cfg(o, strategy, slo_s, bandwidth, setting), via, Security(insecure=True)
+        )
         # Its one-time setup is not the first request's latency; it starts primed with the
         # device-only agent's warm-up times.
         agent.prepare(env.instruction, local)
@@ -516,18 +602,25 @@ def _strategy_run(
                 agent.emulator.clear_counts()
         relay.send_signal(signal.SIGUSR1)  # the relay's schedule starts with the episode
         t0 = clock0 = time.monotonic()
-        ep = _episodes(agent, env, o.control_hz, steps, lambda: times.append(time.monotonic() - t0),
-                       WALL_BUDGET * steps / o.control_hz)  # fmt: skip
+        ep = _episodes(
+            agent,
+            env,
+            o.control_hz,
+            steps,
+            lambda: times.append(time.monotonic() - t0),
+            WALL_BUDGET * steps / o.control_hz,
+        )
         emulation = agent.emulator.report() if agent.emulator is not None else None
         agent.close()
         if emulation is not None:
             emulation["edge"] = _edge_emulation_since(endpoint, edge_before)
         after_run = _waits(edge_pid, relay.pid)
         waits = {
-            role: None if w is None or after_run[role] is None
+            role: None
+            if w is None or after_run[role] is None
             else round((after_run[role] - w) * 1e3, 1)
             for role, w in waits.items()
-        }  # fmt: skip
+        }
     finally:
         procs.stop(relay)
         env.close()
@@ -592,7 +685,7 @@ def _strategy_run(
                 r["predicted_j"],
             ]
             for r, t in zip(infs, times, strict=True)
-        ],  # fmt: skip
+        ],
     }
 
 
@@ -633,19 +726,25 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     try:
         with _fleet(o, policy, via, 1, requests, period) as fleet:  # warm before the clock
             start = time.monotonic() + PHASE_LEAD_S
-            with background_load(policy, endpoint, robots - 1, period, make_cfg, slo,
-                                 start_at=start) as load:  # fmt: skip
+            with background_load(
+                policy, endpoint, robots - 1, period, make_cfg, slo, start_at=start
+            ) as load:
                 busy0, up0 = counters()
                 rows = fleet.run(start_at=start + gap / 2)
                 busy1, up1 = counters()
         run = _fleet_summary(policy, 1, requests, rows, fleet.peak_rss_mb)
     finally:
         procs.stop(relay)
-    return {"target_utilisation": u, "period_ms": period * 1e3, "robots": robots,
-            "measured_robots": 1, "background": load.counts,
-            "phase_ms": {"background_gap": gap * 1e3, "measured_after_first": gap / 2 * 1e3},
-            "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
-            **{k: v for k, v in run.items() if k != "robots"}}  # fmt: skip
+    return {
+        "target_utilisation": u,
+        "period_ms": period * 1e3,
+        "robots": robots,
+        "measured_robots": 1,
+        "background": load.counts,
+        "phase_ms": {"background_gap": gap * 1e3, "measured_after_first": gap / 2 * 1e3},
+        "measured_utilisation": (busy1 - busy0) / max(up1 - up0, 1e-9),
+        **{k: v for k, v in run.items() if k != "robots"},
+    }
 
 
 def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
@@ -656,8 +755,9 @@ def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
 
     k = _scale(o)
     schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
-    return procs.start_relay(endpoint, bandwidth * k, o.link_rtt_ms / 2 / k, schedule,
-                             cpus=_pins(o).get("relay"))  # fmt: skip
+    return procs.start_relay(
+        endpoint, bandwidth * k, o.link_rtt_ms / 2 / k, schedule, cpus=_pins(o).get("relay")
+    )
 
 
 def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
@@ -688,8 +788,9 @@ def _episodes(
     stop_at = None if wall_s is None else time.perf_counter() + wall_s
     while ran < steps and (stop_at is None or time.perf_counter() < stop_at):
         seed = 10000 + len(done)
-        ep = run_episode(agent, env, seed, control_hz, True, steps - ran,
-                         lambda i, inf: on_inference(), stop_at)  # fmt: skip
+        ep = run_episode(
+            agent, env, seed, control_hz, True, steps - ran, lambda i, inf: on_inference(), stop_at
+        )
         done.append(ep)
         ran += ep["steps"]
     wall = sum(e["wall_s"] for e in done)
@@ -703,9 +804,14 @@ def _episodes(
 
 
 def _fleet_run(
-    o, policy, endpoint: str, robots: int, requests: int, period_s: float | None = None,
+    o,
+    policy,
+    endpoint: str,
+    robots: int,
+    requests: int,
+    period_s: float | None = None,
     start_at: float | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """``robots`` vlarun agents sharing the edge (frames replayed), each a process of its own
     (``fleet_robots.RobotFleet``), due in the chunk's time at --control-hz, one request every
     ``period_s`` (default: that deadline), robot 0's first at ``start_at`` (default: once all
@@ -737,28 +843,53 @@ def _fleet(o, policy, endpoint: str, robots: int, requests: int, period_s: float
     return RobotFleet(o.policy, cfg, endpoint, robots, requests, period_s)
 
 
-def _fleet_summary(policy, robots: int, requests: int, rows: list[dict],
-                   peak_rss_mb: float | None) -> dict:  # fmt: skip
+def _fleet_summary(
+    policy, robots: int, requests: int, rows: list[dict], peak_rss_mb: float | None
+) -> dict:
     from vlarun.sched.records import summarise
 
     horizon = policy.model.cfg.horizon
     s = summarise(rows, horizon)
-    edge = [ms for r in rows for n, ms in r["stage_ms"].items() if "@edge" in r["ran"]
-            and f"{n}@edge" in r["ran"].split("/")]  # fmt: skip
+    edge = [
+        ms
+        for r in rows
+        for n, ms in r["stage_ms"].items()
+        if "@edge" in r["ran"] and f"{n}@edge" in r["ran"].split("/")
+    ]
     per_request = [
-        sum(ms / r["edge_batch"].get(n, 1) for n, ms in r["stage_ms"].items()
-            if f"{n}@edge" in r["ran"].split("/"))
-        for r in rows if "@edge" in r["ran"]
-    ]  # fmt: skip
-    keep_keys = ("plan", "ran", "latency_ms", "predicted_ms", "energy_j", "predicted_j",
-                 "stage_ms", "edge_batch", "remote_overhead_ms", "link_mbps",
-                 "late_edge", "fallback", "started_s")  # fmt: skip
-    return {"robots": robots, "requests_per_robot": requests, **s,
-            "robot_peak_rss_mb": peak_rss_mb, "robots_as": "processes",
-            "requests": [{k: r.get(k) for k in keep_keys} for r in rows],
-            "edge_stage_ms_mean": sum(edge) / len(edge) if edge else None,
-            "edge_compute_ms_per_request": sum(per_request) / len(per_request)
-            if per_request else None}  # fmt: skip
+        sum(
+            ms / r["edge_batch"].get(n, 1)
+            for n, ms in r["stage_ms"].items()
+            if f"{n}@edge" in r["ran"].split("/")
+        )
+        for r in rows
+        if "@edge" in r["ran"]
+    ]
+    keep_keys = (
+        "plan",
+        "ran",
+        "latency_ms",
+        "predicted_ms",
+        "energy_j",
+        "predicted_j",
+        "stage_ms",
+        "edge_batch",
+        "remote_overhead_ms",
+        "link_mbps",
+        "late_edge",
+        "fallback",
+        "started_s",
+    )
+    return {
+        "robots": robots,
+        "requests_per_robot": requests,
+        **s,
+        "robot_peak_rss_mb": peak_rss_mb,
+        "robots_as": "processes",
+        "requests": [{k: r.get(k) for k in keep_keys} for r in rows],
+        "edge_stage_ms_mean": sum(edge) / len(edge) if edge else None,
+        "edge_compute_ms_per_request": sum(per_request) / len(per_request) if per_request else None,
+    }
 
 
 def show(r: dict) -> None:
@@ -786,13 +917,17 @@ def show(r: dict) -> None:
     t = r.get("restore")
     if t:
         ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
-        print(f"  restore: {r['link']['before_mbps']:g} -> {RESTORE_LOW_MBPS:g} Mbit/s at "
-              f"{t['drop_s']:.1f} s, plans left the edge after {ms(t['left_edge_after_drop_ms'])}; "
-              f"back at {t['restore_s']:.1f} s, edge again after "
-              f"{ms(t['edge_again_after_restore_ms'])}")  # fmt: skip
+        print(
+            f"  restore: {r['link']['before_mbps']:g} -> {RESTORE_LOW_MBPS:g} Mbit/s at "
+            f"{t['drop_s']:.1f} s, plans left the edge after {ms(t['left_edge_after_drop_ms'])}; "
+            f"back at {t['restore_s']:.1f} s, edge again after "
+            f"{ms(t['edge_again_after_restore_ms'])}"
+        )
         for run in t.get("runs", [])[1:]:
-            print(f"    restore {run['shift_s']:+.1f} s later: edge again after "
-                  f"{ms(run['edge_again_after_restore_ms'])}")  # fmt: skip
+            print(
+                f"    restore {run['shift_s']:+.1f} s later: edge again after "
+                f"{ms(run['edge_again_after_restore_ms'])}"
+            )
         if "runs" in t:
             print(
                 f"  on the emulated clock: edge again after at worst "
@@ -801,13 +936,15 @@ def show(r: dict) -> None:
     _show_batching(r.get("batching"))
     for f in (r.get("fleet") or {}).get("utilisation", []):
         lat, en = f.get("latency_mape_pct"), f.get("energy_mape_pct")
-        print(f"  utilisation {f['target_utilisation']:.2f} (measured "
-              f"{f['measured_utilisation']:.2f}), {f['robots']} robots every "
-              f"{f['period_ms']:.0f} ms: latency MAPE {'-' if lat is None else f'{lat:.1f}%'}, "
-              f"energy MAPE {'-' if en is None else f'{en:.1f}%'} over "
-              f"{f.get('predicted_requests', 0)} requests that ran their plan; SLO met "
-              f"{_pct(f.get('slo_met_fraction'))}, mean batch "
-              f"{f.get('mean_batch') or 0:.2f}")  # fmt: skip
+        print(
+            f"  utilisation {f['target_utilisation']:.2f} (measured "
+            f"{f['measured_utilisation']:.2f}), {f['robots']} robots every "
+            f"{f['period_ms']:.0f} ms: latency MAPE {'-' if lat is None else f'{lat:.1f}%'}, "
+            f"energy MAPE {'-' if en is None else f'{en:.1f}%'} over "
+            f"{f.get('predicted_requests', 0)} requests that ran their plan; SLO met "
+            f"{_pct(f.get('slo_met_fraction'))}, mean batch "
+            f"{f.get('mean_batch') or 0:.2f}"
+        )
     f = r.get("fleet")
     if f and f.get("inferences"):
         print(
@@ -822,39 +959,51 @@ def show(r: dict) -> None:
         )
         e = f.get("emulation")
         if e:
-            print(f"  fleet emulation: {e['robots']['emulation_violations']} + "
-                  f"{e['edge']['emulation_violations']} violations in "
-                  f"{e['robots']['executions']} robot + {e['edge']['executions']} edge stage "
-                  f"runs ({100 * e['violation_share']:.2f}%; "
-                  f"{'valid' if e['valid'] else 'INVALID: over 1%'})")  # fmt: skip
+            print(
+                f"  fleet emulation: {e['robots']['emulation_violations']} + "
+                f"{e['edge']['emulation_violations']} violations in "
+                f"{e['robots']['executions']} robot + {e['edge']['executions']} edge stage "
+                f"runs ({100 * e['violation_share']:.2f}%; "
+                f"{'valid' if e['valid'] else 'INVALID: over 1%'})"
+            )
         if f.get("latency_mape_pct") is not None:
-            print(f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"
-                  f" latency MAPE {f['latency_mape_pct']:.1f}%, energy MAPE "
-                  f"{f['energy_mape_pct']:.1f}% (modelled energy)")  # fmt: skip
+            print(
+                f"  fleet predictions ({f['predicted_requests']} requests that ran their plan):"
+                f" latency MAPE {f['latency_mape_pct']:.1f}%, energy MAPE "
+                f"{f['energy_mape_pct']:.1f}% (modelled energy)"
+            )
 
 
 def _show_trace(r: dict) -> None:
     t, s = r["trace"]["trace"], r["trace"]["summary"]
     world = (r.get("emulated") or {}).get("world", "not emulated")
-    print(f"co-inference through trace {t['name']} ({t['seconds']} s: "
-          f"{' -> '.join(f'{m:g}' for _, m in t['bandwidth_mbps'])} Mbit/s), deadline "
-          f"{r['slo_ms']:.0f} ms; world: {world}; energy {r['energy_source']}")  # fmt: skip
+    print(
+        f"co-inference through trace {t['name']} ({t['seconds']} s: "
+        f"{' -> '.join(f'{m:g}' for _, m in t['bandwidth_mbps'])} Mbit/s), deadline "
+        f"{r['slo_ms']:.0f} ms; world: {world}; energy {r['energy_source']}"
+    )
     for x in r["rows"]:
         lo, hi = x.get("slo_met_ci95") or (0.0, 1.0)
-        print(f"  {x['strategy']:<28} on time {_pct(x['slo_met_fraction']):>6} "
-              f"[{100 * lo:.1f}, {100 * hi:.1f}]  {x['actions_per_joule']:.4f} act/J  "
-              f"{x['inferences']} requests")  # fmt: skip
+        print(
+            f"  {x['strategy']:<28} on time {_pct(x['slo_met_fraction']):>6} "
+            f"[{100 * lo:.1f}, {100 * hi:.1f}]  {x['actions_per_joule']:.4f} act/J  "
+            f"{x['inferences']} requests"
+        )
     if "joint_over_best_static" in s:
         ci = s["joint_over_best_static_ci95"]
         ci_txt = "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
-        print(f"  joint / best static in hindsight ({s['best_static']}): "
-              f"{s['joint_over_best_static']:.2f}x{ci_txt}; goal {s['goal']}x at >= 99% on "
-              f"time: {'met' if s['goal_met'] else 'not met'}; oracle: {s['oracle']}")  # fmt: skip
+        print(
+            f"  joint / best static in hindsight ({s['best_static']}): "
+            f"{s['joint_over_best_static']:.2f}x{ci_txt}; goal {s['goal']}x at >= 99% on "
+            f"time: {'met' if s['goal_met'] else 'not met'}; oracle: {s['oracle']}"
+        )
 
 
 def _show_matrix(r: dict) -> None:
-    print(f"co-inference matrix, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
-          f"{r['robot_slowdown']:g}x; energy {r['energy_source']}")  # fmt: skip
+    print(
+        f"co-inference matrix, {r['task']}, deadline {r['slo_ms']:.0f} ms, robot slowdown "
+        f"{r['robot_slowdown']:g}x; energy {r['energy_source']}"
+    )
     head = ("load", "Mbit/s", "strategy", "act/J", "SLO", "p50 ms", "p99 ms", "fallbacks", "batch")
     print("  {:<8}{:>8}  {:<18}{:>7}{:>7}{:>9}{:>9}{:>10}{:>7}".format(*head))
     for x in r["rows"]:
@@ -872,24 +1021,32 @@ def _show_matrix(r: dict) -> None:
             if ci is None
             else f" (95% {ci[0]:.2f}-{ci[1]:.2f}{'' if c['judged'] else ', not judged'})"
         )
-        print(f"  {c['load']:<8}{c['bandwidth']:>8}  joint / best fixed ({c['best_fixed']}) "
-              f"{c['joint_over_best_fixed']:.2f}{band}; oracle {c.get('oracle') or 'none'}"
-              f"{'' if c.get('feasible', True) else ' (none meets the SLO bar)'}")  # fmt: skip
+        print(
+            f"  {c['load']:<8}{c['bandwidth']:>8}  joint / best fixed ({c['best_fixed']}) "
+            f"{c['joint_over_best_fixed']:.2f}{band}; oracle {c.get('oracle') or 'none'}"
+            f"{'' if c.get('feasible', True) else ' (none meets the SLO bar)'}"
+        )
         same = c.get("joint_over_best_fixed_same_setting")
         if same is not None:  # what per-request placement adds over joint's own setting
             ci = c.get("joint_over_best_fixed_same_setting_ci95")
             band = "" if ci is None else f" (95% {ci[0]:.2f}-{ci[1]:.2f})"
-            print(f"  {'':<16}  joint / best fixed placement at joint's setting "
-                  f"({c['best_fixed_same_setting']}) {same:.2f}{band}")  # fmt: skip
+            print(
+                f"  {'':<16}  joint / best fixed placement at joint's setting "
+                f"({c['best_fixed_same_setting']}) {same:.2f}{band}"
+            )
         if c.get("joint_over_placement") is not None:
-            print(f"  {'':<16}  joint / vlarun-placement {c['joint_over_placement']:.2f} "
-                  "(what the settings add)")  # fmt: skip
+            print(
+                f"  {'':<16}  joint / vlarun-placement {c['joint_over_placement']:.2f} "
+                "(what the settings add)"
+            )
     split, place = m["joint_over_fixed_split_mean"], m["joint_over_placement_mean"]
-    print(f"  vlarun-joint meets the goal (>= 0.97 x best fixed, SLO >= 99.9%) in "
-          f"{m['cells_meeting_goal']} of {len(m['cells'])} cells; mean joint / Fixed Split "
-          f"{'-' if split is None else f'{split:.2f}'} (over the "
-          f"{m.get('joint_over_fixed_split_cells', '?')} cells where Fixed Split met its "
-          f"deadline), joint / placement {'-' if place is None else f'{place:.2f}'}")  # fmt: skip
+    print(
+        f"  vlarun-joint meets the goal (>= 0.97 x best fixed, SLO >= 99.9%) in "
+        f"{m['cells_meeting_goal']} of {len(m['cells'])} cells; mean joint / Fixed Split "
+        f"{'-' if split is None else f'{split:.2f}'} (over the "
+        f"{m.get('joint_over_fixed_split_cells', '?')} cells where Fixed Split met its "
+        f"deadline), joint / placement {'-' if place is None else f'{place:.2f}'}"
+    )
     world = (r.get("emulated") or {}).get("world")
     if world:
         print(f"  world: {world}")

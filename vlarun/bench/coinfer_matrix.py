@@ -44,9 +44,14 @@ def parse_bandwidth(spec: str) -> tuple[float, float | None]:
 
 
 def background_load(
-    policy, endpoint: str, robots: int, period_s: float, make_cfg, slo_s: float | None = None,
+    policy,
+    endpoint: str,
+    robots: int,
+    period_s: float,
+    make_cfg,
+    slo_s: float | None = None,
     start_at: float | None = None,
-):  # fmt: skip
+):
     """The other robots of a loaded edge: ``robots`` open-loop senders of ``policy``'s
     whole-policy request every ``period_s`` (``loadgen.OpenLoopLoad``, a process of its own,
     on the CPUs this bench runs on), at the deadline (``slo_s``, default the period) and
@@ -74,17 +79,20 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
         with background_load(policy, endpoint, robots, period, make_cfg) as bg:
             for spec in bandwidths:
                 before, after = parse_bandwidth(spec)
-                runs = [(label, AGENT_STRATEGY.get(label, label), None)
-                        for label in MATRIX_STRATEGIES]  # fmt: skip
+                runs = [
+                    (label, AGENT_STRATEGY.get(label, label), None) for label in MATRIX_STRATEGIES
+                ]
                 while runs:
                     label, strategy, setting = runs.pop(0)
                     row = strategy_run(strategy, steps, before, after, load, setting)
-                    rows.append(row | {"strategy": label, "bandwidth": spec,
-                                       "load_robots": robots})  # fmt: skip
+                    rows.append(row | {"strategy": label, "bandwidth": spec, "load_robots": robots})
                     slo = 100 * row["slo_met_fraction"]
-                    print(f"matrix: {len(rows)}/{total} cells, {time.monotonic() - t0:.0f} s "
-                          f"({load}, {spec} Mbit/s, {label}: SLO {slo:.0f}%)",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"matrix: {len(rows)}/{total} cells, {time.monotonic() - t0:.0f} s "
+                        f"({load}, {spec} Mbit/s, {label}: SLO {slo:.0f}%)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     same = modal_setting(row) if label == "vlarun-joint" else None
                     if same is not None and same != "full":
                         # What per-request placement adds: the fixed placements at the setting
@@ -163,29 +171,35 @@ def summarise_matrix(rows: list[dict], cell: tuple[str, ...] = ("bandwidth", "lo
         best_same = max(same_ok, key=lambda r: r["actions_per_joule"]) if same_ok else None
         split = by.get("fixed-split")
         split_on_time = split is not None and split["slo_met_fraction"] >= SLO_BAR
-        out.append(dict(zip(cell, key, strict=True)) | {
-            "best_fixed": best["strategy"],
-            "best_fixed_meets_slo_bar": bool(meeting),
-            "joint_over_best_fixed": ratio,
-            "joint_over_best_fixed_ci95": ci,
-            "judged": ci is None or (ci[1] - ci[0]) / 2 / ratio < JUDGED_HALF_WIDTH,
-            "joint_over_fixed_split_ci95": split_ci,
-            "joint_slo_met_fraction": joint["slo_met_fraction"],
-            "joint_meets_goal": bool(ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR),
-            "oracle": None if oracle is None else oracle["strategy"],
-            "feasible": bool(on_bar),  # some strategy met the SLO bar in this cell
-            # joint over the best fixed placement running joint's own setting (None: joint ran
-            # full compute, so the fixed strategies above are that comparison)
-            "best_fixed_same_setting": None if best_same is None else best_same["strategy"],
-            "joint_over_best_fixed_same_setting": None if best_same is None
-            else joint["actions_per_joule"] / best_same["actions_per_joule"],
-            "joint_over_best_fixed_same_setting_ci95": None if best_same is None
-            else ratio_interval(joint, best_same),
-            "joint_over_placement": joint["actions_per_joule"]
-            / by["vlarun-placement"]["actions_per_joule"] if "vlarun-placement" in by
-            and by["vlarun-placement"]["actions_per_joule"] > 0 else None,
-            "fixed_split_meets_slo_bar": split_on_time,
-        })  # fmt: skip
+        out.append(
+            dict(zip(cell, key, strict=True))
+            | {
+                "best_fixed": best["strategy"],
+                "best_fixed_meets_slo_bar": bool(meeting),
+                "joint_over_best_fixed": ratio,
+                "joint_over_best_fixed_ci95": ci,
+                "judged": ci is None or (ci[1] - ci[0]) / 2 / ratio < JUDGED_HALF_WIDTH,
+                "joint_over_fixed_split_ci95": split_ci,
+                "joint_slo_met_fraction": joint["slo_met_fraction"],
+                "joint_meets_goal": bool(ratio >= 0.97 and joint["slo_met_fraction"] >= SLO_BAR),
+                "oracle": None if oracle is None else oracle["strategy"],
+                "feasible": bool(on_bar),  # some strategy met the SLO bar in this cell
+                # joint over the best fixed placement running joint's own setting (None: joint ran
+                # full compute, so the fixed strategies above are that comparison)
+                "best_fixed_same_setting": None if best_same is None else best_same["strategy"],
+                "joint_over_best_fixed_same_setting": None
+                if best_same is None
+                else joint["actions_per_joule"] / best_same["actions_per_joule"],
+                "joint_over_best_fixed_same_setting_ci95": None
+                if best_same is None
+                else ratio_interval(joint, best_same),
+                "joint_over_placement": joint["actions_per_joule"]
+                / by["vlarun-placement"]["actions_per_joule"]
+                if "vlarun-placement" in by and by["vlarun-placement"]["actions_per_joule"] > 0
+                else None,
+                "fixed_split_meets_slo_bar": split_on_time,
+            }
+        )
         # (d) joint over Fixed Split only where Fixed Split meets its deadline: a Fixed Split
         # that misses and falls back to the robot is not a baseline
         if split_on_time and split["actions_per_joule"] > 0:
@@ -226,15 +240,18 @@ def plot_matrix(
     rows = m["rows"]
     cols = list(dict.fromkeys(r[column] for r in rows))
     conds = list(dict.fromkeys(tuple(r[k] for k in x) for r in rows))
-    labels = [", ".join(AXIS_LABELS.get(k, "{}").format(v) for k, v in zip(x, c, strict=True))
-              for c in conds]  # fmt: skip
+    labels = [
+        ", ".join(AXIS_LABELS.get(k, "{}").format(v) for k, v in zip(x, c, strict=True))
+        for c in conds
+    ]
     wide = max(4.2, 0.35 * len(conds))
     fig, axes = plt.subplots(2, len(cols), figsize=(wide * len(cols), 6.5), squeeze=False)
     width = 0.8 / len(MATRIX_STRATEGIES)
     for j, col in enumerate(cols):
         for i, s in enumerate(MATRIX_STRATEGIES):
-            by = {tuple(r[k] for k in x): r for r in rows
-                  if r[column] == col and r["strategy"] == s}  # fmt: skip
+            by = {
+                tuple(r[k] for k in x): r for r in rows if r[column] == col and r["strategy"] == s
+            }
             at = np.arange(len(conds)) + (i - len(MATRIX_STRATEGIES) / 2 + 0.5) * width
             apj = [by[c]["actions_per_joule"] if c in by else 0 for c in conds]
             slo = [by[c]["slo_met_fraction"] if c in by else 0 for c in conds]

@@ -37,21 +37,29 @@ def run_trace(o, strategy_run, scale: float) -> dict:
     changes = [(float(t) / scale, float(m)) for t, m in trace["bandwidth_mbps"][1:]]
     steps = math.ceil(float(trace["seconds"]) / scale * o.control_hz)
     runs = [(s, s, None) for s in FIXED]
-    runs += [(label, AGENT_STRATEGY.get(label, label), None)
-             for label in ("vlarun-placement", "vlarun-joint")]  # fmt: skip
+    runs += [
+        (label, AGENT_STRATEGY.get(label, label), None)
+        for label in ("vlarun-placement", "vlarun-joint")
+    ]
     rows = []
     while runs:
         label, strategy, setting = runs.pop(0)
         row = strategy_run(strategy, steps, start, changes, setting) | {"strategy": label}
         rows.append(row)
-        print(f"trace {trace['name']}: {label}: SLO {100 * row['slo_met_fraction']:.1f}%, "
-              f"{row['actions_per_joule']:.3f} act/J", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"trace {trace['name']}: {label}: SLO {100 * row['slo_met_fraction']:.1f}%, "
+            f"{row['actions_per_joule']:.3f} act/J",
+            file=sys.stderr,
+            flush=True,
+        )
         same = modal_setting(row) if label == "vlarun-joint" else None
         if same is not None and same != "full":
             runs += [(f"{f}@{same}", f, same) for f in FIXED]
-    return {"trace": {k: trace[k] for k in ("name", "about", "seconds", "bandwidth_mbps",
-                                            "path")},
-            "rows": rows, "summary": summarise_trace(rows)}  # fmt: skip
+    return {
+        "trace": {k: trace[k] for k in ("name", "about", "seconds", "bandwidth_mbps", "path")},
+        "rows": rows,
+        "summary": summarise_trace(rows),
+    }
 
 
 def summarise_trace(rows: list[dict]) -> dict:
@@ -81,9 +89,10 @@ def summarise_trace(rows: list[dict]) -> dict:
         "joint_slo_met_ci95": clopper_pearson(met, joint["inferences"]),
         "joint_requests": joint["inferences"],
         "goal_met": bool(ratio >= GOAL and joint["slo_met_fraction"] >= STATIC_BAR),
-    }  # fmt: skip
+    }
     placement = by.get("vlarun-placement")
     if placement is not None and placement["actions_per_joule"] > 0:
-        out["placement_over_best_static"] = (placement["actions_per_joule"]
-                                             / best["actions_per_joule"])  # fmt: skip
+        out["placement_over_best_static"] = (
+            placement["actions_per_joule"] / best["actions_per_joule"]
+        )
     return out

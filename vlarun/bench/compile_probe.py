@@ -85,8 +85,9 @@ def probe(shape: str, repeats: int) -> dict:
     cache_len = PREFILL_TOKENS + DECODE_TOKENS + JACOBI_TOKENS + 1  # sized to the request
     _, ours = build_pair(SHAPES[shape], torch.float32)
     ours.eval()
-    ids = torch.randint(0, SHAPES[shape].vocab_size, (1, PREFILL_TOKENS),
-                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    ids = torch.randint(
+        0, SHAPES[shape].vocab_size, (1, PREFILL_TOKENS), generator=torch.Generator().manual_seed(0)
+    )
     # Freezing: weights become constants, which inductor's oneDNN linear lowering requires
     # (the engine prepacks them for oneDNN; without freezing the lowering asserts).
     inductor_config.freezing = True
@@ -155,8 +156,13 @@ def policy_probe(name: str, repeats: int) -> dict:
                 ts[k].append((time.perf_counter() - t) * 1e3)
     m = {k: statistics.median(v) for k, v in ts.items()}
     same = bool(np.allclose(eager.predict(img, "x"), comp.predict(img, "x"), atol=1e-4))
-    return {"policy": name, "ms": m, "speedup": m["eager"] / m["compiled"],
-            "compile_s": compile_s, "same_actions": same}  # fmt: skip
+    return {
+        "policy": name,
+        "ms": m,
+        "speedup": m["eager"] / m["compiled"],
+        "compile_s": compile_s,
+        "same_actions": same,
+    }
 
 
 def run(o: BenchCompileOptions) -> dict:
@@ -176,16 +182,20 @@ def run(o: BenchCompileOptions) -> dict:
 def show(r: dict) -> None:
     for x in r["rows"]:
         e, c, s = x["ms"]["eager"], x["ms"]["compiled"], x["speedup"]
-        print(f"{x['shape']} fp32 ({x['threads']} threads, {r['date']}): prefill "
-              f"{e['prefill']:.1f} -> {c['prefill']:.1f} ms ({s['prefill']:.2f}x), decode "
-              f"{e['decode']:.2f} -> {c['decode']:.2f} ms/token ({s['decode']:.2f}x), Jacobi "
-              f"iteration {e['jacobi_iteration']:.2f} -> {c['jacobi_iteration']:.2f} ms "
-              f"({s['jacobi_iteration']:.2f}x); compile {x['compile_s']:.0f} s; "
-              f"same tokens: {x['same_tokens']}")  # fmt: skip
+        print(
+            f"{x['shape']} fp32 ({x['threads']} threads, {r['date']}): prefill "
+            f"{e['prefill']:.1f} -> {c['prefill']:.1f} ms ({s['prefill']:.2f}x), decode "
+            f"{e['decode']:.2f} -> {c['decode']:.2f} ms/token ({s['decode']:.2f}x), Jacobi "
+            f"iteration {e['jacobi_iteration']:.2f} -> {c['jacobi_iteration']:.2f} ms "
+            f"({s['jacobi_iteration']:.2f}x); compile {x['compile_s']:.0f} s; "
+            f"same tokens: {x['same_tokens']}"
+        )
     for x in r["policies"]:
-        print(f"{x['policy']} predict ({r['threads']} threads): {x['ms']['eager']:.1f} -> "
-              f"{x['ms']['compiled']:.1f} ms ({x['speedup']:.2f}x); compile "
-              f"{x['compile_s']:.0f} s; same actions: {x['same_actions']}")  # fmt: skip
+        print(
+            f"{x['policy']} predict ({r['threads']} threads): {x['ms']['eager']:.1f} -> "
+            f"{x['ms']['compiled']:.1f} ms ({x['speedup']:.2f}x); compile "
+            f"{x['compile_s']:.0f} s; same actions: {x['same_actions']}"
+        )
 
 
 OPTIONS = {"bench-compile": BenchCompileOptions}

@@ -43,8 +43,12 @@ def train_step_s(bf16: bool, steps: int = 3) -> float:
     model = MultiHeadBC("mt10")
     opt = torch.optim.AdamW(model.parameters(), 1e-4)
     cfg, b = model.cfg, 16
-    batch = Batch(torch.rand(b, cfg.num_images, 3, 128, 128), [[5, 6, 7, 8, 9, 10]] * b,
-                  torch.rand(b, 4, 4) * 2 - 1, torch.randn(b, cfg.proprio_dim))  # fmt: skip
+    batch = Batch(
+        torch.rand(b, cfg.num_images, 3, 128, 128),
+        [[5, 6, 7, 8, 9, 10]] * b,
+        torch.rand(b, 4, 4) * 2 - 1,
+        torch.randn(b, cfg.proprio_dim),
+    )
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -75,9 +79,11 @@ def run(o: BenchCpuOptions) -> dict:
 def show(r: dict) -> None:
     bf16 = r.get("mt10_train_step_s_bf16")
     step = f", bf16 {bf16:.2f} s" if bf16 is not None else ""
-    print(f"{r['cpu']} ({r['threads']} threads): matmul fp32 {r['matmul_gflops_fp32']:.1f} "
-          f"GFLOP/s, bf16 {r['matmul_gflops_bf16']:.1f} GFLOP/s; MT10 training step fp32 "
-          f"{r['mt10_train_step_s_fp32']:.2f} s{step}")  # fmt: skip
+    print(
+        f"{r['cpu']} ({r['threads']} threads): matmul fp32 {r['matmul_gflops_fp32']:.1f} "
+        f"GFLOP/s, bf16 {r['matmul_gflops_bf16']:.1f} GFLOP/s; MT10 training step fp32 "
+        f"{r['mt10_train_step_s_fp32']:.2f} s{step}"
+    )
 
 
 OPTIONS = {"bench-cpu": BenchCpuOptions}

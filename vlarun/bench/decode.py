@@ -63,8 +63,11 @@ class BenchDecodeOptions:
     """Decoding benchmark: AR vs Jacobi vs Jacobi + early exit vs distilled + early exit."""
 
     quick: bool = opt(False, "reduced run (a few minutes): 2 tasks, 2 episodes, sigma 0.5")
-    policy: str = opt("tiny-ar", "autoregressive policy: shipped name or checkpoint directory",
-                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
+    policy: str = opt(
+        "tiny-ar",
+        "autoregressive policy: shipped name or checkpoint directory",
+        replaces=POLICY_FLAGS_RETIRED,
+    )
     distilled: str = opt("tiny-ar-ceed", "distilled policy (shipped name or directory); '' = skip")
     sigmas: tuple[float, ...] = opt(SIGMAS, "early-exit thresholds")
     tasks: tuple[str, ...] = opt(tuple(TRAIN_TASKS), "Meta-World tasks (names, or mt10)")
@@ -81,10 +84,16 @@ class BenchDecodeOptions:
     max_iters: int = opt(0, "cap on the exit methods' Jacobi iterations; 0 = none (n - 1)")
     # Each student leaves the guess it was distilled from (`vlarun distill --init`); the
     # shipped one learned "repeat". Plain Jacobi stays exact from either.
-    init: str = opt("random", "initial guess of the teacher's Jacobi rows: random (the paper) "
-                    "or repeat (y_1 repeated)", choices=list(INITS))  # fmt: skip
-    distilled_init: str = opt("repeat", "initial guess of the distilled rows (the one the "
-                              "student was distilled from)", choices=list(INITS))  # fmt: skip
+    init: str = opt(
+        "random",
+        "initial guess of the teacher's Jacobi rows: random (the paper) or repeat (y_1 repeated)",
+        choices=list(INITS),
+    )
+    distilled_init: str = opt(
+        "repeat",
+        "initial guess of the distilled rows (the one the student was distilled from)",
+        choices=list(INITS),
+    )
     window: int = opt(0, "FAST codes: guesses per Jacobi window; 0 = the expected code length")
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
@@ -317,8 +326,10 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     methods = method_rows(o, student is not None)
     bases = [student if m[0].startswith("distilled") else teacher for m in methods]
     inits = [o.distilled_init if m[0].startswith("distilled") else o.init for m in methods]
-    policies = [decoding(b, m, o.seed, o.max_iters, i, o.window)
-                for b, m, i in zip(bases, methods, inits, strict=True)]  # fmt: skip
+    policies = [
+        decoding(b, m, o.seed, o.max_iters, i, o.window)
+        for b, m, i in zip(bases, methods, inits, strict=True)
+    ]
     timings = time_methods(policies, stream)
     log(f"timed {len(methods)} methods on {len(stream)} queries")
     rows, ar_ids, ar_counts = [], timings[0]["_ids"], timings[0]["_counts"]
@@ -330,14 +341,21 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
         # The cap the decoder ran with (``decoding`` applies it to exit methods only).
         dcfg = getattr(policy.hooks.decoder, "cfg", None)
         cap, guess = getattr(dcfg, "max_iters", None), getattr(dcfg, "init", None)
-        row = {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap,
-               "init": guess} | timing | {  # fmt: skip
-            "token_agreement_with_ar": agreement(ids, ar_ids, ar_counts),
-            "success_rate": res["success_rate"], "ci95": res["ci95"],
-            "episodes": res["episodes"]}  # fmt: skip
+        row = (
+            {"method": method, "sigma": sigma, "exit_over": rule, "max_iters": cap, "init": guess}
+            | timing
+            | {
+                "token_agreement_with_ar": agreement(ids, ar_ids, ar_counts),
+                "success_rate": res["success_rate"],
+                "ci95": res["ci95"],
+                "episodes": res["episodes"],
+            }
+        )
         rows.append(row)
-        log(f"{_label(row, ' ')}: {row['tokens_per_s_mean']:.0f} tokens/s "
-            f"({row['iterations_mean']:.2f} it), success {_success(row)}")  # fmt: skip
+        log(
+            f"{_label(row, ' ')}: {row['tokens_per_s_mean']:.0f} tokens/s "
+            f"({row['iterations_mean']:.2f} it), success {_success(row)}"
+        )
     ar_speed, ar_ms = rows[0]["tokens_per_s_mean"], rows[0]["decode_ms_mean"]
     for r in rows:
         r["speedup"] = r["tokens_per_s_mean"] / ar_speed
@@ -368,8 +386,16 @@ def goals(rows: list[dict], sigma: float = 0.5, exit_over: str = "all") -> dict:
     """The issue's goals for distilled-exit at ``sigma`` under the ``exit_over`` rule (None
     where that row is absent)."""
     ar = rows[0]
-    d = next((r for r in rows if r["method"] == "distilled-exit" and r["sigma"] == sigma
-              and r.get("exit_over", "all") == exit_over), None)  # fmt: skip
+    d = next(
+        (
+            r
+            for r in rows
+            if r["method"] == "distilled-exit"
+            and r["sigma"] == sigma
+            and r.get("exit_over", "all") == exit_over
+        ),
+        None,
+    )
     if d is None:
         return {"speedup_ge_4_5": None, "min_above_ar_mean": None, "success_within_3pp": None}
     return {
@@ -430,16 +456,20 @@ def plot(rows: list[dict], path: str) -> None:
     hi = np.array([r["tokens_per_s_max"] for r in rows]) - mean
     palette = {"ar": "C0", "jacobi": "C0", "jacobi-exit": "C1", "distilled-exit": "C2"}
     unsettled = {"jacobi-exit": "C4", "distilled-exit": "C3"}  # the rule not in the paper
-    colors = [(unsettled if r.get("exit_over") == "unsettled" else palette).get(r["method"], "C2")
-              for r in rows]  # fmt: skip
+    colors = [
+        (unsettled if r.get("exit_over") == "unsettled" else palette).get(r["method"], "C2")
+        for r in rows
+    ]
     ax_v.bar(x, mean, yerr=[lo, hi], capsize=3, color=colors)
     ax_v.axhline(rows[0]["tokens_per_s_mean"], color="k", ls="--", lw=1, label="ar mean")
     ax_v.set(ylabel="action tokens / s (mean, min-max)", title="decode speed")
     ax_v.legend(fontsize=8)
     if rows[0]["success_rate"] is not None:
         succ = np.array([r["success_rate"] for r in rows])
-        err = [succ - np.array([r["ci95"][0] for r in rows]),
-               np.array([r["ci95"][1] for r in rows]) - succ]  # fmt: skip
+        err = [
+            succ - np.array([r["ci95"][0] for r in rows]),
+            np.array([r["ci95"][1] for r in rows]) - succ,
+        ]
         ax_s.bar(x, succ, yerr=err, capsize=3, color=colors)
     ax_s.set(ylabel="success (95% CI)", title="closed loop", ylim=(0, 1))
     for ax in (ax_v, ax_s):

@@ -61,12 +61,26 @@ SEED = 0
 
 SHAPES: dict[str, LlamaConfig] = {
     # Tiny layers: per-op overhead shows; decode is still bound by the 8M-param LM head.
-    "tiny": LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=768, num_layers=4,
-                        num_heads=8, num_kv_heads=2, max_positions=2048),
+    "tiny": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+        max_positions=2048,
+    ),
     # TinyLlama-1.1B's shape: d 2048, 22 layers, 32 heads of 64, 4 KV heads, MLP 5632.
-    "1b": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22,
-                      num_heads=32, num_kv_heads=4, max_positions=2048),
-}  # fmt: skip
+    "1b": LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_layers=22,
+        num_heads=32,
+        num_kv_heads=4,
+        max_positions=2048,
+    ),
+}
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -656,13 +670,32 @@ def run(
 
 # aten ops by what they are, for the share of time each kind takes
 OP_KINDS: dict[str, tuple[str, ...]] = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
-               "mkldnn::_linear", "onednn", "aten::_weight_int8pack_mm"),
+    "matmul": (
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::matmul",
+        "aten::linear",
+        "mkldnn::_linear",
+        "onednn",
+        "aten::_weight_int8pack_mm",
+    ),
     "attention": ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax"),
-    "copies": ("aten::copy_", "aten::cat", "aten::contiguous", "aten::clone", "aten::index",
-               "aten::to", "aten::_to_copy", "aten::empty", "aten::zeros", "aten::fill_",
-               "aten::index_put", "aten::slice_scatter"),
-}  # fmt: skip
+    "copies": (
+        "aten::copy_",
+        "aten::cat",
+        "aten::contiguous",
+        "aten::clone",
+        "aten::index",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::empty",
+        "aten::zeros",
+        "aten::fill_",
+        "aten::index_put",
+        "aten::slice_scatter",
+    ),
+}
 
 
 def _kind(op: str) -> str:
@@ -683,8 +716,10 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
     hf, ours = build_pair(cfg, dtype)
     gen = torch.Generator().manual_seed(SEED + 1)
     ids = torch.randint(0, cfg.vocab_size, (1, PREFILL_TOKENS), generator=gen)
-    runners = [VlarunRunner(ours, PREFILL_TOKENS, DECODE_TOKENS),
-               HFRunner(hf, True, PREFILL_TOKENS, DECODE_TOKENS)]  # fmt: skip
+    runners = [
+        VlarunRunner(ours, PREFILL_TOKENS, DECODE_TOKENS),
+        HFRunner(hf, True, PREFILL_TOKENS, DECODE_TOKENS),
+    ]
     out: dict = {"shape": shape, "dtype": dtype_name, "runners": {}}
     with torch.inference_mode():
         for r in runners:
@@ -714,7 +749,7 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
                     "top_ops": [
                         {"op": e.key, "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count}
                         for e in ops
-                    ],  # fmt: skip
+                    ],
                     "op_calls": sum(e.count for e in events),
                 }
             out["runners"][r.name] = phases
@@ -722,20 +757,26 @@ def profile_case(shape: str = "1b", dtype_name: str | None = None, top: int = 10
 
 
 def format_profile(p: dict) -> str:
-    lines = [f"Profile ({p['shape']}, {p['dtype']}): self CPU ms by kind of op, "
-             "one prefill and the decode steps, under torch.profiler", "",
-             "| runner | phase | wall ms | matmul | attention | copies | other | op calls |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Profile ({p['shape']}, {p['dtype']}): self CPU ms by kind of op, "
+        "one prefill and the decode steps, under torch.profiler",
+        "",
+        "| runner | phase | wall ms | matmul | attention | copies | other | op calls |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, phases in p["runners"].items():
         for phase, v in phases.items():
             k = v["self_ms_by_kind"]
-            lines.append(f"| {name} | {phase} | {v['wall_ms']:.1f} | {k.get('matmul', 0):.1f} "
-                         f"| {k.get('attention', 0):.1f} | {k.get('copies', 0):.1f} "
-                         f"| {k.get('other', 0):.1f} | {v['op_calls']} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {phase} | {v['wall_ms']:.1f} | {k.get('matmul', 0):.1f} "
+                f"| {k.get('attention', 0):.1f} | {k.get('copies', 0):.1f} "
+                f"| {k.get('other', 0):.1f} | {v['op_calls']} |"
+            )
     for name, phases in p["runners"].items():
         for phase, v in phases.items():
-            top = ", ".join(f"{o['op']} {o['self_ms']:.1f} ms x{o['calls']}"
-                            for o in v["top_ops"][:6])  # fmt: skip
+            top = ", ".join(
+                f"{o['op']} {o['self_ms']:.1f} ms x{o['calls']}" for o in v["top_ops"][:6]
+            )
             lines.append(f"- {name} {phase}: {top}")
     return "\n".join(lines)
 

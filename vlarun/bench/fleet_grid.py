@@ -49,9 +49,16 @@ def _run_world_link(job: tuple) -> list[dict]:
     """Every deadline of one (world, link, robots): one setup, Device-Only's median once."""
     cfg, i, path, link, robots = job
     base = dataclasses.replace(
-        cfg, world=path, robots=robots, world_sweep=0, hindsight=True, plot=None, out=None,
-        trace=None if link == "steady" else link, bw_after=cfg.bw_before,
-    )  # fmt: skip
+        cfg,
+        world=path,
+        robots=robots,
+        world_sweep=0,
+        hindsight=True,
+        plot=None,
+        out=None,
+        trace=None if link == "steady" else link,
+        bw_after=cfg.bw_before,
+    )
     setup = make_setup(base)
     t_do = device_only_s(base, setup)
     out = []
@@ -60,14 +67,23 @@ def _run_world_link(job: tuple) -> list[dict]:
         c = one_cell(mcfg, setup, cfg.seed + i)
         rows = {r["strategy"]: r for r in c["rows"]}
         j = c["judged"]
-        out.append({
-            "world": i, "link": link, "robots": robots, "deadline_x_device_only": m,
-            "slo_ms": m * t_do * 1e3, "judged": j,
-            "joint": {k: rows["vlarun-joint"][k] for k in ("slo_met_fraction", "slo_met_ci95",
-                                                             "actions_per_joule", "placements")},
-            "device_only": {k: rows["device-only"][k]
-                            for k in ("slo_met_fraction", "actions_per_joule")},
-        })  # fmt: skip
+        out.append(
+            {
+                "world": i,
+                "link": link,
+                "robots": robots,
+                "deadline_x_device_only": m,
+                "slo_ms": m * t_do * 1e3,
+                "judged": j,
+                "joint": {
+                    k: rows["vlarun-joint"][k]
+                    for k in ("slo_met_fraction", "slo_met_ci95", "actions_per_joule", "placements")
+                },
+                "device_only": {
+                    k: rows["device-only"][k] for k in ("slo_met_fraction", "actions_per_joule")
+                },
+            }
+        )
     return out
 
 
@@ -82,8 +98,7 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
             path.write_text(json.dumps(w))
             paths.append(str(path))
         jobs = _cell_jobs(cfg, paths)
-        bar = tqdm(total=len(jobs), desc="worlds x links x robots", unit="run",
-                   disable=cfg.json)  # fmt: skip
+        bar = tqdm(total=len(jobs), desc="worlds x links x robots", unit="run", disable=cfg.json)
         if cfg.sweep_workers > 1:
             ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(cfg.sweep_workers) as pool:
@@ -110,7 +125,7 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
         "worlds": [
             {"world": w["world"], "params": dataclasses.asdict(p)}
             for w, p in zip(worlds, params, strict=True)
-        ],  # fmt: skip
+        ],
         "energy_source": "modelled (no meter): each world's powers x its times",
         "cells": cells,
         "summary": {
@@ -138,7 +153,7 @@ def run_world_sweep(cfg: FleetConfig) -> dict:
                 }
                 for c in worst
             ],
-        },  # fmt: skip
+        },
         "wall_s": round(time.monotonic() - t0, 1),
         "plot": cfg.plot,
     }
@@ -160,8 +175,11 @@ def plot_sweep(r: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(keys)), 4))
     rng = np.random.default_rng(0)
     for i, key in enumerate(keys):
-        ys = [c["judged"]["ratio"]["ratio"] for c in cells
-              if (c["link"], c["robots"], c["deadline_x_device_only"]) == key]  # fmt: skip
+        ys = [
+            c["judged"]["ratio"]["ratio"]
+            for c in cells
+            if (c["link"], c["robots"], c["deadline_x_device_only"]) == key
+        ]
         xs = i + rng.uniform(-0.25, 0.25, len(ys))
         ax.scatter(xs, ys, s=9, alpha=0.6)
         ax.plot([i - 0.3, i + 0.3], [np.median(ys)] * 2, color="k", lw=1.5)

@@ -33,9 +33,12 @@ def matrix_row(cfg: FleetConfig, setup, strategy: str, spec: str, robots: int) -
     ``cfg.drop_at`` of the run)."""
     before, after = parse_bandwidth(spec)
     cell = replace(
-        cfg, robots=robots, bw_before=before, bw_after=after or before,
+        cfg,
+        robots=robots,
+        bw_before=before,
+        bw_after=after or before,
         duration_s=cfg.matrix_duration_s,
-    )  # fmt: skip
+    )
     recs = run_policy(cell, setup, strategy, cfg.matrix_load, cfg.seed)
     s = summarise(recs, cfg.chunk)
     return {
@@ -70,8 +73,11 @@ def run_fleet_matrix(cfg: FleetConfig) -> dict:
         for spec in bandwidths:
             for robots in robot_counts:
                 rows += [matrix_row(mcfg, setup, s, spec, robots) for s in STRATEGIES]
-        print(f"fleet matrix: {model} done, {time.monotonic() - t0:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"fleet matrix: {model} done, {time.monotonic() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     result = {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "json"},
         "slo_ms": cfg.slo_s * 1e3,
@@ -96,11 +102,13 @@ def _over_split(rows: list[dict], cell: tuple[str, ...]) -> dict[tuple, dict[str
     for r in rows:
         by.setdefault(tuple(r[k] for k in cell), {})[r["strategy"]] = r
     return {
-        key: {s: r["actions_per_joule"] / cells["fixed-split"]["actions_per_joule"]
-              for s, r in cells.items()}
+        key: {
+            s: r["actions_per_joule"] / cells["fixed-split"]["actions_per_joule"]
+            for s, r in cells.items()
+        }
         for key, cells in by.items()
         if cells.get("fixed-split", {}).get("actions_per_joule")
-    }  # fmt: skip
+    }
 
 
 def compare(rows: list[dict], real: dict) -> dict:
@@ -132,18 +140,30 @@ def compare(rows: list[dict], real: dict) -> dict:
         for s, ratio in strategies.items():
             if s in sim:
                 real_r, sim_r = real_on_time[(bw, s)], on_time[(bw, s)]
-                out.append({"bandwidth": bw, "strategy": s, "real_over_split": ratio,
-                            "sim_over_split": sim[s], "difference": sim[s] - ratio,
-                            "real_actions_per_joule": _times(real_r.get("actions_per_joule"),
-                                                             per_joule),
-                            "sim_actions_per_joule": sim_r.get("actions_per_joule"),
-                            "real_on_time": real_r.get("slo_met_fraction"),
-                            "real_requests": real_r.get("inferences"),
-                            "sim_on_time": sim_r.get("slo_met_fraction"),
-                            "sim_requests": sim_r.get("requests")})  # fmt: skip
+                out.append(
+                    {
+                        "bandwidth": bw,
+                        "strategy": s,
+                        "real_over_split": ratio,
+                        "sim_over_split": sim[s],
+                        "difference": sim[s] - ratio,
+                        "real_actions_per_joule": _times(
+                            real_r.get("actions_per_joule"), per_joule
+                        ),
+                        "sim_actions_per_joule": sim_r.get("actions_per_joule"),
+                        "real_on_time": real_r.get("slo_met_fraction"),
+                        "real_requests": real_r.get("inferences"),
+                        "sim_on_time": sim_r.get("slo_met_fraction"),
+                        "sim_requests": sim_r.get("requests"),
+                    }
+                )
     diffs = [abs(x["difference"]) for x in out]
-    return {"real_load": load, "sim_robots": robots, "cells": out,
-            "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None}  # fmt: skip
+    return {
+        "real_load": load,
+        "sim_robots": robots,
+        "cells": out,
+        "mean_abs_difference": sum(diffs) / len(diffs) if diffs else None,
+    }
 
 
 def _absolute(x: dict) -> str:
@@ -192,15 +212,19 @@ def format_matrix(r: dict) -> str:
     )
     c = r.get("comparison")
     if c:
-        lines.append(f"  against the real-process matrix ({c['real_load']} load; here "
-                     f"{c['sim_robots']} robot): actions/J over Fixed Split, simulated - real, "
-                     f"mean |difference| {c['mean_abs_difference'] or 0:.2f}")  # fmt: skip
+        lines.append(
+            f"  against the real-process matrix ({c['real_load']} load; here "
+            f"{c['sim_robots']} robot): actions/J over Fixed Split, simulated - real, "
+            f"mean |difference| {c['mean_abs_difference'] or 0:.2f}"
+        )
         for x in c["cells"]:
-            lines.append(f"    {x['bandwidth']:<8}{x['strategy']:<18}real "
-                         f"{x['real_over_split']:.2f}  simulated {x['sim_over_split']:.2f}  "
-                         f"({x['difference']:+.2f}); on time real {_pct(x['real_on_time'])} "
-                         f"of {x['real_requests']}, simulated {_pct(x['sim_on_time'])} of "
-                         f"{x['sim_requests']}{_absolute(x)}")  # fmt: skip
+            lines.append(
+                f"    {x['bandwidth']:<8}{x['strategy']:<18}real "
+                f"{x['real_over_split']:.2f}  simulated {x['sim_over_split']:.2f}  "
+                f"({x['difference']:+.2f}); on time real {_pct(x['real_on_time'])} "
+                f"of {x['real_requests']}, simulated {_pct(x['sim_on_time'])} of "
+                f"{x['sim_requests']}{_absolute(x)}"
+            )
     for model, label in r["truth"].items():
         lines.append(f"  truth ({model}): {label}")
     if r["plot"]:

@@ -40,8 +40,16 @@ class RobotFleet:
     all are warm (``RuntimeError`` naming the robot that did not start, the others stopped);
     ``run`` starts their clocks and returns their rows."""
 
-    def __init__(self, policy: str, cfg, endpoint: str, robots: int, requests: int,
-                 period_s: float | None = None, timeout_s: float = 600.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: str,
+        cfg,
+        endpoint: str,
+        robots: int,
+        requests: int,
+        period_s: float | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
         if robots < 1 or requests < 1:
             raise ValueError(f"a fleet needs >= 1 robot and >= 1 request, got {robots}, {requests}")
         self.policy, self.cfg, self.endpoint = policy, cfg, endpoint
@@ -61,13 +69,26 @@ class RobotFleet:
         from vlarun.config import to_dict
         from vlarun.runtime import procs
 
-        args = ["--policy", self.policy, "--config", json.dumps(to_dict(self.cfg)),
-                "--edge", self.endpoint, "--index", str(i), "--robots", str(self.robots),
-                "--requests", str(self.requests), "--period-s", repr(self.period_s),
-                "--rows", str(self._rows_path(i))]  # fmt: skip
+        args = [
+            "--policy",
+            self.policy,
+            "--config",
+            json.dumps(to_dict(self.cfg)),
+            "--edge",
+            self.endpoint,
+            "--index",
+            str(i),
+            "--robots",
+            str(self.robots),
+            "--requests",
+            str(self.requests),
+            "--period-s",
+            repr(self.period_s),
+            "--rows",
+            str(self._rows_path(i)),
+        ]
         # Started together they share one core: each loads torch and warms up in turn.
-        proc, _ = procs.spawn_module(__name__, args, timeout_s=60 + 15 * self.robots,
-                                     stdin=True)  # fmt: skip
+        proc, _ = procs.spawn_module(__name__, args, timeout_s=60 + 15 * self.robots, stdin=True)
         return proc
 
     def __enter__(self) -> RobotFleet:
@@ -101,20 +122,28 @@ class RobotFleet:
                 p.wait(max(end - time.monotonic(), 1.0))
             except subprocess.TimeoutExpired:
                 procs.stop(p, kill=True, close=False)
-                raise RuntimeError(f"fleet robot {i} did not finish in {self.timeout_s:g} s: "
-                                   f"{procs.stderr_of(p).strip()[-500:]}") from None  # fmt: skip
+                raise RuntimeError(
+                    f"fleet robot {i} did not finish in {self.timeout_s:g} s: "
+                    f"{procs.stderr_of(p).strip()[-500:]}"
+                ) from None
             tail = [ln for ln in p.stdout.read().splitlines() if ln.startswith("{")]
             done = json.loads(tail[-1]) if tail else {}
             if p.returncode != 0 or "peak_rss_mb" not in done:
-                raise RuntimeError(f"fleet robot {i} failed (exit {p.returncode}): "
-                                   f"{procs.stderr_of(p).strip()[-500:]}")  # fmt: skip
+                raise RuntimeError(
+                    f"fleet robot {i} failed (exit {p.returncode}): "
+                    f"{procs.stderr_of(p).strip()[-500:]}"
+                )
             rss.append(float(done["peak_rss_mb"]))
             if done.get("emulation"):
                 emulation.append(done["emulation"])
         self.peak_rss_mb = max(rss)
         self.emulation = merge_reports(emulation) if emulation else None
-        return [json.loads(ln) for i in range(self.robots)
-                for ln in self._rows_path(i).read_text().splitlines() if ln]  # fmt: skip
+        return [
+            json.loads(ln)
+            for i in range(self.robots)
+            for ln in self._rows_path(i).read_text().splitlines()
+            if ln
+        ]
 
     def __exit__(self, *exc) -> None:
         from vlarun.runtime import procs
@@ -155,8 +184,10 @@ def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
         first = float(line) + a.index * a.period_s / a.robots  # out of phase, as in a fleet
         late = time.monotonic() - first
         if late > 0.01:
-            print(f"robot {a.index}: started {late:.2f} s after its phase; the phase is not "
-                  "held", file=sys.stderr)  # fmt: skip
+            print(
+                f"robot {a.index}: started {late:.2f} s after its phase; the phase is not held",
+                file=sys.stderr,
+            )
         time.sleep(max(-late, 0.0))
         with open(a.rows, "w") as rows:
             while done < a.requests:
@@ -172,8 +203,9 @@ def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m vlarun.bench.fleet_robots",
-                                 description=__doc__.split("\n\n")[0])  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m vlarun.bench.fleet_robots", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--policy", required=True, help="a policy name or path Policy.load reads")
     ap.add_argument("--config", required=True, help="the AgentConfig, as JSON (config.to_dict)")
     ap.add_argument("--edge", required=True, help="the edge's endpoint (tcp://HOST:PORT)")
@@ -184,12 +216,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", required=True, help="where each inference's row goes (JSON lines)")
     a = ap.parse_args(argv)
     if not 0 <= a.index < a.robots or a.requests < 1 or a.period_s <= 0:
-        ap.error(f"need 0 <= --index < --robots, --requests >= 1 and --period-s > 0, got "
-                 f"{a.index}, {a.robots}, {a.requests}, {a.period_s}")  # fmt: skip
+        ap.error(
+            f"need 0 <= --index < --robots, --requests >= 1 and --period-s > 0, got "
+            f"{a.index}, {a.robots}, {a.requests}, {a.period_s}"
+        )
     done, emulation = _robot(a)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    print(json.dumps({"done": done, "peak_rss_mb": round(peak, 1), "emulation": emulation}),
-          flush=True)  # fmt: skip
+    print(
+        json.dumps({"done": done, "peak_rss_mb": round(peak, 1), "emulation": emulation}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

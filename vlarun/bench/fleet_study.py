@@ -82,8 +82,11 @@ def _oracle(runs: dict[str, list[dict]], labels: list[str]) -> list[dict]:
     for key in keyed[0]:
         options = [k[key] for k in keyed if key in k]
         on = [r for r in options if r["slo_met"]]
-        out.append(min(on, key=lambda r: r["energy_j"]) if on
-                   else min(options, key=lambda r: r["latency_s"]))  # fmt: skip
+        out.append(
+            min(on, key=lambda r: r["energy_j"])
+            if on
+            else min(options, key=lambda r: r["latency_s"])
+        )
     return out
 
 
@@ -96,8 +99,10 @@ def best_mix(runs: dict[str, list[dict]], labels: list[str], bar: float) -> dict
     stats = {}
     for label in labels:
         rs = runs[label]
-        stats[label] = (sum(r["slo_met"] for r in rs) / len(rs),
-                        sum(r["energy_j"] for r in rs) / len(rs))  # fmt: skip
+        stats[label] = (
+            sum(r["slo_met"] for r in rs) / len(rs),
+            sum(r["energy_j"] for r in rs) / len(rs),
+        )
     options: list[tuple[float, dict[str, float], float]] = []  # (energy, plans, share)
     for label, (sh, e) in stats.items():
         if sh >= bar:
@@ -127,8 +132,9 @@ def mix_records(runs: dict[str, list[dict]], mix: dict) -> list[dict]:
         if all(key in k for k in keyed.values()):
             energy = sum(w * keyed[lb][key]["energy_j"] for lb, w in mix["plans"].items())
             met = sum(w * keyed[lb][key]["slo_met"] for lb, w in mix["plans"].items())
-            out.append({"robot": r["robot"], "release": r["release"], "energy_j": energy,
-                        "slo_met": met})  # fmt: skip
+            out.append(
+                {"robot": r["robot"], "release": r["release"], "energy_j": energy, "slo_met": met}
+            )
     return out
 
 
@@ -166,8 +172,9 @@ def _row(label: str, records: list[dict], chunk: int) -> dict:
 def device_only_s(cfg: FleetConfig, setup: Setup) -> float:
     """Device-Only's median latency in this world (its deadline barely matters: it never
     leaves the robot)."""
-    recs = run_policy(dataclasses.replace(cfg, duration_s=60.0), setup, "device-only",
-                      cfg.load_levels[0], 0)  # fmt: skip
+    recs = run_policy(
+        dataclasses.replace(cfg, duration_s=60.0), setup, "device-only", cfg.load_levels[0], 0
+    )
     return float(np.median([r["latency_s"] for r in recs]))
 
 
@@ -181,8 +188,7 @@ def one_cell(cfg: FleetConfig, setup: Setup, seed: int) -> dict:
     labels = [s[0] for s in statics]
     best = _best_static(runs, labels)
     # the fixed strategies at the identity setting that meet the bar; the most efficient
-    fixed_ok = [s for s in FIXED
-                if sum(r["slo_met"] for r in runs[s]) / len(runs[s]) >= STATIC_BAR]  # fmt: skip
+    fixed_ok = [s for s in FIXED if sum(r["slo_met"] for r in runs[s]) / len(runs[s]) >= STATIC_BAR]
     best_fixed = _best_static(runs, fixed_ok or list(FIXED))
     oracle = _oracle(runs, labels)
     rng = np.random.default_rng(seed)
@@ -191,7 +197,7 @@ def one_cell(cfg: FleetConfig, setup: Setup, seed: int) -> dict:
     return {
         "seed": seed,
         "rows": [_row(s, rs, cfg.chunk) for s, rs in runs.items()]
-        + [_row("oracle", oracle, cfg.chunk)],  # fmt: skip
+        + [_row("oracle", oracle, cfg.chunk)],
         "judged": judged,
         "best_static": best,
         "best_fixed": best_fixed,
@@ -208,8 +214,13 @@ PUNCTUAL_SLACK = 0.005
 GOAL_RATIO, FLOOR_RATIO = 0.95, 0.8
 
 
-def judge(target: float, joint: list[dict], runs: dict[str, list[dict]], labels: list[str],
-          rng: np.random.Generator) -> dict:  # fmt: skip
+def judge(
+    target: float,
+    joint: list[dict],
+    runs: dict[str, list[dict]],
+    labels: list[str],
+    rng: np.random.Generator,
+) -> dict:
     """Joint against its own bar: its on-time share (with its Clopper-Pearson interval)
     against ``target``, and its actions per joule against the best static plan or two-plan
     mix that reaches the same share (``best_mix``), paired over the same requests.
@@ -232,12 +243,18 @@ def judge(target: float, joint: list[dict], runs: dict[str, list[dict]], labels:
         mix = best_mix(runs, labels, most)
     ratio = paired_ratio(joint, mix_records(runs, mix), rng)
     return {
-        "target": target, "bar": bar, "target_reachable": reachable,
-        "joint_on_time": share, "joint_on_time_ci95": [lo, hi], "met": bool(met),
-        "most_punctual": most, "best_mix": mix, "ratio": ratio,
+        "target": target,
+        "bar": bar,
+        "target_reachable": reachable,
+        "joint_on_time": share,
+        "joint_on_time_ci95": [lo, hi],
+        "met": bool(met),
+        "most_punctual": most,
+        "best_mix": mix,
+        "ratio": ratio,
         "goal": bool(met and ratio["ratio"] >= GOAL_RATIO),
         "floor": bool(ratio["ratio"] >= FLOOR_RATIO),
-    }  # fmt: skip
+    }
 
 
 def run_fleet_study(cfg: FleetConfig) -> dict:
@@ -251,20 +268,29 @@ def run_fleet_study(cfg: FleetConfig) -> dict:
         mcfg = dataclasses.replace(cfg, slo_hz=cfg.chunk / slo_s)
         per_seed = [one_cell(mcfg, setup, cfg.seed + i) for i in range(cfg.seeds)]
         pooled = {}
-        for key in ("joint_over_best_static", "joint_over_best_fixed",
-                    "placement_over_best_static", "joint_share_of_oracle"):  # fmt: skip
+        for key in (
+            "joint_over_best_static",
+            "joint_over_best_fixed",
+            "placement_over_best_static",
+            "joint_share_of_oracle",
+        ):
             pooled[key] = [c[key]["ratio"] for c in per_seed]
-        joint_rows = [next(r for r in c["rows"] if r["strategy"] == "vlarun-joint")
-                      for c in per_seed]  # fmt: skip
+        joint_rows = [
+            next(r for r in c["rows"] if r["strategy"] == "vlarun-joint") for c in per_seed
+        ]
         on = sum(r["requests"] - r["late"] for r in joint_rows)
         n = sum(r["requests"] for r in joint_rows)
-        cells.append({
-            "deadline_x_device_only": m, "slo_ms": slo_s * 1e3,
-            "joint_requests": n, "joint_on_time": on / n,
-            "joint_on_time_ci95": clopper_pearson(on, n),
-            "pooled": pooled,
-            "seeds": per_seed,
-        })  # fmt: skip
+        cells.append(
+            {
+                "deadline_x_device_only": m,
+                "slo_ms": slo_s * 1e3,
+                "joint_requests": n,
+                "joint_on_time": on / n,
+                "joint_on_time_ci95": clopper_pearson(on, n),
+                "pooled": pooled,
+                "seeds": per_seed,
+            }
+        )
     out = {
         "command": "vlarun fleet --hindsight",
         "config": {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f != "json"},
@@ -299,20 +325,37 @@ def plot_pareto(r: dict, path: str) -> None:
         rows = {x["strategy"]: x for x in s["rows"]}
         for name, x in rows.items():
             if name.startswith("static"):
-                ax.scatter(x["actions_per_joule"], 100 * x["slo_met_fraction"], s=12,
-                           color="0.6")  # fmt: skip
-        for name, marker in (("device-only", "s"), ("edge-only", "^"), ("fixed-split", "v"),
-                             ("vlarun-joint", "*"), ("oracle", "P")):  # fmt: skip
+                ax.scatter(x["actions_per_joule"], 100 * x["slo_met_fraction"], s=12, color="0.6")
+        for name, marker in (
+            ("device-only", "s"),
+            ("edge-only", "^"),
+            ("fixed-split", "v"),
+            ("vlarun-joint", "*"),
+            ("oracle", "P"),
+        ):
             x = rows[name]
-            ax.scatter(x["actions_per_joule"], 100 * x["slo_met_fraction"], marker=marker,
-                       s=90 if name == "vlarun-joint" else 40, label=name)  # fmt: skip
+            ax.scatter(
+                x["actions_per_joule"],
+                100 * x["slo_met_fraction"],
+                marker=marker,
+                s=90 if name == "vlarun-joint" else 40,
+                label=name,
+            )
         j = s["judged"]
         mix_apj = r["config"]["chunk"] / j["best_mix"]["energy_per_request"]
-        ax.scatter(mix_apj, 100 * j["best_mix"]["on_time"], marker="D", s=40,
-                   label="best plan or mix at the bar")  # fmt: skip
+        ax.scatter(
+            mix_apj,
+            100 * j["best_mix"]["on_time"],
+            marker="D",
+            s=40,
+            label="best plan or mix at the bar",
+        )
         ax.axhline(100 * j["target"], color="k", lw=0.6, ls=":")
-        ax.set(title=f"deadline {cell['deadline_x_device_only']:.2f}x", xlabel="actions per J "
-               "(modelled)", ylabel="on time (%)")  # fmt: skip
+        ax.set(
+            title=f"deadline {cell['deadline_x_device_only']:.2f}x",
+            xlabel="actions per J (modelled)",
+            ylabel="on time (%)",
+        )
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"world {r['world'].split(' ')[0]}: grey = static plans", fontsize=9)
     fig.tight_layout()
@@ -331,16 +374,21 @@ def plot_study(r: dict, path: str) -> None:
 
     xs = [c["deadline_x_device_only"] for c in r["cells"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for key, label in (("joint_over_best_static", "joint / best static in hindsight"),
-                       ("joint_over_best_fixed", "joint / best fixed strategy"),
-                       ("joint_share_of_oracle", "joint / per-request oracle")):  # fmt: skip
+    for key, label in (
+        ("joint_over_best_static", "joint / best static in hindsight"),
+        ("joint_over_best_fixed", "joint / best fixed strategy"),
+        ("joint_share_of_oracle", "joint / per-request oracle"),
+    ):
         per = [c["pooled"][key] for c in r["cells"]]
         line = ax1.plot(xs, [float(np.mean(v)) for v in per], marker="o", label=label)[0]
         for x, v in zip(xs, per, strict=True):
             ax1.scatter([x] * len(v), v, color=line.get_color(), s=10, alpha=0.6)
     ax1.axhline(1.0, color="k", lw=0.7)
-    ax1.set(xlabel="deadline / Device-Only's median time", ylabel="actions per joule ratio",
-            title="what per-request planning adds (modelled energy)")  # fmt: skip
+    ax1.set(
+        xlabel="deadline / Device-Only's median time",
+        ylabel="actions per joule ratio",
+        title="what per-request planning adds (modelled energy)",
+    )
     ax1.legend(fontsize=8)
     joint, punctual = [], []
     for c in r["cells"]:
@@ -349,15 +397,18 @@ def plot_study(r: dict, path: str) -> None:
         joint.append(np.mean([x["vlarun-joint"]["slo_met_fraction"] for x in rows]))
         punctual.append(np.mean([max(x[f]["slo_met_fraction"] for f in FIXED) for x in rows]))
     ax2.plot(xs, np.array(joint) * 100, marker="o", label="vlarun-joint")
-    ax2.plot(xs, np.array(punctual) * 100, marker="s", ls="--",
-             label="most punctual fixed strategy")  # fmt: skip
-    ax2.set(xlabel="deadline / Device-Only's median time", ylabel="on time (%)",
-            title="on time")  # fmt: skip
+    ax2.plot(
+        xs, np.array(punctual) * 100, marker="s", ls="--", label="most punctual fixed strategy"
+    )
+    ax2.set(xlabel="deadline / Device-Only's median time", ylabel="on time (%)", title="on time")
     ax2.legend(fontsize=8)
     c = r["config"]
     link = f"trace {c['trace']}" if c["trace"] else f"{c['bw_before']:g} Mbit/s"
-    fig.suptitle(f"{c['model']}, {c['robot']} + {c['edge']}, {link}; truth: world "
-                 f"{c['world']} (fleet simulator, {c['seeds']} seeds)", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"{c['model']}, {c['robot']} + {c['edge']}, {link}; truth: world "
+        f"{c['world']} (fleet simulator, {c['seeds']} seeds)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -368,15 +419,19 @@ def format_study(r: dict) -> str:
     link = (
         f"trace {c['trace']}" if c["trace"] else f"{c['bw_before']:g} -> {c['bw_after']:g} Mbit/s"
     )
-    lines = [f"{c['model']} on {c['robot']} + {c['edge']}, {c['robots']} robot(s), {link}, "
-             f"load {c['loads']}; truth: {r['world']}",
-             f"Device-Only's median time here: {r['device_only_ms']:.0f} ms; energy "
-             f"{r['energy_source']}"]  # fmt: skip
+    lines = [
+        f"{c['model']} on {c['robot']} + {c['edge']}, {c['robots']} robot(s), {link}, "
+        f"load {c['loads']}; truth: {r['world']}",
+        f"Device-Only's median time here: {r['device_only_ms']:.0f} ms; energy "
+        f"{r['energy_source']}",
+    ]
     for cell in r["cells"]:
         lo, hi = cell["joint_on_time_ci95"]
-        lines.append(f"deadline {cell['deadline_x_device_only']:.2f}x = {cell['slo_ms']:.0f} ms:"
-                     f" joint on time {100 * cell['joint_on_time']:.1f}% [{100 * lo:.1f}, "
-                     f"{100 * hi:.1f}] of {cell['joint_requests']}")  # fmt: skip
+        lines.append(
+            f"deadline {cell['deadline_x_device_only']:.2f}x = {cell['slo_ms']:.0f} ms:"
+            f" joint on time {100 * cell['joint_on_time']:.1f}% [{100 * lo:.1f}, "
+            f"{100 * hi:.1f}] of {cell['joint_requests']}"
+        )
         for s in cell["seeds"]:
 
             def ratio(k: str, s: dict = s) -> str:
@@ -384,22 +439,27 @@ def format_study(r: dict) -> str:
 
             j = s["judged"]
             lo, hi = j["joint_on_time_ci95"]
-            lines.append(f"  seed {s['seed']}: target {100 * j['target']:.1f}% (bar "
-                         f"{100 * j['bar']:.1f}%): joint {100 * j['joint_on_time']:.1f}% "
-                         f"[{100 * lo:.1f}, {100 * hi:.1f}] {'meets' if j['met'] else 'SHORT'};"
-                         f" joint / best plan or mix reaching it ({j['best_mix']['label']}) "
-                         f"{j['ratio']['ratio']:.3f} [{j['ratio']['ci95'][0]:.3f}, "
-                         f"{j['ratio']['ci95'][1]:.3f}]"
-                         + ("" if j["goal"] else "  <- short of the goal"))  # fmt: skip
-            lines.append(f"  (old columns) joint / best static ({s['best_static']}) "
-                         f"{ratio('joint_over_best_static')}; / best fixed ({s['best_fixed']}) "
-                         f"{ratio('joint_over_best_fixed')}; share of oracle "
-                         f"{ratio('joint_share_of_oracle')}")  # fmt: skip
+            lines.append(
+                f"  seed {s['seed']}: target {100 * j['target']:.1f}% (bar "
+                f"{100 * j['bar']:.1f}%): joint {100 * j['joint_on_time']:.1f}% "
+                f"[{100 * lo:.1f}, {100 * hi:.1f}] {'meets' if j['met'] else 'SHORT'};"
+                f" joint / best plan or mix reaching it ({j['best_mix']['label']}) "
+                f"{j['ratio']['ratio']:.3f} [{j['ratio']['ci95'][0]:.3f}, "
+                f"{j['ratio']['ci95'][1]:.3f}]" + ("" if j["goal"] else "  <- short of the goal")
+            )
+            lines.append(
+                f"  (old columns) joint / best static ({s['best_static']}) "
+                f"{ratio('joint_over_best_static')}; / best fixed ({s['best_fixed']}) "
+                f"{ratio('joint_over_best_fixed')}; share of oracle "
+                f"{ratio('joint_share_of_oracle')}"
+            )
             for row in s["rows"]:
                 if row["strategy"] in (*STRATEGIES, "oracle", s["best_static"]):
                     lo, hi = row["slo_met_ci95"]
                     on = 100 * row["slo_met_fraction"]
-                    lines.append(f"    {row['strategy']:<28} on time {on:5.1f}% "
-                                 f"[{100 * lo:.1f}, {100 * hi:.1f}]  "
-                                 f"{row['actions_per_joule']:.4f} act/J")  # fmt: skip
+                    lines.append(
+                        f"    {row['strategy']:<28} on time {on:5.1f}% "
+                        f"[{100 * lo:.1f}, {100 * hi:.1f}]  "
+                        f"{row['actions_per_joule']:.4f} act/J"
+                    )
     return "\n".join(lines)

@@ -107,8 +107,12 @@ def relay_floor(n: int) -> dict:
             p.join(5)
     ra, rb = ra[20:], rb[20:]
     diff = np.array(rb) - np.array(ra)
-    return {"direct_ms": statistics.median(ra) * 1e3, "relayed_ms": statistics.median(rb) * 1e3,
-            "paired_hop_ms": float(np.median(diff)) * 1e3, "n": n}  # fmt: skip
+    return {
+        "direct_ms": statistics.median(ra) * 1e3,
+        "relayed_ms": statistics.median(rb) * 1e3,
+        "paired_hop_ms": float(np.median(diff)) * 1e3,
+        "n": n,
+    }
 
 
 def ray_floor() -> list[dict]:
@@ -125,8 +129,14 @@ def ray_floor() -> list[dict]:
         def small(self, frames):
             return b"ok"
 
-    ray.init(num_cpus=2, resources={"edge": 2}, include_dashboard=False, log_to_driver=False,
-             object_store_memory=100 << 20, logging_level=logging.ERROR)  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        resources={"edge": 2},
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=100 << 20,
+        logging_level=logging.ERROR,
+    )
     rows = []
     try:
         actor = Echo.remote()
@@ -141,8 +151,13 @@ def ray_floor() -> list[dict]:
             t = time.perf_counter()
             for _ in range(n):
                 ray.get(actor.small.remote(frames))
-            rows.append({"bytes": size, "echo_ms": echo_ms,
-                         "one_way_ms": (time.perf_counter() - t) / n * 1e3})  # fmt: skip
+            rows.append(
+                {
+                    "bytes": size,
+                    "echo_ms": echo_ms,
+                    "one_way_ms": (time.perf_counter() - t) / n * 1e3,
+                }
+            )
     finally:
         ray.shutdown()
     return rows
@@ -158,8 +173,10 @@ def run(o: BenchFloorOptions) -> dict:
 def show(r: dict) -> None:
     if r["relay"] is not None:
         x = r["relay"]
-        print(f"direct {x['direct_ms']:.3f} ms, relayed {x['relayed_ms']:.3f} ms, paired hop "
-              f"{x['paired_hop_ms']:+.3f} ms (n={x['n']})")  # fmt: skip
+        print(
+            f"direct {x['direct_ms']:.3f} ms, relayed {x['relayed_ms']:.3f} ms, paired hop "
+            f"{x['paired_hop_ms']:+.3f} ms (n={x['n']})"
+        )
     for x in r["ray"] or []:
         print(
             f"{x['bytes']:>7} B: Ray echo {x['echo_ms']:.2f} ms, one way {x['one_way_ms']:.2f} ms"

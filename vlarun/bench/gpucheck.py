@@ -64,8 +64,9 @@ class GpuCheckOptions:
     device: str = opt("cuda", "cuda | cuda:N | cpu (cpu needs --quick)")
     quick: bool = opt(False, "tiny shapes, few repetitions: the CPU CI smoke run")
     sections: tuple[str, ...] = opt(SECTIONS, "sections to run")
-    dtype: str = opt("auto", "auto (bf16 on CUDA, fp32 on a CPU), bf16 or fp32",
-                     choices=["auto", "bf16", "fp32"])  # fmt: skip
+    dtype: str = opt(
+        "auto", "auto (bf16 on CUDA, fp32 on a CPU), bf16 or fp32", choices=["auto", "bf16", "fp32"]
+    )
     repeats: int = opt(0, "timed repetitions per measurement; 0: 10 (3 with --quick)")
     budget_s: float = opt(420.0, "sections not started within this many seconds are skipped")
     # One thread on a CPU: on a shared CI machine a busy core makes every OpenMP barrier wait a
@@ -88,8 +89,10 @@ def make_env(o: GpuCheckOptions) -> Env:
 
     device = resolve_device(o.device)  # no CUDA here: one line naming what is missing
     if device.type == "cpu" and not o.quick:
-        raise ValueError("--device cpu runs only with --quick: the real shapes (7B models with "
-                         "random weights) take too long and too much memory on a CPU")  # fmt: skip
+        raise ValueError(
+            "--device cpu runs only with --quick: the real shapes (7B models with "
+            "random weights) take too long and too much memory on a CPU"
+        )
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
@@ -116,10 +119,15 @@ def device_info(env: Env) -> dict:
     """The device's name and what it was measured with (every result file carries this)."""
     if env.device.type == "cuda":
         p = torch.cuda.get_device_properties(env.device)
-        info = {"type": "cuda", "name": torch.cuda.get_device_name(env.device),
-                "index": env.device.index, "memory_gib": round(p.total_memory / 2**30, 1),
-                "capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count,
-                "cuda": torch.version.cuda}  # fmt: skip
+        info = {
+            "type": "cuda",
+            "name": torch.cuda.get_device_name(env.device),
+            "index": env.device.index,
+            "memory_gib": round(p.total_memory / 2**30, 1),
+            "capability": f"{p.major}.{p.minor}",
+            "multiprocessors": p.multi_processor_count,
+            "cuda": torch.version.cuda,
+        }
     else:
         from vlarun.bench.engine import machine_info
 
@@ -193,15 +201,19 @@ def run(o: GpuCheckOptions, progress: bool = True) -> dict:
     for name in items(o.sections):
         spent = time.perf_counter() - t0
         if spent > o.budget_s:
-            out = {"ok": False, "error": f"skipped: {spent:.0f} s spent of the {o.budget_s:g} s "
-                   "budget"}  # fmt: skip
+            out = {
+                "ok": False,
+                "error": f"skipped: {spent:.0f} s spent of the {o.budget_s:g} s budget",
+            }
         else:
             out = run_section(env, name)
         result["sections"][name] = out
         failed = not out["ok"] or out.get("passed") is False
         result["ok"] = result["ok"] and not failed
-        log(f"  {name}: {'ok' if out['ok'] else 'FAILED ' + out.get('error', '')} "
-            f"({out.get('seconds', 0):.1f} s)")  # fmt: skip
+        log(
+            f"  {name}: {'ok' if out['ok'] else 'FAILED ' + out.get('error', '')} "
+            f"({out.get('seconds', 0):.1f} s)"
+        )
         result["wall_s"] = round(time.perf_counter() - t0, 1)
         write(result, path)
     log_file.close()
@@ -231,8 +243,10 @@ def write(result: dict, path: Path) -> None:
 def show(r: dict) -> None:
     d = r["device"]
     quick = ", quick" if r["quick"] else ""
-    print(f"gpu-check on {d['name']} ({r['dtype']}, torch {r['torch']}{quick}), {r['date']}, "
-          f"{r.get('wall_s', 0):.0f} s, energy: {r['energy_source']}")  # fmt: skip
+    print(
+        f"gpu-check on {d['name']} ({r['dtype']}, torch {r['torch']}{quick}), {r['date']}, "
+        f"{r.get('wall_s', 0):.0f} s, energy: {r['energy_source']}"
+    )
     s = r["sections"]
     for name, out in s.items():
         if not out["ok"] and "error" in out:

@@ -57,8 +57,10 @@ def parity(env: Env) -> dict:
     gen = torch.Generator().manual_seed(engine.SEED + 1)
     ids = torch.randint(0, cfg.vocab_size, (1, PROMPT_TOKENS), generator=gen).to(env.device)
     tokens = {}
-    for r in (engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS),
-              engine.HFRunner(hf, False, PROMPT_TOKENS, DECODE_STEPS)):  # fmt: skip
+    for r in (
+        engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS),
+        engine.HFRunner(hf, False, PROMPT_TOKENS, DECODE_STEPS),
+    ):
         r.reset()
         tok = r.prefill(ids)
         seq = [int(tok)]
@@ -80,9 +82,12 @@ def parity(env: Env) -> dict:
     check = engine.greedy_check(hf, ours, ids, DECODE_STEPS, env.dtype_name)  # last: casts hf
     std = check["logits_std"]
     a, b = tokens["vlarun"], tokens["hf-dynamic"]
-    rule = ("fp32: max |vlarun - fp32 transformers| <= 1e-3 x logit std" if env.dtype_name ==
-            "fp32" else "bf16: max |vlarun bf16 - transformers fp32| <= max(1e-3, 1.5 x "
-            "|transformers bf16 - transformers fp32|), in logit std")  # fmt: skip
+    rule = (
+        "fp32: max |vlarun - fp32 transformers| <= 1e-3 x logit std"
+        if env.dtype_name == "fp32"
+        else "bf16: max |vlarun bf16 - transformers fp32| <= max(1e-3, 1.5 x "
+        "|transformers bf16 - transformers fp32|), in logit std"
+    )
     return {
         **_lm_header(env, cfg),
         "max_abs_logit_diff_vs_hf_same_dtype": same,
@@ -122,8 +127,10 @@ def engine_section(env: Env) -> dict:
     hf, ours = engine.build_pair(cfg, env.dtype, device=env.device)
     gen = torch.Generator().manual_seed(engine.SEED + 1)
     ids = torch.randint(0, cfg.vocab_size, (1, PROMPT_TOKENS), generator=gen).to(env.device)
-    runners = [engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS),
-               engine.HFRunner(hf, False, PROMPT_TOKENS, DECODE_STEPS)]  # fmt: skip
+    runners = [
+        engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS),
+        engine.HFRunner(hf, False, PROMPT_TOKENS, DECODE_STEPS),
+    ]
     notes = []
     try:
         static = engine.HFRunner(hf, True, PROMPT_TOKENS, DECODE_STEPS)
@@ -142,16 +149,25 @@ def engine_section(env: Env) -> dict:
                 pre[r.name].append(p)
                 dec[r.name].append(d)
     for r in runners:
-        measure_energy(env, f"engine.{r.name} (prefill + {DECODE_STEPS} steps)",
-                       lambda r=r: _lm_infer(env, r, ids))  # fmt: skip
+        measure_energy(
+            env,
+            f"engine.{r.name} (prefill + {DECODE_STEPS} steps)",
+            lambda r=r: _lm_infer(env, r, ids),
+        )
     # transformers' own generate (eager, DynamicCache): the prefill token + DECODE_STEPS more.
     generate_ms = None
     mask = torch.ones_like(ids)
     n_new = DECODE_STEPS + 1
 
     def generate() -> None:
-        hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new,
-                    min_new_tokens=n_new, do_sample=False, pad_token_id=0)  # fmt: skip
+        hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            pad_token_id=0,
+        )
 
     try:
         generate_ms = ms_stats(timed(env, generate, env.repeats, 1))[0]
@@ -205,8 +221,10 @@ def _add_compiled_runner(env: Env, runners: list, ours, ids) -> list[str]:
     from vlarun.models.static_step import compile_steps
 
     if env.device.type != "cuda":
-        return ["compiled decode not timed off CUDA: torch.compile measured no faster on the "
-                "project's CPU (BENCHMARKS.md, compile probe)"]  # fmt: skip
+        return [
+            "compiled decode not timed off CUDA: torch.compile measured no faster on the "
+            "project's CPU (BENCHMARKS.md, compile probe)"
+        ]
     try:
         steps = compile_steps("reduce-overhead")
         runner = engine.VlarunRunner(ours, PROMPT_TOKENS, DECODE_STEPS, steps)
@@ -259,18 +277,30 @@ def _policy_row(env: Env, label: str, cfg, bandwidth: float | None) -> dict:
     measure_energy(env, f"policies.{label}", infer)
     med, p90 = ms_stats(times)
     steps = cfg.flow.num_steps if cfg.flow is not None else cfg.dit.ddim_steps
-    row = {"policy": label, "family": cfg.family, "views": cfg.num_images,
-           "chunk": cfg.horizon, "denoise_steps": steps, "params": param_count(policy.model),
-           "dtype": env.dtype_name, "text_tokens": TEXT_TOKENS, "latency_ms_median": med,
-           "latency_ms_p90": p90, "repeats": env.repeats, "stage_ms_median": stage_ms}  # fmt: skip
+    row = {
+        "policy": label,
+        "family": cfg.family,
+        "views": cfg.num_images,
+        "chunk": cfg.horizon,
+        "denoise_steps": steps,
+        "params": param_count(policy.model),
+        "dtype": env.dtype_name,
+        "text_tokens": TEXT_TOKENS,
+        "latency_ms_median": med,
+        "latency_ms_p90": p90,
+        "repeats": env.repeats,
+        "stage_ms_median": stage_ms,
+    }
     if bandwidth is not None and cfg.family == "flow":
         # openpi's RTX 4090 figures at this GPU's bandwidth: 4090 ms x (1008 GB/s / ours).
         scale = RTX4090_GBS / bandwidth
         triton = OPENPI_4090_MS["triton_1_view" if cfg.num_images == 1 else "triton_3_views"]
         row["openpi_scaled_ms"] = {"jax": OPENPI_4090_MS["jax"] * scale, "triton": triton * scale}
         row["ratio_to_openpi_scaled"] = {k: med / v for k, v in row["openpi_scaled_ms"].items()}
-        row["openpi_scaling"] = (f"published RTX 4090 ms x {RTX4090_GBS:g} GB/s (4090 spec) / "
-                                 f"{bandwidth:.0f} GB/s (this GPU's measured copy)")  # fmt: skip
+        row["openpi_scaling"] = (
+            f"published RTX 4090 ms x {RTX4090_GBS:g} GB/s (4090 spec) / "
+            f"{bandwidth:.0f} GB/s (this GPU's measured copy)"
+        )
     return row
 
 
@@ -296,8 +326,12 @@ def triage(env: Env) -> dict:
     executed = float(np.mean([s.flops_ratio for s in fast.stats.steps[1:]]))
     w = Workload(1, len(base.text_ids(INSTRUCTION)), "bfloat16")
     works = {x.name: x for x in stage_works(cfg, w)}
-    cut = {x.name: x for x in apply_setting(tuple(works.values()), cfg, w,
-                                           Setting((("token_budget", BUDGET),), None))}  # fmt: skip
+    cut = {
+        x.name: x
+        for x in apply_setting(
+            tuple(works.values()), cfg, w, Setting((("token_budget", BUDGET),), None)
+        )
+    }
     model_ratio = cut[stage].flops / works[stage].flops
     for label, p in (("full", full), (str(setting), fast)):
         p.reset()
@@ -353,8 +387,10 @@ def jacobi(env: Env) -> dict:
     iters = ex.hooks.decoder.summary()
     ar_step_ms = statistics.mean(ar_s) * 1e3 / max(n - 1, 1)  # n - 1 forwards after the prefill
     iter_ms = statistics.mean(ex_s) * 1e3 / iters["iterations_mean"]
-    agree = [float((a.outputs["action_ids"] == b.outputs["action_ids"]).float().mean())
-             for a, b in zip(runs[0], runs[1], strict=True)]  # fmt: skip
+    agree = [
+        float((a.outputs["action_ids"] == b.outputs["action_ids"]).float().mean())
+        for a, b in zip(runs[0], runs[1], strict=True)
+    ]
     for label, p in (("ar", ar), (str(setting), ex)):
         measure_energy(env, f"jacobi.{label}", replayer(p, frames(cfg, 8)))
     return {

@@ -58,8 +58,9 @@ ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS + SECURE_EDGE_ATTACKS
 class BenchHostileOptions:
     """serve-policy and serve-edge under attack: RSS and a legitimate client's latency."""
 
-    policy: str = opt("tiny-ar", "policy the servers run: " + POLICY_HELP,
-                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
+    policy: str = opt(
+        "tiny-ar", "policy the servers run: " + POLICY_HELP, replaces=POLICY_FLAGS_RETIRED
+    )
     attacks: tuple[str, ...] = opt(ATTACKS, "attacks to run: " + ", ".join(ATTACKS))
     frame_mb: float = opt(
         16.0, "serve-policy's --max-frame-mb (its default; the pipelining frames fill it)"
@@ -151,9 +152,12 @@ class Memory:
                 break
             time.sleep(0.25)
         back = after <= 1.1 * self.idle
-        return {"rss_idle_mb": self.idle / 2**20, "rss_peak_mb": self.peak / 2**20,
-                "rss_after_mb": after / 2**20,
-                "rss_back_s": round(time.monotonic() - t0, 2) if back else None}  # fmt: skip
+        return {
+            "rss_idle_mb": self.idle / 2**20,
+            "rss_peak_mb": self.peak / 2**20,
+            "rss_after_mb": after / 2**20,
+            "rss_back_s": round(time.monotonic() - t0, 2) if back else None,
+        }
 
 
 # --- the legitimate clients (each in a process of its own) ----------------------------------
@@ -161,15 +165,19 @@ class Memory:
 
 def _obs(image_size: int, second: bool) -> dict:
     rng = np.random.default_rng(0)
-    obs = {"image": rng.integers(0, 255, (image_size, image_size, 3), dtype=np.uint8),
-           "state": np.zeros(4, np.float32), "prompt": "open the drawer"}  # fmt: skip
+    obs = {
+        "image": rng.integers(0, 255, (image_size, image_size, 3), dtype=np.uint8),
+        "state": np.zeros(4, np.float32),
+        "prompt": "open the drawer",
+    }
     if second:
         obs["second_image"] = obs["image"].copy()
     return obs
 
 
-def _legit_openpi(port: int, key: str, obs: dict, n: int, seconds: float, cpus: set[int],
-                  out) -> None:  # fmt: skip
+def _legit_openpi(
+    port: int, key: str, obs: dict, n: int, seconds: float, cpus: set[int], out
+) -> None:
     """Requests one after another, ``n`` of them or for ``seconds``, with its own API key;
     (ms, answered) each."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -194,9 +202,12 @@ def _legit_openpi(port: int, key: str, obs: dict, n: int, seconds: float, cpus: 
 
 def _latency(rows: list[tuple[float, bool]]) -> dict:
     ms = [m for m, ok in rows]
-    return {"legit_requests": len(rows), "legit_answered": sum(ok for _, ok in rows),
-            "legit_p50_ms": float(np.percentile(ms, 50)) if ms else None,
-            "legit_p99_ms": float(np.percentile(ms, 99)) if ms else None}  # fmt: skip
+    return {
+        "legit_requests": len(rows),
+        "legit_answered": sum(ok for _, ok in rows),
+        "legit_p50_ms": float(np.percentile(ms, 50)) if ms else None,
+        "legit_p99_ms": float(np.percentile(ms, 99)) if ms else None,
+    }
 
 
 class Legit:
@@ -225,8 +236,9 @@ def _pipeline(port: int, o: BenchHostileOptions, stop: threading.Event, key: str
     from vlarun.runtime import openpi
 
     pad = int(o.frame_mb * 2**20 * 0.95)
-    frame = openpi.packb({"image": np.zeros((128, 128, 3), np.uint8), "prompt": "x",
-                          "pad": np.zeros(pad, np.uint8)})  # fmt: skip
+    frame = openpi.packb(
+        {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "x", "pad": np.zeros(pad, np.uint8)}
+    )
     sent: list[int] = []
 
     def one() -> None:
@@ -295,8 +307,10 @@ def _flood(n: int):
                     stop.wait(0.2)
 
         _threads(one, n, stop, o.seconds)
-        return f"{n} clients back to back for {o.seconds:g} s: {served[0]} served, " \
-               f"{refused[0]} refused or cut"  # fmt: skip
+        return (
+            f"{n} clients back to back for {o.seconds:g} s: {served[0]} served, "
+            f"{refused[0]} refused or cut"
+        )
 
     return attack
 
@@ -307,8 +321,11 @@ def _largest(port: int, o: BenchHostileOptions, stop: threading.Event, key: str)
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     pad = int(o.frame_mb * 2**20 * 0.95)
-    big = {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer",
-           "pad": np.zeros(pad, np.uint8)}  # fmt: skip
+    big = {
+        "image": np.zeros((128, 128, 3), np.uint8),
+        "prompt": "open the drawer",
+        "pad": np.zeros(pad, np.uint8),
+    }
     prompt = {"image": big["image"], "prompt": "p" * (4 << 20)}
     counts = {"served": 0, "refused": 0}
     end = time.monotonic() + o.seconds
@@ -322,8 +339,10 @@ def _largest(port: int, o: BenchHostileOptions, stop: threading.Event, key: str)
             except Exception:  # noqa: BLE001 - refused in one line, or closed
                 counts["refused"] += 1
                 c = None
-    return f"largest allowed request and 4 MB prompts: {counts['served']} served, " \
-           f"{counts['refused']} refused"  # fmt: skip
+    return (
+        f"largest allowed request and 4 MB prompts: {counts['served']} served, "
+        f"{counts['refused']} refused"
+    )
 
 
 def _half_open(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
@@ -387,8 +406,10 @@ def _fuzz(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) ->
             ws = None
     if ws is not None:
         ws.close()
-    return f"300 random frames: {answered} answered in one line, {silent} unanswered in 2 s, " \
-           f"{leaked} leaked internals"  # fmt: skip
+    return (
+        f"300 random frames: {answered} answered in one line, {silent} unanswered in 2 s, "
+        f"{leaked} leaked internals"
+    )
 
 
 def _auth(key: str) -> dict:
@@ -403,8 +424,12 @@ def _npscalar(port: int, o: BenchHostileOptions, stop: threading.Event, key: str
     from websockets.sync.client import connect
 
     data = b"x" * int(min(15 * 2**20, o.frame_mb * 2**20 * 0.9))
-    image = {b"__ndarray__": True, b"data": bytes(128 * 128 * 3), b"dtype": "|u1",
-             b"shape": [128, 128, 3]}  # fmt: skip
+    image = {
+        b"__ndarray__": True,
+        b"data": bytes(128 * 128 * 3),
+        b"dtype": "|u1",
+        b"shape": [128, 128, 3],
+    }
     prompt = {b"__npgeneric__": True, b"data": data, b"dtype": "<U1"}
     frame = msgpack.packb({"image": image, "prompt": prompt}, use_bin_type=True)
     counts = {"refused": 0, "answered": 0, "busy": 0}
@@ -415,8 +440,12 @@ def _npscalar(port: int, o: BenchHostileOptions, stop: threading.Event, key: str
             if stop.is_set():
                 return
             try:
-                with connect(f"ws://127.0.0.1:{port}", max_size=None, open_timeout=10,
-                             additional_headers=_auth(key)) as ws:  # fmt: skip
+                with connect(
+                    f"ws://127.0.0.1:{port}",
+                    max_size=None,
+                    open_timeout=10,
+                    additional_headers=_auth(key),
+                ) as ws:
                     ws.recv(timeout=10)
                     ws.send(frame)
                     what = "refused" if isinstance(ws.recv(timeout=10), str) else "answered"
@@ -426,9 +455,11 @@ def _npscalar(port: int, o: BenchHostileOptions, stop: threading.Event, key: str
                 counts[what] += 1
 
     _threads(one, 6)
-    return f"6 clients x 12 numpy-scalar prompts of {len(data) / 2**20:.1f} MiB: " \
-           f"{counts['refused']} refused in one line, {counts['busy']} busy or cut, " \
-           f"{counts['answered']} answered"  # fmt: skip
+    return (
+        f"6 clients x 12 numpy-scalar prompts of {len(data) / 2**20:.1f} MiB: "
+        f"{counts['refused']} refused in one line, {counts['busy']} busy or cut, "
+        f"{counts['answered']} answered"
+    )
 
 
 def _key_hold(port: int, o: BenchHostileOptions, stop: threading.Event, key: str) -> str:
@@ -447,8 +478,10 @@ def _key_hold(port: int, o: BenchHostileOptions, stop: threading.Event, key: str
     stop.wait(o.seconds)
     for ws in held:
         ws.close()
-    return f"one key opens 40 idle connections for {o.seconds:g} s: {len(held)} held, " \
-           f"{busy} refused busy"  # fmt: skip
+    return (
+        f"one key opens 40 idle connections for {o.seconds:g} s: {len(held)} held, "
+        f"{busy} refused busy"
+    )
 
 
 def _threads(fn, n: int, stop: threading.Event | None = None, seconds: float = 0.0) -> None:
@@ -462,9 +495,17 @@ def _threads(fn, n: int, stop: threading.Event | None = None, seconds: float = 0
         t.join(60)
 
 
-POLICY_RUN = {"pipeline": _pipeline, "churn": _churn, "flood16": _flood(16),
-              "flood50": _flood(50), "largest": _largest, "half-open": _half_open,
-              "fuzz": _fuzz, "npscalar": _npscalar, "key-hold": _key_hold}  # fmt: skip
+POLICY_RUN = {
+    "pipeline": _pipeline,
+    "churn": _churn,
+    "flood16": _flood(16),
+    "flood50": _flood(50),
+    "largest": _largest,
+    "half-open": _half_open,
+    "fuzz": _fuzz,
+    "npscalar": _npscalar,
+    "key-hold": _key_hold,
+}
 
 
 def _health_ms(port: int) -> float:
@@ -490,9 +531,23 @@ def policy_attack(name: str, o: BenchHostileOptions) -> dict:
     keys.write_text(f"{attacker}\n{legit_key}\n")
     keys.chmod(0o600)
     proc, endpoint = start_server(
-        ["serve-policy", "--policy", o.policy, "--port", "0", "--api-key-file", str(keys),
-         "--threads", "1", "--max-frame-mb", str(o.frame_mb), "--budget-s", str(o.budget_s)],
-        server_cpus)  # fmt: skip
+        [
+            "serve-policy",
+            "--policy",
+            o.policy,
+            "--port",
+            "0",
+            "--api-key-file",
+            str(keys),
+            "--threads",
+            "1",
+            "--max-frame-mb",
+            str(o.frame_mb),
+            "--budget-s",
+            str(o.budget_s),
+        ],
+        server_cpus,
+    )
     port = int(endpoint.rsplit(":", 1)[1])
     try:
         rest = Legit(
@@ -517,16 +572,26 @@ def policy_attack(name: str, o: BenchHostileOptions) -> dict:
         during = legit.result()
         stop.set()
         watcher.join(15)
-        row = {"attack": name, "server": "serve-policy", "result": what, **mem.settle(),
-               "alive": proc.poll() is None,
-               "healthz_max_ms": max(health) if health else None}  # fmt: skip
+        row = {
+            "attack": name,
+            "server": "serve-policy",
+            "result": what,
+            **mem.settle(),
+            "alive": proc.poll() is None,
+            "healthz_max_ms": max(health) if health else None,
+        }
     finally:
         err = stop_server(proc)
         shutil.rmtree(keys.parent, ignore_errors=True)
     rest_l = _latency(rest)
     row.update(_latency(during))
-    row.update({"rest_p50_ms": rest_l["legit_p50_ms"], "rest_p99_ms": rest_l["legit_p99_ms"],
-                "server_tracebacks": err.count("Traceback")})  # fmt: skip
+    row.update(
+        {
+            "rest_p50_ms": rest_l["legit_p50_ms"],
+            "rest_p99_ms": rest_l["legit_p99_ms"],
+            "server_tracebacks": err.count("Traceback"),
+        }
+    )
     return row
 
 
@@ -550,8 +615,9 @@ def _edge_packet(policy_name: str):
 STAGES = ("vision", "prefill", "decode")
 
 
-def _legit_robot(endpoint: str, policy_name: str, n: int, seconds: float, cpus: set[int],
-                 out) -> None:  # fmt: skip
+def _legit_robot(
+    endpoint: str, policy_name: str, n: int, seconds: float, cpus: set[int], out
+) -> None:
     """A robot at 2 Hz: one whole-policy request each period, a 1 s budget (the emulated
     edge serves ~5 a second: the robot asks for less than the edge can do, the flood for more)."""
     from vlarun.runtime.client import EdgeClient, ping
@@ -589,8 +655,20 @@ def edge_attack(o: BenchHostileOptions) -> dict:
     server_cpus, client_cpus = _cpus()
     _pin(client_cpus)
     proc, endpoint = start_server(
-        ["serve-edge", "--policy", o.policy, "--port", "0", "--insecure", "--threads", "1",
-         "--emulate", "openvla-7b:rtx4090"], server_cpus)  # fmt: skip
+        [
+            "serve-edge",
+            "--policy",
+            o.policy,
+            "--port",
+            "0",
+            "--insecure",
+            "--threads",
+            "1",
+            "--emulate",
+            "openvla-7b:rtx4090",
+        ],
+        server_cpus,
+    )
     sec = Security(insecure=True)
     try:
         ping(endpoint, sec, count=1, timeout_s=10.0)
@@ -616,18 +694,28 @@ def edge_attack(o: BenchHostileOptions) -> dict:
         legit = Legit(_legit_robot, (endpoint, o.policy, 10_000, o.seconds, client_cpus))
         _threads(one, 16, stop, o.seconds)
         during = legit.result()
-        row = {"attack": "edge-flood16", "server": "serve-edge",
-               "result": f"16 identities back to back for {o.seconds:g} s: "
-                         f"{counts['served']} served, {counts['refused']} refused",
-               **mem.settle(), "alive": proc.poll() is None,
-               "flood_served": counts["served"]}  # fmt: skip
+        row = {
+            "attack": "edge-flood16",
+            "server": "serve-edge",
+            "result": f"16 identities back to back for {o.seconds:g} s: "
+            f"{counts['served']} served, {counts['refused']} refused",
+            **mem.settle(),
+            "alive": proc.poll() is None,
+            "flood_served": counts["served"],
+        }
     finally:
         err = stop_server(proc)
     rest_l = _latency(rest)
     row.update(_latency(during))
-    row.update({"rest_p50_ms": rest_l["legit_p50_ms"], "rest_p99_ms": rest_l["legit_p99_ms"],
-                "rest_answered": rest_l["legit_answered"], "rest_requests": len(rest),
-                "server_tracebacks": err.count("Traceback")})  # fmt: skip
+    row.update(
+        {
+            "rest_p50_ms": rest_l["legit_p50_ms"],
+            "rest_p99_ms": rest_l["legit_p99_ms"],
+            "rest_answered": rest_l["legit_answered"],
+            "rest_requests": len(rest),
+            "server_tracebacks": err.count("Traceback"),
+        }
+    )
     # The robot's fair share: 1/17 of the requests served, or all it asks when that is less.
     served = row["legit_answered"] + row["flood_served"]
     row["legit_fair_share"] = min(row["legit_requests"], served / 17)

@@ -104,16 +104,36 @@ def secure_edge(o: BenchHostileOptions, keys: Path, server_cpus: set[int], emula
     made = generate_keys(keys, "attacker")
     (keys / "robots" / "attacker.key").write_text(Path(made["public"]).read_text())
     attacker = Security(own=load_keys(made["secret"]), server_public=robot.server_public)
-    argv = ["serve-edge", "--policy", o.policy, "--port", "0", "--threads", "1", "--keys",
-            str(keys / "edge.key_secret"), "--authorized-keys", str(keys / "robots")]  # fmt: skip
+    argv = [
+        "serve-edge",
+        "--policy",
+        o.policy,
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--keys",
+        str(keys / "edge.key_secret"),
+        "--authorized-keys",
+        str(keys / "robots"),
+    ]
     proc, endpoint = start_server(
         argv + (["--emulate", "openvla-7b:rtx4090"] if emulate else []), server_cpus
     )
     return proc, endpoint, {"robot": robot, "attacker": attacker}
 
 
-def _legit_secure(endpoint: str, policy_name: str, sec: Security, period_s: float, n: int,
-                  seconds: float, cpus: set[int], go, out) -> None:  # fmt: skip
+def _legit_secure(
+    endpoint: str,
+    policy_name: str,
+    sec: Security,
+    period_s: float,
+    n: int,
+    seconds: float,
+    cpus: set[int],
+    go,
+    out,
+) -> None:
     """``bench.hostile._legit_robot`` with an authorized key: a request every ``period_s``,
     a 1 s budget. ``go``: a barrier it waits at once connected (None: starts at once), so the
     robot's window and the attack's are the same ``seconds``."""
@@ -154,8 +174,9 @@ def _legit_secure(endpoint: str, policy_name: str, sec: Security, period_s: floa
 # --- the attackers -----------------------------------------------------------------------------
 
 
-def _handshake_flood(endpoint: str, server_public: bytes, seconds: float, cpus: set[int], go,
-                     out) -> None:  # fmt: skip
+def _handshake_flood(
+    endpoint: str, server_public: bytes, seconds: float, cpus: set[int], go, out
+) -> None:
     """New DEALER sockets with a made-up key (not authorized), ``IN_FLIGHT`` handshakes at
     once, each closed when the edge's verdict arrives (or after 1 s), for ``seconds``."""
     _pin(cpus)
@@ -192,8 +213,10 @@ def _handshake_flood(endpoint: str, server_public: bytes, seconds: float, cpus: 
             open_one()
         for mon, _ in poller.poll(100):
             event = recv_monitor_message(mon)["event"]
-            key = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
-                   zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted"}.get(event, "other")  # fmt: skip
+            key = {
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+                zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted",
+            }.get(event, "other")
             counts[key] += 1
             close_one(mon)
         now = time.monotonic()
@@ -237,12 +260,24 @@ def _beside_robot(target, args_list: list[tuple], robot: tuple) -> tuple[list, l
 
 
 def _row(name: str, what: str, proc, mem: Memory, during: list, rest: list, **extra) -> dict:
-    row = {"attack": name, "server": "serve-edge", "result": what, **mem.settle(),
-           "alive": proc.poll() is None, **extra}  # fmt: skip
+    row = {
+        "attack": name,
+        "server": "serve-edge",
+        "result": what,
+        **mem.settle(),
+        "alive": proc.poll() is None,
+        **extra,
+    }
     row.update(_latency(during))
     r = _latency(rest)
-    row.update({"rest_p50_ms": r["legit_p50_ms"], "rest_p99_ms": r["legit_p99_ms"],
-                "rest_answered": r["legit_answered"], "rest_requests": len(rest)})  # fmt: skip
+    row.update(
+        {
+            "rest_p50_ms": r["legit_p50_ms"],
+            "rest_p99_ms": r["legit_p99_ms"],
+            "rest_answered": r["legit_answered"],
+            "rest_requests": len(rest),
+        }
+    )
     return row
 
 
@@ -258,8 +293,10 @@ def handshake_attack(o: BenchHostileOptions) -> list[dict]:
     robot, period = secs["robot"], HANDSHAKE_ROBOT_PERIOD_S
     try:
         cpu0, t0 = edge_cpu(proc.pid), time.monotonic()
-        rest = Legit(_legit_secure, (endpoint, o.policy, robot, period, o.rest_requests, 120.0,
-                                     client_cpus, None)).result()  # fmt: skip
+        rest = Legit(
+            _legit_secure,
+            (endpoint, o.policy, robot, period, o.rest_requests, 120.0, client_cpus, None),
+        ).result()
         at_rest = _cpu_rates(cpu0, edge_cpu(proc.pid), time.monotonic() - t0)
         beside = (endpoint, o.policy, robot, period, 10_000, o.seconds, client_cpus)
         # The flood. The edge's CPU is read around all of it, and what the edge spends at
@@ -270,25 +307,44 @@ def handshake_attack(o: BenchHostileOptions) -> list[dict]:
         spent = _cpu_rates(cpu0, edge_cpu(proc.pid), 1.0)
         wall = time.monotonic() - t0
         n = max(1, flood["refused"])
-        per_hs = {f"edge_{k}_ms_per_handshake": 1e3 * max(0.0, v - at_rest[k] * wall) / n
-                  for k, v in spent.items()}  # fmt: skip
-        what = (f"{flood['refused']} handshakes refused in {o.seconds:g} s "
-                f"({flood['admitted']} admitted, {flood['other'] + flood['unanswered']} other); "
-                f"the flooder burned {flood['cpu_s']:.2f} CPU-s")  # fmt: skip
-        flood_row = _row("edge-handshake", what, proc, mem, during, rest,
-                         handshakes_refused=flood["refused"],
-                         handshakes_admitted=flood["admitted"], flooder_cpu_s=flood["cpu_s"],
-                         edge_cpu_s={k: round(v, 3) for k, v in spent.items()},
-                         edge_cpu_per_s_at_rest={k: round(v, 4) for k, v in at_rest.items()},
-                         edge_window_s=round(wall, 2), **per_hs)  # fmt: skip
+        per_hs = {
+            f"edge_{k}_ms_per_handshake": 1e3 * max(0.0, v - at_rest[k] * wall) / n
+            for k, v in spent.items()
+        }
+        what = (
+            f"{flood['refused']} handshakes refused in {o.seconds:g} s "
+            f"({flood['admitted']} admitted, {flood['other'] + flood['unanswered']} other); "
+            f"the flooder burned {flood['cpu_s']:.2f} CPU-s"
+        )
+        flood_row = _row(
+            "edge-handshake",
+            what,
+            proc,
+            mem,
+            during,
+            rest,
+            handshakes_refused=flood["refused"],
+            handshakes_admitted=flood["admitted"],
+            flooder_cpu_s=flood["cpu_s"],
+            edge_cpu_s={k: round(v, 3) for k, v in spent.items()},
+            edge_cpu_per_s_at_rest={k: round(v, 4) for k, v in at_rest.items()},
+            edge_window_s=round(wall, 2),
+            **per_hs,
+        )
         # The burner: the flooder's CPU, at its rate, on its CPUs.
         rate = flood["cpu_s"] / o.seconds
         k = max(1, math.ceil(rate))
         mem = Memory(proc.pid)
         burned, during = _beside_robot(_burn, [(rate / k, o.seconds, client_cpus)] * k, beside)
-        burner_row = _row("edge-handshake-burner",
-                          f"{k} process(es) burned {sum(burned):.2f} CPU-s in {o.seconds:g} s",
-                          proc, mem, during, rest, burner_cpu_s=sum(burned))  # fmt: skip
+        burner_row = _row(
+            "edge-handshake-burner",
+            f"{k} process(es) burned {sum(burned):.2f} CPU-s in {o.seconds:g} s",
+            proc,
+            mem,
+            during,
+            rest,
+            burner_cpu_s=sum(burned),
+        )
     finally:
         err = stop_server(proc)
         shutil.rmtree(keys, ignore_errors=True)
@@ -314,8 +370,10 @@ def identities_attack(o: BenchHostileOptions) -> dict:
     proc, endpoint, secs = secure_edge(o, keys / "k", server_cpus, emulate=True)
     robot, attacker = secs["robot"], secs["attacker"]
     try:
-        rest = Legit(_legit_secure, (endpoint, o.policy, robot, 0.5, o.rest_requests, 120.0,
-                                     client_cpus, None)).result()  # fmt: skip
+        rest = Legit(
+            _legit_secure,
+            (endpoint, o.policy, robot, 0.5, o.rest_requests, 120.0, client_cpus, None),
+        ).result()
         mem, stop = Memory(proc.pid), threading.Event()
         packet, meta = _edge_packet(o.policy)
         counts = {"served": 0, "refused": 0}
@@ -334,8 +392,9 @@ def identities_attack(o: BenchHostileOptions) -> dict:
                 c.close()
 
         go = mp.get_context("spawn").Barrier(2)
-        legit = Legit(_legit_secure, (endpoint, o.policy, robot, 0.5, 10_000, o.seconds,
-                                      client_cpus, go))  # fmt: skip
+        legit = Legit(
+            _legit_secure, (endpoint, o.policy, robot, 0.5, 10_000, o.seconds, client_cpus, go)
+        )
         threads = [threading.Thread(target=one, daemon=True) for _ in range(IDENTITIES)]
         go.wait(120)  # the robot is connected: its window and the flood's are the same
         for t in threads:
@@ -345,10 +404,16 @@ def identities_attack(o: BenchHostileOptions) -> dict:
         for t in threads:
             t.join(60)
         during = legit.result()
-        row = _row("edge-identities50",
-                   f"one key on {IDENTITIES} identities for {o.seconds:g} s: "
-                   f"{counts['served']} served, {counts['refused']} refused",
-                   proc, mem, during, rest, flood_served=counts["served"])  # fmt: skip
+        row = _row(
+            "edge-identities50",
+            f"one key on {IDENTITIES} identities for {o.seconds:g} s: "
+            f"{counts['served']} served, {counts['refused']} refused",
+            proc,
+            mem,
+            during,
+            rest,
+            flood_served=counts["served"],
+        )
     finally:
         err = stop_server(proc)
         shutil.rmtree(keys, ignore_errors=True)

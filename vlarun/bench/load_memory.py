@@ -63,8 +63,15 @@ def make(out: Path) -> dict:
     from vlarun.models.presets import get_preset
 
     base = get_preset("tiny-openvla")
-    llm = LlamaConfig(vocab_size=32064, hidden_size=2048, intermediate_size=5632, num_layers=22,
-                      num_heads=32, num_kv_heads=4, max_positions=2048)  # fmt: skip
+    llm = LlamaConfig(
+        vocab_size=32064,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_layers=22,
+        num_heads=32,
+        num_kv_heads=4,
+        max_positions=2048,
+    )
     cfg = dataclasses.replace(base, name="load-memory-1b", llm=llm, action_vocab_size=32000)
     torch.manual_seed(0)
     model = random_vla(cfg, torch.bfloat16)
@@ -75,14 +82,20 @@ def make(out: Path) -> dict:
 def measure(directory: Path) -> dict:
     """Checkpoint bytes against the peak resident growth of loading it in a fresh process."""
     size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(directory)], capture_output=True,
-                       text=True, check=True)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, str(directory)], capture_output=True, text=True, check=True
+    )
     r = json.loads(p.stdout.strip().splitlines()[-1])
     growth = (r["peak_kib"] - r["base_kib"]) * 1024
     used = (r["used_kib"] - r["base_kib"]) * 1024
-    return {"checkpoint_bytes": size, "peak_growth_bytes": growth,
-            "ratio": round(growth / size, 3), "growth_after_reading_every_weight_bytes": used,
-            "ratio_after_reading_every_weight": round(used / size, 3), **r}  # fmt: skip
+    return {
+        "checkpoint_bytes": size,
+        "peak_growth_bytes": growth,
+        "ratio": round(growth / size, 3),
+        "growth_after_reading_every_weight_bytes": used,
+        "ratio_after_reading_every_weight": round(used / size, 3),
+        **r,
+    }
 
 
 def run(o: BenchLoadOptions) -> dict:
@@ -95,11 +108,13 @@ def run(o: BenchLoadOptions) -> dict:
 
 def show(r: dict) -> None:
     gib = 1024**3
-    print(f"checkpoint {r['checkpoint_bytes'] / gib:.2f} GiB ({r['params'] / 1e9:.2f} B params, "
-          f"{r['dtype']}), loaded in {r['seconds']:.1f} s: peak growth "
-          f"{r['peak_growth_bytes'] / gib:.2f} GiB ({r['ratio']:.2f}x), after reading every "
-          f"weight {r['growth_after_reading_every_weight_bytes'] / gib:.2f} GiB "
-          f"({r['ratio_after_reading_every_weight']:.2f}x)")  # fmt: skip
+    print(
+        f"checkpoint {r['checkpoint_bytes'] / gib:.2f} GiB ({r['params'] / 1e9:.2f} B params, "
+        f"{r['dtype']}), loaded in {r['seconds']:.1f} s: peak growth "
+        f"{r['peak_growth_bytes'] / gib:.2f} GiB ({r['ratio']:.2f}x), after reading every "
+        f"weight {r['growth_after_reading_every_weight_bytes'] / gib:.2f} GiB "
+        f"({r['ratio_after_reading_every_weight']:.2f}x)"
+    )
 
 
 OPTIONS = {"bench-load": BenchLoadOptions}

@@ -40,12 +40,17 @@ def run(o: BenchPairedOptions) -> dict:
     if not shared or any(full_a[k] != full_b[k] for k in shared):
         raise ValueError("full compute differs on the shared episodes: not the same runs")
     share = sum(mine[k] for k in shared) / len(shared)
-    out = {"row": o.row, "shared_episodes": len(shared), "row_success_on_shared": share,
-           "minus": {}}  # fmt: skip
+    out = {
+        "row": o.row,
+        "shared_episodes": len(shared),
+        "row_success_on_shared": share,
+        "minus": {},
+    }
     for name, other in tb.items():
         if name != "full":
-            out["minus"][name] = paired_difference([other[k] for k in shared],
-                                                   [mine[k] for k in shared])  # fmt: skip
+            out["minus"][name] = paired_difference(
+                [other[k] for k in shared], [mine[k] for k in shared]
+            )
     if o.out:
         Path(o.out).write_text(json.dumps(out, indent=1))
     return out
@@ -54,9 +59,11 @@ def run(o: BenchPairedOptions) -> dict:
 def show(r: dict) -> None:
     n = r["shared_episodes"]
     for name, d in r["minus"].items():
-        print(f"{r['row']} minus {name:20s} {100 * d['difference']:+.1f} pp "
-              f"({100 * d['ci95'][0]:+.1f} .. {100 * d['ci95'][1]:+.1f}), discordant "
-              f"{d['only_base']}/{d['only_other']} of {n}")  # fmt: skip
+        print(
+            f"{r['row']} minus {name:20s} {100 * d['difference']:+.1f} pp "
+            f"({100 * d['ci95'][0]:+.1f} .. {100 * d['ci95'][1]:+.1f}), discordant "
+            f"{d['only_base']}/{d['only_other']} of {n}"
+        )
 
 
 OPTIONS = {"bench-paired": BenchPairedOptions}

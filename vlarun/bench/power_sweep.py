@@ -58,18 +58,23 @@ def run_power_sweep(cfg: FleetConfig) -> dict:
         same_best = sum(cells[k][0] == base[k][0] for k in cells)
         same_order = sum(cells[k] == base[k] for k in cells)
         s = r["summary"]
-        out.append({
-            "powers": powers or "catalogue",
-            "cells": len(cells),
-            "same_best_as_catalogue": same_best,
-            "same_ranking_as_catalogue": same_order,
-            "best": {"/".join(map(str, k)): v[0] for k, v in cells.items()},
-            "rankings": {"/".join(map(str, k)): v for k, v in cells.items()},
-            "joint_over_fixed_split_mean": s["joint_over_fixed_split_mean"],
-            "cells_meeting_goal": s["cells_meeting_goal"],
-        })  # fmt: skip
-        print(f"power sweep: {i + 1}/{len(variants)} variants, {time.monotonic() - t0:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        out.append(
+            {
+                "powers": powers or "catalogue",
+                "cells": len(cells),
+                "same_best_as_catalogue": same_best,
+                "same_ranking_as_catalogue": same_order,
+                "best": {"/".join(map(str, k)): v[0] for k, v in cells.items()},
+                "rankings": {"/".join(map(str, k)): v for k, v in cells.items()},
+                "joint_over_fixed_split_mean": s["joint_over_fixed_split_mean"],
+                "cells_meeting_goal": s["cells_meeting_goal"],
+            }
+        )
+        print(
+            f"power sweep: {i + 1}/{len(variants)} variants, {time.monotonic() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     result = {
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "json"},
         "variants": out,
@@ -96,13 +101,18 @@ def plot_sweep(r: dict, path: str) -> str | None:
     v = r["variants"]
     x = np.arange(len(v))
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(v)), 3.8))
-    bars = (("same_best_as_catalogue", "best strategy kept"),
-            ("same_ranking_as_catalogue", "whole ranking kept"))  # fmt: skip
+    bars = (
+        ("same_best_as_catalogue", "best strategy kept"),
+        ("same_ranking_as_catalogue", "whole ranking kept"),
+    )
     for i, (key, label) in enumerate(bars):
         ax.bar(x + (i - 0.5) * 0.4, [y[key] / y["cells"] for y in v], 0.4, label=label)
     ax.set_xticks(x, [y["powers"] for y in v], rotation=60, fontsize=7, ha="right")
-    ax.set(ylabel="share of cells", ylim=(0, 1.05),
-           title="power sweep (fleet simulator, energy modelled)")  # fmt: skip
+    ax.set(
+        ylabel="share of cells",
+        ylim=(0, 1.05),
+        title="power sweep (fleet simulator, energy modelled)",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -111,9 +121,11 @@ def plot_sweep(r: dict, path: str) -> str | None:
 
 
 def format_sweep(r: dict) -> str:
-    lines = ["power sweep (fleet simulator; energy modelled): per variant, cells whose best "
-             "strategy / whole ranking is the catalogue's, vlarun-joint / Fixed Split, cells "
-             "meeting the goal"]  # fmt: skip
+    lines = [
+        "power sweep (fleet simulator; energy modelled): per variant, cells whose best "
+        "strategy / whole ranking is the catalogue's, vlarun-joint / Fixed Split, cells "
+        "meeting the goal"
+    ]
     for v in r["variants"]:
         split = v["joint_over_fixed_split_mean"]
         lines.append(

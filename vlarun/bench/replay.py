@@ -58,7 +58,12 @@ def time_streams(policies: list[Policy], stream: list[tuple[str, np.ndarray]]) -
 
 def _timing(policy: Policy, prefill: list[float], e2e: list[float]) -> dict:
     steady = slice(1, None) if len(e2e) > 1 else slice(None)
-    return {"flops_ratio": float(np.mean([s.flops_ratio for s in policy.stats.steps[steady]])),
-            "prefill_ms": statistics.mean(prefill[steady]), "e2e_ms": statistics.mean(e2e[steady]),
-            "p99_ms": float(np.percentile(e2e[steady], 99)), "first_query_ms": e2e[0],
-            "p99_all_ms": float(np.percentile(e2e, 99)), "queries": len(e2e)}  # fmt: skip
+    return {
+        "flops_ratio": float(np.mean([s.flops_ratio for s in policy.stats.steps[steady]])),
+        "prefill_ms": statistics.mean(prefill[steady]),
+        "e2e_ms": statistics.mean(e2e[steady]),
+        "p99_ms": float(np.percentile(e2e[steady], 99)),
+        "first_query_ms": e2e[0],
+        "p99_all_ms": float(np.percentile(e2e, 99)),
+        "queries": len(e2e),
+    }

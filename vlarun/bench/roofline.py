@@ -83,16 +83,27 @@ def machine_device(peak_gflops: float, gbs: float, dtype: str):
     from vlarun.sched.catalog import Device
 
     tflops = peak_gflops / 1e3
-    return Device("measured", cpu_name(), "host", bf16_tflops=tflops, int8_tops=0.0,
-                  fp32_tflops=tflops, mem_bw_gbs=gbs, mem_gb=1.0, idle_w=0.0, busy_w=0.0,
-                  compute_eff=1.0, memory_eff=1.0, dtypes=(dtype,))  # fmt: skip
+    return Device(
+        "measured",
+        cpu_name(),
+        "host",
+        bf16_tflops=tflops,
+        int8_tops=0.0,
+        fp32_tflops=tflops,
+        mem_bw_gbs=gbs,
+        mem_gb=1.0,
+        idle_w=0.0,
+        busy_w=0.0,
+        compute_eff=1.0,
+        memory_eff=1.0,
+        dtypes=(dtype,),
+    )
 
 
 def achieved(flops: float, nbytes: float, ms: float, roofline_ms: float) -> dict:
     """One measured time against its work and roofline: GFLOP/s, GB/s and measured / roofline."""
     s = ms / 1e3
-    return {"ms": ms, "gflops": flops / s / 1e9, "gbs": nbytes / s / 1e9,
-            "ratio": ms / roofline_ms}  # fmt: skip
+    return {"ms": ms, "gflops": flops / s / 1e9, "gbs": nbytes / s / 1e9, "ratio": ms / roofline_ms}
 
 
 @contextlib.contextmanager
@@ -184,22 +195,38 @@ def report(policy, o: BenchRooflineOptions, m: dict, text_tokens: int) -> dict:
         comp = None
         if compiled and step is not None:
             comp = achieved(w.flops, w.bytes, m["stage_ms"]["compiled"][w.name], roof_ms)
-        rows.append({
-            "name": w.name, "flops": w.flops, "bytes": w.bytes, "passes": w.passes,
-            "roofline_ms": roof_ms,
-            "bound": "compute" if line.compute_s >= line.memory_s else "memory",
-            "compiled_step": step or EAGER_ONLY,
-            "eager": achieved(w.flops, w.bytes, m["stage_ms"]["eager"][w.name], roof_ms),
-            "compiled": comp,
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": w.name,
+                "flops": w.flops,
+                "bytes": w.bytes,
+                "passes": w.passes,
+                "roofline_ms": roof_ms,
+                "bound": "compute" if line.compute_s >= line.memory_s else "memory",
+                "compiled_step": step or EAGER_ONLY,
+                "eager": achieved(w.flops, w.bytes, m["stage_ms"]["eager"][w.name], roof_ms),
+                "compiled": comp,
+            }
+        )
     flops, nbytes = sum(w.flops for w in works), sum(w.bytes for w in works)
     roof = sum(r["roofline_ms"] for r in rows)
-    total = {v: achieved(flops, nbytes, ms, roof) | {"stages_ms": sum(m["stage_ms"][v].values())}
-             for v, ms in m["wall_ms"].items()}  # fmt: skip
-    end = {"flops": flops, "bytes": nbytes, "roofline_ms": roof, "eager": total["eager"],
-           "compiled": total.get("compiled")}  # fmt: skip
-    comp = {"mode": o.compile_mode if o.compiled else None, "ran": compiled,
-            "compile_s": m["compile_s"], "max_action_diff": m["max_action_diff"]}  # fmt: skip
+    total = {
+        v: achieved(flops, nbytes, ms, roof) | {"stages_ms": sum(m["stage_ms"][v].values())}
+        for v, ms in m["wall_ms"].items()
+    }
+    end = {
+        "flops": flops,
+        "bytes": nbytes,
+        "roofline_ms": roof,
+        "eager": total["eager"],
+        "compiled": total.get("compiled"),
+    }
+    comp = {
+        "mode": o.compile_mode if o.compiled else None,
+        "ran": compiled,
+        "compile_s": m["compile_s"],
+        "max_action_diff": m["max_action_diff"],
+    }
     if not o.compiled:
         comp["note"] = "not asked (--no-compiled)"
     elif not compiled:
@@ -246,8 +273,9 @@ def run(o: BenchRooflineOptions) -> dict:
     try:
         policy = Policy.load(o.policy, o.dtype)  # an unknown name fails here, in one line
         if o.dtype == "bfloat16" and not bf16_is_fast():  # the probe alone would take minutes
-            raise ValueError("this CPU emulates bf16 (~100x slower than fp32 matmuls): time "
-                             "--dtype float32 here")  # fmt: skip
+            raise ValueError(
+                "this CPU emulates bf16 (~100x slower than fp32 matmuls): time --dtype float32 here"
+            )
         obs = policy.example_observation()
         text_tokens = len(policy.text_ids(obs["instruction"], obs["state"]))
         has_step = policy.model.cfg.family in {f for f, _ in COMPILED_STEP}
@@ -272,8 +300,10 @@ def plot(r: dict, path: str) -> None:
     import numpy as np
 
     rows = [*r["stages"], {"name": "end to end", **r["end_to_end"]}]
-    series = {"roofline": [x["roofline_ms"] for x in rows],
-              "eager": [x["eager"]["ms"] for x in rows]}  # fmt: skip
+    series = {
+        "roofline": [x["roofline_ms"] for x in rows],
+        "eager": [x["eager"]["ms"] for x in rows],
+    }
     if r["compile"]["ran"]:  # a stage without a compiled step has no bar there
         series["compiled"] = [x["compiled"]["ms"] if x["compiled"] else np.nan for x in rows]
     x, width = np.arange(len(rows)), 0.8 / len(series)
@@ -281,8 +311,10 @@ def plot(r: dict, path: str) -> None:
     for i, (label, ms) in enumerate(series.items()):
         bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, ms, width, label=label)
         if label != "roofline":  # each measured bar says how far above its roofline it is
-            ratios = [f"{m / roof:.1f}x" if m == m else "" for m, roof in
-                      zip(ms, series["roofline"], strict=True)]  # fmt: skip
+            ratios = [
+                f"{m / roof:.1f}x" if m == m else ""
+                for m, roof in zip(ms, series["roofline"], strict=True)
+            ]
             ax.bar_label(bars, ratios, fontsize=7)
     ax.set_xticks(x, [row["name"] for row in rows])
     ax.set_yscale("log")
@@ -297,12 +329,16 @@ def plot(r: dict, path: str) -> None:
 def show(r: dict) -> None:
     comp = r["compile"]
     model = "" if r["model"] == r["policy"] else f"{r['model']}, "
-    print(f"{r['policy']} ({model}{r['family']}), {r['dtype']}, {r['threads']} threads, "
-          f"median of {r['repeats']}, {r['date']}, torch {r['torch']}")  # fmt: skip
+    print(
+        f"{r['policy']} ({model}{r['family']}), {r['dtype']}, {r['threads']} threads, "
+        f"median of {r['repeats']}, {r['date']}, torch {r['torch']}"
+    )
     print(f"CPU: {r['cpu']}")
-    print(f"machine: {r['dtype']} matmul peak {r['peak_gflops']:.1f} GFLOP/s (torch.mm "
-          f"{r['peak_gflops_torch_mm']:.1f}, oneDNN {r['peak_gflops_onednn']:.1f}), read "
-          f"bandwidth {r['bandwidth_gbs']:.1f} GB/s")  # fmt: skip
+    print(
+        f"machine: {r['dtype']} matmul peak {r['peak_gflops']:.1f} GFLOP/s (torch.mm "
+        f"{r['peak_gflops_torch_mm']:.1f}, oneDNN {r['peak_gflops_onednn']:.1f}), read "
+        f"bandwidth {r['bandwidth_gbs']:.1f} GB/s"
+    )
     head = ("stage", "GFLOP", "GB", "roof ms", "bound", "eager ms", "GFLOP/s", "GB/s", "x roof")
     line = "{:<13}{:>8}{:>8}{:>9}{:>9} |{:>10}{:>9}{:>7}{:>8}"
     column = comp["mode"] is not None  # asked for: every stage says what it got
@@ -312,21 +348,31 @@ def show(r: dict) -> None:
     for x in rows:
         e, c = x["eager"], x["compiled"]
         text = line.format(
-            x["name"], f"{x['flops'] / 1e9:.3f}", f"{x['bytes'] / 1e9:.3f}",
-            f"{x['roofline_ms']:.2f}", x["bound"], f"{e['ms']:.2f}", f"{e['gflops']:.1f}",
-            f"{e['gbs']:.1f}", f"{e['ratio']:.1f}x",
-        )  # fmt: skip
+            x["name"],
+            f"{x['flops'] / 1e9:.3f}",
+            f"{x['bytes'] / 1e9:.3f}",
+            f"{x['roofline_ms']:.2f}",
+            x["bound"],
+            f"{e['ms']:.2f}",
+            f"{e['gflops']:.1f}",
+            f"{e['gbs']:.1f}",
+            f"{e['ratio']:.1f}x",
+        )
         if column and c is not None:
             text += f" | {c['ms']:>11.2f}{c['gflops']:>9.1f}{c['gbs']:>7.1f}{c['ratio']:>7.1f}x"
         elif column:
             text += f" | {EAGER_ONLY:>11}"
         print(text)
-    print(f"end to end is Policy.run_stages' wall time; the stages sum to "
-          f"{end['eager']['stages_ms']:.2f} ms eager")  # fmt: skip
+    print(
+        f"end to end is Policy.run_stages' wall time; the stages sum to "
+        f"{end['eager']['stages_ms']:.2f} ms eager"
+    )
     print(comp["note"])
     if comp["ran"]:
-        print(f"torch.compile mode {comp['mode']!r}: first call {comp['compile_s']:.1f} s; "
-              f"actions differ from eager by at most {comp['max_action_diff']:.2e}")  # fmt: skip
+        print(
+            f"torch.compile mode {comp['mode']!r}: first call {comp['compile_s']:.1f} s; "
+            f"actions differ from eager by at most {comp['max_action_diff']:.2e}"
+        )
     if "plot" in r:
         print(f"plot: {r['plot']}")
 

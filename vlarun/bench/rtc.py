@@ -51,12 +51,22 @@ class BenchRtcOptions:
     chunking; success, seam jerk, stalls and control rate per emulated delay."""
 
     quick: bool = opt(False, "tiny run (1 task, 1 short episode, 2 delays): checks the code path")
-    policy: str = opt("mt10p-flow", POLICY_HELP + " (diffusion or flow, chunks >= 2)",
-                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
+    policy: str = opt(
+        "mt10p-flow",
+        POLICY_HELP + " (diffusion or flow, chunks >= 2)",
+        replaces=POLICY_FLAGS_RETIRED,
+    )
     tasks: tuple[str, ...] = opt(
-        ("reach-v3", "push-v3", "drawer-open-v3", "button-press-topdown-v3", "window-open-v3",
-         "door-open-v3"), "Meta-World tasks (names, or mt10)",
-    )  # fmt: skip
+        (
+            "reach-v3",
+            "push-v3",
+            "drawer-open-v3",
+            "button-press-topdown-v3",
+            "window-open-v3",
+            "door-open-v3",
+        ),
+        "Meta-World tasks (names, or mt10)",
+    )
     episodes: int = opt(10, "episodes per task, the same seeds for every method and delay")
     delays: tuple[int, ...] = opt(DELAYS, "emulated inference delays, in control ticks")
     methods: tuple[str, ...] = opt(METHODS, f"execution methods: {', '.join(METHODS)}")
@@ -121,10 +131,20 @@ def run(o: BenchRtcOptions, progress: bool = True) -> dict:
     if o.quick:
         o = o.reduced(cfg.horizon)
     seeds = tuple(EVAL_SEED_OFFSET + o.seed + i for i in range(o.episodes))
-    jobs = [EpisodeJob(checkpoint, task, seeds, max_steps=o.max_steps, execution=method,
-                       delay_steps=delay, control_hz=o.control_hz)
-            for delay in o.delay_list for method in o.method_list
-            for task in parse_tasks(o.tasks)]  # fmt: skip
+    jobs = [
+        EpisodeJob(
+            checkpoint,
+            task,
+            seeds,
+            max_steps=o.max_steps,
+            execution=method,
+            delay_steps=delay,
+            control_hz=o.control_hz,
+        )
+        for delay in o.delay_list
+        for method in o.method_list
+        for task in parse_tasks(o.tasks)
+    ]
     workers = o.workers or max(1, min(os.cpu_count() or 1, 4))
     runs = run_jobs(jobs, min(workers, len(jobs)), log if progress else None)
     episodes: dict[tuple[str, int], list[dict]] = {}
@@ -186,8 +206,9 @@ def row(method: str, delay: int, episodes: dict, control_hz: float) -> dict:
         mine = {key(e): e["success"] for e in eps}
         shared = sorted(set(by) & set(mine))
         if shared:
-            out["paired_vs_sync"] = paired_difference([by[k] for k in shared],
-                                                      [mine[k] for k in shared])  # fmt: skip
+            out["paired_vs_sync"] = paired_difference(
+                [by[k] for k in shared], [mine[k] for k in shared]
+            )
     return out
 
 
@@ -200,8 +221,12 @@ def goals(rows: list[dict]) -> dict:
     top = max(r["delay_steps"] for r in rows)
     at = {r["method"]: r for r in rows if r["delay_steps"] == top}
     sync, naive, rtc = at.get("sync"), at.get("naive"), at.get("rtc")
-    out = {"delay_steps": top, "rtc_within_5pp_of_sync": None, "naive_loses_15pp": None,
-           "rtc_jerk_p99_le_half_naive": None}  # fmt: skip
+    out = {
+        "delay_steps": top,
+        "rtc_within_5pp_of_sync": None,
+        "naive_loses_15pp": None,
+        "rtc_jerk_p99_le_half_naive": None,
+    }
     if sync and rtc:
         out["rtc_within_5pp_of_sync"] = rtc["success_rate"] >= sync["success_rate"] - 0.05
     if sync and naive:
@@ -248,8 +273,9 @@ def plot(r: dict, path: str) -> str | None:
     for ax in (ax_s, ax_j):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"vlarun bench rtc: {r['policy']} (H={r['horizon']}), emulated delays, "
-                 f"{r['date'][:10]}")  # fmt: skip
+    fig.suptitle(
+        f"vlarun bench rtc: {r['policy']} (H={r['horizon']}), emulated delays, {r['date'][:10]}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -257,10 +283,13 @@ def plot(r: dict, path: str) -> str | None:
 
 
 def format_result(r: dict) -> str:
-    lines = [f"vlarun bench rtc{' --quick' if r['quick'] else ''}: {r['policy']} ({r['family']}, "
-             f"H={r['horizon']}) at {r['control_hz']:g} Hz, {r['delay']}",
-             "| method | delay (ticks) | success | vs sync (paired) | jerk mean | jerk p99 | "
-             "stalls/ep | control Hz |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"vlarun bench rtc{' --quick' if r['quick'] else ''}: {r['policy']} ({r['family']}, "
+        f"H={r['horizon']}) at {r['control_hz']:g} Hz, {r['delay']}",
+        "| method | delay (ticks) | success | vs sync (paired) | jerk mean | jerk p99 | "
+        "stalls/ep | control Hz |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
     for x in r["rows"]:
         p = x["paired_vs_sync"]

@@ -47,8 +47,9 @@ class BenchScaleoutOptions:
     """Robots against 1 and 2 Ray edge workers (throughput, SLO share, p99, fallbacks), a
     worker killed mid-load, the Ray hop's overhead, and a projection to more workers."""
 
-    policy: str = opt("tiny-ar", "policy every worker serves: " + POLICY_HELP,
-                      replaces=POLICY_FLAGS_RETIRED)  # fmt: skip
+    policy: str = opt(
+        "tiny-ar", "policy every worker serves: " + POLICY_HELP, replaces=POLICY_FLAGS_RETIRED
+    )
     workers: tuple[int, ...] = opt((1, 2), "worker counts to measure")
     robots: tuple[int, ...] = opt(
         (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24), "robot counts to measure"
@@ -125,9 +126,16 @@ def _load(endpoint, policy, robots: int, o, seconds: float) -> tuple[list[dict],
     out: list[dict] = []
     start = time.monotonic() + 0.5  # connections first
     stop = threading.Event()
-    th = threading.Thread(target=run, args=(endpoint, frames, robots, o.period_ms * 1e-3, stop),
-                          kwargs={"seconds": seconds, "start_at": start, "rows": out,
-                                  "drain_s": o.slo_ms * 1e-3 + 1.0})  # fmt: skip
+    th = threading.Thread(
+        target=run,
+        args=(endpoint, frames, robots, o.period_ms * 1e-3, stop),
+        kwargs={
+            "seconds": seconds,
+            "start_at": start,
+            "rows": out,
+            "drain_s": o.slo_ms * 1e-3 + 1.0,
+        },
+    )
     th.start()
     return out, start, [th]
 
@@ -164,8 +172,9 @@ def _cells(o, policy, workers: int, progress, round_: int = 0) -> tuple[list[dic
             out, _, threads = _load(endpoint, policy, robots, o, o.seconds)
             for th in threads:
                 th.join()
-            rows.append({"round": round_, "workers": workers, "robots": robots,
-                         **_summary(out, o.seconds)})  # fmt: skip
+            rows.append(
+                {"round": round_, "workers": workers, "robots": robots, **_summary(out, o.seconds)}
+            )
             samples += [r["compute_s"] for r in out if r["compute_s"] > 0]
             progress(rows[-1])
     finally:
@@ -233,7 +242,7 @@ def _kill_run(o, policy, workers: int) -> dict:
                 "expired",
                 "late",
             )
-        },  # fmt: skip
+        },
     }
 
 
@@ -281,9 +290,15 @@ def _hop(o, policy) -> dict:
 
 
 def simulate(
-    workers: int, robots: int, period_s: float, slo_s: float, samples: list[float],
-    seconds: float, seed: int = 0, max_batch: int = 1,
-) -> dict:  # fmt: skip
+    workers: int,
+    robots: int,
+    period_s: float,
+    slo_s: float,
+    samples: list[float],
+    seconds: float,
+    seed: int = 0,
+    max_batch: int = 1,
+) -> dict:
     """The front and its workers on a simulated clock, each deciding by its own rule.
 
     The front is the real one's pool (``runtime.worker_pool.WorkerPool``): per worker, its
@@ -379,8 +394,13 @@ def simulate(
         )
     serve_until(math.inf)  # what was admitted is served to the end
     n = sum(count.values())
-    return {"workers": workers, "robots": robots, "served_per_s": count["ok"] / seconds,
-            "slo_share": count["ok"] / n if n else 0.0, **count}  # fmt: skip
+    return {
+        "workers": workers,
+        "robots": robots,
+        "served_per_s": count["ok"] / seconds,
+        "slo_share": count["ok"] / n if n else 0.0,
+        **count,
+    }
 
 
 def sim_capacity(workers: int, o, samples: list[float]) -> dict:
@@ -389,10 +409,15 @@ def sim_capacity(workers: int, o, samples: list[float]) -> dict:
     period, slo = o.period_ms * 1e-3, o.slo_ms * 1e-3
     mean = statistics.fmean(samples)
     top = int(np.ceil(2 * workers * period / mean))
-    rows = [simulate(workers, n, period, slo, samples, 120.0, seed=n)
-            for n in range(max(1, top // 40), top + 1, max(1, top // 40))]  # fmt: skip
-    return {"workers": workers, "capacity_per_s": capacity_at(rows),
-            "profile_capacity_per_s": workers / mean}  # fmt: skip
+    rows = [
+        simulate(workers, n, period, slo, samples, 120.0, seed=n)
+        for n in range(max(1, top // 40), top + 1, max(1, top // 40))
+    ]
+    return {
+        "workers": workers,
+        "capacity_per_s": capacity_at(rows),
+        "profile_capacity_per_s": workers / mean,
+    }
 
 
 def projection(o, samples: list[float], measured: list[dict]) -> dict:
@@ -404,9 +429,17 @@ def projection(o, samples: list[float], measured: list[dict]) -> dict:
     check = []
     for m in measured:
         s = simulate(m["workers"], m["robots"], period, slo, samples, 60.0)
-        check.append({"round": m["round"], "workers": m["workers"], "robots": m["robots"],
-                      "measured_per_s": m["served_per_s"], "simulated_per_s": s["served_per_s"],
-                      "measured_slo": m["slo_share"], "simulated_slo": s["slo_share"]})  # fmt: skip
+        check.append(
+            {
+                "round": m["round"],
+                "workers": m["workers"],
+                "robots": m["robots"],
+                "measured_per_s": m["served_per_s"],
+                "simulated_per_s": s["served_per_s"],
+                "measured_slo": m["slo_share"],
+                "simulated_slo": s["slo_share"],
+            }
+        )
     one = sim_capacity(1, o, samples)["capacity_per_s"]
     scale = []
     for w in items(o.project, int):
@@ -416,8 +449,13 @@ def projection(o, samples: list[float], measured: list[dict]) -> dict:
         c["ratio_to_profile"] = c["capacity_per_s"] / c["profile_capacity_per_s"]
         scale.append(c)
     p90 = float(np.percentile(samples, 90))
-    return {"service_ms_mean": mean * 1e3, "service_ms_p90": p90 * 1e3,
-            "samples": len(samples), "check": check, "scale": scale}  # fmt: skip
+    return {
+        "service_ms_mean": mean * 1e3,
+        "service_ms_p90": p90 * 1e3,
+        "samples": len(samples),
+        "check": check,
+        "scale": scale,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,13 +535,24 @@ def _ratios(rows: list[dict]) -> dict:
     rounds = sorted({r["round"] for r in rows})
     per = []
     for k in rounds:
-        caps = {w: capacity_at([r for r in rows if r["round"] == k and r["workers"] == w])
-                for w in (lo, hi)}  # fmt: skip
-        per.append({"round": k, "capacity": {str(w): c for w, c in caps.items()},
-                    "ratio": caps[hi] / caps[lo] if caps[lo] and caps[hi] else None})  # fmt: skip
+        caps = {
+            w: capacity_at([r for r in rows if r["round"] == k and r["workers"] == w])
+            for w in (lo, hi)
+        }
+        per.append(
+            {
+                "round": k,
+                "capacity": {str(w): c for w, c in caps.items()},
+                "ratio": caps[hi] / caps[lo] if caps[lo] and caps[hi] else None,
+            }
+        )
     ratios = [p["ratio"] for p in per if p["ratio"] is not None]
-    out = {"workers": [lo, hi], "slo_floor": SLO_FLOOR, "rounds": per,
-           "ratio_mean": statistics.fmean(ratios) if ratios else None}  # fmt: skip
+    out = {
+        "workers": [lo, hi],
+        "slo_floor": SLO_FLOOR,
+        "rounds": per,
+        "ratio_mean": statistics.fmean(ratios) if ratios else None,
+    }
     if len(ratios) > 1:
         t = T975.get(len(ratios) - 1, 1.96)
         half = t * statistics.stdev(ratios) / len(ratios) ** 0.5
@@ -530,11 +579,17 @@ def plot(r: dict, path: str) -> None:
     for w in sorted({c["workers"] for c in r["cells"]}):
         xs = sorted({c["robots"] for c in r["cells"] if c["workers"] == w})
         for ax, key in ((a, "served_per_s"), (b, "slo_share")):
-            vals = [[c[key] for c in r["cells"] if c["workers"] == w and c["robots"] == n]
-                    for n in xs]  # fmt: skip
+            vals = [
+                [c[key] for c in r["cells"] if c["workers"] == w and c["robots"] == n] for n in xs
+            ]
             line = ax.plot(xs, [np.mean(v) for v in vals], "o-", label=f"{w} worker(s)")[0]
-            ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals],
-                            color=line.get_color(), alpha=0.2)  # fmt: skip
+            ax.fill_between(
+                xs,
+                [min(v) for v in vals],
+                [max(v) for v in vals],
+                color=line.get_color(),
+                alpha=0.2,
+            )
     floor = r.get("ratio", {}).get("slo_floor")
     if floor:
         b.axhline(floor, color="grey", ls="--", lw=1)
@@ -552,59 +607,79 @@ def plot(r: dict, path: str) -> None:
 
 
 def show(r: dict) -> None:
-    print(f"bench scaleout: {r['policy']}, one request per {r['period_ms']:.0f} ms per robot, "
-          f"deadline {r['slo_ms']:.0f} ms, {r['seconds']:.0f} s per cell "
-          f"({r['machine']})")  # fmt: skip
-    print(f"  {'workers':>7} {'robots':>6} {'served/s':>8} {'SLO':>6} {'p99 ms':>7} "
-          f"{'fallbacks':>9} {'refused':>7} {'lost':>4}")  # fmt: skip
+    print(
+        f"bench scaleout: {r['policy']}, one request per {r['period_ms']:.0f} ms per robot, "
+        f"deadline {r['slo_ms']:.0f} ms, {r['seconds']:.0f} s per cell "
+        f"({r['machine']})"
+    )
+    print(
+        f"  {'workers':>7} {'robots':>6} {'served/s':>8} {'SLO':>6} {'p99 ms':>7} "
+        f"{'fallbacks':>9} {'refused':>7} {'lost':>4}"
+    )
     for c in r["cells"]:
         p99 = f"{c['p99_ms']:.0f}" if c["p99_ms"] is not None else "-"
-        print(f"  {c['workers']:>7} {c['robots']:>6} {c['served_per_s']:>8.2f} "
-              f"{c['slo_share']:>6.1%} {p99:>7} {c['fallbacks']:>9} {c['refused']:>7} "
-              f"{c['lost']:>4}")  # fmt: skip
+        print(
+            f"  {c['workers']:>7} {c['robots']:>6} {c['served_per_s']:>8.2f} "
+            f"{c['slo_share']:>6.1%} {p99:>7} {c['fallbacks']:>9} {c['refused']:>7} "
+            f"{c['lost']:>4}"
+        )
     if r["ratio"]:
         lo, hi = r["ratio"]["workers"]
         floor = r["ratio"]["slo_floor"]
         for p in r["ratio"]["rounds"]:
-            caps = ", ".join(f"{w} worker(s) {c:.2f}/s" if c else f"{w} worker(s) unsaturated"
-                             for w, c in p["capacity"].items())  # fmt: skip
+            caps = ", ".join(
+                f"{w} worker(s) {c:.2f}/s" if c else f"{w} worker(s) unsaturated"
+                for w, c in p["capacity"].items()
+            )
             ratio = f"{p['ratio']:.2f}x" if p["ratio"] else "-"
-            print(f"  round {p['round']}: capacity at SLO share {floor:.0%}: {caps}; "
-                  f"{hi} vs {lo}: {ratio}")  # fmt: skip
+            print(
+                f"  round {p['round']}: capacity at SLO share {floor:.0%}: {caps}; "
+                f"{hi} vs {lo}: {ratio}"
+            )
         if r["ratio"].get("ratio_mean"):
             ci = r["ratio"].get("ratio_ci95")
             ci = f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
-            print(f"  {hi} vs {lo} workers at SLO share {floor:.0%}: "
-                  f"{r['ratio']['ratio_mean']:.2f}x{ci}")  # fmt: skip
+            print(
+                f"  {hi} vs {lo} workers at SLO share {floor:.0%}: "
+                f"{r['ratio']['ratio_mean']:.2f}x{ci}"
+            )
     if "kill" in r:
         k = r["kill"]
-        print(f"  kill: a worker holding {k['killed_in_flight']} request(s) SIGKILLed at "
-              f"{k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
-              f"{k['robots']} robots: lost {k['lost_requests']}, answered late "
-              f"{k['answered_late']}, first success after the kill "
-              f"{k['first_ok_after_kill_s'] or float('nan'):.3f} s, longest gap "
-              f"{k['longest_gap_after_kill_s']:.3f} s, worker back after "
-              f"{k['worker_back_s'] or float('nan'):.1f} s; front: {k['front']}")  # fmt: skip
+        print(
+            f"  kill: a worker holding {k['killed_in_flight']} request(s) SIGKILLed at "
+            f"{k['kill_at_s']:.1f} s of {k['seconds']:.0f} s, "
+            f"{k['robots']} robots: lost {k['lost_requests']}, answered late "
+            f"{k['answered_late']}, first success after the kill "
+            f"{k['first_ok_after_kill_s'] or float('nan'):.3f} s, longest gap "
+            f"{k['longest_gap_after_kill_s']:.3f} s, worker back after "
+            f"{k['worker_back_s'] or float('nan'):.1f} s; front: {k['front']}"
+        )
     h = r.get("hop")
     if h:
-        print(f"  hop: round trip minus edge time, median {h['direct_ms']:.3f} ms direct vs "
-              f"{h['ray_ms']:.3f} ms via front + worker: hop {h['hop_ms']:+.3f} ms (paired, "
-              f"95% CI {h['hop_ci95_ms'][0]:+.3f} to {h['hop_ci95_ms'][1]:+.3f}; "
-              f"{h['requests']} requests of {h['request_bytes']} B each way)")  # fmt: skip
+        print(
+            f"  hop: round trip minus edge time, median {h['direct_ms']:.3f} ms direct vs "
+            f"{h['ray_ms']:.3f} ms via front + worker: hop {h['hop_ms']:+.3f} ms (paired, "
+            f"95% CI {h['hop_ci95_ms'][0]:+.3f} to {h['hop_ci95_ms'][1]:+.3f}; "
+            f"{h['requests']} requests of {h['request_bytes']} B each way)"
+        )
     if "projection" in r:
         p = r["projection"]
         print(f"  projection (service {p['service_ms_mean']:.1f} ms mean, n={p['samples']}):")
         for c in p["check"]:
-            print(f"    check round {c['round']} {c['workers']}w {c['robots']}r: measured "
-                  f"{c['measured_per_s']:.2f}/s vs simulated "
-                  f"{c['simulated_per_s']:.2f}/s")  # fmt: skip
+            print(
+                f"    check round {c['round']} {c['workers']}w {c['robots']}r: measured "
+                f"{c['measured_per_s']:.2f}/s vs simulated "
+                f"{c['simulated_per_s']:.2f}/s"
+            )
         for c in p["scale"]:
             lin = f"{c['linear_per_s']:.2f}/s" if c["linear_per_s"] else "-"
             rl = f"{c['ratio_to_linear']:.2f}x" if c["ratio_to_linear"] else "-"
-            print(f"    {c['workers']} workers: capacity at the SLO floor "
-                  f"{c['capacity_per_s'] or float('nan'):.2f}/s; linear from one worker {lin} "
-                  f"({rl}); workers / mean service {c['profile_capacity_per_s']:.2f}/s "
-                  f"({c['ratio_to_profile']:.2f}x)")  # fmt: skip
+            print(
+                f"    {c['workers']} workers: capacity at the SLO floor "
+                f"{c['capacity_per_s'] or float('nan'):.2f}/s; linear from one worker {lin} "
+                f"({rl}); workers / mean service {c['profile_capacity_per_s']:.2f}/s "
+                f"({c['ratio_to_profile']:.2f}x)"
+            )
 
 
 OPTIONS = {"bench-scaleout": BenchScaleoutOptions}

@@ -55,8 +55,10 @@ def run(o: BenchServeOptions) -> dict:
     try:
         import openpi_client  # noqa: F401
     except ImportError:
-        raise RuntimeError("bench serve needs openpi-client: pip install --no-deps "
-                           "openpi-client websockets dm-tree") from None  # fmt: skip
+        raise RuntimeError(
+            "bench serve needs openpi-client: pip install --no-deps "
+            "openpi-client websockets dm-tree"
+        ) from None
     from vlarun.policy import Policy
     from vlarun.runtime.openpi import OpenpiPolicyServer, get_layout
 
@@ -67,8 +69,11 @@ def run(o: BenchServeOptions) -> dict:
     stop = server.start_in_thread()
     cfg = policy.model.cfg
     rng = np.random.default_rng(0)
-    frame = {"image": rng.integers(0, 255, (cfg.image_size,) * 2 + (3,), dtype=np.uint8),
-             "state": np.zeros(4, np.float32), "prompt": "open the drawer"}  # fmt: skip
+    frame = {
+        "image": rng.integers(0, 255, (cfg.image_size,) * 2 + (3,), dtype=np.uint8),
+        "state": np.zeros(4, np.float32),
+        "prompt": "open the drawer",
+    }
     if cfg.num_images > 1:
         frame["second_image"] = frame["image"].copy()
     try:
@@ -80,9 +85,10 @@ def run(o: BenchServeOptions) -> dict:
         single_s = time.perf_counter() - t0
         overhead = list(server.server_ms)
         many: list = []
-        threads = [threading.Thread(target=_client_run, args=(server.port, key, frame,
-                                                              o.requests, many))
-                   for _ in range(o.clients)]  # fmt: skip
+        threads = [
+            threading.Thread(target=_client_run, args=(server.port, key, frame, o.requests, many))
+            for _ in range(o.clients)
+        ]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -105,7 +111,7 @@ def run(o: BenchServeOptions) -> dict:
         "one_client": {
             "requests_per_s": len(single) / single_s,
             "latency_ms_median": med(r for r, _, _ in single),
-        },  # fmt: skip
+        },
         "concurrent": {
             "clients": o.clients,
             "requests": len(many),
@@ -121,13 +127,19 @@ def show(r: dict) -> None:
     c = r["concurrent"]
     print(f"{r['benchmark']}: {r['policy']}, {r['requests_per_client']} requests per client")
     over, p90 = r["server_overhead_ms_median"], r["server_overhead_ms_p90"]
-    print(f"  model {r['model_ms_median']:.2f} ms; server overhead median {over:.3f} ms "
-          f"(p90 {p90:.3f}); client round trip minus model "
-          f"{r['client_rtt_minus_model_ms_median']:.3f} ms")  # fmt: skip
-    print(f"  1 client: {r['one_client']['requests_per_s']:.1f} req/s, median "
-          f"{r['one_client']['latency_ms_median']:.1f} ms")  # fmt: skip
-    print(f"  {c['clients']} clients: {c['requests_per_s']:.1f} req/s, median "
-          f"{c['latency_ms_median']:.1f} ms, p99 {c['latency_ms_p99']:.1f} ms")  # fmt: skip
+    print(
+        f"  model {r['model_ms_median']:.2f} ms; server overhead median {over:.3f} ms "
+        f"(p90 {p90:.3f}); client round trip minus model "
+        f"{r['client_rtt_minus_model_ms_median']:.3f} ms"
+    )
+    print(
+        f"  1 client: {r['one_client']['requests_per_s']:.1f} req/s, median "
+        f"{r['one_client']['latency_ms_median']:.1f} ms"
+    )
+    print(
+        f"  {c['clients']} clients: {c['requests_per_s']:.1f} req/s, median "
+        f"{c['latency_ms_median']:.1f} ms, p99 {c['latency_ms_p99']:.1f} ms"
+    )
 
 
 OPTIONS = {"bench-serve": BenchServeOptions}

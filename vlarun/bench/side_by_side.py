@@ -109,8 +109,9 @@ def run(o: BenchSideBySideOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="vlarun-old-"))
     tree = tmp / "tree"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(tree), o.rev],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(tree), o.rev], check=True
+    )
     for ignored in ("data", "runs"):  # ignored folders the benchmark may read
         if (root / ignored).exists() and not (tree / ignored).exists():
             (tree / ignored).symlink_to(root / ignored)
@@ -126,15 +127,17 @@ def run(o: BenchSideBySideOptions) -> dict:
                 print(f"run {i + 1}/{o.runs} at {side} ...", file=sys.stderr, flush=True)
                 p = subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True)
                 if p.returncode != 0:  # negative: killed by a signal (e.g. the OOM killer)
-                    raise RuntimeError(f"{side} run {i + 1} failed, rc {p.returncode}:\n"
-                                       f"{p.stderr[-2000:]}")  # fmt: skip
+                    raise RuntimeError(
+                        f"{side} run {i + 1} failed, rc {p.returncode}:\n{p.stderr[-2000:]}"
+                    )
                 (out / f"{side}-{i}.json").write_text(p.stdout)
                 parsed = json.loads(p.stdout)
                 first.setdefault(side, parsed)
                 results[side].append(numbers(parsed))
     finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
-                       check=False)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False
+        )
         shutil.rmtree(tmp, ignore_errors=True)
     keys = sorted(set().union(*(r.keys() for rs in results.values() for r in rs)))
     summary = {k: {s: [r.get(k) for r in rs] for s, rs in results.items()} for k in keys}
@@ -154,8 +157,10 @@ def show(r: dict) -> None:
         print(f"{k:60s} {cells}")
     if "differences" in r:
         diffs = r["differences"]
-        print(f"{len(diffs)} differences between {r['rev']} and this tree"
-              + (" (identical)" if not diffs else ":"))  # fmt: skip
+        print(
+            f"{len(diffs)} differences between {r['rev']} and this tree"
+            + (" (identical)" if not diffs else ":")
+        )
         for d in diffs[:50]:
             print(f"  {d}")
         if len(diffs) > 50:

@@ -90,8 +90,10 @@ def check_safetensors(path: Path) -> dict:
     with path.open("rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if n > min(size - 8, _ST_MAX_HEADER):
-            raise CheckpointError(f"{path}: its header length ({n} bytes) runs past the file "
-                                  f"({size} bytes): truncated or not safetensors")  # fmt: skip
+            raise CheckpointError(
+                f"{path}: its header length ({n} bytes) runs past the file "
+                f"({size} bytes): truncated or not safetensors"
+            )
         try:
             header = json.loads(f.read(n).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -109,11 +111,14 @@ def check_safetensors(path: Path) -> dict:
                 if not isinstance(v, int) or v < 0:
                     raise ValueError
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name!r} has a malformed entry "
-                                  f"({str(info)[:120]})") from None  # fmt: skip
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has a malformed entry ({str(info)[:120]})"
+            ) from None
         if not start <= end <= body or end - start != want * math.prod(shape):
-            raise CheckpointError(f"{path}: tensor {name!r} ({dtype} {shape}) claims bytes "
-                                  f"{start}..{end} of a {body}-byte body")  # fmt: skip
+            raise CheckpointError(
+                f"{path}: tensor {name!r} ({dtype} {shape}) claims bytes "
+                f"{start}..{end} of a {body}-byte body"
+            )
     return header
 
 
@@ -149,8 +154,9 @@ def read_weights(directory: str | Path) -> dict[str, Tensor]:
                 f"{d} holds only pickle weights ({', '.join(pickles)}); vlarun refuses pickle "
                 "because loading it can run arbitrary code - convert to safetensors first"
             )
-        raise CheckpointError(f"{d}: no {WEIGHTS} (nor {WEIGHTS}.index.json): the weights are "
-                              "missing")  # fmt: skip
+        raise CheckpointError(
+            f"{d}: no {WEIGHTS} (nor {WEIGHTS}.index.json): the weights are missing"
+        )
     state = {}
     for f in files:
         state.update(_load_file(f))
@@ -377,10 +383,14 @@ def vla_config_from(
         base = _with_oft_heads(base, llm, directory)
         # OpenVLA allows prompts up to the LM's context; whatever the visual tokens, BOS and the
         # action tokens leave of it is the text budget (not our presets' 48).
-        budget = (llm.max_positions - 1 - base.num_visual - base.num_state_tokens
-                  - base.num_action_tokens)  # fmt: skip
-        extra = {"action_vocab_size": vocab - pad, "max_text_tokens": budget,
-                 "prompt_suffix_ids": [OPENVLA_PROMPT_SUFFIX]}  # fmt: skip
+        budget = (
+            llm.max_positions - 1 - base.num_visual - base.num_state_tokens - base.num_action_tokens
+        )
+        extra = {
+            "action_vocab_size": vocab - pad,
+            "max_text_tokens": budget,
+            "prompt_suffix_ids": [OPENVLA_PROMPT_SUFFIX],
+        }
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
@@ -391,13 +401,26 @@ def vla_config_from(
 
 # The defaults of transformers' CLIPVisionConfig and LlamaConfig: llava-hf's config.json keeps
 # only the fields that differ from them (llava-1.5-7b-hf's text_config has no hidden_size).
-_CLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-                  "num_attention_heads": 12, "image_size": 224, "patch_size": 32,
-                  "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}  # fmt: skip
-_LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
-                   "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-                   "tie_word_embeddings": False}  # fmt: skip
+_CLIP_DEFAULTS = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "image_size": 224,
+    "patch_size": 32,
+    "hidden_act": "quick_gelu",
+    "layer_norm_eps": 1e-5,
+}
+_LLAMA_DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
 
 
 def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig:
@@ -406,8 +429,9 @@ def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig
     where = f"{directory}/config.json"
     llava.check(config, where)
     bins = llava.read_action_bins(directory, action_bins)
-    vision = vit_config_from_hf(_CLIP_DEFAULTS | config.get("vision_config", {})
-                                | {"model_type": "clip_vision_model"})  # fmt: skip
+    vision = vit_config_from_hf(
+        _CLIP_DEFAULTS | config.get("vision_config", {}) | {"model_type": "clip_vision_model"}
+    )
     layer = int(config.get("vision_feature_layer", -2))
     vision = dataclasses.replace(vision, feature_layer=layer)
     text = _LLAMA_DEFAULTS | (config.get("text_config") or {}) | {"model_type": "llama"}
@@ -415,8 +439,10 @@ def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig
         text["tie_word_embeddings"] = config["tie_word_embeddings"]
     llm = LlamaConfig.from_hf(text)
     if not llava.N_BINS < bins["vocab_size"] <= llm.vocab_size:
-        raise CheckpointError(f"{where}: action bins below id {bins['vocab_size']} do not fit "
-                              f"the LM's {llm.vocab_size} ids")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: action bins below id {bins['vocab_size']} do not fit "
+            f"the LM's {llm.vocab_size} ids"
+        )
     bos = text.get("bos_token_id", 1)
     prefix = llava.image_prefix_ids(directory, llava.image_token_id(config), bos)
     chunk, dim = bins["chunk"], bins["action_dim"]
@@ -424,11 +450,19 @@ def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig
     # patch features and the action tokens leave of it (as for OpenVLA).
     budget = llm.max_positions - 1 - len(prefix) - vision.num_patches - chunk * dim
     return VLAConfig(
-        name="llava-vla", family="autoregressive", llm=llm, vision=(vision,), connector="mlp",
-        action_dim=dim, chunk=chunk, max_text_tokens=budget, action_vocab_size=bins["vocab_size"],
-        image_prefix_ids=prefix, bos_id=bos,
+        name="llava-vla",
+        family="autoregressive",
+        llm=llm,
+        vision=(vision,),
+        connector="mlp",
+        action_dim=dim,
+        chunk=chunk,
+        max_text_tokens=budget,
+        action_vocab_size=bins["vocab_size"],
+        image_prefix_ids=prefix,
+        bos_id=bos,
         notes=f"LLaVA (HF LlavaForConditionalGeneration), CLIP layer {layer}",
-    )  # fmt: skip
+    )
 
 
 def _with_oft_heads(base: VLAConfig, llm: LlamaConfig, directory) -> VLAConfig:
@@ -445,13 +479,23 @@ def _with_oft_heads(base: VLAConfig, llm: LlamaConfig, directory) -> VLAConfig:
             f"{directory}/{HEADS_CONFIG}: the action head reads {heads['llm_dim']}-wide LM "
             f"states, the LM is {llm.hidden_size} wide"
         )
-    oft = OFTHeadConfig(heads["llm_dim"], heads["action_dim"], heads["chunk"],
-                        heads["hidden_dim"], heads["num_blocks"])  # fmt: skip
+    oft = OFTHeadConfig(
+        heads["llm_dim"],
+        heads["action_dim"],
+        heads["chunk"],
+        heads["hidden_dim"],
+        heads["num_blocks"],
+    )
     return dataclasses.replace(
-        base, name="openvla-oft", family="parallel", oft=oft, chunk=heads["chunk"],
-        action_dim=heads["action_dim"], num_images=heads["num_images"],
+        base,
+        name="openvla-oft",
+        family="parallel",
+        oft=oft,
+        chunk=heads["chunk"],
+        action_dim=heads["action_dim"],
+        num_images=heads["num_images"],
         proprio_dim=heads["proprio_dim"],
-    )  # fmt: skip
+    )
 
 
 # The Prismatic variant vlarun builds: OpenVLA's fused DINOv2 + SigLIP towers (timm names).
@@ -552,8 +596,9 @@ def load_vla(
     stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
     stats = stats or config.get("norm_stats", {})
     if cfg.fast is not None and (d / FAST_TOKENIZER_DIR).is_dir():
-        fast = FastTokenizer.load(d / FAST_TOKENIZER_DIR, action_horizon=cfg.horizon,
-                                  action_dim=cfg.action_dim)  # fmt: skip
+        fast = FastTokenizer.load(
+            d / FAST_TOKENIZER_DIR, action_horizon=cfg.horizon, action_dim=cfg.action_dim
+        )
         model.set_fast_tokenizer(fast)
     return model.eval(), stats
 
@@ -585,8 +630,10 @@ def _check_depth(cfg: VLAConfig, directory: Path) -> None:
     deep = {k: v for k, v in stacks.items() if v > held}
     if deep:
         what = ", ".join(f"{k} {v} layers" for k, v in deep.items())
-        raise CheckpointError(f"{directory / 'config.json'}: asks for {what}, but its weights "
-                              f"hold at most {held} layers per stack")  # fmt: skip
+        raise CheckpointError(
+            f"{directory / 'config.json'}: asks for {what}, but its weights "
+            f"hold at most {held} layers per stack"
+        )
 
 
 def stream_weights(directory: Path):

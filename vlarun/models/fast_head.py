@@ -125,8 +125,14 @@ class FastHead:
     """A FAST tokenizer bound to a model's vocabulary and chunk shape; ``failures`` counts the
     sequences that decoded to the all-zero chunk."""
 
-    def __init__(self, cfg: FastConfig, lm_vocab: int, tokenizer: FastTokenizer,
-                 horizon: int, action_dim: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: FastConfig,
+        lm_vocab: int,
+        tokenizer: FastTokenizer,
+        horizon: int,
+        action_dim: int,
+    ) -> None:
         cfg.check_compatible(lm_vocab)
         if tokenizer.vocab_size > cfg.vocab_size:
             raise ValueError(
@@ -221,5 +227,6 @@ def synthetic_fast_tokenizer(
     """A FAST tokenizer fitted on ``smooth_chunks`` (deterministic for a seed; a fresh object
     each call, so its counters are its own)."""
     text, min_token = _synthetic_files(horizon, action_dim, vocab_size, seed)
-    return FastTokenizer(Tokenizer.from_str(text), action_horizon=horizon,
-                         action_dim=action_dim, min_token=min_token)  # fmt: skip
+    return FastTokenizer(
+        Tokenizer.from_str(text), action_horizon=horizon, action_dim=action_dim, min_token=min_token
+    )

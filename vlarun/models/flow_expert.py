@@ -91,8 +91,9 @@ class FlowExpertConfig:
     def expert_config(self) -> LlamaConfig:
         """The expert decoder as built: no vocabulary, adaptive norms when time conditions them."""
         cond = self.expert.hidden_size if self.time_cond == "adarms" else 0
-        return dataclasses.replace(self.expert, vocab_size=1, tie_embeddings=True,
-                                   norm_cond_dim=cond)  # fmt: skip
+        return dataclasses.replace(
+            self.expert, vocab_size=1, tie_embeddings=True, norm_cond_dim=cond
+        )
 
     def num_params(self) -> int:
         w = self.expert.hidden_size
@@ -187,8 +188,9 @@ class FlowMatchingExpert(nn.Module):
         positions = start[:, None].to(tokens.device) + offsets[None]  # (B, T)
         mask = self.suffix_mask(tokens.device)
         fn = forward if forward is not None and feature_cache is None else expert_forward
-        out = fn(self.expert, tokens, positions, prefix, mask, feature_cache, cond,
-                 self.cfg.cross_layers)  # fmt: skip
+        out = fn(
+            self.expert, tokens, positions, prefix, mask, feature_cache, cond, self.cfg.cross_layers
+        )
         return self.action_out_proj(out[:, self.cfg.num_state_tokens :]).float()
 
     @torch.no_grad()

@@ -129,7 +129,7 @@ RENAMES: dict[str, tuple[tuple[str, str | None], ...]] = {
         ("model.state_proj.", "proprio_projector."),  # SmolVLA's state is a prefix token
         *_EXPERT_HEADS[1:],
     ),
-}  # fmt: skip
+}
 RENAMES["pi05"] = RENAMES["pi0"]
 RENAMES["pi0_fast"] = _PALIGEMMA  # no expert: the LM's own head decodes the FAST code
 # Parameters a LeRobot directory does not hold because LeRobot has no such module: the
@@ -163,8 +163,7 @@ def rename(name: str, kind: str = "pi0") -> str | None:
 def camera_keys(config: Mapping) -> list[str]:
     """The checkpoint's cameras in LeRobot's order, without its masked ``empty_camera_*``."""
     feats = config.get("input_features") or {}
-    return [k for k, f in feats.items()
-            if f.get("type") == "VISUAL" and ".empty_camera_" not in k]  # fmt: skip
+    return [k for k, f in feats.items() if f.get("type") == "VISUAL" and ".empty_camera_" not in k]
 
 
 def _feature_width(config: Mapping, group: str, key: str) -> int | None:
@@ -184,31 +183,46 @@ def vla_config(config: Mapping, directory: str | Path) -> VLAConfig:
         return _pi0_fast_config(config, directory)
     for memory in ("use_visual_memory", "use_proprioceptive_memory"):
         if config.get(memory):
-            raise LeRobotError(f"{where}: {memory}=true (pi05's frame / state history) is not "
-                               "supported")  # fmt: skip
+            raise LeRobotError(
+                f"{where}: {memory}=true (pi05's frame / state history) is not supported"
+            )
     vlm_name, tower, llm = _paligemma(config, where)
     expert_name = config.get("action_expert_variant", "gemma_300m")
     if expert_name not in EXPERT_VARIANTS:
-        raise LeRobotError(f"{where}: action_expert_variant {expert_name!r}; known: "
-                           f"{sorted(EXPERT_VARIANTS)}")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: action_expert_variant {expert_name!r}; known: {sorted(EXPERT_VARIANTS)}"
+        )
     cams = camera_keys(config)
     expert = EXPERT_VARIANTS[expert_name]
     width = int(config.get("max_action_dim", 32))
     horizon = int(config.get("chunk_size", 50))
     pi05 = kind == "pi05"  # the time conditions the expert's norms; the state is prompt text
-    flow = FlowExpertConfig(expert, action_dim=width, horizon=horizon,
-                            state_dim=0 if pi05 else int(config.get("max_state_dim", 32)),
-                            num_steps=int(config.get("num_inference_steps", 10)),
-                            time_cond="adarms" if pi05 else "mlp")  # fmt: skip
+    flow = FlowExpertConfig(
+        expert,
+        action_dim=width,
+        horizon=horizon,
+        state_dim=0 if pi05 else int(config.get("max_state_dim", 32)),
+        num_steps=int(config.get("num_inference_steps", 10)),
+        time_cond="adarms" if pi05 else "mlp",
+    )
     text = int(config.get("tokenizer_max_length", 200 if pi05 else 48))
     try:
         return VLAConfig(
-            name=f"lerobot-{kind}-{vlm_name}", family="flow", llm=llm, vision=(tower,),
-            connector="linear", num_images=len(cams), action_dim=width, chunk=horizon,
-            max_text_tokens=text, prefix_causal=False, images_first=True,
-            bos_id=PALIGEMMA_BOS, flow=flow,
+            name=f"lerobot-{kind}-{vlm_name}",
+            family="flow",
+            llm=llm,
+            vision=(tower,),
+            connector="linear",
+            num_images=len(cams),
+            action_dim=width,
+            chunk=horizon,
+            max_text_tokens=text,
+            prefix_causal=False,
+            images_first=True,
+            bos_id=PALIGEMMA_BOS,
+            flow=flow,
             notes=f"LeRobot {kind} directory (PaliGemma + Gemma expert)",
-        )  # fmt: skip
+        )
     except ValueError as e:
         raise LeRobotError(f"{where}: {e}") from None
 
@@ -217,8 +231,9 @@ def _paligemma(config: Mapping, where: str) -> tuple[str, ViTConfig, LlamaConfig
     """(variant name, SigLIP tower at the configured resolution, Gemma) of a PaliGemma prefix."""
     vlm_name = config.get("paligemma_variant", "gemma_2b")
     if vlm_name not in PALIGEMMA_VARIANTS:
-        raise LeRobotError(f"{where}: paligemma_variant {vlm_name!r}; known: "
-                           f"{sorted(PALIGEMMA_VARIANTS)}")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: paligemma_variant {vlm_name!r}; known: {sorted(PALIGEMMA_VARIANTS)}"
+        )
     res = config.get("image_resolution", [224, 224])
     if len(res) != 2 or res[0] != res[1]:
         raise LeRobotError(f"{where}: image_resolution {res} must be square (PaliGemma's is)")
@@ -233,26 +248,39 @@ def _pi0_fast_config(config: Mapping, directory: str | Path) -> VLAConfig:
     where = f"{directory}/config.json"
     vlm_name, tower, llm = _paligemma(config, where)
     if tower.image_size != 224:  # PI0FastPaliGemma never sets the tower's size (pi0 does)
-        raise LeRobotError(f"{where}: image_resolution {config['image_resolution']}; LeRobot's "
-                           "pi0_fast builds its SigLIP tower at 224 px whatever this says, so "
-                           "it runs at 224 only")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: image_resolution {config['image_resolution']}; LeRobot's "
+            "pi0_fast builds its SigLIP tower at 224 px whatever this says, so "
+            "it runs at 224 only"
+        )
     temperature = float(config.get("temperature", 0.0))
     if temperature > 0:
-        raise LeRobotError(f"{where}: temperature={temperature} (sampled FAST codes); vlarun "
-                           "decodes greedily, as LeRobot does at temperature 0")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: temperature={temperature} (sampled FAST codes); vlarun "
+            "decodes greedily, as LeRobot does at temperature 0"
+        )
     text = _text_tokenizer(directory, config)
     size = text.get_vocab_size(with_added_tokens=False)  # transformers' ``vocab_size``
     if size != llm.vocab_size:
-        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: {size} tokens; LeRobot places the "
-                           "FAST ids from the top of the tokenizer's vocabulary, which must "
-                           f"then be the model's {llm.vocab_size}")  # fmt: skip
+        raise LeRobotError(
+            f"{directory}/{TOKENIZER_FILE}: {size} tokens; LeRobot places the "
+            "FAST ids from the top of the tokenizer's vocabulary, which must "
+            f"then be the model's {llm.vocab_size}"
+        )
     marks = {t: text.token_to_id(t) for t in ("|", "Action", ":")}
     if None in marks.values():
         absent = [t for t, i in marks.items() if i is None]
-        raise LeRobotError(f"{directory}/{TOKENIZER_FILE}: no token {absent}; LeRobot's pi0_fast "
-                           "ends its code at '|' and checks it starts 'Action' ':'")  # fmt: skip
-    fast_dir = _fetched_file(directory, config, FAST_TOKENIZER_DIR, "tokenizer.json and "
-                             "processor_config.json", "decodes actions with")  # fmt: skip
+        raise LeRobotError(
+            f"{directory}/{TOKENIZER_FILE}: no token {absent}; LeRobot's pi0_fast "
+            "ends its code at '|' and checks it starts 'Action' ':'"
+        )
+    fast_dir = _fetched_file(
+        directory,
+        config,
+        FAST_TOKENIZER_DIR,
+        "tokenizer.json and processor_config.json",
+        "decodes actions with",
+    )
     try:
         fast_vocab = FastTokenizer.load(fast_dir, action_horizon=1, action_dim=1).vocab_size
     except (OSError, ValueError) as e:
@@ -263,20 +291,32 @@ def _pi0_fast_config(config: Mapping, directory: str | Path) -> VLAConfig:
     validate = bool(config.get("validate_action_token_prefix", True))
     try:
         fast = FastConfig(
-            vocab_size=fast_vocab, max_tokens=steps, end_id=marks["|"],
-            skip_tokens=int(config.get("fast_skip_tokens", 128)), relaxed=True,
+            vocab_size=fast_vocab,
+            max_tokens=steps,
+            end_id=marks["|"],
+            skip_tokens=int(config.get("fast_skip_tokens", 128)),
+            relaxed=True,
             strip=tuple(text.encode("Action: ", add_special_tokens=False).ids),
             starts=(marks["Action"], marks[":"]) if validate else (),
-        )  # fmt: skip
+        )
         return VLAConfig(
-            name=f"lerobot-pi0_fast-{vlm_name}", family="autoregressive", llm=llm,
-            vision=(tower,), connector="linear", num_images=len(camera_keys(config)),
-            action_dim=dim, chunk=horizon,
+            name=f"lerobot-pi0_fast-{vlm_name}",
+            family="autoregressive",
+            llm=llm,
+            vision=(tower,),
+            connector="linear",
+            num_images=len(camera_keys(config)),
+            action_dim=dim,
+            chunk=horizon,
             max_text_tokens=int(config.get("tokenizer_max_length", 200)),
-            prefix_causal=False, images_first=True, bos_id=PALIGEMMA_BOS,
-            prompt_suffix_ids=(PALIGEMMA_BOS,), decode_tokens=min(PI0_FAST_TOKENS, steps),
-            fast=fast, notes="LeRobot pi0_fast directory (PaliGemma decoding FAST tokens)",
-        )  # fmt: skip
+            prefix_causal=False,
+            images_first=True,
+            bos_id=PALIGEMMA_BOS,
+            prompt_suffix_ids=(PALIGEMMA_BOS,),
+            decode_tokens=min(PI0_FAST_TOKENS, steps),
+            fast=fast,
+            notes="LeRobot pi0_fast directory (PaliGemma decoding FAST tokens)",
+        )
     except ValueError as e:
         raise LeRobotError(f"{where}: {e}") from None
 
@@ -291,20 +331,29 @@ def _check_common(config: Mapping, where: str) -> None:
     """What vlarun does not carry over from any LeRobot flow policy, each one line."""
     periods = (config.get("min_period", 4e-3), config.get("max_period", 4.0))
     if tuple(map(float, periods)) != (4e-3, 4.0):
-        raise LeRobotError(f"{where}: min/max_period {periods}; vlarun's time embedding uses "
-                           "openpi's (0.004, 4.0)")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: min/max_period {periods}; vlarun's time embedding uses openpi's (0.004, 4.0)"
+        )
     if config.get("use_relative_actions"):
-        raise LeRobotError(f"{where}: use_relative_actions=true is not supported (the chunk "
-                           "would need the state added back per joint)")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: use_relative_actions=true is not supported (the chunk "
+            "would need the state added back per joint)"
+        )
     if not camera_keys(config):
         raise LeRobotError(f"{where}: input_features name no VISUAL feature (camera)")
-    for flag in ("use_visual_memory", "use_proprioceptive_memory", "add_image_special_tokens",
-                 "adapt_to_pi_aloha", "use_delta_joint_actions_aloha"):  # fmt: skip
+    for flag in (
+        "use_visual_memory",
+        "use_proprioceptive_memory",
+        "add_image_special_tokens",
+        "adapt_to_pi_aloha",
+        "use_delta_joint_actions_aloha",
+    ):
         if config.get(flag):
             raise LeRobotError(f"{where}: {flag}=true is not supported")
     if int(config.get("prefix_length", -1)) > 0:
-        raise LeRobotError(f"{where}: prefix_length={config['prefix_length']} (a padded prefix) "
-                           "is not supported")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: prefix_length={config['prefix_length']} (a padded prefix) is not supported"
+        )
 
 
 def _hub_name(config: Mapping, name: str = TOKENIZER_FILE) -> str:
@@ -316,8 +365,9 @@ def _hub_name(config: Mapping, name: str = TOKENIZER_FILE) -> str:
     return config.get("text_tokenizer_name", "google/paligemma-3b-pt-224")
 
 
-def _fetched_file(directory: str | Path, config: Mapping, name: str, hub_file: str,
-                  use: str) -> Path:  # fmt: skip
+def _fetched_file(
+    directory: str | Path, config: Mapping, name: str, hub_file: str, use: str
+) -> Path:
     """``directory/name``, a copy of what LeRobot fetches from a model hub (``hub_file`` of
     the repository it names), or the one error that says where to get it."""
     path = Path(directory) / name
@@ -351,8 +401,9 @@ def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     odd layers cross-attending (``self_attn_every_n_layers``); RoPE at 10000 as LeRobot's own
     ``apply_rope`` (not the text model's configured theta)."""
     where = f"{directory}/config.json"
-    path = _fetched_file(directory, config, VLM_CONFIG_FILE, "config.json",
-                         "builds its backbone from")  # fmt: skip
+    path = _fetched_file(
+        directory, config, VLM_CONFIG_FILE, "config.json", "builds its backbone from"
+    )
     vlm = json.loads(path.read_text())
     text, vision = vlm.get("text_config") or {}, vlm.get("vision_config") or {}
     try:
@@ -385,12 +436,16 @@ def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
         raise LeRobotError(f"{path}: not a SmolVLM config ({e})") from None
     size = config.get("resize_imgs_with_padding") or [tower.image_size] * 2
     if list(size) != [tower.image_size] * 2:
-        raise LeRobotError(f"{where}: resize_imgs_with_padding {size} but the vision tower "
-                           f"takes {tower.image_size} px")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: resize_imgs_with_padding {size} but the vision tower "
+            f"takes {tower.image_size} px"
+        )
     experts = int(config.get("num_expert_layers", -1))
     if experts > 0 and experts != layers:
-        raise LeRobotError(f"{where}: num_expert_layers={experts} of {layers} VLM layers (an "
-                           "expert shallower than the VLM) is not supported")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: num_expert_layers={experts} of {layers} VLM layers (an "
+            "expert shallower than the VLM) is not supported"
+        )
     width = int(llm.hidden_size * float(config.get("expert_width_multiplier", 0.75)))
     expert = dataclasses.replace(
         llm,
@@ -402,24 +457,37 @@ def _smolvla_config(config: Mapping, directory: str | Path) -> VLAConfig:
     every = int(config.get("self_attn_every_n_layers", 2))
     cross = "cross" in str(config.get("attention_mode", "cross_attn"))
     flow = FlowExpertConfig(
-        expert, action_dim=int(config.get("max_action_dim", 32)),
-        horizon=int(config.get("chunk_size", 50)), state_dim=0,
+        expert,
+        action_dim=int(config.get("max_action_dim", 32)),
+        horizon=int(config.get("chunk_size", 50)),
+        state_dim=0,
         num_steps=int(config.get("num_steps", 10)),
         cross_every=max(every, 1) if cross else 0,
-        cross_kv_dim=llm.num_kv_heads * llm.hd, causal_actions=True,
-    )  # fmt: skip
+        cross_kv_dim=llm.num_kv_heads * llm.hd,
+        causal_actions=True,
+    )
     if cross and every <= 0:  # LeRobot then cross-attends in every layer but the prefill
-        raise LeRobotError(f"{where}: attention_mode {config.get('attention_mode')!r} with "
-                           f"self_attn_every_n_layers={every} is not supported")  # fmt: skip
+        raise LeRobotError(
+            f"{where}: attention_mode {config.get('attention_mode')!r} with "
+            f"self_attn_every_n_layers={every} is not supported"
+        )
     try:
         return VLAConfig(
-            name="lerobot-smolvla", family="flow", llm=llm, vision=(tower,),
-            connector="pixel-shuffle", pixel_shuffle=int(vlm.get("scale_factor", 4)),
-            num_images=len(camera_keys(config)), action_dim=flow.action_dim,
-            chunk=flow.horizon, max_text_tokens=int(config.get("tokenizer_max_length", 48)),
-            proprio_dim=int(config.get("max_state_dim", 32)), flow=flow, **SMOLVLA_LAYOUT,
+            name="lerobot-smolvla",
+            family="flow",
+            llm=llm,
+            vision=(tower,),
+            connector="pixel-shuffle",
+            pixel_shuffle=int(vlm.get("scale_factor", 4)),
+            num_images=len(camera_keys(config)),
+            action_dim=flow.action_dim,
+            chunk=flow.horizon,
+            max_text_tokens=int(config.get("tokenizer_max_length", 48)),
+            proprio_dim=int(config.get("max_state_dim", 32)),
+            flow=flow,
+            **SMOLVLA_LAYOUT,
             notes="LeRobot smolvla directory (SmolVLM2 + cross-attending expert)",
-        )  # fmt: skip
+        )
     except ValueError as e:
         raise LeRobotError(f"{where}: {e}") from None
 
@@ -490,8 +558,7 @@ class FeatureNorm:
         return ((y + 1.0) * self._denom() / 2.0 + a).astype(np.float32)
 
 
-_STAT_FIELDS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"),
-                "QUANTILES": ("q01", "q99")}  # fmt: skip
+_STAT_FIELDS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}
 
 
 def _normaliser_step(directory: Path, pipeline: str, registry: str) -> tuple[dict, dict]:
@@ -511,8 +578,9 @@ def _normaliser_step(directory: Path, pipeline: str, registry: str) -> tuple[dic
     return {}, {}
 
 
-def _feature_norm(config: Mapping, step: dict, stats: dict, key: str, kind: str, width: int,
-                  dim: int, where: str) -> FeatureNorm:  # fmt: skip
+def _feature_norm(
+    config: Mapping, step: dict, stats: dict, key: str, kind: str, width: int, dim: int, where: str
+) -> FeatureNorm:
     mapping = step.get("norm_map") or config.get("normalization_mapping") or {}
     mode = str(mapping.get(kind, "IDENTITY"))
     eps = float(step.get("eps", 1e-8))
@@ -525,8 +593,7 @@ def _feature_norm(config: Mapping, step: dict, stats: dict, key: str, kind: str,
     if any(n not in stats for n in names):
         if not stats:  # no statistics saved at all: leave the values as they are, and say so
             return FeatureNorm("IDENTITY", dim, width, eps=eps, statistics=False)
-        raise LeRobotError(f"{where}: {mode} for {key} needs {names}; the file has "
-                           f"{sorted(stats)}")  # fmt: skip
+        raise LeRobotError(f"{where}: {mode} for {key} needs {names}; the file has {sorted(stats)}")
     a, b = (tuple(float(v) for v in np.asarray(stats[n]).reshape(-1)) for n in names)
     return FeatureNorm(mode, dim, width, a, b, eps)
 
@@ -553,14 +620,36 @@ def read_io(directory: str | Path, config: Mapping, cfg: VLAConfig) -> LeRobotIO
     action_dim = _feature_width(config, "output_features", "action") or cfg.action_dim
     # pi0 pads the state to the expert's width; pi05 writes its own dimensions into the prompt
     width = cfg.state_dim or state_dim
-    state = _feature_norm(config, pre_cfg, pre_stats, "observation.state", "STATE", width,
-                          state_dim, f"{d}/policy_preprocessor.json")  # fmt: skip
-    action = _feature_norm(config, post_cfg, post_stats, "action", "ACTION", cfg.action_dim,
-                           action_dim, f"{d}/policy_postprocessor.json")  # fmt: skip
+    state = _feature_norm(
+        config,
+        pre_cfg,
+        pre_stats,
+        "observation.state",
+        "STATE",
+        width,
+        state_dim,
+        f"{d}/policy_preprocessor.json",
+    )
+    action = _feature_norm(
+        config,
+        post_cfg,
+        post_stats,
+        "action",
+        "ACTION",
+        cfg.action_dim,
+        action_dim,
+        f"{d}/policy_postprocessor.json",
+    )
     kind = config.get("type")
     # pi05 and pi0_fast write the state in the text
     prompt = kind if kind in ("pi05", "pi0_fast") else "task-newline"
     resize = "pad-topleft" if kind == "smolvla" else "pad"  # SmolVLA pads left/top, openpi centres
     declared = "observation.state" in (config.get("input_features") or {})
-    return LeRobotIO(state, action, prompt, resize, tuple(camera_keys(config)),
-                     "observation.state" if declared else None)  # fmt: skip
+    return LeRobotIO(
+        state,
+        action,
+        prompt,
+        resize,
+        tuple(camera_keys(config)),
+        "observation.state" if declared else None,
+    )

@@ -59,16 +59,22 @@ def check(config: dict, where: str) -> None:
     """One LlavaError naming the first field vlarun cannot build."""
     vision = config.get("vision_config") or {}
     if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
-        raise LlavaError(f"{where}: vision_config is a {vision.get('model_type')!r} tower; "
-                         "vlarun loads LLaVA's CLIP tower")  # fmt: skip
+        raise LlavaError(
+            f"{where}: vision_config is a {vision.get('model_type')!r} tower; "
+            "vlarun loads LLaVA's CLIP tower"
+        )
     layer = config.get("vision_feature_layer", -2)
     if not isinstance(layer, int) or layer >= 0:
-        raise LlavaError(f"{where}: vision_feature_layer={layer!r}; vlarun takes one negative "
-                         "layer index (LLaVA-1.5: -2)")  # fmt: skip
+        raise LlavaError(
+            f"{where}: vision_feature_layer={layer!r}; vlarun takes one negative "
+            "layer index (LLaVA-1.5: -2)"
+        )
     strategy = config.get("vision_feature_select_strategy", "default")
     if strategy != "default":
-        raise LlavaError(f"{where}: vision_feature_select_strategy={strategy!r}; vlarun feeds "
-                         "the patch features without CLS ('default')")  # fmt: skip
+        raise LlavaError(
+            f"{where}: vision_feature_select_strategy={strategy!r}; vlarun feeds "
+            "the patch features without CLS ('default')"
+        )
     act = config.get("projector_hidden_act", "gelu")
     if act != "gelu":
         raise LlavaError(f"{where}: projector_hidden_act={act!r}; vlarun's projector uses gelu")
@@ -76,8 +82,9 @@ def check(config: dict, where: str) -> None:
         raise LlavaError(f"{where}: multimodal_projector_bias=false; vlarun's projector has biases")
     text = config.get("text_config") or {}
     if text.get("model_type", "llama") != "llama":
-        raise LlavaError(f"{where}: text_config is a {text.get('model_type')!r} model; vlarun "
-                         "loads a Llama LM")  # fmt: skip
+        raise LlavaError(
+            f"{where}: text_config is a {text.get('model_type')!r} model; vlarun loads a Llama LM"
+        )
 
 
 def read_action_bins(directory: str | Path, option: int | None) -> dict:
@@ -103,8 +110,9 @@ def read_action_bins(directory: str | Path, option: int | None) -> dict:
     n = bins.get("n_bins", N_BINS)
     lo, hi = bins.get("min_action", -1.0), bins.get("max_action", 1.0)
     if n != N_BINS or (lo, hi) != (-1.0, 1.0):
-        raise LlavaError(f"{path}: {n} bins over [{lo}, {hi}]; vlarun's action tokens are 256 "
-                         "bins over [-1, 1]")  # fmt: skip
+        raise LlavaError(
+            f"{path}: {n} bins over [{lo}, {hi}]; vlarun's action tokens are 256 bins over [-1, 1]"
+        )
     return {
         "vocab_size": vocab,
         "chunk": int(bins.get("chunk", DEFAULT_CHUNK)),
@@ -115,8 +123,9 @@ def read_action_bins(directory: str | Path, option: int | None) -> dict:
 def prompt_split(ids: list[int], image_id: int, where: str = "the prompt") -> tuple[list, list]:
     """(ids before the image token, ids after it) of a tokenized LLaVA prompt."""
     if ids.count(image_id) != 1:
-        raise LlavaError(f"{where} holds the image token {image_id} {ids.count(image_id)} times, "
-                         "not once")  # fmt: skip
+        raise LlavaError(
+            f"{where} holds the image token {image_id} {ids.count(image_id)} times, not once"
+        )
     i = ids.index(image_id)
     return ids[:i], ids[i + 1 :]
 
@@ -139,14 +148,16 @@ def image_prefix_ids(directory: str | Path, image_id: int, bos_id: int | None) -
 
 # (HF name pattern, vlarun name): the 4.x and 5.x layouts, both to vlarun's prismatic names.
 _RENAMES = (
-    (re.compile(r"^(?:model\.)?vision_tower\.(?:vision_model\.)?"),
-     "vision_backbone.featurizer.vision_model."),
+    (
+        re.compile(r"^(?:model\.)?vision_tower\.(?:vision_model\.)?"),
+        "vision_backbone.featurizer.vision_model.",
+    ),
     (re.compile(r"^(?:model\.)?multi_modal_projector\.linear_1\."), "projector.fc1."),
     (re.compile(r"^(?:model\.)?multi_modal_projector\.linear_2\."), "projector.fc2."),
     (re.compile(r"^language_model\.model\."), "language_model.model."),
     (re.compile(r"^model\.language_model\."), "language_model.model."),
     (re.compile(r"^(?:language_model\.)?lm_head\."), "language_model.lm_head."),
-)  # fmt: skip
+)
 
 
 def rename(name: str) -> str:

@@ -300,8 +300,16 @@ def smolvla() -> VLAConfig:
         feature_layer=-1,
     )
     kv = SMOLVLM2_TEXT_16.num_kv_heads * SMOLVLM2_TEXT_16.hd
-    flow = FlowExpertConfig(SMOLVLA_EXPERT, action_dim=32, horizon=50, state_dim=0, num_steps=10,
-                            cross_every=2, cross_kv_dim=kv, causal_actions=True)  # fmt: skip
+    flow = FlowExpertConfig(
+        SMOLVLA_EXPERT,
+        action_dim=32,
+        horizon=50,
+        state_dim=0,
+        num_steps=10,
+        cross_every=2,
+        cross_kv_dim=kv,
+        causal_actions=True,
+    )
     return VLAConfig(
         name="smolvla",
         family="flow",
@@ -452,9 +460,16 @@ def tiny_smolvla() -> VLAConfig:
         intermediate_size=192,
     )
     # SmolVLA's structure (see smolvla()): prefix state token, cross-attending odd layers
-    flow = FlowExpertConfig(expert, action_dim=7, horizon=8, state_dim=0, num_steps=10,
-                            cross_every=2, cross_kv_dim=llm.num_kv_heads * llm.hd,
-                            causal_actions=True)  # fmt: skip
+    flow = FlowExpertConfig(
+        expert,
+        action_dim=7,
+        horizon=8,
+        state_dim=0,
+        num_steps=10,
+        cross_every=2,
+        cross_kv_dim=llm.num_kv_heads * llm.hd,
+        causal_actions=True,
+    )
     vit = _tiny_vit("siglip", feature_layer=-1)
     return VLAConfig(
         name="tiny-smolvla",

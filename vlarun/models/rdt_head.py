@@ -52,17 +52,31 @@ class RDTConfig:
     beta_schedule: str = "squaredcos_cap_v2"
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "horizon", "action_dim",
-                     "lang_dim", "img_dim", "img_tokens", "max_lang_tokens", "state_dim",
-                     "steps"):  # fmt: skip
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "horizon",
+            "action_dim",
+            "lang_dim",
+            "img_dim",
+            "img_tokens",
+            "max_lang_tokens",
+            "state_dim",
+            "steps",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RDTConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"RDTConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_heads ({self.num_heads})")  # fmt: skip
+            raise ValueError(
+                f"RDTConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_heads ({self.num_heads})"
+            )
         if self.action_dim > self.state_dim:
-            raise ValueError(f"RDTConfig.action_dim ({self.action_dim}) exceeds the unified "
-                             f"state space ({self.state_dim})")  # fmt: skip
+            raise ValueError(
+                f"RDTConfig.action_dim ({self.action_dim}) exceeds the unified "
+                f"state space ({self.state_dim})"
+            )
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"unknown beta schedule {self.beta_schedule!r}")
         ddim_timesteps(self.num_train_timesteps, self.steps)  # raises if unreachable
@@ -72,8 +86,16 @@ class RDTConfig:
         """RDT-1b's released configuration (configs/base.yaml): DiT 28 x 2048, 32 heads; 64
         actions in a 128-d unified space; 3 cameras x 2 frames of SigLIP So400m/14 at 384 px
         (6 x 729 image tokens of 1152); T5-XXL language features (4096); 5 sampling steps."""
-        return cls(hidden_size=2048, num_layers=28, num_heads=32, horizon=64, action_dim=128,
-                   lang_dim=4096, img_dim=1152, img_tokens=6 * 729)  # fmt: skip
+        return cls(
+            hidden_size=2048,
+            num_layers=28,
+            num_heads=32,
+            horizon=64,
+            action_dim=128,
+            lang_dim=4096,
+            img_dim=1152,
+            img_tokens=6 * 729,
+        )
 
 
 def _adaptor(depth: int, n_in: int, d: int) -> nn.Sequential:
@@ -161,32 +183,58 @@ class RDTHead(nn.Module):
         mask = torch.ones_like(values)
         return torch.cat([F.pad(values, (0, pad)), F.pad(mask, (0, pad))], dim=-1)
 
-    def denoise(self, x: Tensor, t: Tensor, freq: Tensor, state: Tensor, lang: Tensor,
-                img: Tensor, lang_mask: Tensor | None = None) -> Tensor:  # fmt: skip
+    def denoise(
+        self,
+        x: Tensor,
+        t: Tensor,
+        freq: Tensor,
+        state: Tensor,
+        lang: Tensor,
+        img: Tensor,
+        lang_mask: Tensor | None = None,
+    ) -> Tensor:
         """One DiT pass: noisy actions x (B, H, A) at timestep t (B,) -> the clean sample."""
-        tokens = torch.cat(
-            [self.t_embedder(t)[:, None], self.freq_embedder(freq)[:, None], state,
-             self.state_adaptor(self._masked(x))], dim=1,
-        ) + self.x_pos_embed  # fmt: skip
+        tokens = (
+            torch.cat(
+                [
+                    self.t_embedder(t)[:, None],
+                    self.freq_embedder(freq)[:, None],
+                    state,
+                    self.state_adaptor(self._masked(x)),
+                ],
+                dim=1,
+            )
+            + self.x_pos_embed
+        )
         conds, masks = (lang, img), (lang_mask, None)
         for i, block in enumerate(self.blocks):  # even blocks read the language, odd the images
             tokens = block(tokens, conds[i % 2], masks[i % 2])
         out = self.final(self.final_norm(tokens))[:, -self.config.horizon :]
         return out[..., : x.shape[-1]]
 
-    def sample(self, lang_feats: Tensor, img_feats: Tensor, state: Tensor, noise: Tensor,
-               ctrl_freq: float = 25.0, lang_mask: Tensor | None = None) -> Tensor:  # fmt: skip
+    def sample(
+        self,
+        lang_feats: Tensor,
+        img_feats: Tensor,
+        state: Tensor,
+        noise: Tensor,
+        ctrl_freq: float = 25.0,
+        lang_mask: Tensor | None = None,
+    ) -> Tensor:
         """lang_feats (B, L, lang_dim), img_feats (B, img_tokens, img_dim), state (B, A),
         noise (B, H, A) -> actions (B, H, A). The conditions are adapted once, then ``steps``
         DiT passes."""
         c = self.config
         if img_feats.shape[1:] != (c.img_tokens, c.img_dim) or lang_feats.shape[-1] != c.lang_dim:
-            raise ValueError(f"RDT head takes images (B, {c.img_tokens}, {c.img_dim}) and "
-                             f"language (B, L, {c.lang_dim}); got {tuple(img_feats.shape)}, "
-                             f"{tuple(lang_feats.shape)}")  # fmt: skip
+            raise ValueError(
+                f"RDT head takes images (B, {c.img_tokens}, {c.img_dim}) and "
+                f"language (B, L, {c.lang_dim}); got {tuple(img_feats.shape)}, "
+                f"{tuple(lang_feats.shape)}"
+            )
         if lang_feats.shape[1] > c.max_lang_tokens:
-            raise ValueError(f"{lang_feats.shape[1]} language tokens; RDT takes at most "
-                             f"{c.max_lang_tokens}")  # fmt: skip
+            raise ValueError(
+                f"{lang_feats.shape[1]} language tokens; RDT takes at most {c.max_lang_tokens}"
+            )
         lang, img = self.lang_adaptor(lang_feats), self.img_adaptor(img_feats)
         st = self.state_adaptor(self._masked(state[:, None]))
         freq = torch.full((noise.shape[0],), ctrl_freq, device=noise.device)
@@ -209,8 +257,11 @@ class RDTHead(nn.Module):
         c = self.config
         steps = c.steps if steps is None else steps
         d, n, h = c.hidden_size, c.horizon + 3, c.horizon
-        adapt = (lang_tokens * (c.lang_dim * d + d * d) + c.img_tokens * (c.img_dim * d + d * d)
-                 + (2 * c.state_dim * d + 2 * d * d))  # fmt: skip
+        adapt = (
+            lang_tokens * (c.lang_dim * d + d * d)
+            + c.img_tokens * (c.img_dim * d + d * d)
+            + (2 * c.state_dim * d + 2 * d * d)
+        )
         embed = 2 * (TimestepEmbedder.FREQ_DIM * d + d * d) + h * (2 * c.state_dim * d + 2 * d * d)
         self_attn = n * 4 * d * d + 2 * n * n * d
         ffn = 2 * n * d * d
@@ -218,7 +269,8 @@ class RDTHead(nn.Module):
         def cross(tokens: int) -> int:
             return 2 * n * d * d + tokens * 2 * d * d + 2 * n * tokens * d
 
-        layers = sum(cross(lang_tokens if i % 2 == 0 else c.img_tokens) for i in
-                     range(c.num_layers)) + c.num_layers * (self_attn + ffn)  # fmt: skip
+        layers = sum(
+            cross(lang_tokens if i % 2 == 0 else c.img_tokens) for i in range(c.num_layers)
+        ) + c.num_layers * (self_attn + ffn)
         readout = n * (d * d + d * c.state_dim)
         return 2 * batch * (adapt + steps * (embed + layers + readout))

@@ -49,8 +49,12 @@ from vlarun.models.llama import BranchCache, LlamaLM, rotate_half
 # ms; benchmarks/engine.md). Frozen weights are constants: a policy's weights must not change
 # in place after its first compiled call (a module swapped for another recompiles).
 FUSED = "fused"
-FUSED_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                 "cpp_wrapper": True}  # fmt: skip
+FUSED_OPTIONS = {
+    "freezing": True,
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "cpp_wrapper": True,
+}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", FUSED)
 
 
@@ -182,8 +186,9 @@ def expert_forward(
     return _norm(lm.model.norm, x, cond)[0]
 
 
-def _cross_attend(attn, h: Tensor, pk: Tensor, pv: Tensor, cos: Tensor, sin: Tensor,
-                  seen: Tensor) -> Tensor:  # fmt: skip
+def _cross_attend(
+    attn, h: Tensor, pk: Tensor, pv: Tensor, cos: Tensor, sin: Tensor, seen: Tensor
+) -> Tensor:
     """SmolVLA's cross-attention: queries from ``h`` (rotated at ``cos``/``sin``), keys and
     values the expert's projections of the prefix's cached (rotated) K/V, (B, KVH, S, hd)."""
     b, t, _ = h.shape
@@ -269,8 +274,14 @@ def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> Decode
     prefill = torch.compile(prefill_forward, **kw)
     if not denoise:  # e.g. on a CPU, where compiled denoising measured no faster
         return DecodeSteps(one, iterate, mode=mode, prefill=prefill)
-    return DecodeSteps(one, iterate, torch.compile(dit_eps, **kw),
-                       torch.compile(expert_forward, **kw), mode, prefill)  # fmt: skip
+    return DecodeSteps(
+        one,
+        iterate,
+        torch.compile(dit_eps, **kw),
+        torch.compile(expert_forward, **kw),
+        mode,
+        prefill,
+    )
 
 
 def mark_static(cache: KVCache) -> KVCache:

@@ -176,18 +176,25 @@ class VLAConfig:
         r, v = self.rdt, self.vision[0]
         if len(self.vision) != 1 or r.img_dim != v.hidden_size:
             widths = [x.hidden_size for x in self.vision]
-            raise ValueError(f"{self.name}: the RDT head adapts one tower's {r.img_dim}-d "
-                             f"features; the vision is {widths}")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: the RDT head adapts one tower's {r.img_dim}-d "
+                f"features; the vision is {widths}"
+            )
         if r.img_tokens != self.num_images * v.num_patches:
-            raise ValueError(f"{self.name}: {self.num_images} images x {v.num_patches} patches "
-                             f"is not the head's {r.img_tokens} image tokens")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: {self.num_images} images x {v.num_patches} patches "
+                f"is not the head's {r.img_tokens} image tokens"
+            )
         if r.lang_dim != self.llm.hidden_size or self.max_text_tokens > r.max_lang_tokens:
-            raise ValueError(f"{self.name}: the language encoder ({self.llm.hidden_size}-d, up to "
-                             f"{self.max_text_tokens} tokens) does not fit the head "
-                             f"({r.lang_dim}-d, {r.max_lang_tokens})")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: the language encoder ({self.llm.hidden_size}-d, up to "
+                f"{self.max_text_tokens} tokens) does not fit the head "
+                f"({r.lang_dim}-d, {r.max_lang_tokens})"
+            )
         if r.action_dim != self.action_dim or self.chunk != r.horizon:
-            raise ValueError(f"{self.name}: action_dim / chunk must be the head's "
-                             f"({r.action_dim}, {r.horizon})")  # fmt: skip
+            raise ValueError(
+                f"{self.name}: action_dim / chunk must be the head's ({r.action_dim}, {r.horizon})"
+            )
 
     @property
     def image_size(self) -> int:
@@ -643,16 +650,25 @@ class VLA(nn.Module):
         if self.cfg.dit is not None:
             if noise is not None:  # drawn in fp32 by the policy; the DiT runs in the model's dtype
                 noise = noise.to(pre.last_hidden.dtype)
-            return self.action_model.sample(pre.last_hidden, noise=noise,
-                                            feature_cache=feature_cache, eps=self.steps.eps,
-                                            step_hook=step_hook).float()  # fmt: skip
+            return self.action_model.sample(
+                pre.last_hidden,
+                noise=noise,
+                feature_cache=feature_cache,
+                eps=self.steps.eps,
+                step_hook=step_hook,
+            ).float()
         b = pre.last_hidden.shape[0]
         if state is None:
             state = torch.zeros(b, self.cfg.flow.state_dim, device=pre.last_hidden.device)
-        return self.action_expert.sample(pre.cache, state, noise=noise, start=pre.next_pos,
-                                         feature_cache=feature_cache,
-                                         forward=self.steps.expert,
-                                         step_hook=step_hook)  # fmt: skip
+        return self.action_expert.sample(
+            pre.cache,
+            state,
+            noise=noise,
+            start=pre.next_pos,
+            feature_cache=feature_cache,
+            forward=self.steps.expert,
+            step_hook=step_hook,
+        )
 
     # -- everything at once ---------------------------------------------------------------------
 

@@ -119,8 +119,9 @@ class Policy:
         model = VLA(get_preset(name)).to(dtype).eval()
         if model.cfg.fast is not None:  # no trained FAST vocabulary either: a fitted stand-in
             c = model.cfg
-            model.set_fast_tokenizer(synthetic_fast_tokenizer(c.horizon, c.action_dim,
-                                                              c.fast.vocab_size))  # fmt: skip
+            model.set_fast_tokenizer(
+                synthetic_fast_tokenizer(c.horizon, c.action_dim, c.fast.vocab_size)
+            )
         d = model.cfg.proprio_dim  # no statistics either: the state is fed as given
         proprio = ProprioNorm((0.0,) * d, (1.0,) * d) if d else None
         return cls(model, load_tokenizer(None, model.cfg.llm.vocab_size), None, proprio)
@@ -203,21 +204,41 @@ class Policy:
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
-            for norm, file, what in ((io.action, "policy_postprocessor", "actions stay "
-                                      "normalised [-1, 1], not robot units"),
-                                     (io.state, "policy_preprocessor", "the state goes in "
-                                      "un-normalised")):  # fmt: skip
+            for norm, file, what in (
+                (
+                    io.action,
+                    "policy_postprocessor",
+                    "actions stay normalised [-1, 1], not robot units",
+                ),
+                (io.state, "policy_preprocessor", "the state goes in un-normalised"),
+            ):
                 if not norm.statistics:
                     warnings.warn(f"{directory}: no {file}.json statistics: {what}", stacklevel=2)
             calibration = load_calibration(directory)
-            return cls(model, tok, io.action, io.state, io.resize, calibration, prompt=io.prompt,
-                       camera_keys=io.cameras, state_key=io.state_key)  # fmt: skip
+            return cls(
+                model,
+                tok,
+                io.action,
+                io.state,
+                io.resize,
+                calibration,
+                prompt=io.prompt,
+                camera_keys=io.cameras,
+                state_key=io.state_key,
+            )
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
         prompt = "llava" if llava.is_llava(config) else "openvla"  # LLaVA-1.5's turn
-        return cls(model, tok, select_norm_stats(stats, unnorm_key), proprio, resize, calibration,
-                   prompt=prompt)  # fmt: skip
+        return cls(
+            model,
+            tok,
+            select_norm_stats(stats, unnorm_key),
+            proprio,
+            resize,
+            calibration,
+            prompt=prompt,
+        )
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -279,8 +300,9 @@ class Policy:
             raise ValueError(f"the state must be numbers, got dtype {raw.dtype}")
         arr = raw.astype(np.float32).reshape(-1)
         if self.state_size and arr.size != self.state_size:
-            raise ValueError(f"{self.model.cfg.name} reads a state of {self.state_size} numbers,"
-                             f" got {arr.size}")  # fmt: skip
+            raise ValueError(
+                f"{self.model.cfg.name} reads a state of {self.state_size} numbers, got {arr.size}"
+            )
         bad = np.flatnonzero(~np.isfinite(arr))
         if bad.size:
             raise ValueError(f"the state must be finite: entry {bad[0]} is {arr[bad[0]]}")
@@ -315,8 +337,9 @@ class Policy:
         if len(frames) != cfg.num_images or any(np.ndim(f) != 3 for f in frames):
             shapes = [tuple(np.shape(f)) for f in frames]
             size = "x".join(map(str, want[1:]))
-            raise ValueError(f"{cfg.name} takes {cfg.num_images} frame(s) of {size} "
-                             f"(H x W x RGB); got {shapes}")  # fmt: skip
+            raise ValueError(
+                f"{cfg.name} takes {cfg.num_images} frame(s) of {size} (H x W x RGB); got {shapes}"
+            )
         views = [self._frame(np.asarray(f)) for f in frames]
         return torch.stack(views)[None]
 
@@ -348,8 +371,10 @@ class Policy:
         if self.prompt == "llava":  # the patch features take <image>'s place (models/llava.py)
             pre, ids = llava.prompt_split(ids, self.tokenizer.token_id(llava.IMAGE_TOKEN))
             if tuple(pre) != self.model.cfg.image_prefix_ids:
-                raise ValueError(f"the prompt's ids before <image> {pre} are not the model's "
-                                 f"{list(self.model.cfg.image_prefix_ids)}")  # fmt: skip
+                raise ValueError(
+                    f"the prompt's ids before <image> {pre} are not the model's "
+                    f"{list(self.model.cfg.image_prefix_ids)}"
+                )
         ids += list(self.model.cfg.prompt_suffix_ids)  # e.g. OpenVLA's 29871, counted below
         limit = self.model.cfg.max_text_tokens
         if len(ids) > limit:
@@ -500,8 +525,9 @@ def resize_with_pad(frames: torch.Tensor, size: int, centred: bool = True) -> to
     h, w = frames.shape[-2:]
     ratio = max(w / size, h / size)
     rh, rw = int(h / ratio), int(w / ratio)
-    out = torch.nn.functional.interpolate(frames, size=(rh, rw), mode="bilinear",
-                                          align_corners=False)  # fmt: skip
+    out = torch.nn.functional.interpolate(
+        frames, size=(rh, rw), mode="bilinear", align_corners=False
+    )
     if not centred:
         return torch.nn.functional.pad(out, (size - rw, 0, size - rh, 0))
     out = out.clamp(0.0, 1.0)
@@ -525,8 +551,10 @@ def frame_resize(directory: str | Path, size: int) -> str | None:
         strategy = p.get("image_resize_strategy", "resize-naive")
         if strategy != "resize-naive":
             raise ValueError(f"{pre}: image_resize_strategy {strategy!r}; vlarun does resize-naive")
-        sizes = {int(s[-1]) if isinstance(s, list) else int(s)
-                 for s in p.get("input_sizes", [[3, size, size]])}  # fmt: skip
+        sizes = {
+            int(s[-1]) if isinstance(s, list) else int(s)
+            for s in p.get("input_sizes", [[3, size, size]])
+        }
         if sizes != {size}:
             raise ValueError(f"{pre}: input sizes {sorted(sizes)} but the model takes {size}")
     return "bicubic"

@@ -75,8 +75,9 @@ def token_policy(
     tri = dict((calibration or {}).get("triage", {}))
     if layer is not None:
         if method not in SHARED_LAYER_METHODS:
-            raise ValueError(f"only {', '.join(SHARED_LAYER_METHODS)} take a shared layer, "
-                             f"not {method}")  # fmt: skip
+            raise ValueError(
+                f"only {', '.join(SHARED_LAYER_METHODS)} take a shared layer, not {method}"
+            )
         tri["layer"] = layer
     makers = {
         "full": FullRecompute,

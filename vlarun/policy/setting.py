@@ -110,9 +110,10 @@ class AccelSetting:
     def check_family(self, family: str) -> None:
         """Raise ValueError naming each knob that does not apply to ``family``."""
         bad = [
-            k for k, fams in FAMILIES.items()
+            k
+            for k, fams in FAMILIES.items()
             if getattr(self, k) != getattr(AccelSetting, k) and family not in fams
-        ]  # fmt: skip
+        ]
         if bad:
             raise ValueError(
                 f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not apply to a {family} "

@@ -157,8 +157,7 @@ class RobotAgent:
         self.emulator = StageEmulator.build(self.cfg.emulate) if self.cfg.emulate else None
         self.costs = costview.CostView(policy.model.cfg, self.cfg, self.dtype)
         self.learner = Learner(self.cfg, self.costs, stretch)
-        self.planner = make_planner(self.cfg.strategy, self.cfg.setting, self.costs,
-                                    self.cfg.slo_s)  # fmt: skip
+        self.planner = make_planner(self.cfg.strategy, self.cfg.setting, self.costs, self.cfg.slo_s)
         self._instruction: str | None = None
         client = self.monitor = None
         if edge is not None:
@@ -167,8 +166,9 @@ class RobotAgent:
             client = EdgeClient(edge, sec, ctx, reply_limits(policy, self.emulator))
             self.monitor = LinkMonitor(edge, sec, ctx, clock_scale=stretch)
             self.monitor.start(wait_s=2.0)
-        self.executor = Executor(policy, self.cfg, self.learner, self.planner, client,
-                                 self.monitor, self.emulator)  # fmt: skip
+        self.executor = Executor(
+            policy, self.cfg, self.learner, self.planner, client, self.monitor, self.emulator
+        )
 
     # What the parts hold, under the names callers have always read.
     @property
@@ -302,13 +302,18 @@ class RobotAgent:
         packet, ids = self.policy.inputs(image, instruction, state, seed)
         plan = self.plan(len(ids))
         robot_s = self.planner.plan_robot_s(plan) if self.cfg.rtc else {}  # RTC's only
-        freeze = freeze_for(self.cfg.rtc, prior, plan, robot_s, self.cfg.slo_s,
-                            self.policy.model.cfg.horizon)  # fmt: skip
+        freeze = freeze_for(
+            self.cfg.rtc, prior, plan, robot_s, self.cfg.slo_s, self.policy.model.cfg.horizon
+        )
         ctx = RequestContext(
-            plan=plan, graph=self.graph(len(ids), plan.setting, freeze is not None),
-            pool=dict(packet.tensors), t0=t0, deadline=t0 + self.cfg.slo_s, freeze=freeze,
+            plan=plan,
+            graph=self.graph(len(ids), plan.setting, freeze is not None),
+            pool=dict(packet.tensors),
+            t0=t0,
+            deadline=t0 + self.cfg.slo_s,
+            freeze=freeze,
             may_hand_off=self.planner.hands_off and freeze is None and plan.setting.identity,
-        )  # fmt: skip
+        )
         if freeze is not None:
             ctx.pool.update(rtc_inputs(self.policy.model.cfg, freeze.rtc))
         self.executor.run(ctx)
@@ -316,11 +321,15 @@ class RobotAgent:
         measured = self.meter.stop(reading) if reading is not None else None
         world = self.costs.world
         inf = Inference.from_run(
-            ctx, actions=self.policy.unnormalize(ctx.pool["actions"][0]), latency_s=latency,
-            slo_s=self.cfg.slo_s, energy_j=self.learner.energy(ctx, latency), started_s=t0_wall,
+            ctx,
+            actions=self.policy.unnormalize(ctx.pool["actions"][0]),
+            latency_s=latency,
+            slo_s=self.cfg.slo_s,
+            energy_j=self.learner.energy(ctx, latency),
+            started_s=t0_wall,
             measured_robot_j=measured,
             meter=None if self.meter is None else f"{self.meter.meter.name} ({self.meter.how})",
             world=None if world is None else world[0],
-        )  # fmt: skip
+        )
         self.learner.learn(self.planner, ctx, inf)
         return inf

@@ -106,8 +106,11 @@ def check_packet(packet: Packet, specs: dict[str, TensorSpec], exact: bool) -> N
     for name, spec in specs.items():
         t = packet.tensors[name]
         shape = tuple(t.shape)
-        same = shape == spec.shape if exact else (
-            len(shape) == len(spec.shape) and shape[:1] == spec.shape[:1])  # fmt: skip
+        same = (
+            shape == spec.shape
+            if exact
+            else (len(shape) == len(spec.shape) and shape[:1] == spec.shape[:1])
+        )
         if not same:
             raise BadReply(f"bad reply: {name} is {shape}, wanted {spec.shape}")
         if t.dtype.is_floating_point != DTYPES[spec.dtype][0].is_floating_point:
@@ -135,8 +138,9 @@ class EdgeClient:
 
     def _connect(self) -> None:
         self.sock = dealer_socket(self.ctx, self.address, self.sec, self.limits.max_total_bytes)
-        self._watch = RefusalWatch(self.sock, self.address, self.sec,
-                                   quiet=self.refused is not None)  # fmt: skip
+        self._watch = RefusalWatch(
+            self.sock, self.address, self.sec, quiet=self.refused is not None
+        )
 
     @property
     def refusal(self) -> str | None:

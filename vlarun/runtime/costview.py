@@ -35,8 +35,10 @@ from vlarun.stages.families import Workload
 def role_devices(cfg) -> dict[str, Device]:
     """The robot's and the edge's catalog devices, as emulated (rates scaled) where they are."""
     out = {}
-    for role, name, emu in (("robot", cfg.robot_device, cfg.emulate),
-                            ("edge", cfg.edge_device, cfg.edge_emulate)):  # fmt: skip
+    for role, name, emu in (
+        ("robot", cfg.robot_device, cfg.emulate),
+        ("edge", cfg.edge_device, cfg.edge_emulate),
+    ):
         out[role] = emulated_device(emu) if emu is not None else get_device(name)
     return out
 
@@ -69,18 +71,20 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     w = Workload(1, text_tokens, dtype)
     if cfg.strategy == "vlarun-joint":
         rows = tuple(
-            r for r in load_settings(cfg.settings_file)
+            r
+            for r in load_settings(cfg.settings_file)
             if r.knob not in RUNTIME_REFUSES or r.value == IDENTITY[r.knob]
-        )  # fmt: skip
+        )
         if cfg.emulate is not None and cfg.settings_proxy:
             rows = carried_to(rows, model_cfg.name)
         floor = None if cfg.accuracy_floor == "none" else cfg.accuracy_floor
     else:
         rows = tuple(
-            SettingRow(k, v, 1.0, "identity") if v == IDENTITY[k]
+            SettingRow(k, v, 1.0, "identity")
+            if v == IDENTITY[k]
             else SettingRow(k, v, None, f"the run's setting {cfg.setting}")
             for k, v in {**IDENTITY, **cfg.setting.knobs()}.items()
-        )  # fmt: skip
+        )
         floor = None
     space = build_space(model_cfg, stage_works(model_cfg, w), devices, w, floor, rows)
     # Batching is the edge's own business (its queues), not reserved here. Outcomes come back
@@ -90,8 +94,16 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     # calibration forgets with time forgets on the emulated clock, as the link's memory does.
     stretch = 1.0 if cfg.emulate is None else 1.0 / cfg.emulate.time_scale
     cal = Calibration(half_life_s=Calibration.half_life_s * stretch)
-    return Scheduler(space, devices, cfg.slo_s, dtype=dtype, actions=model_cfg.horizon,
-                     cal=cal, explore_every=EXPLORE_EVERY, on_time=cfg.on_time)  # fmt: skip
+    return Scheduler(
+        space,
+        devices,
+        cfg.slo_s,
+        dtype=dtype,
+        actions=model_cfg.horizon,
+        cal=cal,
+        explore_every=EXPLORE_EVERY,
+        on_time=cfg.on_time,
+    )
 
 
 EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most
@@ -116,10 +128,11 @@ def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, 
     for role, name in (("robot", cfg.robot_device), ("edge", cfg.edge_device)):
         dev = get_device(name)
         out[role] = {  # an emulated side already takes its device's (scaled) time
-            w.name: 1.0 if dev.id == host.id or emulated[role]
+            w.name: 1.0
+            if dev.id == host.id or emulated[role]
             else roofline(w, dev, dtype).seconds / max(roofline(w, host, dtype).seconds, 1e-12)
             for w in works
-        }  # fmt: skip
+        }
     return out
 
 
@@ -132,8 +145,10 @@ def roofline_utilisation(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[s
     if cfg.emulate is not None:
         dtype = cfg.emulate.dtype
     works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
-    return {role: {w.name: roofline(w, dev, dtype).utilisation for w in works}
-            for role, dev in devices.items()}  # fmt: skip
+    return {
+        role: {w.name: roofline(w, dev, dtype).utilisation for w in works}
+        for role, dev in devices.items()
+    }
 
 
 def convert(times: dict[str, float], factors: dict[str, float]) -> dict[str, float]:
@@ -231,13 +246,19 @@ def modelled_energy_by_device(
     f_rob, f_edge = factors["robot"], factors["edge"]
     util = utilisation or {}
     spends = [
-        StageSpend(role, stage_s[name] * f_rob.get(name, 1.0) if role == "robot"
-                   else edge_s.get(name, 0.0) * f_edge.get(name, 1.0),
-                   util.get(role, {}).get(name, 1.0))
+        StageSpend(
+            role,
+            stage_s[name] * f_rob.get(name, 1.0)
+            if role == "robot"
+            else edge_s.get(name, 0.0) * f_edge.get(name, 1.0),
+            util.get(role, {}).get(name, 1.0),
+        )
         for name, role in ran.items()
-    ]  # fmt: skip
-    spends += [StageSpend("robot", t * f_rob.get(name, 1.0), util.get("robot", {}).get(name, 1.0))
-               for name, t in wasted.items()]  # fmt: skip
+    ]
+    spends += [
+        StageSpend("robot", t * f_rob.get(name, 1.0), util.get("robot", {}).get(name, 1.0))
+        for name, t in wasted.items()
+    ]
     remote = [n for n, r in ran.items() if r == "edge"]
     on_air = 0.0
     listen = sum(stage_s[n] for n in remote)  # the robot waits for the edge's stages
@@ -247,9 +268,16 @@ def modelled_energy_by_device(
     latency = _converted_latency(latency_s, ran, stage_s, factors)
     latency += sum(t * (f_rob.get(n, 1.0) - 1.0) for n, t in wasted.items())
     return request_energy_by_device(
-        rob, edge, spends, latency_s=latency, period_s=cfg.slo_s,
-        tx_s=on_air / 2, rx_s=on_air / 2, radio=radio or RadioPower(), listen_s=listen,
-    )  # fmt: skip
+        rob,
+        edge,
+        spends,
+        latency_s=latency,
+        period_s=cfg.slo_s,
+        tx_s=on_air / 2,
+        rx_s=on_air / 2,
+        radio=radio or RadioPower(),
+        listen_s=listen,
+    )
 
 
 class CostView:
@@ -277,8 +305,15 @@ class CostView:
         """A new scheduler for prompts of ``text_tokens`` (``make_scheduler``), unprimed."""
         return make_scheduler(self.model_cfg, self.cfg, text_tokens, self.dtype)
 
-    def energy(self, text_tokens: int, ran: dict, stage_s: dict, edge_s: dict,
-               latency_s: float, wasted: dict | None = None) -> tuple[dict, dict]:  # fmt: skip
+    def energy(
+        self,
+        text_tokens: int,
+        ran: dict,
+        stage_s: dict,
+        edge_s: dict,
+        latency_s: float,
+        wasted: dict | None = None,
+    ) -> tuple[dict, dict]:
         """(metered, modelled): what ran, per device (``modelled_energy_by_device``). Modelled
         is the scheduler's own account, each stage at the roofline utilisation it prices it
         at on the device it ran on (every strategy alike); metered is the world's powers where
@@ -289,15 +324,28 @@ class CostView:
                 self.model_cfg, self.cfg, text_tokens, self.dtype
             )
         modelled = modelled_energy_by_device(
-            self.cfg, ran, stage_s, edge_s, latency_s, self.factors(text_tokens),
-            utilisation=self._utilisation[text_tokens], wasted=wasted,
-        )  # fmt: skip
+            self.cfg,
+            ran,
+            stage_s,
+            edge_s,
+            latency_s,
+            self.factors(text_tokens),
+            utilisation=self._utilisation[text_tokens],
+            wasted=wasted,
+        )
         if self.world is None:
             return {}, modelled
         _, devices, radio = self.world
         ones = {"robot": {}, "edge": {}}
         metered = modelled_energy_by_device(
-            self.cfg, ran, stage_s, edge_s, latency_s, ones, radio=radio, wasted=wasted,
+            self.cfg,
+            ran,
+            stage_s,
+            edge_s,
+            latency_s,
+            ones,
+            radio=radio,
+            wasted=wasted,
             devices=devices,
-        )  # fmt: skip
+        )
         return metered, modelled

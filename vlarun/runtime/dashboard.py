@@ -54,9 +54,16 @@ COUNTS = ("requests", "replies", "refused", "expired", "errors")
 class Dashboard:
     """Serves ``server``'s live state on ``host:port`` (0: a free port; ``.url`` tells which)."""
 
-    def __init__(self, server, host: str = "127.0.0.1", port: int = 0, key: str | None = None,
-                 device: str = "this-cpu", timeout_s: float = REQUEST_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        server,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        key: str | None = None,
+        device: str = "this-cpu",
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.server, self.key = server, key or secrets.token_urlsafe(16)
         self.device = get_device(device)
         self.started = time.monotonic()
@@ -74,8 +81,9 @@ class Dashboard:
         self.registry.register(_Collector(self))
 
     def start(self) -> Dashboard:
-        self._thread = threading.Thread(target=self.http.serve_forever, name="edge-dashboard",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self.http.serve_forever, name="edge-dashboard", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -170,23 +178,29 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         st = self.dash.state()
-        yield GaugeMetricFamily("vlarun_edge_robots_connected",
-                                f"robots that sent data in the last {ACTIVE_S:g} s",
-                                value=len(st["robots"]))  # fmt: skip
+        yield GaugeMetricFamily(
+            "vlarun_edge_robots_connected",
+            f"robots that sent data in the last {ACTIVE_S:g} s",
+            value=len(st["robots"]),
+        )
         yield _per_stage("vlarun_edge_queue_depth", "requests queued per stage", st["queue"])
         recent = f"mean batch per stage over the last {WINDOW} replies"
         yield _per_stage("vlarun_edge_batch_size_mean", recent, st["batch_mean"])
-        lat = GaugeMetricFamily("vlarun_edge_server_latency_seconds",
-                                f"edge time per request over the last {WINDOW} replies",
-                                labels=["quantile"])  # fmt: skip
+        lat = GaugeMetricFamily(
+            "vlarun_edge_server_latency_seconds",
+            f"edge time per request over the last {WINDOW} replies",
+            labels=["quantile"],
+        )
         for q, key in (("0.5", "p50_ms"), ("0.99", "p99_ms")):
             if st[key] is not None:
                 lat.add_metric([q], st[key] / 1e3)
         yield lat
         if st["deadline_met"] is not None:
-            yield GaugeMetricFamily("vlarun_edge_deadline_met_ratio",
-                                    "share of recent replies sent within their deadline",
-                                    value=st["deadline_met"])  # fmt: skip
+            yield GaugeMetricFamily(
+                "vlarun_edge_deadline_met_ratio",
+                "share of recent replies sent within their deadline",
+                value=st["deadline_met"],
+            )
         for name, value in st["counts"].items():
             yield CounterMetricFamily(f"vlarun_edge_{name}", f"{name} since start", value=value)
         energy = CounterMetricFamily(

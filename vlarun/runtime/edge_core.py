@@ -96,8 +96,9 @@ class ServerConfig:
         if self.max_queued_per_robot < 1:
             raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
         if self.max_identities_per_key < 1:
-            raise ValueError("--max-identities-per-key must be >= 1, got "
-                             f"{self.max_identities_per_key}")  # fmt: skip
+            raise ValueError(
+                f"--max-identities-per-key must be >= 1, got {self.max_identities_per_key}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,8 +192,17 @@ class EdgeRecords:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        names = ("requests", "replies", "errors", "control", "expired", "refused", "booked",
-                 "booking_refused", *self.extra)  # fmt: skip
+        names = (
+            "requests",
+            "replies",
+            "errors",
+            "control",
+            "expired",
+            "refused",
+            "booked",
+            "booking_refused",
+            *self.extra,
+        )
         self.stats = {**dict.fromkeys(names, 0), "compute_s": 0.0}
 
     def count(self, key: str, n: float = 1) -> None:
@@ -203,19 +213,34 @@ class EdgeRecords:
         self.events.append({"t": now, "kind": kind, "stages": what})
 
     def reply(
-        self, now: float, origin: bytes, stages: tuple[str, ...], setting: str, arrival: float,
-        deadline: float, timings: Sequence[StageTiming], **extra,
-    ) -> None:  # fmt: skip
+        self,
+        now: float,
+        origin: bytes,
+        stages: tuple[str, ...],
+        setting: str,
+        arrival: float,
+        deadline: float,
+        timings: Sequence[StageTiming],
+        **extra,
+    ) -> None:
         """A request answered with a result: counted, and its row kept for the dashboard."""
         compute_s = sum(t.share_s for t in timings)  # this request's share of its batches
         with self.lock:
             self.stats["replies"] += 1
             self.stats["compute_s"] += compute_s
-        self.recent.append({
-            "t": now, "robot": robot_id(origin), "stages": "+".join(stages), "setting": setting,
-            "server_s": now - arrival, "budget_s": deadline - arrival, "compute_s": compute_s,
-            "batch": {t.stage: t.batch for t in timings}, **extra,
-        })  # fmt: skip
+        self.recent.append(
+            {
+                "t": now,
+                "robot": robot_id(origin),
+                "stages": "+".join(stages),
+                "setting": setting,
+                "server_s": now - arrival,
+                "budget_s": deadline - arrival,
+                "compute_s": compute_s,
+                "batch": {t.stage: t.batch for t in timings},
+                **extra,
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,9 +252,16 @@ class EdgeCore:
     ``model`` (a ``VLAConfig``), ``dtype`` and ``stages`` are what the health answer names."""
 
     def __init__(
-        self, cfg: ServerConfig, backend: Backend, records: EdgeRecords, *, model, dtype: str,
-        stages: tuple[str, ...], secure: bool,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: ServerConfig,
+        backend: Backend,
+        records: EdgeRecords,
+        *,
+        model,
+        dtype: str,
+        stages: tuple[str, ...],
+        secure: bool,
+    ) -> None:
         self.cfg, self.backend, self.records = cfg, backend, records
         self.model, self.dtype, self.stages, self.secure = model, dtype, stages, secure
         self.started = time.monotonic()
@@ -257,24 +289,33 @@ class EdgeCore:
         if not self.enter(key, req.origin, now):
             self.records.count("refused")
             n = self.cfg.max_identities_per_key
-            raise Refused(f"busy: this robot's key is sending from {n} connections already, its "
-                          f"share is {n} (--max-identities-per-key)")  # fmt: skip
+            raise Refused(
+                f"busy: this robot's key is sending from {n} connections already, its "
+                f"share is {n} (--max-identities-per-key)"
+            )
         mine = self.backend.held_by(key)
         if mine >= self.cfg.max_queued_per_robot:
             self.records.count("refused")
-            raise Refused(f"busy: this robot has {mine} requests {self.backend.HOLDS} (all its "
-                          f"key's connections), its share is {self.cfg.max_queued_per_robot} "
-                          "(--max-queued-per-robot)")  # fmt: skip
+            raise Refused(
+                f"busy: this robot has {mine} requests {self.backend.HOLDS} (all its "
+                f"key's connections), its share is {self.cfg.max_queued_per_robot} "
+                "(--max-queued-per-robot)"
+            )
         budget = min(req.budget_s, MAX_BUDGET_S) if req.budget_s > 0 else 0.0
         deadline = now + budget
         self.backend.claim(key, req.stages, now)  # booked at decision time: now it is here
         return Admitted(deadline, self.place(req.stages, deadline, now, req.stream))
 
     def place(
-        self, stages: tuple[str, ...], deadline: float, now: float,
-        stream: Hashable | None = None, *, enforce: bool | None = None,
+        self,
+        stages: tuple[str, ...],
+        deadline: float,
+        now: float,
+        stream: Hashable | None = None,
+        *,
+        enforce: bool | None = None,
         counter: str = "refused",
-    ) -> tuple[Quote, ...]:  # fmt: skip
+    ) -> tuple[Quote, ...]:
         """The workers that may take a request for ``stages`` due at ``deadline``, in the
         order to try them: each up to the first whose fresh prediction is late (the rest are
         later still). Raises ``Refused`` (counted under ``counter``) when none is left.
@@ -286,8 +327,9 @@ class EdgeCore:
             return tuple(quotes)
         usable = admissible(quotes, deadline)
         if not usable:
-            raise self.refuse(late(min(q.finish for q in quotes), deadline, now), stages, now,
-                              counter)  # fmt: skip
+            raise self.refuse(
+                late(min(q.finish for q in quotes), deadline, now), stages, now, counter
+            )
         return tuple(usable)
 
     def refuse(self, why: str, stages: tuple[str, ...], now: float, counter: str = "refused"):
@@ -402,8 +444,10 @@ def admissible(quotes: Sequence[Quote], deadline: float) -> tuple[Quote, ...]:
 
 def late(finish: float, deadline: float, now: float) -> str:
     """The refusal of a request predicted to finish at ``finish``, after its ``deadline``."""
-    return (f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
-            f"the deadline is in {1e3 * (deadline - now):.1f} ms")  # fmt: skip
+    return (
+        f"refused: predicted to finish {1e3 * (finish - now):.1f} ms from now, "
+        f"the deadline is in {1e3 * (deadline - now):.1f} ms"
+    )
 
 
 def robot_id(identity: bytes) -> str:

@@ -129,8 +129,13 @@ class StageEmulator:
         device = world.device(emulation.device)
         if world.tests_only_the_link:  # the catalog world keeps the emulation's own jitter
             device = dataclasses.replace(device, jitter=Jitter(emulation.jitter))
-        emu = cls(emulation, {s: works[s] for s in stages or tuple(works)}, tuple(works.values()),
-                  world=world, device=device)  # fmt: skip
+        emu = cls(
+            emulation,
+            {s: works[s] for s in stages or tuple(works)},
+            tuple(works.values()),
+            world=world,
+            device=device,
+        )
         emu._rng.seed(emulation.seed)
         return emu
 
@@ -187,15 +192,19 @@ class StageEmulator:
         stage = stages[0] if direction == "in" else stages[-1]
         work = self.targets.get(stage)
         if work is None:
-            raise ValueError(f"cannot emulate stage {stage!r}: {self.emulation.model} has "
-                             f"{', '.join(self.targets)}")  # fmt: skip
+            raise ValueError(
+                f"cannot emulate stage {stage!r}: {self.emulation.model} has "
+                f"{', '.join(self.targets)}"
+            )
         real = work.in_bytes if direction == "in" else work.out_bytes
         return max(int(real) - int(nbytes), 0)
 
     def report(self) -> dict:
         # which stage could not be padded: its own compute against its target
-        stages = {s: {"executions": n, "violations": v, "worst_overrun_ms": w * 1e3}
-                  for s, (n, v, w) in self.by_stage.items()}  # fmt: skip
+        stages = {
+            s: {"executions": n, "violations": v, "worst_overrun_ms": w * 1e3}
+            for s, (n, v, w) in self.by_stage.items()
+        }
         return {
             "emulated": f"{self.emulation.model} on {self.emulation.device}",
             "world": self.world.label(),
@@ -229,9 +238,14 @@ def merge_reports(reports: list[dict]) -> dict:
     bad += sum(t["violations"] for t in stages.values())
     worst = max([worst, *(t["worst_overrun_ms"] for t in stages.values())])
     share = bad / runs if runs else 0.0
-    return {"executions": runs, "emulation_violations": bad, "violation_share": share,
-            "worst_overrun_ms": worst, "by_stage": stages,
-            "valid": share <= MAX_VIOLATION_SHARE}  # fmt: skip
+    return {
+        "executions": runs,
+        "emulation_violations": bad,
+        "violation_share": share,
+        "worst_overrun_ms": worst,
+        "by_stage": stages,
+        "valid": share <= MAX_VIOLATION_SHARE,
+    }
 
 
 def world_meter(cfg) -> tuple[str, dict, object] | None:
@@ -249,6 +263,7 @@ def world_meter(cfg) -> tuple[str, dict, object] | None:
 
     robot, edge = cfg.emulate, cfg.edge_emulate
     world = load_world(robot.world, robot.model, (robot.device, edge.device))
-    devices, radio = meter_of(world, {"robot": get_device(robot.device),
-                                      "edge": get_device(edge.device)})  # fmt: skip
+    devices, radio = meter_of(
+        world, {"robot": get_device(robot.device), "edge": get_device(edge.device)}
+    )
     return world.name, devices, radio

@@ -65,9 +65,17 @@ def run_loop(
     real_time = control_hz is not None and not emulated
     period = 1.0 / control_hz if control_hz is not None else 0.0
     lead = asynchronous and (real_time or emulated)
-    queue = ChunkQueue(infer, horizon, period, lead=lead, inline=not real_time, merge=merge,
-                       delay_steps=delay_steps or 0, predict=predict,
-                       model_of=model_of)  # fmt: skip
+    queue = ChunkQueue(
+        infer,
+        horizon,
+        period,
+        lead=lead,
+        inline=not real_time,
+        merge=merge,
+        delay_steps=delay_steps or 0,
+        predict=predict,
+        model_of=model_of,
+    )
     steps, success, t_start = 0, False, time.perf_counter()
     next_tick, last = t_start, None
     queue.request(obs)
@@ -142,8 +150,19 @@ def run_episode(
 
     horizon = agent.policy.model.cfg.horizon
     merge = "switch" if agent.cfg.rtc else "append"
-    r = run_loop(infer, env, seed, horizon, control_hz, asynchronous, max_steps, merge=merge,
-                 predict=p95_of, model_of=model_rows, stop_at=stop_at)  # fmt: skip
+    r = run_loop(
+        infer,
+        env,
+        seed,
+        horizon,
+        control_hz,
+        asynchronous,
+        max_steps,
+        merge=merge,
+        predict=p95_of,
+        model_of=model_rows,
+        stop_at=stop_at,
+    )
     r["inferences"] = [inf.row() for inf in r.pop("records")]
     return r
 
@@ -175,18 +194,29 @@ def link_timeline(
         elif drop is not None and after > before:
             restore = at
             break
-    shown = back_to_edge(infs, None if drop is None else clock0 + drop,
-                         None if restore is None else clock0 + restore)  # fmt: skip
-    return {"drop_s": drop, "restore_s": restore, **shown,
-            "handoffs": sum(r.get("handoff") is not None for r in infs)}  # fmt: skip
+    shown = back_to_edge(
+        infs, None if drop is None else clock0 + drop, None if restore is None else clock0 + restore
+    )
+    return {
+        "drop_s": drop,
+        "restore_s": restore,
+        **shown,
+        "handoffs": sum(r.get("handoff") is not None for r in infs),
+    }
 
 
 def outage_timelines(infs: list[dict], clock0: float, outages: list) -> list[dict]:
     """The edge's outages as the robot's link monitor saw them (``LinkMonitor.outages``:
     [down, up] in ``time.monotonic()``, up None: not back before the run ended), each with
     ``back_to_edge``'s times: ``down_s`` / ``up_s`` are seconds after ``clock0``."""
-    return [{"down_s": down - clock0, "up_s": None if up is None else up - clock0,
-             **back_to_edge(infs, down, up)} for down, up in outages]  # fmt: skip
+    return [
+        {
+            "down_s": down - clock0,
+            "up_s": None if up is None else up - clock0,
+            **back_to_edge(infs, down, up),
+        }
+        for down, up in outages
+    ]
 
 
 def back_to_edge(infs: list[dict], drop: float | None, restore: float | None) -> dict:
@@ -214,9 +244,10 @@ def back_to_edge(infs: list[dict], drop: float | None, restore: float | None) ->
     return {
         "left_edge_after_drop_ms": first_after(drop, False),
         "edge_again_after_restore_ms": None if again is None else (again - restore) * 1e3,
-        "why_not_back": None if again is not None or drop is None else why_not_back(
-            [r for t, r in times if restore is not None and t >= restore], restore),
-    }  # fmt: skip
+        "why_not_back": None
+        if again is not None or drop is None
+        else why_not_back([r for t, r in times if restore is not None and t >= restore], restore),
+    }
 
 
 def why_not_back(after: list[dict], restore: float | None) -> str:
@@ -232,7 +263,9 @@ def why_not_back(after: list[dict], restore: float | None) -> str:
     if not to_edge:
         predicted = [r["predicted_ms"] for r in after if r.get("predicted_ms") is not None]
         said = f" ({np.median(predicted):.0f} ms predicted)" if predicted else ""
-        return (f"the planner kept the {n} plans after it on the robot{said}: no plan using "
-                "the edge was predicted better")  # fmt: skip
+        return (
+            f"the planner kept the {n} plans after it on the robot{said}: no plan using "
+            "the edge was predicted better"
+        )
     first = next((r["fallback"] for r in to_edge if r.get("fallback")), "late")
     return f"{len(to_edge)} plans after it used the edge, none answered in time ({first})"

@@ -53,9 +53,16 @@ from vlarun.stages.packet import Packet
 class Executor:
     """Runs plans for ``policy`` here and on the edge behind ``client`` (None: robot only)."""
 
-    def __init__(self, policy: Policy, cfg, learner: Learner, planner: Planner,
-                 client: EdgeClient | None, monitor: LinkMonitor | None,
-                 emulator: StageEmulator | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy: Policy,
+        cfg,
+        learner: Learner,
+        planner: Planner,
+        client: EdgeClient | None,
+        monitor: LinkMonitor | None,
+        emulator: StageEmulator | None,
+    ) -> None:
         self.policy, self.cfg, self.learner, self.planner = policy, cfg, learner, planner
         self.client, self.monitor, self.emulator = client, monitor, emulator
         # setting key -> the policy under this side's hooks for it (its graphs, its state)
@@ -113,8 +120,9 @@ class Executor:
             if seg.role == "edge" and tr.fallback is None:
                 extra = {}  # the plain path needs no setting, stream or resets
                 if not setting.identity:
-                    fresh = [stateful[n] for n in seg.stages
-                             if n in stateful and where.get(n) != "edge"]  # fmt: skip
+                    fresh = [
+                        stateful[n] for n in seg.stages if n in stateful and where.get(n) != "edge"
+                    ]
                     extra = {"setting": setting.to_meta(), "stream": self.stream, "fresh": fresh}
                 if self._try_remote(ctx, ctx.plan.placement, segs, i, extra):
                     continue
@@ -158,8 +166,7 @@ class Executor:
         self.learner.refresh_link(self.monitor)
         elapsed = time.perf_counter() - ctx.t0
         edge = self.learner.edge_view(self.monitor)
-        return self.planner.handoff(ctx.plan, len(ctx.trace.ran), elapsed, self.learner.link,
-                                    edge)  # fmt: skip
+        return self.planner.handoff(ctx.plan, len(ctx.trace.ran), elapsed, self.learner.link, edge)
 
     def _hand_off(self, ctx: RequestContext, h: Handoff) -> bool:
         """Send the rest of a request running here to the edge (``h``: from ``h.start`` on,
@@ -203,8 +210,9 @@ class Executor:
         ran[stage.name] = "robot"
         return seconds
 
-    def _try_remote(self, ctx: RequestContext, placement: dict, segs: list[Segment], i: int,
-                    extra: dict) -> bool:  # fmt: skip
+    def _try_remote(
+        self, ctx: RequestContext, placement: dict, segs: list[Segment], i: int, extra: dict
+    ) -> bool:
         """One edge segment into the pool; False (with the reason in the trace) to run it
         here. ``extra``: the setting's part of the request meta (setting, stream, fresh)."""
         tr = ctx.trace
@@ -237,14 +245,18 @@ class Executor:
             tr.batch[t.stage] = t.batch
         tr.overheads_ms.append((rep.wall_s - rep.server_s) * 1e3)
         seg = segs[i].stages
-        tr.transfers.append(TransferOutcome(seg[0], seg[-1], max(rep.wall_s - rep.server_s, 0.0),
-                                            rep.sent_bytes, rep.recv_bytes))  # fmt: skip
+        tr.transfers.append(
+            TransferOutcome(
+                seg[0], seg[-1], max(rep.wall_s - rep.server_s, 0.0), rep.sent_bytes, rep.recv_bytes
+            )
+        )
         tr.sent += rep.sent_bytes
         self.learner.observe_transfer(rep)
         return True
 
-    def _remote(self, ctx: RequestContext, placement: dict, seg: Segment, rest: list[Segment],
-                extra: dict):  # fmt: skip
+    def _remote(
+        self, ctx: RequestContext, placement: dict, seg: Segment, rest: list[Segment], extra: dict
+    ):
         """One edge segment, waited for no longer than the robot stages after it allow.
 
         The robot waits until the deadline less the local time of the robot segments that
@@ -259,8 +271,9 @@ class Executor:
         robot's own reading or later stages make late is the robot's lateness."""
         learner, graph, pool = self.learner, ctx.graph, ctx.pool
         now = time.perf_counter()
-        later = self._local_left_s(ctx, (n for s in rest[1:] if s.role == "robot"
-                                         for n in s.stages))  # fmt: skip
+        later = self._local_left_s(
+            ctx, (n for s in rest[1:] if s.role == "robot" for n in s.stages)
+        )
         wait = give_up_at(ctx.deadline, later, self.cfg.margin_s, learner.answer_s) - now
         if wait <= 0:
             raise RuntimeError("no time left for the edge")

@@ -32,9 +32,13 @@ class Learner:
 
     def __init__(self, cfg, costs: costview.CostView, stretch: float = 1.0) -> None:
         self.costs = costs
-        self.link = Link(cfg.bandwidth_mbps, cfg.rtt_ms,
-                         window_s=Link.window_s * stretch, cap_s=Link.cap_s * stretch,
-                         rtt_window_s=Link.rtt_window_s * stretch)  # fmt: skip
+        self.link = Link(
+            cfg.bandwidth_mbps,
+            cfg.rtt_ms,
+            window_s=Link.window_s * stretch,
+            cap_s=Link.cap_s * stretch,
+            rtt_window_s=Link.rtt_window_s * stretch,
+        )
         self.reply_bytes: dict[tuple[str, ...], int] = {}  # last answer's size per segment
         # Reading, decoding and checking an answer once it is on the socket: a slow peak,
         # decaying 10% per answer (16 agents sharing a core's GIL took up to 37 ms for it).
@@ -106,6 +110,7 @@ class Learner:
         out = costview.outcome(inf, tr.stage_s, tr.batch, factors, tr.transfers)
         if tr.handoff is not None and out.fallback is None:
             out = dataclasses.replace(out, fallback=f"handoff: {tr.handoff}")
-        out = dataclasses.replace(out, energy_by_device=tr.energy_metered,
-                                  modelled_by_device=tr.energy_modelled)  # fmt: skip
+        out = dataclasses.replace(
+            out, energy_by_device=tr.energy_metered, modelled_by_device=tr.energy_modelled
+        )
         planner.learn(ctx.plan, out)

@@ -184,8 +184,9 @@ class _Book:
         self.counts[self.KINDS[kind]] += 1
         if self.rows is not None:
             wall = time.monotonic() - sent if kind != "lost" else math.nan
-            self.rows.append({"t": sent - self.start, "kind": kind, "wall_s": wall,
-                              "compute_s": compute_s})  # fmt: skip
+            self.rows.append(
+                {"t": sent - self.start, "kind": kind, "wall_s": wall, "compute_s": compute_s}
+            )
 
 
 def _read(sock, sent_at: dict[int, float], book: _Book) -> None:
@@ -210,8 +211,7 @@ def _read(sock, sent_at: dict[int, float], book: _Book) -> None:
         if book.rows is not None:  # the edge's share of each stage it ran for this request
             with contextlib.suppress(RecordError):
                 stages = tuple(header.stage.split("+"))
-                compute = sum(x.share_s for x in parse_timings(header.meta.get("timings"),
-                                                                stages))  # fmt: skip
+                compute = sum(x.share_s for x in parse_timings(header.meta.get("timings"), stages))
         book.end(t, "late" if time.monotonic() - t > book.budget_s else "ok", compute)
 
 
@@ -221,8 +221,16 @@ class OpenLoopLoad:
     process of their own, on the CPUs this process may use; ``counts`` holds what they saw
     once the block ends. ``robots`` = 0 starts nothing."""
 
-    def __init__(self, policy, endpoint: str, robots: int, period_s: float, budget_s: float,
-                 emulator=None, start_at: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        policy,
+        endpoint: str,
+        robots: int,
+        period_s: float,
+        budget_s: float,
+        emulator=None,
+        start_at: float | None = None,
+    ) -> None:
         self.policy, self.endpoint, self.robots = policy, endpoint, robots
         self.period_s, self.budget_s, self.emulator = period_s, budget_s, emulator
         self.start_at = start_at  # the first send (time.monotonic), as ``run`` takes it
@@ -243,8 +251,17 @@ class OpenLoopLoad:
         path = Path(self._dir.name) / "request.bin"
         frames = encode_request(self.policy, "open the drawer", self.budget_s, self.emulator)
         write_frames(frames, path)
-        args = ["--edge", self.endpoint, "--frames", str(path), "--robots", str(self.robots),
-                "--period-s", str(self.period_s), "--insecure"]  # fmt: skip
+        args = [
+            "--edge",
+            self.endpoint,
+            "--frames",
+            str(path),
+            "--robots",
+            str(self.robots),
+            "--period-s",
+            str(self.period_s),
+            "--insecure",
+        ]
         if self.start_at is not None:
             args += ["--start-at", repr(self.start_at)]
         self.proc, _ = procs.spawn_module("vlarun.runtime.loadgen", args)
@@ -268,15 +285,22 @@ class OpenLoopLoad:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m vlarun.runtime.loadgen", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m vlarun.runtime.loadgen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--edge", required=True, help="the edge's endpoint (tcp://HOST:PORT)")
     ap.add_argument("--frames", required=True, help="a request file (write_frames)")
     ap.add_argument("--robots", type=int, default=4, help="background robots")
     ap.add_argument("--period-s", type=float, default=1.0, help="each robot's request period")
     ap.add_argument("--seconds", type=float, default=None, help="stop after (default: SIGINT)")
-    ap.add_argument("--start-at", type=float, default=None,
-                    help="first send at this time.monotonic() (default: in 0.2 s)")  # fmt: skip
+    ap.add_argument(
+        "--start-at",
+        type=float,
+        default=None,
+        help="first send at this time.monotonic() (default: in 0.2 s)",
+    )
     ap.add_argument("--insecure", action="store_true", help="plain TCP (the bench's own edge)")
     a = ap.parse_args(argv)
     if not a.insecure:

@@ -176,9 +176,11 @@ class LocalWorker:
     # -- worker thread ----------------------------------------------------------------------------
 
     def work(
-        self, stop: threading.Event, answer: Callable[[Job, str | None], None],
+        self,
+        stop: threading.Event,
+        answer: Callable[[Job, str | None], None],
         active: Callable[[], int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The worker thread's loop until ``stop`` is set: take a batch, run one stage of it,
         hand what finished to ``answer(job, error)`` (an in-process request's own callback
         instead). ``active()``: robots sending now."""
@@ -209,10 +211,10 @@ class LocalWorker:
             return
         stage = (live[0].graph or self.graph).stage(live[0].stage)
         self.busy_until = now + self.queues.work_s((stage.name,)) * len(live)
-        after = tuple((robot_id(j.key), j.deadline, tuple(j.stages[j.pos + 1 :]))
-                      for j in live)  # fmt: skip
-        self.running = Running(stage.name, tuple(robot_id(j.key) for j in live),
-                               min(j.deadline for j in live), after)  # fmt: skip
+        after = tuple((robot_id(j.key), j.deadline, tuple(j.stages[j.pos + 1 :])) for j in live)
+        self.running = Running(
+            stage.name, tuple(robot_id(j.key) for j in live), min(j.deadline for j in live), after
+        )
         for job in live:
             if job.pos == 0:  # in the worker thread, so no stage of the stream is running
                 for part in job.fresh:
@@ -265,8 +267,15 @@ class LocalWorker:
         """Hand a finished (or failed) request back: to an in-process request's callback
         (``EdgeServer.submit``), or to the server's ``answer``."""
         if error is None:
-            self.records.reply(time.monotonic(), job.key, job.stages, job.setting,
-                               job.arrival, job.deadline, job.timings)  # fmt: skip
+            self.records.reply(
+                time.monotonic(),
+                job.key,
+                job.stages,
+                job.setting,
+                job.arrival,
+                job.deadline,
+                job.timings,
+            )
         if job.done is not None:
             out = None if error else {n: job.pool[n] for n in job.want}
             job.done(out, error, job.timings)

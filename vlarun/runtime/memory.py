@@ -56,8 +56,12 @@ class Trimmer:
     """Counts request bytes handled and trims when a burst of them is over (module docstring).
     Thread-safe; ``maybe_trim`` is cheap when nothing is due."""
 
-    def __init__(self, after_bytes: int = TRIM_AFTER_BYTES, every_s: float = TRIM_EVERY_S,
-                 min_bytes: int = MIN_BURST_BYTES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        after_bytes: int = TRIM_AFTER_BYTES,
+        every_s: float = TRIM_EVERY_S,
+        min_bytes: int = MIN_BURST_BYTES,
+    ) -> None:
         self.after_bytes, self.every_s, self.min_bytes = after_bytes, every_s, min_bytes
         self._bytes = 0  # since the last trim
         # Since the last trim at a burst's end: a mid-burst trim runs while the burst's frames

@@ -62,8 +62,12 @@ def _encode(obj: Any) -> Any:
         if obj.dtype.kind in REFUSED_KINDS:
             raise ValueError(f"cannot send arrays of dtype {obj.dtype}")
         arr = np.ascontiguousarray(obj)
-        return {b"__ndarray__": True, b"data": arr.tobytes(), b"dtype": arr.dtype.str,
-                b"shape": list(arr.shape)}  # fmt: skip
+        return {
+            b"__ndarray__": True,
+            b"data": arr.tobytes(),
+            b"dtype": arr.dtype.str,
+            b"shape": list(arr.shape),
+        }
     if isinstance(obj, np.generic):
         return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
     raise TypeError(f"cannot encode {type(obj).__name__}")
@@ -89,8 +93,10 @@ def _decode(obj: dict) -> Any:
         # 63 MB string), and is no observation's value.
         if dtype.kind not in SCALAR_KINDS or type(data) not in (bool, int, float):
             what = type(data).__name__
-            raise ValueError(f"a numpy scalar must be one number (bool, int or float), got "
-                             f"dtype {dtype.str} holding {what}")  # fmt: skip
+            raise ValueError(
+                f"a numpy scalar must be one number (bool, int or float), got "
+                f"dtype {dtype.str} holding {what}"
+            )
         return dtype.type(data)
     return obj
 
@@ -129,14 +135,21 @@ def unpackb(data: bytes, max_str_bytes: int | None = None) -> Any:
         return hook
 
     try:
-        return msgpack.unpackb(data, object_hook=counted(_decode), list_hook=counted(list),
-                               raw=False, strict_map_key=False, max_array_len=MAX_LIST_LEN,
-                               max_map_len=MAX_LIST_LEN,
-                               max_str_len=max_str_bytes or len(data))  # fmt: skip
+        return msgpack.unpackb(
+            data,
+            object_hook=counted(_decode),
+            list_hook=counted(list),
+            raw=False,
+            strict_map_key=False,
+            max_array_len=MAX_LIST_LEN,
+            max_map_len=MAX_LIST_LEN,
+            max_str_len=max_str_bytes or len(data),
+        )
     except ValueError as e:  # msgpack says "N exceeds max_str_len(M)": say what it bounds
         if "max_str_len" in str(e):
-            raise ValueError(f"a text in the request is longer than {max_str_bytes} bytes "
-                             "(--max-prompt-bytes)") from None  # fmt: skip
+            raise ValueError(
+                f"a text in the request is longer than {max_str_bytes} bytes (--max-prompt-bytes)"
+            ) from None
         raise
 
 
@@ -166,8 +179,10 @@ class ObservationLayout:
             raise ValueError(f"an observation must be a dict, got {type(obs).__name__}")
         missing = [k for k in (self.image_keys[0], self.prompt_key) if k not in obs]
         if missing:
-            raise ValueError(f"observation lacks {missing} (layout {self.name!r}: keys "
-                             f"{[*self.image_keys, self.state_key, self.prompt_key]})")  # fmt: skip
+            raise ValueError(
+                f"observation lacks {missing} (layout {self.name!r}: keys "
+                f"{[*self.image_keys, self.state_key, self.prompt_key]})"
+            )
         prompt = obs[self.prompt_key]
         if type(prompt) not in (str, bytes):  # not a subclass either: np.str_ is a str
             raise ValueError(f"{self.prompt_key!r} must be text, got {type(prompt).__name__}")
@@ -184,8 +199,12 @@ class ObservationLayout:
         present = [k for k in self.image_keys if k in obs]
         for key in present:
             v = obs[key]
-            if not isinstance(v, np.ndarray) or v.ndim != 3 or v.shape[-1] != 3 \
-                    or v.dtype != np.uint8:  # fmt: skip
+            if (
+                not isinstance(v, np.ndarray)
+                or v.ndim != 3
+                or v.shape[-1] != 3
+                or v.dtype != np.uint8
+            ):
                 what = f"{v.dtype}{v.shape}" if isinstance(v, np.ndarray) else type(v).__name__
                 raise ValueError(f"{key!r} must be an (H, W, 3) uint8 array, got {what}")
         views = [obs[k] for k in present][:num_images]
@@ -202,19 +221,25 @@ class ObservationLayout:
             n = len(state) if isinstance(state, (list, tuple)) else np.size(state)
             if n > MAX_LIST_LEN:
                 shape = np.shape(state) if isinstance(state, np.ndarray) else (n,)
-                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
-                                 f"got shape {shape}")  # fmt: skip
+                raise ValueError(
+                    f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
+                    f"got shape {shape}"
+                )
             raw = np.asarray(state)
             if raw.dtype.kind not in "fiu":
                 raise ValueError(f"{self.state_key!r} must be numbers, got dtype {raw.dtype}")
             if raw.size > MAX_LIST_LEN:  # nested lists: their size is known once made
-                raise ValueError(f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
-                                 f"got shape {raw.shape}")  # fmt: skip
+                raise ValueError(
+                    f"{self.state_key!r} must hold at most {MAX_LIST_LEN} numbers, "
+                    f"got shape {raw.shape}"
+                )
             state = raw.astype(np.float32)
             bad = np.flatnonzero(~np.isfinite(state.ravel()))
             if bad.size:  # named as act and Policy.predict name it
-                raise ValueError(f"{self.state_key!r} must be finite: entry {int(bad[0])} is "
-                                 f"{state.ravel()[bad[0]]}")  # fmt: skip
+                raise ValueError(
+                    f"{self.state_key!r} must be finite: entry {int(bad[0])} is "
+                    f"{state.ravel()[bad[0]]}"
+                )
         return images, state, prompt
 
 
@@ -299,8 +324,15 @@ class ServeLimits:
             raise ValueError("max_prompt_bytes and max_connections must be >= 1")
         if self.max_connections_per_key is not None and self.max_connections_per_key < 1:
             raise ValueError("max_connections_per_key must be >= 1")
-        if min(self.budget_s, self.handshake_timeout_s, self.idle_timeout_s,
-               self.first_frame_timeout_s) <= 0:  # fmt: skip
+        if (
+            min(
+                self.budget_s,
+                self.handshake_timeout_s,
+                self.idle_timeout_s,
+                self.first_frame_timeout_s,
+            )
+            <= 0
+        ):
             raise ValueError("budget_s and the timeouts must be > 0")
 
     @property
@@ -347,15 +379,25 @@ class OpenpiPolicyServer:
         self.per_key = self.limits.max_connections_per_key or max(share, 1)
         self.by_key: dict[int, int] = {}  # key index -> open connections authenticated by it
         cfg = policy.model.cfg
-        self.metadata = metadata if metadata is not None else {
-            "server": "vlarun", "policy": cfg.name, "family": cfg.family,
-            "action_horizon": cfg.horizon, "action_dim": policy.action_size,
-            "image_keys": list(layout.image_keys), "state_key": layout.state_key,
-            "prompt_key": layout.prompt_key, **expected_inputs(policy, layout),
-        }  # fmt: skip
+        self.metadata = (
+            metadata
+            if metadata is not None
+            else {
+                "server": "vlarun",
+                "policy": cfg.name,
+                "family": cfg.family,
+                "action_horizon": cfg.horizon,
+                "action_dim": policy.action_size,
+                "image_keys": list(layout.image_keys),
+                "state_key": layout.state_key,
+                "prompt_key": layout.prompt_key,
+                **expected_inputs(policy, layout),
+            }
+        )
         # The model runs on the edge's worker thread; requests wait for it on the event loop.
-        cfg_edge = ServerConfig(f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s,
-                                admission=False)  # fmt: skip
+        cfg_edge = ServerConfig(
+            f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s, admission=False
+        )
         self.edge = EdgeServer(policy, Security(insecure=True), cfg_edge)  # no network socket
         self.edge.warmup()
         # Decoding and tokenizing run here, off the event loop; two threads, because that work
@@ -379,8 +421,9 @@ class OpenpiPolicyServer:
         if self._expected is not None:
             sent = request.headers.get_all("Authorization")
             if len(sent) > 1:  # which one would count? refuse, do not guess
-                return connection.respond(http.HTTPStatus.BAD_REQUEST,
-                                          "more than one Authorization header\n")  # fmt: skip
+                return connection.respond(
+                    http.HTTPStatus.BAD_REQUEST, "more than one Authorization header\n"
+                )
             given = sent[0].encode() if sent else b""
             # every key compared, in constant time each: which one matched takes no less time
             matched = [i for i, k in enumerate(self._expected) if hmac.compare_digest(given, k)]
@@ -408,8 +451,9 @@ class OpenpiPolicyServer:
     def _prepare(self, frame: bytes) -> dict:
         """Decode one request and make the model's inputs (a worker thread: CPU work)."""
         obs = unpackb(frame, self.limits.max_prompt_bytes)
-        images, state, prompt = self.layout.inputs(obs, self.policy.model.cfg.num_images,
-                                                   self.limits.max_prompt_bytes)  # fmt: skip
+        images, state, prompt = self.layout.inputs(
+            obs, self.policy.model.cfg.num_images, self.limits.max_prompt_bytes
+        )
         packet, _ = self.policy.inputs(images, prompt, state)
         return packet.tensors
 
@@ -423,8 +467,10 @@ class OpenpiPolicyServer:
         loop = asyncio.get_running_loop()
         size = len(frame)
         if self.inflight_bytes + size > self.limits.max_inflight_bytes:
-            raise Busy(f"{self.inflight_bytes} request bytes in flight, the limit is "
-                       f"{self.limits.max_inflight_bytes} (--max-inflight-mb)")  # fmt: skip
+            raise Busy(
+                f"{self.inflight_bytes} request bytes in flight, the limit is "
+                f"{self.limits.max_inflight_bytes} (--max-inflight-mb)"
+            )
         self.inflight_bytes += size
         try:
             tensors = await loop.run_in_executor(self._pool, self._prepare, frame)
@@ -443,8 +489,9 @@ class OpenpiPolicyServer:
             try:
                 # A stage already running cannot be stopped: a little past the budget, then
                 # the request is given up whatever the worker does.
-                await asyncio.wait({result, closed}, timeout=budget + 1.0,
-                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                await asyncio.wait(
+                    {result, closed}, timeout=budget + 1.0, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 closed.cancel()
             if not result.done():
@@ -590,9 +637,13 @@ class OpenpiPolicyServer:
         lim = self.limits
         # max_queue=0: once one complete frame waits unread, the socket is not read further
         # (TCP pushes back on the client), so a pipelining client holds one frame, not 16.
-        options = dict(compression=None, max_size=lim.max_frame, max_queue=0,
-                       open_timeout=lim.handshake_timeout_s,
-                       process_request=self._process_request)  # fmt: skip
+        options = dict(
+            compression=None,
+            max_size=lim.max_frame,
+            max_queue=0,
+            open_timeout=lim.handshake_timeout_s,
+            process_request=self._process_request,
+        )
         self.edge.start()
         try:  # a port that cannot be bound must not leave the edge's threads running
             async with serve(self._handle, self.host, self.port, **options) as srv:

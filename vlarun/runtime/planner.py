@@ -67,16 +67,18 @@ class Planner:
 
     hands_off = False  # whether ``handoff`` may ever move a request (asked at stage bounds)
 
-    def __init__(self, strategy: str, setting: AccelSetting, costs: costview.CostView,
-                 slo_s: float) -> None:  # fmt: skip
+    def __init__(
+        self, strategy: str, setting: AccelSetting, costs: costview.CostView, slo_s: float
+    ) -> None:
         self.strategy, self.setting = strategy, setting
         self.costs, self.slo_s = costs, slo_s
         self._scheds: dict[int, Scheduler] = {}
         self._edge_primed: set[int] = set()  # prompt lengths primed with the edge's estimates
         self.text_tokens: int | None = None  # the last prompt length prepared or planned
 
-    def scheduler(self, text_tokens: int, robot_s: dict | None = None,
-                  health: dict | None = None) -> Scheduler:  # fmt: skip
+    def scheduler(
+        self, text_tokens: int, robot_s: dict | None = None, health: dict | None = None
+    ) -> Scheduler:
         """The scheduler of prompts of ``text_tokens``, built once. Primed with stage times
         measured here (``robot_s``, this host's seconds: the warm-up's) whenever given, and
         with the edge's per-stage estimates the first time a health reply carries them: a
@@ -93,8 +95,9 @@ class Planner:
             self._edge_primed.add(text_tokens)
         return sched
 
-    def prepare(self, text_tokens: int, robot_s: dict | None = None,
-                health: dict | None = None) -> None:  # fmt: skip
+    def prepare(
+        self, text_tokens: int, robot_s: dict | None = None, health: dict | None = None
+    ) -> None:
         """Build before any request what planning a prompt of ``text_tokens`` needs."""
         self.text_tokens = text_tokens
         self.scheduler(text_tokens, robot_s, health)
@@ -116,16 +119,25 @@ class Planner:
         self.text_tokens = text_tokens
         names = [s.name for s in graph.stages]
         if not edge.up:
-            return Plan(text_tokens=text_tokens, placement=dict.fromkeys(names, "robot"),
-                        setting=self.setting, planner="edge down",
-                        link_mbps=link.bandwidth_mbps)  # fmt: skip
+            return Plan(
+                text_tokens=text_tokens,
+                placement=dict.fromkeys(names, "robot"),
+                setting=self.setting,
+                planner="edge down",
+                link_mbps=link.bandwidth_mbps,
+            )
         return self._choose(text_tokens, graph, edge, link)
 
     def _choose(self, text_tokens: int, graph, edge: EdgeView, link: Link) -> Plan:
         roles = fixed_roles(self.strategy, len(graph.stages))
         placement = dict(zip((s.name for s in graph.stages), roles, strict=True))
-        return Plan(text_tokens=text_tokens, placement=placement, setting=self.setting,
-                    planner=self.strategy, link_mbps=link.bandwidth_mbps)  # fmt: skip
+        return Plan(
+            text_tokens=text_tokens,
+            placement=placement,
+            setting=self.setting,
+            planner=self.strategy,
+            link_mbps=link.bandwidth_mbps,
+        )
 
     def handoff(
         self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView
@@ -154,11 +166,18 @@ class ScheduledPlanner(Planner):
         d = costview.decide(sched, link, edge.health, edge.schedule, edge.age_s)
         setting = AccelSetting.from_knobs(d.settings, self.setting.token_method)
         return Plan(
-            text_tokens=text_tokens, placement=dict(d.placement), setting=setting,
-            planner=self.strategy, link_mbps=link.bandwidth_mbps, predicted_s=d.latency_s,
-            sigma_s=d.sigma_s, predicted_j=d.energy_j, explored=d.explored,
-            bookings=plan_bookings(d, self.slo_s), contract=d,
-        )  # fmt: skip
+            text_tokens=text_tokens,
+            placement=dict(d.placement),
+            setting=setting,
+            planner=self.strategy,
+            link_mbps=link.bandwidth_mbps,
+            predicted_s=d.latency_s,
+            sigma_s=d.sigma_s,
+            predicted_j=d.energy_j,
+            explored=d.explored,
+            bookings=plan_bookings(d, self.slo_s),
+            contract=d,
+        )
 
     def handoff(
         self, plan: Plan, done: int, elapsed_s: float, link: Link, edge: EdgeView
@@ -186,8 +205,9 @@ class ScheduledPlanner(Planner):
             self.scheduler(plan.text_tokens).observe(plan.contract, outcome)
 
 
-def make_planner(strategy: str, setting: AccelSetting, costs: costview.CostView,
-                 slo_s: float) -> Planner:  # fmt: skip
+def make_planner(
+    strategy: str, setting: AccelSetting, costs: costview.CostView, slo_s: float
+) -> Planner:
     """The planner for ``strategy`` (``sched.strategy``'s names; "vlarun" is the placement)."""
     if canonical(strategy) in SCHEDULED:
         return ScheduledPlanner(strategy, setting, costs, slo_s)

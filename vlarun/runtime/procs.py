@@ -24,9 +24,15 @@ def _spawn(
     # stderr goes to a file, not a pipe: a pipe nobody drains would block a chatty child.
     err_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - lives as long as the child
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # before it runs anything
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err_file,
-                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                            env=env, text=True, preexec_fn=pin)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=err_file,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        env=env,
+        text=True,
+        preexec_fn=pin,
+    )
     proc.err_file = err_file  # closed by stop()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -48,9 +54,12 @@ def _spawn(
 
 
 def start_edge(
-    port: int = 0, extra: list[str] | None = None, timeout_s: float = 60.0,
-    cpus: set[int] | None = None, keys: str | Path | None = None,
-):  # fmt: skip
+    port: int = 0,
+    extra: list[str] | None = None,
+    timeout_s: float = 60.0,
+    cpus: set[int] | None = None,
+    keys: str | Path | None = None,
+):
     """`vlarun serve-edge` on loopback; (process, endpoint). ``cpus``: pinned there.
     ``keys``: a folder from `local_keys`, and the edge speaks CurveZMQ and admits only the
     robot key written there; without it, plain TCP (`--insecure`: tests and benchmarks)."""
@@ -80,9 +89,13 @@ def local_keys(directory: str | Path):
 
 
 def start_relay(
-    upstream: str, mbps: float, delay_ms: float = 0.0, schedule: str = "", timeout_s: float = 20.0,
+    upstream: str,
+    mbps: float,
+    delay_ms: float = 0.0,
+    schedule: str = "",
+    timeout_s: float = 20.0,
     cpus: set[int] | None = None,
-):  # fmt: skip
+):
     """A shaping relay in front of ``upstream``; (process, endpoint). ``cpus``: pinned there."""
     args = [
         "-m",
@@ -100,9 +113,12 @@ def start_relay(
 
 
 def spawn_module(
-    module: str, args: list[str] | None = None, timeout_s: float = 20.0,
-    cpus: set[int] | None = None, stdin: bool = False,
-):  # fmt: skip
+    module: str,
+    args: list[str] | None = None,
+    timeout_s: float = 20.0,
+    cpus: set[int] | None = None,
+    stdin: bool = False,
+):
     """``python -m module args`` that prints its endpoint first; (process, endpoint).
     ``cpus``: the CPUs it may run on (pinned before it starts); ``stdin``: a pipe to it
     (``proc.stdin``, text), else it reads nothing."""

@@ -213,8 +213,12 @@ class StageQueues(StageTimes):
         with self.cond:
             queued = [(j.deadline, j.stages[j.pos :]) for q in self.queues.values() for j in q]
             booked = [(b.deadline, b.stages) for b in self.ledger]
-        return sum(self.est_s.get(n, 0.0) for due, names in queued + booked
-                   if due <= deadline for n in names)  # fmt: skip
+        return sum(
+            self.est_s.get(n, 0.0)
+            for due, names in queued + booked
+            if due <= deadline
+            for n in names
+        )
 
     # -- bookings ---------------------------------------------------------------------------------
 
@@ -265,9 +269,13 @@ class StageQueues(StageTimes):
         return (out + play(queue, limit))[:limit]
 
     def finish(
-        self, now: float, stages: tuple[str, ...], deadline: float, busy_until: float = 0.0,
+        self,
+        now: float,
+        stages: tuple[str, ...],
+        deadline: float,
+        busy_until: float = 0.0,
         running: Running | None = None,
-    ) -> float:  # fmt: skip
+    ) -> float:
         """When a request for ``stages`` due at ``deadline``, queued now, would finish: the
         forecast with it in (admission's test is the robots' schedule, not a second model)."""
         ask = self._pending(now, deadline, THIS, stages, key=THIS)
@@ -276,18 +284,27 @@ class StageQueues(StageTimes):
         return now if end is None else end
 
     def _model(
-        self, now: float, busy_until: float, running: Running | None,
-        name: Callable[[bytes], str], ask: Pending | None = None,
-    ) -> tuple[list[Slot], EdgeQueue]:  # fmt: skip
+        self,
+        now: float,
+        busy_until: float,
+        running: Running | None,
+        name: Callable[[bytes], str],
+        ask: Pending | None = None,
+    ) -> tuple[list[Slot], EdgeQueue]:
         """The queue model's state now: the running batch's slot (if any) and the queues,
         holding every queued request, every booking, ``ask`` and the running batch's
         followers."""
         with self.cond:
-            items = [self._pending(now, j.deadline, name(j.key), j.stages[j.pos :])
-                     for q in self.queues.values() for j in q]  # fmt: skip
+            items = [
+                self._pending(now, j.deadline, name(j.key), j.stages[j.pos :])
+                for q in self.queues.values()
+                for j in q
+            ]
             items += self.ledger.pending(now, self.seconds, name)
-        items += [self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages,
-                                booked=True) for b in self.periodic(now)]  # fmt: skip
+        items += [
+            self._pending(max(b.arrive, now), b.deadline, name(b.origin), b.stages, booked=True)
+            for b in self.periodic(now)
+        ]
         if ask is not None:
             items.append(ask)
         out: list[Slot] = []
@@ -309,15 +326,27 @@ class StageQueues(StageTimes):
         return out, queue
 
     def _pending(
-        self, ready: float, deadline: float, origin: str, stages, booked: bool = False,
+        self,
+        ready: float,
+        deadline: float,
+        origin: str,
+        stages,
+        booked: bool = False,
         key: str | None = None,
-    ) -> Pending:  # fmt: skip
+    ) -> Pending:
         """A request's remaining ``stages`` at their measured per-request times (0 for a stage
         never measured: no evidence to wait on)."""
         stages = tuple(stages)
         seconds = tuple(self.est_s.get(n, 0.0) for n in stages)
-        return Pending(ready=ready, deadline=deadline, origin=origin, stages=stages,
-                       seconds=seconds, booked=booked, key=key)  # fmt: skip
+        return Pending(
+            ready=ready,
+            deadline=deadline,
+            origin=origin,
+            stages=stages,
+            seconds=seconds,
+            booked=booked,
+            key=key,
+        )
 
     def ordered(self) -> list[Job]:
         """Every queued request, in the order the worker will serve them (EDF)."""

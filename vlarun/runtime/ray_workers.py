@@ -72,10 +72,14 @@ class WorkerActor:
             sec = Security(own=KeyPair(public, secret), authorized_keys=(front_public,))
             address = f"tcp://{host}:0"
         cfg = ServerConfig(
-            address, spec.max_batch, spec.batch_window_s, max_streams=spec.max_streams,
+            address,
+            spec.max_batch,
+            spec.batch_window_s,
+            max_streams=spec.max_streams,
             max_message_bytes=spec.max_message_bytes,
-            max_queued=spec.max_queued, relayed=True,
-        )  # fmt: skip
+            max_queued=spec.max_queued,
+            relayed=True,
+        )
         self.server = EdgeServer(policy, sec, cfg)
         self.server.warmup()  # one-time costs (allocation, first kernels) ...
         self.server.queues.est_s.clear()
@@ -189,17 +193,20 @@ class RayWorkers:
 
     def _init(self, count: int, address: str | None, host: str) -> None:
         ray = self.ray
-        quiet = {"include_dashboard": False, "log_to_driver": False,
-                 "logging_level": logging.ERROR}  # fmt: skip
+        quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         if self.local:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             # Ray starts its workers at nice 15 (``worker_niceness``): an edge worker is the
             # edge's inference, and at nice 15 any other process on the machine starves it (two
             # busy loops beside the tests: tiny-ar requests past a 5 s budget). A cluster
             # started elsewhere needs ``RAY_worker_niceness=0`` in its environment (docs).
-            local = {"num_cpus": os.cpu_count(), "resources": {EDGE_RESOURCE: count},
-                     "object_store_memory": 100 << 20, "_system_config": {"worker_niceness": 0},
-                     **quiet}  # fmt: skip
+            local = {
+                "num_cpus": os.cpu_count(),
+                "resources": {EDGE_RESOURCE: count},
+                "object_store_memory": 100 << 20,
+                "_system_config": {"worker_niceness": 0},
+                **quiet,
+            }
             if self.loopback:
                 with _loopback_node(ray):
                     ray.init(_node_ip_address="127.0.0.1", **local)
@@ -225,9 +232,12 @@ class RayWorkers:
                 f"'{{\"{EDGE_RESOURCE}\": 1}}'"
             )
         actor = ray.remote(WorkerActor).options(
-            resources={EDGE_RESOURCE: 1}, num_cpus=0, max_restarts=-1, max_task_retries=0,
+            resources={EDGE_RESOURCE: 1},
+            num_cpus=0,
+            max_restarts=-1,
+            max_task_retries=0,
             max_concurrency=4,
-        )  # fmt: skip
+        )
         node = ray.util.get_node_ip_address()
         self.actors = [
             actor.remote(self.spec, self.front.public, node, self.ipc_dir) for _ in range(count)

@@ -87,12 +87,25 @@ class Reaper:
 
     def __init__(self, folder: str, mark: str, poll_s: float = 1.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vlarun.runtime.reaper", "--pid", str(os.getpid()),
-             "--mark", mark, "--dir", folder, "--poll-s", str(poll_s)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "vlarun.runtime.reaper",
+                "--pid",
+                str(os.getpid()),
+                "--mark",
+                mark,
+                "--dir",
+                folder,
+                "--poll-s",
+                str(poll_s),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C meant for the front does not reach it
             env={**os.environ, "PYTHONPATH": _pythonpath()},
-        )  # fmt: skip
+        )
 
     def close(self, timeout_s: float = 10.0) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:

@@ -68,8 +68,12 @@ class StageTiming:
         return self.compute_s / self.batch
 
     def pack(self) -> dict:
-        return {"stage": self.stage, "compute_s": self.compute_s, "queue_s": self.queue_s,
-                "batch": self.batch}  # fmt: skip
+        return {
+            "stage": self.stage,
+            "compute_s": self.compute_s,
+            "queue_s": self.queue_s,
+            "batch": self.batch,
+        }
 
     @classmethod
     def parse(cls, raw: object, stages: tuple[str, ...]) -> StageTiming:
@@ -114,24 +118,44 @@ class ScheduleSlot:
     def of(cls, slot: Slot, now: float) -> ScheduleSlot:
         """The wire form of the queue model's slot (monotonic seconds on the edge's clock),
         made relative to ``now`` (robots do not share the edge's clock)."""
-        return cls(robot=str(slot.origin), stage=slot.stage, start_s=slot.start - now,
-                   end_s=slot.end - now, deadline_s=slot.deadline - now,
-                   booked=slot.booked)  # fmt: skip
+        return cls(
+            robot=str(slot.origin),
+            stage=slot.stage,
+            start_s=slot.start - now,
+            end_s=slot.end - now,
+            deadline_s=slot.deadline - now,
+            booked=slot.booked,
+        )
 
     def slot(self) -> Slot:
         """As the queue model's slot, on the clock of the moment it was sent (0 = then)."""
-        return Slot(origin=self.robot, stage=self.stage, start=self.start_s, end=self.end_s,
-                    deadline=self.deadline_s, booked=self.booked)  # fmt: skip
+        return Slot(
+            origin=self.robot,
+            stage=self.stage,
+            start=self.start_s,
+            end=self.end_s,
+            deadline=self.deadline_s,
+            booked=self.booked,
+        )
 
     def aged(self, age_s: float) -> ScheduleSlot:
         """The same slot seen ``age_s`` later (every time that much nearer)."""
-        return replace(self, start_s=self.start_s - age_s, end_s=self.end_s - age_s,
-                       deadline_s=self.deadline_s - age_s)  # fmt: skip
+        return replace(
+            self,
+            start_s=self.start_s - age_s,
+            end_s=self.end_s - age_s,
+            deadline_s=self.deadline_s - age_s,
+        )
 
     def pack(self) -> dict:
-        return {"robot": self.robot, "stage": self.stage, "start_s": self.start_s,
-                "end_s": self.end_s, "deadline_s": self.deadline_s,
-                "booked": self.booked}  # fmt: skip
+        return {
+            "robot": self.robot,
+            "stage": self.stage,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "deadline_s": self.deadline_s,
+            "booked": self.booked,
+        }
 
     @classmethod
     def parse(cls, raw: object) -> ScheduleSlot:
@@ -140,8 +164,12 @@ class ScheduleSlot:
         if not isinstance(stage, str) or not 0 < len(stage) <= 64:
             raise RecordError("a schedule slot needs a stage name")
         times = {k: number(m.get(k), k, -math.inf) for k in ("start_s", "end_s", "deadline_s")}
-        return cls(robot=str(m.get("robot", ""))[:MAX_ROBOT_CHARS], stage=stage, **times,
-                   booked=m.get("booked") is True)  # fmt: skip
+        return cls(
+            robot=str(m.get("robot", ""))[:MAX_ROBOT_CHARS],
+            stage=stage,
+            **times,
+            booked=m.get("booked") is True,
+        )
 
 
 def pack_schedule(slots) -> list[dict]:
@@ -176,8 +204,11 @@ class PlanBooking:
         return cls(tuple(stages), hold(arrive_s), hold(deadline_s))
 
     def pack(self) -> dict:
-        return {"stages": list(self.stages), "arrive_s": self.arrive_s,
-                "deadline_s": self.deadline_s}  # fmt: skip
+        return {
+            "stages": list(self.stages),
+            "arrive_s": self.arrive_s,
+            "deadline_s": self.deadline_s,
+        }
 
     @classmethod
     def parse(cls, raw: object, known: tuple[str, ...]) -> PlanBooking:
@@ -185,10 +216,12 @@ class PlanBooking:
         m = _map(raw, "a booking")
         stages = m.get("stages")
         if (
-            not isinstance(stages, list) or not 0 < len(stages) <= len(known)
+            not isinstance(stages, list)
+            or not 0 < len(stages) <= len(known)
             or not all(isinstance(n, str) and n in known for n in stages)
-        ):  # fmt: skip
+        ):
             raise RecordError(f"a booking needs a list of stage names from {'/'.join(known)}")
         arrive = number(m.get("arrive_s"), "arrive_s", 0.0, MAX_BOOKING_S)
-        return cls(tuple(stages), arrive, number(m.get("deadline_s"), "deadline_s", 0.0,
-                                                 MAX_BOOKING_S))  # fmt: skip
+        return cls(
+            tuple(stages), arrive, number(m.get("deadline_s"), "deadline_s", 0.0, MAX_BOOKING_S)
+        )

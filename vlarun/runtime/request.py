@@ -118,24 +118,50 @@ class Inference:
     world: str | None = None  # emulated under this world, whose powers priced energy_j
 
     @classmethod
-    def from_run(cls, ctx: RequestContext, *, actions: np.ndarray, latency_s: float,
-                 slo_s: float, energy_j: float, started_s: float, measured_robot_j=None,
-                 meter: str | None = None, world: str | None = None) -> Inference:  # fmt: skip
+    def from_run(
+        cls,
+        ctx: RequestContext,
+        *,
+        actions: np.ndarray,
+        latency_s: float,
+        slo_s: float,
+        energy_j: float,
+        started_s: float,
+        measured_robot_j=None,
+        meter: str | None = None,
+        world: str | None = None,
+    ) -> Inference:
         """The record of a request that ran ``ctx.plan`` as ``ctx.trace`` says."""
         plan, tr, pool = ctx.plan, ctx.trace, ctx.pool
         return cls(
-            actions=actions, planned=plan.placement, ran=tr.ran, latency_s=latency_s,
-            slo_s=slo_s, fallback=tr.fallback, predicted_s=plan.predicted_s, energy_j=energy_j,
+            actions=actions,
+            planned=plan.placement,
+            ran=tr.ran,
+            latency_s=latency_s,
+            slo_s=slo_s,
+            fallback=tr.fallback,
+            predicted_s=plan.predicted_s,
+            energy_j=energy_j,
             stage_ms={k: v * 1e3 for k, v in tr.stage_s.items()},
-            remote_overhead_ms=tr.overheads_ms, bytes_sent=tr.sent, link_mbps=plan.link_mbps,
-            setting=str(plan.setting), edge_batch=dict(tr.batch),
-            measured_robot_j=measured_robot_j, meter=meter, explored=plan.explored,
-            predicted_j=plan.predicted_j, late_edge=tr.late_edge, started_s=started_s,
+            remote_overhead_ms=tr.overheads_ms,
+            bytes_sent=tr.sent,
+            link_mbps=plan.link_mbps,
+            setting=str(plan.setting),
+            edge_batch=dict(tr.batch),
+            measured_robot_j=measured_robot_j,
+            meter=meter,
+            explored=plan.explored,
+            predicted_j=plan.predicted_j,
+            late_edge=tr.late_edge,
+            started_s=started_s,
             predicted_sigma_s=plan.sigma_s,
             model_actions=pool["actions"][0].float().cpu().numpy(),
             rtc_delay=None if ctx.freeze is None else int(pool["rtc_delay"][0]),
-            edge_at_s=tr.edge_at, handoff=tr.handoff, planner=plan.planner, world=world,
-        )  # fmt: skip
+            edge_at_s=tr.edge_at,
+            handoff=tr.handoff,
+            planner=plan.planner,
+            world=world,
+        )
 
     @property
     def late_s(self) -> float:
@@ -185,8 +211,9 @@ class Inference:
         }
 
 
-def freeze_for(rtc_on: bool, prior: Prior | None, plan: Plan, local_s: dict, slo_s: float,
-               horizon: int) -> Freeze | None:  # fmt: skip
+def freeze_for(
+    rtc_on: bool, prior: Prior | None, plan: Plan, local_s: dict, slo_s: float, horizon: int
+) -> Freeze | None:
     """The real-time chunk freeze for ``plan`` (None: RTC off, or nothing queued), under any
     setting: a token decoder (Jacobi, early exit) takes the freeze's forced prefix as greedy
     decoding does (``accel.jacobi.jacobi_decode``). Its latency: the plan's prediction and
@@ -203,5 +230,6 @@ def freeze_for(rtc_on: bool, prior: Prior | None, plan: Plan, local_s: dict, slo
         latency = prior.latency_s
     else:
         latency = slo_s  # nothing measured yet: the deadline bounds it
-    return Freeze(RTCRequest.build(prior.model, horizon, latency, prior.period_s, sigma),
-                  prior.period_s)  # fmt: skip
+    return Freeze(
+        RTCRequest.build(prior.model, horizon, latency, prior.period_s, sigma), prior.period_s
+    )

@@ -170,15 +170,23 @@ class Robot:
         done: list[Inference] = []
 
         def infer(obs: dict, prior) -> tuple[np.ndarray, Inference]:
-            inf = self.agent.infer(obs["image"], instruction, state=obs["state"], seed=len(done),
-                                   prior=prior)  # fmt: skip
+            inf = self.agent.infer(
+                obs["image"], instruction, state=obs["state"], seed=len(done), prior=prior
+            )
             done.append(inf)
             self.inferences.append(inf)
             return inf.actions, inf
 
         merge = "switch" if self.agent.cfg.rtc else "append"
-        self._queue = ChunkQueue(infer, self.horizon, self.tick_s, lead=self.asynchronous,
-                                 merge=merge, predict=p95_of, model_of=model_rows)  # fmt: skip
+        self._queue = ChunkQueue(
+            infer,
+            self.horizon,
+            self.tick_s,
+            lead=self.asynchronous,
+            merge=merge,
+            predict=p95_of,
+            model_of=model_rows,
+        )
 
     def _finish(self) -> None:
         """Wait for an inference still in flight (its result is recorded, not executed)."""

@@ -116,12 +116,21 @@ class EdgeFront:
         for w, h in zip(self.pool.workers, hellos, strict=True):
             self._connect(w, h)
         self.records = EdgeRecords(WorkerPool.COUNTERS)
-        self.core = EdgeCore(self.cfg, self.pool, self.records, model=self.model_cfg,
-                             dtype=self.dtype, stages=self.schema.names,
-                             secure=not sec.insecure)  # fmt: skip
+        self.core = EdgeCore(
+            self.cfg,
+            self.pool,
+            self.records,
+            model=self.model_cfg,
+            dtype=self.dtype,
+            stages=self.schema.names,
+            secure=not sec.insecure,
+        )
         self.secure = self.core.secure
-        self.stats, self.recent, self.events = (self.records.stats, self.records.recent,
-                                                self.records.events)  # fmt: skip
+        self.stats, self.recent, self.events = (
+            self.records.stats,
+            self.records.recent,
+            self.records.events,
+        )
         self.stop_event = threading.Event()
         self._rids = itertools.count(1)
         self._threads: list[threading.Thread] = []
@@ -264,8 +273,17 @@ class EdgeFront:
         stream = None if setting.identity else (identity, header.meta.get("stream"))
         req = DataRequest(identity, stages, header.deadline_s, stream, key)
         admitted = self.core.admit(req, now)
-        flight = Flight(identity, header.rid, body, stages, str(setting), now, admitted.deadline,
-                        stream, key=holder)  # fmt: skip
+        flight = Flight(
+            identity,
+            header.rid,
+            body,
+            stages,
+            str(setting),
+            now,
+            admitted.deadline,
+            stream,
+            key=holder,
+        )
         if not self._dispatch(flight, admitted.quotes, now):  # no admitted worker took it
             why = late(min(q.finish for q in admitted.quotes), admitted.deadline, now)
             raise self.core.refuse(why, stages, now)
@@ -309,8 +327,9 @@ class EdgeFront:
                 timings = ()
             self.pool.answered(w, f, timings, now)
             if timings:
-                self.records.reply(now, f.key, f.stages, f.setting, f.arrival, f.deadline,
-                                   timings, worker=w.index)  # fmt: skip
+                self.records.reply(
+                    now, f.key, f.stages, f.setting, f.arrival, f.deadline, timings, worker=w.index
+                )
             if now > f.deadline:
                 self.records.count("late")
             self._send(f.identity, frames[1:])  # the robot's reply, untouched
@@ -340,8 +359,9 @@ class EdgeFront:
         self.records.event(now, "worker-down", f"worker {w.index}")
         for f in self.pool.lost(w, now):
             try:
-                quotes = self.core.place(f.stages, f.deadline, now, f.stream,
-                                         counter="lost_refused")  # fmt: skip
+                quotes = self.core.place(
+                    f.stages, f.deadline, now, f.stream, counter="lost_refused"
+                )
             except Refused as e:
                 self._send(f.identity, wire.error(f.rid, str(e)))
                 continue

@@ -202,8 +202,15 @@ class Schema:
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
         # The budget as sent: the edge core holds it to its bounds (``edge_core.MAX_BUDGET_S``).
-        return Request(stages=names, want=tuple(want), reply_codec=codec, fresh=tuple(fresh),
-                       setting=setting, budget_s=header.deadline_s, rtc=rtc)  # fmt: skip
+        return Request(
+            stages=names,
+            want=tuple(want),
+            reply_codec=codec,
+            fresh=tuple(fresh),
+            setting=setting,
+            budget_s=header.deadline_s,
+            rtc=rtc,
+        )
 
     def check_values(self, tensors: dict) -> None:
         """What a header cannot promise: the values of a request's tensors, checked once they

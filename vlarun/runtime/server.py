@@ -124,14 +124,23 @@ class EdgeServer:
         self.records = EdgeRecords(LocalWorker.COUNTERS)
         self.worker = LocalWorker(policy, cfg, self.records)
         self.schema = Schema(policy.model.cfg, self.worker.dtype, cfg.max_batch)
-        self.core = EdgeCore(cfg, self.worker, self.records, model=policy.model.cfg,
-                             dtype=self.worker.dtype, stages=self.schema.names,
-                             secure=not sec.insecure)  # fmt: skip
+        self.core = EdgeCore(
+            cfg,
+            self.worker,
+            self.records,
+            model=policy.model.cfg,
+            dtype=self.worker.dtype,
+            stages=self.schema.names,
+            secure=not sec.insecure,
+        )
         # The parts, as callers have always read them off the server.
         self.policy, self.dtype, self.graph = policy, self.worker.dtype, self.worker.graph
         self.queues, self.emulator = self.worker.queues, self.worker.emulator
-        self.stats, self.recent, self.events = (self.records.stats, self.records.recent,
-                                                self.records.events)  # fmt: skip
+        self.stats, self.recent, self.events = (
+            self.records.stats,
+            self.records.recent,
+            self.records.events,
+        )
         self.secure = self.core.secure
         self.refusal_log = RefusalLog()
         self.stop_event = threading.Event()
@@ -205,8 +214,16 @@ class EdgeServer:
         now = time.monotonic()
         if admit:
             self.core.place(names, now + budget_s, now, enforce=True)
-        job = Job(identity=b"", rid=0, stages=names, want=want, pool=dict(tensors), arrival=now,
-                  deadline=now + budget_s, origin=origin)  # fmt: skip
+        job = Job(
+            identity=b"",
+            rid=0,
+            stages=names,
+            want=want,
+            pool=dict(tensors),
+            arrival=now,
+            deadline=now + budget_s,
+            origin=origin,
+        )
         job.done = done
         self.core.touch(origin, now)
         self.records.count("requests")
@@ -241,9 +258,11 @@ class EdgeServer:
         """A finished request's result frames: the outputs it wants, its stage timings and
         the committed schedule (the robot's next plan is made against it)."""
         packet = Packet({n: job.pool[n] for n in job.want})
-        meta = {"timings": pack_timings(job.timings),
-                "server_s": time.monotonic() - job.arrival,
-                "schedule": pack_schedule(self.core.schedule())}  # fmt: skip
+        meta = {
+            "timings": pack_timings(job.timings),
+            "server_s": time.monotonic() - job.arrival,
+            "schedule": pack_schedule(self.core.schedule()),
+        }
         emu = self.emulator  # an emulated edge answers with the real model's packet size
         pad = 0 if emu is None else emu.pad_bytes(job.stages, "out", packet.nbytes)
         msg = wire.Message(
@@ -353,10 +372,19 @@ class EdgeServer:
         msg = wire.materialize(header, body[1:], self.cfg.limits)  # admitted: now the tensors
         tensors = dict(msg.packet.tensors)
         self.schema.check_values(tensors)  # NaN / inf, lengths and ids: before any model work
-        job = Job(identity=to[0], rid=header.rid, stages=req.stages, want=req.want,
-                  pool=tensors, arrival=now, deadline=admitted.deadline,
-                  reply_codec=req.reply_codec, origin=origin, key=holder,
-                  route=route)  # fmt: skip
+        job = Job(
+            identity=to[0],
+            rid=header.rid,
+            stages=req.stages,
+            want=req.want,
+            pool=tensors,
+            arrival=now,
+            deadline=admitted.deadline,
+            reply_codec=req.reply_codec,
+            origin=origin,
+            key=holder,
+            route=route,
+        )
         self.worker.bind(job, req, header.meta.get("stream"))
         self.records.count("requests")
         self.worker.put(job)

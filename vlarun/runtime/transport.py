@@ -76,8 +76,10 @@ def load_keys(path: str | Path) -> KeyPair:
     if not path.is_file() and path.parent == Path(".") and (default_key_dir() / path).is_file():
         path = default_key_dir() / path
     if not path.is_file():
-        raise FileNotFoundError(f"key file {path} does not exist, here or in {default_key_dir()}"
-                                " (make one with `vlarun keys`)")  # fmt: skip
+        raise FileNotFoundError(
+            f"key file {path} does not exist, here or in {default_key_dir()}"
+            " (make one with `vlarun keys`)"
+        )
     public, secret = zmq.auth.load_certificate(path)
     if secret is not None and stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise ValueError(f"secret key {path} is readable by others; chmod 600 {path}")
@@ -173,8 +175,10 @@ def router_socket(ctx: zmq.Context, address: str, sec: Security, max_bytes: int)
         s.bind(address)
     except zmq.ZMQError as e:
         s.close()
-        raise ValueError(f"cannot listen on {address}: {e.strerror} (another server on that "
-                         "port? pick another --port)") from None  # fmt: skip
+        raise ValueError(
+            f"cannot listen on {address}: {e.strerror} (another server on that "
+            "port? pick another --port)"
+        ) from None
     return s
 
 
@@ -261,11 +265,14 @@ class RefusalWatch:
                 if self._quiet:
                     continue
                 key = z85_public(self._sec)
-                print(f"vlarun: the edge at {self._address} turned this robot down ({why}): "
-                      f"every request runs here until it accepts the robot's public key {key}; "
-                      "give the robot an authorized key pair (keys=ROBOT.key_secret / --keys) "
-                      "or copy ROBOT.key into the edge's --authorized-keys folder",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"vlarun: the edge at {self._address} turned this robot down ({why}): "
+                    f"every request runs here until it accepts the robot's public key {key}; "
+                    "give the robot an authorized key pair (keys=ROBOT.key_secret / --keys) "
+                    "or copy ROBOT.key into the edge's --authorized-keys folder",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def stop(self, sock: zmq.Socket) -> None:
         """Before ``sock`` closes: its monitor stops, and the watching thread closes it."""

@@ -117,8 +117,15 @@ class Worker:
         at the estimated per-request time."""
         q = EdgeQueue(self.max_batch, now)
         for f in list(self.flights.values()):
-            q.add(Pending(ready=now, deadline=f.deadline, origin=robot_id(f.key),
-                          stages=f.stages, seconds=self.seconds(f.stages)))  # fmt: skip
+            q.add(
+                Pending(
+                    ready=now,
+                    deadline=f.deadline,
+                    origin=robot_id(f.key),
+                    stages=f.stages,
+                    seconds=self.seconds(f.stages),
+                )
+            )
         for p in self.ledger.pending(now, self.seconds, robot_id):
             q.add(p)
         return q
@@ -130,17 +137,24 @@ class Worker:
         return [ScheduleSlot.of(s, now) for s in play(self.queue(now), limit)]
 
     def finish(
-        self, now: float, stages: tuple[str, ...], deadline: float,
-        seconds: tuple[float, ...] | None = None, arrive: float | None = None,
-    ) -> float:  # fmt: skip
+        self,
+        now: float,
+        stages: tuple[str, ...],
+        deadline: float,
+        seconds: tuple[float, ...] | None = None,
+        arrive: float | None = None,
+    ) -> float:
         """When a request for ``stages`` due at ``deadline``, sent now (or arriving at
         ``arrive``), would finish here (``seconds``: its stages' times, when not this
         worker's estimates)."""
         q = self.queue(now)
         own = self.seconds(stages) if seconds is None else seconds
         ready = now if arrive is None else max(arrive, now)
-        q.add(Pending(ready=ready, deadline=deadline, origin=THIS, stages=stages, seconds=own,
-                      key=THIS))  # fmt: skip
+        q.add(
+            Pending(
+                ready=ready, deadline=deadline, origin=THIS, stages=stages, seconds=own, key=THIS
+            )
+        )
         end = finish(q, THIS)
         return now if end is None else end
 
@@ -180,23 +194,36 @@ class WorkerPool:
         return sum(f.key == key for w in self.workers for f in list(w.flights.values()))
 
     def quotes(
-        self, stages: tuple[str, ...], deadline: float, now: float,
-        stream: Hashable | None = None, arrive: float | None = None,
-    ) -> list[Quote]:  # fmt: skip
+        self,
+        stages: tuple[str, ...],
+        deadline: float,
+        now: float,
+        stream: Hashable | None = None,
+        arrive: float | None = None,
+    ) -> list[Quote]:
         """Each live worker's predicted finish (its forecast plus its lag), in dispatch order."""
         live = self.live()
         with self.lock:
-            at = {w.index: self._finish(w, live, stages, deadline, now, arrive) + w.lag_s
-                  for w in live}  # fmt: skip
+            at = {
+                w.index: self._finish(w, live, stages, deadline, now, arrive) + w.lag_s
+                for w in live
+            }
         sticky = self.affinity.get(stream) if stream is not None else None
         fresh_s = self.cfg.admission_fresh_s
-        return [Quote(i, at[i], self.workers[i].fresh(stages, fresh_s, now))
-                for i in dispatch_order(at, sticky, deadline)]  # fmt: skip
+        return [
+            Quote(i, at[i], self.workers[i].fresh(stages, fresh_s, now))
+            for i in dispatch_order(at, sticky, deadline)
+        ]
 
     def _finish(
-        self, w: Worker, live: list[Worker], stages: tuple[str, ...], deadline: float,
-        now: float, arrive: float | None = None,
-    ) -> float:  # fmt: skip
+        self,
+        w: Worker,
+        live: list[Worker],
+        stages: tuple[str, ...],
+        deadline: float,
+        now: float,
+        arrive: float | None = None,
+    ) -> float:
         """When ``w`` would finish a request: the one queue model over its flights and
         bookings with the request in, its stages at ``w``'s estimates; one not refreshed for
         ``admission_fresh_s`` counts as the best live worker's: a worker once measured slow
@@ -228,8 +255,12 @@ class WorkerPool:
         """Robot ``key``'s earliest booking for the same first stage leaves whichever worker
         holds it (its request may go elsewhere: the forecast that placed it has moved on)."""
         with self.lock:
-            mine = [(b.arrive, w.index) for w in self.workers for b in w.ledger
-                    if b.origin == key and b.stages[0] == stages[0]]  # fmt: skip
+            mine = [
+                (b.arrive, w.index)
+                for w in self.workers
+                for b in w.ledger
+                if b.origin == key and b.stages[0] == stages[0]
+            ]
             return bool(mine) and self.workers[min(mine)[1]].ledger.claim(key, stages, now)
 
     def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
@@ -255,12 +286,21 @@ class WorkerPool:
                 for s in f.stages:
                     queue[s] += 1
         workers = [
-            {"worker": w.index, "up": w.up, "pid": w.pid, "endpoint": w.endpoint,
-             "incarnation": w.incarnation, "in_flight": len(w.flights), "replies": w.replies,
-             "load_ms": 1e3 * load[w.index], "lag_ms": 1e3 * w.lag_s,
-             "booked": len(w.ledger), "stage_ms": {k: v * 1e3 for k, v in w.times.est_s.items()}}
+            {
+                "worker": w.index,
+                "up": w.up,
+                "pid": w.pid,
+                "endpoint": w.endpoint,
+                "incarnation": w.incarnation,
+                "in_flight": len(w.flights),
+                "replies": w.replies,
+                "load_ms": 1e3 * load[w.index],
+                "lag_ms": 1e3 * w.lag_s,
+                "booked": len(w.ledger),
+                "stage_ms": {k: v * 1e3 for k, v in w.times.est_s.items()},
+            }
             for w in self.workers
-        ]  # fmt: skip
+        ]
         return {
             "ok": best is not None,
             "queue": queue,

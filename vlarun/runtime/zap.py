@@ -105,8 +105,10 @@ class EdgeAuth:
         """The authorizer process, its keys handed over, once it says it is connected."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "vlarun.runtime.zap", "--endpoint", self.endpoint],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+        )
         proc.stdin.write(json.dumps({"keys": [k.decode() for k in self._keys]}).encode() + b"\n")
         proc.stdin.flush()  # the pipe stays open: its end is the authorizer's signal to end
         ready = _line_within(proc, START_TIMEOUT_S)
@@ -122,8 +124,12 @@ class EdgeAuth:
             code = self.proc.wait()
             if self._stopping.is_set():
                 return
-            print(f"vlarun: the edge's ZAP authorizer ended (exit {code}); no robot is admitted "
-                  "until it is back; starting it again", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"vlarun: the edge's ZAP authorizer ended (exit {code}); no robot is admitted "
+                "until it is back; starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
             if self._stopping.wait(RESTART_EVERY_S):
                 return
             with contextlib.suppress(RuntimeError, OSError):
@@ -199,9 +205,11 @@ class Authorizer:
             return [ZAP_VERSION, rid, b"200", b"OK", z85.encode(key), b""]
         self.counts["refused"] += 1
         who = address.decode("ascii", "replace")[:64] or "?"
-        why = (f"its key {z85.encode(key).decode()} is not authorized"
-               if mechanism == b"CURVE" and len(key) == 32
-               else f"{mechanism.decode('ascii', 'replace')[:16]} is not CURVE")  # fmt: skip
+        why = (
+            f"its key {z85.encode(key).decode()} is not authorized"
+            if mechanism == b"CURVE" and len(key) == 32
+            else f"{mechanism.decode('ascii', 'replace')[:16]} is not CURVE"
+        )
         self.refusals.refused("handshake", who, why)
         return [ZAP_VERSION, rid, b"400", b"Unknown key", b"", b""]
 

@@ -19,8 +19,9 @@ class PlanOptions:
     # --link-rtt-ms. The fields keep their names: bench sched and the scheduler read them.
     robot: str = opt(
         help="robot's catalog device id (see `vlarun predict --list-devices`)",
-        flag="--robot-device", deprecated=("--robot",),
-    )  # fmt: skip
+        flag="--robot-device",
+        deprecated=("--robot",),
+    )
     edge: str = opt(help="edge's catalog device id", flag="--edge-device", deprecated=("--edge",))
     bandwidth: float = opt(
         200.0, "link bandwidth estimate, Mbit/s", flag="--link-mbps", deprecated=("--bandwidth",)
@@ -28,9 +29,10 @@ class PlanOptions:
     rtt: float = opt(5.0, "link round-trip time, ms", flag="--link-rtt-ms", deprecated=("--rtt",))
     slo_hz: float = opt(20.0, "action output rate to sustain, actions/s")
     on_time: float = opt(
-        0.99, "the share of requests that must meet the deadline: a plan is feasible when its "
+        0.99,
+        "the share of requests that must meet the deadline: a plan is feasible when its "
         "predicted on-time probability reaches it (never measured: the cost model's prior spread)",
-    )  # fmt: skip
+    )
     chunk: int | None = opt(None, "actions executed per inference (default: the model's chunk)")
     accuracy_floor: float | None = opt(
         None,
@@ -43,17 +45,20 @@ class PlanOptions:
     edge_busy_ms: float = opt(0.0, "edge already busy for this long (committed load)")
     text_tokens: int = opt(24, "instruction tokens in the prompt")
     dtype: str | None = opt(
-        None, "compute dtype (default: the robot's best: on this CPU bf16 where it has native "
-        "bf16, else fp32; bf16 on a catalog GPU or Jetson)", choices=["bfloat16", "float32"],
-    )  # fmt: skip
+        None,
+        "compute dtype (default: the robot's best: on this CPU bf16 where it has native "
+        "bf16, else fp32; bf16 on a catalog GPU or Jetson)",
+        choices=["bfloat16", "float32"],
+    )
     no_accelerators: bool = opt(False, "placement only: keep every accelerator knob off")
     settings: str | None = opt(
         None, "accuracy-cost table (settings.json format) or a `vlarun bench accel` result JSON"
     )
     profile: str | None = opt(
-        None, "measured profile file(s), comma-separated, to use (default: the cached one of "
+        None,
+        "measured profile file(s), comma-separated, to use (default: the cached one of "
         "`vlarun profile --model M` where the robot or the edge is this-cpu)",
-    )  # fmt: skip
+    )
     top: int = opt(5, "alternatives to list")
     json: bool = opt(False, "print one JSON object")
 
@@ -90,6 +95,7 @@ def make_scheduler(o: PlanOptions):
     if paths:
         measured = Profile.load(*paths).stage_table(cfg.name, 1, o.text_tokens, dtype)
     slo = chunk / o.slo_hz
-    sched = Scheduler(space, devices, slo, dtype=dtype, actions=chunk, measured=measured,
-                      on_time=o.on_time)  # fmt: skip
+    sched = Scheduler(
+        space, devices, slo, dtype=dtype, actions=chunk, measured=measured, on_time=o.on_time
+    )
     return sched, chunk, paths

@@ -111,8 +111,9 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
         return settings_from_accel_bench(data)
     rows = data.get("settings")
     if not isinstance(rows, list):
-        raise ValueError(f"settings table {path} has no 'settings' list (nor is it a bench "
-                         "accel result)")  # fmt: skip
+        raise ValueError(
+            f"settings table {path} has no 'settings' list (nor is it a bench accel result)"
+        )
     out = []
     for i, r in enumerate(rows):
         missing = [k for k in SETTING_FIELDS if not isinstance(r, dict) or k not in r]
@@ -135,7 +136,7 @@ def load_settings(path: str | Path | None = None) -> tuple[SettingRow, ...]:
                 models,
                 r.get("lower"),
                 r.get("upper"),
-            )  # fmt: skip
+            )
         )
     return tuple(out)
 
@@ -161,8 +162,10 @@ def merge_settings(files: list[str | Path], about: str) -> dict:
             if not r.get("models"):
                 raise ValueError(f"{f}: {r['knob']}={r['value']} names no model")
             measured[(r["knob"], r["value"])] = r
-    identity = [{"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}
-                for k, v in IDENTITY.items()]  # fmt: skip
+    identity = [
+        {"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}
+        for k, v in IDENTITY.items()
+    ]
     order = list(KNOB_FAMILIES)
     rows = sorted(measured.values(), key=lambda r: (order.index(r["knob"]), -_num(r["value"])))
     return {"_about": about, "_merged_from": [str(f) for f in files], "settings": identity + rows}
@@ -234,7 +237,7 @@ def settings_from_accel_bench(result: dict, checkpoints: Path | None = None):
                         (model,),
                         lo,
                         hi,
-                    )  # fmt: skip
+                    )
                 )
     abl = {r["config"]: r for r in result.get("ablation") or []}
     if "none" in abl and abl["none"]["success_rate"] > 0:

@@ -131,8 +131,10 @@ class EdgeQueue:
         c._queued = {s: list(q) for s, q in self._queued.items()}
         if priced is not None:
             c._later = [(t, k, replace(p, seconds=priced(p.stages))) for t, k, p in c._later]
-            c._queued = {s: [(k, replace(p, seconds=priced(p.stages))) for k, p in q]
-                         for s, q in c._queued.items()}  # fmt: skip
+            c._queued = {
+                s: [(k, replace(p, seconds=priced(p.stages))) for k, p in q]
+                for s, q in c._queued.items()
+            }
         return c
 
     def __bool__(self) -> bool:
@@ -282,14 +284,26 @@ class Ledger:
         self.bookings.append(booking)
         return True
 
-    def pending(self, now: float, priced: Callable[[tuple], tuple[float, ...]],
-                name: Callable[[Hashable], str] = str) -> list[Pending]:  # fmt: skip
+    def pending(
+        self,
+        now: float,
+        priced: Callable[[tuple], tuple[float, ...]],
+        name: Callable[[Hashable], str] = str,
+    ) -> list[Pending]:
         """Every booking held at ``now`` as the queue model's request: it joins the queue when
         it arrives (not before ``now``), each stage at ``priced``'s per-request time."""
         self.expire(now)
-        return [Pending(ready=max(b.arrive, now), deadline=b.deadline, origin=name(b.origin),
-                        stages=b.stages, seconds=priced(b.stages), booked=True)
-                for b in self.bookings]  # fmt: skip
+        return [
+            Pending(
+                ready=max(b.arrive, now),
+                deadline=b.deadline,
+                origin=name(b.origin),
+                stages=b.stages,
+                seconds=priced(b.stages),
+                booked=True,
+            )
+            for b in self.bookings
+        ]
 
     def claim(self, origin: Hashable, stages: tuple[str, ...], now: float) -> bool:
         """The request ``origin`` booked has arrived: the earliest of that robot's bookings for
@@ -307,5 +321,8 @@ def reservations(slots: Iterable[Slot], now: float = 0.0) -> list[Reservation]:
     ended by then, with its deadline (which work the new request's stage goes before, under
     EDF, the scheduler decides from it). The one conversion: a robot's copy of the edge's
     schedule and the fleet simulator's edge both pass through here."""
-    return [Reservation("edge", s.stage, max(s.start, now), s.end, due=s.deadline)
-            for s in slots if s.end > now]  # fmt: skip
+    return [
+        Reservation("edge", s.stage, max(s.start, now), s.end, due=s.deadline)
+        for s in slots
+        if s.end > now
+    ]

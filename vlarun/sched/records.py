@@ -36,7 +36,7 @@ def summarise(infs: list[dict], actions: int) -> dict:
         # edge's expiry exist to prevent
         "late_edge_answers": sum(
             r["fallback"] is None and "@edge" in r["ran"] and not r["slo_met"] for r in infs
-        ),  # fmt: skip
+        ),
         # of which the answer itself reached the robot after what the deadline allowed (its
         # later stages counted); the rest were made late by the robot's own reading of the
         # answer or its own stages
@@ -103,9 +103,19 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
         if p >= 1:
             return 1.0 if x >= n else 0.0
         lp, lq = math.log(p), math.log1p(-p)
-        return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1)
-                                     - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-                            for i in range(x + 1)))  # fmt: skip
+        return min(
+            1.0,
+            sum(
+                math.exp(
+                    math.lgamma(n + 1)
+                    - math.lgamma(i + 1)
+                    - math.lgamma(n - i + 1)
+                    + i * lp
+                    + (n - i) * lq
+                )
+                for i in range(x + 1)
+            ),
+        )
 
     def solve(f, lo: float = 0.0, hi: float = 1.0) -> float:  # f decreasing in p, f(root) = 0
         for _ in range(60):

@@ -224,8 +224,11 @@ class Scheduler:
         s_n = pl.shape[1]
         patterns = [np.array([r == "edge" for r in fixed_roles(f, s_n)]) for f in FIXED]
         fixed_p = np.array([any((row == pat).all() for pat in patterns) for row in pl])
-        ids = [k for k, s in enumerate(self.space.settings)
-               if all(v == IDENTITY[n] for n, v in s.knobs)]  # fmt: skip
+        ids = [
+            k
+            for k, s in enumerate(self.space.settings)
+            if all(v == IDENTITY[n] for n, v in s.knobs)
+        ]
         self.k0 = ids[0] if ids else 0 if len(self.space.settings) == 1 else -1
         return fixed_p[self.p] & (self.k == self.k0)
 
@@ -388,8 +391,9 @@ class Scheduler:
         k = self._setting_k(settings)
         for si, name in enumerate(self.space.stages):
             if name in robot_s:
-                self.cal.observe_stage(name, "robot", self.t_rob[k, si], robot_s[name],
-                                       self._key_k(k))  # fmt: skip
+                self.cal.observe_stage(
+                    name, "robot", self.t_rob[k, si], robot_s[name], self._key_k(k)
+                )
 
     def _radio_w(self, src_on_edge: np.ndarray) -> np.ndarray:
         return np.where(src_on_edge, self.radio.rx_w, self.radio.tx_w)
@@ -438,8 +442,11 @@ class Scheduler:
         p_on = self.on_time_probabilities(sc)
         # What a request is judged by (the deadline, when planning keeps headroom below it):
         # the fallback's rank and what the miss budget is charged.
-        judged = p_on if self.deadline_s == self.slo_s else self.on_time_probabilities(
-            sc, self.deadline_s)  # fmt: skip
+        judged = (
+            p_on
+            if self.deadline_s == self.slo_s
+            else self.on_time_probabilities(sc, self.deadline_s)
+        )
         # What a plan held steady delivers, by what is known of it: a placement with a record
         # of its own times by that record; one never run by its prediction alone (the prior's
         # 15% spread put an untried 4090 plan at 0.63 in a Wi-Fi dip it rode through on time,
@@ -670,9 +677,13 @@ class Scheduler:
         return int(best[np.argmax(apj[best])])
 
     def _decision(
-        self, c: int, sc: Scores, apj: np.ndarray, explored: bool = False,
+        self,
+        c: int,
+        sc: Scores,
+        apj: np.ndarray,
+        explored: bool = False,
         p_on: np.ndarray | None = None,
-    ) -> ExecutionPlan:  # fmt: skip
+    ) -> ExecutionPlan:
         sp = self.space
         k = int(self.k[c])
         setting = sp.settings[k]
@@ -881,8 +892,11 @@ class Scheduler:
         model_s = link.rtt_ms * 1e-3 + (tr.sent_bytes + tr.recv_bytes) / link.bytes_per_s
         i, o = names.index(tr.into), names.index(tr.out_of)
         into = [names[p] for p in self.space.parents[i] if plan.placement[names[p]] == "robot"]
-        out = [names[c] for c, ps in enumerate(self.space.parents)
-               if o in ps and plan.placement[names[c]] == "robot"]  # fmt: skip
+        out = [
+            names[c]
+            for c, ps in enumerate(self.space.parents)
+            if o in ps and plan.placement[names[c]] == "robot"
+        ]
         for parent in into or [INPUT]:
             self.cal.observe_boundary(parent, tr.into, model_s / 2, tr.seconds / 2)
         for child in out or ([OUTPUT] if o == len(names) - 1 else []):
@@ -948,8 +962,9 @@ class Scheduler:
                     continue
                 if best is None or finish < best.finish_s:
                     roles = sp.roles(self.p[c])
-                    best = Handoff(sp.stages[m], dict(zip(sp.stages, roles, strict=True)),
-                                   finish, local_finish)  # fmt: skip
+                    best = Handoff(
+                        sp.stages[m], dict(zip(sp.stages, roles, strict=True)), finish, local_finish
+                    )
         return best
 
 

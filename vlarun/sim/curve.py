@@ -37,22 +37,27 @@ def record_stretch(
     before = lineage_before(run)
     points = []
     for name, directory in exported.items():
-        r = evaluate(EvalConfig(policy=directory, tasks=tasks, episodes=episodes,
-                                seed=CURVE_SEED, workers=workers))  # fmt: skip
+        r = evaluate(
+            EvalConfig(
+                policy=directory, tasks=tasks, episodes=episodes, seed=CURVE_SEED, workers=workers
+            )
+        )
         n, wins = r["episodes"], round(r["success_rate"] * r["episodes"])
-        points.append({
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
-            "cpu": cpu_name(),
-            "policy": name,
-            "step": state["step"],
-            "samples": state.get("samples", state["step"] * cfg.batch),
-            # with every run it grew from: the curve's x, continued across fine-tunes
-            "lineage_samples": before + state.get("samples", state["step"] * cfg.batch),
-            "episodes_per_task": episodes,
-            "success": wins / n,
-            "success_ci95": wilson(wins, n),
-            "tasks": {t: v["success_rate"] for t, v in r["tasks"].items()},
-        })  # fmt: skip
+        points.append(
+            {
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
+                "cpu": cpu_name(),
+                "policy": name,
+                "step": state["step"],
+                "samples": state.get("samples", state["step"] * cfg.batch),
+                # with every run it grew from: the curve's x, continued across fine-tunes
+                "lineage_samples": before + state.get("samples", state["step"] * cfg.batch),
+                "episodes_per_task": episodes,
+                "success": wins / n,
+                "success_ci95": wilson(wins, n),
+                "tasks": {t: v["success_rate"] for t, v in r["tasks"].items()},
+            }
+        )
     with (run / CURVE_FILE).open("a") as f:
         for p in points:
             f.write(json.dumps(p) + "\n")
@@ -100,8 +105,11 @@ def plot(run: Path) -> Path | None:
         hi = [100 * (p["success_ci95"][1] - p["success"]) for p in pts]
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=name)
     runs = " -> ".join(dict.fromkeys(r["run"] for r in reversed(rows)))  # oldest first
-    ax.set(xlabel="samples seen, with the runs it grew from (thousands)",
-           ylabel="MT10 success (%)", ylim=(0, 100))  # fmt: skip
+    ax.set(
+        xlabel="samples seen, with the runs it grew from (thousands)",
+        ylabel="MT10 success (%)",
+        ylim=(0, 100),
+    )
     # The lineage grows a run per stretch: wrapped, so a long one is not cut at the figure edge.
     ax.set_title(textwrap.fill(f"{runs}: held-out curve seeds, 95% Wilson", 60), fontsize=10)
     ax.legend(fontsize=8)
@@ -123,10 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{run} holds no training state (state.json)")
     for p in record_stretch(run, a.episodes, a.workers):
         lo, hi = p["success_ci95"]
-        print(f"{p['policy']:12s} step {p['step']:6d}  {p['samples']:7d} samples "
-              f"({p['lineage_samples']:,} with the runs before)  "
-              f"success {100 * p['success']:5.1f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
-              file=sys.stdout)  # fmt: skip
+        print(
+            f"{p['policy']:12s} step {p['step']:6d}  {p['samples']:7d} samples "
+            f"({p['lineage_samples']:,} with the runs before)  "
+            f"success {100 * p['success']:5.1f}% [{100 * lo:.0f}, {100 * hi:.0f}]",
+            file=sys.stdout,
+        )
 
 
 if __name__ == "__main__":

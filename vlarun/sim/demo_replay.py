@@ -79,8 +79,10 @@ def save_manifest(demo_dir: str | os.PathLike[str], to: str | os.PathLike[str]) 
     src, dst = Path(demo_dir), Path(to)
     manifest = json.loads((src / MANIFEST).read_text())
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{src}: format {manifest.get('format')!r} stores no simulator states;"
-                         f" collect again (format {FORMAT})")  # fmt: skip
+        raise ValueError(
+            f"{src}: format {manifest.get('format')!r} stores no simulator states;"
+            f" collect again (format {FORMAT})"
+        )
     arrays: dict[str, list[np.ndarray]] = {}
     for shard in manifest["shards"]:
         task = shard["task"]
@@ -217,11 +219,18 @@ def render_manifest(
     for shard in manifest["shards"]:
         eps = per_shard[shard["file"]]
         task = shard["task"]
-        jobs.append(_RenderJob(
-            task, tuple(e["seed"] for e in eps), tuple(e["frames"] for e in eps), first[task],
-            str(out / Path(shard["file"]).name), manifest["image_size"],
-            tuple(manifest["cameras"]), str(src),
-        ))  # fmt: skip
+        jobs.append(
+            _RenderJob(
+                task,
+                tuple(e["seed"] for e in eps),
+                tuple(e["frames"] for e in eps),
+                first[task],
+                str(out / Path(shard["file"]).name),
+                manifest["image_size"],
+                tuple(manifest["cameras"]),
+                str(src),
+            )
+        )
         first[task] += sum(e["frames"] for e in eps)
     workers = workers or os.cpu_count() or 1
     bar = tqdm(total=manifest["num_frames"], desc="rendering", unit="frame", disable=not progress)
@@ -299,8 +308,9 @@ def _render_probes(manifest: dict, task: str, states: np.ndarray, probes: np.nda
     episodes = [e for s in manifest["shards"] if s["task"] == task for e in per_shard[s["file"]]]
     starts = np.cumsum([0] + [e["frames"] for e in episodes])
     cams = manifest["cameras"]
-    env = MetaWorldEnv(task, image_size=manifest["image_size"], camera=cams[0],
-                       extra_cameras=tuple(cams[1:]))  # fmt: skip
+    env = MetaWorldEnv(
+        task, image_size=manifest["image_size"], camera=cams[0], extra_cameras=tuple(cams[1:])
+    )
     out = []
     try:
         for i in (int(i) for i in probes):
@@ -316,8 +326,10 @@ def _render_probes(manifest: dict, task: str, states: np.ndarray, probes: np.nda
 
 def _task_frames(out: Path, manifest: dict, task: str) -> FrameStore:
     """``task``'s rendered frames in manifest order (probes index into these), memory-mapped."""
-    return FrameStore([
-        _memmap_tensor(out / Path(s["file"]).name, "images")
-        for s in manifest["shards"]
-        if s["task"] == task
-    ])  # fmt: skip
+    return FrameStore(
+        [
+            _memmap_tensor(out / Path(s["file"]).name, "images")
+            for s in manifest["shards"]
+            if s["task"] == task
+        ]
+    )

@@ -472,9 +472,16 @@ def collect(
                 shard_count[task] += 1
                 chunk = tuple(seeds[i : i + cfg.episodes_per_shard])
                 job = _ShardJob(
-                    task, chunk, str(path), cfg.image_size, cfg.camera, cfg.extra_cameras,
-                    cfg.dart_noise, cfg.dagger_policy, cfg.dagger_beta,
-                )  # fmt: skip
+                    task,
+                    chunk,
+                    str(path),
+                    cfg.image_size,
+                    cfg.camera,
+                    cfg.extra_cameras,
+                    cfg.dart_noise,
+                    cfg.dagger_policy,
+                    cfg.dagger_beta,
+                )
                 jobs.append(job)
         return jobs
 

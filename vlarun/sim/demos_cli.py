@@ -64,8 +64,10 @@ def run_demos(o: DemosOptions) -> dict[str, Any]:
     try:
         if o.from_manifest:
             if o.tasks or o.episodes:
-                raise ValueError("--from-manifest renders the manifest's own tasks and episodes;"
-                                 " drop --tasks / --episodes")  # fmt: skip
+                raise ValueError(
+                    "--from-manifest renders the manifest's own tasks and episodes;"
+                    " drop --tasks / --episodes"
+                )
             return demo_replay.render_manifest(o.from_manifest, o.out, o.workers, o.overwrite)
         if o.save_manifest and not o.tasks:  # the manifest of a collection made earlier
             return demo_replay.save_manifest(o.out, o.save_manifest)
@@ -82,12 +84,22 @@ def run_demos(o: DemosOptions) -> dict[str, Any]:
 
 def _collect(o: DemosOptions) -> dict[str, Any]:
     tasks = {"all": task_names(), "mt10": list(MT10)}.get(o.tasks[0], list(o.tasks))
-    return collect(tasks, o.episodes, o.out, image_size=o.image_size,
-                   seed_start=o.seed_start, workers=o.workers,
-                   episodes_per_shard=o.episodes_per_shard, camera=o.camera,
-                   extra_cameras=o.extra_cameras, episodes_for=o.counts(),
-                   dart_noise=o.dart_noise, dagger_policy=o.dagger,
-                   dagger_beta=o.dagger_beta, overwrite=o.overwrite)  # fmt: skip
+    return collect(
+        tasks,
+        o.episodes,
+        o.out,
+        image_size=o.image_size,
+        seed_start=o.seed_start,
+        workers=o.workers,
+        episodes_per_shard=o.episodes_per_shard,
+        camera=o.camera,
+        extra_cameras=o.extra_cameras,
+        episodes_for=o.counts(),
+        dart_noise=o.dart_noise,
+        dagger_policy=o.dagger,
+        dagger_beta=o.dagger_beta,
+        overwrite=o.overwrite,
+    )
 
 
 def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
@@ -103,21 +115,26 @@ def show_demos(manifest: dict[str, Any], out: str | None = None) -> None:
         _show_saved(manifest["saved_manifest"])
     if "fingerprint" in manifest:
         f = manifest["fingerprint"]
-        print(f"rendered from {manifest['rendered_from']}: {f['probes']} probe frames match the "
-              f"committed fingerprints (mean block difference {f['mean_diff']:.2f} levels, "
-              f"worst {f['worst_diff']:.2f})")  # fmt: skip
+        print(
+            f"rendered from {manifest['rendered_from']}: {f['probes']} probe frames match the "
+            f"committed fingerprints (mean block difference {f['mean_diff']:.2f} levels, "
+            f"worst {f['worst_diff']:.2f})"
+        )
 
 
 def _show_saved(r: dict) -> None:
     where = f" to {r['to']}" if "to" in r else ""
-    print(f"wrote {MANIFEST} + {r['file']}{where} ({r['frames']} frames' simulator states, "
-          f"{r['bytes'] / 2**20:.1f} MiB): commit that directory")  # fmt: skip
+    print(
+        f"wrote {MANIFEST} + {r['file']}{where} ({r['frames']} frames' simulator states, "
+        f"{r['bytes'] / 2**20:.1f} MiB): commit that directory"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m vlarun.sim.demos_cli ...``: the same as ``vlarun demos ...``."""
-    parser = argparse.ArgumentParser(prog="python -m vlarun.sim.demos_cli",
-                                     description=DemosOptions.__doc__)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m vlarun.sim.demos_cli", description=DemosOptions.__doc__
+    )
     add_options(parser, DemosOptions)
     try:
         o = parse_into(DemosOptions, parser.parse_args(argv))

@@ -140,8 +140,10 @@ def distill_losses(
     teacher = logits[0]
     target = teacher.detach().log_softmax(-1)  # stop-gradient fixed-point distribution
     keep = None if end_id is None else code_mask(fixed, end_id).float()  # the same per state
-    kl = [_token_mean((target.exp() * (target - x.log_softmax(-1))).sum(-1), keep)
-          for x in logits[1 : 1 + len(states)]]  # fmt: skip
+    kl = [
+        _token_mean((target.exp() * (target - x.log_softmax(-1))).sum(-1), keep)
+        for x in logits[1 : 1 + len(states)]
+    ]
     consistency = torch.stack(kl).mean()  # mean over states, as one state per forward would
     ar_logits, ar_ids = (teacher, fixed) if ar_tokens is None else (logits[-1], ar_tokens)
     if end_id is None:
@@ -203,8 +205,10 @@ def distill(cfg: DistillConfig) -> dict:
 
     teacher = Policy.from_checkpoint(cfg.teacher, dtype=torch.float32)
     if teacher.model.cfg.family != "autoregressive":
-        raise ValueError(f"{cfg.teacher} is a {teacher.model.cfg.family} policy; distillation "
-                         "needs an autoregressive (action-token) one")  # fmt: skip
+        raise ValueError(
+            f"{cfg.teacher} is a {teacher.model.cfg.family} policy; distillation "
+            "needs an autoregressive (action-token) one"
+        )
     torch.manual_seed(cfg.seed)
     student = Policy.from_checkpoint(cfg.student_init or cfg.teacher, dtype=torch.float32).model
     _share_fast_ids(teacher.model, student)
@@ -246,8 +250,10 @@ def _share_fast_ids(teacher: VLA, student: VLA) -> None:
         theirs.min_token,
     )
     if not same:
-        raise ValueError(f"{student.cfg.name}'s FAST tokenizer is not the teacher's: its ids "
-                         "would mean other coefficients")  # fmt: skip
+        raise ValueError(
+            f"{student.cfg.name}'s FAST tokenizer is not the teacher's: its ids "
+            "would mean other coefficients"
+        )
 
 
 def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
@@ -268,8 +274,17 @@ def _loop(cfg, student, opt_, data, frames, meta, out, log_file) -> dict:
         # A FAST demo code (N, M) is cut to the block: the student sees the same n positions.
         demo = frames.demo_tokens[idx, : fixed.shape[1]] if cfg.ar_target == "demo" else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.bf16):
-            return distill_losses(student, images, text, state, fixed, cfg.omega, demo,
-                                  frames.state_batch(idx), end_id)  # fmt: skip
+            return distill_losses(
+                student,
+                images,
+                text,
+                state,
+                fixed,
+                cfg.omega,
+                demo,
+                frames.state_batch(idx),
+                end_id,
+            )
 
     meta = resumable_loop(cfg, student, opt_, meta, out, losses_at, log_file, "distill")
     student.eval()
@@ -332,17 +347,31 @@ def export(cfg: DistillConfig, student: VLA, meta: dict, evaluation: dict) -> di
     # A student continued from an earlier student (--student-init) keeps a single suffix.
     name = f"{student.cfg.name.removesuffix('-ceed')}-ceed"
     student.cfg = dataclasses.replace(student.cfg, name=name)
-    path = save_vla(student.eval(), cfg.export_dir, norm_stats=stats,
-                    tokenizer_file=tok if tok.exists() else None,
-                    extra_files={"README.md": model_card(cfg, meta, evaluation),
-                                 # Decode from the guesses it learned to jump from: every
-                                 # early-exit setting built for this checkpoint reads this.
-                                 "calibration.json": json.dumps(
-                                     {"_source": "vlarun distill: trajectories from "
-                                      f"{cfg.init!r} initial guesses",
-                                      "jacobi": {"init": cfg.init}}, indent=1)})  # fmt: skip
-    return {"step": meta["step"], "minutes": meta["seconds"] / 60, "exported": str(path),
-            "collected": meta.get("collected"), "evaluation": evaluation}  # fmt: skip
+    path = save_vla(
+        student.eval(),
+        cfg.export_dir,
+        norm_stats=stats,
+        tokenizer_file=tok if tok.exists() else None,
+        extra_files={
+            "README.md": model_card(cfg, meta, evaluation),
+            # Decode from the guesses it learned to jump from: every
+            # early-exit setting built for this checkpoint reads this.
+            "calibration.json": json.dumps(
+                {
+                    "_source": f"vlarun distill: trajectories from {cfg.init!r} initial guesses",
+                    "jacobi": {"init": cfg.init},
+                },
+                indent=1,
+            ),
+        },
+    )
+    return {
+        "step": meta["step"],
+        "minutes": meta["seconds"] / 60,
+        "exported": str(path),
+        "collected": meta.get("collected"),
+        "evaluation": evaluation,
+    }
 
 
 def model_card(cfg: DistillConfig, meta: dict, evaluation: dict) -> str:

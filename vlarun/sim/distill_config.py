@@ -24,14 +24,18 @@ class DistillConfig:
     # same init (``vlarun bench decode --distilled-init``). "repeat" makes the first
     # iteration's inputs a function of the prompt alone instead of noise the student must learn
     # to ignore.
-    init: str = opt("repeat", "initial Jacobi guess of the trajectories",
-                    choices=["random", "repeat"])  # fmt: skip
+    init: str = opt(
+        "repeat", "initial Jacobi guess of the trajectories", choices=["random", "repeat"]
+    )
     collect_batch: int = opt(32, "frames per batched Jacobi decode while collecting")
     # mt10p-fast's codes are ~11 ids and END (at most ~30 on its demos): 32 holds them all, and
     # a training block of 32 costs what mt10p-ar's 32 action tokens cost.
     block: int = opt(32, "FAST teachers: most code tokens (END included) a training block holds")
-    window: int = opt(0, "FAST teachers: Jacobi window of the trajectories and the card's "
-                      "decodes; 0 = the teacher's decode_tokens (what inference uses)")  # fmt: skip
+    window: int = opt(
+        0,
+        "FAST teachers: Jacobi window of the trajectories and the card's "
+        "decodes; 0 = the teacher's decode_tokens (what inference uses)",
+    )
     # The defaults are the shipped student's run from the teacher, within the 90-minute budget
     # on a 2-core CPU: 7 min of collection, then 78 min of training (the step cap is not reached).
     steps: int = opt(20000, "optimiser steps (a cap; budget_minutes usually ends the run)")

@@ -123,20 +123,30 @@ def collect(cfg: DistillConfig, teacher: Policy, frames: Frames, out: Path, log)
     lengths = data["length"].float()
     n = int(data["states"].shape[-1])
     iterations = data["iterations"].float() if fast is not None else lengths - 1
-    summary = {"frames": int(lengths.shape[0]), "tokens": n,
-               "teacher_iterations_mean": float(iterations.mean())}  # fmt: skip
+    summary = {
+        "frames": int(lengths.shape[0]),
+        "tokens": n,
+        "teacher_iterations_mean": float(iterations.mean()),
+    }
     if fast is None:
-        log(f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
-            f"{summary['teacher_iterations_mean']:.2f} of at most {n - 1}")  # fmt: skip
+        log(
+            f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
+            f"{summary['teacher_iterations_mean']:.2f} of at most {n - 1}"
+        )
         return summary
     code = data["code"].float()
-    summary |= {"window": int(meta["window"]), "code_length_mean": float(code.mean()),
-                "code_length_max": int(code.max()),
-                "codes_over_block": int((code > n).sum())}  # fmt: skip
-    log(f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
+    summary |= {
+        "window": int(meta["window"]),
+        "code_length_mean": float(code.mean()),
+        "code_length_max": int(code.max()),
+        "codes_over_block": int((code > n).sum()),
+    }
+    log(
+        f"collected {summary['frames']} trajectories, teacher Jacobi iterations "
         f"{summary['teacher_iterations_mean']:.2f} (window {meta['window']}); codes of "
         f"{summary['code_length_mean']:.1f} tokens with END (max {summary['code_length_max']}); "
-        f"training blocks of {n} tokens ({summary['codes_over_block']} codes cut)")  # fmt: skip
+        f"training blocks of {n} tokens ({summary['codes_over_block']} codes cut)"
+    )
     return summary
 
 
@@ -178,8 +188,13 @@ def teacher_trajectories(
     code = code_lengths(r.tokens, fast.end_id)  # r.tokens: END-padded after each row's END
     n = max(2, min(block, int(code.max())))
     states, length = fit_block(r.trajectory, r.iterations + 1, n, fast.end_id)
-    return {"frame": idx.clone(), "states": states.int(), "length": length.int(),
-            "code": code.int(), "iterations": r.iterations.int()}  # fmt: skip
+    return {
+        "frame": idx.clone(),
+        "states": states.int(),
+        "length": length.int(),
+        "code": code.int(),
+        "iterations": r.iterations.int(),
+    }
 
 
 def fit_block(
@@ -206,8 +221,10 @@ def _join(parts: dict[str, list[Tensor]], fast: FastConfig | None) -> dict[str, 
     parts = dict(parts)
     if fast is not None:
         n = max(int(s.shape[-1]) for s in parts["states"])
-        blocks = [fit_block(s, k, n, fast.end_id)
-                  for s, k in zip(parts["states"], parts["length"], strict=True)]  # fmt: skip
+        blocks = [
+            fit_block(s, k, n, fast.end_id)
+            for s, k in zip(parts["states"], parts["length"], strict=True)
+        ]
         parts["states"], parts["length"] = [s for s, _ in blocks], [k for _, k in blocks]
     return {k: torch.cat(v) for k, v in parts.items()}
 
@@ -243,8 +260,10 @@ def _check_meta(out: Path, want: dict[str, str]) -> None:
     for key, value in want.items():
         have = meta.get(key, "random" if key == "init" else None)
         if have != value:
-            raise ValueError(f"{path} holds trajectories from {key}={have!r}, not "
-                             f"{key}={value!r}; use another --out or the same --{key}")  # fmt: skip
+            raise ValueError(
+                f"{path} holds trajectories from {key}={have!r}, not "
+                f"{key}={value!r}; use another --out or the same --{key}"
+            )
 
 
 def load_trajectories(out: Path) -> dict[str, Tensor] | None:

@@ -38,9 +38,10 @@ class DriftCalibrationConfig:
     """Probe reuse against pruning per drift level to recommend TRIAGE's delta for a backbone."""
 
     policy: str = opt(
-        "tiny-oft", "shipped policy name or checkpoint directory (full recompute gives the "
-        "reference)", replaces=POLICY_FLAGS_RETIRED,
-    )  # fmt: skip
+        "tiny-oft",
+        "shipped policy name or checkpoint directory (full recompute gives the reference)",
+        replaces=POLICY_FLAGS_RETIRED,
+    )
     tasks: tuple[str, ...] = opt(
         ("reach-v3", "push-v3"), "Meta-World tasks whose rollouts are replayed"
     )
@@ -91,8 +92,9 @@ def probe_stream(policy, instruction: str, frames: list, ages: list[int], cfg) -
     for frame in frames:
         image, state = frame if isinstance(frame, tuple) else (frame, None)
         step = _step_inputs(policy, image, state, instruction)
-        noise = torch.randn(1, model.cfg.horizon, model.cfg.action_dim,
-                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+        noise = torch.randn(
+            1, model.cfg.horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(0)
+        )
         full = _full_recompute(model, step, noise, cfg.layer)
         for a in ages:
             if a <= len(history):
@@ -118,8 +120,9 @@ def _full_recompute(model, step: StepInputs, noise: Tensor, layer: int) -> _Full
     cache = pre.cache
     clone = KVCache.from_export(model.cfg.llm, cache.k, cache.v, cache.valid, cache.max_len)
     vis = slice(step.vis_start, step.vis_start + step.num_visual)
-    return _Full(clone, cache.v[layer][:, :, vis].clone(),
-                 attention_scores(pre.lm.probe.probs)[0], actions)  # fmt: skip
+    return _Full(
+        clone, cache.v[layer][:, :, vis].clone(), attention_scores(pre.lm.probe.probs)[0], actions
+    )
 
 
 def _tertile(x: Tensor) -> Tensor:
@@ -142,15 +145,21 @@ def _probe_age(model, step, noise, full: _Full, old: _Full, age: int, cfg, gen) 
         for how in (TokenAction.REUSE, TokenAction.PRUNE):
             decisions = torch.zeros(1, step.num_visual, dtype=torch.int8)  # RECOMPUTE
             decisions[0, pick] = int(how)
-            cache = KVCache.from_export(model.cfg.llm, old.cache.k, old.cache.v, old.cache.valid,
-                                        old.cache.max_len)  # fmt: skip
+            cache = KVCache.from_export(
+                model.cfg.llm, old.cache.k, old.cache.v, old.cache.valid, old.cache.max_len
+            )
             plan = TokenPlan(step.vis_start, decisions, cfg.layer)
             pre = model.prefill(step.prefix, cache, plan=plan)
             acts = run_head(model, pre, noise)["actions"]
             err[how] = float((acts - full.actions).abs().mean())
-        out.append({"drift": float(drift[pick].mean()), "age": age,
-                    "importance_level": cell % 3,
-                    "delta": err[TokenAction.REUSE] - err[TokenAction.PRUNE]})  # fmt: skip
+        out.append(
+            {
+                "drift": float(drift[pick].mean()),
+                "age": age,
+                "importance_level": cell % 3,
+                "delta": err[TokenAction.REUSE] - err[TokenAction.PRUNE],
+            }
+        )
     return out
 
 
@@ -197,8 +206,10 @@ def _streams(cfg: DriftCalibrationConfig, policy) -> list[tuple[str, list[np.nda
 
         r = Rollouts.load(cfg.rollouts)
         # The file keeps no episode boundaries: each task's observations are one stream.
-        return [(get_task(t).instruction, list(r.images[r.task_index == k][: cfg.max_steps]))
-                for k, t in enumerate(r.tasks)]  # fmt: skip
+        return [
+            (get_task(t).instruction, list(r.images[r.task_index == k][: cfg.max_steps]))
+            for k, t in enumerate(r.tasks)
+        ]
     from vlarun.sim.env import MetaWorldEnv, env_views
     from vlarun.sim.evaluate import run_episode
     from vlarun.sim.tasks import EVAL_SEED_OFFSET
@@ -268,9 +279,11 @@ def write_delta(directory: Path, result: dict) -> Path:
     path = Path(directory) / CALIBRATION_FILE
     data = json.loads(path.read_text()) if path.exists() else {}
     data.setdefault("triage", {})["delta"] = delta
-    data["_source"] = (f"vlarun calibrate-drift ({result.get('date', '?')}): {result['probes']} "
-                       f"probes, tasks {', '.join(result.get('tasks', []))}, ages "
-                       f"{result.get('ages')}")  # fmt: skip
+    data["_source"] = (
+        f"vlarun calibrate-drift ({result.get('date', '?')}): {result['probes']} "
+        f"probes, tasks {', '.join(result.get('tasks', []))}, ages "
+        f"{result.get('ages')}"
+    )
     path.write_text(json.dumps(data, indent=1) + "\n")
     load_calibration(directory)  # what was written loads
     return path
@@ -286,8 +299,12 @@ def plot_calibration(r: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bins = [b for b in r["bins"] if b["n"]]
-    labels = [f"{b['drift'][0]:g}-{b['drift'][1]:g}" if b["drift"][1] is not None
-              else f">{b['drift'][0]:g}" for b in bins]  # fmt: skip
+    labels = [
+        f"{b['drift'][0]:g}-{b['drift'][1]:g}"
+        if b["drift"][1] is not None
+        else f">{b['drift'][0]:g}"
+        for b in bins
+    ]
     x = np.arange(len(bins))
     ages = sorted({int(a) for b in bins for a in b["by_age"]})
     width = 0.8 / (len(ages) + 1)
@@ -298,13 +315,17 @@ def plot_calibration(r: dict, path: str) -> None:
     m = [b["mean_delta"] for b in bins]
     lo = [b["mean_delta"] - b["ci95"][0] for b in bins]
     hi = [b["ci95"][1] - b["mean_delta"] for b in bins]
-    ax.errorbar(x + (len(ages) / 2) * width, m, yerr=[lo, hi], fmt="ko", capsize=4,
-                label="pooled (95% CI)")  # fmt: skip
+    ax.errorbar(
+        x + (len(ages) / 2) * width, m, yerr=[lo, hi], fmt="ko", capsize=4, label="pooled (95% CI)"
+    )
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x, [f"{lab}\nn={b['n']}" for lab, b in zip(labels, bins, strict=True)])
-    ax.set(xlabel="mean drift of the probed tokens", ylabel="Delta = err(reuse) - err(prune)",
-           title=f"{Path(r['policy']).name}: {r['probes']} probes, recommended delta "
-                 f"{r['recommended_delta']}")  # fmt: skip
+    ax.set(
+        xlabel="mean drift of the probed tokens",
+        ylabel="Delta = err(reuse) - err(prune)",
+        title=f"{Path(r['policy']).name}: {r['probes']} probes, recommended delta "
+        f"{r['recommended_delta']}",
+    )
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -197,7 +197,7 @@ CAMERAS: dict[str, CameraSpec] = {
     # would be the literal one, but it sits inside the gripper geometry and renders black.
     "wrist": CameraSpec(
         lookat=(0.0, 0.04, -0.07), distance=0.38, azimuth=145.0, elevation=-40.0, follow="hand"
-    ),  # fmt: skip
+    ),
     "topview": CameraSpec("topview"),
     "behindGripper": CameraSpec("behindGripper"),
 }

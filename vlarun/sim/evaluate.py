@@ -76,8 +76,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.episodes <= MAX_EPISODES:
-            raise ValueError(f"--episodes must lie in 1..{MAX_EPISODES} per task, got "
-                             f"{self.episodes}")  # fmt: skip
+            raise ValueError(
+                f"--episodes must lie in 1..{MAX_EPISODES} per task, got {self.episodes}"
+            )
         for t in self.task_list:
             get_task(t)  # unknown names raise, listing the valid ones
         if self.paired_with is not None:
@@ -87,8 +88,10 @@ class EvalConfig:
         from vlarun.models.static_step import COMPILE_MODES
 
         if self.compile_steps and self.compile_steps not in COMPILE_MODES:
-            raise ValueError(f"--compile-steps must be one of {', '.join(COMPILE_MODES)} (or "
-                             f"empty: eager), got {self.compile_steps!r}")  # fmt: skip
+            raise ValueError(
+                f"--compile-steps must be one of {', '.join(COMPILE_MODES)} (or "
+                f"empty: eager), got {self.compile_steps!r}"
+            )
 
     @property
     def task_list(self) -> list[str]:
@@ -197,8 +200,10 @@ def build_candidate(policy, spec: str, demos: str | None = None):
         method, budget, layer = parsed
         depth = policy.model.cfg.llm.num_layers
         if layer is not None and layer >= depth - 1:
-            raise ValueError(f"{spec}: the shared layer must be < {depth - 1} (the LM has "
-                             f"{depth} layers and the rest must follow it)")  # fmt: skip
+            raise ValueError(
+                f"{spec}: the shared layer must be < {depth - 1} (the LM has "
+                f"{depth} layers and the rest must follow it)"
+            )
         return policy.with_hooks(token_policy(method, budget, policy.calibration, layer=layer))
     head, _, rest = spec.partition(":")
     if head == "evla":
@@ -283,9 +288,19 @@ def run_episode(
         r = run_loop(infer, env, seed, horizon, frames=frames)
     else:
         executed: list = []
-        r = run_loop(infer, env, seed, horizon, control_hz, method.asynchronous, frames=frames,
-                     merge=method.merge, delay_steps=delay_steps, model_of=lambda rec: rec[2],
-                     executed=executed)  # fmt: skip
+        r = run_loop(
+            infer,
+            env,
+            seed,
+            horizon,
+            control_hz,
+            method.asynchronous,
+            frames=frames,
+            merge=method.merge,
+            delay_steps=delay_steps,
+            model_of=lambda rec: rec[2],
+            executed=executed,
+        )
     stages: dict[str, list[float]] = {}
     latency, overhead = [], []
     for rec in r["records"]:
@@ -293,8 +308,14 @@ def run_episode(
             stages.setdefault(t.name, []).append(t.seconds * 1e3)
         latency.append(sum(t.seconds for t in rec[1]) * 1e3)
         overhead.append(rec[0] - latency[-1])
-    out = {"seed": seed, "success": r["success"], "steps": r["steps"], "latency_ms": latency,
-           "overhead_ms": overhead, "stages_ms": stages}  # fmt: skip
+    out = {
+        "seed": seed,
+        "success": r["success"],
+        "steps": r["steps"],
+        "latency_ms": latency,
+        "overhead_ms": overhead,
+        "stages_ms": stages,
+    }
     if method is not None:
         out |= {
             "stalls": r["stalls"],
@@ -378,9 +399,16 @@ def run_job(job: EpisodeJob) -> dict:
         def keep(obs, run, out=seen):
             out.append((*policy.observation(obs), run.outputs["actions"][0].float().numpy()))
 
-        r = run_episode(policy, env, seed, frames=frames,
-                        on_inference=keep if i < job.record else None, execution=job.execution,
-                        delay_steps=job.delay_steps, control_hz=job.control_hz)  # fmt: skip
+        r = run_episode(
+            policy,
+            env,
+            seed,
+            frames=frames,
+            on_inference=keep if i < job.record else None,
+            execution=job.execution,
+            delay_steps=job.delay_steps,
+            control_hz=job.control_hz,
+        )
         if i == 0:
             r["latency_ms"], r["overhead_ms"] = r["latency_ms"][1:], r["overhead_ms"][1:]
             r["stages_ms"] = {k: v[1:] for k, v in r["stages_ms"].items()}
@@ -393,8 +421,11 @@ def run_job(job: EpisodeJob) -> dict:
     # The policy's per-step statistics run over all the job's episodes (reset() keeps them),
     # so one summary at the end covers each step once; taken before the replay adds steps.
     summary = policy.stats.summary() if policy.hooks is not None else {}
-    return {"episodes": results, "summary": summary,
-            "action_errors": replay_errors(policy, job.replay)}  # fmt: skip
+    return {
+        "episodes": results,
+        "summary": summary,
+        "action_errors": replay_errors(policy, job.replay),
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -462,9 +493,12 @@ def evaluate(cfg: EvalConfig) -> dict:
         for task in cfg.task_list:
             seeds = [EVAL_SEED_OFFSET + cfg.seed + i for i in range(cfg.episodes)]
             keep = cfg.report is not None and spec is None
-            jobs += [EpisodeJob(checkpoint, task, chunk, spec, device, cfg.compile_steps, keep,
-                                demos=cfg.demos)
-                     for chunk in split_seeds(seeds, workers, len(cfg.task_list))]  # fmt: skip
+            jobs += [
+                EpisodeJob(
+                    checkpoint, task, chunk, spec, device, cfg.compile_steps, keep, demos=cfg.demos
+                )
+                for chunk in split_seeds(seeds, workers, len(cfg.task_list))
+            ]
     t0 = time.time()
     runs = [r["episodes"] for r in run_jobs(jobs, workers)]
     episodes = [r for job, rs in zip(jobs, runs, strict=True) if job.spec is None for r in rs]
@@ -501,10 +535,13 @@ def run_jobs(jobs: list[EpisodeJob], workers: int, log=None) -> list[dict]:
         if log is not None:
             spent = (time.time() - t0) / 60
             job = jobs[i]
-            what = job.spec or (f"{job.execution} delay {job.delay_steps}" if job.execution
-                                else "full")  # fmt: skip
-            log(f"{n}/{len(jobs)} jobs, {spent:.1f} min, ~{spent / n * (len(jobs) - n):.0f} min "
-                f"left ({what} {job.task})")  # fmt: skip
+            what = job.spec or (
+                f"{job.execution} delay {job.delay_steps}" if job.execution else "full"
+            )
+            log(
+                f"{n}/{len(jobs)} jobs, {spent:.1f} min, ~{spent / n * (len(jobs) - n):.0f} min "
+                f"left ({what} {job.task})"
+            )
 
     if workers == 1:
         for i, job in enumerate(jobs):

@@ -37,9 +37,10 @@ class FidelityConfig:
     """Action error of a configuration against the full-compute policy on recorded rollouts."""
 
     policy: str = opt(
-        "tiny-ar", "reference policy, run at full compute: shipped name or checkpoint directory",
+        "tiny-ar",
+        "reference policy, run at full compute: shipped name or checkpoint directory",
         replaces=POLICY_FLAGS_RETIRED,
-    )  # fmt: skip
+    )
     candidate: str | None = opt(
         None, "candidate policy: shipped name or checkpoint directory (default: the reference)"
     )
@@ -114,10 +115,13 @@ def record_rollouts(policy, tasks: list[str], episodes: int, seed: int = 0) -> R
             run_episode(policy, env, s, on_inference=keep)
         env.close()
     return Rollouts(
-        np.stack(images), np.stack(actions).astype(np.float32),
-        np.asarray(task_index, dtype=np.int64), tuple(tasks), tuple(seeds),
+        np.stack(images),
+        np.stack(actions).astype(np.float32),
+        np.asarray(task_index, dtype=np.int64),
+        tuple(tasks),
+        tuple(seeds),
         np.asarray(episode_index, dtype=np.int64),
-    )  # fmt: skip
+    )
 
 
 def policy_candidate(policy) -> Candidate:
@@ -144,10 +148,12 @@ def action_fidelity(rollouts: Rollouts, candidate: Candidate) -> dict:
         diff = np.abs(got - rollouts.actions[i])
         errors[i], first[i] = diff.mean(), diff[0].mean()
     per_task = {
-        t: {"mean_abs_error": float(errors[rollouts.task_index == k].mean()),
-            "observations": int((rollouts.task_index == k).sum())}
+        t: {
+            "mean_abs_error": float(errors[rollouts.task_index == k].mean()),
+            "observations": int((rollouts.task_index == k).sum()),
+        }
         for k, t in enumerate(rollouts.tasks)
-    }  # fmt: skip
+    }
     return {
         "mean_abs_error": float(errors.mean()),
         "first_action_error": float(first.mean()),
@@ -173,8 +179,9 @@ def run_fidelity(cfg: FidelityConfig) -> dict:
         rollouts = Rollouts.load(path)
     else:
         torch.manual_seed(0)
-        rollouts = record_rollouts(Policy.from_checkpoint(reference_dir), tasks, cfg.episodes,
-                                   cfg.seed)  # fmt: skip
+        rollouts = record_rollouts(
+            Policy.from_checkpoint(reference_dir), tasks, cfg.episodes, cfg.seed
+        )
         if path is not None:
             rollouts.save(path)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32

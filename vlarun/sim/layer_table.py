@@ -89,8 +89,10 @@ def run_layer_table(cfg: LayerTableConfig) -> dict:
 
 
 def format_layer_table(r: dict) -> str:
-    head = (f"{r['policy']} ({r['model']}): LM layer importance 1 - cos(x_l, x_l+1) over "
-            f"{r['samples']} demo frames of {r['demos']}")  # fmt: skip
+    head = (
+        f"{r['policy']} ({r['model']}): LM layer importance 1 - cos(x_l, x_l+1) over "
+        f"{r['samples']} demo frames of {r['demos']}"
+    )
     lines = [head, "  layer  importance  rank"]
     for i, (x, k) in enumerate(zip(r["importance"], r["rank"], strict=True)):
         lines.append(f"  {i:>5}  {x:>10.4f}  {k:>4}")

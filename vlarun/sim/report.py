@@ -37,10 +37,17 @@ def plot_eval(result: dict, path: Path) -> None:
     rates = np.array([result["tasks"][t]["success_rate"] for t in tasks]) * 100
     ci = np.array([result["tasks"][t]["ci95"] for t in tasks]).T * 100
     left.bar(range(len(tasks)), rates, color="#4c72b0")
-    left.errorbar(range(len(tasks)), rates, yerr=[rates - ci[0], ci[1] - rates], fmt="none",
-                  ecolor="black", capsize=4)  # fmt: skip
-    left.set_xticks(range(len(tasks)), [t.removesuffix("-v3") for t in tasks], rotation=30,
-                    ha="right")  # fmt: skip
+    left.errorbar(
+        range(len(tasks)),
+        rates,
+        yerr=[rates - ci[0], ci[1] - rates],
+        fmt="none",
+        ecolor="black",
+        capsize=4,
+    )
+    left.set_xticks(
+        range(len(tasks)), [t.removesuffix("-v3") for t in tasks], rotation=30, ha="right"
+    )
     left.set_ylim(0, 105)
     left.set_ylabel("success (%)")
     n = result["tasks"][tasks[0]]["episodes"] if tasks else 0

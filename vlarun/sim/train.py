@@ -328,14 +328,17 @@ class DemoSampler:
         self.balance = balance
         self.by_task = [torch.nonzero(self.task == k)[:, 0] for k in range(len(self.text))]
         early = torch.from_numpy(demos.step_index < early_steps)
-        self.early_by_task = [torch.nonzero((self.task == k) & early)[:, 0]
-                              for k in range(len(self.text))]  # fmt: skip
+        self.early_by_task = [
+            torch.nonzero((self.task == k) & early)[:, 0] for k in range(len(self.text))
+        ]
         self.early_share = early_share
         names = list(demos.manifest["task_names"])
         unknown = sorted(set(task_weights or {}) - set(names))
         if unknown:
-            raise ValueError(f"task weights name {', '.join(unknown)}, not in {directory} "
-                             f"(its tasks: {', '.join(names)})")  # fmt: skip
+            raise ValueError(
+                f"task weights name {', '.join(unknown)}, not in {directory} "
+                f"(its tasks: {', '.join(names)})"
+            )
         # None keeps the uniform draw (and its random stream) of runs that weigh nothing.
         self.task_weights = None
         if task_weights:
@@ -366,10 +369,12 @@ class DemoSampler:
         else:
             tasks = [t for t in self.by_task if len(t)]
             pick = torch.randint(0, len(tasks), (batch,), generator=self.gen)
-        idx = torch.stack([
-            tasks[k][torch.randint(0, len(tasks[k]), (1,), generator=self.gen)][0]
-            for k in pick.tolist()
-        ])  # fmt: skip
+        idx = torch.stack(
+            [
+                tasks[k][torch.randint(0, len(tasks[k]), (1,), generator=self.gen)][0]
+                for k in pick.tolist()
+            ]
+        )
         if self.early_share:  # drawn only when asked: a run without it keeps its stream
             swap = torch.rand(batch, generator=self.gen) < self.early_share
             for j in torch.nonzero(swap)[:, 0].tolist():
@@ -614,8 +619,9 @@ def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
     """
     if (source / "state.safetensors").exists():
         tensors = load_file(source / "state.safetensors")
-        weights, said = _vision_tower(model, {k[6:]: v for k, v in tensors.items()
-                                              if k.startswith("model.")})  # fmt: skip
+        weights, said = _vision_tower(
+            model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+        )
         return f"run {source} ({_load_matching(model, weights)}{said})"
     for candidate in (suite, *GROWS_FROM.get(suite, ())):
         dirs = {fam: source / name for fam, name in EXPORT_NAMES[candidate].items()}
@@ -624,8 +630,11 @@ def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
     else:
         raise ValueError(f"--init-from {source}: no state.safetensors and no exported policies")
     weights = {}
-    prefixes = {"parallel": ("oft.", "action_head."), "diffusion": ("dit.", "action_model."),
-                "flow": ("flow.", "action_expert.")}  # fmt: skip
+    prefixes = {
+        "parallel": ("oft.", "action_head."),
+        "diffusion": ("dit.", "action_model."),
+        "flow": ("flow.", "action_expert."),
+    }
     for family, d in dirs.items():
         if not (d / "config.json").exists():
             continue
@@ -635,8 +644,9 @@ def init_weights(model: MultiHeadBC, source: Path, suite: str = "mw") -> str:
             weights.update({f"trunk.{k}": v for k, v in state.items()})
         elif family in prefixes:
             ours, theirs = prefixes[family]
-            weights.update({ours + k[len(theirs) :]: v for k, v in state.items()
-                            if k.startswith(theirs)})  # fmt: skip
+            weights.update(
+                {ours + k[len(theirs) :]: v for k, v in state.items() if k.startswith(theirs)}
+            )
     weights, said = _vision_tower(model, weights)
     return f"policies {source} ({candidate} suite; {_load_matching(model, weights)}{said})"
 
@@ -672,10 +682,13 @@ def _vision_tower(model: MultiHeadBC, weights: dict[str, Tensor]) -> tuple[dict,
     if (theirs, ours) != ("siglip", "clip"):
         return rest, f"; the source's {theirs} vision tower dropped: the {ours} tower starts fresh"
     moved = {TOWER + k: v for k, v in siglip_to_clip_vit(tower).items()}
-    fresh = sorted(k.removeprefix(TOWER) for k in model.state_dict()
-                   if k.startswith(TOWER) and k not in moved)  # fmt: skip
-    said = (f"; vision tower SigLIP -> CLIP: {len(moved)} tensors from the SigLIP tower (its "
-            f"patch conv bias folded into the positions), fresh: {', '.join(fresh)}")  # fmt: skip
+    fresh = sorted(
+        k.removeprefix(TOWER) for k in model.state_dict() if k.startswith(TOWER) and k not in moved
+    )
+    said = (
+        f"; vision tower SigLIP -> CLIP: {len(moved)} tensors from the SigLIP tower (its "
+        f"patch conv bias folded into the positions), fresh: {', '.join(fresh)}"
+    )
     return rest | moved, said
 
 
@@ -801,14 +814,20 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     model = MultiHeadBC(cfg.suite)
     fast_dir = out / FAST_TOKENIZER_DIR
     source_fast = None if init_from is None else init_from / FAST_TOKENIZER_DIR
-    if model.cfg.fast is not None and not fast_dir.is_dir() and source_fast is not None \
-            and source_fast.is_dir():  # fmt: skip
+    if (
+        model.cfg.fast is not None
+        and not fast_dir.is_dir()
+        and source_fast is not None
+        and source_fast.is_dir()
+    ):
         # A run continued from a FAST run keeps its ids: its embeddings were trained on them.
         shutil.copytree(source_fast, fast_dir)
     if model.cfg.fast is not None and fast_dir.is_dir():  # a resumed run keeps its vocabulary
         model.trunk.set_fast_tokenizer(
-            FastTokenizer.load(fast_dir, action_horizon=model.cfg.horizon,
-                               action_dim=model.cfg.action_dim))  # fmt: skip
+            FastTokenizer.load(
+                fast_dir, action_horizon=model.cfg.horizon, action_dim=model.cfg.action_dim
+            )
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     meta = load_state(out, model, opt)
     if meta is None:
@@ -821,9 +840,12 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
     elif not export_only:
         _note_changes(cfg, meta)
     if meta.get("rewarm_from") is not None:
-        print(f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
-              f"keeps them only under {cfg.moments_mb:g} MB): the LR re-warms over {cfg.rewarm} "
-              "steps", file=sys.stderr)  # fmt: skip
+        print(
+            f"vlarun train: resuming at step {meta['step']} without AdamW moments (the state "
+            f"keeps them only under {cfg.moments_mb:g} MB): the LR re-warms over {cfg.rewarm} "
+            "steps",
+            file=sys.stderr,
+        )
     spent = cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
     if not export_only and meta["step"] < cfg.steps and not spent:
         # Batch k is drawn from (seed, k) whatever ran before: a resumed run continues the stream.
@@ -852,12 +874,16 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
         print(f"vlarun train: precision {precision.reason}", file=sys.stderr)
         meta["precision"] = precision.reason
         if cfg.suite in AUX_SUITES and sampler.targets is None:
-            raise ValueError(f"suite {cfg.suite} trains on targets; {cfg.demos} has none "
-                             "(collect again: format 2 stores them)")  # fmt: skip
+            raise ValueError(
+                f"suite {cfg.suite} trains on targets; {cfg.demos} has none "
+                "(collect again: format 2 stores them)"
+            )
         meta = _loop(cfg, model, opt, sampler, meta, out, precision.bf16)
     if model.cfg.fast is not None and model.trunk.fast_head is None:
-        raise ValueError(f"{out} has no {FAST_TOKENIZER_DIR}/: a FAST policy exports only "
-                         "after its run fitted one (train it first)")  # fmt: skip
+        raise ValueError(
+            f"{out} has no {FAST_TOKENIZER_DIR}/: a FAST policy exports only "
+            "after its run fitted one (train it first)"
+        )
     return export(cfg, model, meta, out)
 
 
@@ -877,17 +903,22 @@ def fit_fast_tokenizer(sampler: DemoSampler, cfg, directory: Path) -> FastTokeni
     run's, so a resumed run and its export use the same ids) and say how long its codes are."""
     chunks = sampler.chunks[:, : cfg.chunk].numpy()
     pick = np.linspace(0, len(chunks) - 1, min(FAST_FIT_CHUNKS, len(chunks))).astype(int)
-    tok = FastTokenizer.fit(list(chunks[pick].astype(np.float64)), scale=FAST_SCALE,
-                            vocab_size=cfg.fast.vocab_size)  # fmt: skip
+    tok = FastTokenizer.fit(
+        list(chunks[pick].astype(np.float64)), scale=FAST_SCALE, vocab_size=cfg.fast.vocab_size
+    )
     lengths = [len(tok.encode(c)) for c in chunks[pick[::10]]]
     tok.save(directory)
-    print(f"vlarun train: FAST tokenizer fitted on {len(pick)} chunks of {cfg.chunk} x "
-          f"{cfg.action_dim}: codes of {np.mean(lengths):.1f} ids on average (max "
-          f"{max(lengths)}, cap {cfg.fast.max_tokens - 1}); {tok.clamped} coefficients clamped",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"vlarun train: FAST tokenizer fitted on {len(pick)} chunks of {cfg.chunk} x "
+        f"{cfg.action_dim}: codes of {np.mean(lengths):.1f} ids on average (max "
+        f"{max(lengths)}, cap {cfg.fast.max_tokens - 1}); {tok.clamped} coefficients clamped",
+        file=sys.stderr,
+    )
     if max(lengths) >= cfg.fast.max_tokens:
-        raise ValueError(f"a FAST code of {max(lengths)} ids exceeds the preset's cap "
-                         f"({cfg.fast.max_tokens - 1} before END)")  # fmt: skip
+        raise ValueError(
+            f"a FAST code of {max(lengths)} ids exceeds the preset's cap "
+            f"({cfg.fast.max_tokens - 1} before END)"
+        )
     return tok
 
 
@@ -946,8 +977,11 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
         losses.total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        meta = meta | {"step": step + 1, "samples": (step + 1) * cfg.batch,
-                       "seconds": seconds0 + time.time() - t0}  # fmt: skip
+        meta = meta | {
+            "step": step + 1,
+            "samples": (step + 1) * cfg.batch,
+            "seconds": seconds0 + time.time() - t0,
+        }
         bar.update(1)
         if (step + 1) % cfg.log_every == 0:
             rate = (step + 1 - start_step) * cfg.batch / (time.time() - t0)
@@ -960,8 +994,10 @@ def resumable_loop(cfg, model, opt, meta: dict, out: Path, losses_at, log, desc:
             } | losses.as_floats()
             log.write(json.dumps(entry) + "\n")
             log.flush()
-            bar.set_postfix({k: f"{v:.3f}" for k, v in losses.as_floats().items()} | {
-                "sps": entry["samples_per_s"]})  # fmt: skip
+            bar.set_postfix(
+                {k: f"{v:.3f}" for k, v in losses.as_floats().items()}
+                | {"sps": entry["samples_per_s"]}
+            )
         done = step + 1 == cfg.steps
         out_of_time = (cfg.max_minutes and (time.time() - t0) / 60 >= cfg.max_minutes) or (
             cfg.budget_minutes and meta["seconds"] / 60 >= cfg.budget_minutes
@@ -1064,9 +1100,11 @@ def _loop(cfg, model, opt, sampler: DemoSampler, meta: dict, out: Path, bf16: bo
             meta = resumable_loop(cfg, model, opt, meta, out, losses_at, log, "train")
     finally:
         batches.close()
-    print(f"vlarun train: {meta['samples_per_s']} samples/s ({'bf16 autocast' if bf16 else 'fp32'}"
-          f", {torch.get_num_threads()} threads); {meta['step'] * cfg.batch} samples seen",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"vlarun train: {meta['samples_per_s']} samples/s ({'bf16 autocast' if bf16 else 'fp32'}"
+        f", {torch.get_num_threads()} threads); {meta['step'] * cfg.batch} samples seen",
+        file=sys.stderr,
+    )
     return meta
 
 

@@ -288,8 +288,7 @@ class _Runner:
             refuse_fast_freeze(self.model.cfg)
             tok = self.model.action_tokenizer
             forced = self.rtc.forced_tokens(tok, pk["rtc_prev"], pk["rtc_delay"])
-        return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder,
-                               forced=forced))  # fmt: skip
+        return Packet(run_head(self.model, self._restore(pk), None, decoder=decoder, forced=forced))
 
     @torch.no_grad()
     def prefill_head(self, pk: Packet) -> Packet:
@@ -493,19 +492,40 @@ def build_graph(
 
 
 def _rdt_graph(
-    cfg: VLAConfig, w: Workload, stages: list[Stage], visual: TensorSpec, text: tuple,
+    cfg: VLAConfig,
+    w: Workload,
+    stages: list[Stage],
+    visual: TensorSpec,
+    text: tuple,
     params: dict[str, int],
-) -> StageGraph:  # fmt: skip
+) -> StageGraph:
     """rdt's chain after the vision stage: the encoder carries the image features through (a
     cut after it sends both), the head reads image features, language features and state."""
     lang = TensorSpec("lang", (w.batch, w.text_tokens, cfg.llm.hidden_size), w.dtype)
     encoded = (visual, lang, text[1])
-    stages.append(Stage("prefill", _unbound("prefill"), (visual, *text), encoded,
-                        encoder_cost(cfg, w), ("vision",), params=params["llm"]))  # fmt: skip
+    stages.append(
+        Stage(
+            "prefill",
+            _unbound("prefill"),
+            (visual, *text),
+            encoded,
+            encoder_cost(cfg, w),
+            ("vision",),
+            params=params["llm"],
+        )
+    )
     ins = (*encoded, _graph_input(cfg, w, "noise"), _graph_input(cfg, w, "state"))
-    stages.append(Stage("denoise", _unbound("denoise"), ins, (_actions(cfg, w),),
-                        rdt_denoise_cost(cfg, w, params["head"]), ("prefill",),
-                        params=params["head"]))  # fmt: skip
+    stages.append(
+        Stage(
+            "denoise",
+            _unbound("denoise"),
+            ins,
+            (_actions(cfg, w),),
+            rdt_denoise_cost(cfg, w, params["head"]),
+            ("prefill",),
+            params=params["head"],
+        )
+    )
     return StageGraph(cfg.name, cfg.family, tuple(stages), _graph_inputs(cfg, w))
 
 

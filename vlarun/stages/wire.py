@@ -241,8 +241,10 @@ def decode_header(raw: bytes | memoryview, limits: Limits | None = None) -> Head
         entries.append(e)
     pad = h.get("pad", 0)
     if not _is_dim(pad) or total + pad > limits.max_total_bytes:
-        raise PacketError(f"pad must be a byte count within the total limit of "
-                          f"{limits.max_total_bytes} bytes with the tensors")  # fmt: skip
+        raise PacketError(
+            f"pad must be a byte count within the total limit of "
+            f"{limits.max_total_bytes} bytes with the tensors"
+        )
     return Header(kind, rid, stage, float(deadline), meta, tuple(entries), pad)
 
 
@@ -291,8 +293,9 @@ def materialize(header: Header, frames, limits: Limits | None = None) -> Message
         raise PacketError(f"header lists {len(header.entries)} tensors{pad}, got {got} frames")
     if header.pad:
         if len(memoryview(frames[-1])) != header.pad:
-            raise PacketError(f"pad frame is {len(memoryview(frames[-1]))} bytes, header says "
-                              f"{header.pad}")  # fmt: skip
+            raise PacketError(
+                f"pad frame is {len(memoryview(frames[-1]))} bytes, header says {header.pad}"
+            )
         frames = frames[:-1]
     tensors = {}
     for e, frame in zip(header.entries, frames, strict=True):

@@ -142,9 +142,10 @@ def quantize_int8(model: VLA, include: str | None = None, *, lm_head: bool = Fal
         )
     pattern = re.compile(include) if include is not None else None
     chosen = {
-        name: m for name, m in in_scope.items()
+        name: m
+        for name, m in in_scope.items()
         if type(m) is nn.Linear and (pattern is None or pattern.fullmatch(name))
-    }  # fmt: skip
+    }
     if not chosen:
         matched = [
             f"{n} ({type(m).__name__})"

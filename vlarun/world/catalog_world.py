@@ -57,10 +57,13 @@ def catalog_world(model: str, devices: tuple[str, ...], dtype: str = "bfloat16")
     out = {}
     for dev_id in devices:
         dev = get_device(dev_id)
-        curves = {w.name: StageCurve((1,), (roofline(w, dev, dtype).seconds,), "catalog roofline")
-                  for w in works}  # fmt: skip
+        curves = {
+            w.name: StageCurve((1,), (roofline(w, dev, dtype).seconds,), "catalog roofline")
+            for w in works
+        }
         power = Power(dev.busy_w, dev.idle_w, radio.tx_w, radio.rx_w, 0.0, "the catalog's")
-        out[dev_id] = CatalogDevice(dev_id, curves, power, CATALOG_JITTER, (), "catalog",
-                                    model=model, dtype=dtype)  # fmt: skip
+        out[dev_id] = CatalogDevice(
+            dev_id, curves, power, CATALOG_JITTER, (), "catalog", model=model, dtype=dtype
+        )
         out[dev_id]._works(None)  # costed now, not inside the first stage it pads
     return World("catalog", model, out, __doc__.split("\n\n")[1].replace("\n", " "))

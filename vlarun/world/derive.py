@@ -78,10 +78,12 @@ class WorldParams:
         def s(x: float | None) -> str:
             return "catalog ratio" if x is None else f"{x:.0%} of FLOPs share"
 
-        return (f"robot x{self.robot_scale:.2f} {w(self.robot_busy_w)} {s(self.robot_saving)}; "
-                f"edge x{self.edge_scale:.2f} {w(self.edge_busy_w)} {s(self.edge_saving)}; "
-                f"stalls {self.stall_p:.1%} x{self.stall_factor:.2f}; jitter "
-                f"{self.jitter:.0%}")  # fmt: skip
+        return (
+            f"robot x{self.robot_scale:.2f} {w(self.robot_busy_w)} {s(self.robot_saving)}; "
+            f"edge x{self.edge_scale:.2f} {w(self.edge_busy_w)} {s(self.edge_saving)}; "
+            f"stalls {self.stall_p:.1%} x{self.stall_factor:.2f}; jitter "
+            f"{self.jitter:.0%}"
+        )
 
 
 # The ranges a grid world is drawn from (issue 61), uniform in each.
@@ -108,9 +110,15 @@ def draw_grid(n: int, seed: int) -> list[WorldParams]:
     return out
 
 
-def derive(params: WorldParams, name: str, about: str, model: str = "openvla-7b",
-           robot: str = "orin-agx-32gb", edge: str = "rtx4090",
-           edge_j_per_inference: float | None = None) -> dict:  # fmt: skip
+def derive(
+    params: WorldParams,
+    name: str,
+    about: str,
+    model: str = "openvla-7b",
+    robot: str = "orin-agx-32gb",
+    edge: str = "rtx4090",
+    edge_j_per_inference: float | None = None,
+) -> dict:
     """A world file (``world.model`` schema) for ``params``. ``edge_j_per_inference`` sets the
     edge's busy power from a measured energy per full inference instead (the adversarial
     world)."""
@@ -126,7 +134,7 @@ def derive(params: WorldParams, name: str, about: str, model: str = "openvla-7b"
                 "batch": list(BATCHES),
                 "seconds": [
                     round(roofline(at_batch(w, b), dev).seconds * scale, 6) for b in BATCHES
-                ],  # fmt: skip
+                ],
                 "source": f"catalog roofline x {scale:g}" if scale != 1 else "catalog roofline",
             }
             for w in works
@@ -147,38 +155,57 @@ def derive(params: WorldParams, name: str, about: str, model: str = "openvla-7b"
                 if saving is None
                 else f"1 - {saving:g} x (1 - FLOPs ratio): {saving:.0%} of the FLOPs' share"
             )
-            settings.append({"knob": knob, "values": list(values), "ratios": ratios,
-                             "source": how})  # fmt: skip
+            settings.append({"knob": knob, "values": list(values), "ratios": ratios, "source": how})
         busy_w = params.robot_busy_w if role == "robot" else params.edge_busy_w
         power_source = "the catalog's"
         if role == "edge" and edge_j_per_inference is not None:
             total = sum(roofline(w, dev).seconds for w in works)
             busy_w = edge_j_per_inference / total
-            power_source = (f"busy: {edge_j_per_inference} J per full inference (EcoVLA Fig. 1)"
-                            f" over the catalog's {total * 1e3:.0f} ms")  # fmt: skip
+            power_source = (
+                f"busy: {edge_j_per_inference} J per full inference (EcoVLA Fig. 1)"
+                f" over the catalog's {total * 1e3:.0f} ms"
+            )
         elif busy_w is not None:
             power_source = f"busy {busy_w:.0f} W (drawn)"
         busy = dev.busy_w if busy_w is None else round(busy_w, 2)
         devices[dev_id] = {
             "source": f"{dev.name}: the catalog, perturbed (see the world's about)",
             "stages": stages,
-            "jitter": {"sigma": params.jitter, "stall_p": params.stall_p,
-                       "stall_factor": params.stall_factor,
-                       "source": f"{params.jitter:.0%} lognormal, {params.stall_p:.1%} of "
-                                 f"executions stall {params.stall_factor:g}x"},
-            "power": {"busy_w": busy, "idle_w": min(dev.idle_w, busy),
-                      "tx_w": 1.5, "rx_w": 1.0, "listen_w": 0.5,
-                      "source": power_source + "; radio: assumed (U)"},
+            "jitter": {
+                "sigma": params.jitter,
+                "stall_p": params.stall_p,
+                "stall_factor": params.stall_factor,
+                "source": f"{params.jitter:.0%} lognormal, {params.stall_p:.1%} of "
+                f"executions stall {params.stall_factor:g}x",
+            },
+            "power": {
+                "busy_w": busy,
+                "idle_w": min(dev.idle_w, busy),
+                "tx_w": 1.5,
+                "rx_w": 1.0,
+                "listen_w": 0.5,
+                "source": power_source + "; radio: assumed (U)",
+            },
             "settings": settings,
-        }  # fmt: skip
-    return {"world": name, "model": model, "about": about, "params": asdict(params),
-            "devices": devices}  # fmt: skip
+        }
+    return {
+        "world": name,
+        "model": model,
+        "about": about,
+        "params": asdict(params),
+        "devices": devices,
+    }
 
 
-def adversarial(model: str = "openvla-7b", robot: str = "orin-agx-32gb",
-                edge: str = "rtx4090") -> dict:  # fmt: skip
-    params = WorldParams(robot_scale=ROBOT_SLOWER, edge_saving=GPU_SAVING_SHARE,
-                         stall_p=STALL_P, stall_factor=STALL_FACTOR)  # fmt: skip
+def adversarial(
+    model: str = "openvla-7b", robot: str = "orin-agx-32gb", edge: str = "rtx4090"
+) -> dict:
+    params = WorldParams(
+        robot_scale=ROBOT_SLOWER,
+        edge_saving=GPU_SAVING_SHARE,
+        stall_p=STALL_P,
+        stall_factor=STALL_FACTOR,
+    )
     about = __doc__.split("\n\n", 1)[1].split("\n\nNumbers")[0]
     world = derive(params, "adversarial", about, model, robot, edge, EDGE_J_PER_INFERENCE)
     for dev in (robot, edge):
@@ -188,8 +215,13 @@ def adversarial(model: str = "openvla-7b", robot: str = "orin-agx-32gb",
     return world
 
 
-def grid_worlds(n: int, seed: int, model: str = "openvla-7b", robot: str = "orin-agx-32gb",
-                edge: str = "rtx4090") -> list[dict]:  # fmt: skip
+def grid_worlds(
+    n: int,
+    seed: int,
+    model: str = "openvla-7b",
+    robot: str = "orin-agx-32gb",
+    edge: str = "rtx4090",
+) -> list[dict]:
     """The grid's worlds as world files (``grid-SEED-I``), each with its parameters."""
     return [
         derive(
@@ -199,7 +231,7 @@ def grid_worlds(n: int, seed: int, model: str = "openvla-7b", robot: str = "orin
             model,
             robot,
             edge,
-        )  # fmt: skip
+        )
         for i, p in enumerate(draw_grid(n, seed))
     ]
 

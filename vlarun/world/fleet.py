@@ -115,80 +115,100 @@ class FleetConfig:
     # The flags are the names every command gives these (--robot-device / --edge-device, the
     # link --link-mbps / --link-rtt-ms); the fields keep theirs, which the matrix, the studies
     # and recorded results read.
-    robot: str = opt("orin-agx-32gb", "robot's catalog device id", flag="--robot-device",
-                     deprecated=("--robot",))  # fmt: skip
-    edge: str = opt("rtx4090", "edge's catalog device id", flag="--edge-device",
-                    deprecated=("--edge",))  # fmt: skip
+    robot: str = opt(
+        "orin-agx-32gb", "robot's catalog device id", flag="--robot-device", deprecated=("--robot",)
+    )
+    edge: str = opt(
+        "rtx4090", "edge's catalog device id", flag="--edge-device", deprecated=("--edge",)
+    )
     robots: int = opt(2, "robots sharing the edge")
     slo_hz: float = opt(20.0, "action rate to sustain (T_SLO = chunk / slo_hz)")
     duration_s: float = opt(120.0, "simulated seconds")
-    bw_before: float = opt(200.0, "link bandwidth (before the drop), Mbit/s", flag="--link-mbps",
-                           deprecated=("--bw-before",))  # fmt: skip
-    bw_after: float = opt(50.0, "link bandwidth after the drop, Mbit/s",
-                          flag="--link-mbps-after", deprecated=("--bw-after",))  # fmt: skip
+    bw_before: float = opt(
+        200.0,
+        "link bandwidth (before the drop), Mbit/s",
+        flag="--link-mbps",
+        deprecated=("--bw-before",),
+    )
+    bw_after: float = opt(
+        50.0,
+        "link bandwidth after the drop, Mbit/s",
+        flag="--link-mbps-after",
+        deprecated=("--bw-after",),
+    )
     trace: str | None = opt(
-        None, "instead of the drop: a bandwidth trace (wifi-drive | steps | FILE, world/traces.py)"
+        None,
+        "instead of the drop: a bandwidth trace (wifi-drive | steps | FILE, world/traces.py)"
         ", repeated for --duration-s",
-    )  # fmt: skip
+    )
     drop_at: float = opt(0.5, "when the bandwidth drops, as a fraction of the run")
-    rtt_ms: float = opt(5.0, "link round-trip time, ms", flag="--link-rtt-ms",
-                        deprecated=("--rtt-ms",))  # fmt: skip
+    rtt_ms: float = opt(
+        5.0, "link round-trip time, ms", flag="--link-rtt-ms", deprecated=("--rtt-ms",)
+    )
     loads: tuple[str, ...] = opt(("light", "medium", "heavy"), "background edge load levels")
     link_jitter_sigma: float = opt(0.05, "per-transfer jitter of the link (lognormal sigma)")
     samples: str | None = opt(
         None, "recorded per-stage samples (a `vlarun profile` file; default: fleet_samples.json)"
     )
     world: str | None = opt(
-        None, "instead of the samples: a world (catalog | published | adversarial | FILE) as "
+        None,
+        "instead of the samples: a world (catalog | published | adversarial | FILE) as "
         "the truth: its stage curves, settings' own ratios, jitter, stalls and powers (the "
         "scheduler still plans from its catalog)",
-    )  # fmt: skip
+    )
     settings: str | None = opt(
-        None, "accuracy-cost table of the joint plan space (settings.json format; default: the "
+        None,
+        "accuracy-cost table of the joint plan space (settings.json format; default: the "
         "shipped one)",
-    )  # fmt: skip
+    )
     settings_proxy: bool = opt(
-        False, "carry the table's accuracy costs, measured on the shipped MT10 policies, to "
+        False,
+        "carry the table's accuracy costs, measured on the shipped MT10 policies, to "
         "the simulated model as a proxy (as `bench coinfer --emulate` does; notes say so)",
-    )  # fmt: skip
+    )
     guard: float = opt(0.9, "share of T_SLO vlarun plans to (headroom for jitter)")
     on_time: float = opt(
         0.99, "the share of requests vlarun's planners hold to the deadline (their miss budget)"
     )
     accuracy_floor: float = opt(
-        0.95, "the floor the 95% lower bound of a setting's measured relative success must "
+        0.95,
+        "the floor the 95% lower bound of a setting's measured relative success must "
         "clear (settings with an unmeasured cost are never admitted)",
-    )  # fmt: skip
+    )
     unmeasured_accelerators: bool = opt(
         False, "drop the accuracy floor: allow settings whose accuracy cost is unmeasured"
     )
     seed: int = opt(0, "random seed of the world")
     powers: str = opt(
-        "", "scale catalog powers, ROLE.TERM=FACTOR,... with TERM idle|busy for robot and edge, "
+        "",
+        "scale catalog powers, ROLE.TERM=FACTOR,... with TERM idle|busy for robot and edge, "
         "tx|rx for radio (e.g. edge.busy=2): one variant of the power sweep",
-    )  # fmt: skip
+    )
     matrix: bool = opt(False, "run the condition matrix (models x bandwidths x robots)")
     hindsight: bool = opt(
-        False, "instead: every strategy and every static plan on the same requests, per "
+        False,
+        "instead: every strategy and every static plan on the same requests, per "
         "deadline and seed; joint over the best static plan in hindsight and its share of the "
         "per-request oracle (bench/fleet_study.py)",
-    )  # fmt: skip
+    )
     deadlines: tuple[float, ...] = opt(
-        (0.6, 0.8, 1.0, 1.2, 1.4), "--hindsight: deadlines as multiples of Device-Only's "
-        "median time in the world",
-    )  # fmt: skip
+        (0.6, 0.8, 1.0, 1.2, 1.4),
+        "--hindsight: deadlines as multiples of Device-Only's median time in the world",
+    )
     seeds: int = opt(3, "--hindsight: seeds (repeats) per deadline, from --seed")
     world_sweep: int = opt(
-        0, "instead: draw this many worlds from the grid around the catalog (world.derive.GRID, "
+        0,
+        "instead: draw this many worlds from the grid around the catalog (world.derive.GRID, "
         "seed --seed) and run the hindsight cells in each, steady link and wifi-drive "
         "(bench/fleet_grid.py)",
-    )  # fmt: skip
+    )
     sweep_robots: tuple[int, ...] = opt((1, 4), "--world-sweep: robot counts")
     sweep_workers: int = opt(1, "--world-sweep: worker processes")
     power_sweep: bool = opt(
-        False, "run the matrix at every power x0.5 and x2 (bench/power_sweep.py): which "
+        False,
+        "run the matrix at every power x0.5 and x2 (bench/power_sweep.py): which "
         "rankings of the strategies survive",
-    )  # fmt: skip
+    )
     matrix_models: tuple[str, ...] = opt(MATRIX_MODELS, "models of the matrix")
     matrix_bandwidths: tuple[str, ...] = opt(
         ("200", "50", "10", "200-50"), "bandwidths of the matrix, Mbit/s (200-50: a drop)"
@@ -197,9 +217,10 @@ class FleetConfig:
     matrix_load: str = opt("medium", "background edge load of the matrix")
     matrix_duration_s: float = opt(60.0, "simulated seconds per matrix cell")
     compare_with: str | None = opt(
-        None, "a `vlarun bench coinfer --matrix --json` result: per cell of its first load "
+        None,
+        "a `vlarun bench coinfer --matrix --json` result: per cell of its first load "
         "level and each strategy, actions/J over Fixed Split here and there, and the difference",
-    )  # fmt: skip
+    )
     out: str | None = opt(None, "write the JSON result here")
     plot: str | None = opt(None, "write a PNG plot here")
     json: bool = opt(False, "print one JSON object")
@@ -300,8 +321,16 @@ class SimEdge:
     def finish(self, a: Arrival) -> float:
         """When ``a``, arriving now, would finish."""
         q = self._booked(self.queue.copy(), a.at)
-        q.add(Pending(ready=a.at, deadline=a.deadline, origin=THIS, stages=a.stages,
-                      seconds=a.seconds, key=THIS))  # fmt: skip
+        q.add(
+            Pending(
+                ready=a.at,
+                deadline=a.deadline,
+                origin=THIS,
+                stages=a.stages,
+                seconds=a.seconds,
+                key=THIS,
+            )
+        )
         end = finish(q, THIS)
         return a.at if end is None else end
 
@@ -312,8 +341,16 @@ class SimEdge:
         self.ledger.claim(origin, a.stages, a.at)
         if self.finish(a) > a.deadline:
             return False
-        self.queue.add(Pending(ready=a.at, deadline=a.deadline, origin=origin, stages=a.stages,
-                               seconds=a.seconds, key=key))  # fmt: skip
+        self.queue.add(
+            Pending(
+                ready=a.at,
+                deadline=a.deadline,
+                origin=origin,
+                stages=a.stages,
+                seconds=a.seconds,
+                key=key,
+            )
+        )
         return True
 
     def next_at(self) -> float | None:
@@ -388,8 +425,10 @@ class World:
                 if k == k0 or not space.eligible[k]:
                     continue
                 knobs = setting.as_dict()
-                robot = {w.name: self.seconds(w, "robot", d, knobs)
-                         for w, d in zip(space.works[k], draws, strict=True)}  # fmt: skip
+                robot = {
+                    w.name: self.seconds(w, "robot", d, knobs)
+                    for w, d in zip(space.works[k], draws, strict=True)
+                }
                 sched.prime_setting(knobs, robot)
 
     def utilisation(self, work: StageWork, role: str) -> float:
@@ -487,8 +526,10 @@ def scale_powers(
         except ValueError:
             f = -1.0
         if term not in POWER_TERMS or not f > 0:
-            raise ValueError(f"power {part!r}: want TERM=FACTOR, TERM one of "
-                             f"{', '.join(POWER_TERMS)} and FACTOR > 0")  # fmt: skip
+            raise ValueError(
+                f"power {part!r}: want TERM=FACTOR, TERM one of "
+                f"{', '.join(POWER_TERMS)} and FACTOR > 0"
+            )
         role, kind = term.split(".")
         if role == "radio":
             watts[f"{kind}_w"] *= f
@@ -497,8 +538,10 @@ def scale_powers(
         idle = dev.idle_w * (f if kind == "idle" else 1.0)
         busy = dev.busy_w * (f if kind == "busy" else 1.0)
         if idle > busy:
-            raise ValueError(f"power {part!r}: {dev.id} would idle ({idle:g} W) above its busy "
-                             f"power ({busy:g} W)")  # fmt: skip
+            raise ValueError(
+                f"power {part!r}: {dev.id} would idle ({idle:g} W) above its busy "
+                f"power ({busy:g} W)"
+            )
         scaled = replace(dev, idle_w=idle, busy_w=busy)
         devices[role] = scaled
     return devices, RadioPower(**watts)
@@ -506,8 +549,14 @@ def scale_powers(
 
 def make_world(cfg: FleetConfig, setup: Setup, seed: int) -> World:
     load_seq, stage_seq, link_seq = np.random.SeedSequence(seed).spawn(3)
-    return World(cfg, setup.devices, setup.truth, np.random.default_rng(load_seq),
-                 np.random.default_rng(stage_seq), np.random.default_rng(link_seq))  # fmt: skip
+    return World(
+        cfg,
+        setup.devices,
+        setup.truth,
+        np.random.default_rng(load_seq),
+        np.random.default_rng(stage_seq),
+        np.random.default_rng(link_seq),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,19 +702,32 @@ def execute(
     latency = finish - release
     devices, meter_radio = world.meter
     listen = sum(s for n, s in stage_s.items() if roles[names.index(n)] == "edge")
-    account = dict(latency_s=latency, period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s,
-                   listen_s=listen)  # fmt: skip
-    metered = request_energy_by_device(devices["robot"], devices["edge"],
-                                       [sp for _, sp in spent], radio=meter_radio or radio,
-                                       **account)  # fmt: skip
+    account = dict(
+        latency_s=latency, period_s=world.cfg.slo_s, tx_s=tx_s, rx_s=rx_s, listen_s=listen
+    )
+    metered = request_energy_by_device(
+        devices["robot"],
+        devices["edge"],
+        [sp for _, sp in spent],
+        radio=meter_radio or radio,
+        **account,
+    )
     modelled = {}
     if isinstance(world.truth, WorldTruth):  # a meter apart from the model: price it both ways
-        priced = [replace(sp, utilisation=world.model_utilisation(w, sp.role))
-                  for w, sp in spent]  # fmt: skip
-        modelled = request_energy_by_device(world.devices["robot"], world.devices["edge"],
-                                            priced, radio=radio, **account)  # fmt: skip
-    return Executed(latency, sum(metered.values()), stage_s, transfers, tuple(roles), fallback,
-                    metered if modelled else {}, modelled)  # fmt: skip
+        priced = [replace(sp, utilisation=world.model_utilisation(w, sp.role)) for w, sp in spent]
+        modelled = request_energy_by_device(
+            world.devices["robot"], world.devices["edge"], priced, radio=radio, **account
+        )
+    return Executed(
+        latency,
+        sum(metered.values()),
+        stage_s,
+        transfers,
+        tuple(roles),
+        fallback,
+        metered if modelled else {},
+        modelled,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -697,9 +759,13 @@ class _Request:
 
 
 def run_policy(
-    cfg: FleetConfig, setup: Setup, policy: str, load: str, seed: int,
+    cfg: FleetConfig,
+    setup: Setup,
+    policy: str,
+    load: str,
+    seed: int,
     static: tuple[tuple[str, ...], int] | None = None,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """All requests of all robots under one policy and load level, as one discrete-event run:
     robots release requests every period, each request runs until its next edge segment
     reaches the edge, the edge serves batches under the worker's rule, and a request goes on
@@ -722,9 +788,17 @@ def run_policy(
         # One planner per robot, as on real robots (each ``RobotAgent`` owns its planner and
         # learns from its own requests only); they meet only in the edge's booked schedule.
         for _ in range(cfg.robots):
-            sched = Scheduler(space, setup.devices, cfg.slo_s * cfg.guard, actions=cfg.chunk,
-                              radio=radio, cal=Calibration(clock=clock), deadline_s=cfg.slo_s,
-                              on_time=cfg.on_time, explore_every=EXPLORE_EVERY)  # fmt: skip
+            sched = Scheduler(
+                space,
+                setup.devices,
+                cfg.slo_s * cfg.guard,
+                actions=cfg.chunk,
+                radio=radio,
+                cal=Calibration(clock=clock),
+                deadline_s=cfg.slo_s,
+                on_time=cfg.on_time,
+                explore_every=EXPLORE_EVERY,
+            )
             sched.period_s = period
             world.warm_up(sched, space, seed)
             scheds.append(sched)
@@ -843,9 +917,17 @@ def _learn(sched: Scheduler, link: Link, d, works, out: Executed) -> None:
     )
     # As the runtime's learner does: an outcome that fell back says so (it teaches the stage
     # times it measured, not the plan's residual).
-    sched.observe(d, Outcome(stages, out.latency_s, out.fallback, energy_j=out.energy_j,
-                             energy_by_device=out.metered_by_device,
-                             modelled_by_device=out.modelled_by_device))  # fmt: skip
+    sched.observe(
+        d,
+        Outcome(
+            stages,
+            out.latency_s,
+            out.fallback,
+            energy_j=out.energy_j,
+            energy_by_device=out.metered_by_device,
+            modelled_by_device=out.modelled_by_device,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

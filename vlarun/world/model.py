@@ -36,8 +36,13 @@ from pathlib import Path
 from typing import Any
 
 WORLDS_DIR = Path(__file__).with_name("worlds")
-IDENTITY_VALUES = {"token_budget": 1.0, "layers_kept": 1.0, "cache_interval": 1,
-                   "early_exit_sigma": None, "weights": "native"}  # fmt: skip
+IDENTITY_VALUES = {
+    "token_budget": 1.0,
+    "layers_kept": 1.0,
+    "cache_interval": 1,
+    "early_exit_sigma": None,
+    "weights": "native",
+}
 
 
 class WorldError(ValueError):
@@ -151,8 +156,9 @@ class DeviceWorld:
         """Seconds of ``stage`` over ``batch`` requests under ``knobs`` (no jitter)."""
         curve = self.stages.get(stage)
         if curve is None:
-            raise WorldError(f"the world has no stage {stage!r} on {self.id} "
-                             f"(it has {', '.join(self.stages)})")  # fmt: skip
+            raise WorldError(
+                f"the world has no stage {stage!r} on {self.id} (it has {', '.join(self.stages)})"
+            )
         return curve.at(batch) * self.setting_ratio(stage, knobs)[0]
 
     def setting_ratio(self, stage: str, knobs: dict | None) -> tuple[float, tuple[str, ...]]:
@@ -188,8 +194,10 @@ class World:
     def device(self, device_id: str) -> DeviceWorld:
         found = self.devices.get(device_id)
         if found is None:
-            raise WorldError(f"world {self.name!r} has no device {device_id!r} "
-                             f"(it has {', '.join(self.devices)})")  # fmt: skip
+            raise WorldError(
+                f"world {self.name!r} has no device {device_id!r} "
+                f"(it has {', '.join(self.devices)})"
+            )
         return found
 
     def label(self) -> str:
@@ -215,17 +223,25 @@ def parse_world(data: dict, where: str = "world") -> World:
                     tuple(int(b) for b in need(s, "batch", f"{at}.stages.{name}")),
                     tuple(float(x) for x in need(s, "seconds", f"{at}.stages.{name}")),
                     s.get("source", ""),
-                )  # fmt: skip
+                )
                 for name, s in need(d, "stages", at).items()
             }
             p = need(d, "power", at)
-            power = Power(float(need(p, "busy_w", f"{at}.power")),
-                          float(need(p, "idle_w", f"{at}.power")),
-                          float(p.get("tx_w", 1.5)), float(p.get("rx_w", 1.0)),
-                          float(p.get("listen_w", 0.5)), p.get("source", ""))  # fmt: skip
+            power = Power(
+                float(need(p, "busy_w", f"{at}.power")),
+                float(need(p, "idle_w", f"{at}.power")),
+                float(p.get("tx_w", 1.5)),
+                float(p.get("rx_w", 1.0)),
+                float(p.get("listen_w", 0.5)),
+                p.get("source", ""),
+            )
             j = d.get("jitter", {})
-            jitter = Jitter(float(j.get("sigma", 0.03)), float(j.get("stall_p", 0.0)),
-                            float(j.get("stall_factor", 1.0)), j.get("source", ""))  # fmt: skip
+            jitter = Jitter(
+                float(j.get("sigma", 0.03)),
+                float(j.get("stall_p", 0.0)),
+                float(j.get("stall_factor", 1.0)),
+                j.get("source", ""),
+            )
             settings = tuple(
                 SettingTable(
                     need(t, "knob", f"{at}.settings"),
@@ -235,13 +251,19 @@ def parse_world(data: dict, where: str = "world") -> World:
                         for k, v in need(t, "ratios", f"{at}.settings").items()
                     },
                     t.get("source", ""),
-                )  # fmt: skip
+                )
                 for t in d.get("settings", [])
             )
-            devices[dev_id] = DeviceWorld(dev_id, stages, power, jitter, settings,
-                                          d.get("source", ""))  # fmt: skip
-        return World(need(data, "world", "the file"), need(data, "model", "the file"), devices,
-                     data.get("about", ""), where)  # fmt: skip
+            devices[dev_id] = DeviceWorld(
+                dev_id, stages, power, jitter, settings, d.get("source", "")
+            )
+        return World(
+            need(data, "world", "the file"),
+            need(data, "model", "the file"),
+            devices,
+            data.get("about", ""),
+            where,
+        )
     except WorldError as e:
         if str(e).startswith(where):
             raise

@@ -81,8 +81,10 @@ def _parse(data: dict) -> tuple[dict, tuple[Published, ...]]:
         if "from_group" in f:
             lender = groups.get(f["from_group"])
             if lender is None or "from_group" in lender["factor"]:
-                raise ValueError(f"group {name!r}: borrows from {f['from_group']!r}, "
-                                 "which is unknown or borrows itself")  # fmt: skip
+                raise ValueError(
+                    f"group {name!r}: borrows from {f['from_group']!r}, "
+                    "which is unknown or borrows itself"
+                )
     return groups, rows
 
 
@@ -172,8 +174,19 @@ def published_table(path: str | Path | None = None, bound_pct: float = 35.0) -> 
 
 
 def format_published(r: dict) -> str:
-    head = ("model", "device", "runtime", "v", "quantity", "publ.", "prior", "err %", "x",
-            "pred.", "err %")  # fmt: skip
+    head = (
+        "model",
+        "device",
+        "runtime",
+        "v",
+        "quantity",
+        "publ.",
+        "prior",
+        "err %",
+        "x",
+        "pred.",
+        "err %",
+    )
     fmt = "{:<8}{:<15}{:<18}{:>2}  {:<37}{:>7}{:>7}{:>7}{:>7}{:>7}{:>8}"
     lines = [fmt.format(*head)]
     for x in r["rows"]:
