@@ -163,3 +163,27 @@ def test_run_robot_falls_back_during_an_outage_and_returns_to_the_edge(edge, mon
     line = f"back at {seen['up_s']:.1f} s: plans left the edge after "
     assert line in printed, printed
     assert f"on the edge again {seen['edge_again_after_restore_ms']:.0f} ms after" in printed
+
+
+def test_outages_a_shaped_link_explains_are_counted_in_one_line():
+    """`make demo-coinfer`'s 2 Mbit/s stretch makes the monitor's probes flap: those outages
+    are one line beside the link's own; an outage outside the stretch keeps its line."""
+    from vlarun.apps.runtime import outage_lines
+
+    def outage(down: float, up: float | None) -> dict:
+        return {
+            "down_s": down,
+            "up_s": up,
+            "left_edge_after_drop_ms": 90.0,
+            "edge_again_after_restore_ms": 150.0,
+            "why_not_back": None,
+        }
+
+    outages = [outage(5.2, 5.4), outage(6.4, 6.5), outage(11.0, 11.3)]
+    lines = outage_lines(outages, {"drop_s": 5.0, "restore_s": 9.0})
+    assert (
+        lines[0] == "  2 edge outage(s) seen while the shaped link was down (5 s to 9 s): "
+        "--json has them"
+    )
+    assert len(lines) == 2 and lines[1].startswith("  edge unanswered at 11.0 s, back at 11.3 s")
+    assert len(outage_lines(outages)) == 3  # no shaped link: one line each

@@ -600,9 +600,9 @@ def show_run_robot(r: dict) -> None:
             f"(target {100 * r.get('on_time_target', 0.99):g}%), "
             f"{s['fallbacks']} fallbacks, {s['actions_per_joule']:.3f} actions/J (modelled)"
         )
-    for line in outage_lines(r.get("edge_outages") or []):
-        print(line)
     t = r.get("link_timeline")
+    for line in outage_lines(r.get("edge_outages") or [], t):
+        print(line)
     if t and t["drop_s"] is not None:
         ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
         back = (
@@ -620,11 +620,26 @@ def show_run_robot(r: dict) -> None:
 SHOWN_OUTAGES = 3  # outages printed one line each; the rest counted (all of them in --json)
 
 
-def outage_lines(outages: list[dict]) -> list[str]:
+def outage_lines(outages: list[dict], link: dict | None = None) -> list[str]:
     """One line per edge outage: when the edge stopped answering and was back, when the plans
-    left it and when they were on it again, or why they were not."""
+    left it and when they were on it again, or why they were not. Outages that began while a
+    shaped link (``link``: ``link_timeline``'s drop and restore) was down are counted in one
+    line: the link's own line says what mattered there, and probes on a slow link flap."""
     ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
     lines = []
+    drop = None if not link else link.get("drop_s")
+    if drop is not None:
+        restore = link.get("restore_s")
+        during = [
+            o for o in outages if o["down_s"] >= drop and (restore is None or o["down_s"] < restore)
+        ]
+        outages = [o for o in outages if o not in during]
+        if during:
+            until = "the end" if restore is None else f"{restore:g} s"
+            lines.append(
+                f"  {len(during)} edge outage(s) seen while the shaped link was down "
+                f"({drop:g} s to {until}): --json has them"
+            )
     for t in outages[:SHOWN_OUTAGES]:
         down, up = t["down_s"], t["up_s"]
         head = f"  edge unanswered at {down:.1f} s"
