@@ -310,3 +310,23 @@ def test_the_static_prefill_acts_as_the_general_forward(name):
     static = act()
     assert seen and seen[0] % PREFILL_BUCKET != 0  # the padding was exercised
     torch.testing.assert_close(static, general, rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def test_a_step_that_cannot_compile_runs_eagerly_with_one_line(lm, capsys):
+    """Issue 62, 1: where compiling fails (no C++ compiler, a backend that cannot lower the
+    step) the step runs eagerly, said once on stderr, and the inference goes on."""
+    from vlarun.models.static_step import _or_eager
+
+    def no_compiler(gm, example_inputs):
+        raise RuntimeError("no C++ compiler on this machine")
+
+    cache, nxt = _prefilled(lm, [9])
+    ref = copy.deepcopy(cache)
+    tok = torch.tensor([3])
+    one = _or_eager(torch.compile(decode_one, backend=no_compiler), decode_one)
+    for _ in range(2):  # the second call goes straight to the eager step
+        assert torch.equal(one(lm, cache, tok, nxt), decode_one(lm, ref, tok, nxt))
+    err = capsys.readouterr().err
+    assert err.count("vlarun: compiling decode_one failed") == 1
+    assert "no C++ compiler on this machine" in err and "running it eagerly" in err

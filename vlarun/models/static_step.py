@@ -31,6 +31,7 @@ mt10p-ar). The eager functions stay the default unless a command asks (``--compi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -269,19 +270,61 @@ def compile_steps(mode: str = "reduce-overhead", denoise: bool = True) -> Decode
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     kw = {"fullgraph": True, "dynamic": False}
+    compile = lambda f: _or_eager(torch.compile(f, **kw), f)  # noqa: E731
     kw |= {"options": dict(FUSED_OPTIONS)} if mode == FUSED else {"mode": mode}
-    one, iterate = (torch.compile(f, **kw) for f in (decode_one, iterate_logits))
-    prefill = torch.compile(prefill_forward, **kw)
+    one, iterate = (compile(f) for f in (decode_one, iterate_logits))
+    prefill = compile(prefill_forward)
     if not denoise:  # e.g. on a CPU, where compiled denoising measured no faster
         return DecodeSteps(one, iterate, mode=mode, prefill=prefill)
     return DecodeSteps(
         one,
         iterate,
-        torch.compile(dit_eps, **kw),
-        torch.compile(expert_forward, **kw),
+        compile(dit_eps),
+        compile(expert_forward),
         mode,
         prefill,
     )
+
+
+def _compile_failures() -> tuple[type[BaseException], ...]:
+    """What a compile that cannot happen here raises: dynamo's wrapper of a backend's failure
+    (no C++ compiler, a codegen error) and inductor's own errors."""
+    import torch._dynamo.exc as dynamo_exc
+    import torch._inductor.exc as inductor_exc
+
+    names = ("InductorError", "CppCompileError", "InvalidCxxCompiler", "CppWrapperCodegenError")
+    own = tuple(getattr(inductor_exc, n) for n in names if hasattr(inductor_exc, n))
+    return (dynamo_exc.BackendCompilerFailed, *own)
+
+
+def _or_eager(
+    compiled: Callable[..., Tensor], eager: Callable[..., Tensor]
+) -> Callable[..., Tensor]:
+    """``compiled``, or from its first failure to compile on, ``eager``, with one line on stderr:
+    a machine without a working C++ compiler (or a backend that cannot lower a step) runs the
+    same step eagerly rather than failing the inference. A compile fails before the step runs,
+    so nothing (the KV cache) has been written when the eager step takes over."""
+    state: dict[str, Callable[..., Tensor]] = {"fn": compiled}
+
+    def step(*args, **kwargs) -> Tensor:
+        try:
+            return state["fn"](*args, **kwargs)
+        except _compile_failures() as e:
+            if state["fn"] is eager:
+                raise
+            state["fn"] = eager
+            inner = getattr(e, "inner_exception", None) or e
+            why = (str(inner).strip().splitlines() or [""])[0][:200]
+            print(
+                f"vlarun: compiling {step.__name__} failed ({type(inner).__name__}: {why}); "
+                "running it eagerly",
+                file=sys.stderr,
+                flush=True,
+            )
+            return eager(*args, **kwargs)
+
+    step.__name__ = getattr(eager, "__name__", "step")
+    return step
 
 
 def mark_static(cache: KVCache) -> KVCache:
