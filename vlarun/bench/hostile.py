@@ -646,10 +646,31 @@ def _legit_robot(
     out.put(rows)
 
 
+def flood_client(
+    endpoint: str, sec, packet, meta, stop: threading.Event, counts: dict, pause_s: float = 0.0
+) -> None:
+    """One flooding identity: whole-policy requests back to back until ``stop``, counting
+    ``served`` and ``refused`` (busy or late; again after ``pause_s``)."""
+    from vlarun.runtime.client import EdgeClient
+
+    c = EdgeClient(endpoint, sec)
+    try:
+        while not stop.is_set():
+            try:
+                c.run(STAGES, packet, ("actions",), 1.0, 1.5, meta)
+                counts["served"] += 1
+            except Exception:  # noqa: BLE001 - busy (its key's share) or late
+                counts["refused"] += 1
+                if pause_s:
+                    stop.wait(pause_s)
+    finally:
+        c.close()
+
+
 def edge_attack(o: BenchHostileOptions) -> dict:
     """16 identities send whole-policy requests back to back to an emulated OpenVLA-7B edge;
     a robot at 2 Hz beside them."""
-    from vlarun.runtime.client import EdgeClient, ping
+    from vlarun.runtime.client import ping
     from vlarun.runtime.transport import Security
 
     server_cpus, client_cpus = _cpus()
@@ -680,16 +701,7 @@ def edge_attack(o: BenchHostileOptions) -> dict:
         counts = {"served": 0, "refused": 0}
 
         def one() -> None:
-            c = EdgeClient(endpoint, sec)
-            try:
-                while not stop.is_set():
-                    try:
-                        c.run(STAGES, packet, ("actions",), 1.0, 1.5, meta)
-                        counts["served"] += 1
-                    except Exception:  # noqa: BLE001 - busy or late: at once again
-                        counts["refused"] += 1
-            finally:
-                c.close()
+            flood_client(endpoint, sec, packet, meta, stop, counts)
 
         legit = Legit(_legit_robot, (endpoint, o.policy, 10_000, o.seconds, client_cpus))
         _threads(one, 16, stop, o.seconds)

@@ -40,6 +40,7 @@ from vlarun.bench.hostile import (
     _edge_packet,
     _latency,
     _pin,
+    flood_client,
     start_server,
     stop_server,
 )
@@ -362,7 +363,6 @@ def _cpu_rates(before: dict[str, float], after: dict[str, float], seconds: float
 def identities_attack(o: BenchHostileOptions) -> dict:
     """One authorized key opens ``IDENTITIES`` DEALER identities, each sending whole-policy
     requests back to back; the other authorized robot at 2 Hz beside them."""
-    from vlarun.runtime.client import EdgeClient
 
     server_cpus, client_cpus = _cpus()
     _pin(client_cpus)
@@ -379,17 +379,7 @@ def identities_attack(o: BenchHostileOptions) -> dict:
         counts = {"served": 0, "refused": 0}
 
         def one() -> None:
-            c = EdgeClient(endpoint, attacker)
-            try:
-                while not stop.is_set():
-                    try:
-                        c.run(STAGES, packet, ("actions",), 1.0, 1.5, meta)
-                        counts["served"] += 1
-                    except Exception:  # noqa: BLE001 - busy (its key's share) or late
-                        counts["refused"] += 1
-                        stop.wait(0.01)
-            finally:
-                c.close()
+            flood_client(endpoint, attacker, packet, meta, stop, counts, pause_s=0.01)
 
         go = mp.get_context("spawn").Barrier(2)
         legit = Legit(
