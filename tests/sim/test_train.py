@@ -52,6 +52,10 @@ def test_train_resume_and_export(tmp_path, demos):
         assert actions.shape == (4, 4) and np.isfinite(actions).all()
     model, stats = load_vla(tmp_path / "run" / "export" / "tiny-ar")
     assert "metaworld" in stats and model.cfg.action_dim == 4
+    # Export-only with other options describes the run as it trained, not this call's options.
+    card = tmp_path / "run" / "export" / "tiny-ar" / "README.md"
+    train(TrainConfig(**{**cfg.__dict__, "lr": 0.123}), export_only=True)
+    assert f"lr {cfg.lr}," in card.read_text() and "lr 0.123" not in card.read_text()
 
 
 def test_chunks_repeat_the_last_action_of_each_episode():

@@ -884,7 +884,21 @@ def train(cfg: TrainConfig, export_only: bool = False) -> dict:
             f"{out} has no {FAST_TOKENIZER_DIR}/: a FAST policy exports only "
             "after its run fitted one (train it first)"
         )
-    return export(cfg, model, meta, out)
+    # An export-only call describes the run as it trained, not this call's options (which may
+    # name other demos or leave the LR at its default).
+    return export(run_config(cfg, meta) if export_only else cfg, model, meta, out)
+
+
+def run_config(cfg: TrainConfig, meta: dict) -> TrainConfig:
+    """The options the saved run last trained with: its starting config, each recorded steering
+    change applied, this call's output directory kept. Options a later vlarun retired are
+    dropped (their values were recorded in the state)."""
+    saved = dict(meta.get("config", {}))
+    for change in meta.get("changes", []):
+        saved[change["option"]] = change["new"]
+    known = {f.name for f in dataclasses.fields(TrainConfig) if f.init}
+    saved = {k: v for k, v in saved.items() if k in known}
+    return dataclasses.replace(cfgio.from_dict(TrainConfig, saved), out=cfg.out)
 
 
 # The FAST vocabulary is fitted on this many training chunks (spread evenly over the frames): a
