@@ -58,6 +58,17 @@ def test_act_prints_actions_and_stage_latency(capsys, preset):
     assert all(s["median_ms"] > 0 for s in r["stages"])
 
 
+def test_act_runs_under_an_accelerator_setting(capsys):
+    """`act --setting int8` runs the quantised copy (its actions differ from the float
+    model's, within int8's error) and says so; a bad setting fails before anything loads."""
+    argv = ["act", "--policy", "tiny-openvla", "--image", DEMO, "--instruction", "open it"]
+    plain = run_json(capsys, *argv, "--repeats", "1")
+    q = run_json(capsys, *argv, "--repeats", "1", "--setting", "int8")
+    assert plain["setting"] == "full" and q["setting"] == "int8"
+    assert np.asarray(q["actions"]).shape == np.asarray(plain["actions"]).shape
+    _one_line_error(capsys, [*argv, "--setting", "int9"], "int9")
+
+
 def _one_line_error(capsys, argv, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -80,6 +80,39 @@ def test_schema_and_honesty(tiny_result):
         assert len(case["tokens"]["vlarun"]) == engine.DECODE_TOKENS + 1
 
 
+def test_int8_runner_is_timed_beside_the_float_one(tiny_result):
+    for case in tiny_result["cases"]:
+        q = case["int8"]
+        assert q["decode_ms_per_token"] > 0 and q["prefill_ms"] > 0
+        assert 0 <= q["tokens_agree"] <= q["tokens"] == engine.DECODE_TOKENS + 1
+        # Its floor reads fewer bytes than the float model's: the int8 layers are 1 byte each.
+        assert q["decode_bytes_per_token"] < case["decode_bytes_per_token"]
+        assert "vlarun-int8" not in case["hf_variants"]  # never compared as transformers
+
+
+def test_int8_decode_bytes_are_the_twins_own():
+    import torch
+
+    from vlarun.transforms.int8 import int8_layers
+
+    cfg = engine.SHAPES["tiny"]
+    hf, ours = engine.build_pair(cfg, torch.float32)
+    twin = engine.int8_twin(hf, cfg, torch.float32)
+    layers = int8_layers(twin)
+    assert len(layers) == 7 * cfg.num_layers  # q, k, v, o, gate, up, down in every layer
+    int8 = sum(m.weight_int8.numel() + 4 * m.scale.numel() for m in layers.values())
+    as_float = 4 * sum(m.weight_int8.numel() for m in layers.values())
+    saved = engine.decode_bytes_per_token(cfg, torch.float32, 10) - engine.int8_decode_bytes(
+        cfg, torch.float32, 10
+    )
+    assert saved == as_float - int8
+    ids = torch.randint(0, cfg.vocab_size, (1, 12))
+    with torch.inference_mode():  # close to the float model (per-channel int8 of std-0.02 weights)
+        a = ours.logits(ours(ours.embed(ids)).hidden)
+        b = twin.logits(twin(twin.embed(ids)).hidden)
+    assert (a - b).abs().max() < 0.05 * a.std()
+
+
 def test_table_renders_every_case(tiny_result):
     table = engine.format_table(tiny_result)
     rows = [line for line in table.splitlines() if line.startswith("| tiny")]

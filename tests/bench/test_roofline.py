@@ -121,9 +121,37 @@ def test_a_stage_without_a_compiled_step_says_eager_only():
         (["--policy", "no-such-policy"], "'no-such-policy'"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--threads", "-1"], "--threads must be >= 0"),
+        (["--setting", "triage:2"], "token_budget must be in (0, 1]"),
     ],
 )
 def test_bad_options_fail_in_one_line_naming_them(capsys, argv, needle):
     assert main(["bench", "roofline", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_a_setting_runs_the_accelerated_policy_against_the_full_model_s_roofline():
+    """--setting int8: the quantised model runs (its layers are Int8Linear), the roofline and
+    the stage costs stay the full-compute model's, and the report names the setting."""
+    from vlarun.bench import roofline
+    from vlarun.bench.roofline import BenchRooflineOptions, run
+    from vlarun.transforms.int8 import int8_layers
+
+    ran = []
+    measure = roofline.measure
+
+    def spy(policy, obs, repeats, compiled_steps=None):
+        ran.append(len(int8_layers(policy.model)))
+        return measure(policy, obs, repeats, compiled_steps)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(roofline, "measure", spy)
+        plain = run(BenchRooflineOptions(policy="tiny-ar", repeats=1, threads=1, compiled=False))
+        q = run(
+            BenchRooflineOptions(
+                policy="tiny-ar", repeats=1, threads=1, compiled=False, setting="int8"
+            )
+        )
+    assert ran[0] == 0 and ran[1] > 0
+    assert plain["setting"] == "plain" and q["setting"] == "int8"
+    assert [s["flops"] for s in q["stages"]] == [s["flops"] for s in plain["stages"]]

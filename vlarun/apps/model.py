@@ -44,6 +44,9 @@ class ActOptions:
     )
     unnorm_key: str | None = opt(None, "dataset statistics to un-normalise with")
     dtype: str = opt("float32", "compute dtype", choices=["bfloat16", "float32"])
+    setting: str = opt(
+        "full", "accelerator setting to run under (e.g. int8, triage:0.34, exit:0.5+int8)"
+    )
     seed: int = opt(0, "seed for random weights and the initial noise")
     repeats: int = opt(5, "timed repetitions after one warm-up run")
     threads: int = opt(
@@ -224,14 +227,18 @@ def cmd_act(o: ActOptions) -> dict:
 
     from vlarun.models.device import resolve_device
     from vlarun.policy import Policy
+    from vlarun.policy.setting import AccelSetting
 
     device = resolve_device(o.device)  # before anything loads
+    setting = AccelSetting.parse(o.setting)  # a bad setting fails before anything loads
     if o.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {o.threads}")
     if o.threads:
         torch.set_num_threads(o.threads)
     dtype = torch.bfloat16 if o.dtype == "bfloat16" else torch.float32
     policy = Policy.load(o.policy, dtype, str(device), seed=o.seed, unnorm_key=o.unnorm_key)
+    if o.setting != "full":
+        policy = policy.with_setting(setting)
     frames = [_load_image(p, policy.model.cfg.image_size, o.resize) for p in o.image.split(",")]
     image = frames[0] if len(frames) == 1 else frames
     state = _parse_state(o.state)
@@ -252,6 +259,7 @@ def cmd_act(o: ActOptions) -> dict:
         "model": policy.model.cfg.name,
         "family": policy.model.cfg.family,
         "policy": o.policy,
+        "setting": o.setting,
         "instruction": o.instruction,
         "actions": actions.round(5).tolist(),
         "unnormalized": policy.action_units == "robot units",
@@ -269,7 +277,8 @@ def cmd_act(o: ActOptions) -> dict:
 
 
 def _print_act(r: dict) -> None:
-    print(f'{r["model"]} ({r["family"]}) - "{r["instruction"]}"')
+    under = "" if r.get("setting", "full") == "full" else f" under {r['setting']}"
+    print(f'{r["model"]} ({r["family"]}){under} - "{r["instruction"]}"')
     units = r["action_units"]
     for i, a in enumerate(r["actions"]):
         print(f"  action[{i}] ({units}): " + " ".join(f"{x:+.4f}" for x in a))

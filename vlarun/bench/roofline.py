@@ -59,6 +59,11 @@ class BenchRooflineOptions:
     repeats: int = opt(15, "timed rounds after one warm-up round (median reported)")
     threads: int = opt(0, "torch threads (0: torch's default, one per core)")
     dtype: str = opt("float32", "compute dtype", choices=["float32", "bfloat16"])
+    setting: str = opt(
+        "",
+        "accelerator setting to run under (e.g. int8, triage:0.34; empty: the plain policy); "
+        "the roofline stays the full-compute model's, so the ratio shows what it saves",
+    )
     compiled: bool = opt(True, "also time the compiled static steps where a stage has them")
     compile_mode: str = opt(
         FUSED,
@@ -69,6 +74,10 @@ class BenchRooflineOptions:
     json: bool = opt(False, "print one JSON object")
 
     def __post_init__(self) -> None:
+        if self.setting:
+            from vlarun.policy.setting import AccelSetting
+
+            AccelSetting.parse(self.setting)  # a bad setting fails before anything loads
         if self.repeats < 1:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.threads < 0:
@@ -236,6 +245,7 @@ def report(policy, o: BenchRooflineOptions, m: dict, text_tokens: int) -> dict:
         comp["note"] = f"compiled: {steps}; every other stage eager only"
     return {
         "policy": o.policy,
+        "setting": o.setting or "plain",
         "model": cfg.name,
         "family": cfg.family,
         "dtype": dtype,
@@ -272,6 +282,8 @@ def run(o: BenchRooflineOptions) -> dict:
         torch.set_num_threads(o.threads)
     try:
         policy = Policy.load(o.policy, o.dtype)  # an unknown name fails here, in one line
+        if o.setting:
+            policy = policy.with_setting(o.setting)
         if o.dtype == "bfloat16" and not bf16_is_fast():  # the probe alone would take minutes
             raise ValueError(
                 "this CPU emulates bf16 (~100x slower than fp32 matmuls): time --dtype float32 here"
@@ -329,8 +341,9 @@ def plot(r: dict, path: str) -> None:
 def show(r: dict) -> None:
     comp = r["compile"]
     model = "" if r["model"] == r["policy"] else f"{r['model']}, "
+    setting = "" if r.get("setting", "plain") == "plain" else f" under {r['setting']}"
     print(
-        f"{r['policy']} ({model}{r['family']}), {r['dtype']}, {r['threads']} threads, "
+        f"{r['policy']}{setting} ({model}{r['family']}), {r['dtype']}, {r['threads']} threads, "
         f"median of {r['repeats']}, {r['date']}, torch {r['torch']}"
     )
     print(f"CPU: {r['cpu']}")

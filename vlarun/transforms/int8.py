@@ -8,6 +8,15 @@ reads the int8 weight directly (half the bytes of bf16: decode is bandwidth-boun
 kernel is absent (another device, an older torch) the weight is dequantised per call and run as
 an ordinary ``F.linear`` (same numbers, no speed-up). ``Int8Linear.path`` says which ran.
 
+Where it pays (``vlarun bench engine``, AMD EPYC with AVX-512 BF16, 2 threads, 2026-12-07): a
+1.1B LM's bf16 decode, 1.34x bf16's prepacked GEMVs (43.6 against 58.6 ms per token). The kernel
+converts int8 in its inner loop at ~33 GB/s of int8 on two cores, where oneDNN streams bf16 at
+~63 GB/s: the conversion, not the memory bus, bounds it, so the 2x of the bytes does not show.
+With fp32 activations the kernel reads ~3 GB/s (1.1B decode: 327 against 92 ms per token in
+fp32), so int8 is a bf16 setting on a CPU; fp32 prefills (more than ``GEMV_ROWS`` rows) take
+the dequantised matmul instead. On the shipped mt10p policies (3M-parameter LMs, in cache)
+int8 changes nothing measurable (`vlarun bench roofline --policy mt10p-ar --setting int8`).
+
 What is quantised by default (``DEFAULT_SCOPE``): the decoder layers of the LM, of a pi0-style
 action expert and the blocks of a CogACT DiT: the bulk of the weights. What stays in its dtype:
   * the token embedding (an ``nn.Embedding``, a lookup, not a matmul);
@@ -30,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlarun.models.llama import PackedLinear
+from vlarun.models.llama import LlamaLM, PackedLinear
 from vlarun.models.vla import VLA
 from vlarun.transforms.layer_prune import _shallow_module_copy
 
@@ -41,7 +50,12 @@ DEFAULT_SCOPE = (
     r"action_model\.blocks\..*",
 )
 LM_HEAD = r"language_model\.lm_head"
+# The same for a bare ``LlamaLM`` (the engine benchmark's): its decoder layers, its head.
+LM_SCOPE = (r"model\.layers\..*",)
+BARE_LM_HEAD = r"lm_head"
 DTYPES = (torch.bfloat16, torch.float32)
+# fp32 calls with more rows than this (batch x tokens: a prefill) take the dequantised matmul.
+GEMV_ROWS = 8
 # torch >= 2.3 has the CPU kernel; checked once, not per call.
 KERNEL = hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
@@ -88,8 +102,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype not in DTYPES:
             raise ValueError(f"Int8Linear takes bf16 / fp32 inputs, got {x.dtype}")
-        if self.path == "kernel":
-            # The kernel takes a 2-D input and scales of the input's dtype.
+        rows = x.numel() // self.in_features
+        if self.path == "kernel" and (x.dtype == torch.bfloat16 or rows <= GEMV_ROWS):
+            # The kernel takes a 2-D input and scales of the input's dtype. With fp32 inputs
+            # and many rows (a prefill) it runs at ~5 GFLOP/s on x86 (torch 2.13: mt10p-ar's
+            # prefill 102 ms against 8 ms in fp32, AMD EPYC, 2026-12-07), so those take the
+            # dequantised matmul below: the same numbers, one pass over the weights to expand.
             lead = x.shape[:-1]
             x2 = x.reshape(-1, self.in_features)
             y = torch.ops.aten._weight_int8pack_mm(x2, self.weight_int8, self.scale.to(x.dtype))
@@ -101,8 +119,11 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def _in_scope(model: nn.Module, lm_head: bool) -> dict[str, nn.Module]:
-    scope = DEFAULT_SCOPE + ((LM_HEAD,) if lm_head else ())
+def _in_scope(
+    model: nn.Module, lm_head: bool, scope: tuple[str, ...] = DEFAULT_SCOPE
+) -> dict[str, nn.Module]:
+    head = BARE_LM_HEAD if scope == LM_SCOPE else LM_HEAD
+    scope = scope + ((head,) if lm_head else ())
     return {
         name: m for name, m in model.named_modules() if any(re.fullmatch(p, name) for p in scope)
     }
@@ -125,16 +146,24 @@ def int8_layers(model: nn.Module) -> dict[str, Int8Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, Int8Linear)}
 
 
-def quantize_int8(model: VLA, include: str | None = None, *, lm_head: bool = False) -> VLA:
-    """A new VLA whose Linear layers in scope are ``Int8Linear`` (see the module docstring).
+def quantize_int8(
+    model: VLA | LlamaLM,
+    include: str | None = None,
+    *,
+    lm_head: bool = False,
+    scope: tuple[str, ...] = DEFAULT_SCOPE,
+) -> VLA | LlamaLM:
+    """A new model whose Linear layers in scope are ``Int8Linear`` (see the module docstring).
 
     include: a regular expression a module name must fully match (default: ``DEFAULT_SCOPE``);
         it selects among the Linear layers of that scope (plus the LM head if ``lm_head``).
     lm_head: quantise the LM head's output projection too (kept in its dtype by default).
+    scope: the module-name patterns eligible at all: ``DEFAULT_SCOPE`` for a VLA, ``LM_SCOPE``
+        for a bare ``LlamaLM`` (``vlarun bench engine`` times its decode that way).
     Raises ValueError with one line, changing nothing, when there is nothing it can quantise."""
     if int8_layers(model):
         raise ValueError("int8: the model is already quantised (quantise the float model once)")
-    in_scope = _in_scope(model, lm_head)
+    in_scope = _in_scope(model, lm_head, scope)
     packed = [n for n, m in in_scope.items() if isinstance(m, PackedLinear)]
     if packed:
         raise ValueError(
