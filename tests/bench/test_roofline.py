@@ -155,3 +155,29 @@ def test_a_setting_runs_the_accelerated_policy_against_the_full_model_s_roofline
     assert ran[0] == 0 and ran[1] > 0
     assert plain["setting"] == "plain" and q["setting"] == "int8"
     assert [s["flops"] for s in q["stages"]] == [s["flops"] for s in plain["stages"]]
+
+
+def test_llm_layers_runs_a_preset_at_fewer_layers_of_the_same_shape():
+    """--llm-layers: the preset's LM with fewer decoder layers (a model too large for the
+    machine, per layer): the costed prefill shrinks with the depth, the report says of how many;
+    a shipped policy (trained weights) or a depth out of range is refused in one line."""
+    from vlarun.bench.roofline import BenchRooflineOptions, run
+    from vlarun.models.presets import get_preset
+    from vlarun.policy.base import Policy
+
+    whole = get_preset("tiny-openvla").llm.num_layers
+    r = run(
+        BenchRooflineOptions(
+            policy="tiny-openvla", repeats=1, threads=1, compiled=False, llm_layers=1
+        )
+    )
+    assert (r["llm_layers"], r["llm_layers_of"]) == (1, whole)
+    full = run(BenchRooflineOptions(policy="tiny-openvla", repeats=1, threads=1, compiled=False))
+    assert full["llm_layers_of"] is None and full["llm_layers"] == whole
+    prefill = {x["name"]: x["flops"] for x in r["stages"]}["prefill"]
+    assert prefill < {x["name"]: x["flops"] for x in full["stages"]}["prefill"]
+    with pytest.raises(ValueError, match="keep 1..") as e:
+        Policy.from_preset("tiny-openvla", llm_layers=whole + 1)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="takes a preset"):
+        run(BenchRooflineOptions(policy="checkpoints/tiny-ar", repeats=1, llm_layers=1))

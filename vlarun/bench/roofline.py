@@ -59,6 +59,11 @@ class BenchRooflineOptions:
     repeats: int = opt(15, "timed rounds after one warm-up round (median reported)")
     threads: int = opt(0, "torch threads (0: torch's default, one per core)")
     dtype: str = opt("float32", "compute dtype", choices=["float32", "bfloat16"])
+    llm_layers: int = opt(
+        0,
+        "a preset's LM at this many of its decoder layers (0: all), each layer's shape "
+        "unchanged: the prefill of a model too large for this machine, per layer",
+    )
     setting: str = opt(
         "",
         "accelerator setting to run under (e.g. int8, triage:0.34; empty: the plain policy); "
@@ -82,6 +87,8 @@ class BenchRooflineOptions:
             raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
         if self.threads < 0:
             raise ValueError(f"--threads must be >= 0, got {self.threads}")
+        if self.llm_layers < 0:
+            raise ValueError(f"--llm-layers must be >= 0, got {self.llm_layers}")
 
 
 def machine_device(peak_gflops: float, gbs: float, dtype: str):
@@ -246,6 +253,9 @@ def report(policy, o: BenchRooflineOptions, m: dict, text_tokens: int) -> dict:
     return {
         "policy": o.policy,
         "setting": o.setting or "plain",
+        "llm_layers": cfg.llm.num_layers,
+        # The preset's own depth where --llm-layers cut it (None: the whole model ran).
+        "llm_layers_of": _preset_layers(o.policy) if o.llm_layers else None,
         "model": cfg.name,
         "family": cfg.family,
         "dtype": dtype,
@@ -267,6 +277,12 @@ def report(policy, o: BenchRooflineOptions, m: dict, text_tokens: int) -> dict:
     }
 
 
+def _preset_layers(name: str) -> int:
+    from vlarun.models.presets import get_preset
+
+    return get_preset(name).llm.num_layers
+
+
 def run(o: BenchRooflineOptions) -> dict:
     import torch
 
@@ -281,7 +297,15 @@ def run(o: BenchRooflineOptions) -> dict:
     if o.threads:
         torch.set_num_threads(o.threads)
     try:
-        policy = Policy.load(o.policy, o.dtype)  # an unknown name fails here, in one line
+        if o.llm_layers:
+            from vlarun.models.presets import PRESETS
+
+            if o.policy not in PRESETS:
+                raise ValueError(f"--llm-layers takes a preset (random weights), not {o.policy}")
+            dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[o.dtype]
+            policy = Policy.from_preset(o.policy, dtype=dtype, llm_layers=o.llm_layers)
+        else:
+            policy = Policy.load(o.policy, o.dtype)  # an unknown name fails here, in one line
         if o.setting:
             policy = policy.with_setting(o.setting)
         if o.dtype == "bfloat16" and not bf16_is_fast():  # the probe alone would take minutes
@@ -289,7 +313,14 @@ def run(o: BenchRooflineOptions) -> dict:
                 "this CPU emulates bf16 (~100x slower than fp32 matmuls): time --dtype float32 here"
             )
         obs = policy.example_observation()
-        text_tokens = len(policy.text_ids(obs["instruction"], obs["state"]))
+        try:
+            text_tokens = len(policy.text_ids(obs["instruction"], obs["state"]))
+        except ValueError:
+            # A preset's byte-level tokenizer spells the example instruction in more tokens
+            # than the model takes (OpenVLA: 62 against 48); its template alone still fits, and
+            # the report says how many text tokens the prefill had.
+            obs = policy.example_observation(instruction="")
+            text_tokens = len(policy.text_ids(obs["instruction"], obs["state"]))
         has_step = policy.model.cfg.family in {f for f, _ in COMPILED_STEP}
         steps = compile_steps(o.compile_mode, denoise=True) if o.compiled and has_step else None
         m = measure(policy, obs, o.repeats, steps)
@@ -342,6 +373,8 @@ def show(r: dict) -> None:
     comp = r["compile"]
     model = "" if r["model"] == r["policy"] else f"{r['model']}, "
     setting = "" if r.get("setting", "plain") == "plain" else f" under {r['setting']}"
+    if r.get("llm_layers_of"):
+        setting += f" ({r['llm_layers']} of its {r['llm_layers_of']} LM layers)"
     print(
         f"{r['policy']}{setting} ({model}{r['family']}), {r['dtype']}, {r['threads']} threads, "
         f"median of {r['repeats']}, {r['date']}, torch {r['torch']}"

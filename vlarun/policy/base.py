@@ -112,11 +112,27 @@ class Policy:
             raise ValueError("a token decoder needs an autoregressive (action-token) policy")
 
     @classmethod
-    def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
+    def from_preset(
+        cls,
+        name: str,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        llm_layers: int | None = None,
+    ) -> Policy:
         """Random weights at a preset's shape (no statistics: actions stay in [-1, 1]; a FAST
-        model decodes with ``synthetic_fast_tokenizer``)."""
+        model decodes with ``synthetic_fast_tokenizer``). ``llm_layers``: build the LM with this
+        many of its decoder layers (each layer's shape unchanged), for benchmarks of a model
+        that would not fit the machine whole (OpenVLA-7B is 30 GB in fp32)."""
+        cfg = get_preset(name)
+        if llm_layers is not None:
+            if not 1 <= llm_layers <= cfg.llm.num_layers:
+                raise ValueError(
+                    f"{name} has {cfg.llm.num_layers} LM layers: keep 1..{cfg.llm.num_layers}, "
+                    f"got {llm_layers}"
+                )
+            cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, num_layers=llm_layers))
         torch.manual_seed(seed)
-        model = VLA(get_preset(name)).to(dtype).eval()
+        model = VLA(cfg).to(dtype).eval()
         if model.cfg.fast is not None:  # no trained FAST vocabulary either: a fitted stand-in
             c = model.cfg
             model.set_fast_tokenizer(
