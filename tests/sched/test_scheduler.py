@@ -536,7 +536,7 @@ def test_boundary_overheads_are_learned_from_edge_calls_and_priced_on_every_cut(
         and sched.k[c] == sched.k[edge_only]
     )
     before = sched.score(link).latency
-    plan = sched._decision(edge_only, sched.score(link), np.ones(len(sched.k)))
+    plan = sched.decider.plan(edge_only, sched.score(link), np.ones(len(sched.k)))
     sent, recv = 600_000, 2_000
     model_s = link.rtt_ms * 1e-3 + (sent + recv) / link.bytes_per_s
     stages = tuple(
@@ -725,7 +725,7 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
     assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
     sc = sched.score(link)
-    again = sched._decision(c, sc, sched.actions / sc.energy)  # the same plan, decided now
+    again = sched.decider.plan(c, sc, sched.actions / sc.energy)  # the same plan, decided now
     assert again.energy_factor == pytest.approx(2 / 3)
     assert again.energy_j == pytest.approx(2 / 3 * d.energy_j, rel=1e-6)
     # the same reading again: learnt against the model's own figure, the factor stays 2/3

@@ -115,9 +115,9 @@ def test_the_old_calibration_misses_the_deadline_repeatedly_in_this_world():
     audit's three late requests with the EWMA stage factor; one since factors are a windowed
     median, which the first 1.2x ratio moves halfway), so the tests above can fail."""
     sched = _scheduler(1.0)
-    sched._key_k = lambda k: None  # every setting shares the identity's factor
-    sched._untimed_setting = lambda: np.zeros(len(sched.k), dtype=bool)
-    sched.on_time_probabilities = lambda sc, deadline_s=None: (
+    sched.cands.key_k = lambda k: None  # every setting shares the identity's factor
+    sched.scorer.untimed_setting = lambda: np.zeros(len(sched.k), dtype=bool)
+    sched.scorer.on_time_probabilities = lambda sc, deadline_s=None: (
         sc.latency <= (deadline_s or sched.slo_s)
     ).astype(float)
     names = sched.space.stages

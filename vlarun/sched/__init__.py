@@ -10,8 +10,13 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
                 memory/dtype filter, accuracy floor
   contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)
-  scheduler.py  the core rule, vectorised over all candidates; reservations, edge batching;
-                Scheduler.observe(plan, outcome), the only feedback path
+  scheduler.py  Scheduler: the core rule stated once, and the one object callers hold,
+                composed of the three parts below
+  scoring.py    candidates and their modelled stage costs; the predictor's recursion
+                vectorised over all of them (reservations, edge batching); on-time probability
+  decision.py   the rule: miss budget, safety net, bounded exploration, fallback
+  feedback.py   Scheduler.observe(plan, outcome), the only feedback path; warm-up priming;
+                the mid-request handoff
   profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
   queue_model.py  the edge's one queue model (the worker's rule played forward): the edge's

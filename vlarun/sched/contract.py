@@ -67,13 +67,14 @@ class ExecutionPlan:
     # The predicted probability that this request meets ``slo_s`` (its placement's recorded
     # tail, the cost model's prior where it has none; None: not planned by a scheduler), the
     # on-time target it was planned for, and the miss probability the target's budget allowed
-    # this request when it was planned (``scheduler.MissBudget``).
+    # this request when it was planned (``decision.MissBudget``).
     on_time_p: float | None = None
     on_time_target: float | None = None
     miss_allowance: float | None = None
     # The on-time share the most punctual plan held for every request would deliver, as the
-    # scheduler estimates it now (``Scheduler.reach``): below the target, the target is out of
-    # reach of any plan or mix of plans, and the scheduler holds to within half a point of it.
+    # scheduler estimates it now (``decision.Decider._reach``): below the target, the target is
+    # out of reach of any plan or mix of plans, and the scheduler holds to within half a point
+    # of it.
     on_time_reach: float | None = None
     alternatives: list[dict] = field(default_factory=list)
     candidates: int = 0

@@ -15,7 +15,7 @@ edge; a graph input (camera frame, prompt) starts on the robot, and the actions 
 
 ``Calibration`` keeps the EWMA corrections that measurements feed back: a multiplicative factor
 per (stage, role), an additive overhead per cut boundary, and the residual per placement.
-The same recursion, vectorised over thousands of candidate plans, is in ``scheduler.py``.
+The same recursion, vectorised over thousands of candidate plans, is in ``scoring.py``.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Calibration:
     # placement -> (share of its requests that met the deadline, evidence), over every
     # request planned with it, fallbacks included: a placement whose requests the edge keeps
     # refusing is late however well its model reads. What a plan is chosen by when none is
-    # feasible (``Scheduler._fallback``), never the residual (a lost packet is not the model's).
+    # feasible (``Decider._fallback``), never the residual (a lost packet is not the model's).
     # The share has the residuals' memory (``max_count``): the last ~8 requests, so a placement
     # that stopped working (a bandwidth drop) loses its rank within a few of them.
     on_time: dict[tuple, tuple[float, float]] = field(default_factory=dict)
@@ -204,7 +204,7 @@ class Calibration:
     tail_prior_count: float = 3.0
     tails: dict[tuple[str, ...], deque] = field(default_factory=dict)
     # Bumped whenever a stage or setting factor changes: what caches of factors key on
-    # (``Scheduler._factors``: a decision reads 2 x stages x settings of them).
+    # (``Scorer.factors``: a decision reads 2 x stages x settings of them).
     factor_version: int = 0
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
