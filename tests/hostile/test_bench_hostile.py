@@ -39,3 +39,32 @@ def test_half_open_connections_row():
     ):
         assert row[key] is not None, key
     assert row["rss_peak_mb"] >= row["rss_idle_mb"] * 0.9
+
+
+def test_local_input_rows_through_the_command(capsys):
+    """`bench hostile --attacks npy-liar png-bomb`: each bad file is run by a fresh vlarun
+    process and its row says exit 2, one stderr line, no traceback, and its peak RSS; the
+    table prints them apart from the servers'."""
+    import json
+
+    pytest.importorskip("openpi_client")
+    assert main(["bench", "hostile", "--attacks", "npy-liar", "png-bomb", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["attack"] for r in rows] == ["npy-liar", "png-bomb"]
+    for r in rows:
+        assert r["kind"] == "local" and r["exit"] == 2 and r["stderr_lines"] == 1, r
+        assert not r["traceback"] and 0 < r["peak_rss_mb"] < 500 and r["met"], r
+    from vlarun.bench.attacks import show
+
+    show(
+        {
+            "benchmark": "b",
+            "policy": "tiny-ar",
+            "frame_mb": 16,
+            "budget_s": 5,
+            "cpu": "c",
+            "rows": rows,
+        }
+    )
+    table = capsys.readouterr().out
+    assert "| local input |" in table and "| npy-liar | 2 | 1 |" in table

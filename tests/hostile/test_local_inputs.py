@@ -74,6 +74,17 @@ def test_act_refuses_an_image_larger_than_a_frame_before_decoding(tmp_path):
     )
 
 
+@pytest.mark.parametrize("side", [12000, 20000])
+def test_a_png_header_of_a_huge_image_is_one_line_without_pil_s_warning(tmp_path, side):
+    """12000 x 12000 is past PIL's bomb warning (89 Mpx) and below its error (179 Mpx): the
+    warning used to print two lines before the refusal (bench hostile's png-huge row)."""
+    from vlarun.bench.hostile_local import _png_header
+
+    path = _png_header(tmp_path / "big.png", side)
+    done = _vlarun("act", "--policy", "tiny-ar", "--instruction", "open", "--image", str(path))
+    _one_line_exit_2(done, str(path))
+
+
 def test_eval_bounds_its_episode_count_before_building_seeds():
     done = _vlarun(
         "eval",

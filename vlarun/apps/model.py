@@ -200,10 +200,17 @@ def _load_image(path: str, size: int, resize: bool):
         _npy_header(p)  # refused before numpy allocates what the header claims
         arr = np.load(p, allow_pickle=False)
     else:
+        import warnings
+
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(p) as im:  # lazy: the header only, nothing decoded yet
+            # PIL warns (on stderr) about a header of 89-179 Mpx before anything is decoded;
+            # the size is checked against a camera frame's just below, in one line of our own.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                im = Image.open(p)  # lazy: the header only, nothing decoded yet
+            with im:
                 w, h = im.size
                 if w * h > MAX_IMAGE_PIXELS:
                     raise ValueError(

@@ -16,6 +16,7 @@ from vlarun.bench.hostile import (
     policy_attack,
 )
 from vlarun.bench.hostile_edge import secure_edge_attack
+from vlarun.bench.hostile_local import LOCAL_ATTACKS, local_attack, show_rows
 
 
 def run(o: BenchHostileOptions) -> dict:
@@ -41,6 +42,8 @@ def run(o: BenchHostileOptions) -> dict:
     for name in attacks:
         if name in SECURE_EDGE_ATTACKS:
             new = secure_edge_attack(name, o)
+        elif name in LOCAL_ATTACKS:
+            new = [local_attack(name, o.policy)]
         else:
             new = [edge_attack(o) if name in EDGE_ATTACKS else policy_attack(name, o)]
         for row in new:
@@ -66,7 +69,7 @@ def show(r: dict) -> None:
         "legit p50 / p99 during (ms) | at rest | legit answered | alive |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for w in r["rows"]:
+    for w in (w for w in r["rows"] if w.get("kind") != "local"):
         back = "never" if w["rss_back_s"] is None else f"{w['rss_back_s']:.1f} s"
         p50, p99 = w["legit_p50_ms"], w["legit_p99_ms"]
         during = "-" if p50 is None else f"{p50:.0f} / {p99:.0f}"
@@ -76,6 +79,7 @@ def show(r: dict) -> None:
             f"{w['rest_p50_ms']:.0f} / {w['rest_p99_ms']:.0f} | "
             f"{w['legit_answered']}/{w['legit_requests']} | {w['alive']} |"
         )
+    show_rows([w for w in r["rows"] if w.get("kind") == "local"])
 
 
 OPTIONS = {"bench-hostile": BenchHostileOptions}

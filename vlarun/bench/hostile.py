@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlarun.bench.hostile_local import LOCAL_ATTACKS
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.runtime import procs
 
@@ -51,7 +52,8 @@ EDGE_ATTACKS = ("edge-flood16",)
 # On an edge with --authorized-keys (bench/hostile_edge.py): a handshake flood from a key it
 # does not authorize (with its equal-CPU burner row), one key on 50 identities (issue 64).
 SECURE_EDGE_ATTACKS = ("edge-handshake", "edge-identities50")
-ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS + SECURE_EDGE_ATTACKS
+# Bad files handed to vlarun's own commands (bench/hostile_local.py): no server involved.
+ATTACKS = POLICY_ATTACKS + EDGE_ATTACKS + SECURE_EDGE_ATTACKS + LOCAL_ATTACKS
 
 
 @dataclass(frozen=True)
