@@ -90,6 +90,41 @@ def test_int8_runner_is_timed_beside_the_float_one(tiny_result):
         assert "vlarun-int8" not in case["hf_variants"]  # never compared as transformers
 
 
+def test_a_compiled_runner_runs_the_model_s_decode_steps(monkeypatch):
+    """compiled=True (full runs) adds vlarun with the fused decode step: here swapped for a
+    counted eager step (the inductor compile itself: tests/models/test_fused_steps.py), so
+    the case checks it is the step that runs, timed and compared with eager's tokens."""
+    from vlarun.models.static_step import DecodeSteps, decode_one
+
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return decode_one(*args)
+
+    monkeypatch.setattr(
+        "vlarun.models.static_step.compile_steps",
+        lambda mode, denoise=False: DecodeSteps(one=counted, mode=mode),
+    )
+    case = engine.bench_case("tiny", "fp32", repeats=1, warmup=0, compiled=True)
+    c = case["compiled"]
+    assert calls and c["mode"] == "fused" and c["decode_ms_per_token"] > 0
+    assert c["tokens_agree"] == engine.DECODE_TOKENS + 1  # the same step, eagerly: identical
+    assert "vlarun-fused" not in case["hf_variants"]
+    assert "x eager" in engine.format_table({"machine": _machine(), "cases": [case]})
+
+
+def _machine() -> dict:
+    return {
+        "cpu": "c",
+        "threads": 1,
+        "torch": "t",
+        "transformers": "t",
+        "omp_wait_policy": None,
+        "date": "d",
+    }
+
+
 def test_int8_decode_bytes_are_the_twins_own():
     import torch
 

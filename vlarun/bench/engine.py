@@ -8,6 +8,10 @@ times, in the same process and with the same weight tensors shared by both model
   fills the KV cache and yields the last token's logits;
 * decode: 8 greedy one-token steps after that prefill, reported per token.
 
+Beside them, vlarun twice more: with its decoder layers weight-only int8 (``int8_twin``), and,
+in full runs, with its decode step compiled (``static_step`` mode ``fused``; it compiles during
+the dropped warm-up repetition).
+
 transformers runs twice, with its default ``DynamicCache`` and with a ``StaticCache`` sized
 exactly to the sequence (its best case); the faster variant is the one vlarun is compared with,
 and it is named in the result. Repetitions rotate the order of the three runners so that the
@@ -59,6 +63,7 @@ DECODE_TOKENS = 8
 CACHE_LEN = 512  # vlarun's preallocated cache; only the filled part is ever attended to
 SEED = 0
 INT8 = "vlarun-int8"  # the runner with weight-only int8 decoder layers
+FUSED_RUNNER = "vlarun-fused"  # the runner with the compiled decode step (full runs only)
 
 SHAPES: dict[str, LlamaConfig] = {
     # Tiny layers: per-op overhead shows; decode is still bound by the 8M-param LM head.
@@ -491,8 +496,11 @@ def bench_case(
     repeats: int,
     warmup: int,
     tick: Callable[[], None] = lambda: None,
+    compiled: bool = False,
 ) -> dict:
-    """Time one (shape, dtype) case; see the module docstring for the protocol."""
+    """Time one (shape, dtype) case; see the module docstring for the protocol. ``compiled``:
+    also vlarun with its decode step compiled (``static_step`` mode ``fused``, what
+    ``--compile-steps fused`` runs), compiling during the dropped warm-up repetition."""
     cfg, dtype = SHAPES[shape], DTYPES[dtype_name]
     hf, ours = build_pair(cfg, dtype)
     gen = torch.Generator().manual_seed(SEED + 1)
@@ -506,6 +514,10 @@ def bench_case(
         VlarunRunner(twin, PREFILL_TOKENS, DECODE_TOKENS, name=INT8),
         HFRunner(hf, False, PREFILL_TOKENS, DECODE_TOKENS),
     ]
+    if compiled:
+        from vlarun.models.static_step import FUSED, compile_steps
+
+        runners.append(VlarunRunner(ours, PREFILL_TOKENS, DECODE_TOKENS, compile_steps(FUSED)))
     notes: list[str] = []
     static = HFRunner(hf, True, PREFILL_TOKENS, DECODE_TOKENS)
     try:
@@ -518,7 +530,11 @@ def bench_case(
     prefill: dict[str, list[float]] = {r.name: [] for r in runners}
     decode: dict[str, list[float]] = {r.name: [] for r in runners}
     tokens: dict[str, list[int]] = {}
-    with torch.inference_mode():
+    # Inductor's freezing set globally, as `bench roofline` and `bench compile` compile: passed
+    # only as the step's option, lowering the frozen decode step fails here and it runs eagerly.
+    import torch._inductor.config as inductor_config
+
+    with torch.inference_mode(), inductor_config.patch(freezing=compiled):
         probe = MachineProbe(dtype)
         for rep in range(warmup + repeats):
             probe.sample(keep=rep >= warmup)
@@ -626,6 +642,21 @@ def bench_case(
             "tokens_agree": sum(agree),
             "tokens": len(agree),
         },
+        "compiled": (
+            {
+                "mode": "fused",
+                "decode_ms_per_token": dec[FUSED_RUNNER][0],
+                "decode_ms_per_token_p90": dec[FUSED_RUNNER][1],
+                # Eager over compiled, the same weights and cache.
+                "decode_speedup": dec["vlarun"][0] / dec[FUSED_RUNNER][0],
+                "decode_floor_fraction": floor_ms / dec[FUSED_RUNNER][0],
+                "tokens_agree": sum(
+                    a == b for a, b in zip(tokens[FUSED_RUNNER], tokens["vlarun"], strict=True)
+                ),
+            }
+            if compiled
+            else None
+        ),
         "notes": notes,
     }
 
@@ -683,9 +714,8 @@ def run(
         plan = dataclasses.replace(plan, repeats=dict.fromkeys(plan.repeats, repeats))
     if warmup is not None:
         plan = dataclasses.replace(plan, warmup=dict.fromkeys(plan.warmup, warmup))
-    total = sum(
-        (plan.warmup[s] + plan.repeats[s]) * 4 for s, _ in plan.cases
-    )  # four runners per repetition
+    per_rep = 4 if quick else 5  # float, int8, two HF caches; full runs add the compiled one
+    total = sum((plan.warmup[s] + plan.repeats[s]) * per_rep for s, _ in plan.cases)
     show = (not quick) if progress is None else progress
     cases = []
     bar = None
@@ -699,7 +729,14 @@ def run(
                 bar.set_postfix_str(f"{shape} {dtype_name}")
             tick = bar.update if bar is not None else (lambda: None)
             cases.append(
-                bench_case(shape, dtype_name, plan.repeats[shape], plan.warmup[shape], tick)
+                bench_case(
+                    shape,
+                    dtype_name,
+                    plan.repeats[shape],
+                    plan.warmup[shape],
+                    tick,
+                    compiled=not quick,
+                )
             )
     finally:
         if bar is not None:
@@ -849,8 +886,9 @@ def format_table(result: dict) -> str:
         "",
         "| model | dtype | prefill vlarun ms | prefill HF ms | speedup | decode vlarun ms/tok "
         "| decode HF ms/tok | speedup | prefill GFLOP/s (of peak) | decode of roofline "
-        "| tokens match | int8 decode ms/tok (x float, of its floor) | int8 tokens = float |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tokens match | int8 decode ms/tok (x float, of its floor) | int8 tokens = float "
+        "| compiled decode ms/tok (x eager) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result["cases"]:
         lines.append(
@@ -864,7 +902,9 @@ def format_table(result: dict) -> str:
             f"| {c['prefill_gflops']:.0f} / {c['peak_gflops']:.0f} "
             f"({c['prefill_peak_fraction']:.0%}) "
             f"| {c['decode_floor_ms']:.2f} ms floor ({c['decode_floor_fraction']:.0%}) "
-            f"| {'yes' if c['tokens_match'] else 'NO'} " + _int8_cells(c.get("int8"))
+            f"| {'yes' if c['tokens_match'] else 'NO'} "
+            + _int8_cells(c.get("int8"))
+            + _compiled_cell(c.get("compiled"))
         )
     lines += [
         "",
@@ -877,6 +917,12 @@ def format_table(result: dict) -> str:
         f"Skipped: {s['shape']} {s['dtype']} ({s['why']})." for s in result.get("skipped", [])
     ]
     return "\n".join(lines)
+
+
+def _compiled_cell(q: dict | None) -> str:
+    if q is None:  # a quick run (no compile), or a result from before it was timed
+        return " |"
+    return f" {q['decode_ms_per_token']:.2f} ({q['decode_speedup']:.2f}x) |"
 
 
 def _int8_cells(q: dict | None) -> str:
