@@ -141,11 +141,14 @@ def test_int8_decode_bytes_are_the_twins_own():
         cfg, torch.float32, 10
     )
     assert saved == as_float - int8
-    ids = torch.randint(0, cfg.vocab_size, (1, 12))
+    ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():  # close to the float model (per-channel int8 of std-0.02 weights)
         a = ours.logits(ours(ours.embed(ids)).hidden)
         b = twin.logits(twin(twin.embed(ids)).hidden)
-    assert (a - b).abs().max() < 0.05 * a.std()
+    # Four quantised layers: ~0.9% of the logits' spread on average, the worst of 384,000
+    # logits 5-6% (three seeds); a wrong scale is ~100%.
+    err = (a - b).abs()
+    assert err.mean() < 0.03 * a.std() and err.max() < 0.15 * a.std()
 
 
 def test_table_renders_every_case(tiny_result):
