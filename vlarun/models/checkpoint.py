@@ -8,6 +8,7 @@ Layouts read and written:
   * OpenVLA's own HF directories (``model_type: "openvla"``), sharded or not, and OpenVLA-OFT's
     (the same, plus heads converted once from pickles by ``vlarun convert``: oft_files.py);
   * transformers' LLaVA directories (``model_type: "llava"``) as LLaVA-VLA (llava.py);
+  * transformers' Emu3 directories (``model_type: "emu3"``) as UniVLA (univla.py);
   * transformers ``save_pretrained`` directories of Llama, Gemma, SigLIP and DINOv2 models.
 Pickle files (.bin/.pt/.pth/.ckpt) are refused: loading them can execute arbitrary code.
 """
@@ -28,12 +29,13 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from vlarun import config as cfgio
-from vlarun.models import lerobot, llava
+from vlarun.models import lerobot, llava, univla
+from vlarun.models.emu3_vq import VQConfig
 from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_files import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
-from vlarun.models.presets import PRESETS, RENAMED, get_preset, openvla_7b
+from vlarun.models.presets import PRESETS, RENAMED, UNIVLA_TOKENS, get_preset, openvla_7b
 from vlarun.models.vit import (
     ViTConfig,
     ViTEncoder,
@@ -220,6 +222,8 @@ def random_vla(cfg: VLAConfig, dtype: torch.dtype = torch.bfloat16, std: float =
     for module in model.modules():
         if hasattr(module, "init_buffers"):
             module.init_buffers(device="cpu")
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):  # to_empty left them garbage
+            module.reset_running_stats()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, std)
@@ -262,6 +266,8 @@ def vla_state_to_prismatic(model: VLA) -> dict[str, Tensor]:
 def prismatic_to_vla_state(state: dict[str, Tensor], model: VLA) -> dict[str, Tensor]:
     """Inverse of ``vla_state_to_prismatic``: timm tower names back to the model's names (a
     CLIP tower's HF names pass through)."""
+    if model.cfg.vq is not None:  # a VQ tokenizer keeps Emu3's names (emu3_vq.py)
+        return dict(state)
     out, towers = {}, {}
     for k, v in state.items():
         if k.startswith("vision_backbone."):
@@ -337,15 +343,24 @@ OPENVLA_PROMPT_SUFFIX = 29871  # Llama-2's "▁": OpenVLA's predict_action appen
 
 
 def vla_config_from(
-    config: dict, directory: str | Path = "", action_bins: int | None = None
+    config: dict,
+    directory: str | Path = "",
+    action_bins: int | None = None,
+    action_tokens: int | None = None,
 ) -> VLAConfig:
-    """The VLAConfig a config.json describes (vlarun, OpenVLA, LLaVA or LeRobot pi0), or a
-    clear error. ``action_bins``: a LLaVA directory's action-bin mapping when it has no
-    ``action_bins.json`` (llava.py)."""
+    """The VLAConfig a config.json describes (vlarun, OpenVLA, LLaVA, Emu3 / UniVLA or LeRobot
+    pi0), or a clear error. ``action_bins``: a LLaVA directory's action-bin mapping when it has
+    no ``action_bins.json`` (llava.py); ``action_tokens``: an Emu3 directory's end-of-action id
+    when it has no ``action_tokens.json`` (univla.py)."""
     if llava.is_llava(config):
         try:
             return _llava_config(config, directory, action_bins)
         except (llava.LlavaError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(str(e)) from None
+    if univla.is_emu3(config):
+        try:
+            return _emu3_config(config, directory, action_tokens)
+        except (univla.UniVLAError, KeyError, TypeError, ValueError) as e:
             raise CheckpointError(str(e)) from None
     if lerobot.is_lerobot(config):
         try:
@@ -394,7 +409,7 @@ def vla_config_from(
         return cfgio.from_dict(VLAConfig, cfgio.to_dict(base) | {"llm": cfgio.to_dict(llm)} | extra)
     raise CheckpointError(
         f"{directory}: config.json describes a {kind!r} model, not a VLA "
-        "(expected model_type 'vlarun', 'openvla' or 'llava', or a LeRobot type: "
+        "(expected model_type 'vlarun', 'openvla', 'llava' or 'emu3', or a LeRobot type: "
         f"{', '.join(lerobot.LEROBOT_TYPES)})"
     )
 
@@ -462,6 +477,44 @@ def _llava_config(config: dict, directory, action_bins: int | None) -> VLAConfig
         image_prefix_ids=prefix,
         bos_id=bos,
         notes=f"LLaVA (HF LlavaForConditionalGeneration), CLIP layer {layer}",
+    )
+
+
+def _emu3_config(config: dict, directory, action_tokens: int | None) -> VLAConfig:
+    """UniVLA from an ``Emu3ForConditionalGeneration`` config.json (univla.py): the VQ
+    tokenizer at the views' size, Emu3's image ids, the Llama-shaped text model, FAST actions."""
+    where = f"{directory}/config.json"
+    text = univla.text_config(config, where)
+    llm = LlamaConfig.from_hf(text)
+    tokens = univla.read_action_tokens(directory, action_tokens, int(text["pad_token_id"]))
+    mean, std = univla.image_norm(directory)
+    vq = VQConfig.from_hf(config.get("vq_config") or {}, tokens["image_size"], mean, std)
+    images = univla.image_tokens(config, vq, where)
+    views, chunk, dim = tokens["num_images"], tokens["chunk"], tokens["action_dim"]
+    # The prompt may fill the LM's context: the text budget is what BOS, the views' tokens and
+    # the longest FAST code leave of it (as for OpenVLA and LLaVA).
+    budget = llm.max_positions - 1 - views * images.tokens_per_image - tokens["max_tokens"]
+    if budget < 1:
+        raise CheckpointError(
+            f"{where}: {views} views of {images.tokens_per_image} image tokens and a FAST code of "
+            f"up to {tokens['max_tokens']} fill the LM's {llm.max_positions} positions"
+        )
+    return VLAConfig(
+        name="univla",
+        family="autoregressive",
+        llm=llm,
+        vision=(),
+        connector="vq",
+        vq=images,
+        num_images=views,
+        action_dim=dim,
+        chunk=chunk,
+        max_text_tokens=budget,
+        decode_tokens=min(UNIVLA_TOKENS, tokens["max_tokens"]),
+        fast=univla.fast_config(tokens, llm.vocab_size),
+        bos_id=int(text["bos_token_id"]),
+        notes=f"Emu3 (HF Emu3ForConditionalGeneration): {views} views of {vq.grid} x {vq.grid} "
+        f"VQ codes, FAST actions ended by id {tokens['end_id']}",
     )
 
 
@@ -542,7 +595,11 @@ def model_config(name: str | Path) -> VLAConfig:
 
 
 def load_vla(
-    directory: str | Path, dtype: torch.dtype | None = None, *, action_bins: int | None = None
+    directory: str | Path,
+    dtype: torch.dtype | None = None,
+    *,
+    action_bins: int | None = None,
+    action_tokens: int | None = None,
 ) -> tuple[VLA, dict]:
     """Load a VLA directory. Returns (model in eval mode, norm_stats dict or {}).
 
@@ -553,10 +610,11 @@ def load_vla(
     and casting a copy). Vision towers (timm names, their q/k/v fused) are collected and
     converted together: they are small. Missing, unexpected and mis-shaped keys are reported
     by name, as ``load_checked`` does. ``action_bins``: a LLaVA directory's action-bin mapping
-    when it has no ``action_bins.json`` (llava.py)."""
+    when it has no ``action_bins.json`` (llava.py); ``action_tokens``: an Emu3 directory's
+    end-of-action id when it has no ``action_tokens.json`` (univla.py)."""
     d = Path(directory)
     config = read_config(d)
-    cfg = vla_config_from(config, d, action_bins)
+    cfg = vla_config_from(config, d, action_bins, action_tokens)
     _check_depth(cfg, d)  # before any module is built
     with torch.device("meta"):
         model = VLA(cfg)
@@ -565,14 +623,20 @@ def load_vla(
     for module in model.modules():  # computed buffers (RoPE tables) become real on the host
         if hasattr(module, "init_buffers"):
             module.init_buffers(device="cpu")
-    own = dict(model.named_parameters())  # names -> meta parameters (shape, dtype)
+    # names -> meta parameters and stored buffers (a VQ tokenizer's BatchNorm statistics)
+    own = dict(model.named_parameters()) | _stored_buffers(model)
     problems: dict[str, list[str]] = {"unexpected": [], "mis-shaped": []}
     towers: dict[str, Tensor] = {}
     from_lerobot = lerobot.is_lerobot(config)
     from_llava = llava.is_llava(config)
+    from_emu3 = univla.is_emu3(config)
     for name, tensor in stream_weights(d):
         if from_llava:  # LLaVA's names (4.x or 5.x layout) -> vlarun's; its CLIP keeps HF's
             _put(model, own, llava.rename(name), tensor, problems)
+            continue
+        if from_emu3:  # Emu3's names (either layout) -> vlarun's; the VQ decoder is skipped
+            if (name := univla.rename(name)) is not None:
+                _put(model, own, name, tensor, problems)
             continue
         if from_lerobot:  # LeRobot names -> vlarun's (HF names below the prefixes)
             name = lerobot.rename(name, config["type"])
@@ -592,6 +656,7 @@ def load_vla(
             _put(model, own, name, torch.zeros(own[name].shape), problems)
     _retie(model)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
+    missing += [n for n, b in _stored_buffers(model).items() if b.is_meta]
     _raise_mismatch(str(d), {"missing": missing, **problems})
     stats = json.loads((d / STATS).read_text()) if (d / STATS).exists() else {}
     stats = stats or config.get("norm_stats", {})
@@ -661,8 +726,20 @@ def stream_weights(directory: Path):
                 yield name, f.get_tensor(name)
 
 
+def _stored_buffers(model: nn.Module) -> dict[str, Tensor]:
+    """The buffers a checkpoint stores (persistent ones: BatchNorm's running statistics), by
+    name; computed ones (RoPE tables) are not among them."""
+    out = {}
+    for prefix, module in model.named_modules():
+        for leaf, buf in module._buffers.items():
+            if buf is not None and leaf not in module._non_persistent_buffers_set:
+                out[f"{prefix}.{leaf}" if prefix else leaf] = buf
+    return out
+
+
 def _put(model: nn.Module, own: dict, name: str, tensor: Tensor, problems: dict) -> None:
-    """Make ``tensor`` (cast to the model's dtype) parameter ``name``, or note why not."""
+    """Make ``tensor`` (cast to the model's dtype) parameter or stored buffer ``name``, or note
+    why not."""
     target = own.get(name)
     if target is None:
         problems["unexpected"].append(name)
@@ -675,6 +752,9 @@ def _put(model: nn.Module, own: dict, name: str, tensor: Tensor, problems: dict)
     module_name, _, leaf = name.rpartition(".")
     module = model.get_submodule(module_name)
     data = tensor.to(target.dtype) if tensor.dtype != target.dtype else tensor
+    if not isinstance(target, nn.Parameter):
+        module._buffers[leaf] = data
+        return
     module._parameters[leaf] = nn.Parameter(data, requires_grad=target.requires_grad)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from vlarun.models.emu3_vq import VQConfig, VQImageTokens
 from vlarun.models.fast_head import FastConfig
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.heads import DiTConfig, OFTHeadConfig
@@ -273,6 +274,63 @@ def pi0_fast() -> VLAConfig:
     )
 
 
+# UniVLA (BAAI 2025; CEED-VLA's LIBERO row, issue 65): Emu3 (univla.py). The LM is
+# transformers' Emu3TextConfig defaults, Emu3-8B's text model: a 184622-id vocabulary (Qwen's
+# 151643 text ids, specials, and the 32768 visual tokens at the top), 4096 wide, 32 layers, 32
+# heads over 8 KV heads, SwiGLU 14336, RoPE theta 1e6, 9216 positions: ~8.5B parameters.
+EMU3_8B = LlamaConfig(
+    vocab_size=184622,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    rms_norm_eps=1e-5,
+    rope_theta=1e6,
+    max_positions=9216,
+)
+# The VQ tokenizer: Emu3VQVAEConfig's defaults (codebook 32768 x 4, channels 256 x (1, 2, 2, 4),
+# 2 residual blocks a level, attention at the last level, 4 frames in time: an 8-pixel code) at
+# the 200 px views UniVLA's LIBERO evaluation feeds it (model_wrapper_emu.py: agent and wrist
+# views resized to 200 x 200): 25 x 25 codes a view. The ids below are Emu3's tokenizer layout
+# as derived (visual tokens from 151854, <|image start|> / end / token 151851..3, <|extra_200|>
+# / <|extra_201|> 151846 / 7, Qwen's "2" "5" "*" 17 20 9): a checkpoint's own vocabulary_map
+# gives the real ones when it loads; the shape (659 tokens a view) does not depend on them.
+UNIVLA_VQ = VQImageTokens(
+    VQConfig(image_size=200),
+    visual_start=151854,
+    head=(151851, 17, 20, 9, 17, 20, 151853),
+    eol=151846,
+    tail=(151847, 151852),
+)
+# Actions: a FAST code of a 10 x 7 chunk, FAST id f at LM id 151642 - f (UniVLA's
+# ``last_token_id``, pad 151643 - 1), ended by 151845, at most 80 tokens (model_wrapper_emu.py).
+# The FAST vocabulary is assumed to be the universal FAST+ tokenizer's 2048 ids (as pi0-FAST's);
+# the code length the cost model counts, 30, is assumed from the FAST paper's 30 to 60 tokens
+# for a one-second chunk (UniVLA's is 10 steps), not measured.
+UNIVLA_CODE = FastConfig(vocab_size=2048, max_tokens=80, end_id=151845, skip_tokens=184622 - 151643)
+UNIVLA_TOKENS = 30
+
+
+def univla() -> VLAConfig:
+    return VLAConfig(
+        name="univla",
+        family="autoregressive",
+        llm=EMU3_8B,
+        vision=(),
+        connector="vq",
+        vq=UNIVLA_VQ,
+        num_images=2,
+        action_dim=7,
+        chunk=10,
+        decode_tokens=UNIVLA_TOKENS,
+        fast=UNIVLA_CODE,
+        bos_id=151849,
+        notes="Emu3-8B LM over text, VQ image and FAST action tokens; 2 views of 25 x 25 codes "
+        f"(1318 tokens), ~{UNIVLA_TOKENS} FAST tokens per 10 x 7 chunk (at most 80)",
+    )
+
+
 # SmolVLA's prefix (LeRobot): images, then the text with no BOS, then the state token in an
 # attention block of its own through one Linear; image and text embeddings scaled by sqrt(d).
 SMOLVLA_LAYOUT = dict(
@@ -443,6 +501,44 @@ def tiny_pi0_fast() -> VLAConfig:
         action_dim=7,
         chunk=8,
         prefix_causal=False,
+        max_text_tokens=TINY_TEXT,
+        decode_tokens=14,
+        fast=FastConfig(vocab_size=512, max_tokens=32, end_id=EOS_ID),
+    )
+
+
+# tiny-univla: UniVLA's structure at tiny-pi0-fast's scale. A 32 px VQ of 8 x 8 codes (128
+# entries, channels 32 x (1, 2, 2)), two views of 79 tokens; its ids above the byte tokenizer's:
+# markers 259..275 (<|image start|>, "0".."9", "*", <|image token|>, end-of-row, end-of-frame,
+# <|image end|>), codes 276..403; FAST's 512 ids in the top half (as tiny-pi0-fast) ended by </s>.
+TINY_DIGITS = {str(i): 260 + i for i in range(10)} | {"*": 270}
+TINY_UNIVLA_VQ = VQImageTokens(
+    VQConfig(
+        image_size=32,
+        codebook_size=128,
+        base_channels=32,
+        channel_multiplier=(1, 2, 2),
+        num_res_blocks=1,
+        attn_resolutions=(2,),
+    ),
+    visual_start=276,
+    head=(259, *(TINY_DIGITS[c] for c in "8*8"), 271),
+    eol=272,
+    tail=(273, 274),
+)
+
+
+def tiny_univla() -> VLAConfig:
+    return VLAConfig(
+        name="tiny-univla",
+        family="autoregressive",
+        llm=_tiny_llm(),
+        vision=(),
+        connector="vq",
+        vq=TINY_UNIVLA_VQ,
+        num_images=2,
+        action_dim=7,
+        chunk=10,
         max_text_tokens=TINY_TEXT,
         decode_tokens=14,
         fast=FastConfig(vocab_size=512, max_tokens=32, end_id=EOS_ID),
@@ -780,6 +876,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "pi0": pi0,
     "pi05": pi05,
     "pi0-fast": pi0_fast,
+    "univla": univla,
     "smolvla": smolvla,
     "rdt-1b": rdt_1b,
     "tiny-openvla": tiny_openvla,
@@ -787,6 +884,7 @@ PRESETS: dict[str, Callable[[], VLAConfig]] = {
     "tiny-cogact": tiny_cogact,
     "tiny-pi0": tiny_pi0,
     "tiny-pi0-fast": tiny_pi0_fast,
+    "tiny-univla": tiny_univla,
     "tiny-smolvla": tiny_smolvla,
     "tiny-ar": mw_ar,
     "tiny-oft": mw_oft,

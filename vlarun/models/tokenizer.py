@@ -60,6 +60,12 @@ def llava_prompt(instruction: str, state=None) -> str:
     return f"USER: <image>\nWhat action should the robot take to {task}? ASSISTANT:"
 
 
+def univla_prompt(instruction: str, state=None) -> str:
+    """UniVLA's text: the instruction as given after BOS (its LIBERO evaluation,
+    ``model_wrapper_emu.py``: ``bos_token + prompt``)."""
+    return instruction
+
+
 # Prompt templates by the name a Policy records (the one its checkpoint was trained with); each
 # takes the instruction and the normalised state (which pi05's and pi0_fast's write into the
 # text).
@@ -69,6 +75,7 @@ PROMPTS = {
     "pi05": pi05_prompt,
     "pi0_fast": pi0_fast_prompt,
     "llava": llava_prompt,
+    "univla": univla_prompt,
 }
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlarun.models.dit_head import DenoiseFeatureCache, DenoiseStepHook
+from vlarun.models.emu3_vq import VQImageTokens, VQTokenizer
 from vlarun.models.fast_head import FastConfig, FastHead, pad_after_end
 from vlarun.models.fast_tokens import FastTokenizer
 from vlarun.models.flow_expert import FlowExpertConfig, FlowMatchingExpert
@@ -47,7 +48,8 @@ from vlarun.models.vit import FusedVisionBackbone, Projector, SingleVisionBackbo
 # "rdt": a language encoder and a vision tower feeding a cross-attending diffusion head
 # (RDT-1b); the cost model and the emulator read its shape, vlarun builds no executable one.
 FAMILIES = ("autoregressive", "parallel", "diffusion", "flow", "rdt")
-CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle", "none")  # none: rdt's head adapts
+# none: rdt's head adapts the features; vq: a VQ tokenizer's codes are LM tokens (UniVLA / Emu3)
+CONNECTORS = ("mlp", "fused-mlp", "linear", "pixel-shuffle", "none", "vq")
 # A static prefill pads the prefix to a multiple of this (VLA._static_prefill): one compiled
 # shape for every prompt length within the bucket, at most 15 padding tokens of work.
 PREFILL_BUCKET = 16
@@ -61,7 +63,8 @@ class VLAConfig:
     name: str
     family: str
     llm: LlamaConfig
-    vision: tuple[ViTConfig, ...]  # (dinov2, siglip) = fused OpenVLA backbone, or (siglip,)
+    # (dinov2, siglip) = fused OpenVLA backbone, or (siglip,); () with a VQ tokenizer (``vq``)
+    vision: tuple[ViTConfig, ...]
     connector: str = "fused-mlp"
     pixel_shuffle: int = 1  # SmolVLA folds s x s patches into one token
     num_images: int = 1
@@ -114,6 +117,9 @@ class VLAConfig:
     dit: DiTConfig | None = None
     flow: FlowExpertConfig | None = None
     rdt: RDTConfig | None = None
+    # UniVLA / Emu3 (univla.py): the vision is a VQ tokenizer whose codes, inside Emu3's image
+    # markers, are LM tokens the LM embeds with its own table (connector "vq", no towers).
+    vq: VQImageTokens | None = None
     notes: str = ""
 
     def __post_init__(self) -> None:
@@ -121,7 +127,11 @@ class VLAConfig:
             raise ValueError(f"unknown family {self.family!r}; choose from {FAMILIES}")
         if self.connector not in CONNECTORS:
             raise ValueError(f"unknown connector {self.connector!r}; choose from {CONNECTORS}")
-        if not 1 <= len(self.vision) <= 2:
+        if (self.connector == "vq") != (self.vq is not None):
+            raise ValueError("connector 'vq' and a vq tokenizer config go together")
+        if self.vq is not None:
+            self._check_vq()
+        elif not 1 <= len(self.vision) <= 2:
             raise ValueError("vision must hold one tower, or two (dinov2, siglip) to fuse")
         needed = {"parallel": "oft", "diffusion": "dit", "flow": "flow", "rdt": "rdt"}.get(
             self.family
@@ -135,17 +145,18 @@ class VLAConfig:
             raise ValueError("connector 'none' (the head adapts the image features) is rdt's alone")
         if self.rdt is not None:
             self._check_rdt()
-        g = self.vision[0].grid
-        if self.pixel_shuffle < 1 or g % self.pixel_shuffle:
-            raise ValueError(f"pixel_shuffle {self.pixel_shuffle} must divide the grid {g}")
-        if self.view_pool and len(self.view_pool) != self.num_images:
-            raise ValueError(
-                f"view_pool has {len(self.view_pool)} entries for {self.num_images} images"
-            )
-        side = g // self.pixel_shuffle
-        for pool in self.view_pool:
-            if pool < 1 or side % pool:
-                raise ValueError(f"view_pool {pool} must divide the token grid side {side}")
+        if self.vq is None:
+            g = self.vision[0].grid
+            if self.pixel_shuffle < 1 or g % self.pixel_shuffle:
+                raise ValueError(f"pixel_shuffle {self.pixel_shuffle} must divide the grid {g}")
+            if self.view_pool and len(self.view_pool) != self.num_images:
+                raise ValueError(
+                    f"view_pool has {len(self.view_pool)} entries for {self.num_images} images"
+                )
+            side = g // self.pixel_shuffle
+            for pool in self.view_pool:
+                if pool < 1 or side % pool:
+                    raise ValueError(f"view_pool {pool} must divide the token grid side {side}")
         if self.views and len(self.views) != self.num_images:
             raise ValueError(f"views {self.views} name {len(self.views)} of {self.num_images}")
         if self.proprio_dim < 0:
@@ -170,6 +181,18 @@ class VLAConfig:
             raise ValueError(
                 f"{self.name}: sequence of {self.max_sequence} tokens exceeds the LM context "
                 f"({self.llm.max_positions})"
+            )
+
+    def _check_vq(self) -> None:
+        if self.vision or self.pixel_shuffle != 1 or self.view_pool:
+            raise ValueError(
+                f"{self.name}: a VQ tokenizer's codes are the image tokens: no ViT towers, "
+                "pixel_shuffle or view_pool"
+            )
+        if self.vq.max_id >= self.llm.vocab_size:
+            raise ValueError(
+                f"{self.name}: image token id {self.vq.max_id} is outside the LM's "
+                f"{self.llm.vocab_size} ids"
             )
 
     def _check_rdt(self) -> None:
@@ -198,10 +221,12 @@ class VLAConfig:
 
     @property
     def image_size(self) -> int:
-        return self.vision[0].image_size
+        return self.vq.image_size if self.vq is not None else self.vision[0].image_size
 
     @property
     def tokens_per_image(self) -> int:
+        if self.vq is not None:  # the codes, an end-of-row id per row, Emu3's markers
+            return self.vq.tokens_per_image
         return self.vision[0].num_patches // self.pixel_shuffle**2
 
     @property
@@ -318,6 +343,8 @@ class PixelShuffleConnector(nn.Module):
 
 
 def build_connector(cfg: VLAConfig) -> nn.Module:
+    if cfg.connector == "vq":  # the codes are embedded by the LM's own table
+        return nn.Identity()
     vdim = sum(v.hidden_size for v in cfg.vision)
     if cfg.connector == "pixel-shuffle":
         return PixelShuffleConnector(cfg.vision_dim, cfg.llm.hidden_size, cfg.pixel_shuffle)
@@ -339,7 +366,9 @@ class VLA(nn.Module):
                 "info / predict / fleet, --emulate): vlarun builds no executable RDT policy"
             )
         self.cfg = cfg
-        if len(cfg.vision) == 2:
+        if cfg.vq is not None:
+            self.vision_backbone = VQTokenizer(cfg.vq.tokenizer)
+        elif len(cfg.vision) == 2:
             self.vision_backbone = FusedVisionBackbone(*cfg.vision)
         else:
             self.vision_backbone = SingleVisionBackbone(cfg.vision[0])
@@ -387,6 +416,8 @@ class VLA(nn.Module):
 
     def encode_images(self, images: Tensor) -> Tensor:
         """images (B, n_img, 3, H, W) or (B, 3, H, W) floats in [0, 1] -> (B, Nv, d_llm)."""
+        if self.cfg.vq is not None:
+            return self.embed_image_ids(self.image_ids(images))
         if images.ndim == 4:
             images = images[:, None]
         self._check_images(images)
@@ -398,6 +429,22 @@ class VLA(nn.Module):
         if all(p == 1 for p in pools):
             return tokens.reshape(b, n * tokens.shape[2], tokens.shape[3])
         return torch.cat([_pool_tokens(tokens[:, v], p) for v, p in enumerate(pools)], dim=1)
+
+    def image_ids(self, images: Tensor) -> Tensor:
+        """A VQ model's vision stage: images (B, n_img, 3, H, W) or (B, 3, H, W) in [0, 1] ->
+        LM ids (B, Nv): each view's codes inside Emu3's image markers (emu3_vq.py)."""
+        if self.cfg.vq is None:
+            raise ValueError(f"{self.cfg.name} has no VQ tokenizer: its images are features")
+        if images.ndim == 4:
+            images = images[:, None]
+        self._check_images(images)
+        b, n = images.shape[:2]
+        codes = self.vision_backbone(images.reshape(b * n, *images.shape[2:]).to(self.dtype))
+        return self.cfg.vq.lm_ids(codes).reshape(b, -1)  # (B, n * tokens_per_image)
+
+    def embed_image_ids(self, ids: Tensor) -> Tensor:
+        """(B, Nv) image LM ids -> (B, Nv, d): the prefill's first step for a VQ model."""
+        return self.language_model.embed(ids)
 
     def _check_images(self, images: Tensor) -> None:
         c = self.cfg

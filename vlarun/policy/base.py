@@ -32,7 +32,7 @@ import torch
 
 from vlarun.accel.base import FullRecompute
 from vlarun.accel.rtc import INPAINTER, RTCRequest
-from vlarun.models import lerobot, llava, static_step
+from vlarun.models import lerobot, llava, static_step, univla
 from vlarun.models.action_tokens import ProprioNorm
 from vlarun.models.checkpoint import load_vla, read_config, select_norm_stats
 from vlarun.models.device import resolve_device
@@ -153,6 +153,7 @@ class Policy:
         seed: int = 0,
         unnorm_key: str | None = None,
         action_bins: int | None = None,
+        action_tokens: int | None = None,
     ) -> Policy:
         """A policy by one name: a checkpoint directory, a shipped policy (``tiny-ar``,
         ``mt10p-oft``, ...), or a preset (random weights drawn from ``seed``), on ``device``
@@ -161,7 +162,8 @@ class Policy:
         ``torch.compile`` mode, empty for eager) compiles its static decode / Jacobi steps on
         first use (``static_step``); ``unnorm_key`` picks a checkpoint's action statistics;
         ``action_bins``: a LLaVA directory's action-bin mapping without ``action_bins.json``
-        (models/llava.py)."""
+        (models/llava.py); ``action_tokens``: an Emu3 (UniVLA) directory's end-of-action id
+        without ``action_tokens.json`` (models/univla.py)."""
         target = resolve_device(device)
         # Denoising steps are compiled on CUDA and in the CPU's ``fused`` mode; torch.compile's
         # own modes measured no faster on a CPU (mt10p-flow's expert: 0.30x; fused: 2.6x).
@@ -178,7 +180,9 @@ class Policy:
                 warnings.warn(f"{retired}; loading its preset, random weights", stacklevel=2)
             policy = cls.from_preset(str(name), seed, dtype)
         else:  # a directory that exists: its own error, if any, is the one to see
-            policy = cls.from_checkpoint(directory, unnorm_key, dtype, action_bins=action_bins)
+            policy = cls.from_checkpoint(
+                directory, unnorm_key, dtype, action_bins=action_bins, action_tokens=action_tokens
+            )
         if steps is not None:
             policy.model.steps = steps
         return policy.to(target)
@@ -201,10 +205,11 @@ class Policy:
         dtype: torch.dtype | None = None,
         *,
         action_bins: int | None = None,
+        action_tokens: int | None = None,
     ) -> Policy:
         config = read_config(directory)
-        if config.get("model_type") == "openvla":  # checked before gigabytes of weights load
-            require_tokenizer(directory)
+        if config.get("model_type") in ("openvla", "emu3"):  # before gigabytes of weights load
+            require_tokenizer(directory, config["model_type"])
         own = config.get("model_type") == "vlarun"
         if (
             own
@@ -216,7 +221,9 @@ class Policy:
                 "ids (saved beside its weights): copy tokenizer.json back from where the "
                 "checkpoint came from"
             )
-        model, stats = load_vla(directory, dtype, action_bins=action_bins)
+        model, stats = load_vla(
+            directory, dtype, action_bins=action_bins, action_tokens=action_tokens
+        )
         tok = load_tokenizer(directory, model.cfg.llm.vocab_size, model.cfg.bos_id)
         if lerobot.is_lerobot(config):  # its processors' statistics and conventions
             io = lerobot.read_io(directory, config, model.cfg)
@@ -245,7 +252,11 @@ class Policy:
         proprio = ProprioNorm.select(stats, unnorm_key) if model.cfg.proprio_dim else None
         resize = frame_resize(directory, model.cfg.image_size)
         calibration = load_calibration(directory)
-        prompt = "llava" if llava.is_llava(config) else "openvla"  # LLaVA-1.5's turn
+        prompt = "openvla"
+        if llava.is_llava(config):  # LLaVA-1.5's turn
+            prompt = "llava"
+        elif univla.is_emu3(config):  # the bare instruction
+            prompt = "univla"
         return cls(
             model,
             tok,
@@ -518,15 +529,23 @@ class Policy:
         return self.unnormalize(run.outputs["actions"][0]).astype(np.float32, copy=False)
 
 
-def require_tokenizer(directory: str | Path) -> None:
-    """An OpenVLA directory's ``tokenizer.json``, or one ValueError that says where to get it:
-    without it the prompt would be byte ids, not the Llama ids the checkpoint was trained on
+# Where each kind of checkpoint's tokenizer.json comes from, for the refusal's hint.
+_TOKENIZER_SOURCE = {
+    "openvla": "An OpenVLA checkpoint tokenizes its prompt with its Llama tokenizer: copy "
+    "tokenizer.json from the repository the weights came from (e.g. openvla/openvla-7b)",
+    "emu3": "An Emu3 (UniVLA) checkpoint tokenizes its prompt with Emu3's tokenizer: copy "
+    "tokenizer.json from the repository the weights came from",
+}
+
+
+def require_tokenizer(directory: str | Path, kind: str = "openvla") -> None:
+    """An OpenVLA or Emu3 directory's ``tokenizer.json``, or one ValueError that says where to
+    get it: without it the prompt would be byte ids, not the ids the checkpoint was trained on
     (only vlarun's own checkpoints and presets use the byte-level tokenizer)."""
     if not (Path(directory) / "tokenizer.json").exists():
         raise ValueError(
-            f"{directory}: no tokenizer.json. An OpenVLA checkpoint tokenizes its prompt with "
-            "its Llama tokenizer: copy tokenizer.json from the repository the weights came from "
-            "(e.g. openvla/openvla-7b) into this directory; vlarun never downloads"
+            f"{directory}: no tokenizer.json. {_TOKENIZER_SOURCE[kind]} into this directory; "
+            "vlarun never downloads"
         )
 
 

@@ -134,6 +134,10 @@ def _connector_flops(cfg: VLAConfig, tokens_in: int) -> int:
 
 def vision_cost(cfg: VLAConfig, w: Workload, vision_params: int) -> StageCost:
     images = w.batch * cfg.num_images
+    if cfg.vq is not None:  # a VQ tokenizer: convolutions, then ids (the LM embeds them)
+        flops, acts = cfg.vq.tokenizer.cost(images)
+        wb = vision_params * DTYPE_BYTES[w.dtype]
+        return StageCost(flops, wb, wb + acts * DTYPE_BYTES[w.dtype] + w.batch * cfg.num_visual * 8)
     flops = sum(v.flops(images) for v in cfg.vision)
     flops += _connector_flops(cfg, images * cfg.vision[0].num_patches)
     wb = vision_params * DTYPE_BYTES[w.dtype]
@@ -248,14 +252,20 @@ class _Runner:
 
     @torch.no_grad()
     def vision(self, pk: Packet) -> Packet:
+        if self.model.cfg.vq is not None:  # ids: 8 bytes a token on the wire, not d * 2
+            return Packet({"visual_ids": self.model.image_ids(pk["images"])})
         return Packet({"visual": self.model.encode_images(pk["images"])})
 
     def _prefill(self, pk: Packet) -> PrefillResult:
         ids = [row[:n].tolist() for row, n in zip(pk["text_ids"], pk["text_len"], strict=True)]
         state = pk["state"] if self.model.cfg.proprio_dim else None
-        prefix = self.model.build_prefix(pk["visual"], ids, state)
+        if "visual_ids" in pk.tensors:
+            visual = self.model.embed_image_ids(pk["visual_ids"])
+        else:
+            visual = pk["visual"]
+        prefix = self.model.build_prefix(visual, ids, state)
         if self.hooks is not None and self.hooks.tokens is not None:
-            return self.hooks.prefill(self.model, prefix, pk["images"], pk["visual"])
+            return self.hooks.prefill(self.model, prefix, pk["images"], visual)
         return self.model.prefill(prefix)
 
     @torch.no_grad()
@@ -417,6 +427,8 @@ def build_graph(
     # rdt's vision stage hands on the tower's own features (its head adapts them)
     width = cfg.vision_dim if cfg.connector == "none" else d
     visual = TensorSpec("visual", (b, cfg.num_visual, width), w.dtype)
+    if cfg.vq is not None:  # a VQ tokenizer hands on LM ids; the prefill embeds them
+        visual = TensorSpec("visual_ids", (b, cfg.num_visual), "int64")
     if cfg.proprio_dim:  # the proprio token enters with the prompt
         text = (*text, _graph_input(cfg, w, "state"))
     if hooks is not None and hooks.needs_images:  # a token policy sees the frame itself
