@@ -181,10 +181,10 @@ def test_one_key_on_many_connections_gets_one_share_on_one_edge(keys, request_):
 def test_a_keys_bookings_count_against_its_one_share(keys, request_):
     """Plans booked (``op: book``) from three connections of one key: two are held (its share),
     the third is not; a second key's booking is still held."""
-    from vlarun.runtime.records import PlanBooking
+    from vlarun.sched.bookings import Booking
 
     server, clients = keys
-    plan = PlanBooking.clamped(STAGES, 0.5, 5.0).pack()
+    plan = Booking(STAGES, 0.5, 5.0).to_wire()
     with EdgeServer(request_[0], server, ServerConfig(max_queued_per_robot=2)) as srv:
         socks = _connected(srv.address, clients["flood"], 3)
         socks += _connected(srv.address, clients["robot"], 1)

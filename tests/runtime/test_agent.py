@@ -258,7 +258,7 @@ class _Pinned(RobotAgent):
         where[names[0]] = where[names[-1]] = "robot"
         return Plan(
             text_tokens=text_tokens,
-            placement=where,
+            fixed=where,
             setting=self.cfg.setting,
             planner="pinned",
             link_mbps=self.link.bandwidth_mbps,

@@ -12,6 +12,7 @@ from vlarun.runtime.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.monitor import LinkMonitor
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
+from vlarun.sched.bookings import Booking
 
 INSECURE = Security(insecure=True)
 STAGES = ("vision", "prefill", "decode")
@@ -42,7 +43,7 @@ def test_a_listening_robot_hears_another_robots_booking_unasked(policy):
         try:
             assert b.listen(0.2) is None  # nobody active yet: nothing pushed
             t0 = time.monotonic()
-            a.book(STAGES, arrive_s=1.0, deadline_s=5.0)
+            a.book(Booking(STAGES, arrive=1.0, deadline=5.0))
             heard = None
             while heard is None and time.monotonic() < t0 + 3.0:
                 if _booked(b.listen(0.5)):
@@ -53,7 +54,7 @@ def test_a_listening_robot_hears_another_robots_booking_unasked(policy):
                 pushes += b.listen(0.1) is not None
             assert 2 <= pushes <= 6
             t0 = time.monotonic()
-            a.book(("vision",), arrive_s=1.0, deadline_s=5.0)  # a change: pushed at once
+            a.book(Booking(("vision",), arrive=1.0, deadline=5.0))  # a change: pushed at once
             newest = None
             while time.monotonic() < t0 + 1.0:
                 got = b.listen(0.05)
@@ -75,7 +76,7 @@ def test_the_link_monitor_keeps_the_newest_ledger(policy):
         a = _client(srv.address)
         try:
             time.sleep(0.1)  # the monitor's first health request: it listens from then
-            a.book(STAGES, arrive_s=1.0, deadline_s=5.0)
+            a.book(Booking(STAGES, arrive=1.0, deadline=5.0))
             t0 = time.monotonic()
             while not (_booked(mon.ledger) and mon.ledger_at > t0) and time.monotonic() < t0 + 3:
                 time.sleep(0.01)

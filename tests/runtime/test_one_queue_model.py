@@ -11,7 +11,8 @@ import pytest
 from vlarun.runtime.queues import Job, StageQueues
 from vlarun.runtime.server import robot_id
 from vlarun.runtime.worker_pool import Flight, Worker
-from vlarun.sched.queue_model import Booking, StageTimes, play
+from vlarun.sched.bookings import Booking
+from vlarun.sched.queue_model import StageTimes, play
 from vlarun.world.fleet import Arrival, SimEdge
 
 STAGES = ("vision", "prefill", "decode")

@@ -13,10 +13,10 @@ import torch
 from vlarun.runtime.agent import AgentConfig, RobotAgent
 from vlarun.runtime.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.costview import decide, edge_state, make_scheduler
-from vlarun.runtime.records import ScheduleSlot
 from vlarun.runtime.segments import segments
 from vlarun.runtime.server import EdgeServer, ServerConfig, robot_id
 from vlarun.runtime.transport import Security
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.link import Link
 from vlarun.stages.families import graph_inputs
 
@@ -77,12 +77,12 @@ def test_the_edge_returns_its_committed_schedule_across_two_robots(policy):
         health = clients[0].health(2.0)[0]
         for c in clients:
             c.close()
-    both = [s for s in seen if len({slot.robot for slot in s}) == 2]
+    both = [s for s in seen if len({slot.origin for slot in s}) == 2]
     assert both, "the schedule never held both robots' work"
     sched = max(both, key=len)
     for a, b in zip(sched, sched[1:], strict=False):  # one worker: slots follow one another
-        assert b.start_s >= a.end_s - 1e-9 and b.end_s >= b.start_s
-        assert b.deadline_s >= a.deadline_s - 1e-9 or a.start_s == 0.0  # EDF
+        assert b.start >= a.end - 1e-9 and b.end >= b.start
+        assert b.deadline >= a.deadline - 1e-9 or a.start == 0.0  # EDF
     assert {slot.stage for slot in sched} <= set(STAGES)
     assert len(replies) == 2 and all(isinstance(r.schedule, tuple) for r in replies)
     assert health["schedule"] == ()  # nothing left once both are answered
@@ -97,13 +97,13 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     idle = sched.score(link, 0.0, edge_state({}, []))
     other = robot_id(b"another robot")
     busy = [  # another robot's decode running for 300 ms, then its vision queued, due first
-        ScheduleSlot(robot=other, stage="decode", start_s=0.0, end_s=0.3, deadline_s=0.32),
-        ScheduleSlot(robot=other, stage="vision", start_s=0.3, end_s=0.35, deadline_s=0.4),
+        Slot(origin=other, stage="decode", start=0.0, end=0.3, deadline=0.32),
+        Slot(origin=other, stage="vision", start=0.3, end=0.35, deadline=0.4),
         # due after this request's deadline and not started: EDF serves this request first
-        ScheduleSlot(robot=other, stage="vision", start_s=0.35, end_s=5.0, deadline_s=9.0),
+        Slot(origin=other, stage="vision", start=0.35, end=5.0, deadline=9.0),
     ]
     state = edge_state({}, busy, age_s=0.0)
-    got = [(r.start, r.end, r.due) for r in state.reservations]
+    got = [(r.start, r.end, r.deadline) for r in state.reservations]
     assert np.allclose(got, [(0.0, 0.3, 0.32), (0.3, 0.35, 0.4), (0.35, 5.0, 9.0)])
     loaded = sched.score(link, 0.0, state)
     delay = loaded.latency[edge_only] - idle.latency[edge_only]
@@ -111,14 +111,14 @@ def test_a_robot_plans_its_edge_stages_after_other_robots_reservations(policy):
     assert loaded.latency[robot_only] == idle.latency[robot_only]  # the robot's own work
     # Work due after this request but already running when it arrives holds the edge (EDF
     # only orders what waits): 200 ms of it delay every edge plan by 200 ms.
-    running = [ScheduleSlot(robot=other, stage="vision", start_s=0.0, end_s=0.2, deadline_s=9.0)]
+    running = [Slot(origin=other, stage="vision", start=0.0, end=0.2, deadline=9.0)]
     held = sched.score(link, 0.0, edge_state({}, running, age_s=0.0))
     assert 0.19 <= held.latency[edge_only] - idle.latency[edge_only] <= 0.21
     # An older schedule: the running slot has 100 ms less left.
     aged = sched.score(link, 0.0, edge_state({}, busy, age_s=0.1))
     assert abs(loaded.latency[edge_only] - aged.latency[edge_only] - 0.1) < 1e-9
     # A schedule that fills the edge past the deadline: the plan keeps every stage home.
-    full = [ScheduleSlot(robot=other, stage="decode", start_s=0.0, end_s=10.0, deadline_s=0.1)]
+    full = [Slot(origin=other, stage="decode", start=0.0, end=10.0, deadline=0.1)]
     plan = decide(sched, link, {}, full, 0.0)
     assert set(plan.placement.values()) == {"robot"}
 
@@ -132,21 +132,21 @@ def test_a_booking_by_robot_a_is_in_robot_bs_quote_before_its_bytes_arrive(polic
         ping(srv.address, INSECURE, count=1, timeout_s=3.0)
         a, b = _client(srv.address), _client(srv.address)
         try:
-            a.book(STAGES, arrive_s=0.2, deadline_s=2.0)
+            a.book(Booking(STAGES, arrive=0.2, deadline=2.0))
             quote = []
             end = time.monotonic() + 2.0
             while not quote and time.monotonic() < end:  # the booking is one message ahead
                 quote = [s for s in b.health(2.0)[0]["schedule"] if s.booked]
             assert [s.stage for s in quote] == list(STAGES)
-            assert quote[0].start_s >= 0.15  # placed when A's bytes are due, not now
-            assert len({s.robot for s in quote}) == 1
+            assert quote[0].start >= 0.15  # placed when A's bytes are due, not now
+            assert len({s.origin for s in quote}) == 1
             state = edge_state({}, quote, age_s=0.0)
             assert len(state.reservations) == 3  # B's scheduler plans around A's booking
             inputs, meta = _inputs(policy, 0)
             a.run(STAGES, inputs, ("actions",), 5.0, 5.0, meta)
             after = b.health(2.0)[0]
             assert after["schedule"] == () and after["booked"] == 1  # claimed, not doubled
-            a.book(STAGES, arrive_s=0.0, deadline_s=0.05)  # never followed by its request
+            a.book(Booking(STAGES, arrive=0.0, deadline=0.05))  # never followed by its request
             time.sleep(0.1)
             assert b.health(2.0)[0]["schedule"] == ()  # expired with its deadline
         finally:
@@ -254,7 +254,6 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
     last request, with the stages and time it gave then; not a client that books its plans
     (it announces itself), an irregular one, or one overdue."""
     from vlarun.runtime.queues import Job, StageQueues
-    from vlarun.sched.queue_model import Booking
 
     q = StageQueues({s: () for s in STAGES}, max_batch=2)
     q.est_s = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}

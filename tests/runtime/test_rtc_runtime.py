@@ -2,7 +2,6 @@
 a stall is counted when the delay outlasts the queue, an aligned chunk resumes at the current
 tick, and the freeze travels with the request to whichever side runs the head."""
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from vlarun.runtime.planner import Plan
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
+from vlarun.sched.contract import ExecutionPlan
 from vlarun.stages.packet import PacketError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,24 +178,42 @@ def _prior(agent, queued: int, period_s: float = 0.05) -> Prior:
     return Prior(4, first.actions[h - queued :], model, period_s, None)
 
 
-def _plan(where: str, latency_s: float, sigma_s: float = 0.0) -> Plan:
-    placement = {"vision": where, "prefill": where, "denoise": where}
-    return Plan(
-        text_tokens=0,
-        placement=placement,
-        setting=AccelSetting(),
-        planner="test",
-        link_mbps=1.0,
-        predicted_s=latency_s,
-        sigma_s=sigma_s,
-    )
+def _plan(agent, where: str, latency_s: float, sigma_s: float = 0.0):
+    """The agent's ``plan`` for this test: a scheduler's plan at the identity setting (as the
+    agent's scheduler names it) whose contract predicts ``latency_s`` with spread ``sigma_s``."""
+
+    def plan(text_tokens: int) -> Plan:
+        cands = agent.scheduler(text_tokens).cands
+        contract = ExecutionPlan(
+            placement={"vision": where, "prefill": where, "denoise": where},
+            settings=cands.space.settings[cands.k0].as_dict(),
+            relative_success=None,
+            latency_s=latency_s,
+            residual_s=0.0,
+            energy_j=1.0,
+            actions_per_joule=1.0,
+            feasible=True,
+            slo_s=5.0,
+            stage_start={},
+            stage_end={},
+            sigma_s=sigma_s,
+        )
+        return Plan(
+            text_tokens=text_tokens,
+            setting=AccelSetting(),
+            planner="test",
+            link_mbps=1.0,
+            contract=contract,
+        )
+
+    return plan
 
 
 def test_d_comes_from_the_plans_p95_and_the_queued_actions_are_frozen(dit, monkeypatch):
     agent = RobotAgent(dit, AgentConfig(slo_s=5.0, strategy="device-only", rtc=True))
     prior = _prior(agent, queued=3)
-    plan = _plan("robot", 0.040, sigma_s=0.010)  # 40 ms + 1.645 x 10 ms: 1.13 periods -> 2
-    monkeypatch.setattr(agent, "plan", lambda n: dataclasses.replace(plan, text_tokens=n))
+    plan = _plan(agent, "robot", 0.040, sigma_s=0.010)  # 40 ms + 1.645 x 10 ms: 1.13 periods -> 2
+    monkeypatch.setattr(agent, "plan", plan)
     inf = agent.infer(_frame(dit), INSTRUCTION, prior=prior)
     assert inf.rtc_delay == 2 and inf.fallback is None
     np.testing.assert_array_equal(inf.model_actions[:2], prior.model[:2])
@@ -212,8 +230,7 @@ def test_d_follows_a_plan_change_within_one_request(dit, monkeypatch):
     agent = RobotAgent(dit, AgentConfig(slo_s=5.0, strategy="edge-only", rtc=True))
     agent.warmup(_frame(dit), INSTRUCTION)
     prior = _prior(agent, queued=3, period_s=0.001)
-    plan = _plan("edge", 0.0005)
-    monkeypatch.setattr(agent, "plan", lambda n: dataclasses.replace(plan, text_tokens=n))
+    monkeypatch.setattr(agent, "plan", _plan(agent, "edge", 0.0005))
     inf = agent.infer(_frame(dit), INSTRUCTION, prior=prior)
     assert inf.fallback == "link: edge down" and set(inf.ran.values()) == {"robot"}
     assert inf.rtc_delay == 3  # > the plan's 1: the local latency, clipped to the overlap

@@ -16,6 +16,7 @@ import zmq
 
 from vlarun.runtime.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_keys, load_keys
+from vlarun.sched.bookings import Booking
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 
 ray = pytest.importorskip("ray")
@@ -208,9 +209,9 @@ def test_the_front_reports_a_workers_flights_as_its_committed_schedule():
     w.flights[2] = Flight(b"soon", 8, [], ("decode",), "full", now, now + 0.2, None)
     slots = w.schedule()
     assert [s.stage for s in slots] == ["decode", "vision", "prefill", "decode"]  # EDF
-    assert slots[0].start_s == 0.0 and abs(slots[-1].end_s - 0.09) < 1e-9
+    assert slots[0].start == 0.0 and abs(slots[-1].end - 0.09) < 1e-9
     for a, b in zip(slots, slots[1:], strict=False):
-        assert abs(b.start_s - a.end_s) < 1e-12
+        assert abs(b.start - a.end) < 1e-12
 
 
 # Per-request stage times the booking script pins (s): a whole request takes 3 s, so B's
@@ -238,15 +239,15 @@ def _book_then_request(edge, secs, policy, held) -> tuple[set, set, str, int]:
     try:
         end = time.monotonic() + 3.0
         for robot, deadline_s, count in ((a, 5.0, 1), (a, 5.0, 2), (b, 5.5, 3)):
-            robot.book(STAGES, arrive_s=0.0, deadline_s=deadline_s)
+            robot.book(Booking(STAGES, arrive=0.0, deadline=deadline_s))
             # One at a time: two robots' messages reach the edge in either order, and behind
             # the front a booking is placed by the bookings before it.
             while held() < count and time.monotonic() < end:
                 time.sleep(0.005)
-        before = {s.robot for s in b.health(2.0)[0]["schedule"] if s.booked}
+        before = {s.origin for s in b.health(2.0)[0]["schedule"] if s.booked}
         with pytest.raises(RuntimeError) as refused:
             b.run(STAGES, inputs, ("actions",), 5.5, 5.5, {"batch": 1, "text_tokens": text})
-        after = {s.robot for s in b.health(2.0)[0]["schedule"] if s.booked}
+        after = {s.origin for s in b.health(2.0)[0]["schedule"] if s.booked}
         return before, after, str(refused.value), held()
     finally:
         a.close()

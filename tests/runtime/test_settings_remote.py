@@ -110,7 +110,7 @@ def test_a_stage_that_moves_starts_its_state_afresh_on_the_new_side(policies):
         placements = [{"vision": "robot", "prefill": p, "decode": "edge"} for p in prefill_at]
         plans = iter(placements)
         agent.plan = lambda n: Plan(
-            text_tokens=n, placement=next(plans), setting=st, planner="test", link_mbps=1.0
+            text_tokens=n, fixed=next(plans), setting=st, planner="test", link_mbps=1.0
         )  # the placements under test
         try:
             got = _run(agent, steps)

@@ -1,14 +1,16 @@
 """The predictor's recursion on hand-built DAGs, the link EWMA and the calibration terms."""
 
+import math
+
 import pytest
 
+from vlarun.sched.bookings import Slot
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork
 from vlarun.sched.link import Link
 from vlarun.sched.predictor import (
     Calibration,
     DeviceState,
-    Reservation,
     predict_placement,
 )
 
@@ -17,6 +19,11 @@ ROBOT = Device("r", "robot", "robot", 1.0, 1.0, 1.0, 1e9, 8, 2.0, 10.0, 1.0, 1.0
 EDGE = Device("e", "edge", "edge", 4.0, 4.0, 4.0, 1e9, 80, 20.0, 100.0, 1.0, 1.0, 0.0)
 DEVICES = {"robot": ROBOT, "edge": EDGE}
 MB = 1_000_000
+
+
+def _slot(stage: str, start: float, end: float) -> Slot:
+    """Another robot's slot on the edge, never due."""
+    return Slot(origin="other", stage=stage, start=start, end=end, deadline=math.inf)
 
 
 def work(name, seconds_on_robot, parents=(), in_bytes=0, out_bytes=0):
@@ -84,11 +91,11 @@ def test_availability_queue_and_reservations_delay_edge_stages():
         base + 0.7
     )
     # A reservation [3.2, 4) leaves no room for b's 0.5 s at 3.0; it starts at 4.
-    res = DeviceState(reservations=[Reservation("edge", "b", 3.2, 4.0)])
+    res = DeviceState(reservations=[_slot("b", 3.2, 4.0)])
     p = predict_placement(CHAIN, roles, DEVICES, LINK, state={"edge": res})
     assert {s.name: s.start for s in p.stages}["b"] == pytest.approx(4.0)
     # A reservation that ends before b is ready changes nothing.
-    early = DeviceState(reservations=[Reservation("edge", "x", 0.0, 2.9)])
+    early = DeviceState(reservations=[_slot("x", 0.0, 2.9)])
     assert predict_placement(CHAIN, roles, DEVICES, LINK, state={"edge": early}).latency_s == (
         pytest.approx(base)
     )

@@ -9,6 +9,7 @@ import pytest
 
 from vlarun.cli import main
 from vlarun.models.presets import get_preset
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
@@ -18,11 +19,9 @@ from vlarun.sched.predictor import (
     OUTPUT,
     Calibration,
     DeviceState,
-    Reservation,
     predict_placement,
 )
 from vlarun.sched.queue_model import (
-    Booking,
     EdgeQueue,
     Ledger,
     plan_bookings,
@@ -691,7 +690,13 @@ def test_a_slot_that_starts_about_when_the_request_arrives_costs_its_expected_wa
 
     def latency(offset_sd: float) -> float:
         start = arrive + offset_sd * sd
-        slot = Reservation("edge", "vision", start, start + hold, due=10 * sched.slo_s)
+        slot = Slot(
+            origin="other",
+            stage="vision",
+            start=start,
+            end=start + hold,
+            deadline=10 * sched.slo_s,
+        )
         return float(sched.score(link, 0.0, DeviceState(reservations=[slot])).latency[c])
 
     lat = {k: latency(k) for k in (-4.0, -1.0, 0.0, 1.0, 4.0)}
@@ -730,7 +735,7 @@ def test_a_plan_that_keeps_costing_less_than_predicted_is_predicted_so():
     assert again.energy_j == pytest.approx(2 / 3 * d.energy_j, rel=1e-6)
     # the same reading again: learnt against the model's own figure, the factor stays 2/3
     sched.observe(again, Outcome(stages=(), latency_s=d.latency_s, energy_j=2 / 3 * d.energy_j))
-    assert sched.cal.energy_factor(roles) == pytest.approx(2 / 3)
+    assert sched.cal.energy.factor(roles) == pytest.approx(2 / 3)
     now[0] += 0.9 * sched.cal.half_life_s  # in use: kept
     assert float(sched.score(link).energy[c]) == pytest.approx(2 / 3 * before, rel=1e-6)
     now[0] += 10 * sched.cal.half_life_s  # not run for ten half-lives: back to the model
@@ -775,7 +780,8 @@ def test_a_handoff_waits_out_the_edge_queue():
     ends = _local_times(sched, good)
     busy = DeviceState(
         reservations=[
-            Reservation("edge", s, 0.0, 5.0, due=0.5) for s in ("vision", "prefill", "decode")
+            Slot(origin="other", stage=s, start=0.0, end=5.0, deadline=0.5)
+            for s in ("vision", "prefill", "decode")
         ]
     )
     assert sched.handoff(None, 1, ends[0], good, busy) is None
@@ -840,17 +846,17 @@ def test_a_wrong_edge_power_is_learnt_from_a_plan_that_ran_and_reprices_plans_th
             modelled_by_device={"robot": 3.0, "edge": 7.0},
         ),
     )
-    assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)
-    assert sched.cal.power_factor("robot") == pytest.approx(1.0)
+    assert sched.cal.energy.power_factor("edge") == pytest.approx(1 / 7)
+    assert sched.cal.energy.power_factor("robot") == pytest.approx(1.0)
     after = sched.score(link)
     r, e = before.by_device[edge_only]
     assert after.energy[edge_only] == pytest.approx(r + e / 7, rel=1e-9)  # never run, repriced
     assert after.energy[robot_only] == pytest.approx(before.energy[robot_only], rel=1e-9)
-    assert sched.cal.energy_factor(tuple(d.placement.values())) == pytest.approx(1.0)
+    assert sched.cal.energy.factor(tuple(d.placement.values())) == pytest.approx(1.0)
     assert sched.decide(link).power_unmetered == ()
     # A meter that reads nothing (no per-device figures) teaches no power.
     sched.observe(d, Outcome(stages=(), latency_s=d.latency_s, energy_j=d.energy_j))
-    assert sched.cal.power_factor("edge") == pytest.approx(1 / 7)
+    assert sched.cal.energy.power_factor("edge") == pytest.approx(1 / 7)
 
 
 def test_a_plan_more_likely_late_than_on_time_books_nothing():

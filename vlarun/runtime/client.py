@@ -17,15 +17,14 @@ import torch
 import zmq
 
 from vlarun.runtime.records import (
-    PlanBooking,
     RecordError,
-    ScheduleSlot,
     StageTiming,
     number,
     parse_schedule,
     parse_timings,
 )
 from vlarun.runtime.transport import RefusalWatch, Security, dealer_socket
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages import wire
 from vlarun.stages.graph import TensorSpec
 from vlarun.stages.packet import DTYPES, Limits, Packet
@@ -51,7 +50,7 @@ class Reply:
     wall_s: float
     sent_bytes: int
     recv_bytes: int
-    schedule: tuple[ScheduleSlot, ...] = ()  # the edge's committed schedule at the reply
+    schedule: tuple[Slot, ...] = ()  # the edge's committed schedule at the reply
     late: bool = False  # set by the agent: arrived too late for the request to finish in time
     arrived_s: float = 0.0  # time.perf_counter() when it reached the socket (before decoding)
 
@@ -187,7 +186,7 @@ class EdgeClient:
                 continue  # a corrupt reply is as good as none; keep waiting for a valid one
             return msg, sum(len(f) for f in frames), arrived
 
-    def listen(self, timeout_s: float) -> tuple[ScheduleSlot, ...] | None:
+    def listen(self, timeout_s: float) -> tuple[Slot, ...] | None:
         """Wait up to ``timeout_s`` for what the edge pushes unasked (its ledger, while
         robots are active): the newest schedule that came (checked as a health answer's), or
         None. Anything else that arrives (a late answer to an abandoned request) is dropped,
@@ -219,12 +218,12 @@ class EdgeClient:
         msg, _, _ = self._await(rid, timeout_s)
         return check_health(msg.meta), time.perf_counter() - t0
 
-    def book(self, stages: tuple[str, ...], arrive_s: float, deadline_s: float) -> None:
-        """Announce a plan's edge stages the moment it is chosen: they arrive in ``arrive_s``
-        and are due in ``deadline_s`` (seconds from now). Not waited for (the small answer is
+    def book(self, booking: Booking) -> None:
+        """Announce an edge segment of a plan the moment it is chosen: its stages arrive in
+        ``booking.arrive`` and are due in ``booking.deadline`` (seconds from now; sent held to
+        what the edge accepts, ``Booking.to_wire``). Not waited for (the small answer is
         dropped by the next ``_await``): booking must not cost the request time."""
-        booking = PlanBooking.clamped(stages, arrive_s, deadline_s)
-        self._send(wire.control("book", next(_ids), **booking.pack()))
+        self._send(wire.control("book", next(_ids), **booking.to_wire()))
 
     def probe(self, nbytes: int, timeout_s: float = 2.0) -> float:
         """Send ``nbytes`` of padding to the edge and wait for its small answer: seconds of

@@ -167,11 +167,11 @@ def prime(
 
 def edge_state(health: dict, schedule=None, age_s: float = 0.0) -> DeviceState:
     """The edge's load for a request made now: the edge's committed schedule (a sequence of
-    ``records.ScheduleSlot``, ``age_s`` old) as reservations with their deadlines, or else
-    its queue depth x measured stage times."""
+    ``bookings.Slot``, times from when it was sent, ``age_s`` ago) as reservations with their
+    deadlines, or else its queue depth x measured stage times."""
     if schedule:
         # Times relative to the request's start (now = 0): a slot ended by then is done.
-        return DeviceState(reservations=reservations(s.aged(age_s).slot() for s in schedule))
+        return DeviceState(reservations=reservations(s.since(age_s) for s in schedule))
     stage_ms = health.get("stage_ms", {}) or {}
     queue = health.get("queue", {}) or {}
     return DeviceState(queued_s={s: n * stage_ms.get(s, 0.0) * 1e-3 for s, n in queue.items()})

@@ -1,6 +1,6 @@
 """The edge's core: admission, bookings, the seen-robots table and health, for one edge and for
 a scale-out front alike. No socket and no wire bytes: the servers decode a request, hand the
-core a typed ``DataRequest`` (or a ``PlanBooking``), and turn its typed answer (``Admitted``,
+core a typed ``DataRequest`` (or a ``Booking``), and turn its typed answer (``Admitted``,
 a held booking, a ``Refused``) into frames. What runs the stages is the core's backend
 (``Backend``): the local worker (``runtime/local_worker.py``: this process's stage queues and
 worker thread) or the Ray workers behind a front (``runtime/worker_pool.py``). As vLLM keeps
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.records import PlanBooking, ScheduleSlot, StageTiming, pack_schedule
+from vlarun.runtime.records import StageTiming, pack_schedule
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES
-from vlarun.sched.queue_model import Booking
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages.packet import Limits, PacketError
 
 # Robots (keys) remembered as recently active (batch window, dashboard) before the silent ones
@@ -171,7 +171,7 @@ class Backend(Protocol):
     def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
         """The request robot ``key`` booked has come: its booking leaves; whether one did."""
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         """The committed schedule a robot plans against (times in s from now)."""
 
     def health(self, now: float) -> dict:
@@ -340,13 +340,14 @@ class EdgeCore:
 
     # -- bookings ---------------------------------------------------------------------------------
 
-    def book(self, key: bytes, plan: PlanBooking, now: float) -> bool:
+    def book(self, key: bytes, sent: Booking, now: float) -> bool:
         """Robot ``key`` (its authenticated key, else its connection: ``DataRequest.holder``)
-        announces the edge stages it just planned: they enter the queue model at once, so every
-        robot quoted before the request itself lands sees them. False (nothing held) when the
-        edge holds all it can or the robot holds its share."""
+        announces the edge stages it just planned (``sent``: times in s from now, as it came):
+        they enter the queue model at once, so every robot quoted before the request itself
+        lands sees them. False (nothing held) when the edge holds all it can or the robot
+        holds its share."""
         self.active_at = now
-        booking = Booking(plan.stages, now + plan.arrive_s, now + plan.deadline_s, key)
+        booking = Booking(sent.stages, now + sent.arrive, now + sent.deadline, key)
         held = self.backend.book(booking, now, self.cfg.max_queued_per_robot)
         self.records.count("booked" if held else "booking_refused")
         return held
@@ -404,7 +405,7 @@ class EdgeCore:
 
     # -- health -----------------------------------------------------------------------------------
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         """The committed schedule robots plan against (``costview.edge_state``): the backend's
         forecast over running, queued and booked work, in the order it would run."""
         return self.backend.schedule(limit)

@@ -105,6 +105,11 @@ def run_loop(
             time.sleep(max(next_tick - time.perf_counter(), 0.0))
     wall = time.perf_counter() - t_start
     queue.join()
+    return _outcome(queue, seed, success, steps, wall)
+
+
+def _outcome(queue: ChunkQueue, seed: int, success: bool, steps: int, wall: float) -> dict:
+    """An episode's outcome (``run_loop``'s return) from its finished chunk queue."""
     return {
         "seed": seed,
         "success": success,

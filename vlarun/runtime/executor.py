@@ -99,7 +99,7 @@ class Executor:
             return
         for b in plan.bookings:
             try:
-                self.client.book(b.stages, b.arrive, b.deadline)
+                self.client.book(b)
             except LinkDown:
                 return  # the request will find the link down too, and run here
 

@@ -43,7 +43,7 @@ class Learner:
         # Reading, decoding and checking an answer once it is on the socket: a slow peak,
         # decaying 10% per answer (16 agents sharing a core's GIL took up to 37 ms for it).
         self.answer_s = 0.0
-        # (when, the edge's schedule then: ``records.ScheduleSlot``s) from the last reply
+        # (when, the edge's schedule then: ``bookings.Slot``s) from the last reply
         self._schedule: tuple[float, tuple] = (0.0, ())
 
     # -- the link ---------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.edge_core import EdgeRecords, Quote, ServerConfig, robot_id
 from vlarun.runtime.emulate import StageEmulator
 from vlarun.runtime.queues import Job, Running, StageQueues
-from vlarun.runtime.records import ScheduleSlot, StageTiming
+from vlarun.runtime.records import StageTiming
 from vlarun.runtime.segments import Request, batch_dim
-from vlarun.sched.queue_model import Booking
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages.families import Workload, build_graph
 from vlarun.stages.packet import Packet, PacketError
 
@@ -94,14 +94,14 @@ class LocalWorker:
     def claim(self, key: bytes, stages: tuple[str, ...], now: float) -> bool:
         return self.queues.claim(key, stages, now)
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         """The committed schedule (``StageQueues.forecast``): the batch running now, then every
         queued and booked request's remaining stages in the order the worker's EDF rule would
         run them, at their measured per-request times; each entry names the robot, the stage,
         the deadline it must meet and whether it is only booked so far."""
         now = time.monotonic()
         slots = self.queues.forecast(now, self.busy_until, self.running, robot_id, limit=limit)
-        return [ScheduleSlot.of(s, now) for s in slots]
+        return [s.since(now) for s in slots]
 
     def health(self, now: float) -> dict:
         return {

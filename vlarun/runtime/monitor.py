@@ -72,7 +72,7 @@ class LinkMonitor:
         self.health_at = 0.0  # monotonic time the last health reply came
         # The ledger the edge pushes between health answers (while robots are active: within
         # 20 ms of a change, every 0.25 s otherwise): the committed schedule, and when it came.
-        self.ledger: tuple = ()  # records.ScheduleSlot
+        self.ledger: tuple = ()  # bookings.Slot
         self.ledger_at = 0.0
         self.rtts: list[float] = []  # new RTT samples (s), taken by the agent
         # A robot that runs everything locally sends nothing, so its bandwidth estimate would

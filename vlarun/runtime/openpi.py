@@ -348,6 +348,23 @@ class Busy(Exception):
     answered at once with close code 1013 (try again later)."""
 
 
+def server_metadata(policy, layout: ObservationLayout) -> dict:
+    """The first frame each client receives unless the server is given its own: what is
+    served, and the inputs it expects (``expected_inputs``)."""
+    cfg = policy.model.cfg
+    return {
+        "server": "vlarun",
+        "policy": cfg.name,
+        "family": cfg.family,
+        "action_horizon": cfg.horizon,
+        "action_dim": policy.action_size,
+        "image_keys": list(layout.image_keys),
+        "state_key": layout.state_key,
+        "prompt_key": layout.prompt_key,
+        **expected_inputs(policy, layout),
+    }
+
+
 class OpenpiPolicyServer:
     """Serves ``policy`` (a vlarun Policy) over openpi's protocol; see the module docstring.
 
@@ -378,22 +395,7 @@ class OpenpiPolicyServer:
         share = self.limits.max_connections // len(keys) if keys else 0
         self.per_key = self.limits.max_connections_per_key or max(share, 1)
         self.by_key: dict[int, int] = {}  # key index -> open connections authenticated by it
-        cfg = policy.model.cfg
-        self.metadata = (
-            metadata
-            if metadata is not None
-            else {
-                "server": "vlarun",
-                "policy": cfg.name,
-                "family": cfg.family,
-                "action_horizon": cfg.horizon,
-                "action_dim": policy.action_size,
-                "image_keys": list(layout.image_keys),
-                "state_key": layout.state_key,
-                "prompt_key": layout.prompt_key,
-                **expected_inputs(policy, layout),
-            }
-        )
+        self.metadata = metadata if metadata is not None else server_metadata(policy, layout)
         # The model runs on the edge's worker thread; requests wait for it on the event loop.
         cfg_edge = ServerConfig(
             f"inproc://vlarun-openpi-{id(self)}", max_batch, batch_window_s, admission=False

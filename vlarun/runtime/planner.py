@@ -16,9 +16,9 @@ Every planner owns one scheduler per prompt length, whose calibration is the one
 each stage's time here: every executed request teaches it (``learn``), and ``robot_s`` reads
 it back in this host's seconds for the executor (how long the robot stages after an edge
 segment take) and the real-time chunk's freeze. With the edge down every planner's plan is
-the robot-only one at the configured setting ("edge down"). A plan carries what its planner
-predicted (``predicted_s`` ...; None where nothing was predicted) and, from the scheduler, the
-contract plan its outcome teaches.
+the robot-only one at the configured setting ("edge down"). A scheduler's plan holds the
+contract plan (``ExecutionPlan``: placement and predictions, what its outcome teaches); a plan
+no scheduler made holds its placement alone, and predicts nothing (``predicted_s`` ... None).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime import costview
+from vlarun.sched.bookings import Booking
 from vlarun.sched.contract import ExecutionPlan, Outcome
 from vlarun.sched.link import Link
-from vlarun.sched.queue_model import Booking, plan_bookings
+from vlarun.sched.queue_model import plan_bookings
 from vlarun.sched.scheduler import Handoff, Scheduler
 from vlarun.sched.strategy import SCHEDULED, canonical, fixed_roles
 
@@ -37,7 +38,7 @@ from vlarun.sched.strategy import SCHEDULED, canonical, fixed_roles
 @dataclass(frozen=True)
 class EdgeView:
     """The edge as the robot knows it when it plans: up or not, its last health reply, and
-    its committed schedule (``records.ScheduleSlot``s, ``age_s`` old; None: never heard)."""
+    its committed schedule (``bookings.Slot``s, ``age_s`` old; None: never heard)."""
 
     up: bool
     health: dict
@@ -47,19 +48,46 @@ class EdgeView:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What one request will run where, under which setting, and what was predicted for it."""
+    """What one request will run where, under which setting, as the robot runs it: the
+    scheduler's ``contract`` (placement, predictions; what the outcome teaches) or, for a plan
+    no scheduler made (a fixed strategy's, edge down), its ``fixed`` placement, and beside
+    either what only the robot needs. Invariant: exactly one of ``contract`` and ``fixed``."""
 
     text_tokens: int  # the prompt's length (which scheduler planned it)
-    placement: dict[str, str]
-    setting: AccelSetting
+    setting: AccelSetting  # what runs: the contract's settings as this robot runs them
     planner: str  # the strategy that chose it; "edge down" when the edge was
     link_mbps: float  # the link's bandwidth estimate when it was chosen
-    predicted_s: float | None = None  # end-to-end latency, None: not predicted
-    sigma_s: float | None = None  # its learned spread (0: never measured)
-    predicted_j: float | None = None
-    explored: bool = False  # a never-run plan tried by bounded exploration
-    bookings: tuple[Booking, ...] = ()
-    contract: ExecutionPlan | None = None  # the scheduler's plan, which the outcome teaches
+    contract: ExecutionPlan | None = None
+    fixed: dict[str, str] | None = None  # stage -> role, when no scheduler planned it
+    bookings: tuple[Booking, ...] = ()  # the contract's edge segments, announced to the edge
+
+    def __post_init__(self) -> None:
+        if (self.contract is None) == (self.fixed is None):
+            raise ValueError("a plan is a scheduler's contract or a fixed placement, one of them")
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Stage -> role (robot or edge)."""
+        return self.fixed if self.contract is None else self.contract.placement
+
+    @property
+    def predicted_s(self) -> float | None:
+        """End-to-end latency (None: not predicted)."""
+        return None if self.contract is None else self.contract.latency_s
+
+    @property
+    def sigma_s(self) -> float | None:
+        """The latency's learned spread (0: never measured; None: not predicted)."""
+        return None if self.contract is None else self.contract.sigma_s
+
+    @property
+    def predicted_j(self) -> float | None:
+        return None if self.contract is None else self.contract.energy_j
+
+    @property
+    def explored(self) -> bool:
+        """A never-run plan tried by bounded exploration."""
+        return self.contract is not None and self.contract.explored
 
 
 class Planner:
@@ -121,7 +149,7 @@ class Planner:
         if not edge.up:
             return Plan(
                 text_tokens=text_tokens,
-                placement=dict.fromkeys(names, "robot"),
+                fixed=dict.fromkeys(names, "robot"),
                 setting=self.setting,
                 planner="edge down",
                 link_mbps=link.bandwidth_mbps,
@@ -133,7 +161,7 @@ class Planner:
         placement = dict(zip((s.name for s in graph.stages), roles, strict=True))
         return Plan(
             text_tokens=text_tokens,
-            placement=placement,
+            fixed=placement,
             setting=self.setting,
             planner=self.strategy,
             link_mbps=link.bandwidth_mbps,
@@ -167,16 +195,11 @@ class ScheduledPlanner(Planner):
         setting = AccelSetting.from_knobs(d.settings, self.setting.token_method)
         return Plan(
             text_tokens=text_tokens,
-            placement=dict(d.placement),
             setting=setting,
             planner=self.strategy,
             link_mbps=link.bandwidth_mbps,
-            predicted_s=d.latency_s,
-            sigma_s=d.sigma_s,
-            predicted_j=d.energy_j,
-            explored=d.explored,
-            bookings=plan_bookings(d, self.slo_s),
             contract=d,
+            bookings=plan_bookings(d, self.slo_s),
         )
 
     def handoff(

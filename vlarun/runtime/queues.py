@@ -28,14 +28,13 @@ import torch
 
 from vlarun.runtime.records import StageTiming
 from vlarun.runtime.segments import batch_dim
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.queue_model import (
     MAX_BOOKINGS,
     THIS,
-    Booking,
     EdgeQueue,
     Ledger,
     Pending,
-    Slot,
     StageTimes,
     finish,
     play,

@@ -48,6 +48,7 @@ workers are started.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import queue
@@ -81,6 +82,17 @@ from vlarun.runtime.worker_pool import (  # noqa: F401 (dispatch_order: importab
 from vlarun.runtime.zap import EdgeAuth
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
+
+
+def disconnect(w: Worker) -> None:
+    """Close worker ``w``'s socket and its monitor (the front's I/O thread); it is down."""
+    if w.sock is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            w.sock.disable_monitor()
+        w.monitor.close(0)
+        w.sock.close(0)
+    w.sock = w.monitor = None
+    w.up = False
 
 
 class EdgeFront:
@@ -145,7 +157,10 @@ class EdgeFront:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> EdgeFront:
-        for target, name in ((self._io_loop, "front-io"), (self._supervise, "front-ray")):
+        supervisor = functools.partial(
+            supervise, self.workers, self.ctx, self._pipe, self.stop_event
+        )
+        for target, name in ((self._io_loop, "front-io"), (supervisor, "front-ray")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -156,7 +171,7 @@ class EdgeFront:
         for t in self._threads:
             t.join(timeout=5)
         for w in self.pool.workers:
-            self._disconnect(w)
+            disconnect(w)
         self.sock.close(0)
         self._pull.close(0)
         self.auth.stop()
@@ -174,7 +189,7 @@ class EdgeFront:
     # -- worker sockets (I/O thread) ---------------------------------------------------------------
 
     def _connect(self, w: Worker, hello: dict) -> None:
-        self._disconnect(w)
+        disconnect(w)
         if hello["public"] is None:  # a Unix socket in the front's private folder
             sec = Security(insecure=True)
         else:
@@ -187,15 +202,6 @@ class EdgeFront:
         for stage, ms in hello.get("stage_ms", {}).items():  # its warm-up measurement
             w.times.est_s[stage], w.times.est_at[stage] = ms * 1e-3, now
         w.up = True
-
-    def _disconnect(self, w: Worker) -> None:
-        if w.sock is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                w.sock.disable_monitor()
-            w.monitor.close(0)
-            w.sock.close(0)
-        w.sock = w.monitor = None
-        w.up = False
 
     # -- I/O thread --------------------------------------------------------------------------------
 
@@ -354,7 +360,7 @@ class EdgeFront:
         its deadline (the core's rule, counted as ``lost_refused`` when none can), or refuse
         it at once."""
         now = time.monotonic()
-        self._disconnect(w)
+        disconnect(w)
         self.records.count("worker_down")
         self.records.event(now, "worker-down", f"worker {w.index}")
         for f in self.pool.lost(w, now):
@@ -388,40 +394,43 @@ class EdgeFront:
                 self.records.count("worker_up")
                 self.records.event(time.monotonic(), "worker-up", f"worker {w.index}")
 
-    # -- supervisor thread (Ray calls) -------------------------------------------------------------
 
-    def _supervise(self) -> None:
-        """Watch every worker's lifetime through Ray; after a death, wait for Ray's restart
-        and hand the new incarnation's hello to the I/O thread. Deaths arrive as callbacks
-        of the lifetime calls' futures: nothing polls Ray while all workers live."""
-        push = self.ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(self._pipe)
-        deaths: queue.SimpleQueue[int] = queue.SimpleQueue()
+# -- supervisor thread (Ray calls) -------------------------------------------------------------
 
-        def watch(i: int) -> None:
-            self.workers.lifetime(i).future().add_done_callback(lambda _: deaths.put(i))
 
-        for i in range(len(self.workers.actors)):
-            watch(i)
-        restarting: set[int] = set()
-        try:
-            while not self.stop_event.is_set():
+def supervise(workers: RayWorkers, ctx, pipe: str, stop_event: threading.Event) -> None:
+    """The front's supervisor thread (Ray calls): watch every worker's lifetime through Ray;
+    after a death, wait for Ray's restart and hand the new incarnation's hello to the I/O
+    thread (over ``pipe``), until ``stop_event``. Deaths arrive as callbacks of the lifetime
+    calls' futures: nothing polls Ray while all workers live."""
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(pipe)
+    deaths: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def watch(i: int) -> None:
+        workers.lifetime(i).future().add_done_callback(lambda _: deaths.put(i))
+
+    for i in range(len(workers.actors)):
+        watch(i)
+    restarting: set[int] = set()
+    try:
+        while not stop_event.is_set():
+            try:
+                i = deaths.get(timeout=0.2 if restarting else 0.5)
+                push.send(msgpack.packb({"op": "down", "i": i}))
+                restarting.add(i)
+            except queue.Empty:
+                pass
+            for i in list(restarting):
                 try:
-                    i = deaths.get(timeout=0.2 if restarting else 0.5)
-                    push.send(msgpack.packb({"op": "down", "i": i}))
-                    restarting.add(i)
-                except queue.Empty:
-                    pass
-                for i in list(restarting):
-                    try:
-                        hello = self.workers.hello(i, 0.5)
-                    except Exception:  # still restarting (or gone): try again
-                        continue
-                    restarting.discard(i)
-                    watch(i)
-                    keep = ("endpoint", "public", "pid", "stage_ms")
-                    news = {"op": "up", "i": i, **{k: hello[k] for k in keep}}
-                    push.send(msgpack.packb(news, use_bin_type=True))
-        finally:
-            push.close(0)
+                    hello = workers.hello(i, 0.5)
+                except Exception:  # still restarting (or gone): try again
+                    continue
+                restarting.discard(i)
+                watch(i)
+                keep = ("endpoint", "public", "pid", "stage_ms")
+                news = {"op": "up", "i": i, **{k: hello[k] for k in keep}}
+                push.send(msgpack.packb(news, use_bin_type=True))
+    finally:
+        push.close(0)

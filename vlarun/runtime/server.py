@@ -43,9 +43,7 @@ from vlarun.runtime.edge_core import (  # noqa: F401 (importable from here, as t
 from vlarun.runtime.local_worker import LocalWorker
 from vlarun.runtime.queues import Job
 from vlarun.runtime.records import (
-    PlanBooking,
     RecordError,
-    ScheduleSlot,
     StageTiming,
     pack_schedule,
     pack_timings,
@@ -54,6 +52,7 @@ from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.transport import Security, peer_key, router_socket
 from vlarun.runtime.zap import EdgeAuth
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits, Packet, PacketError
 
@@ -159,7 +158,7 @@ class EdgeServer:
     def warmup(self, text_tokens: int = 12) -> None:
         self.worker.warmup(text_tokens)
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         return self.core.schedule(limit)
 
     def health(self) -> dict:
@@ -399,12 +398,12 @@ def control_reply(header: wire.Header, core: EdgeCore, key: bytes, now: float) -
         return wire.control("health", header.rid, **core.health())
     if op == "probe":  # bandwidth probe: the padding was read and is dropped unparsed
         return wire.control("probe", header.rid, ok=True)
-    if op == "book":  # a robot's plan, announced when chosen (``PlanBooking``)
+    if op == "book":  # a robot's plan, announced when chosen (``Booking``)
         try:
-            plan = PlanBooking.parse(header.meta, core.stages)
+            booking = Booking.from_wire(header.meta, core.stages)
         except RecordError as e:
             raise PacketError(f"bad booking: {e}") from None
-        return wire.control("book", header.rid, ok=core.book(key, plan, now))
+        return wire.control("book", header.rid, ok=core.book(key, booking, now))
     return wire.error(header.rid, f"unknown control op {op!r:.40}")
 
 

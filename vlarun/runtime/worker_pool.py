@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import zmq
 
 from vlarun.runtime.edge_core import Quote, ServerConfig, robot_id
-from vlarun.runtime.records import ScheduleSlot, StageTiming
+from vlarun.runtime.records import StageTiming
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.queue_model import (
     MAX_BOOKINGS,
     THIS,
-    Booking,
     EdgeQueue,
     Ledger,
     Pending,
@@ -130,11 +130,11 @@ class Worker:
             q.add(p)
         return q
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         """This worker's committed schedule as the front sees it (the contract of
         ``EdgeServer.schedule``): its flights and bookings played forward by its rule."""
         now = time.monotonic()
-        return [ScheduleSlot.of(s, now) for s in play(self.queue(now), limit)]
+        return [s.since(now) for s in play(self.queue(now), limit)]
 
     def finish(
         self,
@@ -263,7 +263,7 @@ class WorkerPool:
             ]
             return bool(mine) and self.workers[min(mine)[1]].ledger.claim(key, stages, now)
 
-    def schedule(self, limit: int = 64) -> list[ScheduleSlot]:
+    def schedule(self, limit: int = 64) -> list[Slot]:
         with self.lock:
             best = self.best()
             return best.schedule(limit) if best is not None else []

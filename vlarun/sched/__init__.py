@@ -6,7 +6,7 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   energy.py     power between idle and busy by utilisation; control-cycle energy per inference
   link.py       bandwidth (max filter, drop detection, timeout bound) and RTT
   predictor.py  start/end times over the DAG: availability, queues, reservations, residual;
-                EWMA calibration
+                calibration (latency) and its energy part
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
                 memory/dtype filter, accuracy floor
   contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)
@@ -19,6 +19,8 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
                 the mid-request handoff
   profile.py    `vlarun profile`: stage medians and every timed run on this machine
   meters.py     NVML, tegrastats, INA3221, RAPL readers
+  bookings.py   edge work ahead, as the queue model takes it (Booking) and gives it (Slot);
+                each to and from its wire map
   queue_model.py  the edge's one queue model (the worker's rule played forward): the edge's
                 forecast and admission, the scale-out front's dispatch, the fleet's edge
   records.py    run records (one dict per request) and their one summariser

@@ -56,7 +56,7 @@ class ExecutionPlan:
     held_to_fixed: bool = False
     energy_source: str = "modelled"
     # The learned realised / predicted energy of this kind of plan, already in ``energy_j``
-    # (``Calibration.energy_factor``; 1: never measured).
+    # (``EnergyCalibration.factor``; 1: never measured).
     energy_factor: float = 1.0
     # The model's energy of this plan per device before any learnt factor (``robot``, ``edge``;
     # ``energy_j`` is their sum with each device's power factor, times ``energy_factor``), and

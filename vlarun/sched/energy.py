@@ -106,7 +106,7 @@ def request_energy_by_device(
     with P(u) = idle + (busy - idle) * u. Time and power must belong to the same device: a
     stage timed on this CPU is priced with this CPU's powers (catalog ``this-cpu``), never
     with a GPU's. Each device's own meter reads its part, so a wrong power figure of one
-    device is learnt for that device (``Calibration.observe_power``), not for one kind of
+    device is learnt for that device (``EnergyCalibration.observe_power``), not for one kind of
     plan."""
     radio = radio or RadioPower()
     stages = list(stages)

@@ -99,7 +99,7 @@ class Feedback:
         # scheduler's account of the same execution is that device's power error.
         for device, metered in outcome.energy_by_device.items():
             modelled = outcome.modelled_by_device.get(device, 0.0)
-            cal.observe_power(device, modelled, metered)
+            cal.energy.observe_power(device, modelled, metered)
         roles = tuple(plan.placement[n] for n in self.cands.space.stages)
         cal.observe_on_time(roles, outcome.latency_s <= rule.deadline_s)
         # A link outage ("link: ...": the monitor had the edge down, or no reply came) is the
@@ -114,7 +114,7 @@ class Feedback:
             cal.observe_total(roles, plan.latency_s - plan.residual_s, outcome.latency_s)
             if outcome.energy_j is not None:
                 rule.net.learn_error(plan.energy_j, outcome.energy_j)
-                cal.observe_energy(roles, self._power_corrected(plan), outcome.energy_j)
+                cal.energy.observe(roles, self._power_corrected(plan), outcome.energy_j)
         self._watch(plan, outcome)
 
     def observe_stages(self, settings: dict | None, stages: Iterable[StageOutcome]) -> None:
@@ -165,7 +165,8 @@ class Feedback:
         its placement's factor (what that factor is learnt against)."""
         if not plan.energy_by_device:
             return plan.energy_j / plan.energy_factor
-        return sum(j * self.scorer.cal.power_factor(d) for d, j in plan.energy_by_device.items())
+        power = self.scorer.cal.energy.power_factor
+        return sum(j * power(d) for d, j in plan.energy_by_device.items())
 
     def _watch(self, plan: ExecutionPlan, outcome: Outcome) -> None:
         """A request that left the best fixed strategy: its realised actions/J (a fallback's

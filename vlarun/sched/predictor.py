@@ -13,8 +13,9 @@ a_d is when device d is next available, Q_d(v) the work already queued for stage
 r(pi) a residual learned online per placement. tau(w, v) = link latency of the packet on that
 edge; a graph input (camera frame, prompt) starts on the robot, and the actions must come back.
 
-``Calibration`` keeps the EWMA corrections that measurements feed back: a multiplicative factor
-per (stage, role), an additive overhead per cut boundary, and the residual per placement.
+``Calibration`` keeps the corrections that measurements feed back: a multiplicative factor
+per (stage, role), an additive overhead per cut boundary, and the residual per placement; its
+``energy`` part (``EnergyCalibration``) what the energy model misses per plan and per device.
 The same recursion, vectorised over thousands of candidate plans, is in ``scoring.py``.
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vlarun.sched.bookings import Slot
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork, roofline, stage_seconds
 from vlarun.sched.energy import (
@@ -169,10 +171,6 @@ class Calibration:
     setting_factor: dict[tuple[str, str, int], float] = field(default_factory=dict)
     boundary_s: dict[tuple[str, str], float] = field(default_factory=dict)
     residuals: dict[tuple[str, ...], ResidualStats] = field(default_factory=dict)
-    # placement -> (realised / predicted energy, evidence, when): what the energy model misses
-    # for a plan of that kind, e.g. an edge stage that keeps joining other robots' batches the
-    # schedule did not show (realised 106 J against 156 J predicted).
-    energy_factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
     # placement -> (share of its requests that met the deadline, evidence), over every
     # request planned with it, fallbacks included: a placement whose requests the edge keeps
     # refusing is late however well its model reads. What a plan is chosen by when none is
@@ -180,12 +178,6 @@ class Calibration:
     # The share has the residuals' memory (``max_count``): the last ~8 requests, so a placement
     # that stopped working (a bandwidth drop) loses its rank within a few of them.
     on_time: dict[tuple, tuple[float, float]] = field(default_factory=dict)
-    # device ("robot", "edge") -> (metered / modelled energy of the same executions, evidence):
-    # the device's power error, e.g. a 4090 that draws 6.9 J per inference where the catalog's
-    # 281 W says 43 J. Learnt from every plan that ran on the device and applied to every plan
-    # that uses it, run or not; it does not fade (a device's power does not drift back to
-    # the catalog's between requests).
-    power: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Stage and setting factors are the median of their last ``factor_window`` ratios, not an
     # EWMA: a stall (one execution 2-4x its usual time, 1-3% of them) moved an EWMA's factor by
     # +20-60% for the next several requests and pushed a punctual plan over the deadline; a
@@ -206,6 +198,12 @@ class Calibration:
     # Bumped whenever a stage or setting factor changes: what caches of factors key on
     # (``Scorer.factors``: a decision reads 2 x stages x settings of them).
     factor_version: int = 0
+    # What the energy model misses (energy per placement, power per device): its own part,
+    # on this calibration's clock, evidence cap and half-life.
+    energy: EnergyCalibration = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.energy = EnergyCalibration(self)
 
     def factor(self, stage: str, role: str, setting: int | None = None) -> float:
         """measured / model for ``stage`` on ``role``, under ``setting`` (a plan space's setting
@@ -385,20 +383,40 @@ class Calibration:
         time the placement runs, which its stale rank is what brings about."""
         return self.on_time.get(placement, (0.0, 0.0))
 
-    def energy_factor(self, placement: tuple[str, ...]) -> float:
+
+@dataclass
+class EnergyCalibration:
+    """What the energy model misses, learnt from measured energy (``Calibration.energy``):
+    per placement, the realised / predicted energy of that kind of plan (``factor``); per
+    device, its metered / modelled power (``power_factor``). Both start at 1: an uncalibrated
+    model is the catalog's. Kept apart from the latency corrections (nothing here moves a
+    plan's time), on their calibration's clock, evidence cap and half-life (``cal``, read at
+    each use: a calibration given another clock gives this part the same)."""
+
+    cal: Calibration = field(repr=False, compare=False)
+    # placement -> (realised / predicted energy, evidence, when): what the energy model misses
+    # for a plan of that kind, e.g. an edge stage that keeps joining other robots' batches the
+    # schedule did not show (realised 106 J against 156 J predicted).
+    factors: dict[tuple, tuple[float, float, float]] = field(default_factory=dict)
+    # device ("robot", "edge") -> (metered / modelled energy of the same executions, evidence):
+    # the device's power error, e.g. a 4090 that draws 6.9 J per inference where the catalog's
+    # 281 W says 43 J. Learnt from every plan that ran on the device and applied to every plan
+    # that uses it, run or not; it does not fade (a device's power does not drift back to
+    # the catalog's between requests).
+    power: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def factor(self, placement: tuple[str, ...]) -> float:
         """Realised / predicted energy of this kind of plan (1: never measured). A plan in
         use keeps it; one not run for over a half-life relaxes toward the model's figure
         with the residuals' half-life from then (a plan's energy does not drift between two
         of its requests the way a queue does, and decaying it between them kept it off)."""
-        f = self.energy_factors.get(placement)
+        f = self.factors.get(placement)
         if f is None:
             return 1.0
-        idle = max(self.clock() - f[2] - self.half_life_s, 0.0)
-        return 1.0 + (f[0] - 1.0) * 0.5 ** (idle / self.half_life_s)
+        idle = max(self.cal.clock() - f[2] - self.cal.half_life_s, 0.0)
+        return 1.0 + (f[0] - 1.0) * 0.5 ** (idle / self.cal.half_life_s)
 
-    def observe_energy(
-        self, placement: tuple[str, ...], predicted_j: float, measured_j: float
-    ) -> None:
+    def observe(self, placement: tuple[str, ...], predicted_j: float, measured_j: float) -> None:
         """A request that ran as planned: its energy against the model's (without the
         factor). Taken at once the first time, then averaged over at most ``max_count``
         (clipped to 1/4..4: one wild reading does not make a plan free or barred)."""
@@ -406,18 +424,18 @@ class Calibration:
             return
         ratio = min(max(measured_j / predicted_j, 0.25), 4.0)
         key = placement
-        old = self.energy_factors.get(key)
-        count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
-        now_f = ratio if old is None else self.energy_factor(placement)
+        old = self.factors.get(key)
+        count = 1.0 if old is None else min(old[1] + 1.0, self.cal.max_count)
+        now_f = ratio if old is None else self.factor(placement)
         f = now_f + (ratio - now_f) / count  # the mean of the readings while in use
-        self.energy_factors[key] = (f, count, self.clock())
+        self.factors[key] = (f, count, self.cal.clock())
 
     def power_factor(self, device: str) -> float:
         """Metered / modelled energy of ``device`` (1: no meter has read it yet)."""
         f = self.power.get(device)
         return 1.0 if f is None else f[0]
 
-    def power_metered(self, device: str) -> bool:
+    def metered(self, device: str) -> bool:
         return device in self.power
 
     def observe_power(self, device: str, modelled_j: float, metered_j: float) -> None:
@@ -429,7 +447,7 @@ class Calibration:
             return
         ratio = min(max(metered_j / modelled_j, 0.1), 10.0)
         old = self.power.get(device)
-        count = 1.0 if old is None else min(old[1] + 1.0, self.max_count)
+        count = 1.0 if old is None else min(old[1] + 1.0, self.cal.max_count)
         f = ratio if old is None else old[0] + (ratio - old[0]) / count
         self.power[device] = (f, count)
 
@@ -460,34 +478,22 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Edge occupancy: reservations and queues
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """A committed interval on a device: [start, end) seconds on the shared clock, for a stage
-    (one slot of the edge's forecast, ``queue_model.reservations``). ``due``: the deadline of
-    the work it holds (the edge serves earliest deadline first: work not yet started when a
-    request's stage is ready, and due after that request, runs after it)."""
-
-    device: str
-    stage: str
-    start: float
-    end: float
-    due: float = math.inf
+# Edge occupancy: reservations (the edge's forecast slots) and queues
 
 
 @dataclass
 class DeviceState:
     """What the predictor knows of a device's load: when it is next free, per-stage queued
-    work (seconds), reservations committed by earlier scheduling decisions, and the slowdown
-    other tenants cause (the edge reports its background utilisation rho; a stage sharing the
-    device by time-slicing takes 1 / (1 - rho) as long)."""
+    work (seconds), the slots of the edge's committed schedule (``queue_model.reservations``:
+    [start, end) on the scheduler's clock, and the deadline of the work each holds, since the
+    edge serves earliest deadline first), and the slowdown other tenants cause (the edge
+    reports its background utilisation rho; a stage sharing the device by time-slicing takes
+    1 / (1 - rho) as long)."""
 
     available_at: float = 0.0
     slowdown: float = 1.0
     queued_s: dict[str, float] = field(default_factory=dict)
-    reservations: list[Reservation] = field(default_factory=list)
+    reservations: list[Slot] = field(default_factory=list)
 
     def earliest_fit(self, ready: float, seconds: float) -> float:
         """First start >= ready such that [start, start + seconds) overlaps no reservation."""

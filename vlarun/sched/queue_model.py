@@ -14,11 +14,12 @@ per-worker estimate (``runtime.scaleout``) and the fleet simulator's edge (``wor
 so the three cannot disagree on how long a request waits.
 
 The one reservation mechanism lives here too. A robot that chose a plan announces its edge
-segments (``plan_bookings``); the edge holds them in its ``Ledger`` until their requests
-arrive (``Ledger.claim``) and plays them forward with what is queued; the forecast's slots,
-as ``reservations``, are the edge load the next plan is scored against. The runtime's edge
-(``runtime.queues``) and the fleet simulator's (``world.fleet.SimEdge``) both do exactly this,
-so the load a plan sees is never the scheduler's own bookkeeping of its earlier plans.
+segments (``plan_bookings``: ``bookings.Booking``s); the edge holds them in its ``Ledger``
+until their requests arrive (``Ledger.claim``) and plays them forward with what is queued;
+the forecast's slots (``bookings.Slot``s), as ``reservations``, are the edge load the next
+plan is scored against. The runtime's edge (``runtime.queues``) and the fleet simulator's
+(``world.fleet.SimEdge``) both do exactly this, so the load a plan sees is never the
+scheduler's own bookkeeping of its earlier plans.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.contract import ExecutionPlan
 from vlarun.sched.execution import segments
-from vlarun.sched.predictor import Reservation, on_time_probability
+from vlarun.sched.predictor import on_time_probability
 
 THIS = "(this request)"  # the name and key of the request admission asks about
 
@@ -86,19 +88,6 @@ class Pending:
     seconds: tuple[float, ...]
     booked: bool = False
     key: Hashable | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Slot:
-    """One stage of one request in the forecast: who, what, when it runs and when it is due
-    (monotonic seconds); ``booked``: announced, not arrived yet."""
-
-    origin: str
-    stage: str
-    start: float
-    end: float
-    deadline: float
-    booked: bool = False
 
 
 class EdgeQueue:
@@ -215,19 +204,6 @@ def finish(queue: EdgeQueue, key: Hashable) -> float | None:
 MAX_BOOKINGS = 256  # bookings an edge holds at once; more are refused (a few hundred bytes each)
 
 
-@dataclass(frozen=True)
-class Booking:
-    """One edge segment of a chosen plan, announced before its request arrives: ``stages``
-    reach the edge at ``arrive`` and are due at ``deadline``. In a robot's plan the times are
-    seconds from the request's start and ``origin`` is None; in an edge's ledger they are the
-    edge's clock and ``origin`` names the robot."""
-
-    stages: tuple[str, ...]
-    arrive: float
-    deadline: float
-    origin: Hashable | None = None
-
-
 def plan_bookings(plan: ExecutionPlan, slo_s: float, now: float = 0.0) -> tuple[Booking, ...]:
     """The plan's edge segments (maximal runs of edge stages, in the plan's stage order) as the
     edge should expect them: each arrives when the stage before it is predicted to end (the
@@ -316,13 +292,10 @@ class Ledger:
         return True
 
 
-def reservations(slots: Iterable[Slot], now: float = 0.0) -> list[Reservation]:
-    """The edge's forecast as the load a plan made at ``now`` is scored against: each slot not
-    ended by then, with its deadline (which work the new request's stage goes before, under
-    EDF, the scheduler decides from it). The one conversion: a robot's copy of the edge's
-    schedule and the fleet simulator's edge both pass through here."""
-    return [
-        Reservation("edge", s.stage, max(s.start, now), s.end, due=s.deadline)
-        for s in slots
-        if s.end > now
-    ]
+def reservations(slots: Iterable[Slot], now: float = 0.0) -> list[Slot]:
+    """The edge's forecast as the load a plan made at ``now`` is scored against
+    (``DeviceState.reservations``): each slot not ended by then, from ``now`` at the earliest,
+    with its deadline (which work the new request's stage goes before, under EDF, the
+    scheduler decides from it). The one conversion: a robot's copy of the edge's schedule and
+    the fleet simulator's edge both pass through here."""
+    return [replace(s, start=max(s.start, now)) for s in slots if s.end > now]

@@ -237,7 +237,7 @@ class Scorer:
                 # edge by now (the others' edge times are not used)
                 first, m = np.zeros(c_n), overlap & np.isfinite(arrive)
                 first[m] = on_time_probability(arrive[m], arrive_sd[m], r.start)
-                after = first * (r.due > now + self.slo_s)
+                after = first * (r.deadline > now + self.slo_s)
                 s_edge = np.where(overlap, after * s_edge + (1.0 - after) * r.end, s_edge)
                 weighed[i] |= overlap & on_edge
             # request_energy's edge term: power x calibrated busy time (not the slowed wall).
@@ -373,15 +373,15 @@ class Scorer:
         return self.cands.per_placement(self.cal.residual) if self.cal.residuals else 0.0
 
     def _power_factors(self) -> np.ndarray:
-        """(robot, edge) metered / modelled power (``Calibration.power_factor``)."""
-        return np.array([self.cal.power_factor(d) for d in ENERGY_DEVICES])
+        """(robot, edge) metered / modelled power (``EnergyCalibration.power_factor``)."""
+        return np.array([self.cal.energy.power_factor(d) for d in ENERGY_DEVICES])
 
     def _energy_factors(self) -> np.ndarray | float:
         """Each candidate's learned realised / predicted energy, by its placement (1.0 while
         nothing was measured)."""
-        if not self.cal.energy_factors:
+        if not self.cal.energy.factors:
             return 1.0
-        return self.cands.per_placement(self.cal.energy_factor)
+        return self.cands.per_placement(self.cal.energy.factor)
 
     def sigmas(self) -> np.ndarray | float:
         """Each candidate's learnt latency spread, by its placement (0 while unmeasured)."""

@@ -62,6 +62,7 @@ import numpy as np
 
 from vlarun.config import items, opt
 from vlarun.sched import strategy
+from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
@@ -72,11 +73,9 @@ from vlarun.sched.plans import IDENTITY, PlanSpace
 from vlarun.sched.predictor import Calibration, DeviceState
 from vlarun.sched.queue_model import (
     THIS,
-    Booking,
     EdgeQueue,
     Ledger,
     Pending,
-    Slot,
     StageTimes,
     finish,
     plan_bookings,
