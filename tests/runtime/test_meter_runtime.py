@@ -5,13 +5,13 @@ runs on a powercap-shaped directory whose counter a thread advances at a known p
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.sched import meters
 from vlarun.sched.meters import RaplMeter, WindowMeter, detect_meters, window_meter
 from vlarun.sched.records import summarise
 
@@ -19,30 +19,31 @@ WATTS = 40.0
 
 
 @pytest.fixture
-def rapl(tmp_path):
-    """intel-rapl:0 whose energy_uj grows at WATTS (wrapping at max_energy_range_uj)."""
+def rapl(tmp_path, monkeypatch):
+    """intel-rapl:0 whose energy_uj grows at WATTS (wrapping at max_energy_range_uj).
+
+    The counter is written at the moment it is read (each ``read_rapl`` first stores the value
+    for now, then reads the file as sysfs would be read): a thread advancing it every few ms
+    was starved for tens of ms on a busy machine, and the stale file then disagreed with the
+    agent's clock by more than the test's tolerance, as a real RAPL counter never does."""
     d = tmp_path / "intel-rapl:0"
     d.mkdir()
     (d / "name").write_text("package-0\n")
     wrap = 2**32
     (d / "max_energy_range_uj").write_text(f"{wrap}\n")
-    (d / "energy_uj").write_text(f"{wrap - 10**6}\n")  # wraps during the test
-    stop = threading.Event()
+    start, base = time.monotonic(), wrap - 10**6  # wraps during the test
+    real = meters.read_rapl
 
-    def advance() -> None:
-        start, base = time.monotonic(), wrap - 10**6
-        while not stop.is_set():
-            uj = int(base + (time.monotonic() - start) * WATTS * 1e6) % wrap
-            tmp = d / "energy_uj.tmp"
-            tmp.write_text(f"{uj}\n")
-            os.replace(tmp, d / "energy_uj")  # whole values only, as sysfs reads are
-            time.sleep(0.002)
+    def read_now(root):
+        uj = int(base + (time.monotonic() - start) * WATTS * 1e6) % wrap
+        tmp = d / "energy_uj.tmp"
+        tmp.write_text(f"{uj}\n")
+        os.replace(tmp, d / "energy_uj")  # whole values only, as sysfs reads are
+        return real(root)
 
-    t = threading.Thread(target=advance, daemon=True)
-    t.start()
-    yield tmp_path
-    stop.set()
-    t.join(2)
+    read_now(tmp_path)
+    monkeypatch.setattr(meters, "read_rapl", read_now)
+    return tmp_path
 
 
 def test_agent_reports_the_robot_energy_its_meter_read(policy, rapl):
