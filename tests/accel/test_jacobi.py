@@ -164,3 +164,32 @@ def test_jacobi_composes_with_a_token_policy(tiny_ar):
         assert torch.equal(got, want)
     s = jacobi.stats.summary()
     assert s["pruned"] + s["reused"] > 0  # the plan did act
+
+
+@pytest.mark.parametrize("name", ["tiny-univla", "mt10p-llava"])
+@torch.no_grad()
+def test_jacobi_is_exact_on_the_univla_and_llava_families(name):
+    """Issue 65, 3: Jacobi over the prefix cache is greedy, token for token, at batch 3 on
+    UniVLA's family (VQ image ids, FAST tokens; random weights) and on the trained LLaVA-VLA
+    shape (CLIP tower, 20 bin tokens)."""
+    from vlarun.paths import shipped_policies
+
+    if name.startswith("mt10p") and name not in shipped_policies():
+        pytest.skip(f"{name} is not shipped in this checkout")
+    policy = Policy.load(name)
+    model, cfg = policy.model, policy.model.cfg
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(3, cfg.num_images, 3, cfg.image_size, cfg.image_size, generator=gen)
+    ids = [policy.text_ids(p) for p in PROMPTS[:3]]
+    state = torch.zeros(3, cfg.proprio_dim) if cfg.proprio_dim else None
+
+    def prefill():
+        if cfg.vq is not None:  # UniVLA: the vision stage's output is image ids
+            visual = model.embed_image_ids(model.image_ids(images))
+        else:
+            visual = model.encode_images(images)
+        return model.prefill(model.build_prefix(visual, ids, state))
+
+    greedy = model.decode_tokens(prefill())
+    r = jacobi_decode(model, prefill(), JacobiConfig(init="repeat"))
+    assert torch.equal(r.tokens, greedy) and r.converged.all()
