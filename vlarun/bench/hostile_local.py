@@ -3,8 +3,11 @@ vlarun's own commands, each run as a fresh `vlarun` process that must refuse it 
 exit 2, before allocating what the file claims.
 
 Per input it reports the exit code, how many lines the process wrote to stderr (and the first),
-whether a traceback appeared, its wall time and its peak RSS (``ru_maxrss`` of exactly that
-child, from ``os.wait4``). The goal (issue 64): one line, exit 2, peak RSS < 500 MB, for:
+whether a traceback appeared, its wall time and its peak RSS: ``VmHWM`` of the process's own
+address space, written by the process at exit (``ru_maxrss`` will not do: Linux carries the
+high-water mark across exec, so a child of a 1.4 GB test runner reported 1.4 GB), and sampled
+every 20 ms as well in case it never reaches its exit. The goal (issue 64): one line, exit 2,
+peak RSS < 500 MB, for:
 
   * ``npy-liar``: a 228-byte .npy whose header claims 100000 x 100000 x 3 uint8 (27.9 GiB);
   * ``png-huge`` / ``png-bomb``: PNG headers claiming 12000 x 12000 and 20000 x 20000 pixels
@@ -133,26 +136,44 @@ def argv_for(name: str, root: Path, policy: str) -> list[str]:
     return [*act, str(_frame(root / "frame.npy")), "--policy", str(ckpt)]
 
 
+# Runs `vlarun ARGS` and, at exit, writes the process's own VmHWM (kB) to $VLARUN_PEAK_FILE.
+_CHILD = """
+import atexit, os, runpy, sys
+
+def _peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            open(os.environ["VLARUN_PEAK_FILE"], "w").write(line.split()[1])
+
+atexit.register(_peak)
+sys.argv = ["vlarun", *sys.argv[1:]]
+runpy.run_module("vlarun", run_name="__main__")
+"""
+
+
 def run_one(name: str, policy: str = "tiny-ar") -> dict:
     """One bad input against a fresh `vlarun` process: its exit, stderr and peak RSS."""
     with tempfile.TemporaryDirectory(prefix=f"vlarun-{name}-") as tmp:
         argv = argv_for(name, Path(tmp), policy)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        peak_file = Path(tmp) / "peak_kb"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "VLARUN_PEAK_FILE": str(peak_file)}
         err_path = Path(tmp) / "stderr"
         t0 = time.monotonic()
         with err_path.open("w") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "vlarun", *argv],
+                [sys.executable, "-c", _CHILD, *argv],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env=env,
             )
-            status, usage = _wait(proc, TIMEOUT_S)
+            status, sampled_kb = _wait(proc, TIMEOUT_S)
         seconds = time.monotonic() - t0
         stderr = err_path.read_text(errors="replace")
+        at_exit_kb = int(peak_file.read_text()) if peak_file.exists() else 0
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     code = os.waitstatus_to_exitcode(status) if status is not None else None
-    peak_mb = usage.ru_maxrss / 1024 if usage is not None else None  # Linux: KiB
+    peak_kb = max(at_exit_kb, sampled_kb)
+    peak_mb = peak_kb / 1024 if peak_kb else None
     one_line = code == 2 and len(lines) == 1 and "Traceback" not in stderr
     return {
         "attack": name,
@@ -168,20 +189,33 @@ def run_one(name: str, policy: str = "tiny-ar") -> dict:
     }
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float):
-    """(wait status, rusage) of exactly ``proc``; (None, None) if it outlived ``timeout_s``
-    (then it is killed: an input that runs that long is a failed refusal)."""
-    end = time.monotonic() + timeout_s
+def _hwm_kb(pid: int) -> int:
+    """The process's VmHWM in kB (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int]:
+    """(wait status, the largest VmHWM sampled) of ``proc``; status None if it outlived
+    ``timeout_s`` (then it is killed: an input that runs that long is a failed refusal)."""
+    end, peak = time.monotonic() + timeout_s, 0
     while time.monotonic() < end:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        peak = max(peak, _hwm_kb(proc.pid))
+        pid, status = os.waitpid(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, usage
-        time.sleep(0.05)
+            return status, peak
+        time.sleep(0.02)
     proc.kill()
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status = os.waitpid(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return None, usage
+    return None, peak
 
 
 def local_attack(name: str, policy: str) -> dict:
