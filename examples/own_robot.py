@@ -1,5 +1,5 @@
 """A robot loop of your own, driven by vlarun: an edge server on this machine, stand-in
-cameras and arm, one action per control tick (see vlarun/runtime/robot.py).
+cameras and arm, one action per control tick (see vlarun/runtime/robot/control.py).
 
   python examples/own_robot.py                          # the shipped mt10p-ar, a local edge
   python examples/own_robot.py --strategy edge-only     # every request on the edge
@@ -19,9 +19,9 @@ from collections import Counter
 import numpy as np
 
 from vlarun import Policy
-from vlarun.runtime import procs
-from vlarun.runtime.agent import STRATEGIES
-from vlarun.runtime.robot import Robot
+from vlarun.runtime.robot.agent import STRATEGIES
+from vlarun.runtime.robot.control import Robot
+from vlarun.runtime.testbed import procs
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--policy", default="mt10p-ar", help="checkpoint directory or shipped name")

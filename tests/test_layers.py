@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "vlarun"
 
 # Package (or top-level module) -> layer. Everything under vlarun/ must be listed.
-LAYERS: dict[str, int] = {
+LAYERS: dict[str, float] = {
     "vlarun": 0,  # the package's own __init__ (version only)
     "vlarun.config": 0,
     "vlarun.paths": 0,
@@ -30,7 +30,14 @@ LAYERS: dict[str, int] = {
     "vlarun.policy": 3,
     "vlarun.sched": 4,
     "vlarun.world": 5,  # what emulated devices really do: above the scheduler, never read by it
-    "vlarun.runtime": 6,
+    "vlarun.runtime": 6,  # what the rooms share: transport, protocol records, segments, emulation
+    # The runtime's rooms: the robot and the edge never import each other; the scale-out front
+    # and the openpi server hold an edge core; the testbed drives robots and edges.
+    "vlarun.runtime.robot": 6.1,
+    "vlarun.runtime.edge": 6.1,
+    "vlarun.runtime.scaleout": 6.2,
+    "vlarun.runtime.openpi": 6.2,
+    "vlarun.runtime.testbed": 6.3,
     "vlarun.sim": 7,
     "vlarun.bench": 8,  # benchmark programs
     "vlarun.parity": 8,
@@ -190,9 +197,11 @@ def test_no_empty_packages():
 
 def test_a_backward_import_is_caught():
     sources = package_sources()
-    sources["vlarun.models.vla"] += "\nfrom vlarun.runtime.agent import RobotAgent\n"
+    sources["vlarun.models.vla"] += "\nfrom vlarun.runtime.robot.agent import RobotAgent\n"
     problems = check(sources)
-    assert any("vlarun.models.vla (layer 1" in p and "vlarun.runtime.agent" in p for p in problems)
+    assert any(
+        "vlarun.models.vla (layer 1" in p and "vlarun.runtime.robot.agent" in p for p in problems
+    )
 
 
 @pytest.mark.parametrize(
@@ -234,5 +243,7 @@ def test_the_front_door_is_lazy_and_listed():
     top = sources["vlarun"]
     sources["vlarun"] = top + "\nfrom vlarun.policy.base import Policy\n"  # eager: points up
     assert any(p.startswith("vlarun (layer 0") for p in check(sources))
-    sources["vlarun"] = top.replace("vlarun.policy.base import", "vlarun.runtime.agent import")
-    assert "vlarun re-exports vlarun.runtime.agent, not in FRONT_DOOR" in check(sources)
+    sources["vlarun"] = top.replace(
+        "vlarun.policy.base import", "vlarun.runtime.robot.agent import"
+    )
+    assert "vlarun re-exports vlarun.runtime.robot.agent, not in FRONT_DOOR" in check(sources)

@@ -2,7 +2,7 @@
 
 ``vlarun.Policy`` (loaded on first use, so ``import vlarun`` stays light) is the one class that
 runs a model: ``Policy.load(name).predict(image, instruction, state=...)``. A robot loop of your
-own runs it through ``vlarun.runtime.robot.Robot`` (an edge server or none).
+own runs it through ``vlarun.runtime.robot.control.Robot`` (an edge server or none).
 """
 
 __version__ = "0.1.0"

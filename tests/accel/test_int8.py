@@ -227,7 +227,7 @@ def test_int8_is_a_setting_the_policy_takes(tiny_ar):
 
 def test_the_runtime_refuses_int8_rather_than_running_the_float_model():
     from vlarun.policy.setting import AccelSetting
-    from vlarun.runtime.agent import AgentConfig
+    from vlarun.runtime.robot.agent import AgentConfig
 
     with pytest.raises(ValueError, match="not run by the robot / edge runtime"):
         AgentConfig(setting=AccelSetting(weights="int8"))

@@ -7,8 +7,8 @@ import pytest
 
 from vlarun.bench import fleet_robots
 from vlarun.bench.fleet_robots import RobotFleet
-from vlarun.runtime.agent import AgentConfig
 from vlarun.runtime.emulate import merge_reports
+from vlarun.runtime.robot.agent import AgentConfig
 
 
 def test_a_robot_that_cannot_start_is_named_and_none_is_left_running():
@@ -68,7 +68,7 @@ def test_two_robot_processes_run_their_requests_against_one_edge():
     started on one clock), two requests each against an edge in this process; every row comes
     back, and each robot's peak RSS."""
     from vlarun.policy import Policy
-    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.edge.server import EdgeServer, ServerConfig
     from vlarun.runtime.transport import Security
 
     with EdgeServer(Policy.load("tiny-ar"), Security(insecure=True), ServerConfig()) as edge:

@@ -33,9 +33,9 @@ def test_the_projection_and_the_front_share_one_dispatch_rule():
     import inspect
 
     from vlarun.bench import scaleout as projection
-    from vlarun.runtime.edge_core import EdgeCore
-    from vlarun.runtime.scaleout import dispatch_order
-    from vlarun.runtime.worker_pool import WorkerPool
+    from vlarun.runtime.edge.core import EdgeCore
+    from vlarun.runtime.scaleout.front import dispatch_order
+    from vlarun.runtime.scaleout.worker_pool import WorkerPool
 
     assert dispatch_order({0: 1.0, 1: 0.5}, None, 2.0) == [1, 0]
     assert dispatch_order({0: 1.0, 1: 0.5}, 0, 2.0) == [0, 1]  # its stream's worker, in time
@@ -50,7 +50,7 @@ def test_the_projection_and_the_front_share_one_dispatch_rule():
 def test_admission_refuses_on_a_fresh_late_forecast_only():
     """The core's rule over quotes in dispatch order: up to the first fresh late one; a late
     forecast made of stale stage times is no reason to refuse."""
-    from vlarun.runtime.edge_core import Quote, admissible
+    from vlarun.runtime.edge.core import Quote, admissible
 
     early, stale_late, fresh_late = Quote(0, 0.5, True), Quote(1, 2.0, False), Quote(2, 3.0, True)
     assert admissible((early, stale_late, fresh_late), 1.0) == (early, stale_late)

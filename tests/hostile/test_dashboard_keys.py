@@ -10,8 +10,8 @@ import time
 import pytest
 
 from vlarun.policy import Policy
-from vlarun.runtime.dashboard import Dashboard
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.dashboard import Dashboard
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security, generate_keys, load_keys, read_secret
 
 

@@ -11,8 +11,8 @@ import zmq
 from vlarun.apps.runtime import ServeEdgeOptions
 from vlarun.cli import main
 from vlarun.policy import Policy
-from vlarun.runtime.client import ping
-from vlarun.runtime.server import EdgeServer
+from vlarun.runtime.edge.server import EdgeServer
+from vlarun.runtime.robot.client import ping
 from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_keys, load_keys
 
 

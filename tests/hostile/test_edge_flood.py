@@ -13,8 +13,8 @@ import time
 import zmq
 
 from vlarun.bench.hostile import _edge_packet, rss
-from vlarun.runtime import procs
-from vlarun.runtime.client import EdgeClient, ping, request_frames
+from vlarun.runtime.robot.client import EdgeClient, ping, request_frames
+from vlarun.runtime.testbed import procs
 from vlarun.runtime.transport import Security
 
 INSECURE = Security(insecure=True)

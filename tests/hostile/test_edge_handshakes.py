@@ -23,10 +23,10 @@ from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from vlarun.policy import Policy
-from vlarun.runtime.client import ping
-from vlarun.runtime.server import EdgeServer
+from vlarun.runtime.edge.server import EdgeServer
+from vlarun.runtime.edge.zap import ZAP_VERSION, Authorizer
+from vlarun.runtime.robot.client import ping
 from vlarun.runtime.transport import KeyPair, Security, generate_keys, load_keys
-from vlarun.runtime.zap import ZAP_VERSION, Authorizer
 
 FLOOD = 60
 SERVING = ("edge-io", "edge-worker")  # the edge's own threads, polling on a timer
@@ -147,7 +147,7 @@ def test_the_authorizer_answers_as_zap_says():
 def test_the_edge_waits_for_its_authorizer_before_it_listens(policy, keys, monkeypatch):
     """The ZAP endpoint is bound, and the authorizer connected, before the edge's socket
     binds: the first robot's handshake is checked like every later one."""
-    import vlarun.runtime.server as server_mod
+    import vlarun.runtime.edge.server as server_mod
 
     server, robot, public = keys
     order: list[str] = []

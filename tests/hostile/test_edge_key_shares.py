@@ -17,10 +17,10 @@ import torch
 import zmq
 
 from vlarun.policy import Policy
-from vlarun.runtime.client import EdgeClient
-from vlarun.runtime.edge_core import MAX_SEEN, RECENT_S, DataRequest, EdgeCore, EdgeRecords, Quote
+from vlarun.runtime.edge.core import MAX_SEEN, RECENT_S, DataRequest, EdgeCore, EdgeRecords, Quote
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.client import EdgeClient
 from vlarun.runtime.transport import KeyPair, Security, dealer_socket, generate_keys, load_keys
 from vlarun.stages import wire
 from vlarun.stages.families import graph_inputs
@@ -245,7 +245,7 @@ class _Workers:
 
 
 def test_one_key_on_many_connections_gets_one_share_behind_a_front(keys, request_):
-    from vlarun.runtime.scaleout import EdgeFront
+    from vlarun.runtime.scaleout.front import EdgeFront
 
     server, _ = keys
     front = EdgeFront(_Workers(request_[0], 1), server, _config()).start()
@@ -313,7 +313,7 @@ class _Backend:
 def test_the_per_key_state_is_bounded():
     """A key's connections past its limit are refused and not remembered; a stream of keys
     (or, without keys, of connections) is forgotten once silent, as the seen table always was."""
-    from vlarun.runtime.edge_core import Refused
+    from vlarun.runtime.edge.core import Refused
 
     core = EdgeCore(
         ServerConfig(max_identities_per_key=3),

@@ -15,8 +15,8 @@ import zmq
 from vlarun.apps.runtime import ServeEdgeOptions
 from vlarun.cli import build_parser, main, parse_into
 from vlarun.policy import Policy
-from vlarun.runtime.client import ping
-from vlarun.runtime.server import EdgeServer
+from vlarun.runtime.edge.server import EdgeServer
+from vlarun.runtime.robot.client import ping
 from vlarun.runtime.transport import Security
 
 INSECURE = Security(insecure=True)
@@ -103,9 +103,9 @@ def test_a_flooding_robot_gets_its_share_and_another_robot_is_still_served():
     and answered in time. (Without the share, the flood's admitted work fills the time
     before the shared deadline and the second robot is refused or answered too late.) The
     edge emulates OpenVLA-7B on an RTX 4090 at half speed: the flood cannot drain as it lands."""
-    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.edge.server import ServerConfig
     from vlarun.runtime.emulate import Emulation
-    from vlarun.runtime.server import ServerConfig
+    from vlarun.runtime.robot.client import EdgeClient
     from vlarun.stages import wire
     from vlarun.stages.families import graph_inputs
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from vlarun.policy import Policy
-from vlarun.runtime.client import EdgeClient, ping
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.client import EdgeClient, ping
 from vlarun.runtime.transport import Security
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 from vlarun.stages.packet import Packet

@@ -15,8 +15,8 @@ import torch
 import zmq
 
 from vlarun.policy import Policy
-from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.client import LinkDown
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
+from vlarun.runtime.robot.client import LinkDown
 from vlarun.runtime.transport import Security
 from vlarun.stages import wire
 from vlarun.stages.packet import Packet
@@ -140,7 +140,7 @@ def test_a_reply_larger_than_the_graph_allows_is_never_buffered():
     socket refuses any message part over what its graph can emit (ZeroMQ's MAXMSGSIZE: the
     connection is dropped, not the memory filled), and an answer to another request id is
     dropped on its header without building its tensors."""
-    from vlarun.runtime.client import EdgeClient, reply_limits
+    from vlarun.runtime.robot.client import EdgeClient, reply_limits
 
     policy = Policy.load("tiny-ar")
     limits = reply_limits(policy)

@@ -22,7 +22,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from vlarun.policy import Policy  # noqa: E402
 from vlarun.runtime import openpi  # noqa: E402
-from vlarun.runtime.server import MAX_SEEN  # noqa: E402
+from vlarun.runtime.edge.server import MAX_SEEN  # noqa: E402
 
 KEY = "hostile-key"
 OBS = {"image": np.zeros((128, 128, 3), np.uint8), "prompt": "open the drawer"}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vlarun.runtime import proctree
-from vlarun.runtime.proctree import is_loopback
+from vlarun.runtime.scaleout import proctree
+from vlarun.runtime.scaleout.proctree import is_loopback
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="Linux /proc")
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_is_loopback_for_the_ray_host_flag():
 # prints their pids; then waits to be killed.
 FRONT = r"""
 import subprocess, sys, time
-from vlarun.runtime.reaper import Reaper
+from vlarun.runtime.scaleout.reaper import Reaper
 mark, folder = sys.argv[1], sys.argv[2]
 reaper = Reaper(folder, mark, poll_s=0.1)
 sleeper = "import sys, time; time.sleep(float(sys.argv[1]))"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vlarun.runtime import proctree
-from vlarun.runtime.client import ping
+from vlarun.runtime.robot.client import ping
+from vlarun.runtime.scaleout import proctree
 from vlarun.runtime.transport import Security
 
 pytest.importorskip("ray")

@@ -12,7 +12,7 @@ import torch
 import zmq
 
 from vlarun.policy.base import Policy
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
 from vlarun.stages import wire
 from vlarun.stages.packet import Packet

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from vlarun.runtime import procs
-from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.chunks import ChunkQueue
-from vlarun.runtime.episode import run_episode
-from vlarun.runtime.planner import Plan
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
+from vlarun.runtime.robot.chunks import ChunkQueue
+from vlarun.runtime.robot.episode import run_episode
+from vlarun.runtime.robot.planner import Plan
+from vlarun.runtime.testbed import procs
 from vlarun.runtime.transport import Security
 from vlarun.stages.wire import Codec
 
@@ -78,7 +78,7 @@ def test_after_warmup_the_first_request_builds_nothing_inside_its_deadline(
     first request: built there they cost it ~60 ms (more under load), which the scheduler
     learned as its placement's residual and spread and so shunned that placement."""
     from vlarun.policy import base as policy_module
-    from vlarun.runtime import costview
+    from vlarun.runtime.robot import costview
 
     image = StubEnv(1).image
     cfg = AgentConfig(slo_s=2.0, strategy="vlarun")
@@ -185,7 +185,7 @@ def test_edge_killed_mid_episode_robot_finishes_locally_and_reconnects(policy):
 
 
 def test_a_timed_out_request_caps_the_bandwidth_estimate(policy):
-    from vlarun.runtime.client import LinkDown
+    from vlarun.runtime.robot.client import LinkDown
 
     agent = RobotAgent(policy, AgentConfig(bandwidth_mbps=500.0, rtt_ms=0.0))
     e = LinkDown("no reply")

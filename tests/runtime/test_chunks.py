@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from vlarun.runtime.chunks import ChunkQueue
+from vlarun.runtime.robot.chunks import ChunkQueue
 
 
 def _late_queue(horizon: int, tick_s: float, lead: bool = True):

@@ -14,9 +14,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.dashboard import Dashboard
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.dashboard import Dashboard
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.runtime.transport import Security
 
 INSECURE = Security(insecure=True)

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.runtime.transport import Security
 
 INSTRUCTION = "open the drawer"

@@ -4,7 +4,7 @@ them is the environment's business (MetaWorldEnv clips to its Box), not the loop
 import numpy as np
 import pytest
 
-from vlarun.runtime.episode import run_loop
+from vlarun.runtime.robot.episode import run_loop
 
 
 class RecordingEnv:

@@ -8,9 +8,9 @@ import time
 
 import zmq
 
-from vlarun.runtime.client import EdgeClient, LinkDown, ping
-from vlarun.runtime.monitor import LinkMonitor
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.client import EdgeClient, LinkDown, ping
+from vlarun.runtime.robot.monitor import LinkMonitor
 from vlarun.runtime.transport import Security
 from vlarun.sched.bookings import Booking
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlarun.runtime.episode import link_timeline
+from vlarun.runtime.robot.episode import link_timeline
 
 
 def _row(t: float, edge: bool, fallback: str | None = None, sent: float = 0.05) -> dict:
@@ -21,7 +21,7 @@ def _connected(client) -> None:
     """Wait until ``client`` has a connection (IMMEDIATE: a send fails until it is up)."""
     import time
 
-    from vlarun.runtime.client import LinkDown
+    from vlarun.runtime.robot.client import LinkDown
 
     for _ in range(50):
         try:
@@ -84,8 +84,8 @@ def test_a_transfer_longer_than_a_second_keeps_its_connection(server):
 
     import zmq
 
-    from vlarun.runtime import procs
-    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.robot.client import EdgeClient
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
 
     relay, via = procs.start_relay(server.address, 2.0)  # 400 kB: 1.6 s
@@ -111,8 +111,8 @@ def test_a_dropped_link_stays_capped_and_a_restored_one_shows_within_two_probes(
 
     import zmq
 
-    from vlarun.runtime import procs
-    from vlarun.runtime.monitor import LinkMonitor
+    from vlarun.runtime.robot.monitor import LinkMonitor
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
     from vlarun.sched.link import Link
 
@@ -155,8 +155,8 @@ def test_a_reset_socket_does_not_wait_behind_an_abandoned_request(server):
 
     import zmq
 
-    from vlarun.runtime import procs
-    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.robot.client import EdgeClient, LinkDown
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
 
     relay, via = procs.start_relay(server.address, 2.0)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from vlarun.runtime import loadgen
+from vlarun.runtime.testbed import loadgen
 from vlarun.stages import wire
 
 INSTRUCTION = "open the drawer"

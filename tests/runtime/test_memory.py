@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from vlarun.runtime import memory
+from vlarun.runtime.openpi import memory
 
 
 def _rss_mb() -> float:

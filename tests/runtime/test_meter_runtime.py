@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from vlarun.runtime.agent import AgentConfig, RobotAgent
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.sched import meters
 from vlarun.sched.meters import RaplMeter, WindowMeter, detect_meters, window_meter
 from vlarun.sched.records import summarise

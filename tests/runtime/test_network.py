@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from vlarun.runtime import netns, procs
+from vlarun.runtime.testbed import netns, procs
 
 SINK = textwrap.dedent(
     """
@@ -95,7 +95,7 @@ def test_threads_are_not_left_behind():
 def test_idle_probes_come_often_but_take_a_bounded_share_of_the_link():
     import zmq
 
-    from vlarun.runtime.monitor import LinkMonitor
+    from vlarun.runtime.robot.monitor import LinkMonitor
     from vlarun.runtime.transport import Security
 
     mon = LinkMonitor("tcp://127.0.0.1:9", Security(insecure=True), zmq.Context.instance())
@@ -115,7 +115,7 @@ def test_the_monitor_feeds_its_evidence_in_the_order_it_came():
     it down after the sample that beat them (a restore seen one probe later)."""
     import zmq
 
-    from vlarun.runtime.monitor import LinkMonitor
+    from vlarun.runtime.robot.monitor import LinkMonitor
     from vlarun.runtime.transport import Security
     from vlarun.sched.link import Link
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from vlarun.runtime.queues import Job, StageQueues
-from vlarun.runtime.server import robot_id
-from vlarun.runtime.worker_pool import Flight, Worker
+from vlarun.runtime.edge.queues import Job, StageQueues
+from vlarun.runtime.edge.server import robot_id
+from vlarun.runtime.scaleout.worker_pool import Flight, Worker
 from vlarun.sched.bookings import Booking
 from vlarun.sched.queue_model import StageTimes, play
 from vlarun.world.fleet import Arrival, SimEdge
@@ -122,8 +122,8 @@ def test_the_edge_the_front_and_the_fleet_simulator_forecast_booked_plans_alike(
     """Bookings reach the next plan the same way on a real edge, behind a scale-out front (one
     worker) and on a simulated edge: held in a ledger, played forward by the one queue model
     at the measured stage times, and claimed when their request arrives."""
-    from vlarun.runtime.edge_core import ServerConfig
-    from vlarun.runtime.worker_pool import WorkerPool
+    from vlarun.runtime.edge.core import ServerConfig
+    from vlarun.runtime.scaleout.worker_pool import WorkerPool
 
     now = time.monotonic()
     q = StageQueues({s: () for s in STAGES}, max_batch=MAX_BATCH)

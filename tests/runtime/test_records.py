@@ -10,7 +10,7 @@ import math
 import msgpack
 import pytest
 
-from vlarun.runtime.records import (
+from vlarun.runtime.protocol import (
     RecordError,
     StageTiming,
     pack_schedule,

@@ -4,7 +4,7 @@ requests they refused)."""
 import contextlib
 import logging
 
-from vlarun.runtime.refusal_log import RefusalLog
+from vlarun.runtime.edge.refusal_log import RefusalLog
 
 
 def test_one_line_per_kind_per_second_and_the_held_back_are_counted(caplog):

@@ -10,11 +10,11 @@ import time
 import numpy as np
 import torch
 
-from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.client import EdgeClient, LinkDown, ping
-from vlarun.runtime.costview import decide, edge_state, make_scheduler
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig, robot_id
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
+from vlarun.runtime.robot.client import EdgeClient, LinkDown, ping
+from vlarun.runtime.robot.costview import decide, edge_state, make_scheduler
 from vlarun.runtime.segments import segments
-from vlarun.runtime.server import EdgeServer, ServerConfig, robot_id
 from vlarun.runtime.transport import Security
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.link import Link
@@ -253,7 +253,7 @@ def test_a_client_on_a_steady_period_is_expected_again_and_one_that_books_is_not
     batch its stage will join. The edge expects a steady client again one period after its
     last request, with the stages and time it gave then; not a client that books its plans
     (it announces itself), an irregular one, or one overdue."""
-    from vlarun.runtime.queues import Job, StageQueues
+    from vlarun.runtime.edge.queues import Job, StageQueues
 
     q = StageQueues({s: () for s in STAGES}, max_batch=2)
     q.est_s = {"vision": 0.01, "prefill": 0.02, "decode": 0.03}

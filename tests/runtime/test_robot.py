@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from vlarun.runtime.robot import Robot
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.control import Robot
 from vlarun.runtime.transport import Security
 
 INSTRUCTION = "open the drawer"  # as conftest.py (not importable: several conftests)

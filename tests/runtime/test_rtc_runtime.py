@@ -12,12 +12,12 @@ import torch
 from vlarun.accel.rtc import P95_Z
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.agent import AgentConfig, Inference, RobotAgent
-from vlarun.runtime.chunks import ChunkQueue, Prior
-from vlarun.runtime.episode import run_loop
-from vlarun.runtime.planner import Plan
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.agent import AgentConfig, Inference, RobotAgent
+from vlarun.runtime.robot.chunks import ChunkQueue, Prior
+from vlarun.runtime.robot.episode import run_loop
+from vlarun.runtime.robot.planner import Plan
 from vlarun.runtime.segments import Schema
-from vlarun.runtime.server import EdgeServer, ServerConfig
 from vlarun.runtime.transport import Security
 from vlarun.sched.contract import ExecutionPlan
 from vlarun.stages.packet import PacketError
@@ -300,7 +300,7 @@ def test_run_robot_rtc_parses_and_reaches_the_agent_config(capsys):
 
 
 def test_the_robot_api_freezes_the_queued_actions(dit):
-    from vlarun.runtime.robot import Robot
+    from vlarun.runtime.robot.control import Robot
 
     with Robot(dit, control_hz=10, strategy="device-only", rtc=True) as robot:
         assert robot.agent.cfg.rtc

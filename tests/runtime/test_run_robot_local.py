@@ -20,8 +20,8 @@ def _headless(monkeypatch):
 
 
 def test_a_local_edge_serves_the_run_and_stops_with_it(monkeypatch):
-    from vlarun.runtime import procs
-    from vlarun.runtime.client import LinkDown, ping
+    from vlarun.runtime.robot.client import LinkDown, ping
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import KeyPair, Security, load_keys
 
     started, strangers = [], []

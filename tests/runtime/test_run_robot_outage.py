@@ -19,7 +19,8 @@ import pytest
 
 from vlarun.apps.runtime import RunRobotOptions, cmd_run_robot, show_run_robot
 from vlarun.cli import build_parser, parse_into
-from vlarun.runtime import episode, procs
+from vlarun.runtime.robot import episode
+from vlarun.runtime.testbed import procs
 
 WAIT_S = 120.0  # any one event, at most (a busy machine; it takes ~1 s on a quiet one)
 

@@ -1,4 +1,4 @@
-"""Edge scale-out on Ray (runtime/scaleout.py), with a real local Ray cluster of two workers:
+"""Edge scale-out on Ray (runtime/scaleout/front.py), with a real local Ray cluster of two workers:
 two robots served by both workers with the plain graph's actions, robots outside the
 authorized keys rejected at the front, and a killed worker's requests re-dispatched or
 refused before their deadline, then the worker's return picked up."""
@@ -14,14 +14,14 @@ import pytest
 import torch
 import zmq
 
-from vlarun.runtime.client import EdgeClient, LinkDown, ping
+from vlarun.runtime.robot.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.transport import KeyPair, Security, edge_security, generate_keys, load_keys
 from vlarun.sched.bookings import Booking
 from vlarun.stages.families import Workload, build_graph, graph_inputs
 
 ray = pytest.importorskip("ray")
-from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec  # noqa: E402
-from vlarun.runtime.scaleout import EdgeFront  # noqa: E402
+from vlarun.runtime.scaleout.front import EdgeFront  # noqa: E402
+from vlarun.runtime.scaleout.ray_workers import RayWorkers, WorkerSpec  # noqa: E402
 
 INSTRUCTION = "open the drawer"
 STAGES = ("vision", "prefill", "decode")
@@ -135,7 +135,7 @@ def test_two_workers_serve_two_robots(fleet, policy, monkeypatch):
     assert all(os.getpriority(os.PRIO_PROCESS, w["pid"]) == mine for w in h["workers"])
     assert set(h["queue"]) == set(STAGES) and h["stage_ms"]["decode"] > 0
     assert h["schedule"] == ()  # the same reservations contract as one edge (nothing in flight)
-    from vlarun.runtime import dashboard
+    from vlarun.runtime.edge import dashboard
 
     # The page lists robots that sent data in its last ACTIVE_S (2 s); on a busy machine the
     # checks above can take longer than that after the robots' last request. What is tested
@@ -200,7 +200,7 @@ def test_killed_worker_requests_are_redispatched_or_refused_in_time(fleet, polic
 
 
 def test_the_front_reports_a_workers_flights_as_its_committed_schedule():
-    from vlarun.runtime.worker_pool import Flight, Worker
+    from vlarun.runtime.scaleout.worker_pool import Flight, Worker
     from vlarun.sched.queue_model import StageTimes
 
     w = Worker(0, times=StageTimes({"vision": 0.01, "prefill": 0.02, "decode": 0.03}))
@@ -259,7 +259,7 @@ def test_a_booking_through_the_front_refuses_a_later_request_as_one_edge_does(fl
     so B's request (which an idle worker finishes in time) is refused for them at once, and
     B's own booking is claimed by its request, as one edge does with the same script. (One
     booking of A's would leave the other worker free: B would be served there, rightly.)"""
-    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 
     insecure = Security(insecure=True)
     with EdgeServer(policy, insecure, ServerConfig()) as srv:

@@ -11,8 +11,8 @@ import tracemalloc
 import pytest
 import torch
 
-from vlarun.runtime.client import EdgeClient, ping
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.client import EdgeClient, ping
 from vlarun.runtime.transport import Security
 from vlarun.stages import wire
 from vlarun.stages.families import Workload, build_graph, graph_inputs

@@ -12,11 +12,11 @@ import torch
 from vlarun.paths import policy_dir
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime import procs
-from vlarun.runtime.agent import AgentConfig, RobotAgent
-from vlarun.runtime.costview import decide, make_scheduler
-from vlarun.runtime.planner import Plan
-from vlarun.runtime.server import EdgeServer, ServerConfig
+from vlarun.runtime.edge.server import EdgeServer, ServerConfig
+from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
+from vlarun.runtime.robot.costview import decide, make_scheduler
+from vlarun.runtime.robot.planner import Plan
+from vlarun.runtime.testbed import procs
 from vlarun.runtime.transport import Security
 from vlarun.sched.link import Link
 from vlarun.stages import wire

@@ -9,8 +9,8 @@ import stat
 import pytest
 import zmq
 
-from vlarun.runtime.client import LinkDown, ping
-from vlarun.runtime.server import EdgeServer
+from vlarun.runtime.edge.server import EdgeServer
+from vlarun.runtime.robot.client import LinkDown, ping
 from vlarun.runtime.transport import (
     KeyPair,
     Security,
@@ -82,7 +82,7 @@ def test_a_robot_the_edge_turns_down_says_so_once(secure_edge, capfd):
     """Issue 66: a robot whose key is not in the edge's authorized folder used to run every
     request locally and neither side said why. The robot's client hears the failed handshake
     and says so once, naming the edge and its own public key."""
-    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.robot.client import EdgeClient
 
     srv, keys, _ = secure_edge
     stranger = KeyPair(*zmq.curve_keypair())
@@ -114,7 +114,7 @@ def test_a_reset_ends_the_refusal_watch_at_once():
     every reset took 1.0 s, and a robot returned to a restored edge ~2 s late)."""
     import zmq
 
-    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.robot.client import EdgeClient
     from vlarun.runtime.transport import KeyPair, Security
 
     edge, robot = KeyPair(*zmq.curve_keypair()), KeyPair(*zmq.curve_keypair())

@@ -19,7 +19,7 @@ def test_the_first_execution_replaces_the_warm_up_estimate():
 
 def test_the_edge_warms_up_with_priors_for_every_stage():
     from vlarun.policy import Policy
-    from vlarun.runtime.server import EdgeServer, ServerConfig
+    from vlarun.runtime.edge.server import EdgeServer, ServerConfig
     from vlarun.runtime.transport import Security
 
     policy = Policy.load("tiny-ar")

@@ -4,8 +4,8 @@ price a request with ``request_energy``; on identical inputs their figures are e
 import pytest
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.costview import modelled_energy, stand_in_factors
+from vlarun.runtime.robot.agent import AgentConfig
+from vlarun.runtime.robot.costview import modelled_energy, stand_in_factors
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy
@@ -108,7 +108,7 @@ def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
     (``roofline_utilisation``), not at full utilisation: an outcome that took exactly the
     roofline times costs exactly the plan's energy (it cost 5-15% more: an energy MAPE that
     was the account's, not the prediction's)."""
-    from vlarun.runtime.costview import roofline_utilisation
+    from vlarun.runtime.robot.costview import roofline_utilisation
     from vlarun.sched.cost import roofline
 
     cfg = get_preset("openvla-7b")

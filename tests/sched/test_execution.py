@@ -38,8 +38,8 @@ def test_the_runtime_the_simulator_and_the_bookings_call_the_one_rule():
     """Issue 63: the fleet simulator kept its own give-up rule (without the answer read time)
     and its own segment walk beside the executor's; all of them call these now."""
     from vlarun.runtime import segments as runtime_segments
-    from vlarun.runtime.agent import AgentConfig
-    from vlarun.runtime.executor import Executor
+    from vlarun.runtime.robot.agent import AgentConfig
+    from vlarun.runtime.robot.executor import Executor
     from vlarun.sched.queue_model import plan_bookings
     from vlarun.world import fleet
 

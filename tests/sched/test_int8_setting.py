@@ -10,8 +10,8 @@ import torch
 from vlarun.models.presets import get_preset
 from vlarun.models.vla import VLA
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.costview import make_scheduler
+from vlarun.runtime.robot.agent import AgentConfig
+from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.plans import NO_LOSS, USABLE_MEMORY, build_space, load_settings, memory_needed

@@ -2,9 +2,9 @@
 labelled proxy (``plans.carried_to``), and only when asked (``AgentConfig.settings_proxy``)."""
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.costview import make_scheduler
 from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.robot.agent import AgentConfig
+from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS, carried_to, load_settings
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.agent import AgentConfig
-from vlarun.runtime.costview import make_scheduler
 from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.robot.agent import AgentConfig
+from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.contract import Outcome, StageOutcome
 from vlarun.sched.link import Link
 from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS

@@ -20,8 +20,8 @@ def test_the_fixed_rules():
 def test_agent_scheduler_and_fleet_place_fixed_strategies_alike():
     """The scheduler's fixed candidates are exactly the fixed rules' placements."""
     from vlarun.models.presets import get_preset
-    from vlarun.runtime.agent import AgentConfig
-    from vlarun.runtime.costview import make_scheduler
+    from vlarun.runtime.robot.agent import AgentConfig
+    from vlarun.runtime.robot.costview import make_scheduler
 
     sched = make_scheduler(get_preset("tiny-ar"), AgentConfig(strategy="vlarun"), 12, "float32")
     s_n = len(sched.space.stages)

@@ -31,9 +31,9 @@ sys.meta_path.insert(0, Block())
 import vlarun.sched
 for m in pkgutil.iter_modules(vlarun.sched.__path__):
     importlib.import_module("vlarun.sched." + m.name)
-from vlarun.runtime.agent import AgentConfig
+from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.costview import make_scheduler
+from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.models.presets import get_preset
 cfg = AgentConfig(slo_s=1.0, robot_device="orin-agx-32gb", edge_device="rtx4090",
                   emulate=Emulation("openvla-7b", "orin-agx-32gb", world="adversarial"),
@@ -86,7 +86,7 @@ def test_adversarial_world_stalls_one_execution_in_a_hundred():
 
 
 def test_the_world_is_the_meter_of_an_emulated_run():
-    from vlarun.runtime.agent import AgentConfig
+    from vlarun.runtime.robot.agent import AgentConfig
 
     def cfg(world):
         robot, edge = (Emulation("openvla-7b", d, world=world) for d in TESTBED)

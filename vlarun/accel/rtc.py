@@ -32,7 +32,7 @@ from torch import Tensor
 from vlarun.models.action_tokens import ActionTokenizer
 
 # One-sided 95% of a normal: the tail margin d is sized for (a p95 miss freezes one step too few,
-# which the late-chunk alignment of runtime/chunks.py then absorbs).
+# which the late-chunk alignment of runtime/robot/chunks.py then absorbs).
 P95_Z = 1.645
 
 

@@ -149,7 +149,7 @@ class ServeEdgeOptions:
         """Beyond loopback, serving any client must be asked for: without --authorized-keys
         a Curve edge serves whoever knows its public key (which is not a secret), and an
         --insecure one whoever reaches the port."""
-        from vlarun.runtime.proctree import is_loopback
+        from vlarun.runtime.scaleout.proctree import is_loopback
 
         if is_loopback(self.host) or self.allow_any_client:
             return
@@ -167,8 +167,8 @@ class ServeEdgeOptions:
 
     def server_config(self):
         """The edge's (or the front's) ``ServerConfig`` from these flags."""
+        from vlarun.runtime.edge.server import ServerConfig
         from vlarun.runtime.emulate import Emulation
-        from vlarun.runtime.server import ServerConfig
 
         emulate = None
         if self.emulate is not None:
@@ -203,7 +203,7 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     import torch
 
     from vlarun.models.device import resolve_device
-    from vlarun.runtime.server import EdgeServer
+    from vlarun.runtime.edge.server import EdgeServer
     from vlarun.runtime.transport import edge_security
 
     resolve_device(o.device)  # a missing GPU fails before keys are read or a port opens
@@ -242,7 +242,7 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
     serving.set()
     dash = None
     if o.dashboard is not None:
-        from vlarun.runtime.dashboard import Dashboard
+        from vlarun.runtime.edge.dashboard import Dashboard
         from vlarun.runtime.transport import read_secret
 
         key = read_secret(o.dashboard_key_file) if o.dashboard_key_file else None
@@ -278,12 +278,12 @@ def cmd_serve_edge(o: ServeEdgeOptions) -> dict:
 
 
 def _scale_out(o: ServeEdgeOptions, cfg, sec):
-    """The robot-facing front before Ray edge workers (runtime/scaleout.py)."""
+    """The robot-facing front before Ray edge workers (runtime/scaleout/front.py)."""
     import os
     from pathlib import Path
 
-    from vlarun.runtime.ray_workers import RayWorkers, WorkerSpec
-    from vlarun.runtime.scaleout import EdgeFront
+    from vlarun.runtime.scaleout.front import EdgeFront
+    from vlarun.runtime.scaleout.ray_workers import RayWorkers, WorkerSpec
 
     name = o.policy
     if Path(name).exists():  # workers may start in another directory
@@ -332,7 +332,7 @@ class PingOptions:
 
 
 def cmd_ping(o: PingOptions) -> dict:
-    from vlarun.runtime.client import LinkDown, ping
+    from vlarun.runtime.robot.client import LinkDown, ping
     from vlarun.runtime.transport import robot_security
 
     sec = robot_security(o.insecure, o.server_key, o.keys)
@@ -449,9 +449,9 @@ class RunRobotOptions:
 def cmd_run_robot(o: RunRobotOptions) -> dict:
     from vlarun.policy import Policy
     from vlarun.policy.setting import AccelSetting
-    from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.episode import link_timeline, outage_timelines, run_episode
-    from vlarun.runtime.relay import parse_schedule
+    from vlarun.runtime.robot.agent import RobotAgent
+    from vlarun.runtime.robot.episode import link_timeline, outage_timelines, run_episode
+    from vlarun.runtime.testbed.relay import parse_schedule
     from vlarun.runtime.transport import robot_security
     from vlarun.sched.records import summarise
     from vlarun.sim.env import MetaWorldEnv, env_views
@@ -467,7 +467,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
     horizon = policy.model.cfg.horizon
     slo_s = (o.slo_ms * 1e-3) if o.slo_ms else horizon / o.control_hz
     cfg = agent_config(o, setting, slo_s)
-    from vlarun.runtime import procs
+    from vlarun.runtime.testbed import procs
 
     server, relay, edge, sec = None, None, o.edge, None
     keydir = None
@@ -541,7 +541,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
 def agent_config(o: RunRobotOptions, setting, slo_s: float):
     """The robot agent's config from the command's options (``setting`` parsed, ``slo_s`` the
     deadline in seconds)."""
-    from vlarun.runtime.agent import AgentConfig
+    from vlarun.runtime.robot.agent import AgentConfig
     from vlarun.sched.plans import DEFAULT_FLOOR
     from vlarun.stages.wire import Codec
 

@@ -139,7 +139,7 @@ def run(o: BenchCoinferOptions) -> dict:
     import torch
 
     from vlarun.policy import Policy
-    from vlarun.runtime import procs
+    from vlarun.runtime.testbed import procs
 
     if o.emulate is None:  # before anything starts: options that only an emulation reads
         given = [
@@ -175,7 +175,7 @@ def run(o: BenchCoinferOptions) -> dict:
     )
     rows, fleet, matrix, restore, trace = [], None, None, None, None
     try:
-        from vlarun.runtime.overhead import measure
+        from vlarun.runtime.testbed.overhead import measure
 
         overhead = measure(endpoint, policy, 10 if o.quick else 50)
         if o.matrix:
@@ -484,7 +484,7 @@ def _emulations(o: BenchCoinferOptions):
 
 def _edge_emulation_report(endpoint: str) -> dict:
     """The edge's emulation counters (cumulative since it started), from its health answer."""
-    from vlarun.runtime.client import ping
+    from vlarun.runtime.robot.client import ping
     from vlarun.runtime.transport import Security
 
     report = (ping(endpoint, Security(insecure=True), count=1).get("health") or {}).get("emulation")
@@ -523,7 +523,7 @@ def _agent_cfg(
     setting: str | None = None,
 ):
     from vlarun.policy.setting import AccelSetting
-    from vlarun.runtime.agent import AgentConfig
+    from vlarun.runtime.robot.agent import AgentConfig
     from vlarun.sched.plans import MEASURED_SETTINGS_FILE
 
     robot, edge = _emulations(o)
@@ -565,9 +565,9 @@ def _strategy_run(
     follows at once. ``load`` names the edge's load during the run (other robots are the
     caller's); ``edge_pid``: the edge process, whose run-queue wait the row records;
     ``setting``: the accelerator setting a fixed strategy runs (default: full compute)."""
-    from vlarun.runtime import procs
-    from vlarun.runtime.agent import RobotAgent
-    from vlarun.runtime.episode import link_timeline
+    from vlarun.runtime.robot.agent import RobotAgent
+    from vlarun.runtime.robot.episode import link_timeline
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
     from vlarun.sched.records import summarise
     from vlarun.sim.env import MetaWorldEnv, env_views
@@ -699,9 +699,9 @@ def _utilisation_run(o, policy, endpoint: str, robots: int, requests: int, u: fl
     utilisation measured is the edge's compute over the wall time of the run, from its health
     counters; the prediction errors are the measured robot's, over ``requests`` requests."""
     from vlarun.bench.coinfer_matrix import background_load
-    from vlarun.runtime import procs
-    from vlarun.runtime.client import ping
     from vlarun.runtime.emulate import StageEmulator
+    from vlarun.runtime.robot.client import ping
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
 
     edge = StageEmulator.build(_emulations(o)[1])
@@ -751,7 +751,7 @@ def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
     """A shaping relay in front of ``endpoint`` at ``bandwidth`` Mbit/s and --link-rtt-ms, with
     the ``changes`` ((seconds into the run, Mbit/s)) as its schedule, every rate and delay
     scaled as the emulation's times are, pinned with the robot; (process, endpoint)."""
-    from vlarun.runtime import procs
+    from vlarun.runtime.testbed import procs
 
     k = _scale(o)
     schedule = ",".join(f"{at}:{mbps * k}" for at, mbps in changes)
@@ -763,7 +763,7 @@ def _relay(o: BenchCoinferOptions, endpoint: str, bandwidth: float, changes=()):
 def _waits(edge_pid: int | None, relay_pid: int) -> dict[str, float | None]:
     """Run-queue wait so far (s) of the edge, this process (the robot and its load) and the
     relay."""
-    from vlarun.runtime.procs import run_queue_wait_s
+    from vlarun.runtime.testbed.procs import run_queue_wait_s
 
     return {
         "edge": None if edge_pid is None else run_queue_wait_s(edge_pid),
@@ -781,7 +781,7 @@ def _episodes(
     bench gives every strategy the same, WALL_BUDGET x the steps' time on schedule: a strategy
     whose chunks arrive after the queue ran dry executes about one action per inference, and
     would otherwise run for ``steps`` inferences)."""
-    from vlarun.runtime.episode import run_episode
+    from vlarun.runtime.robot.episode import run_episode
 
     done: list[dict] = []
     ran = 0

@@ -58,7 +58,7 @@ def background_load(
     packet size an edge-only robot of ``make_cfg`` would send; the first at ``start_at``
     (``loadgen.run``)."""
     from vlarun.runtime.emulate import StageEmulator
-    from vlarun.runtime.loadgen import OpenLoopLoad
+    from vlarun.runtime.testbed.loadgen import OpenLoopLoad
 
     cfg = make_cfg("edge-only", slo_s or period_s)
     emulator = StageEmulator.build(cfg.emulate) if cfg.emulate is not None else None

@@ -67,7 +67,7 @@ class RobotFleet:
 
     def _spawn(self, i: int) -> subprocess.Popen:
         from vlarun.config import to_dict
-        from vlarun.runtime import procs
+        from vlarun.runtime.testbed import procs
 
         args = [
             "--policy",
@@ -108,8 +108,8 @@ class RobotFleet:
         value, which is one clock for every process; default: ``START_LEAD_S`` from now, the
         others a share of the period after it) and wait for all; their rows, robot by robot.
         A robot that ends with an error raises ``RuntimeError`` with its stderr's tail."""
-        from vlarun.runtime import procs
         from vlarun.runtime.emulate import merge_reports
+        from vlarun.runtime.testbed import procs
 
         start = time.monotonic() + START_LEAD_S if start_at is None else start_at
         for p in self.procs:
@@ -146,7 +146,7 @@ class RobotFleet:
         ]
 
     def __exit__(self, *exc) -> None:
-        from vlarun.runtime import procs
+        from vlarun.runtime.testbed import procs
 
         for p in self.procs:
             procs.stop(p)  # a robot still waiting for its start, or still running, ends here
@@ -163,8 +163,8 @@ def _robot(a: argparse.Namespace) -> tuple[int, dict | None]:
 
     from vlarun.config import from_dict
     from vlarun.policy import Policy
-    from vlarun.runtime.agent import AgentConfig, RobotAgent
-    from vlarun.runtime.loadgen import camera_frames
+    from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
+    from vlarun.runtime.testbed.loadgen import camera_frames
     from vlarun.runtime.transport import Security
 
     torch.set_num_threads(1)  # a robot's one core is shared with the others

@@ -35,7 +35,7 @@ import numpy as np
 
 from vlarun.bench.hostile_local import LOCAL_ATTACKS
 from vlarun.config import POLICY_FLAGS_RETIRED, POLICY_HELP, opt
-from vlarun.runtime import procs
+from vlarun.runtime.testbed import procs
 
 POLICY_ATTACKS = (
     "pipeline",
@@ -622,7 +622,7 @@ def _legit_robot(
 ) -> None:
     """A robot at 2 Hz: one whole-policy request each period, a 1 s budget (the emulated
     edge serves ~5 a second: the robot asks for less than the edge can do, the flood for more)."""
-    from vlarun.runtime.client import EdgeClient, ping
+    from vlarun.runtime.robot.client import EdgeClient, ping
     from vlarun.runtime.transport import Security
 
     _pin(cpus)
@@ -653,7 +653,7 @@ def flood_client(
 ) -> None:
     """One flooding identity: whole-policy requests back to back until ``stop``, counting
     ``served`` and ``refused`` (busy or late; again after ``pause_s``)."""
-    from vlarun.runtime.client import EdgeClient
+    from vlarun.runtime.robot.client import EdgeClient
 
     c = EdgeClient(endpoint, sec)
     try:
@@ -672,7 +672,7 @@ def flood_client(
 def edge_attack(o: BenchHostileOptions) -> dict:
     """16 identities send whole-policy requests back to back to an emulated OpenVLA-7B edge;
     a robot at 2 Hz beside them."""
-    from vlarun.runtime.client import ping
+    from vlarun.runtime.robot.client import ping
     from vlarun.runtime.transport import Security
 
     server_cpus, client_cpus = _cpus()

@@ -44,7 +44,8 @@ from vlarun.bench.hostile import (
     start_server,
     stop_server,
 )
-from vlarun.runtime import procs, proctree
+from vlarun.runtime.scaleout import proctree
+from vlarun.runtime.testbed import procs
 from vlarun.runtime.transport import Security, generate_keys, load_keys
 
 IN_FLIGHT = 4  # the flooder's handshakes in flight at once
@@ -138,7 +139,7 @@ def _legit_secure(
     """``bench.hostile._legit_robot`` with an authorized key: a request every ``period_s``,
     a 1 s budget. ``go``: a barrier it waits at once connected (None: starts at once), so the
     robot's window and the attack's are the same ``seconds``."""
-    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.robot.client import EdgeClient, LinkDown
 
     _pin(cpus)
     packet, meta = _edge_packet(policy_name)

@@ -80,7 +80,7 @@ STAGES = ("vision", "prefill", "decode")
 
 
 def _edge(extra: list[str]):
-    from vlarun.runtime.procs import start_edge
+    from vlarun.runtime.testbed.procs import start_edge
 
     return start_edge(0, extra, timeout_s=180.0)
 
@@ -98,7 +98,7 @@ def _request(policy, seed: int):
 
 
 def _connect(endpoint: str):
-    from vlarun.runtime.client import EdgeClient, LinkDown
+    from vlarun.runtime.robot.client import EdgeClient, LinkDown
     from vlarun.runtime.transport import Security
 
     sec = Security(insecure=True)
@@ -120,7 +120,7 @@ def _load(endpoint, policy, robots: int, o, seconds: float) -> tuple[list[dict],
     sends, the thread). Open loop: robot i sends at i / robots of the period, every period,
     whether or not its last answer came, and waits up to a second past the deadline, so late
     answers are told apart from lost ones."""
-    from vlarun.runtime.loadgen import encode_request, run
+    from vlarun.runtime.testbed.loadgen import encode_request, run
 
     frames = encode_request(policy, "open the drawer", o.slo_ms * 1e-3)
     out: list[dict] = []
@@ -156,14 +156,14 @@ def _summary(rows: list[dict], seconds: float) -> dict:
 
 
 def _health(endpoint: str) -> dict:
-    from vlarun.runtime.client import ping
+    from vlarun.runtime.robot.client import ping
     from vlarun.runtime.transport import Security
 
     return ping(endpoint, Security(insecure=True), 1, 2.0)["health"]
 
 
 def _cells(o, policy, workers: int, progress, round_: int = 0) -> tuple[list[dict], list[float]]:
-    from vlarun.runtime.procs import stop
+    from vlarun.runtime.testbed.procs import stop
 
     proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
     rows, samples = [], []
@@ -186,7 +186,7 @@ def _kill_run(o, policy, workers: int) -> dict:
     """``kill_robots`` robots against ``workers`` workers; a third of the way in, the first
     worker seen holding a request is SIGKILLed (so its requests must be re-dispatched or
     refused)."""
-    from vlarun.runtime.procs import stop
+    from vlarun.runtime.testbed.procs import stop
 
     proc, endpoint = _edge(["--workers", str(workers), "--threads", "1"])
     seconds = max(o.seconds, 9.0)
@@ -250,7 +250,7 @@ def _hop(o, policy) -> dict:
     """Round trip minus the edge's own time (arrival to reply), a single-process edge and the
     front + 1 worker side by side: both run at once and are asked in turn, so drifts of this
     shared machine fall on both alike; the paired differences give the hop and its 95% CI."""
-    from vlarun.runtime.procs import stop
+    from vlarun.runtime.testbed.procs import stop
     from vlarun.stages.packet import Packet
 
     inputs, meta = _request(policy, 0)
@@ -314,9 +314,9 @@ def simulate(
     its flight first (past its deadline, ``WorkerPool.expired``). Both start from the
     worker's warm-up measurement, the mean of ``samples``. Robots send one request every
     ``period_s``, each at its own random phase, for ``seconds``."""
-    from vlarun.runtime.edge_core import Quote, ServerConfig, admissible
-    from vlarun.runtime.records import StageTiming
-    from vlarun.runtime.worker_pool import Flight, WorkerPool
+    from vlarun.runtime.edge.core import Quote, ServerConfig, admissible
+    from vlarun.runtime.protocol import StageTiming
+    from vlarun.runtime.scaleout.worker_pool import Flight, WorkerPool
     from vlarun.sched.queue_model import THIS, EdgeQueue, Pending, StageTimes, finish
 
     rng = random.Random(seed)

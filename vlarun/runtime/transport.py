@@ -3,7 +3,7 @@
 Secure by default: the edge's socket is a Curve server (every byte encrypted, and a client
 must know the edge's public key to complete the handshake); with an authorized-keys folder,
 only robots whose public keys are in it may connect (ZAP, answered off the edge's Python
-threads by runtime/zap.py's authorizer process).
+threads by runtime/edge/zap.py's authorizer process).
 ``--insecure`` turns Curve off for local tests and says so loudly on stderr.
 
 Key files use the ZPL certificate layout ZeroMQ's own tools read (``NAME.key`` public,

@@ -1,7 +1,7 @@
 """The executor's rules, as pure functions: how a placement splits into segments, and when the
 robot gives up waiting for an edge segment.
 
-The robot's executor (``runtime/executor.py``, through ``runtime.segments.segments``), the
+The robot's executor (``runtime/robot/executor.py``, through ``runtime.segments.segments``), the
 fleet simulator's robot (``world/fleet.py`` ``execute``) and the bookings a plan announces
 (``queue_model.plan_bookings``) all call these, so the simulated robot cannot drift from the
 real one. (It did once: the simulator's robot ran a silent edge's request to its end, 4.8 s,

@@ -31,8 +31,8 @@ from vlarun.accel.rtc import RTCRequest
 from vlarun.config import COMPILE_HELP, DEFAULT_POLICY, POLICY_FLAGS_RETIRED, POLICY_HELP, opt
 from vlarun.extras import SIM, require
 from vlarun.paths import checkpoints_dir, policy_dir
-from vlarun.runtime.chunks import EXECUTIONS
-from vlarun.runtime.episode import run_loop
+from vlarun.runtime.robot.chunks import EXECUTIONS
+from vlarun.runtime.robot.episode import run_loop
 from vlarun.sim.tasks import EVAL_SEED_OFFSET, get_task, parse_tasks
 
 TRAIN_TASKS = (

@@ -260,7 +260,7 @@ def _trace(spec: str) -> dict:
 # The world
 
 
-# The robot's link monitor probes an idle link (runtime/monitor.py: 96 KiB when no request
+# The robot's link monitor probes an idle link (runtime/robot/monitor.py: 96 KiB when no request
 # used the link for 0.25 s): before each decision, the simulated robot's link takes the probes
 # made since its link last carried a request, each at the bandwidth of its moment.
 PROBE_BYTES = 96 * 1024

@@ -8,7 +8,7 @@ and chunks are delivered in order (TCP). A schedule changes the bandwidth at giv
 e.g. "10:50" = 50 Mbit/s from 10 s after start (the bandwidth drop of the benchmark);
 SIGUSR1 restarts that clock.
 
-Run as a process:  python -m vlarun.runtime.relay --upstream HOST:PORT --mbps 200 ...
+Run as a process:  python -m vlarun.runtime.testbed.relay --upstream HOST:PORT --mbps 200 ...
 (prints {"endpoint": "tcp://127.0.0.1:PORT"} on its first line).
 """
 

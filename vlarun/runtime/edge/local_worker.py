@@ -3,7 +3,7 @@ thread that batches and runs stages, as the edge core's backend (``edge_core.Bac
 socket and no wire bytes: a server hands it jobs whose tensors it has read and checked, and
 it hands each finished job to the server's ``answer`` (or an in-process request's callback).
 This is the file to change how the edge orders, batches and runs work; whether a request is
-taken at all is the core's (``runtime/edge_core.py``).
+taken at all is the core's (``runtime/edge/core.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from vlarun.accel.rtc import INPAINTER
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.edge_core import EdgeRecords, Quote, ServerConfig, robot_id
+from vlarun.runtime.edge.core import EdgeRecords, Quote, ServerConfig, robot_id
+from vlarun.runtime.edge.queues import Job, Running, StageQueues
 from vlarun.runtime.emulate import StageEmulator
-from vlarun.runtime.queues import Job, Running, StageQueues
-from vlarun.runtime.records import StageTiming
+from vlarun.runtime.protocol import StageTiming
 from vlarun.runtime.segments import Request, batch_dim
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages.families import Workload, build_graph

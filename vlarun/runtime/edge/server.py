@@ -1,5 +1,5 @@
-"""The edge server: the edge's core (``runtime/edge_core.py``: admission, bookings, the
-seen-robots table, health) over its local worker (``runtime/local_worker.py``: stage queues,
+"""The edge server: the edge's core (``runtime/edge/core.py``: admission, bookings, the
+seen-robots table, health) over its local worker (``runtime/edge/local_worker.py``: stage queues,
 streams, the worker thread), served over one ROUTER socket. This file is the I/O only: frames
 in, the core's typed requests and answers, frames out.
 
@@ -31,7 +31,7 @@ import torch
 import zmq
 
 from vlarun.policy.base import Policy
-from vlarun.runtime.edge_core import (  # noqa: F401 (importable from here, as they always were)
+from vlarun.runtime.edge.core import (  # noqa: F401 (importable from here, as they always were)
     MAX_SEEN,
     DataRequest,
     EdgeCore,
@@ -40,18 +40,18 @@ from vlarun.runtime.edge_core import (  # noqa: F401 (importable from here, as t
     ServerConfig,
     robot_id,
 )
-from vlarun.runtime.local_worker import LocalWorker
-from vlarun.runtime.queues import Job
-from vlarun.runtime.records import (
+from vlarun.runtime.edge.local_worker import LocalWorker
+from vlarun.runtime.edge.queues import Job
+from vlarun.runtime.edge.refusal_log import RefusalLog
+from vlarun.runtime.edge.zap import EdgeAuth
+from vlarun.runtime.protocol import (
     RecordError,
     StageTiming,
     pack_schedule,
     pack_timings,
 )
-from vlarun.runtime.refusal_log import RefusalLog
 from vlarun.runtime.segments import Schema
 from vlarun.runtime.transport import Security, peer_key, router_socket
-from vlarun.runtime.zap import EdgeAuth
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits, Packet, PacketError
@@ -77,7 +77,7 @@ def robot_name(to: list) -> str:
 
 @dataclass(frozen=True)
 class Route:
-    """What a scale-out front puts before a relayed request (runtime/scaleout.py): its own
+    """What a scale-out front puts before a relayed request (runtime/scaleout/front.py): its own
     request id (echoed back first, so the front finds the request without parsing the
     reply), the robot it is from (streams and batching are per robot), and the time left."""
 

@@ -2,10 +2,11 @@
 a scale-out front alike. No socket and no wire bytes: the servers decode a request, hand the
 core a typed ``DataRequest`` (or a ``Booking``), and turn its typed answer (``Admitted``,
 a held booking, a ``Refused``) into frames. What runs the stages is the core's backend
-(``Backend``): the local worker (``runtime/local_worker.py``: this process's stage queues and
-worker thread) or the Ray workers behind a front (``runtime/worker_pool.py``). As vLLM keeps
-its ZMQ threads apart from ``EngineCore``, ``runtime/server.py`` and ``runtime/scaleout.py``
-are the I/O around this file. This is the file to change how the edge refuses a request.
+(``Backend``): the local worker (``runtime/edge/local_worker.py``: this process's stage queues
+and worker thread) or the Ray workers behind a front (``runtime/scaleout/worker_pool.py``). As
+vLLM keeps its ZMQ threads apart from ``EngineCore``, ``runtime/edge/server.py`` and
+``runtime/scaleout/front.py`` are the I/O around this file.
+This is the file to change how the edge refuses a request.
 
 Shares are per key: a robot is its authenticated CURVE key (``DataRequest.key``, the client's
 public key as the ZAP handler reports it), not its ZeroMQ connection, so one key opening many
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vlarun.runtime.emulate import Emulation
-from vlarun.runtime.records import StageTiming, pack_schedule
+from vlarun.runtime.protocol import StageTiming, pack_schedule
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.stages.packet import Limits, PacketError
@@ -82,7 +83,7 @@ class ServerConfig:
     # execution measures the stages again (a busy spell must not close the edge for good).
     admission_fresh_s: float = 2.0
     limits: Limits = Limits(max_tensor_bytes=1 << 30, max_total_bytes=2 << 30)
-    # A worker behind a scale-out front (runtime/scaleout.py): its only peer is the front,
+    # A worker behind a scale-out front (runtime/scaleout/front.py): its only peer is the front,
     # whose route frame before each request names the robot (streams and batching are per
     # robot, not per peer), the time left and the front's request id.
     relayed: bool = False

@@ -99,7 +99,7 @@ def start_relay(
     """A shaping relay in front of ``upstream``; (process, endpoint). ``cpus``: pinned there."""
     args = [
         "-m",
-        "vlarun.runtime.relay",
+        "vlarun.runtime.testbed.relay",
         "--upstream",
         upstream,
         "--mbps",

@@ -11,7 +11,7 @@ I/O thread (0.48 ms; it runs before ZAP is asked, so nothing behind ZAP can spar
 Here the edge only *forwards*: ``EdgeAuth`` binds the ZAP endpoint to a ROUTER and a
 ``zmq.proxy_steerable`` thread (C, without the interpreter lock) passes each request over an
 ``ipc://`` socket in a private folder (0700: no other local user can answer in its place) to
-an authorizer process, ``python -m vlarun.runtime.zap``, which holds the keys, answers, and
+an authorizer process, ``python -m vlarun.runtime.edge.zap``, which holds the keys, answers, and
 writes the refusal log (``runtime.refusal_log``: one line a second at most, on the edge's
 stderr). A refused handshake runs no Python in the edge's process.
 
@@ -26,7 +26,7 @@ stderr). A refused handshake runs no Python in the edge's process.
 * It reads its keys once, on stdin, at start (as pyzmq's ``configure_curve`` did), and ends
   when that pipe closes: when the edge ends, however it ends.
 
-    python -m vlarun.runtime.zap --endpoint ipc:///tmp/vlarun-zap-XXXX/zap   # keys on stdin
+    python -m vlarun.runtime.edge.zap --endpoint ipc:///tmp/vlarun-zap-XXXX/zap   # keys on stdin
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from vlarun.runtime.refusal_log import RefusalLog
+from vlarun.runtime.edge.refusal_log import RefusalLog
 
 if TYPE_CHECKING:
     from vlarun.runtime.transport import Security
@@ -104,7 +104,7 @@ class EdgeAuth:
     def _spawn(self) -> subprocess.Popen:
         """The authorizer process, its keys handed over, once it says it is connected."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vlarun.runtime.zap", "--endpoint", self.endpoint],
+            [sys.executable, "-m", "vlarun.runtime.edge.zap", "--endpoint", self.endpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,
@@ -232,7 +232,7 @@ def _end_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vlarun.runtime.zap")
+    ap = argparse.ArgumentParser(prog="python -m vlarun.runtime.edge.zap")
     ap.add_argument("--endpoint", required=True, help="the edge's ZAP proxy (ipc://...)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the edge's to handle; EOF ends us

@@ -1,5 +1,5 @@
 """Edge workers as Ray actors: each an ``EdgeServer`` in relayed mode (its only peer is the
-scale-out front, ``runtime/scaleout.py``), placed one per ``edge`` resource, restarted by Ray
+scale-out front, ``runtime/scaleout/front.py``), placed one per ``edge`` resource, restarted by Ray
 when it dies. Ray carries only each incarnation's endpoint and public key; the payloads go over
 ZeroMQ (the front's module docstring says why). Ray is imported only when workers start
 (``pip install vlarun[scale]``).
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import zmq
 
-from vlarun.runtime import proctree
-from vlarun.runtime.proctree import is_loopback
-from vlarun.runtime.reaper import Reaper
-from vlarun.runtime.server import ServerConfig
+from vlarun.runtime.edge.server import ServerConfig
+from vlarun.runtime.scaleout import proctree
+from vlarun.runtime.scaleout.proctree import is_loopback
+from vlarun.runtime.scaleout.reaper import Reaper
 from vlarun.runtime.transport import DEFAULT_MAX_MESSAGE_BYTES, KeyPair, Security
 
 EDGE_RESOURCE = "edge"  # the Ray custom resource one worker takes (one per GPU or machine)
@@ -56,7 +56,7 @@ class WorkerActor:
         import torch
 
         from vlarun.policy.base import Policy
-        from vlarun.runtime.server import EdgeServer
+        from vlarun.runtime.edge.server import EdgeServer
 
         if spec.threads > 0:
             torch.set_num_threads(spec.threads)
@@ -146,7 +146,7 @@ class RayWorkers:
     then verifies it after the workers start. Another ``host`` is the node address other
     machines would join at (Ray then listens on every interface, token-authenticated). Ray's
     dashboard is off and usage statistics are not sent (unless RAY_USAGE_STATS_ENABLED says
-    otherwise). A reaper process (runtime/reaper.py) stops this cluster's processes and
+    otherwise). A reaper process (runtime/scaleout/reaper.py) stops this cluster's processes and
     removes the front's folder however this process ends."""
 
     def __init__(

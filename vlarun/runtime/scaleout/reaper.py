@@ -10,7 +10,7 @@ restarted since), sends SIGTERM, then SIGKILL to any still running after ``grace
 removes the folder. Processes are matched by pid and start time, so a pid reused meanwhile
 is never signalled; nothing else the front started (a test's own subprocesses) is touched.
 
-    python -m vlarun.runtime.reaper --pid FRONT --mark RAY_PACKAGE_DIR --dir FOLDER
+    python -m vlarun.runtime.scaleout.reaper --pid FRONT --mark RAY_PACKAGE_DIR --dir FOLDER
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from vlarun.runtime import proctree
+from vlarun.runtime.scaleout import proctree
 
 
 def marked(front: int, mark: str, known: dict[int, int] | None = None) -> dict[int, int]:
@@ -90,7 +90,7 @@ class Reaper:
             [
                 sys.executable,
                 "-m",
-                "vlarun.runtime.reaper",
+                "vlarun.runtime.scaleout.reaper",
                 "--pid",
                 str(os.getpid()),
                 "--mark",
@@ -125,7 +125,7 @@ def _pythonpath() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m vlarun.runtime.reaper")
+    ap = argparse.ArgumentParser(prog="python -m vlarun.runtime.scaleout.reaper")
     ap.add_argument("--pid", type=int, required=True)
     ap.add_argument("--mark", required=True)
     ap.add_argument("--dir", required=True)

@@ -18,7 +18,7 @@ length-prefixed frames (``write_frames`` / ``read_frames``, no pickle); each sen
 the header only (``wire.renumber``). ``OpenLoopLoad`` starts the process (pinned where the
 bench says) and collects its counts when it stops.
 
-    python -m vlarun.runtime.loadgen --edge tcp://127.0.0.1:5555 --frames req.bin \\
+    python -m vlarun.runtime.testbed.loadgen --edge tcp://127.0.0.1:5555 --frames req.bin \\
         --robots 4 --period-s 3.3 --insecure
 """
 
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlarun.runtime.records import RecordError, parse_timings
+from vlarun.runtime.protocol import RecordError, parse_timings
 from vlarun.stages import wire
 from vlarun.stages.packet import Limits
 
@@ -59,7 +59,7 @@ def encode_request(policy, instruction: str, budget_s: float, emulator=None) -> 
     """The frames of one whole-policy request of ``policy`` (a random camera frame, a zero
     state), with ``budget_s`` for the edge; padded to the real model's first input packet
     when an ``emulate.StageEmulator`` stands in for it."""
-    from vlarun.runtime.client import request_frames
+    from vlarun.runtime.robot.client import request_frames
 
     image = camera_frames(policy)
     state = np.zeros(policy.state_size, dtype=np.float32) if policy.state_size else None
@@ -245,7 +245,7 @@ class OpenLoopLoad:
     def __enter__(self) -> OpenLoopLoad:
         if self.robots <= 0:
             return self
-        from vlarun.runtime import procs
+        from vlarun.runtime.testbed import procs
 
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / "request.bin"
@@ -264,13 +264,13 @@ class OpenLoopLoad:
         ]
         if self.start_at is not None:
             args += ["--start-at", repr(self.start_at)]
-        self.proc, _ = procs.spawn_module("vlarun.runtime.loadgen", args)
+        self.proc, _ = procs.spawn_module("vlarun.runtime.testbed.loadgen", args)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.proc is None:
             return
-        from vlarun.runtime import procs
+        from vlarun.runtime.testbed import procs
 
         self.proc.send_signal(signal.SIGINT)  # stop sending, report the counts
         try:
@@ -286,7 +286,7 @@ class OpenLoopLoad:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m vlarun.runtime.loadgen",
+        prog="python -m vlarun.runtime.testbed.loadgen",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -29,7 +29,7 @@ import time
 
 import zmq
 
-from vlarun.runtime.client import EdgeClient, LinkDown
+from vlarun.runtime.robot.client import EdgeClient, LinkDown
 from vlarun.runtime.transport import Security
 from vlarun.sched.link import Link
 

@@ -3,7 +3,7 @@ server or without one. Any robot loop that can hand over a camera frame (or seve
 robot's state and an instruction, and apply one action per control tick, runs a policy so:
 
   from vlarun import Policy
-  from vlarun.runtime.robot import Robot
+  from vlarun.runtime.robot.control import Robot
 
   with Robot(Policy.load("tiny-ar"), edge="tcp://10.0.0.2:5555", insecure=True,
              control_hz=20) as robot:                  # edge=None: everything on the robot
@@ -52,9 +52,9 @@ import numpy as np
 
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.agent import AgentConfig, Inference, RobotAgent
-from vlarun.runtime.chunks import ChunkQueue
-from vlarun.runtime.episode import model_rows, p95_of
+from vlarun.runtime.robot.agent import AgentConfig, Inference, RobotAgent
+from vlarun.runtime.robot.chunks import ChunkQueue
+from vlarun.runtime.robot.episode import model_rows, p95_of
 from vlarun.runtime.transport import robot_security
 from vlarun.sched.records import summarise
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from vlarun.runtime.records import (
+from vlarun.runtime.protocol import (
     RecordError,
     StageTiming,
     number,

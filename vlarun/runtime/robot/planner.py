@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime import costview
+from vlarun.runtime.robot import costview
 from vlarun.sched.bookings import Booking
 from vlarun.sched.contract import ExecutionPlan, Outcome
 from vlarun.sched.link import Link

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vlarun.runtime.chunks import ChunkQueue, Prior
+from vlarun.runtime.robot.chunks import ChunkQueue, Prior
 
 if TYPE_CHECKING:  # the agent (and ZeroMQ) only where agent episodes run
-    from vlarun.runtime.agent import RobotAgent
+    from vlarun.runtime.robot.agent import RobotAgent
 
 
 def run_loop(

@@ -1,11 +1,11 @@
 """The robot agent: per request plan, execute, learn.
 
-  plan     ``runtime/planner.py``: a ``Plan`` for every request (the scheduler's, or a fixed
+  plan     ``runtime/robot/planner.py``: a ``Plan`` for every request (the scheduler's, or a fixed
            strategy's; the robot-only one while the edge is down);
-  execute  ``runtime/executor.py``: robot segments here, edge segments as requests that wait
+  execute  ``runtime/robot/executor.py``: robot segments here, edge segments as requests that wait
            no longer than the deadline allows, falling back to here (and handing the rest to
            the edge when the link comes back);
-  learn    ``runtime/learner.py``: the link, local stage times, answers, the edge's schedule,
+  learn    ``runtime/robot/learner.py``: the link, local stage times, answers, the edge's schedule,
            the energy account, and the plan's outcome for the planner.
 
 ``RobotAgent.infer`` is those three steps and the record (``request.Inference.from_run``).
@@ -29,15 +29,15 @@ import zmq
 
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime import costview
-from vlarun.runtime.chunks import Prior
-from vlarun.runtime.client import EdgeClient, reply_limits
 from vlarun.runtime.emulate import Emulation, StageEmulator
-from vlarun.runtime.executor import Executor
-from vlarun.runtime.learner import Learner
-from vlarun.runtime.monitor import LinkMonitor
-from vlarun.runtime.planner import make_planner
-from vlarun.runtime.request import Inference, RequestContext, freeze_for
+from vlarun.runtime.robot import costview
+from vlarun.runtime.robot.chunks import Prior
+from vlarun.runtime.robot.client import EdgeClient, reply_limits
+from vlarun.runtime.robot.executor import Executor
+from vlarun.runtime.robot.learner import Learner
+from vlarun.runtime.robot.monitor import LinkMonitor
+from vlarun.runtime.robot.planner import make_planner
+from vlarun.runtime.robot.request import Inference, RequestContext, freeze_for
 from vlarun.runtime.transport import Security
 from vlarun.sched.execution import GIVE_UP_MARGIN_S
 from vlarun.sched.plans import DEFAULT_FLOOR

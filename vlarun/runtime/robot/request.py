@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from vlarun.accel.rtc import P95_Z, RTCRequest, frozen_steps
-from vlarun.runtime.chunks import Prior
-from vlarun.runtime.planner import Plan
+from vlarun.runtime.robot.chunks import Prior
+from vlarun.runtime.robot.planner import Plan
 
 
 @dataclass

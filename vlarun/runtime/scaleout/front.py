@@ -26,9 +26,10 @@ user can open it (as only this user can read Ray's token), and the payload is no
 twice on its way through one machine.
 
 Admission, bookings, the seen-robots table and health are the edge core's
-(``runtime/edge_core.py``), the same object one ``EdgeServer`` holds; its backend here is the
-pool of workers (``runtime/worker_pool.py``), which predicts, per live worker, when a request
-would finish (the one queue model over its flights and bookings). The front sends the request
+(``runtime/edge/core.py``), the same object one ``EdgeServer`` holds; its backend here is
+the pool of workers (``runtime/scaleout/worker_pool.py``), which predicts, per live worker, when
+a request would finish (the one queue model over its flights and bookings).
+The front sends the request
 to the earliest (an accelerated stream stays on the worker holding its KV cache when that one
 is in time too); the core refuses it at once, as on one edge, when even the earliest would
 finish after the deadline: the robot hears it and runs the segment itself. Bookings are held
@@ -60,7 +61,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.edge_core import (
+from vlarun.runtime.edge.core import (
     DataRequest,
     EdgeCore,
     EdgeRecords,
@@ -68,18 +69,18 @@ from vlarun.runtime.edge_core import (
     ServerConfig,
     late,
 )
-from vlarun.runtime.ray_workers import RayWorkers
-from vlarun.runtime.records import RecordError, parse_timings
-from vlarun.runtime.segments import Schema
-from vlarun.runtime.server import Route, control_reply, rid_of, wildcard
-from vlarun.runtime.transport import Security, dealer_socket, peer_key, router_socket
-from vlarun.runtime.worker_pool import (  # noqa: F401 (dispatch_order: importable from here)
+from vlarun.runtime.edge.server import Route, control_reply, rid_of, wildcard
+from vlarun.runtime.edge.zap import EdgeAuth
+from vlarun.runtime.protocol import RecordError, parse_timings
+from vlarun.runtime.scaleout.ray_workers import RayWorkers
+from vlarun.runtime.scaleout.worker_pool import (  # noqa: F401 (dispatch_order: importable from here)
     Flight,
     Worker,
     WorkerPool,
     dispatch_order,
 )
-from vlarun.runtime.zap import EdgeAuth
+from vlarun.runtime.segments import Schema
+from vlarun.runtime.transport import Security, dealer_socket, peer_key, router_socket
 from vlarun.stages import wire
 from vlarun.stages.packet import PacketError
 

@@ -1,7 +1,7 @@
 """The Ray edge workers as the edge core's backend (``edge_core.Backend``): the scale-out
 front's view of each worker (the requests in flight there, the plans booked there, its stage
 times as its replies report them) and the front's dispatch rule. No socket is opened or read
-here: ``runtime/scaleout.py`` connects each worker, forwards and reads; this file predicts.
+here: ``runtime/scaleout/front.py`` connects each worker, forwards and reads; this file predicts.
 
 Dispatch: for each request, per live worker, when it would finish: the one queue model
 (``sched.queue_model``, the worker's own rule played forward) over every request in flight
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from vlarun.runtime.edge_core import Quote, ServerConfig, robot_id
-from vlarun.runtime.records import StageTiming
+from vlarun.runtime.edge.core import Quote, ServerConfig, robot_id
+from vlarun.runtime.protocol import StageTiming
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.queue_model import (
     MAX_BOOKINGS,

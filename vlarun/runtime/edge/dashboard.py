@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 
-from vlarun.runtime.server import robot_id
+from vlarun.runtime.edge.server import robot_id
 from vlarun.sched.catalog import get_device
 from vlarun.sched.energy import stage_energy
 
@@ -222,7 +222,7 @@ def _per_stage(name: str, text: str, values: dict):
 
 def page() -> bytes:
     """The page with its script inlined: one authenticated request serves it all."""
-    static = resources.files("vlarun.runtime").joinpath("static")
+    static = resources.files("vlarun.runtime.edge").joinpath("static")
     html = static.joinpath("dashboard.html").read_text()
     script = static.joinpath("dashboard.js").read_text()
     return html.replace(

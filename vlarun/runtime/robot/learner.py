@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from vlarun.runtime import costview
-from vlarun.runtime.client import LinkDown
-from vlarun.runtime.monitor import LinkMonitor
-from vlarun.runtime.planner import EdgeView, Planner
-from vlarun.runtime.request import Inference, RequestContext
+from vlarun.runtime.robot import costview
+from vlarun.runtime.robot.client import LinkDown
+from vlarun.runtime.robot.monitor import LinkMonitor
+from vlarun.runtime.robot.planner import EdgeView, Planner
+from vlarun.runtime.robot.request import Inference, RequestContext
 from vlarun.sched.link import Link
 
 

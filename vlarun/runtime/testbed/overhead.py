@@ -6,7 +6,7 @@
              from an echo process (no vlarun code on either side)
     overhead = median(vlarun) - median(raw)       (issue goal: <= 1 ms on loopback)
 
-Run the echo as a process:  python -m vlarun.runtime.overhead   (prints its endpoint).
+Run the echo as a process:  python -m vlarun.runtime.testbed.overhead   (prints its endpoint).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def measure(edge: str, policy, n: int = 30) -> dict:
     """Remote vision stage on ``edge`` vs raw echo of the same bytes; medians in ms."""
     import torch
 
-    from vlarun.runtime import procs
-    from vlarun.runtime.client import EdgeClient, ping
+    from vlarun.runtime.robot.client import EdgeClient, ping
+    from vlarun.runtime.testbed import procs
     from vlarun.runtime.transport import Security
     from vlarun.stages import wire
     from vlarun.stages.packet import Packet
@@ -85,7 +85,7 @@ def measure(edge: str, policy, n: int = 30) -> dict:
         )
     ]
     reply = runs[-1][1].recv_bytes
-    proc, echo = procs.spawn_module("vlarun.runtime.overhead")
+    proc, echo = procs.spawn_module("vlarun.runtime.testbed.overhead")
     try:
         raw = raw_round_trips(echo, sizes, reply, n)
     finally:

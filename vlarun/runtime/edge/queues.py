@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vlarun.runtime.records import StageTiming
+from vlarun.runtime.protocol import StageTiming
 from vlarun.runtime.segments import batch_dim
 from vlarun.sched.bookings import Booking, Slot
 from vlarun.sched.queue_model import (

@@ -36,12 +36,12 @@ import torch
 from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.client import EdgeClient, LinkDown, check_packet
 from vlarun.runtime.emulate import StageEmulator
-from vlarun.runtime.learner import Learner
-from vlarun.runtime.monitor import LinkMonitor
-from vlarun.runtime.planner import Plan, Planner
-from vlarun.runtime.request import RequestContext, Trace
+from vlarun.runtime.robot.client import EdgeClient, LinkDown, check_packet
+from vlarun.runtime.robot.learner import Learner
+from vlarun.runtime.robot.monitor import LinkMonitor
+from vlarun.runtime.robot.planner import Plan, Planner
+from vlarun.runtime.robot.request import RequestContext, Trace
 from vlarun.runtime.segments import Segment, segments, wanted
 from vlarun.sched.contract import TransferOutcome
 from vlarun.sched.execution import give_up_at
