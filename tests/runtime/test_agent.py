@@ -51,7 +51,17 @@ def _wait(cond, timeout_s: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("strategy", ["edge-only", "fixed-split", "vlarun"])
+def test_the_agent_takes_every_strategy_by_its_canonical_name_and_refuses_others():
+    """sched/strategy.py spells the names once: the agent takes each, and the old alias."""
+    from vlarun.sched.strategy import STRATEGIES as CANONICAL
+
+    for name in (*CANONICAL, "vlarun"):
+        assert AgentConfig(strategy=name).strategy == name
+    with pytest.raises(ValueError, match="unknown strategy 'edge-first'; strategies: device-only"):
+        AgentConfig(strategy="edge-first")
+
+
+@pytest.mark.parametrize("strategy", ["edge-only", "fixed-split", "vlarun", "vlarun-placement"])
 def test_strategies_give_the_local_actions(server, policy, strategy):
     image = StubEnv(1).image
     expected = policy.predict(image, INSTRUCTION)
@@ -64,7 +74,7 @@ def test_strategies_give_the_local_actions(server, policy, strategy):
             inf = agent.infer(image, INSTRUCTION)
             assert inf.fallback is None
             np.testing.assert_allclose(inf.actions, expected, atol=1e-5)
-        if strategy != "vlarun":
+        if not strategy.startswith("vlarun"):
             assert "edge" in inf.ran.values()
             assert all(ms >= 0 for ms in inf.remote_overhead_ms)
     finally:

@@ -391,8 +391,8 @@ class RunRobotOptions:
     max_steps: int | None = opt(None, "stop an episode after this many steps")
     strategy: str = opt(
         "vlarun",
-        "vlarun (placement) | vlarun-joint (placement x measured settings) | device-only | "
-        "edge-only | fixed-split",
+        "vlarun-placement (alias vlarun) | vlarun-joint (placement x measured settings) | "
+        "device-only | edge-only | fixed-split",
     )
     settings: str | None = opt(
         None, "vlarun-joint: settings table or `bench accel` result (default: the shipped one)"

@@ -28,7 +28,6 @@ from vlarun.sched.strategy import FIXED
 from vlarun.sched.strategy import STRATEGIES as MATRIX_STRATEGIES
 
 SLO_BAR = 0.999  # the SLO share a strategy must reach to count as meeting the deadline
-AGENT_STRATEGY = {"vlarun-placement": "vlarun"}  # the agent's name for the matrix's label
 
 
 def parse_bandwidth(spec: str) -> tuple[float, float | None]:
@@ -79,9 +78,7 @@ def run_matrix(o, policy, endpoint: str, steps: int, strategy_run, make_cfg) -> 
         with background_load(policy, endpoint, robots, period, make_cfg) as bg:
             for spec in bandwidths:
                 before, after = parse_bandwidth(spec)
-                runs = [
-                    (label, AGENT_STRATEGY.get(label, label), None) for label in MATRIX_STRATEGIES
-                ]
+                runs = [(label, label, None) for label in MATRIX_STRATEGIES]
                 while runs:
                     label, strategy, setting = runs.pop(0)
                     row = strategy_run(strategy, steps, before, after, load, setting)

@@ -42,14 +42,15 @@ from vlarun.runtime.transport import Security
 from vlarun.sched.execution import GIVE_UP_MARGIN_S
 from vlarun.sched.plans import DEFAULT_FLOOR
 from vlarun.sched.scheduler import DEFAULT_ON_TIME
-from vlarun.sched.strategy import FIXED
+from vlarun.sched.strategy import ALIASES, canonical
+from vlarun.sched.strategy import STRATEGIES as ALL_STRATEGIES
 from vlarun.stages.families import RTC_FAMILIES, refuse_fast_freeze, rtc_inputs
 from vlarun.stages.wire import Codec
 
 __all__ = ["STRATEGIES", "AgentConfig", "Inference", "RobotAgent"]
 
-# The agent's names: vlarun-placement is "vlarun" here (sched.strategy names both).
-STRATEGIES = ("vlarun", "vlarun-joint", *FIXED)
+# Every name sched.strategy knows, its aliases included ("vlarun" is vlarun-placement).
+STRATEGIES = (*ALIASES, *ALL_STRATEGIES)
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,7 @@ class AgentConfig:
                 )
             if a.world != b.world:
                 raise ValueError(f"robot and edge live in one world, got {a.world} and {b.world}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        canonical(self.strategy)  # an unknown name is refused with every known one
         if self.setting.weights != "native":
             # Both sides would have to hold the quantised model and the plan space to name it;
             # refused rather than run (and timed) as the float model.
