@@ -43,6 +43,62 @@ from vlarun.sim.distill_data import _join, demo_codes, fit_block, load_frames
 TINY_AR = Path(__file__).resolve().parents[2] / "checkpoints" / "tiny-ar"
 
 
+def test_distill_a_univla_teacher(tmp_path):
+    """Issue 65, 3: a UniVLA-family teacher (VQ image ids inside Emu3's markers, FAST action
+    tokens; random weights at tiny-univla's shape, Meta-World's 4 action dimensions) collects
+    its Jacobi trajectories from two-view demos, trains, and exports a student that loads as
+    the same family and whose own Jacobi decoding is its greedy decoding."""
+    pytest.importorskip("metaworld")
+    from vlarun.accel.jacobi import jacobi_decode
+    from vlarun.models.fast_head import synthetic_fast_tokenizer
+    from vlarun.models.presets import tiny_univla
+    from vlarun.sim.demos import collect as collect_demos
+
+    if not (TINY_AR / "dataset_statistics.json").exists():
+        pytest.skip("checkpoints/tiny-ar is not shipped in this checkout")
+    demos = tmp_path / "demos"
+    collect_demos(["reach-v3"], 2, demos, image_size=32, progress=False, extra_cameras=("corner2",))
+    cfg = dataclasses.replace(tiny_univla(), name="tiny-univla-mw", action_dim=4, chunk=4)
+    torch.manual_seed(0)
+    model = VLA(cfg).eval()
+    model.set_fast_tokenizer(
+        synthetic_fast_tokenizer(cfg.horizon, cfg.action_dim, cfg.fast.vocab_size)
+    )
+    stats = json.loads((TINY_AR / "dataset_statistics.json").read_text())
+    teacher_dir = save_vla(model, tmp_path / "teacher", norm_stats=stats)
+    got = distill(
+        DistillConfig(
+            teacher=str(teacher_dir),
+            demos=str(demos),
+            out=str(tmp_path / "run"),
+            frames=8,
+            collect_batch=4,
+            eval_frames=4,
+            steps=2,
+            batch=2,
+            block=12,
+            save_every=1,
+            log_every=1,
+            warmup=1,
+        )
+    )
+    assert got["step"] == 2 and got["collected"]["frames"] == 8
+    student = Policy.from_checkpoint(got["exported"])
+    scfg = student.model.cfg
+    assert scfg.vq is not None and student.model.fast_head is not None
+    images = torch.rand(2, scfg.num_images, 3, scfg.image_size, scfg.image_size)
+    ids = [student.text_ids("reach the goal"), student.text_ids("push the puck")]
+
+    def prefill():
+        m = student.model
+        return m.prefill(m.build_prefix(m.encode_images(images), ids))
+
+    with torch.no_grad():
+        greedy = student.model.decode_tokens(prefill())
+        r = jacobi_decode(student.model, prefill(), JacobiConfig(init="repeat"))
+    assert torch.equal(r.tokens, greedy)
+
+
 @pytest.fixture(scope="module")
 def chunked() -> Policy:
     torch.manual_seed(0)

@@ -103,3 +103,23 @@ def test_cli_registers_decode_and_distill():
     for argv, flag in ((["bench", "decode"], "--sigmas"), (["distill"], "--omega")):
         key, module, _ = resolve(argv)
         assert flag in build_parser(key, command(key, module)[0]).format_help()
+
+
+def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
+    """Issue 65, 3: UniVLA's family (VQ image ids, FAST action tokens) through the same bench:
+    greedy, Jacobi (exact: every token agrees) and Jacobi + exit, labelled random weights."""
+    o = BenchDecodeOptions(
+        policy="tiny-univla",
+        distilled="",
+        tasks="reach-v3",
+        episodes=1,
+        sigmas="0.5",
+        queries=2,
+        out=str(tmp_path),
+    )
+    r = run(o, progress=False)
+    assert r["random_weights"] and r["max_tokens"] == 32
+    rows = {x["method"]: x for x in r["rows"]}
+    assert set(rows) == {"ar", "jacobi", "jacobi-exit"}
+    assert rows["jacobi"]["token_agreement_with_ar"] == 1.0
+    assert all(x["tokens_per_s_mean"] > 0 and x["success_rate"] is None for x in rows.values())
