@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from vlarun.runtime.emulate import StandIn
 from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.runtime.robot.chunks import ChunkQueue
 from vlarun.runtime.robot.episode import run_episode
@@ -285,7 +286,7 @@ def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_la
     image = StubEnv(1).image
     loose = _Pinned(
         policy,
-        AgentConfig(slo_s=5.0, strategy="edge-only", robot_slowdown=4.0),
+        AgentConfig(slo_s=5.0, strategy="edge-only", robot=StandIn(slowdown=4.0)),
         server.address,
         INSECURE,
     )
@@ -298,7 +299,7 @@ def test_the_robot_does_not_wait_for_an_answer_its_own_later_stage_would_make_la
     finally:
         loose.close()
     assert decode > 0.04  # the 4x decode: long enough that half of it is a clear miss
-    cfg = AgentConfig(slo_s=usual - decode / 2, strategy="edge-only", robot_slowdown=4.0)
+    cfg = AgentConfig(slo_s=usual - decode / 2, strategy="edge-only", robot=StandIn(slowdown=4.0))
     agent = _Pinned(policy, cfg, server.address, INSECURE)
     try:
         agent.warmup(image, INSTRUCTION, runs=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vlarun.runtime.edge.server import EdgeServer, ServerConfig
-from vlarun.runtime.emulate import Emulation, StageEmulator
+from vlarun.runtime.emulate import Emulation, StageEmulator, StandIn
 from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.runtime.transport import Security
 
@@ -83,10 +83,8 @@ def test_robot_and_edge_take_the_emulated_devices_times(policy):
     edge = Emulation("openvla-7b", "rtx4090", time_scale=scale, jitter=0.0)
     image = np.zeros((128, 128, 3), np.uint8)
     both = {
-        "emulate": robot,
-        "edge_emulate": edge,
-        "robot_device": "orin-agx-32gb",
-        "edge_device": "rtx4090",
+        "robot": StandIn.emulating(robot),
+        "edge": StandIn.emulating(edge),
         "meter": "none",
     }
     local = RobotAgent(policy, AgentConfig(slo_s=5.0, strategy="device-only", **both))
@@ -159,10 +157,8 @@ def test_a_request_running_here_hands_its_rest_to_the_edge_when_the_link_comes_b
     cfg = AgentConfig(
         slo_s=0.8,
         strategy="vlarun",
-        emulate=robot,
-        edge_emulate=edge,
-        robot_device="orin-agx-32gb",
-        edge_device="rtx4090",
+        robot=StandIn.emulating(robot),
+        edge=StandIn.emulating(edge),
         meter="none",
     )
     with EdgeServer(policy, Security(insecure=True), ServerConfig(emulate=edge)) as srv:

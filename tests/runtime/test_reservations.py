@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from vlarun.runtime.edge.server import EdgeServer, ServerConfig, robot_id
+from vlarun.runtime.emulate import StandIn
 from vlarun.runtime.robot.agent import AgentConfig, RobotAgent
 from vlarun.runtime.robot.client import EdgeClient, LinkDown, ping
 from vlarun.runtime.robot.costview import decide, edge_state, make_scheduler
@@ -225,7 +226,7 @@ def test_the_agent_books_each_edge_segment_it_plans(policy):
     with EdgeServer(policy, INSECURE, ServerConfig()) as srv:
         srv.warmup()
         agent = RobotAgent(
-            policy, AgentConfig(slo_s=10.0, robot_slowdown=4.0), srv.address, INSECURE
+            policy, AgentConfig(slo_s=10.0, robot=StandIn(slowdown=4.0)), srv.address, INSECURE
         )
         try:
             image = np.zeros((policy.model.cfg.image_size,) * 2 + (3,), np.uint8)

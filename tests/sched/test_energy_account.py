@@ -4,6 +4,7 @@ price a request with ``request_energy``; on identical inputs their figures are e
 import pytest
 
 from vlarun.models.presets import get_preset
+from vlarun.runtime.emulate import StandIn
 from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import modelled_energy, stand_in_factors
 from vlarun.sched.catalog import get_device
@@ -50,7 +51,7 @@ def test_runtime_realised_energy_equals_the_plans_prediction_on_identical_inputs
         radio=radio,
         measured=measured,
     )
-    agent = AgentConfig(slo_s=slo, robot_device=ORIN.id, edge_device=RTX.id)
+    agent = AgentConfig(slo_s=slo, robot=StandIn(ORIN.id), edge=StandIn(RTX.id))
     edge_s = {n: t for n, t in times.items() if placement[n] == "edge"}
     same = {"robot": {}, "edge": {}}  # the times are already the named devices'
     realised = modelled_energy(agent, placement, times, edge_s, pred.latency_s, same, radio=radio)
@@ -62,7 +63,7 @@ def test_a_time_measured_here_is_priced_on_the_device_it_stands_in_for():
     (roofline ratio: the calibrated 4090 prediction), never this CPU's seconds at 4090 watts;
     a role that names this-cpu is priced as measured."""
     cfg = get_preset("openvla-7b")
-    agent = AgentConfig(slo_s=0.5, robot_device="this-cpu", edge_device=RTX.id)
+    agent = AgentConfig(slo_s=0.5, robot=StandIn("this-cpu"), edge=StandIn(RTX.id))
     f = stand_in_factors(cfg, agent, 8, "bfloat16")
     assert set(f["robot"].values()) == {1.0}
     assert all(0 < x < 0.2 for x in f["edge"].values())  # a 4090 beats this CPU at 7B shapes
@@ -98,8 +99,8 @@ def test_a_time_measured_here_is_priced_on_the_device_it_stands_in_for():
         radio=RadioPower(1, 1),
     )
     assert got < 0.9 * naive
-    with pytest.raises(ValueError, match="robot_slowdown"):
-        AgentConfig(robot_slowdown=2.0, robot_device="orin-nx-16gb")
+    with pytest.raises(ValueError, match="slowdown .2x. stands in .* named device .orin-nx-16gb."):
+        AgentConfig(robot=StandIn("orin-nx-16gb", 2.0))
 
 
 @pytest.mark.parametrize("split", ["robot", "vision-on-robot"])
@@ -120,7 +121,7 @@ def test_an_outcome_in_its_predicted_times_costs_what_its_plan_predicted(split):
     times = {w.name: roofline(w, devices[placement[w.name]], "bfloat16").seconds for w in works}
     link, radio, slo = Link(200.0, 2.0), RadioPower(1.2, 1.2), 2.0
     pred = predict_placement(works, placement, devices, link, period_s=slo, radio=radio)
-    agent = AgentConfig(slo_s=slo, robot_device=ORIN.id, edge_device=RTX.id)
+    agent = AgentConfig(slo_s=slo, robot=StandIn(ORIN.id), edge=StandIn(RTX.id))
     edge_s = {n: t for n, t in times.items() if placement[n] == "edge"}
     same = {"robot": {}, "edge": {}}
     util = roofline_utilisation(cfg, agent, 8, "bfloat16")

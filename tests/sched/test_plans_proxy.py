@@ -2,7 +2,7 @@
 labelled proxy (``plans.carried_to``), and only when asked (``AgentConfig.settings_proxy``)."""
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.emulate import Emulation, StandIn
 from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS, carried_to, load_settings
@@ -19,14 +19,12 @@ def test_measured_costs_are_carried_to_the_emulated_model_with_their_source():
 
 def _joint_settings(proxy: bool, floor=NO_LOSS) -> set[str]:
     emu = {
-        "emulate": Emulation("openvla-7b", "orin-agx-32gb"),
-        "edge_emulate": Emulation("openvla-7b", "rtx4090"),
+        "robot": StandIn.emulating(Emulation("openvla-7b", "orin-agx-32gb")),
+        "edge": StandIn.emulating(Emulation("openvla-7b", "rtx4090")),
     }
     cfg = AgentConfig(
         slo_s=1.0,
         strategy="vlarun-joint",
-        robot_device="orin-agx-32gb",
-        edge_device="rtx4090",
         settings_file=str(MEASURED_SETTINGS_FILE),
         settings_proxy=proxy,
         meter="none",

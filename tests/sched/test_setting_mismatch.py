@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.emulate import Emulation, StandIn
 from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.contract import Outcome, StageOutcome
@@ -24,10 +24,8 @@ def _scheduler(slo_s: float):
     cfg = AgentConfig(
         slo_s,
         "vlarun-joint",
-        robot_device="orin-agx-32gb",
-        edge_device="rtx4090",
-        emulate=Emulation("openvla-7b", "orin-agx-32gb"),
-        edge_emulate=Emulation("openvla-7b", "rtx4090"),
+        robot=StandIn.emulating(Emulation("openvla-7b", "orin-agx-32gb")),
+        edge=StandIn.emulating(Emulation("openvla-7b", "rtx4090")),
         settings_file=str(MEASURED_SETTINGS_FILE),
         settings_proxy=True,
         accuracy_floor=NO_LOSS,

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from vlarun.models.presets import get_preset
-from vlarun.runtime.emulate import Emulation, StageEmulator, emulated_device, world_meter
+from vlarun.runtime.emulate import (
+    Emulation,
+    StageEmulator,
+    StandIn,
+    emulated_device,
+    world_meter,
+)
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.world import WorldError, load_world, shipped_worlds
 
@@ -32,12 +38,12 @@ import vlarun.sched
 for m in pkgutil.iter_modules(vlarun.sched.__path__):
     importlib.import_module("vlarun.sched." + m.name)
 from vlarun.runtime.robot.agent import AgentConfig
-from vlarun.runtime.emulate import Emulation
+from vlarun.runtime.emulate import Emulation, StandIn
 from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.models.presets import get_preset
-cfg = AgentConfig(slo_s=1.0, robot_device="orin-agx-32gb", edge_device="rtx4090",
-                  emulate=Emulation("openvla-7b", "orin-agx-32gb", world="adversarial"),
-                  edge_emulate=Emulation("openvla-7b", "rtx4090", world="adversarial"))
+robot = Emulation("openvla-7b", "orin-agx-32gb", world="adversarial")
+edge = Emulation("openvla-7b", "rtx4090", world="adversarial")
+cfg = AgentConfig(slo_s=1.0, robot=StandIn.emulating(robot), edge=StandIn.emulating(edge))
 sched = make_scheduler(get_preset("tiny-openvla"), cfg, 12, "float32")
 print("planned", len(sched.space.placements), "world" in " ".join(sys.modules))
 """
@@ -90,13 +96,7 @@ def test_the_world_is_the_meter_of_an_emulated_run():
 
     def cfg(world):
         robot, edge = (Emulation("openvla-7b", d, world=world) for d in TESTBED)
-        return AgentConfig(
-            slo_s=1.0,
-            robot_device=TESTBED[0],
-            edge_device=TESTBED[1],
-            emulate=robot,
-            edge_emulate=edge,
-        )
+        return AgentConfig(slo_s=1.0, robot=StandIn.emulating(robot), edge=StandIn.emulating(edge))
 
     assert world_meter(cfg("catalog")) is None  # today's account: the scheduler's own powers
     name, devices, radio = world_meter(cfg("adversarial"))
@@ -104,8 +104,8 @@ def test_the_world_is_the_meter_of_an_emulated_run():
     assert devices["robot"].busy_w == 10.0 and radio.listen_w == 0.5  # the world charges listening
     with pytest.raises(ValueError, match="one world"):
         AgentConfig(
-            emulate=Emulation("openvla-7b", "orin-agx-32gb", world="published"),
-            edge_emulate=Emulation("openvla-7b", "rtx4090"),
+            robot=StandIn.emulating(Emulation("openvla-7b", "orin-agx-32gb", world="published")),
+            edge=StandIn.emulating(Emulation("openvla-7b", "rtx4090")),
         )
 
 

@@ -541,6 +541,7 @@ def cmd_run_robot(o: RunRobotOptions) -> dict:
 def agent_config(o: RunRobotOptions, setting, slo_s: float):
     """The robot agent's config from the command's options (``setting`` parsed, ``slo_s`` the
     deadline in seconds)."""
+    from vlarun.runtime.emulate import StandIn
     from vlarun.runtime.robot.agent import AgentConfig
     from vlarun.sched.plans import DEFAULT_FLOOR
     from vlarun.stages.wire import Codec
@@ -548,10 +549,9 @@ def agent_config(o: RunRobotOptions, setting, slo_s: float):
     return AgentConfig(
         slo_s,
         o.strategy,
-        o.robot_slowdown,
         Codec(o.reduce, o.compress),
-        robot_device=o.robot_device,
-        edge_device=o.edge_device,
+        robot=StandIn(o.robot_device, o.robot_slowdown),
+        edge=StandIn(o.edge_device),
         setting=setting,
         settings_file=o.settings,
         meter=o.meter,

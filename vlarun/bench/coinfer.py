@@ -523,6 +523,7 @@ def _agent_cfg(
     setting: str | None = None,
 ):
     from vlarun.policy.setting import AccelSetting
+    from vlarun.runtime.emulate import StandIn
     from vlarun.runtime.robot.agent import AgentConfig
     from vlarun.sched.plans import MEASURED_SETTINGS_FILE
 
@@ -530,15 +531,14 @@ def _agent_cfg(
     # Emulated, vlarun-joint plans with the costs measured on the shipped deep policies,
     # carried to the emulated model as a labelled proxy (SETTINGS_PROXY); else the shipped table.
     proxy = {"settings_file": str(MEASURED_SETTINGS_FILE), "settings_proxy": True}
+    # The emulation stands in for the robot where there is one, else the slowdown.
+    stand_in = StandIn(slowdown=o.robot_slowdown) if robot is None else StandIn.emulating(robot)
     return AgentConfig(
         slo_s,
         strategy,
-        o.robot_slowdown if robot is None else 1.0,  # the emulation stands in for the robot
-        robot_device=o.robot_device,
-        edge_device=o.edge_device,
+        robot=stand_in,
+        edge=StandIn.emulating(edge, o.edge_device),
         bandwidth_mbps=bandwidth * _scale(o),
-        emulate=robot,
-        edge_emulate=edge,
         on_time=o.on_time,
         **(proxy if robot is not None else {}),
         **({} if setting is None else {"setting": AccelSetting.parse(setting)}),

@@ -60,7 +60,8 @@ def background_load(
     from vlarun.runtime.testbed.loadgen import OpenLoopLoad
 
     cfg = make_cfg("edge-only", slo_s or period_s)
-    emulator = StageEmulator.build(cfg.emulate) if cfg.emulate is not None else None
+    emulation = cfg.robot.emulation
+    emulator = StageEmulator.build(emulation) if emulation is not None else None
     return OpenLoopLoad(policy, endpoint, robots, period_s, cfg.slo_s, emulator, start_at)
 
 

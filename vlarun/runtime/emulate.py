@@ -11,8 +11,9 @@ up by the same factor). A stage whose own compute already took longer than its t
 *emulation violation*: it is counted, and a run with more than 1% of them says nothing about the
 emulated device (the CPU was too slow or too busy for the scale chosen).
 
-Both the robot agent (``AgentConfig.emulate``) and the edge server (``ServerConfig.emulate``)
-take an ``Emulation``; the robot's stands in for the robot device, the edge's for the edge one.
+Both the robot agent (``AgentConfig.robot`` / ``.edge``, each a ``StandIn``) and the edge
+server (``ServerConfig.emulate``) take an ``Emulation``; the robot's stands in for the robot
+device, the edge's for the edge one.
 Packets are padded to the real model's sizes (``pad_bytes``: a zero frame the wire drops on
 receipt), so the link moves the real bytes; with a ``time_scale`` the bench multiplies every
 bandwidth by it too, so a transfer keeps its share of the scaled deadline.
@@ -73,6 +74,48 @@ class Emulation:
         if not sep or not model or not device:
             raise ValueError(f"emulation takes MODEL:DEVICE, got {spec!r}")
         return cls(model, device, time_scale=time_scale, seed=seed, world=world)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """What one side's computer stands for in a run: the one typed model of every stand-in.
+
+      StandIn()                               this host, as it is
+      StandIn(device="orin-agx-32gb")         a catalog device: this host's measured times are
+                                              converted to it for costs and energy; nothing waits
+      StandIn(slowdown=4.0)                   a computer 4x slower than this host: each local
+                                              stage sleeps the difference (the robot's side only)
+      StandIn.emulating(Emulation(...))       an emulated device: each stage padded to the real
+                                              model's time on it (``StageEmulator``)
+
+    One at a time: a slowdown sleeps on this CPU's clock while a named device converts this
+    CPU's times, so the two together would count the same slowness twice."""
+
+    device: str = "this-cpu"
+    slowdown: float = 1.0
+    emulation: Emulation | None = None
+
+    def __post_init__(self) -> None:
+        if not self.slowdown >= 1:
+            raise ValueError(f"a stand-in's slowdown must be >= 1, got {self.slowdown}")
+        if self.slowdown > 1 and (self.device != "this-cpu" or self.emulation is not None):
+            raise ValueError(
+                f"a slowdown ({self.slowdown:g}x) stands in for a slower computer by sleeping on "
+                f"this CPU; a named device ({self.device}) or an emulation converts or pads its "
+                "times: use one"
+            )
+        if self.emulation is not None and self.device != self.emulation.device:
+            raise ValueError(
+                f"the stand-in's device ({self.device}) is not the one it emulates "
+                f"({self.emulation.device}): use StandIn.emulating(emulation)"
+            )
+
+    @classmethod
+    def emulating(cls, emulation: Emulation | None, device: str = "this-cpu") -> StandIn:
+        """``emulation``'s device, emulated; without one, ``device`` as a catalog stand-in."""
+        if emulation is None:
+            return cls(device=device)
+        return cls(device=emulation.device, emulation=emulation)
 
 
 def emulated_device(emulation: Emulation) -> Device:
@@ -256,12 +299,12 @@ def world_meter(cfg) -> tuple[str, dict, object] | None:
     Each device keeps its catalog entry with the world's ``busy_w`` / ``idle_w``; stages are
     then priced at utilisation 1 (the world's busy power is what the device draws running
     them) by the one energy account, ``sched.energy.request_energy``."""
-    if cfg.emulate is None or cfg.emulate.world == "catalog":
+    robot, edge = cfg.robot.emulation, cfg.edge.emulation
+    if robot is None or robot.world == "catalog":
         return None
     from vlarun.world import load_world
     from vlarun.world.truth import world_meter as meter_of
 
-    robot, edge = cfg.emulate, cfg.edge_emulate
     world = load_world(robot.world, robot.model, (robot.device, edge.device))
     devices, radio = meter_of(
         world, {"robot": get_device(robot.device), "edge": get_device(edge.device)}

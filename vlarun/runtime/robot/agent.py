@@ -29,7 +29,7 @@ import zmq
 
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
-from vlarun.runtime.emulate import Emulation, StageEmulator
+from vlarun.runtime.emulate import StageEmulator, StandIn
 from vlarun.runtime.robot import costview
 from vlarun.runtime.robot.chunks import Prior
 from vlarun.runtime.robot.client import EdgeClient, reply_limits
@@ -61,11 +61,14 @@ class AgentConfig:
 
     slo_s: float = 0.5
     strategy: str = "vlarun"
-    robot_slowdown: float = 1.0
     codec: Codec = Codec()
     margin_s: float = GIVE_UP_MARGIN_S
-    robot_device: str = "this-cpu"
-    edge_device: str = "this-cpu"
+    # What this host stands for on each side (runtime.emulate.StandIn): itself, a catalog
+    # device its times are converted to, a slower robot (sleeps), or an emulated device (each
+    # stage padded to the real model's time there; the edge server pads its side by its own
+    # ServerConfig.emulate). With emulations the plan is costed for the real model on both.
+    robot: StandIn = StandIn()
+    edge: StandIn = StandIn()
     bandwidth_mbps: float = 1000.0  # initial link estimate; measured transfers refine it
     rtt_ms: float = 1.0
     setting: AccelSetting = AccelSetting()
@@ -81,12 +84,6 @@ class AgentConfig:
     # A power meter on the robot (RAPL, NVML, Jetson INA rails) read around every request:
     # "auto" (the first readable one; none on a machine without), "none", or its name.
     meter: str = "auto"
-    # The robot device this side stands for, by padding each local stage to the emulated
-    # device's time for the real model's stage (runtime.emulate), and the edge device the
-    # edge server stands for (its ServerConfig.emulate); the plan is then costed for the real
-    # model on both. None: this host as it is.
-    emulate: Emulation | None = None
-    edge_emulate: Emulation | None = None
     # Real-time chunking: each request freezes its chunk's first d actions to the ones still
     # queued, d from the executed plan's p95 latency and the control period (module docstring).
     rtc: bool = False
@@ -96,12 +93,12 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not 0 < self.on_time <= 1:
             raise ValueError(f"on_time must lie in (0, 1], got {self.on_time}")
-        if self.emulate is not None and self.robot_slowdown > 1:
-            raise ValueError("emulate and robot_slowdown both stand in for the robot: use one")
-        if (self.emulate is None) != (self.edge_emulate is None):
+        if self.edge.slowdown > 1:
+            raise ValueError("a slowdown stands in for the robot; the edge takes a device")
+        a, b = self.robot.emulation, self.edge.emulation
+        if (a is None) != (b is None):
             raise ValueError("emulate the robot and the edge together, or neither")
-        if self.emulate is not None and self.edge_emulate is not None:
-            a, b = self.emulate, self.edge_emulate
+        if a is not None and b is not None:
             if a.model != b.model or a.time_scale != b.time_scale:
                 raise ValueError(
                     f"robot and edge emulate one model at one time scale, got {a.model} x"
@@ -117,13 +114,8 @@ class AgentConfig:
                 f"weights={self.setting.weights} is not run by the robot / edge runtime yet "
                 "(Policy.with_setting applies it in process)"
             )
-        if self.slo_s <= 0 or self.robot_slowdown < 1:
-            raise ValueError("slo_s must be positive and robot_slowdown >= 1")
-        if self.robot_slowdown > 1 and self.robot_device != "this-cpu":
-            raise ValueError(
-                "robot_slowdown stands in for a slower robot by sleeping on this CPU, a named "
-                f"robot device ({self.robot_device}) by converting this CPU's times: use one"
-            )
+        if self.slo_s <= 0:
+            raise ValueError(f"slo_s must be positive, got {self.slo_s}")
 
 
 class RobotAgent:
@@ -153,8 +145,9 @@ class RobotAgent:
         self.dtype = "bfloat16" if policy.model.dtype == torch.bfloat16 else "float32"
         # An emulated run's clock is 1 / time_scale slower than the emulated devices': the
         # link's memory and the monitor's intervals stretch with it, as every emulated time.
-        stretch = 1.0 if self.cfg.emulate is None else 1.0 / self.cfg.emulate.time_scale
-        self.emulator = StageEmulator.build(self.cfg.emulate) if self.cfg.emulate else None
+        emulation = self.cfg.robot.emulation
+        stretch = 1.0 if emulation is None else 1.0 / emulation.time_scale
+        self.emulator = StageEmulator.build(emulation) if emulation is not None else None
         self.costs = costview.CostView(policy.model.cfg, self.cfg, self.dtype)
         self.learner = Learner(self.cfg, self.costs, stretch)
         self.planner = make_planner(self.cfg.strategy, self.cfg.setting, self.costs, self.cfg.slo_s)

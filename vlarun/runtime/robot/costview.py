@@ -35,21 +35,19 @@ from vlarun.stages.families import Workload
 def role_devices(cfg) -> dict[str, Device]:
     """The robot's and the edge's catalog devices, as emulated (rates scaled) where they are."""
     out = {}
-    for role, name, emu in (
-        ("robot", cfg.robot_device, cfg.emulate),
-        ("edge", cfg.edge_device, cfg.edge_emulate),
-    ):
-        out[role] = emulated_device(emu) if emu is not None else get_device(name)
+    for role, side in (("robot", cfg.robot), ("edge", cfg.edge)):
+        emu = side.emulation
+        out[role] = emulated_device(emu) if emu is not None else get_device(side.device)
     return out
 
 
 def cost_model(model_cfg, cfg):
     """What the plan costs: the policy that runs, or the real model both sides emulate."""
-    if cfg.emulate is None:
+    if cfg.robot.emulation is None:
         return model_cfg
     from vlarun.models.presets import get_preset
 
-    return get_preset(cfg.emulate.model)
+    return get_preset(cfg.robot.emulation.model)
 
 
 # Knobs whose non-identity values are model transforms the runtime cannot execute yet: the
@@ -66,8 +64,8 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     those rows are left out)."""
     devices = role_devices(cfg)
     model_cfg = cost_model(model_cfg, cfg)
-    if cfg.emulate is not None:  # the real model in the dtype the emulated devices run it in
-        dtype = cfg.emulate.dtype
+    if cfg.robot.emulation is not None:  # the real model in the emulated devices' dtype
+        dtype = cfg.robot.emulation.dtype
     w = Workload(1, text_tokens, dtype)
     if cfg.strategy == "vlarun-joint":
         rows = tuple(
@@ -75,7 +73,7 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
             for r in load_settings(cfg.settings_file)
             if r.knob not in RUNTIME_REFUSES or r.value == IDENTITY[r.knob]
         )
-        if cfg.emulate is not None and cfg.settings_proxy:
+        if cfg.robot.emulation is not None and cfg.settings_proxy:
             rows = carried_to(rows, model_cfg.name)
         floor = None if cfg.accuracy_floor == "none" else cfg.accuracy_floor
     else:
@@ -92,7 +90,7 @@ def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
     # exploration): its cost is capped by the agent's timeout at deadline + one local run.
     # An emulated run's clock is 1 / time_scale slower than the emulated devices': what the
     # calibration forgets with time forgets on the emulated clock, as the link's memory does.
-    stretch = 1.0 if cfg.emulate is None else 1.0 / cfg.emulate.time_scale
+    stretch = 1.0 if cfg.robot.emulation is None else 1.0 / cfg.robot.emulation.time_scale
     cal = Calibration(half_life_s=Calibration.half_life_s * stretch)
     return Scheduler(
         space,
@@ -124,12 +122,11 @@ def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, 
     host = get_device(HOST)
     works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
     out = {}
-    emulated = {"robot": cfg.emulate is not None, "edge": cfg.edge_emulate is not None}
-    for role, name in (("robot", cfg.robot_device), ("edge", cfg.edge_device)):
-        dev = get_device(name)
+    for role, side in (("robot", cfg.robot), ("edge", cfg.edge)):
+        dev = get_device(side.device)
         out[role] = {  # an emulated side already takes its device's (scaled) time
             w.name: 1.0
-            if dev.id == host.id or emulated[role]
+            if dev.id == host.id or side.emulation is not None
             else roofline(w, dev, dtype).seconds / max(roofline(w, host, dtype).seconds, 1e-12)
             for w in works
         }
@@ -142,8 +139,8 @@ def roofline_utilisation(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[s
     prices a stage's power at, so the runtime prices an executed stage at it too."""
     devices = role_devices(cfg)
     model_cfg = cost_model(model_cfg, cfg)
-    if cfg.emulate is not None:
-        dtype = cfg.emulate.dtype
+    if cfg.robot.emulation is not None:
+        dtype = cfg.robot.emulation.dtype
     works = stage_works(model_cfg, Workload(1, text_tokens, dtype))
     return {
         role: {w.name: roofline(w, dev, dtype).utilisation for w in works}
@@ -237,7 +234,7 @@ def modelled_energy_by_device(
     ``wasted``: robot stages that ran here and were then redone on the edge (a handoff): the
     robot was busy for them all the same.
 
-    The devices are ``devices`` (a world's meter) or ``cfg.robot_device`` / ``cfg.edge_device``;
+    The devices are ``devices`` (a world's meter) or ``cfg.robot.device`` / ``cfg.edge.device``;
     times measured on this host
     are first converted to them (``stand_in_factors``: 1.0 for ``this-cpu``, the default)."""
     devices = devices or role_devices(cfg)

@@ -20,9 +20,9 @@ steps (the token policy's KV cache, the Jacobi decoder's generator) lives on the
 ran its stage; when a stage moves, its state on the new side is reset first (``meta.fresh`` on
 the edge), so a move costs one full recompute, never a reuse of stale state.
 
-A robot slower than this host can be stood in for by ``robot_slowdown``: each local stage
-sleeps (slowdown - 1) times its measured duration; ``emulate`` pads each stage to a named
-device's time for the real model's stage (``runtime.emulate``).
+A robot slower than this host can be stood in for by a slowdown (``AgentConfig.robot``, a
+``runtime.emulate.StandIn``): each local stage sleeps (slowdown - 1) times its measured
+duration; an emulation pads each stage to a named device's time for the real model's stage.
 """
 
 from __future__ import annotations
@@ -200,8 +200,8 @@ class Executor:
             out = stage(Packet({s.name: pool[s.name] for s in stage.inputs}))
         settle(out.tensors)
         own = time.perf_counter() - start
-        if self.cfg.robot_slowdown > 1:  # stand in for a slower robot computer
-            time.sleep(own * (self.cfg.robot_slowdown - 1))
+        if self.cfg.robot.slowdown > 1:  # stand in for a slower robot computer
+            time.sleep(own * (self.cfg.robot.slowdown - 1))
         if self.emulator is not None:  # stand in for a named device running the real model
             knobs = None if setting is None or setting.identity else setting.knobs()
             self.emulator.pad(stage.name, start, knobs=knobs)
