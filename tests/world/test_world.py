@@ -94,12 +94,11 @@ def test_adversarial_world_stalls_one_execution_in_a_hundred():
 def test_the_world_is_the_meter_of_an_emulated_run():
     from vlarun.runtime.robot.agent import AgentConfig
 
-    def cfg(world):
-        robot, edge = (Emulation("openvla-7b", d, world=world) for d in TESTBED)
-        return AgentConfig(slo_s=1.0, robot=StandIn.emulating(robot), edge=StandIn.emulating(edge))
+    def sides(world):
+        return tuple(StandIn.emulating(Emulation("openvla-7b", d, world=world)) for d in TESTBED)
 
-    assert world_meter(cfg("catalog")) is None  # today's account: the scheduler's own powers
-    name, devices, radio = world_meter(cfg("adversarial"))
+    assert world_meter(*sides("catalog")) is None  # today's account: the scheduler's own powers
+    name, devices, radio = world_meter(*sides("adversarial"))
     assert name == "adversarial" and devices["edge"].busy_w == pytest.approx(38.67)
     assert devices["robot"].busy_w == 10.0 and radio.listen_w == 0.5  # the world charges listening
     with pytest.raises(ValueError, match="one world"):

@@ -291,21 +291,21 @@ def merge_reports(reports: list[dict]) -> dict:
     }
 
 
-def world_meter(cfg) -> tuple[str, dict, object] | None:
-    """(world name, role -> Device with the world's powers, RadioPower) for an agent config
-    emulated under a world other than the catalog; None otherwise (the catalog's powers are
-    the scheduler's own: today's modelled account prices them).
+def world_meter(robot: StandIn, edge: StandIn) -> tuple[str, dict, object] | None:
+    """(world name, role -> Device with the world's powers, RadioPower) for the two sides'
+    stand-ins emulated under a world other than the catalog; None otherwise (the catalog's
+    powers are the scheduler's own: today's modelled account prices them).
 
     Each device keeps its catalog entry with the world's ``busy_w`` / ``idle_w``; stages are
     then priced at utilisation 1 (the world's busy power is what the device draws running
     them) by the one energy account, ``sched.energy.request_energy``."""
-    robot, edge = cfg.robot.emulation, cfg.edge.emulation
-    if robot is None or robot.world == "catalog":
+    emulation = robot.emulation
+    if emulation is None or emulation.world == "catalog":
         return None
     from vlarun.world import load_world
     from vlarun.world.truth import world_meter as meter_of
 
-    world = load_world(robot.world, robot.model, (robot.device, edge.device))
+    world = load_world(emulation.world, emulation.model, (robot.device, edge.device))
     devices, radio = meter_of(
         world, {"robot": get_device(robot.device), "edge": get_device(edge.device)}
     )

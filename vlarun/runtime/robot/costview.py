@@ -20,6 +20,7 @@ stage time is the queued work.
 from __future__ import annotations
 
 from vlarun.runtime.emulate import emulated_device, world_meter
+from vlarun.runtime.robot.agent_config import AgentConfig
 from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
@@ -32,7 +33,7 @@ from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
 
 
-def role_devices(cfg) -> dict[str, Device]:
+def role_devices(cfg: AgentConfig) -> dict[str, Device]:
     """The robot's and the edge's catalog devices, as emulated (rates scaled) where they are."""
     out = {}
     for role, side in (("robot", cfg.robot), ("edge", cfg.edge)):
@@ -41,7 +42,7 @@ def role_devices(cfg) -> dict[str, Device]:
     return out
 
 
-def cost_model(model_cfg, cfg):
+def cost_model(model_cfg, cfg: AgentConfig):
     """What the plan costs: the policy that runs, or the real model both sides emulate."""
     if cfg.robot.emulation is None:
         return model_cfg
@@ -55,7 +56,7 @@ def cost_model(model_cfg, cfg):
 RUNTIME_REFUSES = ("layers_kept", "weights")
 
 
-def make_scheduler(model_cfg, cfg, text_tokens: int, dtype: str) -> Scheduler:
+def make_scheduler(model_cfg, cfg: AgentConfig, text_tokens: int, dtype: str) -> Scheduler:
     """The agent's scheduler between its robot and edge devices: placements under its one
     setting (``cfg.setting``; strategy "vlarun"), or placements x every setting the runtime can
     execute whose measured success clears the accuracy floor (strategy "vlarun-joint": the
@@ -110,7 +111,9 @@ EXPLORE_EVERY = 20  # decisions between two tried never-run plans, at most
 HOST = "this-cpu"  # where the runtime's processes really run, robot and edge alike
 
 
-def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, dict[str, float]]:
+def stand_in_factors(
+    model_cfg, cfg: AgentConfig, text_tokens: int, dtype: str
+) -> dict[str, dict[str, float]]:
     """Role -> stage -> seconds on the role's named device per second measured on this host.
 
     Every stage the runtime runs, runs here. When a role names another catalog device (a
@@ -133,7 +136,9 @@ def stand_in_factors(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, 
     return out
 
 
-def roofline_utilisation(model_cfg, cfg, text_tokens: int, dtype: str) -> dict[str, dict]:
+def roofline_utilisation(
+    model_cfg, cfg: AgentConfig, text_tokens: int, dtype: str
+) -> dict[str, dict]:
     """Role -> stage -> the roofline's utilisation of the role's device running the stage at
     batch 1 (the model the plan is costed for, on the devices as emulated): what the scheduler
     prices a stage's power at, so the runtime prices an executed stage at it too."""
@@ -205,7 +210,7 @@ def _converted_latency(latency_s: float, ran: dict, stage_s: dict, factors: dict
     return max(latency_s + delta, 0.0)
 
 
-def modelled_energy(cfg, *args, **kwargs) -> float:
+def modelled_energy(cfg: AgentConfig, *args, **kwargs) -> float:
     """:func:`modelled_energy_by_device`, summed: the energy of one executed request."""
     return sum(modelled_energy_by_device(cfg, *args, **kwargs).values())
 
@@ -284,9 +289,10 @@ class CostView:
     is the meter (``runtime.emulate.world_meter``): the same account with the world's powers
     on the emulated times, so a power the scheduler has wrong is not priced its way."""
 
-    def __init__(self, model_cfg, cfg, dtype: str) -> None:
+    def __init__(self, model_cfg, cfg: AgentConfig, dtype: str) -> None:
         self.model_cfg, self.cfg, self.dtype = model_cfg, cfg, dtype
-        self.world = world_meter(cfg)  # (name, devices, radio), or None: the catalog prices
+        # (name, devices, radio), or None: the catalog prices
+        self.world = world_meter(cfg.robot, cfg.edge)
         self._factors: dict[int, dict] = {}
         self._utilisation: dict[int, dict] = {}
 

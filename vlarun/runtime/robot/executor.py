@@ -37,6 +37,7 @@ from vlarun.models.device import settle
 from vlarun.policy.base import Policy
 from vlarun.policy.setting import AccelSetting
 from vlarun.runtime.emulate import StageEmulator
+from vlarun.runtime.robot.agent_config import AgentConfig
 from vlarun.runtime.robot.client import EdgeClient, LinkDown, check_packet
 from vlarun.runtime.robot.learner import Learner
 from vlarun.runtime.robot.monitor import LinkMonitor
@@ -56,7 +57,7 @@ class Executor:
     def __init__(
         self,
         policy: Policy,
-        cfg,
+        cfg: AgentConfig,
         learner: Learner,
         planner: Planner,
         client: EdgeClient | None,

@@ -19,6 +19,7 @@ import dataclasses
 import time
 
 from vlarun.runtime.robot import costview
+from vlarun.runtime.robot.agent_config import AgentConfig
 from vlarun.runtime.robot.client import LinkDown
 from vlarun.runtime.robot.monitor import LinkMonitor
 from vlarun.runtime.robot.planner import EdgeView, Planner
@@ -30,7 +31,7 @@ class Learner:
     """The robot's measurements. ``stretch``: an emulated run's clock is 1 / time_scale slower
     than the emulated devices', so the link's memory stretches with it."""
 
-    def __init__(self, cfg, costs: costview.CostView, stretch: float = 1.0) -> None:
+    def __init__(self, cfg: AgentConfig, costs: costview.CostView, stretch: float = 1.0) -> None:
         self.costs = costs
         self.link = Link(
             cfg.bandwidth_mbps,
