@@ -1,6 +1,7 @@
 """The robot's room: one request is plan -> execute -> learn, and the loops that call it.
 
 agent.py      `vlarun run-robot`'s RobotAgent: plan -> execute -> learn, and the record
+agent_config.py  AgentConfig: deadline, strategy, each side's stand-in, setting, floor
 planner.py    plan: a Plan for every request (the scheduler's, a fixed strategy's, robot-only)
 executor.py   execute: robot and edge segments, where the robot gives up on the edge
               (``sched/execution.py`` ``give_up_at``), hand-off, the plan's setting on both sides
