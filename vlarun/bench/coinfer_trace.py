@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import sys
 
-from vlarun.bench.coinfer_matrix import AGENT_STRATEGY, modal_setting, ratio_interval
+from vlarun.bench.coinfer_matrix import modal_setting, ratio_interval
 from vlarun.sched.records import clopper_pearson
 from vlarun.sched.strategy import FIXED
 from vlarun.world.traces import load_trace
@@ -36,11 +36,7 @@ def run_trace(o, strategy_run, scale: float) -> dict:
     start = float(trace["bandwidth_mbps"][0][1])
     changes = [(float(t) / scale, float(m)) for t, m in trace["bandwidth_mbps"][1:]]
     steps = math.ceil(float(trace["seconds"]) / scale * o.control_hz)
-    runs = [(s, s, None) for s in FIXED]
-    runs += [
-        (label, AGENT_STRATEGY.get(label, label), None)
-        for label in ("vlarun-placement", "vlarun-joint")
-    ]
+    runs = [(s, s, None) for s in (*FIXED, "vlarun-placement", "vlarun-joint")]
     rows = []
     while runs:
         label, strategy, setting = runs.pop(0)
