@@ -5,14 +5,11 @@ import math
 import pytest
 
 from vlarun.sched.bookings import Slot
+from vlarun.sched.calibration import Calibration
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork
 from vlarun.sched.link import Link
-from vlarun.sched.predictor import (
-    Calibration,
-    DeviceState,
-    predict_placement,
-)
+from vlarun.sched.predictor import DeviceState, predict_placement
 
 # 1 TFLOP/s, no memory limit, no overhead: a stage of n TFLOP takes exactly n seconds.
 ROBOT = Device("r", "robot", "robot", 1.0, 1.0, 1.0, 1e9, 8, 2.0, 10.0, 1.0, 1.0, 0.0)

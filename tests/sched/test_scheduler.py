@@ -10,17 +10,12 @@ import pytest
 from vlarun.cli import main
 from vlarun.models.presets import get_preset
 from vlarun.sched.bookings import Booking, Slot
+from vlarun.sched.calibration import INPUT, OUTPUT, Calibration
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
 from vlarun.sched.plans import NO_LOSS, SettingRow, build_space, feasibility, setting_grid
-from vlarun.sched.predictor import (
-    INPUT,
-    OUTPUT,
-    Calibration,
-    DeviceState,
-    predict_placement,
-)
+from vlarun.sched.predictor import DeviceState, predict_placement
 from vlarun.sched.queue_model import (
     EdgeQueue,
     Ledger,

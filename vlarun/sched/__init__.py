@@ -5,8 +5,9 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   cost.py       roofline stage time with efficiency priors; measured profiles override it
   energy.py     power between idle and busy by utilisation; control-cycle energy per inference
   link.py       bandwidth (max filter, drop detection, timeout bound) and RTT
-  predictor.py  start/end times over the DAG: availability, queues, reservations, residual;
-                calibration (latency) and its energy part
+  predictor.py  start/end times over the DAG: availability, queues, reservations, residual
+  calibration.py  what measurements teach the predictor: stage factors, boundary overheads,
+                residuals and on-time shares per placement, the energy part; P(on time)
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
                 memory/dtype filter, accuracy floor
   contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)

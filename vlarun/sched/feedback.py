@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vlarun.sched.calibration import INPUT, OUTPUT
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome, TransferOutcome
 from vlarun.sched.decision import Decider
 from vlarun.sched.link import Link
-from vlarun.sched.predictor import INPUT, OUTPUT, DeviceState
+from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scoring import MAX_EDGE_BATCH, Scorer, value_at
 
 

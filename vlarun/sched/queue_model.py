@@ -30,9 +30,9 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 
 from vlarun.sched.bookings import Booking, Slot
+from vlarun.sched.calibration import on_time_probability
 from vlarun.sched.contract import ExecutionPlan
 from vlarun.sched.execution import segments
-from vlarun.sched.predictor import on_time_probability
 
 THIS = "(this request)"  # the name and key of the request admission asks about
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from vlarun.sched.calibration import Calibration
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.decision import Decider, MissBudget, SafetyNet, dominated, plan_row
@@ -53,7 +54,7 @@ from vlarun.sched.energy import RadioPower
 from vlarun.sched.feedback import Feedback, Handoff
 from vlarun.sched.link import Link
 from vlarun.sched.plans import PlanSpace
-from vlarun.sched.predictor import Calibration, DeviceState
+from vlarun.sched.predictor import DeviceState
 from vlarun.sched.scoring import MAX_EDGE_BATCH, Candidates, Scorer, Scores
 
 # Names importable from here before the split into scoring / decision / feedback: callers

@@ -23,19 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from vlarun.sched.calibration import INPUT, OUTPUT, Calibration, on_time_probability
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan
 from vlarun.sched.cost import at_batch, roofline
 from vlarun.sched.energy import ENERGY_DEVICES, RadioPower, stage_power
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
-from vlarun.sched.predictor import (
-    INPUT,
-    OUTPUT,
-    Calibration,
-    DeviceState,
-    on_time_probability,
-)
+from vlarun.sched.predictor import DeviceState
 
 MAX_EDGE_BATCH = 8
 

@@ -63,6 +63,7 @@ import numpy as np
 from vlarun.config import items, opt
 from vlarun.sched import strategy
 from vlarun.sched.bookings import Booking, Slot
+from vlarun.sched.calibration import Calibration
 from vlarun.sched.catalog import Device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import StageWork, roofline
@@ -70,7 +71,7 @@ from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.execution import give_up_at, segments
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, PlanSpace
-from vlarun.sched.predictor import Calibration, DeviceState
+from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import (
     THIS,
     EdgeQueue,

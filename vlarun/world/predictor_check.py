@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 
 from vlarun.config import opt
+from vlarun.sched.calibration import Calibration
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import works_from_graph
 from vlarun.sched.link import Link
-from vlarun.sched.predictor import Calibration, predict_placement
+from vlarun.sched.predictor import predict_placement
 from vlarun.sched.profile import Profile, profile_preset
 from vlarun.stages import wire
 from vlarun.stages.packet import Packet

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from vlarun.runtime.emulate import emulated_device, world_meter
 from vlarun.runtime.robot.agent_config import AgentConfig
+from vlarun.sched.calibration import Calibration
 from vlarun.sched.catalog import Device, get_device
 from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.link import Link
 from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
-from vlarun.sched.predictor import Calibration, DeviceState
+from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import reservations
 from vlarun.sched.scheduler import Scheduler
 from vlarun.stages.families import Workload
