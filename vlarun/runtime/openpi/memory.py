@@ -17,6 +17,7 @@ import ctypes.util
 import gc
 import threading
 import time
+from collections.abc import Callable
 
 TRIM_AFTER_BYTES = 256 * 2**20  # requests freed since the last trim that warrant one mid-burst
 MIN_BURST_BYTES = 16 * 2**20  # less than this since the last trim: nothing worth trimming
@@ -61,8 +62,10 @@ class Trimmer:
         after_bytes: int = TRIM_AFTER_BYTES,
         every_s: float = TRIM_EVERY_S,
         min_bytes: int = MIN_BURST_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.after_bytes, self.every_s, self.min_bytes = after_bytes, every_s, min_bytes
+        self.clock = clock  # injected by tests: a timed rule checked without the wall clock
         self._bytes = 0  # since the last trim
         # Since the last trim at a burst's end: a mid-burst trim runs while the burst's frames
         # are still queued or held, so only one after the burst frees them (bytes are counted
@@ -91,13 +94,13 @@ class Trimmer:
         with self._lock:
             if (self._burst < self.min_bytes) if idle else (self._bytes < self.after_bytes):
                 return None
-            return max(0.0, self._last + self.every_s - time.monotonic())
+            return max(0.0, self._last + self.every_s - self.clock())
 
     def maybe_trim(self, idle: bool) -> bool:
         if not self.due(idle):
             return False
         with self._lock:
-            self._bytes, self._last = 0, time.monotonic()
+            self._bytes, self._last = 0, self.clock()
             if idle:
                 self._burst = 0
         self.trims += 1
