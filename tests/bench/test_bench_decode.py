@@ -123,3 +123,26 @@ def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
     assert set(rows) == {"ar", "jacobi", "jacobi-exit"}
     assert rows["jacobi"]["token_agreement_with_ar"] == 1.0
     assert all(x["tokens_per_s_mean"] > 0 and x["success_rate"] is None for x in rows.values())
+
+
+def test_a_preset_too_large_for_the_machine_runs_at_its_first_layers(tmp_path):
+    """--llm-layers and --dtype shape a preset's random weights (speed only, labelled); on a
+    trained policy they are refused in one line."""
+    o = BenchDecodeOptions(
+        policy="tiny-univla",
+        distilled="",
+        tasks="reach-v3",
+        episodes=1,
+        sigmas="0.5",
+        queries=2,
+        llm_layers=1,
+        dtype="bfloat16",
+        out=str(tmp_path),
+    )
+    r = run(o, progress=False)
+    assert r["llm_layers"] == 1 and r["dtype"] == "bfloat16" and r["random_weights"]
+    assert "1 LM layers in bfloat16" in format_result(r)
+    if (TINY_AR / "config.json").exists():
+        trained = BenchDecodeOptions(policy=str(TINY_AR), llm_layers=2, out=str(tmp_path))
+        with pytest.raises(ValueError, match="shape a preset's random weights"):
+            run(trained, progress=False)

@@ -95,6 +95,13 @@ class BenchDecodeOptions:
         choices=list(INITS),
     )
     window: int = opt(0, "FAST codes: guesses per Jacobi window; 0 = the expected code length")
+    # A real-size preset (UniVLA's Emu3-8B, LLaVA's Vicuna-7B) does not fit this machine whole:
+    # its random weights at the first N layers, each layer's shape unchanged, time the decode of
+    # those N layers (speed only, labelled; a preset's random weights run no closed loop).
+    llm_layers: int = opt(0, "a preset's random weights at this many LM layers (0: all)")
+    dtype: str = opt(
+        "float32", "a preset's random weights in this dtype", choices=["float32", "bfloat16"]
+    )
     out: str | None = opt("benchmarks/results", "directory for the JSON and plot")
     device: str = opt("cpu", "cpu | cuda | cuda:N (CUDA where there is none fails at once)")
     json: bool = opt(False, "print one JSON object")
@@ -106,6 +113,8 @@ class BenchDecodeOptions:
             raise ValueError(f"max_iters must be >= 0 (0: no cap), got {self.max_iters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.llm_layers < 0:
+            raise ValueError(f"llm_layers must be >= 0 (0: all), got {self.llm_layers}")
         if self.window < 0:
             raise ValueError(
                 f"window must be >= 0 (0: the expected code length), got {self.window}"
@@ -143,9 +152,9 @@ class BenchDecodeOptions:
         )
 
 
-def _load(name: str, presets: bool = False):
+def _load(name: str, presets: bool = False, dtype: str = "float32", llm_layers: int = 0):
     """A checkpoint directory or shipped policy; with ``presets``, also a preset's random
-    weights (``Policy.from_preset``)."""
+    weights (``Policy.from_preset``, in ``dtype``, at ``llm_layers`` of its LM layers)."""
     from vlarun.models.presets import PRESETS
     from vlarun.policy.base import Policy
 
@@ -154,7 +163,9 @@ def _load(name: str, presets: bool = False):
         path = POLICY_DIR / name
     if not (path / "config.json").exists():
         if presets and name in PRESETS:
-            return Policy.from_preset(name)
+            return Policy.from_preset(
+                name, dtype=getattr(torch, dtype), llm_layers=llm_layers or None
+            )
         raise FileNotFoundError(f"no policy {name!r} (neither a directory nor under {POLICY_DIR})")
     return Policy.from_checkpoint(path)
 
@@ -305,7 +316,12 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     t0 = time.time()
     timing_only = random_weights(o.policy)
-    teacher = _load(o.policy, presets=True)
+    if (o.llm_layers or o.dtype != "float32") and not timing_only:
+        raise ValueError(
+            f"--llm-layers and --dtype shape a preset's random weights; {o.policy} is a trained "
+            "policy (it runs as saved)"
+        )
+    teacher = _load(o.policy, True, o.dtype, o.llm_layers)
     if teacher.model.cfg.family != "autoregressive":
         raise ValueError(f"{o.policy} is not an autoregressive (action-token) policy")
     student = None
@@ -365,6 +381,8 @@ def _run(o: BenchDecodeOptions, progress: bool) -> dict:
         "options": to_dict(o),
         "policy": o.policy,
         "random_weights": timing_only,
+        "llm_layers": teacher.model.cfg.llm.num_layers,
+        "dtype": o.dtype,
         "distilled": o.distilled if student is not None else None,
         "action_tokens": teacher.model.cfg.num_action_tokens,  # FAST: the expected count
         "max_tokens": teacher.model.cfg.action_token_room,
@@ -481,6 +499,8 @@ def plot(rows: list[dict], path: str) -> None:
 
 def format_result(r: dict) -> str:
     weights = ", random weights (no closed loop)" if r.get("random_weights") else ""
+    if r.get("random_weights") and r.get("llm_layers"):
+        weights += f", {r['llm_layers']} LM layers in {r.get('dtype', 'float32')}"
     cap = r.get("max_tokens", r["action_tokens"])
     tokens = f"{r['action_tokens']}" + (
         f" expected, at most {cap}" if cap != r["action_tokens"] else ""
