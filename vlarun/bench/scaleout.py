@@ -17,7 +17,7 @@ arrival to reply), front minus direct, with a bootstrap 95% interval.
 
 The projection is a queueing simulation of the front's own pool (``runtime.worker_pool``: its
 forecast, lag and freshness check; the earliest predicted finish first) and admission
-(``edge_core.admissible``: refused when no worker can make the deadline), each worker admitting
+(``edge.core.admissible``: refused when no worker can make the deadline), each worker admitting
 and serving by the edge's one queue model (``sched.queue_model``), with each request's service
 time drawn from the per-request compute times the 1-worker run measured; it is checked against
 the measured 1- and 2-worker runs, then run with more workers. It models workers that do not
@@ -305,7 +305,7 @@ def simulate(
     flights played forward by the edge's one queue model (``sched.queue_model``) at the stage
     times its replies reported, plus how late its answers came (``lag_s``), a stale estimate
     replaced by the best live worker's; its order (``dispatch_order``: a robot's stream kept on
-    one worker while that one is in time) and the core's rule (``edge_core.admissible``:
+    one worker while that one is in time) and the core's rule (``edge.core.admissible``:
     refused when every fresh forecast is late) pick the worker. The worker admits it by the
     same rule over its own queue at its own measured times (``LocalWorker.quotes``), or
     refuses it at once; then serves by the queue model's rule at service times drawn from

@@ -1,7 +1,7 @@
 """The typed records of the edge protocol's metadata, in seconds.
 
 What travels between a robot and an edge beside the tensors is frozen dataclasses that pack to
-a msgpack map and parse one back (as ``server.Route`` does for the scale-out front's frame):
+a msgpack map and parse one back (as ``edge.server.Route`` does for the scale-out front's frame):
 
 - ``StageTiming`` (here): one stage of a result, as the edge ran it (its batch's compute time,
   the time the request queued for it, the batch size). A result carries one per edge stage.

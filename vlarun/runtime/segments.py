@@ -201,7 +201,7 @@ class Schema:
         fresh = meta.get("fresh", [])
         if not isinstance(fresh, list) or not set(fresh) <= {"tokens", "decoder"}:
             raise PacketError("meta.fresh must be a list of 'tokens' / 'decoder'")
-        # The budget as sent: the edge core holds it to its bounds (``edge_core.MAX_BUDGET_S``).
+        # The budget as sent: the edge core holds it to its bounds (``edge.core.MAX_BUDGET_S``).
         return Request(
             stages=names,
             want=tuple(want),

@@ -1,5 +1,5 @@
 """The edge's local worker: this process's per-stage queues, accelerated streams and the worker
-thread that batches and runs stages, as the edge core's backend (``edge_core.Backend``). No
+thread that batches and runs stages, as the edge core's backend (``edge.core.Backend``). No
 socket and no wire bytes: a server hands it jobs whose tensors it has read and checked, and
 it hands each finished job to the server's ``answer`` (or an in-process request's callback).
 This is the file to change how the edge orders, batches and runs work; whether a request is

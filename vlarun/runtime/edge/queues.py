@@ -62,7 +62,7 @@ class Job:
     setting: str = "full"  # the accelerator setting's text form (what the dashboard shows)
     origin: bytes = b""  # the robot it is from (``identity`` unless a front relays it)
     # The robot whose share it counts against and whose arrivals it adds to: its authenticated
-    # key (``edge_core.DataRequest.holder``); empty: ``origin``.
+    # key (``edge.core.DataRequest.holder``); empty: ``origin``.
     key: bytes = b""
     route: object | None = field(default=None, repr=False)  # a front's Route (server.py)
     done: Callable | None = field(default=None, repr=False)  # an in-process request's callback

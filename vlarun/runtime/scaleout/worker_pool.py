@@ -1,4 +1,4 @@
-"""The Ray edge workers as the edge core's backend (``edge_core.Backend``): the scale-out
+"""The Ray edge workers as the edge core's backend (``edge.core.Backend``): the scale-out
 front's view of each worker (the requests in flight there, the plans booked there, its stage
 times as its replies report them) and the front's dispatch rule. No socket is opened or read
 here: ``runtime/scaleout/front.py`` connects each worker, forwards and reads; this file predicts.
@@ -69,7 +69,7 @@ class Flight:
     worker: int = -1
     predicted: float = 0.0  # when the front predicted the worker would answer (monotonic)
     # The robot whose share it counts against: its authenticated key
-    # (``edge_core.DataRequest.holder``); empty: ``identity``.
+    # (``edge.core.DataRequest.holder``); empty: ``identity``.
     key: bytes = b""
 
     def __post_init__(self) -> None:
