@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from vlarun.sched.plans import load_settings, merge_settings
+from vlarun.sched.settings_table import load_settings, merge_settings
 
 
 def main() -> int:

@@ -133,7 +133,8 @@ def test_table_pairs_every_row_with_full_and_writes_a_settings_file_plan_reads(t
     """The paired table on the tiny policies: every row runs full compute's episodes, its
     difference is the paired one, fidelity is measured on full's recorded observations, and
     the settings file it writes is read by the plan space with an accuracy floor."""
-    from vlarun.sched.plans import load_settings, setting_grid
+    from vlarun.sched.plans import setting_grid
+    from vlarun.sched.settings_table import load_settings
 
     o = BenchAccelOptions(
         table=True,

@@ -14,7 +14,8 @@ from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
-from vlarun.sched.plans import NO_LOSS, USABLE_MEMORY, build_space, load_settings, memory_needed
+from vlarun.sched.plans import NO_LOSS, USABLE_MEMORY, build_space, memory_needed
+from vlarun.sched.settings_table import load_settings
 from vlarun.stages.families import Workload
 from vlarun.transforms.int8 import int8_layers, quantize_int8
 

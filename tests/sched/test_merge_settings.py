@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vlarun.sched.plans import IDENTITY, load_settings, merge_settings
+from vlarun.sched.settings_table import IDENTITY, load_settings, merge_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

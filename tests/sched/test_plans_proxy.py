@@ -1,11 +1,12 @@
 """An emulated real-size model plans with the small policies' measured accuracy costs only as a
-labelled proxy (``plans.carried_to``), and only when asked (``AgentConfig.settings_proxy``)."""
+labelled proxy (``settings_table.carried_to``), and only when asked (``AgentConfig.settings_proxy``)."""
 
 from vlarun.models.presets import get_preset
 from vlarun.runtime.emulate import Emulation, StandIn
 from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import make_scheduler
-from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS, carried_to, load_settings
+from vlarun.sched.plans import NO_LOSS
+from vlarun.sched.settings_table import MEASURED_SETTINGS_FILE, carried_to, load_settings
 
 
 def test_measured_costs_are_carried_to_the_emulated_model_with_their_source():

@@ -14,7 +14,7 @@ from vlarun.sched.calibration import INPUT, OUTPUT, Calibration
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import stage_works
 from vlarun.sched.link import Link
-from vlarun.sched.plans import NO_LOSS, SettingRow, build_space, feasibility, setting_grid
+from vlarun.sched.plans import NO_LOSS, build_space, feasibility, setting_grid
 from vlarun.sched.predictor import DeviceState, predict_placement
 from vlarun.sched.queue_model import (
     EdgeQueue,
@@ -24,6 +24,7 @@ from vlarun.sched.queue_model import (
     reservations,
 )
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.settings_table import SettingRow
 from vlarun.stages.families import Workload
 
 W = Workload()
@@ -257,7 +258,7 @@ def test_bench_sched_json(capsys):
 
 
 def test_measured_costs_belong_to_their_models(tmp_path):
-    from vlarun.sched.plans import SETTINGS_FILE, load_settings
+    from vlarun.sched.settings_table import SETTINGS_FILE, load_settings
 
     published = SETTINGS_FILE.with_name("settings_published.json")
     rows = load_settings(published)
@@ -319,7 +320,7 @@ def test_the_recorded_tail_tightens_feasibility_and_guides_the_fallback():
 
 
 def test_accuracy_costs_imported_from_a_bench_accel_result(tmp_path):
-    from vlarun.sched.plans import load_settings
+    from vlarun.sched.settings_table import load_settings
 
     sample = Path(__file__).parent / "samples" / "accel_bench_sample.json"
     rows = load_settings(sample)

@@ -15,7 +15,8 @@ from vlarun.runtime.robot.agent import AgentConfig
 from vlarun.runtime.robot.costview import make_scheduler
 from vlarun.sched.contract import Outcome, StageOutcome
 from vlarun.sched.link import Link
-from vlarun.sched.plans import MEASURED_SETTINGS_FILE, NO_LOSS
+from vlarun.sched.plans import NO_LOSS
+from vlarun.sched.settings_table import MEASURED_SETTINGS_FILE
 
 SLOWER = 1.2
 

@@ -354,7 +354,7 @@ def settings_rows(rows: list[dict]) -> list[dict]:
     """Rows the runtime executes exactly as measured, in ``sched/settings.json``'s format, each
     naming the model it was measured on (a distilled student's rows name its checkpoint in the
     source: the runtime must run that student for them to hold)."""
-    from vlarun.sched.plans import IDENTITY
+    from vlarun.sched.settings_table import IDENTITY
 
     out = [
         {"knob": k, "value": v, "relative_success": 1.0, "source": "identity"}

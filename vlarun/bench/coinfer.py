@@ -525,7 +525,7 @@ def _agent_cfg(
     from vlarun.policy.setting import AccelSetting
     from vlarun.runtime.emulate import StandIn
     from vlarun.runtime.robot.agent import AgentConfig
-    from vlarun.sched.plans import MEASURED_SETTINGS_FILE
+    from vlarun.sched.settings_table import MEASURED_SETTINGS_FILE
 
     robot, edge = _emulations(o)
     # Emulated, vlarun-joint plans with the costs measured on the shipped deep policies,

@@ -8,6 +8,7 @@ energy-priority scheduler (EcoVLA, shared/SEEDS.md section 1).
   predictor.py  start/end times over the DAG: availability, queues, reservations, residual
   calibration.py  what measurements teach the predictor: stage factors, boundary overheads,
                 residuals and on-time shares per placement, the energy part; P(on time)
+  settings_table.py  the settings tables: each knob value and its measured accuracy cost
   plans.py      placements x accelerator settings (settings.json: measured accuracy costs),
                 memory/dtype filter, accuracy floor
   contract.py   ExecutionPlan (what to run where, predicted) and Outcome (what happened)

@@ -17,7 +17,6 @@ from vlarun.models.vla import VLAConfig
 from vlarun.sched.catalog import Device
 from vlarun.sched.cost import StageWork
 from vlarun.sched.plans import (
-    IDENTITY,
     ROLES,
     USABLE_MEMORY,
     PlanSpace,
@@ -26,6 +25,7 @@ from vlarun.sched.plans import (
     memory_parts,
     usable_bytes,
 )
+from vlarun.sched.settings_table import IDENTITY
 
 GB = 1e9
 

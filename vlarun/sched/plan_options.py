@@ -70,9 +70,10 @@ def make_scheduler(o: PlanOptions):
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import DEFAULT_FLOOR, build_space, load_settings
+    from vlarun.sched.plans import DEFAULT_FLOOR, build_space
     from vlarun.sched.profile import Profile, cached_profile, default_dtype
     from vlarun.sched.scheduler import Scheduler
+    from vlarun.sched.settings_table import load_settings
     from vlarun.stages.families import Workload
 
     if o.slo_hz <= 0:

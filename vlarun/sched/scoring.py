@@ -29,8 +29,9 @@ from vlarun.sched.contract import ExecutionPlan
 from vlarun.sched.cost import at_batch, roofline
 from vlarun.sched.energy import ENERGY_DEVICES, RadioPower, stage_power
 from vlarun.sched.link import Link
-from vlarun.sched.plans import IDENTITY, PlanSpace
+from vlarun.sched.plans import PlanSpace
 from vlarun.sched.predictor import DeviceState
+from vlarun.sched.settings_table import IDENTITY
 
 MAX_EDGE_BATCH = 8
 

@@ -70,7 +70,7 @@ from vlarun.sched.cost import StageWork, roofline
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.execution import give_up_at, segments
 from vlarun.sched.link import Link
-from vlarun.sched.plans import IDENTITY, PlanSpace
+from vlarun.sched.plans import PlanSpace
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import (
     THIS,
@@ -85,6 +85,7 @@ from vlarun.sched.queue_model import (
 )
 from vlarun.sched.records import summarise as summarise_records
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.settings_table import IDENTITY
 from vlarun.sched.strategy import STRATEGIES
 from vlarun.world.traces import bandwidth_at, load_trace
 from vlarun.world.truth import Truth, WorldTruth, load_samples, make_truth, world_truth
@@ -1015,7 +1016,8 @@ def make_setup(cfg: FleetConfig) -> Setup:
     from vlarun.models.presets import get_preset
     from vlarun.sched.catalog import get_device
     from vlarun.sched.cost import stage_works
-    from vlarun.sched.plans import build_space, carried_to, load_settings
+    from vlarun.sched.plans import build_space
+    from vlarun.sched.settings_table import carried_to, load_settings
     from vlarun.stages.families import Workload
 
     model = get_preset(cfg.model)

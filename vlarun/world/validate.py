@@ -16,7 +16,8 @@ from vlarun.config import opt
 from vlarun.models.presets import get_preset
 from vlarun.sched.catalog import get_device
 from vlarun.sched.cost import StageWork, roofline, works_from_graph
-from vlarun.sched.plans import IDENTITY, Setting, apply_setting
+from vlarun.sched.plans import Setting, apply_setting
+from vlarun.sched.settings_table import IDENTITY
 from vlarun.stages.families import Workload, build_graph, prefill_cost
 
 

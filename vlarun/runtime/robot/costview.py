@@ -27,10 +27,11 @@ from vlarun.sched.contract import ExecutionPlan, Outcome, StageOutcome
 from vlarun.sched.cost import roofline, stage_works
 from vlarun.sched.energy import RadioPower, StageSpend, request_energy_by_device
 from vlarun.sched.link import Link
-from vlarun.sched.plans import IDENTITY, SettingRow, build_space, carried_to, load_settings
+from vlarun.sched.plans import build_space
 from vlarun.sched.predictor import DeviceState
 from vlarun.sched.queue_model import reservations
 from vlarun.sched.scheduler import Scheduler
+from vlarun.sched.settings_table import IDENTITY, SettingRow, carried_to, load_settings
 from vlarun.stages.families import Workload
 
 
