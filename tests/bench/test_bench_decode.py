@@ -105,10 +105,9 @@ def test_cli_registers_decode_and_distill():
         assert flag in build_parser(key, command(key, module)[0]).format_help()
 
 
-def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
-    """Issue 65, 3: UniVLA's family (VQ image ids, FAST action tokens) through the same bench:
-    greedy, Jacobi (exact: every token agrees) and Jacobi + exit, labelled random weights."""
-    o = BenchDecodeOptions(
+def _univla(tmp_path, **kw) -> BenchDecodeOptions:
+    """tiny-univla's random weights timed on two synthetic queries (no closed loop)."""
+    return BenchDecodeOptions(
         policy="tiny-univla",
         distilled="",
         tasks="reach-v3",
@@ -116,8 +115,14 @@ def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
         sigmas="0.5",
         queries=2,
         out=str(tmp_path),
+        **kw,
     )
-    r = run(o, progress=False)
+
+
+def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
+    """Issue 65, 3: UniVLA's family (VQ image ids, FAST action tokens) through the same bench:
+    greedy, Jacobi (exact: every token agrees) and Jacobi + exit, labelled random weights."""
+    r = run(_univla(tmp_path), progress=False)
     assert r["random_weights"] and r["max_tokens"] == 32
     rows = {x["method"]: x for x in r["rows"]}
     assert set(rows) == {"ar", "jacobi", "jacobi-exit"}
@@ -128,18 +133,7 @@ def test_bench_decode_times_the_univla_family_on_random_weights(tmp_path):
 def test_a_preset_too_large_for_the_machine_runs_at_its_first_layers(tmp_path):
     """--llm-layers and --dtype shape a preset's random weights (speed only, labelled); on a
     trained policy they are refused in one line."""
-    o = BenchDecodeOptions(
-        policy="tiny-univla",
-        distilled="",
-        tasks="reach-v3",
-        episodes=1,
-        sigmas="0.5",
-        queries=2,
-        llm_layers=1,
-        dtype="bfloat16",
-        out=str(tmp_path),
-    )
-    r = run(o, progress=False)
+    r = run(_univla(tmp_path, llm_layers=1, dtype="bfloat16"), progress=False)
     assert r["llm_layers"] == 1 and r["dtype"] == "bfloat16" and r["random_weights"]
     assert "1 LM layers in bfloat16" in format_result(r)
     if (TINY_AR / "config.json").exists():
