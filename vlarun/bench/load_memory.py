@@ -3,10 +3,14 @@ checkpoint's size.
 
   vlarun bench load DIR --make      # first: a random-weight ~1.1B VLA (TinyLlama-shaped LM,
                                     # OpenVLA's tiny vision towers), saved in bf16
+  vlarun bench load DIR --make --layout llava
+                                    # or a random-weight ~1.4B LLaVA-VLA in transformers' own
+                                    # layout (LlavaForConditionalGeneration.save_pretrained:
+                                    # CLIP ViT-L/14-336, a TinyLlama-shaped LM; the parity extra)
   vlarun bench load DIR             # checkpoint bytes, peak RSS growth
 
-The load runs in a fresh child process, which reads its peak resident set (getrusage
-ru_maxrss) before and after ``load_vla(DIR, bfloat16)``, and again after reading every weight
+The load runs in a fresh child process, which reads its peak resident set (VmHWM) before and
+after ``load_vla(DIR, bfloat16)``, and again after reading every weight
 once (safetensors maps the file: pages become resident as they are first read, as the first
 inference would): the growth is what loading cost. Run it with PYTHONPATH pointing at another
 commit's tree to compare loaders. The target is growth <= 1.3 x the checkpoint's size.
@@ -29,23 +33,39 @@ class BenchLoadOptions:
 
     directory: str = opt(help="checkpoint directory", positional=True)
     make: bool = opt(False, "first write a random-weight ~1.1B VLA there (bf16)")
+    layout: str = opt(
+        "vlarun",
+        "with --make: vlarun (its own safetensors) or llava (transformers' "
+        "LlavaForConditionalGeneration, ~1.4B; needs pip install -e '.[parity]')",
+        choices=("vlarun", "llava"),
+    )
     json: bool = opt(False, "print one JSON object")
 
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import torch
 from vlarun.models.checkpoint import load_vla
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def hwm_kib():  # this process's peak RSS: VmHWM is per address space, so it starts afresh at
+    # exec, unlike ru_maxrss, which Linux carries over from the parent (it may have just
+    # written a multi-GB checkpoint)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+base = hwm_kib()
 t = time.perf_counter()
 model, _ = load_vla(sys.argv[1], torch.bfloat16)
 seconds = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kib()
 params = sum(p.numel() for p in model.parameters())
 with torch.no_grad():  # read every weight once, as the first inference does
     for p in model.parameters():
         p.sum()
-used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+used = hwm_kib()
 print(json.dumps({"base_kib": base, "peak_kib": peak, "used_kib": used, "params": params,
                   "seconds": seconds, "dtype": str(model.dtype)}))
 """
@@ -79,6 +99,92 @@ def make(out: Path) -> dict:
     return {"made": str(out), "params": sum(p.numel() for p in model.parameters())}
 
 
+# The words of LLaVA-1.5's prompt (llava.llava_prompt): a LLaVA directory needs a tokenizer.json
+# that puts <image> at the config's image id; the load reads only the ids before <image>.
+_LLAVA_WORDS = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "USER",
+    ":",
+    "What",
+    "action",
+    "should",
+    "the",
+    "robot",
+    "take",
+    "to",
+    "?",
+    "ASSISTANT",
+]
+LLAVA_IMAGE_ID = 32000  # llava-hf's: the first id after Llama's 32,000
+
+
+def make_llava(out: Path) -> dict:
+    """A random-weight LLaVA-VLA at ~1.4B parameters written by transformers itself
+    (``save_pretrained``, safetensors shards, bf16): LLaVA-1.5's CLIP ViT-L/14 at 336 px, its
+    projector, a TinyLlama-shaped Llama (the 7B one does not fit this bench's budget), plus the
+    action-bin mapping and a tokenizer that knows LLaVA's prompt, as a user's directory has."""
+    import torch
+
+    # A missing transformers is a ModuleNotFoundError, which the CLI names as the parity extra.
+    import transformers
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from vlarun.models import llava
+
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        image_size=336,
+        patch_size=14,
+        hidden_act="quick_gelu",
+        projection_dim=768,
+    )
+    text = transformers.LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32064,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    cfg = transformers.LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=LLAVA_IMAGE_ID,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+    )
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of 1.4B parameters
+    try:
+        model = transformers.LlavaForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    vocab = {w: i for i, w in enumerate(_LLAVA_WORDS)} | {llava.IMAGE_TOKEN: LLAVA_IMAGE_ID}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
+    )
+    tok.add_special_tokens([AddedToken(llava.IMAGE_TOKEN, special=True)])
+    tok.save(str(out / "tokenizer.json"))
+    bins = {"vocab_size": 32000, "n_bins": llava.N_BINS, "chunk": 5, "action_dim": 7}
+    (out / llava.ACTION_BINS_FILE).write_text(json.dumps(bins))
+    return {"made": str(out), "layout": "llava", "params": params}
+
+
 def measure(directory: Path) -> dict:
     """Checkpoint bytes against the peak resident growth of loading it in a fresh process."""
     size = sum(f.stat().st_size for f in directory.glob("*.safetensors"))
@@ -100,7 +206,9 @@ def measure(directory: Path) -> dict:
 
 def run(o: BenchLoadOptions) -> dict:
     d = Path(o.directory)
-    made = make(d) if o.make else None
+    made = None
+    if o.make:
+        made = make_llava(d) if o.layout == "llava" else make(d)
     if not any(d.glob("*.safetensors")):
         raise FileNotFoundError(f"{d}: no *.safetensors (make one with --make)")
     return {"made": made} | measure(d)
