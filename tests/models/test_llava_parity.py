@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from vlarun.bench.load_memory import LLAVA_PROMPT_WORDS, write_llava, write_llava_tokenizer
 from vlarun.models import llava
 from vlarun.models.checkpoint import CheckpointError, load_vla, model_config
 from vlarun.models.tokenizer import HFTokenizer
@@ -32,40 +33,12 @@ pytestmark = pytest.mark.skipif(
 VOCAB, IMAGE_ID, BOS = 320, 319, 1  # the image token is the LM's last id, as in llava-hf's
 ACTION_VOCAB = 300  # the action bins: ids 44..299
 FEATURE_TOL, LOGIT_TOL = 1e-5, 1e-4
-WORDS = [
-    "<unk>",
-    "<s>",
-    "</s>",
-    "USER",
-    ":",
-    "What",
-    "action",
-    "should",
-    "the",
-    "robot",
-    "take",
-    "to",
-    "?",
-    "ASSISTANT",
-    "pick",
-    "up",
-    "cup",
-    "open",
-    "drawer",
-]
+WORDS = [*LLAVA_PROMPT_WORDS, "pick", "up", "cup", "open", "drawer"]
 
 
 def write_tokenizer(directory: Path) -> None:
     """A word-level tokenizer.json with LLaVA's <image> as a special token at IMAGE_ID."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
-    vocab = {w: i for i, w in enumerate(WORDS)} | {"<image>": IMAGE_ID}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
-    )
-    tok.add_special_tokens([AddedToken("<image>", special=True)])
-    tok.save(str(directory / "tokenizer.json"))
+    write_llava_tokenizer(directory, WORDS, IMAGE_ID)
 
 
 def hf_llava(image_size: int, seed: int = 0):
@@ -263,42 +236,18 @@ def test_streamed_bf16_llava_load_costs_about_the_checkpoint(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    vision = transformers.CLIPVisionConfig(
+    vision = dict(
         hidden_size=768,
         intermediate_size=3072,
         num_hidden_layers=12,
         num_attention_heads=12,
         image_size=224,
-        patch_size=14,
-        hidden_act="quick_gelu",
     )
-    text = transformers.LlamaConfig(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=12,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-        bos_token_id=BOS,
-        eos_token_id=2,
-    )
-    cfg = transformers.LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=IMAGE_ID,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-    )
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        hf = transformers.LlavaForConditionalGeneration(cfg)
-    finally:
-        torch.set_default_dtype(default)
-    d = save_llava(hf, tmp_path / "llava")
-    del hf
+    text = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                num_attention_heads=16, num_key_value_heads=4, vocab_size=VOCAB,
+                max_position_embeddings=1024)  # fmt: skip
+    d = tmp_path / "llava"
+    write_llava(d, vision, text, IMAGE_ID)
     root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "vlarun.cli", "bench", "load", str(d), "--json"]
     env = {**os.environ, "PYTHONPATH": str(root)}

@@ -1,5 +1,6 @@
 """An emulated real-size model plans with the small policies' measured accuracy costs only as a
-labelled proxy (``settings_table.carried_to``), and only when asked (``AgentConfig.settings_proxy``)."""
+labelled proxy (``settings_table.carried_to``), and only when asked
+(``AgentConfig.settings_proxy``)."""
 
 from vlarun.models.presets import get_preset
 from vlarun.runtime.emulate import Emulation, StandIn

@@ -101,7 +101,7 @@ def make(out: Path) -> dict:
 
 # The words of LLaVA-1.5's prompt (llava.llava_prompt): a LLaVA directory needs a tokenizer.json
 # that puts <image> at the config's image id; the load reads only the ids before <image>.
-_LLAVA_WORDS = [
+LLAVA_PROMPT_WORDS = [
     "<unk>",
     "<s>",
     "</s>",
@@ -118,71 +118,84 @@ _LLAVA_WORDS = [
     "ASSISTANT",
 ]
 LLAVA_IMAGE_ID = 32000  # llava-hf's: the first id after Llama's 32,000
+# LLaVA-1.5's CLIP ViT-L/14 at 336 px and a TinyLlama-shaped Llama: ~1.4B parameters (the
+# 7B one does not fit this bench's budget)
+LLAVA_1B = (
+    dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+         image_size=336, projection_dim=768),
+    dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+         num_key_value_heads=4, vocab_size=32064, max_position_embeddings=2048),
+)  # fmt: skip
 
 
-def make_llava(out: Path) -> dict:
-    """A random-weight LLaVA-VLA at ~1.4B parameters written by transformers itself
-    (``save_pretrained``, safetensors shards, bf16): LLaVA-1.5's CLIP ViT-L/14 at 336 px, its
-    projector, a TinyLlama-shaped Llama (the 7B one does not fit this bench's budget), plus the
-    action-bin mapping and a tokenizer that knows LLaVA's prompt, as a user's directory has."""
-    import torch
-
-    # A missing transformers is a ModuleNotFoundError, which the CLI names as the parity extra.
-    import transformers
+def write_llava_tokenizer(directory: Path, words, image_id: int) -> None:
+    """A word-level tokenizer.json over ``words`` with LLaVA's <image> as a special token at
+    ``image_id``: enough for vlarun's LLaVA loader, which tokenizes the prompt with it."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     from vlarun.models import llava
 
-    vision = transformers.CLIPVisionConfig(
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        image_size=336,
-        patch_size=14,
-        hidden_act="quick_gelu",
-        projection_dim=768,
-    )
-    text = transformers.LlamaConfig(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32064,
-        max_position_embeddings=2048,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    cfg = transformers.LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_index=LLAVA_IMAGE_ID,
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-        projector_hidden_act="gelu",
-    )
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of 1.4B parameters
-    try:
-        model = transformers.LlavaForConditionalGeneration(cfg)
-    finally:
-        torch.set_default_dtype(default)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())
-    del model
-    vocab = {w: i for i, w in enumerate(_LLAVA_WORDS)} | {llava.IMAGE_TOKEN: LLAVA_IMAGE_ID}
+    vocab = {w: i for i, w in enumerate(words)} | {llava.IMAGE_TOKEN: image_id}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
     )
     tok.add_special_tokens([AddedToken(llava.IMAGE_TOKEN, special=True)])
-    tok.save(str(out / "tokenizer.json"))
-    bins = {"vocab_size": 32000, "n_bins": llava.N_BINS, "chunk": 5, "action_dim": 7}
-    (out / llava.ACTION_BINS_FILE).write_text(json.dumps(bins))
-    return {"made": str(out), "layout": "llava", "params": params}
+    tok.save(str(Path(directory) / "tokenizer.json"))
+
+
+def hf_llava_config(vision: dict, text: dict, image_id: int):
+    """transformers' ``LlavaConfig`` as LLaVA-1.5 sets it (CLIP with quick-GELU and 14 px
+    patches, feature layer -2 without CLS, a GELU projector) around the given sizes."""
+    import transformers
+
+    return transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(
+            **{"patch_size": 14, "hidden_act": "quick_gelu"} | vision
+        ),
+        text_config=transformers.LlamaConfig(**{"bos_token_id": 1, "eos_token_id": 2} | text),
+        image_token_index=image_id,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+    )
+
+
+def write_llava(out: Path, vision: dict, text: dict, image_id: int = LLAVA_IMAGE_ID) -> int:
+    """A random-weight LLaVA directory written by transformers itself (``save_pretrained``,
+    safetensors, bf16), with the action-bin mapping (256 bins below ``image_id``, 5 x 7) and a
+    tokenizer that knows LLaVA's prompt, as a user's directory has. Returns its parameters."""
+    import json as _json
+
+    import torch
+
+    # A missing transformers is a ModuleNotFoundError, which the CLI names as the parity extra.
+    import transformers
+
+    from vlarun.models import llava
+
+    cfg = hf_llava_config(vision, text, image_id)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of the parameters
+    try:
+        model = transformers.LlavaForConditionalGeneration(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    write_llava_tokenizer(out, LLAVA_PROMPT_WORDS, image_id)
+    bins = {"vocab_size": image_id, "n_bins": llava.N_BINS, "chunk": 5, "action_dim": 7}
+    (out / llava.ACTION_BINS_FILE).write_text(_json.dumps(bins))
+    return params
+
+
+def make_llava(out: Path) -> dict:
+    """``--make --layout llava``: LLAVA_1B written by transformers (write_llava)."""
+    return {"made": str(out), "layout": "llava", "params": write_llava(out, *LLAVA_1B)}
 
 
 def measure(directory: Path) -> dict:
