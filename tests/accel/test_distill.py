@@ -24,7 +24,7 @@ from vlarun.models.fast_head import (
     smooth_chunks,
     synthetic_fast_tokenizer,
 )
-from vlarun.models.presets import tiny_openvla
+from vlarun.models.presets.tiny import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
@@ -51,7 +51,7 @@ def test_distill_a_univla_teacher(tmp_path):
     pytest.importorskip("metaworld")
     from vlarun.accel.jacobi import jacobi_decode
     from vlarun.models.fast_head import synthetic_fast_tokenizer
-    from vlarun.models.presets import tiny_univla
+    from vlarun.models.presets.tiny import tiny_univla
     from vlarun.sim.demos import collect as collect_demos
 
     if not (TINY_AR / "dataset_statistics.json").exists():

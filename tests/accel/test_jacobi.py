@@ -14,7 +14,7 @@ from vlarun.accel.jacobi import (
     jacobi_decode,
     make_decoder,
 )
-from vlarun.models.presets import tiny_openvla
+from vlarun.models.presets.tiny import tiny_openvla
 from vlarun.models.tokenizer import load_tokenizer
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from vlarun.accel.jacobi import JacobiConfig, JacobiDecoder, jacobi_decode, jacobi_solve
 from vlarun.accel.jacobi_window import window_solve
 from vlarun.models.fast_head import code_lengths
-from vlarun.models.presets import tiny_pi0_fast
+from vlarun.models.presets.tiny import tiny_pi0_fast
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
 

@@ -19,7 +19,7 @@ from vlarun.models.fast_head import (
     smooth_chunks,
     synthetic_fast_tokenizer,
 )
-from vlarun.models.presets import tiny_pi0_fast
+from vlarun.models.presets.tiny import tiny_pi0_fast
 from vlarun.models.static_step import DecodeSteps
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy

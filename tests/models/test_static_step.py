@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vlarun.models.llama import LlamaConfig, LlamaLM
-from vlarun.models.presets import tiny_openvla
+from vlarun.models.presets.tiny import tiny_openvla
 from vlarun.models.static_step import (
     check_room,
     compile_steps,

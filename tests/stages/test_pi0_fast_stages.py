@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vlarun.cli import main
-from vlarun.models.presets import PI0_FAST_TOKENS, get_preset
+from vlarun.models.presets import get_preset
+from vlarun.models.presets.real import PI0_FAST_TOKENS
 from vlarun.models.vla import VLA
 from vlarun.policy.base import Policy
 from vlarun.sched.catalog import get_device

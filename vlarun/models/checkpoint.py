@@ -35,7 +35,8 @@ from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.heads import NormStats, OFTHeadConfig
 from vlarun.models.llama import LlamaConfig, LlamaLM
 from vlarun.models.oft_files import HEADS_CONFIG, HEADS_FILE, HeadsError, read_heads_config
-from vlarun.models.presets import PRESETS, RENAMED, UNIVLA_TOKENS, get_preset, openvla_7b
+from vlarun.models.presets import PRESETS, RENAMED, get_preset, openvla_7b
+from vlarun.models.presets.real import UNIVLA_TOKENS
 from vlarun.models.vit import (
     ViTConfig,
     ViTEncoder,

@@ -54,7 +54,7 @@ from vlarun.models.fast_head import FastConfig
 from vlarun.models.fast_tokens import FAST_TOKENIZER_DIR, FastTokenizer
 from vlarun.models.flow_expert import FlowExpertConfig
 from vlarun.models.llama import LlamaConfig
-from vlarun.models.presets import GEMMA_2B, GEMMA_300M_EXPERT, PI0_FAST_TOKENS, SMOLVLA_LAYOUT
+from vlarun.models.presets.real import GEMMA_2B, GEMMA_300M_EXPERT, PI0_FAST_TOKENS, SMOLVLA_LAYOUT
 from vlarun.models.vit import ViTConfig
 from vlarun.models.vla import VLAConfig
 
