@@ -45,7 +45,8 @@ robot = Emulation("openvla-7b", "orin-agx-32gb", world="adversarial")
 edge = Emulation("openvla-7b", "rtx4090", world="adversarial")
 cfg = AgentConfig(slo_s=1.0, robot=StandIn.emulating(robot), edge=StandIn.emulating(edge))
 sched = make_scheduler(get_preset("tiny-openvla"), cfg, 12, "float32")
-print("planned", len(sched.space.placements), "world" in " ".join(sys.modules))
+world = [m for m in sys.modules if m == "vlarun.world" or m.startswith("vlarun.world.")]
+print("planned", len(sched.space.placements), bool(world))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
