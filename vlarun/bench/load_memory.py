@@ -43,18 +43,15 @@ class BenchLoadOptions:
 
 
 CHILD = """
-import json, sys, time
+import json, os, sys, time
 import torch
+from vlarun.bench.hostile import rss
 from vlarun.models.checkpoint import load_vla
 
 def hwm_kib():  # this process's peak RSS: VmHWM is per address space, so it starts afresh at
     # exec, unlike ru_maxrss, which Linux carries over from the parent (it may have just
     # written a multi-GB checkpoint)
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss(os.getpid(), "VmHWM") // 1024
 
 base = hwm_kib()
 t = time.perf_counter()
@@ -165,8 +162,6 @@ def write_llava(out: Path, vision: dict, text: dict, image_id: int = LLAVA_IMAGE
     """A random-weight LLaVA directory written by transformers itself (``save_pretrained``,
     safetensors, bf16), with the action-bin mapping (256 bins below ``image_id``, 5 x 7) and a
     tokenizer that knows LLaVA's prompt, as a user's directory has. Returns its parameters."""
-    import json as _json
-
     import torch
 
     # A missing transformers is a ModuleNotFoundError, which the CLI names as the parity extra.
@@ -189,7 +184,7 @@ def write_llava(out: Path, vision: dict, text: dict, image_id: int = LLAVA_IMAGE
     del model
     write_llava_tokenizer(out, LLAVA_PROMPT_WORDS, image_id)
     bins = {"vocab_size": image_id, "n_bins": llava.N_BINS, "chunk": 5, "action_dim": 7}
-    (out / llava.ACTION_BINS_FILE).write_text(_json.dumps(bins))
+    (out / llava.ACTION_BINS_FILE).write_text(json.dumps(bins))
     return params
 
 
