@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -221,7 +220,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{a.index}, {a.robots}, {a.requests}, {a.period_s}"
         )
     done, emulation = _robot(a)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the parent, so a robot
+    # started by a large bench process reported the bench's size as its own.
+    from vlarun.runtime.testbed.procs import status_kb
+
+    peak = (status_kb("self", "VmHWM") or 0) / 1024
     print(
         json.dumps({"done": done, "peak_rss_mb": round(peak, 1), "emulation": emulation}),
         flush=True,

@@ -34,6 +34,8 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from vlarun.runtime.testbed import procs
+
 LOCAL_ATTACKS = (
     "npy-liar",
     "png-huge",
@@ -141,9 +143,9 @@ _CHILD = """
 import atexit, os, runpy, sys
 
 def _peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            open(os.environ["VLARUN_PEAK_FILE"], "w").write(line.split()[1])
+    from vlarun.runtime.testbed.procs import status_kb
+
+    open(os.environ["VLARUN_PEAK_FILE"], "w").write(str(status_kb("self", "VmHWM") or 0))
 
 atexit.register(_peak)
 sys.argv = ["vlarun", *sys.argv[1:]]
@@ -189,24 +191,12 @@ def run_one(name: str, policy: str = "tiny-ar") -> dict:
     }
 
 
-def _hwm_kb(pid: int) -> int:
-    """The process's VmHWM in kB (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, int]:
     """(wait status, the largest VmHWM sampled) of ``proc``; status None if it outlived
     ``timeout_s`` (then it is killed: an input that runs that long is a failed refusal)."""
     end, peak = time.monotonic() + timeout_s, 0
     while time.monotonic() < end:
-        peak = max(peak, _hwm_kb(proc.pid))
+        peak = max(peak, procs.status_kb(proc.pid, "VmHWM") or 0)
         pid, status = os.waitpid(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)

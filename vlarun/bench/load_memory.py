@@ -45,13 +45,13 @@ class BenchLoadOptions:
 CHILD = """
 import json, os, sys, time
 import torch
-from vlarun.bench.hostile import rss
 from vlarun.models.checkpoint import load_vla
+from vlarun.runtime.testbed.procs import status_kb
 
 def hwm_kib():  # this process's peak RSS: VmHWM is per address space, so it starts afresh at
     # exec, unlike ru_maxrss, which Linux carries over from the parent (it may have just
     # written a multi-GB checkpoint)
-    return rss(os.getpid(), "VmHWM") // 1024
+    return status_kb("self", "VmHWM")
 
 base = hwm_kib()
 t = time.perf_counter()

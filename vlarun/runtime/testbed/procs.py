@@ -152,14 +152,25 @@ def run_queue_wait_s(pid: int) -> float | None:
     return total / 1e9
 
 
+def status_kb(pid: int | str, field: str) -> int | None:
+    """One memory field of Linux ``/proc/PID/status`` (``VmRSS``, ``VmHWM``, ...), in kB;
+    ``pid`` may be ``"self"``. None where the process is gone or the field is absent (not
+    Linux). The one reader: a process's own peak must be ``VmHWM``, never ``ru_maxrss``, which
+    Linux carries across exec from the parent (a child of a large process reports its size)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb(proc: subprocess.Popen) -> float | None:
     """A live process's peak resident memory so far (Linux ``VmHWM``), MB; None elsewhere."""
-    try:
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-    except OSError:
-        return None
-    kb = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
-    return int(kb[0]) / 1024 if kb else None
+    kb = status_kb(proc.pid, "VmHWM")
+    return kb / 1024 if kb is not None else None
 
 
 def stop(
