@@ -100,6 +100,11 @@ class ServeEdgeOptions:
         "connections one robot key may send requests from at once (its share above counts "
         "them together); a request from one more is refused at once (busy)",
     )
+    refusal_hold_s: float = opt(
+        1.0,
+        "a handshake refused (key not authorized) beyond its address's budget (20 at once, "
+        "then 5 a second) is answered this many seconds late; 0: at once",
+    )
     max_frame_mb: float = opt(
         256.0,
         "largest ZeroMQ frame (the header, or one tensor) accepted, MiB; a peer sending "
@@ -182,6 +187,7 @@ class ServeEdgeOptions:
             max_queued_per_robot=self.max_queued_per_robot,
             max_streams=self.max_streams,
             max_identities_per_key=self.max_identities_per_key,
+            refusal_hold_s=self.refusal_hold_s,
             emulate=emulate,
         )
 

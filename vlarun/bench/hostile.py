@@ -70,6 +70,7 @@ class BenchHostileOptions:
     budget_s: float = opt(5.0, "serve-policy's --budget-s (the 50-client goal is within it)")
     rest_requests: int = opt(40, "the legitimate client's requests at rest")
     seconds: float = opt(8.0, "length of each flood")
+    handshakes_in_flight: int = opt(4, "edge-handshake: the flooder's handshakes at once")
     quick: bool = opt(False, "pipeline and largest only, 4 s floods")
     json: bool = opt(False, "print one JSON object")
 
@@ -79,6 +80,10 @@ class BenchHostileOptions:
             raise ValueError(f"unknown attack {bad[0]!r}; valid: {', '.join(ATTACKS)}")
         if self.frame_mb <= 0.1 or self.budget_s <= 0 or self.seconds <= 0:
             raise ValueError("--frame-mb must be > 0.1, --budget-s and --seconds > 0")
+        if not 1 <= self.handshakes_in_flight <= 512:
+            raise ValueError(
+                f"--handshakes-in-flight must lie in 1..512, got {self.handshakes_in_flight}"
+            )
         if self.rest_requests < 10:
             raise ValueError("--rest-requests must be >= 10 (a p99 needs them)")
 
@@ -86,12 +91,12 @@ class BenchHostileOptions:
 # --- the server process and its memory ------------------------------------------------------
 
 
-def rss(pid: int, field: str = "VmRSS") -> int:
-    """One field of /proc/PID/status, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
+def rss(pid: int | str, field: str = "VmRSS") -> int:
+    """One field of /proc/PID/status, in bytes (``procs.status_kb``); raises if unreadable."""
+    kb = procs.status_kb(pid, field)
+    if kb is None:
+        raise ProcessLookupError(f"no {field} for process {pid}")
+    return kb * 1024
 
 
 def _pin(cpus: set[int]) -> None:
@@ -134,7 +139,7 @@ class Memory:
         while not self._stop.is_set():
             try:
                 self.peak = max(self.peak, rss(self.pid))
-            except (OSError, KeyError):
+            except OSError:
                 return
             self._stop.wait(0.02)
 
@@ -142,13 +147,13 @@ class Memory:
         """Stop sampling; wait up to ``within_s`` for RSS back within idle + 10%."""
         self._stop.set()
         self._t.join(5)
-        with contextlib.suppress(OSError, KeyError):
+        with contextlib.suppress(OSError):
             self.peak = max(self.peak, rss(self.pid, "VmHWM"))
         t0, after = time.monotonic(), self.idle
         while True:
             try:
                 after = rss(self.pid)
-            except (OSError, KeyError):
+            except OSError:
                 break
             if after <= 1.1 * self.idle or time.monotonic() - t0 >= within_s:
                 break

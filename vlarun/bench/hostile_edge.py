@@ -2,10 +2,11 @@
 beside an authorized robot with a 1 s budget (issue 64, 1 and 2).
 
 * ``edge-handshake``: a process opens DEALER sockets with a key the edge does not authorize,
-  four handshakes in flight, each refused, for ``--seconds``. Then an equal CPU burner: a
-  process (or several) burning the CPU the flooder burned, at the same rate, on the same CPUs,
-  beside the same robot. Two rows: the robot's p99 under the flood against its p99 beside the
-  burner says what refusing handshakes costs the edge beyond the CPU the attacker brings.
+  ``--handshakes-in-flight`` at once (4), each refused, for ``--seconds``. Then an equal CPU
+  burner: a process (or several) burning the CPU the flooder burned, at the same rate, on the
+  same CPUs, beside the same robot. Two rows: the robot's p99 under the flood against its p99
+  beside the burner says what refusing handshakes costs the edge beyond the CPU the attacker
+  brings.
   The flood row also splits what the flood cost the edge's CPU, per refused handshake:
   ZeroMQ's I/O thread (the CURVE handshake's crypto), the ZAP proxy thread, the rest of the
   edge's process (its Python threads: what serves robots), its ZAP authorizer process.
@@ -48,7 +49,6 @@ from vlarun.runtime.scaleout import proctree
 from vlarun.runtime.testbed import procs
 from vlarun.runtime.transport import Security, generate_keys, load_keys
 
-IN_FLIGHT = 4  # the flooder's handshakes in flight at once
 HANDSHAKE_ROBOT_PERIOD_S = 0.2  # the robot beside the handshake flood asks at 5 Hz
 IDENTITIES = 50
 
@@ -177,9 +177,9 @@ def _legit_secure(
 
 
 def _handshake_flood(
-    endpoint: str, server_public: bytes, seconds: float, cpus: set[int], go, out
+    endpoint: str, server_public: bytes, seconds: float, in_flight: int, cpus: set[int], go, out
 ) -> None:
-    """New DEALER sockets with a made-up key (not authorized), ``IN_FLIGHT`` handshakes at
+    """New DEALER sockets with a made-up key (not authorized), ``in_flight`` handshakes at
     once, each closed when the edge's verdict arrives (or after 1 s), for ``seconds``."""
     _pin(cpus)
     from zmq.utils.monitor import recv_monitor_message
@@ -211,7 +211,7 @@ def _handshake_flood(
     go.wait(120)
     cpu0, end = _own_cpu_s(), time.monotonic() + seconds
     while time.monotonic() < end:
-        while len(live) < IN_FLIGHT:
+        while len(live) < in_flight:
             open_one()
         for mon, _ in poller.poll(100):
             event = recv_monitor_message(mon)["event"]
@@ -304,7 +304,7 @@ def handshake_attack(o: BenchHostileOptions) -> list[dict]:
         # The flood. The edge's CPU is read around all of it, and what the edge spends at
         # rest with the robot (per second) taken off: what is left, the flood cost it.
         mem, cpu0, t0 = Memory(proc.pid), edge_cpu(proc.pid), time.monotonic()
-        args = (endpoint, robot.server_public, o.seconds, client_cpus)
+        args = (endpoint, robot.server_public, o.seconds, o.handshakes_in_flight, client_cpus)
         (flood,), during = _beside_robot(_handshake_flood, [args], beside)
         spent = _cpu_rates(cpu0, edge_cpu(proc.pid), 1.0)
         wall = time.monotonic() - t0

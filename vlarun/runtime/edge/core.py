@@ -74,6 +74,10 @@ class ServerConfig:
     # request from one more is refused at once ("busy"). A robot needs one, a restart or a
     # reconnect one more for a moment; 50 are a flood (issue 64).
     max_identities_per_key: int = 4
+    # A handshake refused (a key not authorized) past its address's budget is answered this
+    # late (runtime.edge.zap.Tarpit: a flooder with a few handshakes in flight then costs the
+    # edge a few crypto runs a second, not its core); 0: every refusal at once.
+    refusal_hold_s: float = 1.0
     # Accelerated streams (one robot's episode under one setting) whose hook state (KV cache,
     # token-policy and decoder state) the edge keeps; the least recently used is forgotten
     # beyond this (its next request starts afresh: a full recompute, never a wrong reuse).
@@ -96,6 +100,8 @@ class ServerConfig:
             raise ValueError("max_batch, max_streams must be >= 1 and batch_window_s >= 0")
         if self.max_queued_per_robot < 1:
             raise ValueError(f"max_queued_per_robot must be >= 1, got {self.max_queued_per_robot}")
+        if not 0.0 <= self.refusal_hold_s <= 10.0:  # a handshake times out at 30 s
+            raise ValueError(f"--refusal-hold-s must lie in [0, 10], got {self.refusal_hold_s}")
         if self.max_identities_per_key < 1:
             raise ValueError(
                 f"--max-identities-per-key must be >= 1, got {self.max_identities_per_key}"

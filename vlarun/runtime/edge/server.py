@@ -144,7 +144,7 @@ class EdgeServer:
         self.refusal_log = RefusalLog()
         self.stop_event = threading.Event()
         self.ctx = ctx or zmq.Context()
-        self.auth = EdgeAuth(self.ctx, sec)
+        self.auth = EdgeAuth(self.ctx, sec, cfg.refusal_hold_s)
         self.sock = router_socket(self.ctx, wildcard(cfg.address), sec, cfg.max_message_bytes)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._pipe = f"inproc://vlarun-edge-{id(self)}"

@@ -111,7 +111,7 @@ class EdgeFront:
         first = hellos[0]
         self.model_cfg, self.dtype = first["cfg"], first["dtype"]
         self.schema = Schema(self.model_cfg, self.dtype, self.cfg.max_batch)
-        self.auth = EdgeAuth(self.ctx, sec)
+        self.auth = EdgeAuth(self.ctx, sec, self.cfg.refusal_hold_s)
         self.sock = router_socket(
             self.ctx, wildcard(self.cfg.address), sec, self.cfg.max_message_bytes
         )
