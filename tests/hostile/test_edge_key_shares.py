@@ -17,7 +17,15 @@ import torch
 import zmq
 
 from vlarun.policy import Policy
-from vlarun.runtime.edge.core import MAX_SEEN, RECENT_S, DataRequest, EdgeCore, EdgeRecords, Quote
+from vlarun.runtime.edge.core import (
+    CONTENDED_S,
+    MAX_SEEN,
+    RECENT_S,
+    DataRequest,
+    EdgeCore,
+    EdgeRecords,
+    Quote,
+)
 from vlarun.runtime.edge.server import EdgeServer, ServerConfig
 from vlarun.runtime.emulate import Emulation
 from vlarun.runtime.robot.client import EdgeClient
@@ -176,6 +184,49 @@ def test_one_key_on_many_connections_gets_one_share_on_one_edge(keys, request_):
         answers, reply, took = _flood_beside_a_robot(srv.address, srv.stats, keys, request_)
         assert len(srv.core.seen()) == 2  # two robots: the table counts keys, not connections
     _check_one_share(answers, reply, took)
+
+
+def test_while_another_robot_is_served_a_key_has_one_request_queued(keys, request_):
+    """Contention (issue 64's identity flood, measured): under earliest deadline first, one
+    key's connections each with a request in flight kept ~1 s of the edge queued before the
+    other robot's 1 s requests (2-8 of 15 answered). Once another key has sent data, a key's
+    share is one queued request: of the flooding key's 8 (4 connections x 2, at once) one or
+    two are admitted (one may already run), the rest refused at once naming why; the robot's
+    next request is served. (Alone, the same flood gets its whole share: the test above.)"""
+    _, clients = keys
+    policy, packet, meta = request_
+    with EdgeServer(policy, keys[0], _config()) as srv:
+        srv.warmup()
+        robot = EdgeClient(srv.address, clients["robot"])
+        flood = _connected(srv.address, clients["flood"], SHARE)
+        try:
+            _until(lambda: robot.sock.poll(0, zmq.POLLOUT), 30.0, "the robot's connection")
+            robot.run(STAGES, packet, ("actions",), 30.0, 60.0, meta)  # the robot is seen
+            sent = {}
+            for i, sock in enumerate(flood):
+                for j in range(2):
+                    rid = 300 + 2 * i + j
+                    msg = wire.Message(
+                        "data",
+                        rid=rid,
+                        stage="+".join(STAGES),
+                        deadline_s=60.0,
+                        meta=meta,
+                        packet=packet,
+                    )
+                    sock.send_multipart(wire.encode(msg))
+                    sent[rid] = sock
+            answers = _answers(flood, len(sent), 60.0)
+            reply = robot.run(STAGES, packet, ("actions",), 30.0, 60.0, meta)
+        finally:
+            robot.close()
+            for sock in flood:
+                sock.close(0)
+    busy = _busy(answers)
+    assert sorted(answers) == sorted(sent)
+    assert len(busy) >= len(sent) - 2, busy  # one queued, perhaps one already running
+    assert all("its share is 1 while other robots are served" in b for b in busy), busy
+    assert reply.packet["actions"].shape[0] == 1
 
 
 def test_a_keys_bookings_count_against_its_one_share(keys, request_):
@@ -342,6 +393,25 @@ def test_the_per_key_state_is_bounded():
             core.admit(DataRequest(b"%s/%d" % (key, c), STAGES, 1.0, key=key), later + 2 * i)
     assert len(core.seen()) <= MAX_SEEN + 1
     assert core.tracked_connections() <= 3 * (MAX_SEEN + 1)
+
+
+def test_a_keys_share_is_one_request_while_another_key_is_served():
+    core = EdgeCore(
+        ServerConfig(max_queued_per_robot=16),
+        _Backend(),
+        EdgeRecords(),
+        model=None,
+        dtype="float32",
+        stages=STAGES,
+        secure=True,
+    )
+    now = 1000.0
+    assert core.share(b"K", b"conn", now) == 16  # alone
+    core.admit(DataRequest(b"other-conn", STAGES, 1.0, key=b"O"), now)
+    assert core.share(b"K", b"conn", now + 1.0) == 1
+    assert core.share(b"O", b"other-conn", now + 1.0) == 16  # its own data is no contention
+    assert core.share(b"K", b"K", now + 1.0) == 16  # no key checked: its connection
+    assert core.share(b"K", b"conn", now + CONTENDED_S) == 16  # the other silent since
 
 
 def test_the_flag_reaches_the_config_and_a_bad_value_fails_in_one_line(capsys):

@@ -93,7 +93,8 @@ class ServeEdgeOptions:
     max_queued_per_robot: int = opt(
         16,
         "one robot's share: its requests queued and plans booked at once; beyond it its "
-        "next request is refused at once (busy)",
+        "next request is refused at once (busy). With --authorized-keys, a key's queued "
+        "requests are one while another key sent data in the last 10 s",
     )
     max_identities_per_key: int = opt(
         4,

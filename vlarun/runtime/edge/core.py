@@ -48,6 +48,12 @@ MAX_SEEN = 1024
 MAX_BUDGET_S = 3600.0
 # A robot counts as active (batch window, ledger pushes) while it sent data this recently (s).
 RECENT_S = 1.0
+# A robot with a key has a share of one queued request while another key sent data this
+# recently (s): under earliest deadline first, one key's requests queued ahead (four
+# connections of one key, each with one in flight) held ~1 s of the edge before every other
+# robot's 1 s request, which was then refused or late (issue 64). Alone, it has
+# --max-queued-per-robot.
+CONTENDED_S = 10.0
 
 
 class Refused(PacketError):
@@ -300,13 +306,17 @@ class EdgeCore:
                 f"busy: this robot's key is sending from {n} connections already, its "
                 f"share is {n} (--max-identities-per-key)"
             )
-        mine = self.backend.held_by(key)
-        if mine >= self.cfg.max_queued_per_robot:
+        mine, share = self.backend.held_by(key), self.share(key, req.origin, now)
+        if mine >= share:
             self.records.count("refused")
+            why = (
+                "(--max-queued-per-robot)"
+                if share == self.cfg.max_queued_per_robot
+                else "while other robots are served (--max-queued-per-robot when alone)"
+            )
             raise Refused(
                 f"busy: this robot has {mine} requests {self.backend.HOLDS} (all its "
-                f"key's connections), its share is {self.cfg.max_queued_per_robot} "
-                "(--max-queued-per-robot)"
+                f"key's connections), its share is {share} {why}"
             )
         budget = min(req.budget_s, MAX_BUDGET_S) if req.budget_s > 0 else 0.0
         deadline = now + budget
@@ -388,6 +398,18 @@ class EdgeCore:
                     return False
             conns[origin] = now
             return True
+
+    def share(self, key: bytes, origin: bytes, now: float) -> int:
+        """Requests robot ``key`` may have queued: ``max_queued_per_robot``, but one while
+        another robot (key) sent data in the last ``CONTENDED_S`` (``CONTENDED_S``: why). A
+        robot without a key (``--insecure``, or a front's relayed worker: its connection or
+        the front's route) keeps the whole share: a client there can be as many robots as it
+        likes anyway, and the front holds the shares of the robots it relays."""
+        if key == origin:
+            return self.cfg.max_queued_per_robot
+        with self._lock:
+            others = any(k != key and now - t < CONTENDED_S for k, t in self._seen.items())
+        return 1 if others else self.cfg.max_queued_per_robot
 
     def connections(self, key: bytes) -> list[bytes]:
         """The connections robot ``key`` is remembered sending from."""
