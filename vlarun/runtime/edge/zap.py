@@ -28,14 +28,14 @@ stderr). A refused handshake runs no Python in the edge's process.
   ``REFUSALS_PER_S`` a second; a refusal beyond that is held ``HOLD_S`` before it is sent.
   Four handshakes in flight then cost the edge ~``REFUSALS_PER_S`` + 4 / ``HOLD_S`` crypto
   runs a second instead of ~400-1,250 (`vlarun bench hostile --attacks edge-handshake`,
-  2026-12-07: 57 refused in 8 s against 3,008-3,761; the robot's p99 0.94-1.01x its p99
-  beside an equal burner, 1.28-1.88x before). An authorized key is answered at once whatever
+  2026-12-07, quiet: 55-57 refused in 8 s against 3,391-3,478; the robot's p99 0.98-1.05x
+  its p99 beside an equal burner, 1.73-2.00x before). An authorized key is answered at once whatever
   its address's count (a robot behind the flooder's NAT, or on loopback beside it, is not
   slowed). Bounded: at most ``MAX_HELD`` refusals held (beyond, answered at once) and
   ``MAX_SOURCES`` addresses remembered. Not stopped by it: a flooder that does not wait for
   its verdicts (it closes each connection and opens another: every one still costs the edge
-  its crypto, as much as it costs the flooder; 64 in flight, each given up after 1 s: 505
-  handshakes in 8 s, 0.5 CPU-s of the edge), nor one from many addresses: a firewall's
+  its crypto, as much as it costs the flooder; 64 in flight, each given up after 1 s: 504
+  handshakes in 8 s, 0.4 CPU-s of the edge), nor one from many addresses: a firewall's
   per-source limit on new connections is the tool for those.
 * It reads its keys once, on stdin, at start (as pyzmq's ``configure_curve`` did), and ends
   when that pipe closes: when the edge ends, however it ends.
