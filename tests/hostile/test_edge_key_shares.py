@@ -91,12 +91,12 @@ def _connected(address: str, sec: Security, n: int) -> list[zmq.Socket]:
     return socks
 
 
-def _flood(socks: list[zmq.Socket], packet, meta) -> dict[int, zmq.Socket]:
-    """Every connection sends ``EACH`` requests at once, due in 60 s; rid -> its socket."""
+def _flood(socks: list[zmq.Socket], packet, meta, each: int = EACH) -> dict[int, zmq.Socket]:
+    """Every connection sends ``each`` requests at once, due in 60 s; rid -> its socket."""
     sent = {}
     for i, s in enumerate(socks):
-        for j in range(EACH):
-            rid = 100 + EACH * i + j
+        for j in range(each):
+            rid = 100 + each * i + j
             msg = wire.Message(
                 "data", rid=rid, stage="+".join(STAGES), deadline_s=60.0, meta=meta, packet=packet
             )
@@ -202,20 +202,7 @@ def test_while_another_robot_is_served_a_key_has_one_request_queued(keys, reques
         try:
             _until(lambda: robot.sock.poll(0, zmq.POLLOUT), 30.0, "the robot's connection")
             robot.run(STAGES, packet, ("actions",), 30.0, 60.0, meta)  # the robot is seen
-            sent = {}
-            for i, sock in enumerate(flood):
-                for j in range(2):
-                    rid = 300 + 2 * i + j
-                    msg = wire.Message(
-                        "data",
-                        rid=rid,
-                        stage="+".join(STAGES),
-                        deadline_s=60.0,
-                        meta=meta,
-                        packet=packet,
-                    )
-                    sock.send_multipart(wire.encode(msg))
-                    sent[rid] = sock
+            sent = _flood(flood, packet, meta, each=2)
             answers = _answers(flood, len(sent), 60.0)
             reply = robot.run(STAGES, packet, ("actions",), 30.0, 60.0, meta)
         finally:
@@ -320,20 +307,7 @@ def test_without_keys_each_connection_is_its_own_robot(request_):
         srv.warmup()
         socks = _connected(srv.address, insecure, 3)
         try:
-            sent = {}
-            for i, s in enumerate(socks):
-                for j in range(2):  # within each connection's own share
-                    rid = 100 + 2 * i + j
-                    msg = wire.Message(
-                        "data",
-                        rid=rid,
-                        stage="+".join(STAGES),
-                        deadline_s=60.0,
-                        meta=meta,
-                        packet=packet,
-                    )
-                    s.send_multipart(wire.encode(msg))
-                    sent[rid] = i
+            sent = _flood(socks, packet, meta, each=2)  # within each connection's own share
             answers = _answers(socks, len(sent), 60.0)
         finally:
             for s in socks:
