@@ -512,8 +512,9 @@ def test_timm_round_trip(kind, registers, ls_name):
 
 def test_a_siglip_tower_starts_a_clip_tower():
     """siglip_to_clip_vit: exact where the towers agree (the conv bias folded into the patch
-    positions gives the same patch embeddings; the blocks are copied), and what SigLIP lacks
-    is left to the CLIP tower's own initialisation."""
+    positions gives the same patch embeddings, to fp32 rounding: the sum runs in another
+    order; the blocks are copied), and what SigLIP lacks is left to the CLIP tower's own
+    initialisation."""
     sig, clip = _perturb(ours("siglip")), ours("clip")
     missing = clip.load_state_dict(siglip_to_clip_vit(sig.state_dict()), strict=False)
     assert (
@@ -527,7 +528,8 @@ def test_a_siglip_tower_starts_a_clip_tower():
     )
     x = pixels()
     with torch.no_grad():
-        assert diff(clip.embed(x)[:, 1:], sig.embed(x)) <= 1e-6
+        # a few ulp of values up to ~4 (1.2e-6 seen beside two CPU burners); a wrong fold is O(1)
+        assert diff(clip.embed(x)[:, 1:], sig.embed(x)) <= 1e-5
     a, b = clip.blocks[2].state_dict(), sig.blocks[2].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
 

@@ -256,7 +256,10 @@ def test_no_accepted_edge_answer_makes_a_request_late(server, policy):
         for inf in infs:
             if inf.fallback is None and "edge" in inf.ran.values() and not inf.late_edge:
                 assert inf.late_s <= 0.01, (strategy, inf.late_s)  # decoding's few ms at most
-            assert inf.late_s <= 1.5 * local + 0.05, (strategy, inf.late_s, local)
+            # One local run: as warm-up measured it, or as this one took (a busy machine runs
+            # it slower than its warm-up did; a robot that waited past the deadline still fails).
+            here = sum(ms for s, ms in inf.stage_ms.items() if inf.ran.get(s) == "robot") / 1e3
+            assert inf.late_s <= 1.5 * max(local, here) + 0.05, (strategy, inf.late_s, local, here)
 
 
 class _Pinned(RobotAgent):
