@@ -335,20 +335,19 @@ class _Backend:
         return False
 
 
+def _core(cfg: ServerConfig) -> EdgeCore:
+    """A secure edge's core over a backend that always has room: the core's state alone."""
+    return EdgeCore(
+        cfg, _Backend(), EdgeRecords(), model=None, dtype="float32", stages=STAGES, secure=True
+    )
+
+
 def test_the_per_key_state_is_bounded():
     """A key's connections past its limit are refused and not remembered; a stream of keys
     (or, without keys, of connections) is forgotten once silent, as the seen table always was."""
     from vlarun.runtime.edge.core import Refused
 
-    core = EdgeCore(
-        ServerConfig(max_identities_per_key=3),
-        _Backend(),
-        EdgeRecords(),
-        model=None,
-        dtype="float32",
-        stages=STAGES,
-        secure=True,
-    )
+    core = _core(ServerConfig(max_identities_per_key=3))
     now = 1000.0
     for i in range(3):
         core.admit(DataRequest(b"conn-%d" % i, STAGES, 1.0, key=b"K"), now)
@@ -370,15 +369,7 @@ def test_the_per_key_state_is_bounded():
 
 
 def test_a_keys_share_is_one_request_while_another_key_is_served():
-    core = EdgeCore(
-        ServerConfig(max_queued_per_robot=16),
-        _Backend(),
-        EdgeRecords(),
-        model=None,
-        dtype="float32",
-        stages=STAGES,
-        secure=True,
-    )
+    core = _core(ServerConfig(max_queued_per_robot=16))
     now = 1000.0
     assert core.share(b"K", b"conn", now) == 16  # alone
     core.admit(DataRequest(b"other-conn", STAGES, 1.0, key=b"O"), now)
