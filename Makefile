@@ -41,7 +41,7 @@ demo-coinfer: install
 		--episodes 3 --robot-slowdown 2 --link-mbps 200 --link-schedule "5:2,9:200"
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25  # the slowest 25: what CI's time goes to
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

@@ -624,14 +624,17 @@ def show_run_robot(r: dict) -> None:
         )
 
 
-SHOWN_OUTAGES = 3  # outages printed one line each; the rest counted (all of them in --json)
+SHOWN_OUTAGES = 3  # the longest outages printed one line each; the rest counted (all in --json)
 
 
 def outage_lines(outages: list[dict], link: dict | None = None) -> list[str]:
     """One line per edge outage: when the edge stopped answering and was back, when the plans
     left it and when they were on it again, or why they were not. Outages that began while a
     shaped link (``link``: ``link_timeline``'s drop and restore) was down are counted in one
-    line: the link's own line says what mattered there, and probes on a slow link flap."""
+    line: the link's own line says what mattered there, and probes on a slow link flap. Past
+    ``SHOWN_OUTAGES``, the longest are shown, in time order (an outage not over counts as the
+    longest): on a busy edge, late health answers add short outages around the one that
+    mattered."""
     ms = lambda v: "never" if v is None else f"{v:.0f} ms"  # noqa: E731
     lines = []
     drop = None if not link else link.get("drop_s")
@@ -647,7 +650,12 @@ def outage_lines(outages: list[dict], link: dict | None = None) -> list[str]:
                 f"  {len(during)} edge outage(s) seen while the shaped link was down "
                 f"({drop:g} s to {until}): --json has them"
             )
-    for t in outages[:SHOWN_OUTAGES]:
+
+    def length(t: dict) -> float:
+        return float("inf") if t["up_s"] is None else t["up_s"] - t["down_s"]
+
+    longest = sorted(outages, key=length, reverse=True)[:SHOWN_OUTAGES]
+    for t in sorted(longest, key=lambda t: t["down_s"]):
         down, up = t["down_s"], t["up_s"]
         head = f"  edge unanswered at {down:.1f} s"
         if up is None:
@@ -663,7 +671,7 @@ def outage_lines(outages: list[dict], link: dict | None = None) -> list[str]:
         else:
             lines.append(f"{head}; not on the edge again: {t['why_not_back']}")
     if len(outages) > SHOWN_OUTAGES:
-        lines.append(f"  (+{len(outages) - SHOWN_OUTAGES} more edge outages: --json has them)")
+        lines.append(f"  (+{len(outages) - SHOWN_OUTAGES} shorter edge outages: --json has them)")
     return lines
 
 
