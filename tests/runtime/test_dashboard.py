@@ -90,7 +90,10 @@ def test_endpoints_need_the_key_and_metrics_are_prometheus_text(live):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian package chromium)")
-def test_chromium_renders_the_live_edge_within_two_seconds(live, tmp_path):
+def test_chromium_renders_the_live_edge(live, tmp_path):
+    """Two seconds of the page's (virtual) time per load; on a busy machine the edge's state
+    may not be in by then (beside two CPU burners it was not, once in 1,465 tests): the page
+    is loaded again, at most five times, until it shows both robots."""
     _, dash = live
     common = [
         CHROMIUM,
@@ -101,11 +104,15 @@ def test_chromium_renders_the_live_edge_within_two_seconds(live, tmp_path):
         f"--user-data-dir={tmp_path / 'profile'}",
         "--virtual-time-budget=2000",
     ]
-    dom = subprocess.run(
-        [*common, "--dump-dom", dash.url], capture_output=True, text=True, timeout=120
-    ).stdout
+    shown = '<div class="v" id="robots-count">2</div>'
+    for _ in range(5):
+        dom = subprocess.run(
+            [*common, "--dump-dom", dash.url], capture_output=True, text=True, timeout=120
+        ).stdout
+        if 'data-ready="1"' in dom and shown in dom:
+            break
     assert 'data-ready="1"' in dom, dom[-2000:]
-    assert '<div class="v" id="robots-count">2</div>' in dom
+    assert shown in dom
     robots = dom.split('<table id="robots">')[1].split("</table>")[0]
     assert robots.count("<tr>") == 3  # header + the two robots
     assert "vision+prefill+decode x" in robots and "prefill+decode x" in robots  # their plans
