@@ -212,21 +212,23 @@ def test_run_robot_falls_back_during_an_outage_and_returns_to_the_edge(edge, mon
     assert f"on the edge again {seen['edge_again_after_restore_ms']:.0f} ms after" in printed
 
 
+def _outage(down: float, up: float | None) -> dict:
+    """An outage record as `run-robot --json` has it (the plans left and came back)."""
+    return {
+        "down_s": down,
+        "up_s": up,
+        "left_edge_after_drop_ms": 90.0,
+        "edge_again_after_restore_ms": 150.0,
+        "why_not_back": None,
+    }
+
+
 def test_outages_a_shaped_link_explains_are_counted_in_one_line():
     """`make demo-coinfer`'s 2 Mbit/s stretch makes the monitor's probes flap: those outages
     are one line beside the link's own; an outage outside the stretch keeps its line."""
     from vlarun.apps.runtime import outage_lines
 
-    def outage(down: float, up: float | None) -> dict:
-        return {
-            "down_s": down,
-            "up_s": up,
-            "left_edge_after_drop_ms": 90.0,
-            "edge_again_after_restore_ms": 150.0,
-            "why_not_back": None,
-        }
-
-    outages = [outage(5.2, 5.4), outage(6.4, 6.5), outage(11.0, 11.3)]
+    outages = [_outage(5.2, 5.4), _outage(6.4, 6.5), _outage(11.0, 11.3)]
     lines = outage_lines(outages, {"drop_s": 5.0, "restore_s": 9.0})
     assert (
         lines[0] == "  2 edge outage(s) seen while the shaped link was down (5 s to 9 s): "
@@ -241,19 +243,10 @@ def test_the_longest_outages_are_the_ones_printed():
     three, the longest are printed (in time order), the rest counted."""
     from vlarun.apps.runtime import outage_lines
 
-    def outage(down: float, up: float | None) -> dict:
-        return {
-            "down_s": down,
-            "up_s": up,
-            "left_edge_after_drop_ms": 90.0,
-            "edge_again_after_restore_ms": 150.0,
-            "why_not_back": None,
-        }
-
     flaps = [
-        outage(t, t + d) for t, d in ((0.5, 0.1), (1.0, 0.6), (2.0, 0.2), (9.0, 0.3), (9.5, 0.1))
+        _outage(t, t + d) for t, d in ((0.5, 0.1), (1.0, 0.6), (2.0, 0.2), (9.0, 0.3), (9.5, 0.1))
     ]
-    stop, last = outage(4.0, 8.0), outage(12.0, None)
+    stop, last = _outage(4.0, 8.0), _outage(12.0, None)
     lines = outage_lines([*flaps[:3], stop, *flaps[3:], last])
     assert [line.split(",")[0] for line in lines[:3]] == [
         "  edge unanswered at 1.0 s",
