@@ -22,7 +22,10 @@ def demos(tmp_path_factory):
 
 
 def test_train_resume_and_export(tmp_path, demos):
+    # precision="fp32" in every run here where precision is not the subject: fp32 is not timed
+    # (bf16 on an AVX2 CPU costs ~10 s a run to time), and its runs repeat exactly.
     cfg = TrainConfig(
+        precision="fp32",
         demos=str(demos),
         out=str(tmp_path / "run"),
         steps=2,
@@ -83,7 +86,9 @@ def test_random_shift_moves_content_within_bounds():
 
 
 def test_init_from_exported_policies_continues_their_weights(tmp_path, demos):
-    cfg = TrainConfig(demos=str(demos), out=str(tmp_path / "a"), steps=1, batch=2, warmup=1)
+    cfg = TrainConfig(
+        demos=str(demos), out=str(tmp_path / "a"), steps=1, batch=2, warmup=1, precision="fp32"
+    )
     train(cfg)
     exported = tmp_path / "a" / "export"
     cont = TrainConfig(
@@ -109,7 +114,9 @@ def test_a_fine_tune_counts_the_samples_of_the_runs_it_grew_from(tmp_path, demos
     from vlarun.sim.curve import CURVE_FILE, lineage_rows
     from vlarun.sim.train import lineage_before
 
-    a = TrainConfig(demos=str(demos), out=str(tmp_path / "a"), steps=2, batch=2, warmup=1)
+    a = TrainConfig(
+        demos=str(demos), out=str(tmp_path / "a"), steps=2, batch=2, warmup=1, precision="fp32"
+    )
     train(a)
     b = TrainConfig(**{**a.__dict__, "out": str(tmp_path / "b"), "init_from": a.out, "steps": 3})
     train(b)
@@ -244,8 +251,14 @@ def test_precision_is_chosen_by_measurement():
     steps = []
     timed = choose_precision("auto", step=lambda: steps.append(torch.is_autocast_enabled("cpu")))
     assert "training step" in timed.reason and steps == [False] * 3 + [True] * 3
-    assert choose_precision("fp32", width=64, rows=64).bf16 is False
-    assert choose_precision("bf16", width=64, rows=64).label == "bf16 autocast"
+    # An explicit fp32 runs no step (it is never the slow choice); an explicit bf16 is timed
+    # against fp32, so that a CPU where it is slower says so.
+    steps.clear()
+    fp32 = choose_precision("fp32", step=lambda: steps.append(torch.is_autocast_enabled("cpu")))
+    assert fp32.bf16 is False and steps == [] and "not timed" in fp32.reason
+    bf16 = choose_precision("bf16", step=lambda: steps.append(torch.is_autocast_enabled("cpu")))
+    assert bf16.label == "bf16 autocast" and steps == [False] * 3 + [True] * 3
+    assert bf16.reason.startswith("bf16 as asked: training step")
     with pytest.raises(ValueError, match="precision"):
         TrainConfig(precision="fp16")
 
@@ -256,6 +269,7 @@ def test_wrist_suite_trains_five_losses_and_exports_four_families(tmp_path):
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
     cfg = TrainConfig(
+        precision="fp32",
         suite="mt10w",
         demos=str(d),
         out=str(tmp_path / "run"),
@@ -395,6 +409,7 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
     base = TrainConfig(
+        precision="fp32",
         suite="mt10p",
         demos=str(d),
         out=str(tmp_path / "p"),
@@ -421,6 +436,7 @@ def test_goal_suite_grows_from_the_image_only_run_as_the_same_model(tmp_path):
     for k in ("ar", "oft", "aux"):  # the deterministic losses (DiT and flow draw noise)
         torch.testing.assert_close(getattr(a, k), getattr(b, k))
     goal = TrainConfig(
+        precision="fp32",
         suite="mt10g",
         demos=str(d),
         out=str(tmp_path / "g"),
@@ -538,6 +554,7 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
     base = TrainConfig(
+        precision="fp32",
         suite="mt10p",
         demos=str(d),
         out=str(tmp_path / "p"),
@@ -560,6 +577,7 @@ def test_fast_suite_grows_the_vocabulary_learns_its_codes_and_exports_a_fast_pol
     assert new.shape[0] == 2 * old.shape[0]
     torch.testing.assert_close(new[: old.shape[0]], old)
     cfg = TrainConfig(
+        precision="fp32",
         suite="mt10pf",
         demos=str(d),
         out=str(tmp_path / "f"),
@@ -607,6 +625,7 @@ def test_llava_suite_starts_its_clip_tower_from_the_siglip_one_and_exports(tmp_p
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
     base = TrainConfig(
+        precision="fp32",
         suite="mt10p",
         demos=str(d),
         out=str(tmp_path / "p"),
@@ -636,6 +655,7 @@ def test_llava_suite_starts_its_clip_tower_from_the_siglip_one_and_exports(tmp_p
     ):
         torch.testing.assert_close(got[key], src[key])
     cfg = TrainConfig(
+        precision="fp32",
         suite="mt10pl",
         demos=str(d),
         out=str(tmp_path / "l"),
@@ -663,6 +683,7 @@ def test_a_fast_run_continued_from_another_keeps_its_ids(tmp_path):
     d = tmp_path / "demos"
     collect(["reach-v3"], 1, d, extra_cameras=("wrist",), progress=False)
     first = TrainConfig(
+        precision="fp32",
         suite="mt10pf",
         demos=str(d),
         out=str(tmp_path / "a"),

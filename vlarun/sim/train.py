@@ -225,8 +225,12 @@ def choose_precision(
     precisions (best of 2 after a warm-up): the step is what the choice is about, and a
     matmul alone misleads (on an AMX Xeon bf16 matmuls ran 7.8x fp32 while the mt10p training
     step gained 5%). Without it, times ``rows x width @ width x width`` matmuls. bf16 is chosen
-    at >= 1.5x (below that its rounding is not worth it). An explicit request is honoured and
-    its measured ratio still reported."""
+    at >= 1.5x (below that its rounding is not worth it). An explicit bf16 is honoured and
+    its measured ratio still reported (a CPU where bf16 is slower says so); an explicit fp32
+    is not timed: it is never the slow choice, and timing bf16 on an AVX2 CPU cost ~10 s of
+    every training call (3 bf16 steps of the tiny suite at ~2.7 s), resumes included."""
+    if requested == "fp32":
+        return PrecisionChoice(False, "fp32 as asked (not timed: --precision auto times both)")
     if step is None:
         a32, b32 = torch.randn(rows, width), torch.randn(width, width)
         pairs = {False: (a32, b32), True: (a32.bfloat16(), b32.bfloat16())}
